@@ -1,0 +1,605 @@
+//! A disk's complete configuration, from the command line or a config file.
+//!
+//! The same [`DiskArgs`] structure is filled by clap (`blklab serve --socket …`)
+//! and by serde from a TOML config file (`[[disk]]` tables with the same
+//! keys), then validated once into one [`DiskConfig`] per served socket.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::features::{BlkFeature, FeatureSet};
+use crate::size::{format_size, parse_size, SizeError};
+
+/// Most queues one disk may have: vhost-user-backend maps queues to worker
+/// threads with 64-bit masks.
+pub const MAX_QUEUES: u16 = 64;
+/// Largest split virtqueue (virtio 1.2, 2.7).
+pub const MAX_QUEUE_SIZE: u16 = 32768;
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("--socket is required")]
+    NoSocket,
+    #[error("--disk is required (null, mem or file:PATH)")]
+    NoDisk,
+    #[error("invalid --disk {0:?}: expected null, mem or file:PATH")]
+    BadDisk(String),
+    #[error("invalid --size: {0}")]
+    Size(#[from] SizeError),
+    #[error("--size is required for {0} disks")]
+    NoSize(&'static str),
+    #[error("--size must be a non-zero multiple of the block size {block} bytes, got {size}")]
+    SizeAlign { size: u64, block: u32 },
+    #[error("--num-queues must be 1..={MAX_QUEUES}, got {0}")]
+    NumQueues(u16),
+    #[error("--queue-size must be a power of two in 2..={MAX_QUEUE_SIZE}, got {0}")]
+    QueueSize(u16),
+    #[error("--block-size must be 512 or 4096, got {0}")]
+    BlockSize(u32),
+    #[error("--serial is at most 20 bytes, got {0} ({1} bytes)")]
+    Serial(String, usize),
+    #[error("--count must be at least 1")]
+    Count,
+    #[error("invalid --queues-per-thread: {0}")]
+    QueuesPerThread(String),
+    #[error("invalid --disable-features: {0}")]
+    Feature(#[from] crate::features::UnknownFeature),
+    #[error("invalid --socket-mode {0:?}: expected an octal mode such as 0600")]
+    SocketMode(String),
+    #[error("--size-max must be at least 4096, got {0}")]
+    SizeMax(u32),
+    #[error("--direct is only meaningful for file disks")]
+    DirectNotFile,
+    #[error("config file {path}: {msg}")]
+    File { path: PathBuf, msg: String },
+    #[error("two disks use the same socket {0}")]
+    DuplicateSocket(PathBuf),
+}
+
+/// What backs the disk's contents.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "path", rename_all = "lowercase")]
+pub enum StorageSpec {
+    /// Reads return zeros, writes are dropped.
+    Null,
+    /// Sparse RAM, kept for the life of the process.
+    Mem,
+    /// A raw image file.
+    File(PathBuf),
+}
+
+impl StorageSpec {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StorageSpec::Null => "null",
+            StorageSpec::Mem => "mem",
+            StorageSpec::File(_) => "file",
+        }
+    }
+}
+
+impl fmt::Display for StorageSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StorageSpec::File(p) => write!(f, "file:{}", p.display()),
+            other => f.write_str(other.kind()),
+        }
+    }
+}
+
+impl FromStr for StorageSpec {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "null" => Ok(StorageSpec::Null),
+            "mem" => Ok(StorageSpec::Mem),
+            _ => match s.strip_prefix("file:") {
+                Some(p) if !p.is_empty() => Ok(StorageSpec::File(PathBuf::from(p))),
+                _ => Err(ConfigError::BadDisk(s.to_string())),
+            },
+        }
+    }
+}
+
+/// One disk's options as typed on the command line or written in a config
+/// file's `[[disk]]` table (same names, with `-` or `_`).
+#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
+pub struct DiskArgs {
+    /// vhost-user socket path to listen on (with --count N: PATH-0 … PATH-(N-1)).
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    /// Storage: null (reads zeros, drops writes), mem (sparse RAM) or file:PATH (raw image).
+    #[arg(long, value_name = "null|mem|file:PATH")]
+    pub disk: Option<String>,
+    /// Capacity with units (4G, 512M). Required for null and mem; for file
+    /// disks defaults to the image's size (a larger size grows the image).
+    #[arg(long, value_name = "SIZE")]
+    pub size: Option<String>,
+    /// Number of virtqueues (blk-mq hardware queues in the guest).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[serde(alias = "num_queues")]
+    pub num_queues: u16,
+    /// Virtqueue size: the guest's queue depth per hardware queue.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    #[serde(alias = "queue_size")]
+    pub queue_size: u16,
+    /// Serve N identical disks on sockets PATH-0 … PATH-(N-1).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub count: u32,
+    /// Logical block size: 512 or 4096.
+    #[arg(long, value_name = "BYTES", default_value_t = 512)]
+    #[serde(alias = "block_size")]
+    pub block_size: u32,
+    /// Offer VIRTIO_BLK_F_RO and refuse writes.
+    #[arg(long)]
+    #[serde(alias = "read_only")]
+    pub read_only: bool,
+    /// Serial returned by GET_ID (at most 20 bytes); default derived from the disk.
+    #[arg(long, value_name = "STRING")]
+    pub serial: Option<String>,
+    /// Open file images with O_DIRECT.
+    #[arg(long)]
+    pub direct: bool,
+    /// Comma-separated virtio features not to offer: version-1, mq, seg-max,
+    /// size-max, blk-size, topology, flush, config-wce, discard, write-zeroes,
+    /// event-idx, indirect-desc.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    #[serde(alias = "disable_features")]
+    pub disable_features: Vec<String>,
+    /// Worker threads as queue bitmasks, e.g. 0x3,0xc (two threads with two
+    /// queues each). Default: one thread per queue.
+    #[arg(long, value_name = "MASK,...", value_delimiter = ',')]
+    #[serde(alias = "queues_per_thread")]
+    pub queues_per_thread: Vec<String>,
+    /// File mode of the socket, octal.
+    #[arg(long, value_name = "MODE", default_value = "0600")]
+    #[serde(alias = "socket_mode")]
+    pub socket_mode: String,
+    /// Largest single data segment the guest may use (size_max), bytes.
+    #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
+    #[serde(alias = "size_max")]
+    pub size_max: u32,
+}
+
+impl DiskArgs {
+    /// Parse the disk options alone, for tests.
+    pub fn parse_for_test(args: &[&str]) -> DiskArgs {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            d: DiskArgs,
+        }
+        let mut v = vec!["blklab"];
+        v.extend_from_slice(args);
+        Wrap::try_parse_from(v).expect("valid test arguments").d
+    }
+
+    /// Defaults as clap would fill them, for config-file entries.
+    pub fn with_cli_defaults() -> DiskArgs {
+        DiskArgs::parse_for_test(&[])
+    }
+
+    /// Validate and expand (`--count`) into one configuration per socket.
+    pub fn to_configs(&self) -> Result<Vec<DiskConfig>, ConfigError> {
+        let socket = self.socket.clone().ok_or(ConfigError::NoSocket)?;
+        let storage: StorageSpec = self.disk.as_deref().ok_or(ConfigError::NoDisk)?.parse()?;
+        if !matches!(self.block_size, 512 | 4096) {
+            return Err(ConfigError::BlockSize(self.block_size));
+        }
+        let size = match (&self.size, &storage) {
+            (Some(s), _) => Some(parse_size(s)?),
+            (None, StorageSpec::File(_)) => None,
+            (None, s) => return Err(ConfigError::NoSize(s.kind())),
+        };
+        if let Some(size) = size {
+            if size == 0 || size % u64::from(self.block_size) != 0 {
+                return Err(ConfigError::SizeAlign {
+                    size,
+                    block: self.block_size,
+                });
+            }
+        }
+        if self.num_queues == 0 || self.num_queues > MAX_QUEUES {
+            return Err(ConfigError::NumQueues(self.num_queues));
+        }
+        if !(2..=MAX_QUEUE_SIZE).contains(&self.queue_size) || !self.queue_size.is_power_of_two() {
+            return Err(ConfigError::QueueSize(self.queue_size));
+        }
+        if self.count == 0 {
+            return Err(ConfigError::Count);
+        }
+        if let Some(s) = &self.serial {
+            if s.len() > 20 {
+                return Err(ConfigError::Serial(s.clone(), s.len()));
+            }
+        }
+        if self.direct && !matches!(storage, StorageSpec::File(_)) {
+            return Err(ConfigError::DirectNotFile);
+        }
+        if self.size_max < 4096 {
+            return Err(ConfigError::SizeMax(self.size_max));
+        }
+        let mut features = FeatureSet::default_on();
+        for name in &self.disable_features {
+            let f: BlkFeature = name.parse()?;
+            features = features.with(f, false);
+        }
+        features = features.with(BlkFeature::Ro, self.read_only);
+        let queues_per_thread = parse_thread_masks(&self.queues_per_thread, self.num_queues)?;
+        let socket_mode = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| ConfigError::SocketMode(self.socket_mode.clone()))?;
+
+        let mut out = Vec::new();
+        for i in 0..self.count {
+            let (sock, index) = if self.count == 1 {
+                (socket.clone(), None)
+            } else {
+                let mut s = socket.clone().into_os_string();
+                s.push(format!("-{i}"));
+                (PathBuf::from(s), Some(i))
+            };
+            let serial = match &self.serial {
+                Some(s) if index.is_none() => s.clone(),
+                Some(s) => {
+                    let suffix = format!("-{}", index.unwrap_or(0));
+                    let keep = 20usize.saturating_sub(suffix.len()).min(s.len());
+                    format!("{}{}", &s[..floor_char_boundary(s, keep)], suffix)
+                }
+                None => default_serial(&storage, &sock, index),
+            };
+            out.push(DiskConfig {
+                socket: sock,
+                storage: storage.clone(),
+                size: size.unwrap_or(0),
+                num_queues: self.num_queues,
+                queue_size: self.queue_size,
+                block_size: self.block_size,
+                read_only: self.read_only,
+                serial,
+                direct: self.direct,
+                features,
+                queues_per_thread: queues_per_thread.clone(),
+                socket_mode,
+                size_max: self.size_max,
+                max_discard_sectors: 32768,
+                max_discard_seg: 32,
+                max_write_zeroes_sectors: 32768,
+                max_write_zeroes_seg: 32,
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// A serial that says what the disk is: `blklab-mem`, `blklab-null-3`, or
+/// the image's file name for file disks; at most 20 bytes.
+fn default_serial(storage: &StorageSpec, socket: &Path, index: Option<u32>) -> String {
+    let base = match storage {
+        StorageSpec::File(p) => p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "image".into()),
+        other => format!("blklab-{}", other.kind()),
+    };
+    let _ = socket;
+    let suffix = index.map(|i| format!("-{i}")).unwrap_or_default();
+    let keep = 20 - suffix.len();
+    let start = base.len().saturating_sub(keep);
+    let mut start = start;
+    while !base.is_char_boundary(start) {
+        start += 1;
+    }
+    format!("{}{}", &base[start..], suffix)
+}
+
+/// Parse `--queues-per-thread` masks; empty means one thread per queue.
+pub fn parse_thread_masks(masks: &[String], num_queues: u16) -> Result<Vec<u64>, ConfigError> {
+    let all: u64 = if num_queues >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << num_queues) - 1
+    };
+    if masks.is_empty() {
+        return Ok((0..num_queues).map(|q| 1u64 << q).collect());
+    }
+    let mut seen = 0u64;
+    let mut out = Vec::new();
+    for m in masks {
+        let t = m.trim();
+        let v = if let Some(h) = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+            u64::from_str_radix(h, 16)
+        } else if let Some(b) = t.strip_prefix("0b") {
+            u64::from_str_radix(b, 2)
+        } else {
+            t.parse::<u64>()
+        }
+        .map_err(|_| ConfigError::QueuesPerThread(format!("{m:?} is not a number (use 0x3 or 3)")))?;
+        if v == 0 {
+            return Err(ConfigError::QueuesPerThread(format!("{m:?} selects no queue")));
+        }
+        if v & !all != 0 {
+            return Err(ConfigError::QueuesPerThread(format!(
+                "{m:?} names queues beyond --num-queues {num_queues}"
+            )));
+        }
+        if v & seen != 0 {
+            return Err(ConfigError::QueuesPerThread(format!(
+                "{m:?} names a queue another thread already serves"
+            )));
+        }
+        seen |= v;
+        out.push(v);
+    }
+    if seen != all {
+        return Err(ConfigError::QueuesPerThread(format!(
+            "queues {:#x} are served by no thread",
+            all & !seen
+        )));
+    }
+    Ok(out)
+}
+
+/// The validated configuration of one served disk.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskConfig {
+    pub socket: PathBuf,
+    pub storage: StorageSpec,
+    /// Capacity in bytes (for file disks with no --size: 0 until opened).
+    pub size: u64,
+    pub num_queues: u16,
+    pub queue_size: u16,
+    pub block_size: u32,
+    pub read_only: bool,
+    pub serial: String,
+    pub direct: bool,
+    pub features: FeatureSet,
+    pub queues_per_thread: Vec<u64>,
+    pub socket_mode: u32,
+    pub size_max: u32,
+    pub max_discard_sectors: u32,
+    pub max_discard_seg: u32,
+    pub max_write_zeroes_sectors: u32,
+    pub max_write_zeroes_seg: u32,
+}
+
+impl DiskConfig {
+    /// Largest number of data segments per request: the virtqueue size minus
+    /// the header and status descriptors, as QEMU does.
+    pub fn seg_max(&self) -> u32 {
+        u32::from(self.queue_size).saturating_sub(2).max(1)
+    }
+
+    /// One-line description for logs.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {} {} queues={} queue-size={} block-size={}{} features=[{}]",
+            self.socket.display(),
+            self.storage,
+            format_size(self.size),
+            self.num_queues,
+            self.queue_size,
+            self.block_size,
+            if self.read_only { " read-only" } else { "" },
+            self.features.names().join(",")
+        )
+    }
+}
+
+/// A config file: `[[disk]]` tables with the `serve` options.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    #[serde(default)]
+    disk: Vec<toml::Table>,
+}
+
+/// Read the disks of a TOML config file. Each `[[disk]]` table takes the
+/// same options as the command line (kebab-case names), e.g.
+/// ```toml
+/// [[disk]]
+/// socket = "/tmp/vd0.sock"
+/// disk = "mem"
+/// size = "4G"
+/// num-queues = 4
+/// ```
+pub fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
+    let err = |msg: String| ConfigError::File {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    let file: ConfigFile = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+    if file.disk.is_empty() {
+        return Err(err("no [[disk]] tables".into()));
+    }
+    let defaults = DiskArgs::with_cli_defaults();
+    let mut out = Vec::new();
+    for (i, table) in file.disk.into_iter().enumerate() {
+        let mut merged = toml::Table::new();
+        // Start from the CLI defaults so a table need only name what differs.
+        merged.insert("num-queues".into(), toml::Value::Integer(defaults.num_queues.into()));
+        merged.insert("queue-size".into(), toml::Value::Integer(defaults.queue_size.into()));
+        merged.insert("count".into(), toml::Value::Integer(defaults.count.into()));
+        merged.insert("block-size".into(), toml::Value::Integer(defaults.block_size.into()));
+        merged.insert("socket-mode".into(), toml::Value::String(defaults.socket_mode.clone()));
+        merged.insert("size-max".into(), toml::Value::Integer(defaults.size_max.into()));
+        for (k, v) in table {
+            merged.insert(k.replace('_', "-"), v);
+        }
+        let args: DiskArgs = merged
+            .try_into()
+            .map_err(|e: toml::de::Error| err(format!("disk #{i}: {e}")))?;
+        out.extend(
+            args.to_configs()
+                .map_err(|e| err(format!("disk #{i}: {e}")))?,
+        );
+    }
+    check_unique_sockets(&out)?;
+    Ok(out)
+}
+
+/// Refuse two disks on one socket.
+pub fn check_unique_sockets(disks: &[DiskConfig]) -> Result<(), ConfigError> {
+    let mut seen = std::collections::HashSet::new();
+    for d in disks {
+        if !seen.insert(d.socket.clone()) {
+            return Err(ConfigError::DuplicateSocket(d.socket.clone()));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base(extra: &[&str]) -> DiskArgs {
+        let mut v = vec!["--socket", "/tmp/vd.sock", "--disk", "mem"];
+        if !extra.contains(&"--size") {
+            v.extend_from_slice(&["--size", "1G"]);
+        }
+        v.extend_from_slice(extra);
+        DiskArgs::parse_for_test(&v)
+    }
+
+    #[test]
+    fn defaults() {
+        let c = base(&[]).to_configs().unwrap();
+        assert_eq!(c.len(), 1);
+        let c = &c[0];
+        assert_eq!(c.size, 1 << 30);
+        assert_eq!(c.num_queues, 1);
+        assert_eq!(c.queue_size, 256);
+        assert_eq!(c.serial, "blklab-mem");
+        assert_eq!(c.queues_per_thread, vec![1]);
+        assert_eq!(c.socket_mode, 0o600);
+    }
+
+    #[test]
+    fn count_expands_sockets_and_serials() {
+        let c = base(&["--count", "12"]).to_configs().unwrap();
+        assert_eq!(c.len(), 12);
+        assert_eq!(c[0].socket, PathBuf::from("/tmp/vd.sock-0"));
+        assert_eq!(c[11].socket, PathBuf::from("/tmp/vd.sock-11"));
+        assert_eq!(c[11].serial, "blklab-mem-11");
+        let s: std::collections::HashSet<_> = c.iter().map(|d| d.serial.clone()).collect();
+        assert_eq!(s.len(), 12);
+    }
+
+    #[test]
+    fn bad_values() {
+        assert!(matches!(base(&["--num-queues", "0"]).to_configs(), Err(ConfigError::NumQueues(0))));
+        assert!(matches!(base(&["--num-queues", "65"]).to_configs(), Err(ConfigError::NumQueues(65))));
+        assert!(matches!(base(&["--queue-size", "100"]).to_configs(), Err(ConfigError::QueueSize(100))));
+        assert!(matches!(base(&["--block-size", "1024"]).to_configs(), Err(ConfigError::BlockSize(1024))));
+        assert!(matches!(base(&["--size", "1000"]).to_configs(), Err(ConfigError::SizeAlign { .. })));
+        assert!(matches!(base(&["--size", "4Q"]).to_configs(), Err(ConfigError::Size(_))));
+        assert!(matches!(
+            base(&["--serial", "123456789012345678901"]).to_configs(),
+            Err(ConfigError::Serial(..))
+        ));
+        assert!(matches!(base(&["--disable-features", "nope"]).to_configs(), Err(ConfigError::Feature(_))));
+        assert!(matches!(base(&["--socket-mode", "999"]).to_configs(), Err(ConfigError::SocketMode(_))));
+        assert!(matches!(base(&["--direct"]).to_configs(), Err(ConfigError::DirectNotFile)));
+        let no_size = DiskArgs::parse_for_test(&["--socket", "/x", "--disk", "null"]);
+        assert!(matches!(no_size.to_configs(), Err(ConfigError::NoSize("null"))));
+        let bad_disk = DiskArgs::parse_for_test(&["--socket", "/x", "--disk", "nvme"]);
+        assert!(matches!(bad_disk.to_configs(), Err(ConfigError::BadDisk(_))));
+    }
+
+    #[test]
+    fn feature_switches() {
+        let c = base(&["--disable-features", "event-idx,indirect-desc", "--read-only"])
+            .to_configs()
+            .unwrap()
+            .remove(0);
+        assert!(!c.features.has(BlkFeature::EventIdx));
+        assert!(!c.features.has(BlkFeature::IndirectDesc));
+        assert!(c.features.has(BlkFeature::Ro));
+        assert!(c.features.has(BlkFeature::Flush));
+    }
+
+    #[test]
+    fn thread_masks() {
+        assert_eq!(parse_thread_masks(&[], 3).unwrap(), vec![1, 2, 4]);
+        let m = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(parse_thread_masks(&m(&["0x3", "0xc"]), 4).unwrap(), vec![3, 12]);
+        assert!(parse_thread_masks(&m(&["0x3"]), 4).is_err(), "queues 2,3 unserved");
+        assert!(parse_thread_masks(&m(&["0x3", "0x6"]), 3).is_err(), "overlap");
+        assert!(parse_thread_masks(&m(&["0x0", "0x1"]), 1).is_err(), "empty mask");
+        assert!(parse_thread_masks(&m(&["0x10"]), 4).is_err(), "beyond num-queues");
+        assert!(parse_thread_masks(&m(&["zz"]), 4).is_err());
+        assert_eq!(parse_thread_masks(&[], 64).unwrap().len(), 64);
+    }
+
+    #[test]
+    fn storage_spec() {
+        assert_eq!("null".parse::<StorageSpec>().unwrap(), StorageSpec::Null);
+        assert_eq!(
+            "file:/a/b.img".parse::<StorageSpec>().unwrap(),
+            StorageSpec::File("/a/b.img".into())
+        );
+        assert!("file:".parse::<StorageSpec>().is_err());
+        let f = DiskArgs::parse_for_test(&["--socket", "/x", "--disk", "file:/tmp/some-very-long-image-name.raw"])
+            .to_configs()
+            .unwrap()
+            .remove(0);
+        assert_eq!(f.size, 0);
+        assert!(f.serial.len() <= 20);
+        assert!(f.serial.ends_with("name.raw"));
+    }
+
+    #[test]
+    fn config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("disks.toml");
+        std::fs::write(
+            &p,
+            r#"
+[[disk]]
+socket = "/tmp/a.sock"
+disk = "mem"
+size = "64M"
+num-queues = 4
+
+[[disk]]
+socket = "/tmp/b.sock"
+disk = "null"
+size = "1G"
+queue_size = 128
+read-only = true
+count = 2
+"#,
+        )
+        .unwrap();
+        let d = load_config_file(&p).unwrap();
+        assert_eq!(d.len(), 3);
+        assert_eq!(d[0].num_queues, 4);
+        assert_eq!(d[0].queue_size, 256);
+        assert_eq!(d[1].queue_size, 128);
+        assert!(d[2].read_only);
+        assert_eq!(d[2].socket, PathBuf::from("/tmp/b.sock-1"));
+
+        std::fs::write(&p, "[[disk]]\nsocket='/x'\ndisk='mem'\nsize='1G'\nbogus=1\n").unwrap();
+        let e = load_config_file(&p).unwrap_err().to_string();
+        assert!(e.contains("bogus"), "{e}");
+        std::fs::write(&p, "[[disk]]\nsocket='/x'\ndisk='mem'\nsize='1G'\n[[disk]]\nsocket='/x'\ndisk='null'\nsize='1G'\n").unwrap();
+        assert!(matches!(load_config_file(&p), Err(ConfigError::DuplicateSocket(_))));
+    }
+}

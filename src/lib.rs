@@ -1,0 +1,24 @@
+//! blklab: an instrumented, deterministic vhost-user-blk backend for
+//! measuring the guest CPU cost of Linux block-layer changes.
+//!
+//! The library holds everything the `blklab` binary does, so tests reach it:
+//! - [`size`]: sizes with units (`4G`, `512M`);
+//! - [`features`]: the virtio-blk feature bits and their CLI switches;
+//! - [`config_space`]: the virtio-blk configuration space;
+//! - [`storage`]: the `null`, `mem` and `file:PATH` disk contents;
+//! - [`request`]: parsing and executing one virtio-blk descriptor chain;
+//! - [`backend`]: the `VhostUserBackend` with per-queue state;
+//! - [`disk`]: a disk's full configuration (CLI or config file);
+//! - [`server`]: sockets, reconnects, signals, several disks per process;
+//! - [`qemu_args`]: the QEMU options that match a served disk.
+
+pub mod backend;
+pub mod cli;
+pub mod config_space;
+pub mod disk;
+pub mod features;
+pub mod qemu_args;
+pub mod request;
+pub mod server;
+pub mod size;
+pub mod storage;

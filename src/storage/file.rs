@@ -1,0 +1,420 @@
+//! `file:PATH`: a raw image. Reads and writes go straight between guest
+//! memory and the file with preadv/pwritev; flush is fdatasync; discard
+//! punches a hole; write-zeroes zeroes a range (or punches with UNMAP).
+//! An exclusive flock keeps a second daemon from serving the same image.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+use std::path::Path;
+
+use super::null::zero_bufs;
+use super::{total_len, GuestBuf, Storage, StorageError};
+
+pub struct FileStorage {
+    file: File,
+    size: u64,
+    direct: bool,
+    /// Alignment O_DIRECT needs for offsets, lengths and buffer addresses.
+    align: usize,
+}
+
+/// Most iovecs one preadv/pwritev takes (IOV_MAX on Linux).
+const IOV_MAX: usize = 1024;
+
+impl FileStorage {
+    /// Open `path`; `size` None uses the image's size, a larger size grows
+    /// the image (sparsely).
+    pub fn open(
+        path: &Path,
+        size: Option<u64>,
+        read_only: bool,
+        direct: bool,
+        block_size: u32,
+    ) -> Result<Self, StorageError> {
+        let name = path.display().to_string();
+        let mut opts = OpenOptions::new();
+        opts.read(true).write(!read_only);
+        if size.is_some() && !read_only {
+            opts.create(true);
+        }
+        if direct {
+            opts.custom_flags(libc::O_DIRECT);
+        }
+        let file = opts.open(path).map_err(|source| StorageError::Open {
+            path: name.clone(),
+            source,
+        })?;
+        // SAFETY: flock on a file descriptor we own; no memory involved.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                return Err(StorageError::Locked(name));
+            }
+            return Err(StorageError::Open { path: name, source: e });
+        }
+        let meta = file.metadata().map_err(|source| StorageError::Open {
+            path: name.clone(),
+            source,
+        })?;
+        let len = if meta.is_file() {
+            meta.len()
+        } else {
+            // A block device: ask for its size by seeking to the end.
+            // SAFETY: lseek on our own descriptor.
+            let end = unsafe { libc::lseek(file.as_raw_fd(), 0, libc::SEEK_END) };
+            if end < 0 {
+                return Err(StorageError::Open {
+                    path: name,
+                    source: io::Error::last_os_error(),
+                });
+            }
+            end as u64
+        };
+        let size = match size {
+            Some(s) => {
+                if s > len && meta.is_file() {
+                    if read_only {
+                        return Err(StorageError::Resize {
+                            path: name,
+                            source: io::Error::new(
+                                io::ErrorKind::InvalidInput,
+                                format!("image has {len} bytes, --size asks for {s} and the disk is read-only"),
+                            ),
+                        });
+                    }
+                    file.set_len(s).map_err(|source| StorageError::Resize {
+                        path: name.clone(),
+                        source,
+                    })?;
+                }
+                s
+            }
+            None => {
+                if len == 0 {
+                    return Err(StorageError::EmptyImage { path: name });
+                }
+                len
+            }
+        };
+        if size % u64::from(block_size) != 0 {
+            return Err(StorageError::Unaligned {
+                path: name,
+                size,
+                block: block_size,
+            });
+        }
+        Ok(FileStorage {
+            file,
+            size,
+            direct,
+            align: block_size.max(512) as usize,
+        })
+    }
+
+    fn aligned(&self, offset: u64, bufs: &[GuestBuf<'_>]) -> bool {
+        let a = self.align;
+        offset % a as u64 == 0
+            && bufs.iter().all(|b| {
+                b.len() % a == 0 && (b.ptr_guard().as_ptr() as usize) % a == 0
+            })
+    }
+
+    /// preadv/pwritev over guest buffers, looping over short transfers.
+    fn vectored(&self, write: bool, offset: u64, bufs: &[GuestBuf<'_>]) -> io::Result<()> {
+        // Flatten into (ptr, len) once; guards for `()` bitmaps are no-ops,
+        // so the pointers stay valid while `bufs` borrows guest memory.
+        let mut iov: Vec<libc::iovec> = bufs
+            .iter()
+            .filter(|b| !b.is_empty())
+            .map(|b| libc::iovec {
+                iov_base: if write {
+                    b.ptr_guard().as_ptr() as *mut libc::c_void
+                } else {
+                    b.ptr_guard_mut().as_ptr() as *mut libc::c_void
+                },
+                iov_len: b.len(),
+            })
+            .collect();
+        let mut start = 0usize;
+        let mut pos = offset;
+        while start < iov.len() {
+            let end = (start + IOV_MAX).min(iov.len());
+            let chunk = &iov[start..end];
+            // SAFETY: every iovec points into a mapped guest memory region of
+            // at least iov_len bytes (VolatileSlices are bounds-checked when
+            // created) that stays mapped while `bufs` is borrowed.
+            let n = unsafe {
+                if write {
+                    libc::pwritev(self.file.as_raw_fd(), chunk.as_ptr(), chunk.len() as i32, pos as i64)
+                } else {
+                    libc::preadv(self.file.as_raw_fd(), chunk.as_ptr(), chunk.len() as i32, pos as i64)
+                }
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            let mut n = n as usize;
+            if n == 0 {
+                if write {
+                    return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote nothing"));
+                }
+                // End of file inside the disk (image shrank): zeros.
+                for v in &iov[start..] {
+                    // SAFETY: as above, the iovec is inside mapped guest memory.
+                    unsafe { std::ptr::write_bytes(v.iov_base as *mut u8, 0, v.iov_len) };
+                }
+                return Ok(());
+            }
+            pos += n as u64;
+            while n > 0 && start < iov.len() {
+                if n >= iov[start].iov_len {
+                    n -= iov[start].iov_len;
+                    start += 1;
+                } else {
+                    // SAFETY: advancing within the same iovec.
+                    iov[start].iov_base = unsafe { (iov[start].iov_base as *mut u8).add(n) } as *mut libc::c_void;
+                    iov[start].iov_len -= n;
+                    n = 0;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// O_DIRECT with unaligned guest buffers: go through an aligned bounce buffer.
+    fn bounced(&self, write: bool, offset: u64, bufs: &[GuestBuf<'_>]) -> io::Result<()> {
+        let len = total_len(bufs) as usize;
+        let a = self.align;
+        let start = offset / a as u64 * a as u64;
+        let head = (offset - start) as usize;
+        let span = (head + len).div_ceil(a) * a;
+        let mut buf = AlignedBuf::new(span, a)?;
+        if write && (head != 0 || span != head + len) {
+            // Read-modify-write of the partial blocks at either end.
+            self.file.read_exact_at(buf.as_mut(), start).or_else(|e| {
+                if e.kind() == io::ErrorKind::UnexpectedEof { Ok(()) } else { Err(e) }
+            })?;
+        }
+        if write {
+            let mut p = head;
+            for b in bufs {
+                b.copy_to(&mut buf.as_mut()[p..p + b.len()]);
+                p += b.len();
+            }
+            self.file.write_all_at(buf.as_mut(), start)
+        } else {
+            match self.file.read_exact_at(buf.as_mut(), start) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {}
+                Err(e) => return Err(e),
+            }
+            let mut p = head;
+            for b in bufs {
+                b.copy_from(&buf.as_mut()[p..p + b.len()]);
+                p += b.len();
+            }
+            Ok(())
+        }
+    }
+
+    fn fallocate(&self, mode: i32, offset: u64, len: u64) -> io::Result<()> {
+        // SAFETY: fallocate on our own descriptor; no memory involved.
+        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, offset as i64, len as i64) };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn write_zero_bytes(&self, offset: u64, len: u64) -> io::Result<()> {
+        let chunk = AlignedBuf::new(1 << 20, self.align)?;
+        let mut done = 0u64;
+        let mut chunk = chunk;
+        while done < len {
+            let n = (len - done).min(1 << 20) as usize;
+            self.file.write_all_at(&chunk.as_mut()[..n], offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+fn unsupported(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL))
+}
+
+impl Storage for FileStorage {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_into(&self, offset: u64, bufs: &[GuestBuf<'_>]) -> io::Result<()> {
+        if total_len(bufs) == 0 {
+            zero_bufs(bufs);
+            return Ok(());
+        }
+        if self.direct && !self.aligned(offset, bufs) {
+            return self.bounced(false, offset, bufs);
+        }
+        self.vectored(false, offset, bufs)
+    }
+
+    fn write_from(&self, offset: u64, bufs: &[GuestBuf<'_>]) -> io::Result<()> {
+        if total_len(bufs) == 0 {
+            return Ok(());
+        }
+        if self.direct && !self.aligned(offset, bufs) {
+            return self.bounced(true, offset, bufs);
+        }
+        self.vectored(true, offset, bufs)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        match self.fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
+            Err(e) if unsupported(&e) => self.write_zero_bytes(offset, len),
+            r => r,
+        }
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> io::Result<()> {
+        let mode = if unmap {
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+        } else {
+            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
+        };
+        match self.fallocate(mode, offset, len) {
+            Err(e) if unsupported(&e) => self.write_zero_bytes(offset, len),
+            r => r,
+        }
+    }
+}
+
+/// A zeroed heap buffer with the alignment O_DIRECT needs.
+struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+impl AlignedBuf {
+    fn new(len: usize, align: usize) -> io::Result<Self> {
+        let layout = std::alloc::Layout::from_size_align(len.max(align), align.max(4096))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: layout has a non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = std::ptr::NonNull::new(p).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        Ok(AlignedBuf { ptr, layout })
+    }
+
+    fn as_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is a live allocation of layout.size() initialised bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in new().
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::mmap::MmapRegion;
+    use vm_memory::VolatileMemory;
+
+    #[test]
+    fn rw_flush_discard_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img.raw");
+        let f = FileStorage::open(&p, Some(1 << 20), false, false, 512).unwrap();
+        assert_eq!(f.size(), 1 << 20);
+        // A second open is refused by the lock.
+        assert!(matches!(
+            FileStorage::open(&p, None, false, false, 512),
+            Err(StorageError::Locked(_))
+        ));
+        let g = MmapRegion::<()>::new(16384).unwrap();
+        let a = g.get_slice(0, 1000).unwrap();
+        let b = g.get_slice(4096, 24).unwrap();
+        a.copy_from(&vec![1u8; 1000]);
+        b.copy_from(&[2u8; 24]);
+        f.write_from(512, &[a, b]).unwrap();
+        f.flush().unwrap();
+        let c = g.get_slice(8192, 1024).unwrap();
+        f.read_into(512, &[c]).unwrap();
+        let mut out = vec![0u8; 1024];
+        c.copy_to(&mut out[..]);
+        assert!(out[..1000].iter().all(|x| *x == 1));
+        assert!(out[1000..].iter().all(|x| *x == 2));
+        f.discard(0, 4096).unwrap();
+        f.read_into(512, &[c]).unwrap();
+        c.copy_to(&mut out[..]);
+        assert!(out.iter().all(|x| *x == 0));
+        f.write_from(512, &[a, b]).unwrap();
+        f.write_zeroes(512, 512, false).unwrap();
+        f.read_into(512, &[c]).unwrap();
+        c.copy_to(&mut out[..]);
+        assert!(out[..512].iter().all(|x| *x == 0));
+        assert!(out[512..1000].iter().all(|x| *x == 1));
+        drop(f);
+        // Lock released with the file.
+        let f2 = FileStorage::open(&p, None, true, false, 512).unwrap();
+        assert_eq!(f2.size(), 1 << 20);
+    }
+
+    #[test]
+    fn direct_unaligned_bounce() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img.raw");
+        let f = match FileStorage::open(&p, Some(1 << 20), false, true, 512) {
+            Ok(f) => f,
+            // tmpfs has no O_DIRECT; the bounce path is still exercised below
+            // through the non-direct file.
+            Err(_) => FileStorage::open(&p, Some(1 << 20), false, false, 512).unwrap(),
+        };
+        let g = MmapRegion::<()>::new(16384).unwrap();
+        let a = g.get_slice(3, 512).unwrap();
+        a.copy_from(&[7u8; 512]);
+        f.bounced(true, 1024, &[a]).unwrap();
+        let c = g.get_slice(5000, 512).unwrap();
+        f.bounced(false, 1024, &[c]).unwrap();
+        let mut out = vec![0u8; 512];
+        c.copy_to(&mut out[..]);
+        assert!(out.iter().all(|x| *x == 7));
+    }
+
+    #[test]
+    fn open_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("none.raw");
+        assert!(matches!(
+            FileStorage::open(&missing, None, false, false, 512),
+            Err(StorageError::Open { .. })
+        ));
+        let empty = dir.path().join("empty.raw");
+        std::fs::write(&empty, b"").unwrap();
+        assert!(matches!(
+            FileStorage::open(&empty, None, false, false, 512),
+            Err(StorageError::EmptyImage { .. })
+        ));
+        let odd = dir.path().join("odd.raw");
+        std::fs::write(&odd, vec![0u8; 1000]).unwrap();
+        assert!(matches!(
+            FileStorage::open(&odd, None, false, false, 512),
+            Err(StorageError::Unaligned { .. })
+        ));
+    }
+}

@@ -1,0 +1,75 @@
+//! Disk contents: `null`, `mem` (sparse RAM) and `file:PATH` (raw image).
+//!
+//! I/O moves data directly between guest memory ([`VolatileSlice`]s of the
+//! guest's mapped regions) and the storage, without an intermediate copy.
+
+mod file;
+mod mem;
+mod null;
+
+use std::io;
+
+use thiserror::Error;
+use vm_memory::VolatileSlice;
+
+pub use file::FileStorage;
+pub use mem::MemStorage;
+pub use null::NullStorage;
+
+use crate::disk::{DiskConfig, StorageSpec};
+
+/// A guest buffer: a slice of mapped guest memory.
+pub type GuestBuf<'a> = VolatileSlice<'a, ()>;
+
+#[derive(Debug, Error)]
+pub enum StorageError {
+    #[error("cannot open image {path}: {source}")]
+    Open { path: String, source: io::Error },
+    #[error("image {0} is in use by another process (exclusive lock held)")]
+    Locked(String),
+    #[error("image {path} is empty and no --size was given")]
+    EmptyImage { path: String },
+    #[error("image {path}: size {size} is not a multiple of the block size {block}")]
+    Unaligned { path: String, size: u64, block: u32 },
+    #[error("cannot size image {path}: {source}")]
+    Resize { path: String, source: io::Error },
+    #[error("cannot allocate {size} bytes of RAM for a mem disk: {msg}")]
+    Alloc { size: u64, msg: String },
+}
+
+/// What a disk's contents can do. Offsets and lengths are in bytes and have
+/// been checked against the capacity by the caller.
+pub trait Storage: Send + Sync {
+    /// Capacity in bytes.
+    fn size(&self) -> u64;
+    /// Fill `bufs` (in order) with the bytes starting at `offset`.
+    fn read_into(&self, offset: u64, bufs: &[GuestBuf<'_>]) -> io::Result<()>;
+    /// Store the bytes of `bufs` (in order) starting at `offset`.
+    fn write_from(&self, offset: u64, bufs: &[GuestBuf<'_>]) -> io::Result<()>;
+    /// Make completed writes durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Deallocate a range; it reads back as zeros afterwards.
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// Zero a range; `unmap` allows deallocating it.
+    fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> io::Result<()>;
+}
+
+/// Open the storage a disk configuration names. For file disks with no size
+/// the image's size is used and written back into `cfg.size`.
+pub fn open(cfg: &mut DiskConfig) -> Result<Box<dyn Storage>, StorageError> {
+    Ok(match &cfg.storage {
+        StorageSpec::Null => Box::new(NullStorage::new(cfg.size)),
+        StorageSpec::Mem => Box::new(MemStorage::new(cfg.size)?),
+        StorageSpec::File(path) => {
+            let size = (cfg.size != 0).then_some(cfg.size);
+            let f = FileStorage::open(path, size, cfg.read_only, cfg.direct, cfg.block_size)?;
+            cfg.size = f.size();
+            Box::new(f)
+        }
+    })
+}
+
+/// Total length of a list of guest buffers.
+pub fn total_len(bufs: &[GuestBuf<'_>]) -> u64 {
+    bufs.iter().map(|b| b.len() as u64).sum()
+}

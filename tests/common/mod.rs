@@ -1,0 +1,103 @@
+//! Shared helpers for integration tests: start the real `blklab` binary on a
+//! real Unix socket and stop it cleanly.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Path of the `blklab` binary cargo built for this test run.
+pub fn blklab_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_blklab"))
+}
+
+/// A running `blklab serve` process with its own temporary directory.
+pub struct Daemon {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    /// The `--socket` argument given to the daemon (with `--count N` the
+    /// sockets are `socket-0` … `socket-(N-1)`).
+    pub socket: PathBuf,
+}
+
+impl Daemon {
+    /// Start `blklab serve --socket DIR/vd.sock ARGS…` and wait until every
+    /// expected socket exists. `sockets` is the number of sockets to wait for
+    /// (1 for a single disk, N for `--count N`).
+    pub fn spawn(args: &[&str], sockets: usize) -> Daemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("vd.sock");
+        Self::spawn_at(dir, socket, args, sockets)
+    }
+
+    pub fn spawn_at(dir: tempfile::TempDir, socket: PathBuf, args: &[&str], sockets: usize) -> Daemon {
+        let child = Command::new(blklab_bin())
+            .arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start blklab serve");
+        let mut d = Daemon { child, dir, socket };
+        let paths: Vec<PathBuf> = if sockets == 1 && !args.contains(&"--count") {
+            vec![d.socket.clone()]
+        } else {
+            (0..sockets).map(|i| d.socket_n(i)).collect()
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !paths.iter().all(|p| p.exists()) {
+            if let Ok(Some(status)) = d.child.try_wait() {
+                panic!("blklab serve exited early: {status}");
+            }
+            assert!(Instant::now() < deadline, "sockets {paths:?} did not appear");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    /// Socket of disk `i` when started with `--count`.
+    pub fn socket_n(&self, i: usize) -> PathBuf {
+        let mut s = self.socket.clone().into_os_string();
+        s.push(format!("-{i}"));
+        PathBuf::from(s)
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// True while the process is still running.
+    pub fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Send SIGTERM and wait for a clean exit; returns the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on a pid we own; no memory is involved.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("blklab serve did not exit after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
