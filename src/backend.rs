@@ -1,0 +1,453 @@
+//! The vhost-user-blk device: a `&self` [`VhostUserBackend`] with per-queue
+//! state, so each queue's worker thread runs without a shared lock.
+//!
+//! One [`Disk`] (configuration + storage) lives for the whole process; one
+//! [`BlkBackend`] is created per vhost-user connection and shares the disk,
+//! so data survives reconnects while ring state starts fresh.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use log::{debug, info, warn};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use virtio_bindings::virtio_blk::VIRTIO_BLK_F_FLUSH;
+use virtio_queue::{QueueOwnedT, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use crate::config_space;
+use crate::disk::DiskConfig;
+use crate::features::BlkFeature;
+use crate::request::{
+    collect_segments, execute, Device, DropReason, Op, Outcome, Segment, STATUS_IOERR, STATUS_OK,
+    STATUS_UNSUPP,
+};
+use crate::storage::{self, Storage, StorageError};
+
+type GM = GuestMemoryAtomic<GuestMemoryMmap>;
+
+/// A served disk: its configuration and contents, shared by every
+/// connection for the life of the process.
+pub struct Disk {
+    pub cfg: DiskConfig,
+    pub storage: Box<dyn Storage>,
+    /// The guest-visible `writeback` config byte (CONFIG_WCE).
+    writeback: AtomicBool,
+}
+
+impl Disk {
+    /// Open the disk's storage (file disks without a size take the image's).
+    pub fn open(mut cfg: DiskConfig) -> Result<Disk, StorageError> {
+        let storage = storage::open(&mut cfg)?;
+        Ok(Disk {
+            cfg,
+            storage,
+            writeback: AtomicBool::new(true),
+        })
+    }
+
+    /// The configuration space as the guest would read it now.
+    pub fn config_space(&self) -> [u8; config_space::CONFIG_SPACE_SIZE] {
+        config_space::build(&self.cfg, self.writeback.load(Ordering::Relaxed))
+    }
+}
+
+/// Totals of one queue over one connection.
+#[derive(Debug, Default, Clone)]
+pub struct QueueCounters {
+    pub requests: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub flushes: u64,
+    pub get_ids: u64,
+    pub discards: u64,
+    pub write_zeroes: u64,
+    pub other: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub status_ioerr: u64,
+    pub status_unsupp: u64,
+    /// Chains returned with used length 0 because no status could be written.
+    pub dropped: u64,
+    /// Times the avail ring was unusable (index jumped past the queue size,
+    /// ring not readable).
+    pub ring_errors: u64,
+    /// Wake-ups (kick events handled).
+    pub wakeups: u64,
+    /// Used-buffer notifications sent to the guest.
+    pub notifications: u64,
+}
+
+/// State owned by one queue's worker thread.
+struct QueueState {
+    index: usize,
+    mem: Option<GM>,
+    /// Scratch list of the current chain's buffers, reused.
+    segs: Vec<Segment>,
+    counters: QueueCounters,
+    warned_ring: bool,
+    warned_drop: bool,
+}
+
+/// One connection's device.
+pub struct BlkBackend {
+    disk: Arc<Disk>,
+    queues: Vec<Mutex<QueueState>>,
+    /// For each worker thread, the queue index of each of its vrings.
+    thread_queues: Vec<Vec<usize>>,
+    acked_features: AtomicU64,
+    event_idx: AtomicBool,
+}
+
+impl BlkBackend {
+    pub fn new(disk: Arc<Disk>) -> BlkBackend {
+        let n = usize::from(disk.cfg.num_queues);
+        let queues = (0..n)
+            .map(|index| {
+                Mutex::new(QueueState {
+                    index,
+                    mem: None,
+                    segs: Vec::with_capacity(usize::from(disk.cfg.queue_size)),
+                    counters: QueueCounters::default(),
+                    warned_ring: false,
+                    warned_drop: false,
+                })
+            })
+            .collect();
+        let thread_queues = disk
+            .cfg
+            .queues_per_thread
+            .iter()
+            .map(|mask| (0..n).filter(|q| mask & (1u64 << q) != 0).collect())
+            .collect();
+        BlkBackend {
+            disk,
+            queues,
+            thread_queues,
+            acked_features: AtomicU64::new(0),
+            event_idx: AtomicBool::new(false),
+        }
+    }
+
+    pub fn disk(&self) -> &Arc<Disk> {
+        &self.disk
+    }
+
+    fn lock_queue(&self, q: usize) -> MutexGuard<'_, QueueState> {
+        // A poisoned lock means a worker panicked; its counters are still
+        // meaningful, so keep going.
+        self.queues[q].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counters of every queue, for logs and tests.
+    pub fn counters(&self) -> Vec<QueueCounters> {
+        (0..self.queues.len())
+            .map(|q| self.lock_queue(q).counters.clone())
+            .collect()
+    }
+
+    fn writeback(&self) -> bool {
+        let flush = self.acked_features.load(Ordering::Relaxed) & (1u64 << VIRTIO_BLK_F_FLUSH) != 0;
+        flush && self.disk.writeback.load(Ordering::Relaxed)
+    }
+
+    /// Serve everything the guest made available on one vring.
+    fn process_vring(&self, q: &mut QueueState, vring: &VringRwLock<GM>) {
+        let Some(atomic) = q.mem.clone() else {
+            return;
+        };
+        let mem = atomic.memory();
+        let mut vs = vring.get_mut();
+        q.counters.wakeups += 1;
+        let event_idx = vs.get_queue().event_idx_enabled();
+        loop {
+            if event_idx && vs.get_queue_mut().disable_notification(&*mem).is_err() {
+                self.ring_error(q, "cannot write the used ring's avail_event");
+                return;
+            }
+            let (done, ring_ok) = self.drain(q, &mut vs, &mem);
+            if done > 0 {
+                match vs.get_queue_mut().needs_notification(&*mem) {
+                    Ok(true) => {
+                        if let Err(e) = vs.signal_used_queue() {
+                            warn!("queue {}: cannot signal the guest: {e}", q.index);
+                        }
+                        q.counters.notifications += 1;
+                    }
+                    Ok(false) => {}
+                    Err(_) => self.ring_error(q, "cannot read the avail ring's used_event"),
+                }
+            }
+            // A broken ring stays broken until the driver resets it: do not
+            // spin on it.
+            if !event_idx || !ring_ok {
+                break;
+            }
+            // Re-enable notifications, then look again: the guest may have
+            // added buffers after our last look and before it saw the flag.
+            match vs.get_queue_mut().enable_notification(&*mem) {
+                Ok(true) => continue,
+                Ok(false) => break,
+                Err(_) => {
+                    self.ring_error(q, "cannot update notification state");
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Pop, execute and complete every available chain. Returns how many
+    /// chains were put on the used ring, and false if the avail ring is
+    /// unusable.
+    fn drain(
+        &self,
+        q: &mut QueueState,
+        vs: &mut vhost_user_backend::VringState<GM>,
+        mem: &GuestMemoryMmap,
+    ) -> (usize, bool) {
+        let mut done = 0;
+        loop {
+            let chain = match vs.get_queue_mut().iter(mem) {
+                Ok(mut it) => it.next(),
+                Err(e) => {
+                    self.ring_error(q, &format!("avail ring unusable: {e}"));
+                    return (done, false);
+                }
+            };
+            let Some(chain) = chain else {
+                return (done, true);
+            };
+            let head = chain.head_index();
+            let outcome = match collect_segments(chain, &mut q.segs) {
+                Ok(()) => {
+                    let dev = Device {
+                        storage: self.disk.storage.as_ref(),
+                        cfg: &self.disk.cfg,
+                        capacity: self.disk.cfg.size,
+                        writeback: self.writeback(),
+                    };
+                    execute(&dev, mem, &q.segs)
+                }
+                Err(reason) => Outcome::Dropped(reason),
+            };
+            let used_len = self.account(q, outcome);
+            if vs.get_queue_mut().add_used(mem, head, used_len).is_err() {
+                self.ring_error(q, &format!("cannot put head {head} on the used ring"));
+                continue;
+            }
+            done += 1;
+        }
+    }
+
+    fn account(&self, q: &mut QueueState, outcome: Outcome) -> u32 {
+        let c = &mut q.counters;
+        match outcome {
+            Outcome::Completed {
+                op,
+                status,
+                used_len,
+                bytes,
+            } => {
+                c.requests += 1;
+                match op {
+                    Op::Read => c.reads += 1,
+                    Op::Write => c.writes += 1,
+                    Op::Flush => c.flushes += 1,
+                    Op::GetId => c.get_ids += 1,
+                    Op::Discard => c.discards += 1,
+                    Op::WriteZeroes => c.write_zeroes += 1,
+                    Op::Other => c.other += 1,
+                }
+                match status {
+                    STATUS_OK => match op {
+                        Op::Read => c.bytes_read += bytes,
+                        Op::Write => c.bytes_written += bytes,
+                        _ => {}
+                    },
+                    STATUS_IOERR => c.status_ioerr += 1,
+                    STATUS_UNSUPP => c.status_unsupp += 1,
+                    _ => {}
+                }
+                used_len
+            }
+            Outcome::Dropped(reason) => {
+                c.dropped += 1;
+                if !q.warned_drop {
+                    q.warned_drop = true;
+                    warn!(
+                        "{} queue {}: dropped a malformed descriptor chain ({}); further drops are only counted",
+                        self.disk.cfg.socket.display(),
+                        q.index,
+                        describe_drop(reason)
+                    );
+                }
+                0
+            }
+        }
+    }
+
+    fn ring_error(&self, q: &mut QueueState, what: &str) {
+        q.counters.ring_errors += 1;
+        if !q.warned_ring {
+            q.warned_ring = true;
+            warn!(
+                "{} queue {}: {what}; the queue is unusable until the driver resets it (further errors only counted)",
+                self.disk.cfg.socket.display(),
+                q.index
+            );
+        }
+    }
+
+    /// Log what each queue did during a connection.
+    pub fn log_summary(&self) {
+        for (i, c) in self.counters().iter().enumerate() {
+            if c.requests + c.dropped + c.ring_errors == 0 {
+                continue;
+            }
+            info!(
+                "{} queue {i}: {} requests ({} reads {} B, {} writes {} B, {} flushes, {} discards, {} write-zeroes, {} other), {} IOERR, {} UNSUPP, {} dropped chains, {} ring errors, {} wake-ups, {} notifications",
+                self.disk.cfg.socket.display(),
+                c.requests, c.reads, c.bytes_read, c.writes, c.bytes_written, c.flushes, c.discards,
+                c.write_zeroes, c.other, c.status_ioerr, c.status_unsupp, c.dropped, c.ring_errors,
+                c.wakeups, c.notifications
+            );
+        }
+    }
+}
+
+fn describe_drop(r: DropReason) -> &'static str {
+    match r {
+        DropReason::Empty => "no readable descriptor at the head",
+        DropReason::Truncated => {
+            "chain loops, is longer than the queue, or has an invalid descriptor"
+        }
+        DropReason::NoStatus => "last descriptor is not device-writable, no status byte",
+        DropReason::EmptyStatus => "status descriptor has length 0",
+        DropReason::StatusUnwritable => "status byte outside guest memory",
+    }
+}
+
+impl VhostUserBackend for BlkBackend {
+    type Bitmap = ();
+    type Vring = VringRwLock<GM>;
+
+    fn num_queues(&self) -> usize {
+        self.queues.len()
+    }
+
+    fn max_queue_size(&self) -> usize {
+        usize::from(self.disk.cfg.queue_size)
+    }
+
+    fn features(&self) -> u64 {
+        self.disk.cfg.features.bits() | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn acked_features(&self, features: u64) {
+        debug!(
+            "{}: guest acked features {features:#x}",
+            self.disk.cfg.socket.display()
+        );
+        self.acked_features.store(features, Ordering::Relaxed);
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::REPLY_ACK
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.event_idx.store(enabled, Ordering::Relaxed);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        config_space::read(&self.disk.config_space(), offset, size).unwrap_or_default()
+    }
+
+    fn set_config(&self, offset: u32, buf: &[u8]) -> io::Result<()> {
+        if offset as usize == config_space::WRITEBACK_OFFSET
+            && buf.len() == 1
+            && self.disk.cfg.features.has(BlkFeature::ConfigWce)
+        {
+            info!(
+                "{}: guest set cache mode to {}",
+                self.disk.cfg.socket.display(),
+                if buf[0] != 0 {
+                    "write-back"
+                } else {
+                    "write-through"
+                }
+            );
+            self.disk.writeback.store(buf[0] != 0, Ordering::Relaxed);
+            return Ok(());
+        }
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "config space write of {} bytes at {offset} not supported",
+                buf.len()
+            ),
+        ))
+    }
+
+    fn update_memory(&self, mem: GM) -> io::Result<()> {
+        for q in 0..self.queues.len() {
+            self.lock_queue(q).mem = Some(mem.clone());
+        }
+        Ok(())
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        self.disk.cfg.queues_per_thread.clone()
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
+            Ok(pair) => Some(pair),
+            Err(e) => {
+                warn!("cannot create a worker exit event: {e}");
+                None
+            }
+        }
+    }
+
+    fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
+        // The vring is already unregistered from its worker; taking the
+        // queue's lock waits for any request still being served.
+        if (queue_index as usize) < self.queues.len() {
+            drop(self.lock_queue(queue_index as usize));
+        }
+        Ok(())
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Self::Vring],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        if !evset.contains(EventSet::IN) {
+            return Ok(());
+        }
+        let local = usize::from(device_event);
+        let (Some(&qi), Some(vring)) = (
+            self.thread_queues.get(thread_id).and_then(|v| v.get(local)),
+            vrings.get(local),
+        ) else {
+            // Not a queue event: nothing of ours is registered besides the
+            // kicks. Returning an error would stop the worker thread.
+            return Ok(());
+        };
+        let mut q = self.lock_queue(qi);
+        self.process_vring(&mut q, vring);
+        Ok(())
+    }
+}

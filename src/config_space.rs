@@ -80,7 +80,10 @@ mod tests {
     fn cfg(extra: &[&str]) -> DiskConfig {
         let mut args = vec!["--socket", "/tmp/x.sock", "--disk", "mem", "--size", "4G"];
         args.extend_from_slice(extra);
-        DiskArgs::parse_for_test(&args).to_configs().unwrap().remove(0)
+        DiskArgs::parse_for_test(&args)
+            .to_configs()
+            .unwrap()
+            .remove(0)
     }
 
     fn u32at(b: &[u8], off: usize) -> u32 {
@@ -91,7 +94,10 @@ mod tests {
     fn layout() {
         let c = cfg(&["--num-queues", "4", "--queue-size", "256"]);
         let b = build(&c, true);
-        assert_eq!(u64::from_le_bytes(b[0..8].try_into().unwrap()), (4u64 << 30) / 512);
+        assert_eq!(
+            u64::from_le_bytes(b[0..8].try_into().unwrap()),
+            (4u64 << 30) / 512
+        );
         assert_eq!(u32at(&b, 12), 254, "seg_max = queue size - 2");
         assert_eq!(u32at(&b, 20), 512);
         assert_eq!(u16::from_le_bytes(b[34..36].try_into().unwrap()), 4);

@@ -329,9 +329,13 @@ pub fn parse_thread_masks(masks: &[String], num_queues: u16) -> Result<Vec<u64>,
         } else {
             t.parse::<u64>()
         }
-        .map_err(|_| ConfigError::QueuesPerThread(format!("{m:?} is not a number (use 0x3 or 3)")))?;
+        .map_err(|_| {
+            ConfigError::QueuesPerThread(format!("{m:?} is not a number (use 0x3 or 3)"))
+        })?;
         if v == 0 {
-            return Err(ConfigError::QueuesPerThread(format!("{m:?} selects no queue")));
+            return Err(ConfigError::QueuesPerThread(format!(
+                "{m:?} selects no queue"
+            )));
         }
         if v & !all != 0 {
             return Err(ConfigError::QueuesPerThread(format!(
@@ -433,12 +437,27 @@ pub fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
     for (i, table) in file.disk.into_iter().enumerate() {
         let mut merged = toml::Table::new();
         // Start from the CLI defaults so a table need only name what differs.
-        merged.insert("num-queues".into(), toml::Value::Integer(defaults.num_queues.into()));
-        merged.insert("queue-size".into(), toml::Value::Integer(defaults.queue_size.into()));
+        merged.insert(
+            "num-queues".into(),
+            toml::Value::Integer(defaults.num_queues.into()),
+        );
+        merged.insert(
+            "queue-size".into(),
+            toml::Value::Integer(defaults.queue_size.into()),
+        );
         merged.insert("count".into(), toml::Value::Integer(defaults.count.into()));
-        merged.insert("block-size".into(), toml::Value::Integer(defaults.block_size.into()));
-        merged.insert("socket-mode".into(), toml::Value::String(defaults.socket_mode.clone()));
-        merged.insert("size-max".into(), toml::Value::Integer(defaults.size_max.into()));
+        merged.insert(
+            "block-size".into(),
+            toml::Value::Integer(defaults.block_size.into()),
+        );
+        merged.insert(
+            "socket-mode".into(),
+            toml::Value::String(defaults.socket_mode.clone()),
+        );
+        merged.insert(
+            "size-max".into(),
+            toml::Value::Integer(defaults.size_max.into()),
+        );
         for (k, v) in table {
             merged.insert(k.replace('_', "-"), v);
         }
@@ -504,31 +523,68 @@ mod tests {
 
     #[test]
     fn bad_values() {
-        assert!(matches!(base(&["--num-queues", "0"]).to_configs(), Err(ConfigError::NumQueues(0))));
-        assert!(matches!(base(&["--num-queues", "65"]).to_configs(), Err(ConfigError::NumQueues(65))));
-        assert!(matches!(base(&["--queue-size", "100"]).to_configs(), Err(ConfigError::QueueSize(100))));
-        assert!(matches!(base(&["--block-size", "1024"]).to_configs(), Err(ConfigError::BlockSize(1024))));
-        assert!(matches!(base(&["--size", "1000"]).to_configs(), Err(ConfigError::SizeAlign { .. })));
-        assert!(matches!(base(&["--size", "4Q"]).to_configs(), Err(ConfigError::Size(_))));
+        assert!(matches!(
+            base(&["--num-queues", "0"]).to_configs(),
+            Err(ConfigError::NumQueues(0))
+        ));
+        assert!(matches!(
+            base(&["--num-queues", "65"]).to_configs(),
+            Err(ConfigError::NumQueues(65))
+        ));
+        assert!(matches!(
+            base(&["--queue-size", "100"]).to_configs(),
+            Err(ConfigError::QueueSize(100))
+        ));
+        assert!(matches!(
+            base(&["--block-size", "1024"]).to_configs(),
+            Err(ConfigError::BlockSize(1024))
+        ));
+        assert!(matches!(
+            base(&["--size", "1000"]).to_configs(),
+            Err(ConfigError::SizeAlign { .. })
+        ));
+        assert!(matches!(
+            base(&["--size", "4Q"]).to_configs(),
+            Err(ConfigError::Size(_))
+        ));
         assert!(matches!(
             base(&["--serial", "123456789012345678901"]).to_configs(),
             Err(ConfigError::Serial(..))
         ));
-        assert!(matches!(base(&["--disable-features", "nope"]).to_configs(), Err(ConfigError::Feature(_))));
-        assert!(matches!(base(&["--socket-mode", "999"]).to_configs(), Err(ConfigError::SocketMode(_))));
-        assert!(matches!(base(&["--direct"]).to_configs(), Err(ConfigError::DirectNotFile)));
+        assert!(matches!(
+            base(&["--disable-features", "nope"]).to_configs(),
+            Err(ConfigError::Feature(_))
+        ));
+        assert!(matches!(
+            base(&["--socket-mode", "999"]).to_configs(),
+            Err(ConfigError::SocketMode(_))
+        ));
+        assert!(matches!(
+            base(&["--direct"]).to_configs(),
+            Err(ConfigError::DirectNotFile)
+        ));
         let no_size = DiskArgs::parse_for_test(&["--socket", "/x", "--disk", "null"]);
-        assert!(matches!(no_size.to_configs(), Err(ConfigError::NoSize("null"))));
+        assert!(matches!(
+            no_size.to_configs(),
+            Err(ConfigError::NoSize("null"))
+        ));
         let bad_disk = DiskArgs::parse_for_test(&["--socket", "/x", "--disk", "nvme"]);
-        assert!(matches!(bad_disk.to_configs(), Err(ConfigError::BadDisk(_))));
+        assert!(matches!(
+            bad_disk.to_configs(),
+            Err(ConfigError::BadDisk(_))
+        ));
     }
 
     #[test]
     fn feature_switches() {
-        let c = base(&["--disable-features", "event-idx,indirect-desc", "--read-only"])
-            .to_configs()
-            .unwrap()
-            .remove(0);
+        let c = base(&[
+            "--disable-features",
+            "event-idx,indirect-desc",
+            "--read-only",
+        ])
+        .to_configs()
+        .unwrap()
+        .remove(0);
         assert!(!c.features.has(BlkFeature::EventIdx));
         assert!(!c.features.has(BlkFeature::IndirectDesc));
         assert!(c.features.has(BlkFeature::Ro));
@@ -539,11 +595,26 @@ mod tests {
     fn thread_masks() {
         assert_eq!(parse_thread_masks(&[], 3).unwrap(), vec![1, 2, 4]);
         let m = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(parse_thread_masks(&m(&["0x3", "0xc"]), 4).unwrap(), vec![3, 12]);
-        assert!(parse_thread_masks(&m(&["0x3"]), 4).is_err(), "queues 2,3 unserved");
-        assert!(parse_thread_masks(&m(&["0x3", "0x6"]), 3).is_err(), "overlap");
-        assert!(parse_thread_masks(&m(&["0x0", "0x1"]), 1).is_err(), "empty mask");
-        assert!(parse_thread_masks(&m(&["0x10"]), 4).is_err(), "beyond num-queues");
+        assert_eq!(
+            parse_thread_masks(&m(&["0x3", "0xc"]), 4).unwrap(),
+            vec![3, 12]
+        );
+        assert!(
+            parse_thread_masks(&m(&["0x3"]), 4).is_err(),
+            "queues 2,3 unserved"
+        );
+        assert!(
+            parse_thread_masks(&m(&["0x3", "0x6"]), 3).is_err(),
+            "overlap"
+        );
+        assert!(
+            parse_thread_masks(&m(&["0x0", "0x1"]), 1).is_err(),
+            "empty mask"
+        );
+        assert!(
+            parse_thread_masks(&m(&["0x10"]), 4).is_err(),
+            "beyond num-queues"
+        );
         assert!(parse_thread_masks(&m(&["zz"]), 4).is_err());
         assert_eq!(parse_thread_masks(&[], 64).unwrap().len(), 64);
     }
@@ -556,10 +627,15 @@ mod tests {
             StorageSpec::File("/a/b.img".into())
         );
         assert!("file:".parse::<StorageSpec>().is_err());
-        let f = DiskArgs::parse_for_test(&["--socket", "/x", "--disk", "file:/tmp/some-very-long-image-name.raw"])
-            .to_configs()
-            .unwrap()
-            .remove(0);
+        let f = DiskArgs::parse_for_test(&[
+            "--socket",
+            "/x",
+            "--disk",
+            "file:/tmp/some-very-long-image-name.raw",
+        ])
+        .to_configs()
+        .unwrap()
+        .remove(0);
         assert_eq!(f.size, 0);
         assert!(f.serial.len() <= 20);
         assert!(f.serial.ends_with("name.raw"));
@@ -596,10 +672,17 @@ count = 2
         assert!(d[2].read_only);
         assert_eq!(d[2].socket, PathBuf::from("/tmp/b.sock-1"));
 
-        std::fs::write(&p, "[[disk]]\nsocket='/x'\ndisk='mem'\nsize='1G'\nbogus=1\n").unwrap();
+        std::fs::write(
+            &p,
+            "[[disk]]\nsocket='/x'\ndisk='mem'\nsize='1G'\nbogus=1\n",
+        )
+        .unwrap();
         let e = load_config_file(&p).unwrap_err().to_string();
         assert!(e.contains("bogus"), "{e}");
         std::fs::write(&p, "[[disk]]\nsocket='/x'\ndisk='mem'\nsize='1G'\n[[disk]]\nsocket='/x'\ndisk='null'\nsize='1G'\n").unwrap();
-        assert!(matches!(load_config_file(&p), Err(ConfigError::DuplicateSocket(_))));
+        assert!(matches!(
+            load_config_file(&p),
+            Err(ConfigError::DuplicateSocket(_))
+        ));
     }
 }

@@ -150,7 +150,10 @@ impl FeatureSet {
 
     /// The names of the features that are on, in bit order.
     pub fn names(&self) -> Vec<&'static str> {
-        let mut v: Vec<BlkFeature> = BlkFeature::ALL.into_iter().filter(|f| self.has(*f)).collect();
+        let mut v: Vec<BlkFeature> = BlkFeature::ALL
+            .into_iter()
+            .filter(|f| self.has(*f))
+            .collect();
         v.sort_by_key(|f| f.bit());
         v.into_iter().map(|f| f.name()).collect()
     }
@@ -162,13 +165,22 @@ mod tests {
 
     #[test]
     fn parse_names() {
-        assert_eq!("event-idx".parse::<BlkFeature>().unwrap(), BlkFeature::EventIdx);
-        assert_eq!("EVENT_IDX".parse::<BlkFeature>().unwrap(), BlkFeature::EventIdx);
+        assert_eq!(
+            "event-idx".parse::<BlkFeature>().unwrap(),
+            BlkFeature::EventIdx
+        );
+        assert_eq!(
+            "EVENT_IDX".parse::<BlkFeature>().unwrap(),
+            BlkFeature::EventIdx
+        );
         assert_eq!(
             "VIRTIO_BLK_F_WRITE_ZEROES".parse::<BlkFeature>().unwrap(),
             BlkFeature::WriteZeroes
         );
-        assert_eq!("writezeroes".parse::<BlkFeature>().unwrap(), BlkFeature::WriteZeroes);
+        assert_eq!(
+            "writezeroes".parse::<BlkFeature>().unwrap(),
+            BlkFeature::WriteZeroes
+        );
         assert!("bogus".parse::<BlkFeature>().is_err());
     }
 
@@ -188,7 +200,9 @@ mod tests {
         let f = FeatureSet::default_on();
         assert!(f.has(BlkFeature::EventIdx));
         assert!(!f.has(BlkFeature::Ro));
-        let g = f.with(BlkFeature::EventIdx, false).with(BlkFeature::Ro, true);
+        let g = f
+            .with(BlkFeature::EventIdx, false)
+            .with(BlkFeature::Ro, true);
         assert!(!g.has(BlkFeature::EventIdx));
         assert!(g.has(BlkFeature::Ro));
         assert_eq!(g.bits() & (1 << 29), 0);

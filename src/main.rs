@@ -1,1 +1,45 @@
-fn main() {}
+//! `blklab`: parse the command line and dispatch to the library.
+
+use anyhow::{Context, Result};
+use clap::Parser;
+
+use blklab::cli::{Cli, Command, ServeArgs};
+use blklab::disk::{check_unique_sockets, load_config_file};
+use blklab::server::Server;
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => serve(args),
+    };
+    if let Err(e) = result {
+        eprintln!("blklab: error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let disks = match &args.config {
+        Some(path) => load_config_file(path)?,
+        None => {
+            let d = args.disk.to_configs()?;
+            check_unique_sockets(&d)?;
+            d
+        }
+    };
+    if args.print_qemu_args {
+        for line in blklab::qemu_args::qemu_args(&disks, &args.guest_memory) {
+            println!("{line}");
+        }
+        return Ok(());
+    }
+    // Block SIGINT/SIGTERM before any thread starts, so every thread
+    // inherits the mask and only sigwait() below receives them.
+    let signals = blklab::server::block_termination_signals().context("cannot block signals")?;
+    let server = Server::start(disks)?;
+    let sig = blklab::server::wait_for_signal(&signals);
+    log::info!("received {sig}, shutting down");
+    server.shutdown();
+    Ok(())
+}

@@ -114,7 +114,10 @@ pub struct Device<'a> {
 
 /// Walk a chain into `segs` (cleared first). Returns the drop reason when
 /// the chain is unusable.
-pub fn collect_segments<M>(chain: DescriptorChain<M>, segs: &mut Vec<Segment>) -> Result<(), DropReason>
+pub fn collect_segments<M>(
+    chain: DescriptorChain<M>,
+    segs: &mut Vec<Segment>,
+) -> Result<(), DropReason>
 where
     M: std::ops::Deref,
     M::Target: vm_memory::GuestMemory,
@@ -175,7 +178,12 @@ fn slices<'m>(
 }
 
 /// Copy `out.len()` readable bytes starting `skip` bytes in.
-fn read_bytes(mem: &GuestMemoryMmap, segs: &[Segment], skip: u64, out: &mut [u8]) -> Result<(), ()> {
+fn read_bytes(
+    mem: &GuestMemoryMmap,
+    segs: &[Segment],
+    skip: u64,
+    out: &mut [u8],
+) -> Result<(), ()> {
     let sl = slices(mem, segs, false, skip, out.len() as u64)?;
     let mut p = 0;
     for s in sl {
@@ -190,14 +198,21 @@ fn read_bytes(mem: &GuestMemoryMmap, segs: &[Segment], skip: u64, out: &mut [u8]
 pub fn execute(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> Outcome {
     let status_seg = segs[segs.len() - 1];
     let status_addr = GuestAddress(status_seg.addr.wrapping_add(u64::from(status_seg.len) - 1));
-    if status_seg.addr.checked_add(u64::from(status_seg.len) - 1).is_none()
+    if status_seg
+        .addr
+        .checked_add(u64::from(status_seg.len) - 1)
+        .is_none()
         || !GuestMemoryBackend::check_range(mem, status_addr, 1)
     {
         return Outcome::Dropped(DropReason::StatusUnwritable);
     }
 
     let (op, status, used_data, bytes) = run(dev, mem, segs);
-    let used_len = if status == STATUS_OK { used_data + 1 } else { 1 };
+    let used_len = if status == STATUS_OK {
+        used_data + 1
+    } else {
+        1
+    };
     if mem.write_obj::<u8>(status, status_addr).is_err() {
         return Outcome::Dropped(DropReason::StatusUnwritable);
     }
@@ -217,8 +232,16 @@ fn run(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> (Op, u8, u3
             return (Op::Other, STATUS_IOERR, 0, 0);
         }
     }
-    let readable: u64 = segs.iter().filter(|s| !s.write).map(|s| u64::from(s.len)).sum();
-    let writable: u64 = segs.iter().filter(|s| s.write).map(|s| u64::from(s.len)).sum();
+    let readable: u64 = segs
+        .iter()
+        .filter(|s| !s.write)
+        .map(|s| u64::from(s.len))
+        .sum();
+    let writable: u64 = segs
+        .iter()
+        .filter(|s| s.write)
+        .map(|s| u64::from(s.len))
+        .sum();
     if readable < HEADER_SIZE {
         return (Op::Other, STATUS_IOERR, 0, 0);
     }
@@ -240,7 +263,9 @@ fn run(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> (Op, u8, u3
         };
         len % lbs == 0
             && offset % lbs == 0
-            && offset.checked_add(len).is_some_and(|end| end <= dev.capacity)
+            && offset
+                .checked_add(len)
+                .is_some_and(|end| end <= dev.capacity)
     };
 
     match op {
@@ -266,7 +291,13 @@ fn run(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> (Op, u8, u3
             let r = dev
                 .storage
                 .write_from(sector * SECTOR_SIZE, &bufs)
-                .and_then(|()| if dev.writeback { Ok(()) } else { dev.storage.flush() });
+                .and_then(|()| {
+                    if dev.writeback {
+                        Ok(())
+                    } else {
+                        dev.storage.flush()
+                    }
+                });
             match r {
                 Ok(()) => (op, STATUS_OK, 0, out_len),
                 Err(e) => io_error(op, "write", sector, &e),
@@ -311,9 +342,17 @@ fn discard_or_zero(
 ) -> (Op, u8, u32, u64) {
     let cfg = dev.cfg;
     let (feature, max_seg, max_sectors) = if op == Op::Discard {
-        (BlkFeature::Discard, cfg.max_discard_seg, cfg.max_discard_sectors)
+        (
+            BlkFeature::Discard,
+            cfg.max_discard_seg,
+            cfg.max_discard_sectors,
+        )
     } else {
-        (BlkFeature::WriteZeroes, cfg.max_write_zeroes_seg, cfg.max_write_zeroes_sectors)
+        (
+            BlkFeature::WriteZeroes,
+            cfg.max_write_zeroes_seg,
+            cfg.max_write_zeroes_sectors,
+        )
     };
     if !cfg.features.has(feature) {
         return (op, STATUS_UNSUPP, 0, 0);
@@ -347,11 +386,17 @@ fn discard_or_zero(
         let Some(offset) = sector.checked_mul(SECTOR_SIZE) else {
             return (op, STATUS_IOERR, 0, 0);
         };
-        let in_range = offset.checked_add(bytes).is_some_and(|end| end <= dev.capacity);
+        let in_range = offset
+            .checked_add(bytes)
+            .is_some_and(|end| end <= dev.capacity);
         if num > max_sectors || !in_range || offset % lbs != 0 || bytes % lbs != 0 {
             return (op, STATUS_IOERR, 0, 0);
         }
-        ranges.push((offset, bytes, flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0));
+        ranges.push((
+            offset,
+            bytes,
+            flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0,
+        ));
     }
     let mut total = 0;
     for (offset, bytes, unmap) in ranges {
@@ -373,7 +418,9 @@ mod tests {
     use super::*;
     use crate::disk::DiskArgs;
     use crate::storage::MemStorage;
-    use virtio_bindings::virtio_ring::{VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+    use virtio_bindings::virtio_ring::{
+        VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
+    };
     use virtio_queue::desc::RawDescriptor;
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -388,7 +435,16 @@ mod tests {
     }
 
     fn env(extra: &[&str]) -> Env {
-        let mut a = vec!["--socket", "/tmp/t.sock", "--disk", "mem", "--size", "1M", "--serial", "test-serial"];
+        let mut a = vec![
+            "--socket",
+            "/tmp/t.sock",
+            "--disk",
+            "mem",
+            "--size",
+            "1M",
+            "--serial",
+            "test-serial",
+        ];
         a.extend_from_slice(extra);
         let cfg = DiskArgs::parse_for_test(&a).to_configs().unwrap().remove(0);
         Env {
@@ -436,7 +492,9 @@ mod tests {
         let last = descs.last().unwrap();
         let st = e
             .mem
-            .read_obj::<u8>(GuestAddress(last.0.wrapping_add(u64::from(last.1.max(1)) - 1)))
+            .read_obj::<u8>(GuestAddress(
+                last.0.wrapping_add(u64::from(last.1.max(1)) - 1),
+            ))
             .unwrap_or(0xff);
         (out, st)
     }
@@ -444,21 +502,41 @@ mod tests {
     #[test]
     fn write_then_read() {
         let e = env(&[]);
-        e.mem.write_slice(&[0x5a; 4096], GuestAddress(0x10000)).unwrap();
+        e.mem
+            .write_slice(&[0x5a; 4096], GuestAddress(0x10000))
+            .unwrap();
         hdr(&e, 0x8000, VIRTIO_BLK_T_OUT, 8);
         let (o, st) = run_chain(&e, &[(0x8000, 16, 0), (0x10000, 4096, 0), (0x9000, 1, W)]);
         assert_eq!(st, STATUS_OK);
         assert_eq!(
             o,
-            Outcome::Completed { op: Op::Write, status: STATUS_OK, used_len: 1, bytes: 4096 }
+            Outcome::Completed {
+                op: Op::Write,
+                status: STATUS_OK,
+                used_len: 1,
+                bytes: 4096
+            }
         );
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 8);
         // Data split over two descriptors, status in its own.
-        let (o, st) = run_chain(&e, &[(0x8000, 16, 0), (0x20000, 1024, W), (0x30000, 3072, W), (0x9000, 1, W)]);
+        let (o, st) = run_chain(
+            &e,
+            &[
+                (0x8000, 16, 0),
+                (0x20000, 1024, W),
+                (0x30000, 3072, W),
+                (0x9000, 1, W),
+            ],
+        );
         assert_eq!(st, STATUS_OK);
         assert_eq!(
             o,
-            Outcome::Completed { op: Op::Read, status: STATUS_OK, used_len: 4097, bytes: 4096 }
+            Outcome::Completed {
+                op: Op::Read,
+                status: STATUS_OK,
+                used_len: 4097,
+                bytes: 4096
+            }
         );
         let mut buf = vec![0u8; 3072];
         e.mem.read_slice(&mut buf, GuestAddress(0x30000)).unwrap();
@@ -471,7 +549,9 @@ mod tests {
         // data+status in one writable descriptor.
         let e = env(&[]);
         hdr(&e, 0x8000, VIRTIO_BLK_T_OUT, 0);
-        e.mem.write_slice(&[0x11; 512], GuestAddress(0x8010)).unwrap();
+        e.mem
+            .write_slice(&[0x11; 512], GuestAddress(0x8010))
+            .unwrap();
         let (_, st) = run_chain(&e, &[(0x8000, 16 + 512, 0), (0x9000, 1, W)]);
         assert_eq!(st, STATUS_OK);
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 0);
@@ -489,68 +569,142 @@ mod tests {
         let cap = e.cfg.size / 512;
         // Out-of-range sector.
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, cap);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, W), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, W), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
         // Straddling the end.
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, cap - 1);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x20000, 1024, W), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x20000, 1024, W), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
         // Overflowing sector * 512.
         hdr(&e, 0x8000, VIRTIO_BLK_T_OUT, u64::MAX / 256);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, 0), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, 0), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
         // Length not a multiple of 512.
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x20000, 100, W), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x20000, 100, W), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
         // Unknown type.
         hdr(&e, 0x8000, 0x55, 0);
         let (o, st) = run_chain(&e, &[(0x8000, 16, 0), (0x9000, 1, W)]);
         assert_eq!(st, STATUS_UNSUPP);
-        assert!(matches!(o, Outcome::Completed { op: Op::Other, used_len: 1, .. }));
+        assert!(matches!(
+            o,
+            Outcome::Completed {
+                op: Op::Other,
+                used_len: 1,
+                ..
+            }
+        ));
         // Short header.
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 8, 0), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 8, 0), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
         // Data outside guest memory.
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x1_0000_0000, 512, W), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(
+                &e,
+                &[(0x8000, 16, 0), (0x1_0000_0000, 512, W), (0x9000, 1, W)]
+            )
+            .1,
+            STATUS_IOERR
+        );
         // Header outside guest memory.
-        assert_eq!(run_chain(&e, &[(0xffff_0000_0000, 16, 0), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0xffff_0000_0000, 16, 0), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
         // Data range crossing the end of guest memory.
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0xff000, 0x2000, W), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0xff000, 0x2000, W), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
         // Readable after writable.
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, W), (0x8000, 16, 0), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(
+                &e,
+                &[
+                    (0x8000, 16, 0),
+                    (0x20000, 512, W),
+                    (0x8000, 16, 0),
+                    (0x9000, 1, W)
+                ]
+            )
+            .1,
+            STATUS_IOERR
+        );
     }
 
     #[test]
     fn read_only() {
         let e = env(&["--read-only"]);
         hdr(&e, 0x8000, VIRTIO_BLK_T_OUT, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, 0), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, 0), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, W), (0x9000, 1, W)]).1, STATUS_OK);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, W), (0x9000, 1, W)]).1,
+            STATUS_OK
+        );
         let mut r = [0u8; 32];
         r[8..12].copy_from_slice(&8u32.to_le_bytes());
         e.mem.write_slice(&r[..16], GuestAddress(0x10000)).unwrap();
         hdr(&e, 0x8000, VIRTIO_BLK_T_DISCARD, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x10000, 16, 0), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x10000, 16, 0), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
     }
 
     #[test]
     fn block_size_4k_alignment() {
         let e = env(&["--block-size", "4096"]);
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 1);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x20000, 4096, W), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x20000, 4096, W), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 8);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, W), (0x9000, 1, W)]).1, STATUS_IOERR);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x20000, 4096, W), (0x9000, 1, W)]).1, STATUS_OK);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, W), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x20000, 4096, W), (0x9000, 1, W)]).1,
+            STATUS_OK
+        );
     }
 
     #[test]
     fn get_id() {
         let e = env(&[]);
         hdr(&e, 0x8000, VIRTIO_BLK_T_GET_ID, 0);
-        e.mem.write_slice(&[0xee; 20], GuestAddress(0x20000)).unwrap();
+        e.mem
+            .write_slice(&[0xee; 20], GuestAddress(0x20000))
+            .unwrap();
         let (o, st) = run_chain(&e, &[(0x8000, 16, 0), (0x20000, 20, W), (0x9000, 1, W)]);
         assert_eq!(st, STATUS_OK);
-        assert!(matches!(o, Outcome::Completed { op: Op::GetId, used_len: 21, .. }));
+        assert!(matches!(
+            o,
+            Outcome::Completed {
+                op: Op::GetId,
+                used_len: 21,
+                ..
+            }
+        ));
         let mut id = [0u8; 20];
         e.mem.read_slice(&mut id, GuestAddress(0x20000)).unwrap();
         assert_eq!(&id[..11], b"test-serial");
@@ -563,7 +717,14 @@ mod tests {
         hdr(&e, 0x8000, VIRTIO_BLK_T_FLUSH, 0);
         let (o, st) = run_chain(&e, &[(0x8000, 16, 0), (0x9000, 1, W)]);
         assert_eq!(st, STATUS_OK);
-        assert!(matches!(o, Outcome::Completed { op: Op::Flush, used_len: 1, .. }));
+        assert!(matches!(
+            o,
+            Outcome::Completed {
+                op: Op::Flush,
+                used_len: 1,
+                ..
+            }
+        ));
     }
 
     fn range(e: &Env, at: u64, sector: u64, num: u32, flags: u32) {
@@ -577,9 +738,14 @@ mod tests {
     #[test]
     fn discard_and_write_zeroes() {
         let e = env(&[]);
-        e.mem.write_slice(&[0x77; 8192], GuestAddress(0x10000)).unwrap();
+        e.mem
+            .write_slice(&[0x77; 8192], GuestAddress(0x10000))
+            .unwrap();
         hdr(&e, 0x8000, VIRTIO_BLK_T_OUT, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x10000, 8192, 0), (0x9000, 1, W)]).1, STATUS_OK);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x10000, 8192, 0), (0x9000, 1, W)]).1,
+            STATUS_OK
+        );
         // Two ranges in one request.
         range(&e, 0x30000, 0, 1, 0);
         range(&e, 0x30010, 4, 2, 0);
@@ -597,22 +763,46 @@ mod tests {
         assert!(b[3072..].iter().all(|x| *x == 0x77));
         // Discard with UNMAP flag: UNSUPP. Write-zeroes with UNMAP: fine.
         range(&e, 0x30000, 8, 1, VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1, STATUS_OK);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1,
+            STATUS_OK
+        );
         hdr(&e, 0x8000, VIRTIO_BLK_T_DISCARD, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1, STATUS_UNSUPP);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1,
+            STATUS_UNSUPP
+        );
         hdr(&e, 0x8000, VIRTIO_BLK_T_WRITE_ZEROES, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1, STATUS_OK);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1,
+            STATUS_OK
+        );
         // Reserved flag bits: UNSUPP.
         range(&e, 0x30000, 8, 1, 0x80);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1, STATUS_UNSUPP);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1,
+            STATUS_UNSUPP
+        );
         // Out of range, and over the per-request sector limit.
         range(&e, 0x30000, e.cfg.size / 512, 1, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
         range(&e, 0x30000, 0, e.cfg.max_write_zeroes_sectors + 1, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
         // Payload not a multiple of 16 / empty.
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x30000, 10, 0), (0x9000, 1, W)]).1, STATUS_IOERR);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x9000, 1, W)]).1, STATUS_IOERR);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x30000, 10, 0), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
     }
 
     #[test]
@@ -620,9 +810,15 @@ mod tests {
         let e = env(&["--disable-features", "discard,write-zeroes"]);
         range(&e, 0x30000, 0, 1, 0);
         hdr(&e, 0x8000, VIRTIO_BLK_T_DISCARD, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1, STATUS_UNSUPP);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1,
+            STATUS_UNSUPP
+        );
         hdr(&e, 0x8000, VIRTIO_BLK_T_WRITE_ZEROES, 0);
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1, STATUS_UNSUPP);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1,
+            STATUS_UNSUPP
+        );
     }
 
     #[test]
@@ -630,7 +826,10 @@ mod tests {
         let e = env(&[]);
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 0);
         // No writable descriptor: no status.
-        assert_eq!(run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, 0)]).0, Outcome::Dropped(DropReason::NoStatus));
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, 0)]).0,
+            Outcome::Dropped(DropReason::NoStatus)
+        );
         // Zero-length status descriptor.
         assert_eq!(
             run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, W), (0x9000, 0, W)]).0,
@@ -652,7 +851,15 @@ mod tests {
     fn zero_length_data_buffer_ok() {
         let e = env(&[]);
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 0);
-        let (o, st) = run_chain(&e, &[(0x8000, 16, 0), (0x20000, 512, W), (0x21000, 0, W), (0x9000, 1, W)]);
+        let (o, st) = run_chain(
+            &e,
+            &[
+                (0x8000, 16, 0),
+                (0x20000, 512, W),
+                (0x21000, 0, W),
+                (0x9000, 1, W),
+            ],
+        );
         assert_eq!(st, STATUS_OK);
         assert!(matches!(o, Outcome::Completed { used_len: 513, .. }));
     }
@@ -667,12 +874,15 @@ mod tests {
         let d1 = RawDescriptor::from(Descriptor::new(0x9000, 1, N | W, 0));
         vq.desc_table().store(0, d0).unwrap();
         vq.desc_table().store(1, d1).unwrap();
-        vq.avail().ring().ref_at(0).unwrap().store(0u16.into());
-        vq.avail().idx().store(1u16.into());
+        vq.avail().ring().ref_at(0).unwrap().store(0u16);
+        vq.avail().idx().store(1u16);
         let mut q: Queue = vq.create_queue().unwrap();
         let chain = q.iter(&e.mem).unwrap().next().unwrap();
         let mut segs = Vec::new();
-        assert_eq!(collect_segments(chain, &mut segs), Err(DropReason::Truncated));
+        assert_eq!(
+            collect_segments(chain, &mut segs),
+            Err(DropReason::Truncated)
+        );
         assert_eq!(segs.len(), 16, "walk bounded by the queue size");
     }
 
@@ -680,16 +890,21 @@ mod tests {
     fn bad_indirect_table_is_dropped() {
         let e = env(&[]);
         let vq = MockSplitQueue::new(&e.mem, 16);
-        let d0 = RawDescriptor::from(Descriptor::new(0x1_0000_0000, 64, VRING_DESC_F_INDIRECT as u16, 0));
+        let d0 = RawDescriptor::from(Descriptor::new(
+            0x1_0000_0000,
+            64,
+            VRING_DESC_F_INDIRECT as u16,
+            0,
+        ));
         vq.desc_table().store(0, d0).unwrap();
-        vq.avail().ring().ref_at(0).unwrap().store(0u16.into());
-        vq.avail().idx().store(1u16.into());
+        vq.avail().ring().ref_at(0).unwrap().store(0u16);
+        vq.avail().idx().store(1u16);
         let mut q: Queue = vq.create_queue().unwrap();
         let chain = q.iter(&e.mem).unwrap().next().unwrap();
         let mut segs = Vec::new();
         assert!(collect_segments(chain, &mut segs).is_err());
         // And a queue whose avail index jumped too far is refused by iter().
-        vq.avail().idx().store(100u16.into());
+        vq.avail().idx().store(100u16);
         let mut q: Queue = vq.create_queue().unwrap();
         assert!(q.iter(&e.mem).is_err());
         let _ = q.size();

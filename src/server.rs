@@ -1,0 +1,340 @@
+//! Serving disks: one listening socket and one accept loop per disk, a
+//! fresh device per vhost-user connection (the disk's data stays), and a
+//! clean shutdown that removes the sockets.
+
+use std::io;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use log::{error, info, warn};
+use thiserror::Error;
+use vhost::vhost_user::Listener;
+use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::backend::{BlkBackend, Disk};
+use crate::disk::DiskConfig;
+use crate::storage::StorageError;
+
+#[derive(Debug, Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    Storage(#[from] StorageError),
+    #[error("socket {path} already exists and a process is listening on it; is another blklab serving it?")]
+    SocketInUse { path: PathBuf },
+    #[error("socket path {path} exists and is not a socket; refusing to replace it")]
+    NotASocket { path: PathBuf },
+    #[error("cannot create socket {path}: {source}")]
+    Bind { path: PathBuf, source: io::Error },
+    #[error("cannot start the server thread for {path}: {source}")]
+    Thread { path: PathBuf, source: io::Error },
+}
+
+/// Bind `path` as a listening socket with file mode `mode`. A stale socket
+/// (nobody listening) is replaced; anything else at the path is refused.
+pub fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(ServeError::NotASocket { path: path.into() });
+        }
+        match UnixStream::connect(path) {
+            Ok(_) => return Err(ServeError::SocketInUse { path: path.into() }),
+            Err(_) => {
+                info!("removing stale socket {}", path.display());
+                std::fs::remove_file(path).map_err(|source| ServeError::Bind {
+                    path: path.into(),
+                    source,
+                })?;
+            }
+        }
+    }
+    let bind_err = |source| ServeError::Bind {
+        path: path.into(),
+        source,
+    };
+    // Bind and listen under a temporary name, set the mode asked for, then
+    // rename into place: the socket appears already listening and never
+    // more accessible than intended.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".blklab-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    // SAFETY: umask only changes this process's file-creation mask.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(&tmp);
+    // SAFETY: as above; restores the previous mask.
+    unsafe { libc::umask(old) };
+    let listener = bound.map_err(bind_err)?;
+    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
+        .and_then(|()| std::fs::rename(&tmp, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(bind_err(e));
+    }
+    Ok(listener)
+}
+
+/// One disk being served.
+struct Served {
+    disk: Arc<Disk>,
+    connection: Arc<Mutex<Option<ShutdownHandle>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// A set of disks being served by this process.
+pub struct Server {
+    served: Vec<Served>,
+    shutdown: Arc<AtomicBool>,
+    /// Becomes readable (and stays so) when shutdown starts; wakes the
+    /// accept loops.
+    wake: Arc<EventFd>,
+}
+
+impl Server {
+    /// Open every disk and bind every socket (all or nothing), then start
+    /// serving each on its own thread.
+    pub fn start(configs: Vec<DiskConfig>) -> Result<Server, ServeError> {
+        let mut disks = Vec::new();
+        for cfg in configs {
+            disks.push(Arc::new(Disk::open(cfg)?));
+        }
+        let mut listeners = Vec::new();
+        for d in &disks {
+            match bind_socket(&d.cfg.socket, d.cfg.socket_mode) {
+                Ok(l) => listeners.push(l),
+                Err(e) => {
+                    for prev in &disks[..listeners.len()] {
+                        let _ = std::fs::remove_file(&prev.cfg.socket);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let wake = Arc::new(
+            EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK).map_err(|source| {
+                ServeError::Thread {
+                    path: PathBuf::new(),
+                    source,
+                }
+            })?,
+        );
+        let mut served = Vec::new();
+        for (disk, listener) in disks.into_iter().zip(listeners) {
+            info!("serving {}", disk.cfg.describe());
+            let connection = Arc::new(Mutex::new(None));
+            let (d, c, s, w) = (
+                disk.clone(),
+                connection.clone(),
+                shutdown.clone(),
+                wake.clone(),
+            );
+            let name = format!("blklab-{}", served.len());
+            let thread = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || serve_disk(d, listener, c, s, w))
+                .map_err(|source| ServeError::Thread {
+                    path: disk.cfg.socket.clone(),
+                    source,
+                })?;
+            served.push(Served {
+                disk,
+                connection,
+                thread: Some(thread),
+            });
+        }
+        Ok(Server {
+            served,
+            shutdown,
+            wake,
+        })
+    }
+
+    /// The disks being served, in order.
+    pub fn disks(&self) -> Vec<Arc<Disk>> {
+        self.served.iter().map(|s| s.disk.clone()).collect()
+    }
+
+    /// End every connection and accept loop, wait for them, and remove the
+    /// sockets.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shutdown.store(true, Ordering::SeqCst);
+        // Wake the accept loops waiting for a frontend.
+        if let Err(e) = self.wake.write(1) {
+            error!("cannot wake the accept loops: {e}");
+        }
+        for s in &self.served {
+            let conn = s.connection.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(h) = conn.as_ref() {
+                h.shutdown();
+            }
+        }
+        for s in &mut self.served {
+            if let Some(t) = s.thread.take() {
+                if t.join().is_err() {
+                    error!("server thread for {} panicked", s.disk.cfg.socket.display());
+                }
+            }
+            let _ = std::fs::remove_file(&s.disk.cfg.socket);
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.served.iter().any(|s| s.thread.is_some()) {
+            self.stop();
+        }
+    }
+}
+
+/// Accept frontends one after another until shutdown.
+fn serve_disk(
+    disk: Arc<Disk>,
+    listener: UnixListener,
+    current: Arc<Mutex<Option<ShutdownHandle>>>,
+    shutdown: Arc<AtomicBool>,
+    wake: Arc<EventFd>,
+) {
+    let path = disk.cfg.socket.display().to_string();
+    let listen_fd = listener.as_raw_fd();
+    let mut listener = Listener::from(listener);
+    let mut connections = 0u64;
+    while !shutdown.load(Ordering::SeqCst) {
+        match wait_readable(listen_fd, wake.as_raw_fd()) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                error!("{path}: cannot wait for a frontend: {e}");
+                break;
+            }
+        }
+        let backend = Arc::new(BlkBackend::new(disk.clone()));
+        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let mut daemon = match VhostUserDaemon::new(
+            format!("blklab-conn-{connections}"),
+            backend.clone(),
+            mem,
+        ) {
+            Ok(d) => d,
+            Err(e) => {
+                error!("{path}: cannot create the vhost-user device: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                continue;
+            }
+        };
+        if let Err(e) = daemon.start(&mut listener) {
+            if !shutdown.load(Ordering::SeqCst) {
+                warn!("{path}: accepting a connection failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            continue;
+        }
+        if shutdown.load(Ordering::SeqCst) {
+            daemon.request_shutdown();
+        }
+        connections += 1;
+        info!("{path}: frontend connected (connection {connections})");
+        *current.lock().unwrap_or_else(|p| p.into_inner()) = daemon.shutdown_handle();
+        if shutdown.load(Ordering::SeqCst) {
+            daemon.request_shutdown();
+        }
+        match daemon.wait() {
+            Ok(()) => info!("{path}: frontend disconnected"),
+            Err(e) if shutdown.load(Ordering::SeqCst) => {
+                info!("{path}: connection closed for shutdown ({e})")
+            }
+            Err(e) => warn!("{path}: connection ended: {e}"),
+        }
+        *current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        // Dropping the daemon stops and joins its queue worker threads.
+        drop(daemon);
+        backend.log_summary();
+    }
+}
+
+/// Wait until `listen_fd` has a connection (true) or `wake_fd` is
+/// readable (false). A queued Unix connection makes accept() return at
+/// once, so the accept that follows never blocks.
+fn wait_readable(listen_fd: RawFd, wake_fd: RawFd) -> io::Result<bool> {
+    let mut fds = [
+        libc::pollfd {
+            fd: listen_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: wake_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    loop {
+        // SAFETY: `fds` is a valid array of two pollfd for the call.
+        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if fds[1].revents != 0 {
+            return Ok(false);
+        }
+        if fds[0].revents & libc::POLLIN != 0 {
+            return Ok(true);
+        }
+        if fds[0].revents != 0 {
+            return Err(io::Error::other(format!(
+                "listening socket poll events {:#x}",
+                fds[0].revents
+            )));
+        }
+    }
+}
+
+/// Block SIGINT and SIGTERM in the calling thread (and the threads it will
+/// start); returns the set for [`wait_for_signal`].
+pub fn block_termination_signals() -> io::Result<libc::sigset_t> {
+    // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it and
+    // pthread_sigmask only changes this thread's signal mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        let rc = libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        Ok(set)
+    }
+}
+
+/// Wait for one of the blocked signals; returns its name.
+pub fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
+    loop {
+        let mut sig: libc::c_int = 0;
+        // SAFETY: `set` was initialised by block_termination_signals and
+        // `sig` is a valid out-pointer.
+        let rc = unsafe { libc::sigwait(set, &mut sig) };
+        if rc == 0 {
+            return match sig {
+                libc::SIGINT => "SIGINT",
+                libc::SIGTERM => "SIGTERM",
+                _ => "signal",
+            };
+        }
+    }
+}

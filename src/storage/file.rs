@@ -53,7 +53,10 @@ impl FileStorage {
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 return Err(StorageError::Locked(name));
             }
-            return Err(StorageError::Open { path: name, source: e });
+            return Err(StorageError::Open {
+                path: name,
+                source: e,
+            });
         }
         let meta = file.metadata().map_err(|source| StorageError::Open {
             path: name.clone(),
@@ -117,9 +120,9 @@ impl FileStorage {
     fn aligned(&self, offset: u64, bufs: &[GuestBuf<'_>]) -> bool {
         let a = self.align;
         offset % a as u64 == 0
-            && bufs.iter().all(|b| {
-                b.len() % a == 0 && (b.ptr_guard().as_ptr() as usize) % a == 0
-            })
+            && bufs
+                .iter()
+                .all(|b| b.len() % a == 0 && (b.ptr_guard().as_ptr() as usize) % a == 0)
     }
 
     /// preadv/pwritev over guest buffers, looping over short transfers.
@@ -148,9 +151,19 @@ impl FileStorage {
             // created) that stays mapped while `bufs` is borrowed.
             let n = unsafe {
                 if write {
-                    libc::pwritev(self.file.as_raw_fd(), chunk.as_ptr(), chunk.len() as i32, pos as i64)
+                    libc::pwritev(
+                        self.file.as_raw_fd(),
+                        chunk.as_ptr(),
+                        chunk.len() as i32,
+                        pos as i64,
+                    )
                 } else {
-                    libc::preadv(self.file.as_raw_fd(), chunk.as_ptr(), chunk.len() as i32, pos as i64)
+                    libc::preadv(
+                        self.file.as_raw_fd(),
+                        chunk.as_ptr(),
+                        chunk.len() as i32,
+                        pos as i64,
+                    )
                 }
             };
             if n < 0 {
@@ -163,7 +176,10 @@ impl FileStorage {
             let mut n = n as usize;
             if n == 0 {
                 if write {
-                    return Err(io::Error::new(io::ErrorKind::WriteZero, "pwritev wrote nothing"));
+                    return Err(io::Error::new(
+                        io::ErrorKind::WriteZero,
+                        "pwritev wrote nothing",
+                    ));
                 }
                 // End of file inside the disk (image shrank): zeros.
                 for v in &iov[start..] {
@@ -179,7 +195,8 @@ impl FileStorage {
                     start += 1;
                 } else {
                     // SAFETY: advancing within the same iovec.
-                    iov[start].iov_base = unsafe { (iov[start].iov_base as *mut u8).add(n) } as *mut libc::c_void;
+                    iov[start].iov_base =
+                        unsafe { (iov[start].iov_base as *mut u8).add(n) } as *mut libc::c_void;
                     iov[start].iov_len -= n;
                     n = 0;
                 }
@@ -199,7 +216,11 @@ impl FileStorage {
         if write && (head != 0 || span != head + len) {
             // Read-modify-write of the partial blocks at either end.
             self.file.read_exact_at(buf.as_mut(), start).or_else(|e| {
-                if e.kind() == io::ErrorKind::UnexpectedEof { Ok(()) } else { Err(e) }
+                if e.kind() == io::ErrorKind::UnexpectedEof {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
             })?;
         }
         if write {
@@ -239,7 +260,8 @@ impl FileStorage {
         let mut chunk = chunk;
         while done < len {
             let n = (len - done).min(1 << 20) as usize;
-            self.file.write_all_at(&chunk.as_mut()[..n], offset + done)?;
+            self.file
+                .write_all_at(&chunk.as_mut()[..n], offset + done)?;
             done += n as u64;
         }
         Ok(())
@@ -247,7 +269,10 @@ impl FileStorage {
 }
 
 fn unsupported(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL))
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) | Some(libc::EINVAL)
+    )
 }
 
 impl Storage for FileStorage {
@@ -281,7 +306,11 @@ impl Storage for FileStorage {
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
-        match self.fallocate(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, offset, len) {
+        match self.fallocate(
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        ) {
             Err(e) if unsupported(&e) => self.write_zero_bytes(offset, len),
             r => r,
         }
@@ -312,7 +341,8 @@ impl AlignedBuf {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // SAFETY: layout has a non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(p).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        let ptr =
+            std::ptr::NonNull::new(p).ok_or_else(|| io::Error::from(io::ErrorKind::OutOfMemory))?;
         Ok(AlignedBuf { ptr, layout })
     }
 

@@ -31,7 +31,8 @@ impl MemStorage {
     }
 
     fn slice(&self, offset: u64, len: usize) -> io::Result<VolatileSlice<'_, ()>> {
-        let off = usize::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let off =
+            usize::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         self.region
             .get_slice(off, len)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))

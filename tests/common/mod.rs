@@ -2,6 +2,9 @@
 //! real Unix socket and stop it cleanly.
 #![allow(dead_code)]
 
+pub mod client;
+
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,28 +33,52 @@ impl Daemon {
         Self::spawn_at(dir, socket, args, sockets)
     }
 
-    pub fn spawn_at(dir: tempfile::TempDir, socket: PathBuf, args: &[&str], sockets: usize) -> Daemon {
+    pub fn spawn_at(
+        dir: tempfile::TempDir,
+        socket: PathBuf,
+        args: &[&str],
+        sockets: usize,
+    ) -> Daemon {
+        // A stale socket already at the path must be replaced, not mistaken
+        // for the new one: remember its inode.
+        let stale = std::fs::metadata(&socket)
+            .ok()
+            .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()));
         let child = Command::new(blklab_bin())
             .arg("serve")
             .arg("--socket")
             .arg(&socket)
             .args(args)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .spawn()
             .expect("start blklab serve");
-        let mut d = Daemon { child, dir, socket };
+        let mut d = Daemon {
+            child,
+            dir,
+            socket: socket.clone(),
+        };
         let paths: Vec<PathBuf> = if sockets == 1 && !args.contains(&"--count") {
             vec![d.socket.clone()]
         } else {
             (0..sockets).map(|i| d.socket_n(i)).collect()
         };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !paths.iter().all(|p| p.exists()) {
+        let ready = |p: &PathBuf| {
+            std::fs::metadata(p)
+                .is_ok_and(|m| Some((m.ino(), m.ctime(), m.ctime_nsec())) != stale || p != &socket)
+        };
+        while !paths.iter().all(ready) {
             if let Ok(Some(status)) = d.child.try_wait() {
                 panic!("blklab serve exited early: {status}");
             }
-            assert!(Instant::now() < deadline, "sockets {paths:?} did not appear");
+            assert!(
+                Instant::now() < deadline,
+                "sockets {paths:?} did not appear"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         d

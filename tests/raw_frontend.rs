@@ -1,0 +1,1470 @@
+//! A hand-written vhost-user frontend driving the real `blklab serve` daemon
+//! over a real Unix socket, for the things libblkio and QEMU never send:
+//! malformed descriptor chains, out-of-range addresses, bogus avail indices,
+//! kicks on disabled rings, disconnects, …
+//!
+//! The harness lays out split virtqueues by hand in a memfd-backed "guest
+//! memory" that is shared with the backend through `VHOST_USER_ADD_MEM_REG`
+//! (or `SET_MEM_TABLE`), and speaks the handshake the way QEMU 7.2 does.
+//!
+//! Setting `RAW_FRONTEND_BACKEND=qsd` runs the same tests against
+//! `qemu-storage-daemon`'s vhost-user-blk export instead (the reference
+//! implementation), which is handy to tell harness bugs from daemon bugs.
+//! Some negative tests are stricter than QEMU, so not all of them pass there.
+
+mod common;
+
+use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
+
+use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
+use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
+use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vm_memory::{
+    Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
+};
+use vmm_sys_util::epoll::{ControlOperation, Epoll, EpollEvent, EventSet};
+use vmm_sys_util::eventfd::{EventFd, EFD_NONBLOCK};
+
+// ---------------------------------------------------------------------------
+// Constants
+// ---------------------------------------------------------------------------
+
+const DISK_SIZE: u64 = 64 << 20;
+const SECTOR_SIZE: u64 = 512;
+const CAPACITY: u64 = DISK_SIZE / SECTOR_SIZE;
+const NUM_QUEUES: usize = 2;
+const QSIZE: u16 = 64;
+
+/// Size of the guest memory (one region at guest physical address 0).
+const MEM_SIZE: u64 = 4 << 20;
+/// Per-queue ring area: queue q lives at `RING_BASE + q * RING_STRIDE`.
+const RING_BASE: u64 = 0x1000;
+const RING_STRIDE: u64 = 0x4000;
+/// Data buffers (headers, payloads, status bytes, indirect tables) are bump
+/// allocated from here to the end of guest memory.
+const BUF_BASE: u64 = 0x10_0000;
+/// An address far outside guest memory.
+const OUTSIDE: u64 = 0x1_0000_0000;
+
+/// How long to wait for a completion that must come.
+const WAIT: Duration = Duration::from_secs(5);
+/// How long to wait for the backend's reply to a vhost-user message.
+const MSG_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long to wait for a completion that may legitimately never come.
+const MAYBE_WAIT: Duration = Duration::from_millis(500);
+
+// virtio feature bits
+const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
+const VIRTIO_BLK_F_RO: u64 = 1 << 5;
+const VIRTIO_BLK_F_FLUSH: u64 = 1 << 9;
+const VIRTIO_BLK_F_MQ: u64 = 1 << 12;
+const VIRTIO_BLK_F_DISCARD: u64 = 1 << 13;
+const VIRTIO_BLK_F_WRITE_ZEROES: u64 = 1 << 14;
+const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
+const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
+const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+/// Device-specific feature bits (0..=23) plus the ring/transport bits this
+/// frontend implements. Never packed rings, IOMMU, in-order, notification data.
+const DRIVER_FEATURES: u64 = 0x00ff_ffff
+    | VIRTIO_RING_F_INDIRECT_DESC
+    | VIRTIO_RING_F_EVENT_IDX
+    | VHOST_USER_F_PROTOCOL_FEATURES
+    | VIRTIO_F_VERSION_1;
+
+// split-ring descriptor flags
+const VRING_DESC_F_NEXT: u16 = 1;
+const VRING_DESC_F_WRITE: u16 = 2;
+const VRING_DESC_F_INDIRECT: u16 = 4;
+
+// virtio-blk request types and status values
+const VIRTIO_BLK_T_IN: u32 = 0;
+const VIRTIO_BLK_T_OUT: u32 = 1;
+const VIRTIO_BLK_T_FLUSH: u32 = 4;
+const VIRTIO_BLK_T_GET_ID: u32 = 8;
+const VIRTIO_BLK_T_DISCARD: u32 = 11;
+const VIRTIO_BLK_T_WRITE_ZEROES: u32 = 13;
+const VIRTIO_BLK_S_OK: u8 = 0;
+const VIRTIO_BLK_S_IOERR: u8 = 1;
+const VIRTIO_BLK_S_UNSUPP: u8 = 2;
+/// Pre-filled into every status byte so "never written" is visible.
+const STATUS_UNTOUCHED: u8 = 0xff;
+
+const VIRTIO_BLK_CONFIG_SIZE: u32 = 60;
+
+// ---------------------------------------------------------------------------
+// The backend under test (the one function to swap)
+// ---------------------------------------------------------------------------
+
+/// The vhost-user-blk backend process under test.
+enum Server {
+    Blklab(common::Daemon),
+    Qsd {
+        child: Child,
+        _dir: tempfile::TempDir,
+        socket: PathBuf,
+    },
+}
+
+impl Server {
+    /// Start the backend: `blklab serve` with a 64 MiB memory disk, 2 queues
+    /// of 64 entries (or qemu-storage-daemon when `RAW_FRONTEND_BACKEND=qsd`).
+    fn spawn(read_only: bool) -> Server {
+        if std::env::var("RAW_FRONTEND_BACKEND").as_deref() == Ok("qsd") {
+            return Self::spawn_qsd(read_only);
+        }
+        let mut args = vec![
+            "--disk",
+            "mem",
+            "--size",
+            "64M",
+            "--num-queues",
+            "2",
+            "--queue-size",
+            "64",
+        ];
+        if read_only {
+            args.push("--read-only");
+        }
+        Server::Blklab(common::Daemon::spawn(&args, 1))
+    }
+
+    fn spawn_qsd(read_only: bool) -> Server {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let img = dir.path().join("disk.img");
+        File::create(&img)
+            .and_then(|f| f.set_len(DISK_SIZE))
+            .expect("create disk image");
+        let socket = dir.path().join("qsd.sock");
+        let child = Command::new("qemu-storage-daemon")
+            .arg("--blockdev")
+            .arg(format!(
+                "driver=file,filename={},node-name=n0",
+                img.display()
+            ))
+            .arg("--export")
+            .arg(format!(
+                "type=vhost-user-blk,id=e0,node-name=n0,addr.type=unix,addr.path={},\
+                 writable={},num-queues={NUM_QUEUES}",
+                socket.display(),
+                if read_only { "off" } else { "on" }
+            ))
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start qemu-storage-daemon");
+        let mut s = Server::Qsd {
+            child,
+            _dir: dir,
+            socket: socket.clone(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            assert!(s.alive(), "qemu-storage-daemon exited early");
+            assert!(Instant::now() < deadline, "qsd socket did not appear");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        s
+    }
+
+    fn socket(&self) -> &Path {
+        match self {
+            Server::Blklab(d) => &d.socket,
+            Server::Qsd { socket, .. } => socket,
+        }
+    }
+
+    fn alive(&mut self) -> bool {
+        match self {
+            Server::Blklab(d) => d.alive(),
+            Server::Qsd { child, .. } => matches!(child.try_wait(), Ok(None)),
+        }
+    }
+
+    /// Connect a new frontend and run the full handshake.
+    fn connect(&self) -> Conn {
+        Conn::connect(self.socket(), &Setup::default())
+    }
+
+    /// End of a test: the daemon must still be alive; then stop it.
+    fn finish(mut self, conn: Conn) {
+        assert!(self.alive(), "backend died");
+        drop(conn);
+        if let Server::Blklab(d) = &mut self {
+            let st = d.terminate();
+            eprintln!("blklab serve exited with {st}");
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Server::Qsd { child, .. } = self {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Guest memory
+// ---------------------------------------------------------------------------
+
+/// Guest RAM: a memfd of `MEM_SIZE` bytes at guest physical address 0, mapped
+/// shared here and handed to the backend by fd.
+fn new_guest_memory() -> GuestMemoryMmap {
+    // SAFETY: memfd_create(2) with a valid NUL-terminated name and flags; it
+    // touches no memory of ours besides reading the name.
+    let fd = unsafe { libc::memfd_create(c"raw-frontend-guest".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: `fd` was just returned by memfd_create, is valid and owned by
+    // nobody else; the File takes sole ownership.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(MEM_SIZE).expect("ftruncate memfd");
+    GuestMemoryMmap::from_ranges_with_files([(
+        GuestAddress(0),
+        MEM_SIZE as usize,
+        Some(FileOffset::new(file, 0)),
+    )])
+    .expect("mmap guest memory")
+}
+
+// ---------------------------------------------------------------------------
+// Connection / handshake
+// ---------------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MemMode {
+    /// `VHOST_USER_ADD_MEM_REG` (what QEMU 7.2 uses with CONFIGURE_MEM_SLOTS).
+    AddMemReg,
+    /// The classic `VHOST_USER_SET_MEM_TABLE`.
+    SetMemTable,
+}
+
+struct Setup {
+    mem: MemMode,
+    /// Send `SET_VRING_ENABLE(1)` for every queue at the end of the handshake.
+    enable: bool,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Setup {
+            mem: MemMode::AddMemReg,
+            enable: true,
+        }
+    }
+}
+
+/// One split virtqueue laid out by the frontend.
+struct Vq {
+    desc: u64,
+    avail: u64,
+    used: u64,
+    kick: EventFd,
+    call: EventFd,
+    /// Driver-side shadow of avail->idx.
+    avail_idx: u16,
+    /// Used entries consumed so far.
+    last_used: u16,
+    /// Next descriptor table slot to hand out (rotates to exercise wrapping).
+    next_desc: u16,
+}
+
+/// A connected, initialised frontend.
+struct Conn {
+    fe: Frontend,
+    mem: GuestMemoryMmap,
+    /// Frontend (our) virtual address of guest physical address 0.
+    hva_base: u64,
+    features: u64,
+    protocol: VhostUserProtocolFeatures,
+    queues: Vec<Vq>,
+    epoll: Epoll,
+    next_buf: u64,
+    /// Seed for write+read-back checks, so successive checks differ.
+    seq: u64,
+}
+
+/// One descriptor as the frontend wants it written: (guest address, length,
+/// device-writable). `NEXT` flags and `next` fields are filled in for chains.
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    addr: u64,
+    len: u32,
+    write: bool,
+}
+
+fn r(addr: u64, len: u32) -> Seg {
+    Seg {
+        addr,
+        len,
+        write: false,
+    }
+}
+
+fn w(addr: u64, len: u32) -> Seg {
+    Seg {
+        addr,
+        len,
+        write: true,
+    }
+}
+
+/// Result of one completed virtio-blk request.
+#[derive(Debug)]
+struct Done {
+    status: u8,
+    used_len: u32,
+    data: Vec<u8>,
+}
+
+/// Direction and size of a request's data.
+enum Data<'a> {
+    None,
+    Out(&'a [u8]),
+    In(usize),
+}
+
+impl Conn {
+    fn connect(socket: &Path, setup: &Setup) -> Conn {
+        let sock = connect_socket(socket);
+        // A backend that stops answering fails the test instead of hanging it.
+        sock.set_read_timeout(Some(MSG_TIMEOUT)).unwrap();
+        sock.set_write_timeout(Some(MSG_TIMEOUT)).unwrap();
+        let mut fe = Frontend::from_stream(sock, NUM_QUEUES as u64);
+        let mem = new_guest_memory();
+
+        // GET_FEATURES
+        let offered = fe.get_features().expect("GET_FEATURES");
+        assert_ne!(offered & VIRTIO_F_VERSION_1, 0, "VERSION_1 not offered");
+        assert_ne!(
+            offered & VHOST_USER_F_PROTOCOL_FEATURES,
+            0,
+            "PROTOCOL_FEATURES not offered"
+        );
+        // GET_PROTOCOL_FEATURES / SET_PROTOCOL_FEATURES
+        let pf = fe.get_protocol_features().expect("GET_PROTOCOL_FEATURES");
+        let want = VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::CONFIG
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+            | VhostUserProtocolFeatures::REPLY_ACK;
+        let protocol = pf & want;
+        fe.set_protocol_features(protocol)
+            .expect("SET_PROTOCOL_FEATURES");
+        // GET_QUEUE_NUM
+        if protocol.contains(VhostUserProtocolFeatures::MQ) {
+            let n = fe.get_queue_num().expect("GET_QUEUE_NUM");
+            assert!(n >= NUM_QUEUES as u64, "GET_QUEUE_NUM = {n}");
+        }
+        if protocol.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS) {
+            let slots = fe.get_max_mem_slots().expect("GET_MAX_MEM_SLOTS");
+            assert!(slots >= 1, "GET_MAX_MEM_SLOTS = {slots}");
+        }
+        // SET_OWNER (from here on QEMU asks for an ack of every message that
+        // has no reply of its own)
+        let need_reply = protocol.contains(VhostUserProtocolFeatures::REPLY_ACK);
+        if need_reply {
+            fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
+        fe.set_owner().expect("SET_OWNER");
+        // SET_FEATURES
+        let features = offered & DRIVER_FEATURES;
+        eprintln!("features: offered {offered:#x}, acked {features:#x}; protocol: offered {pf:?}, acked {protocol:?}");
+        fe.set_features(features).expect("SET_FEATURES");
+
+        // Memory
+        let region = mem.iter().next().expect("one region");
+        let info = VhostUserMemoryRegionInfo::from_guest_region(region).expect("region info");
+        let hva_base = info.userspace_addr - region.start_addr().0;
+        match setup.mem {
+            MemMode::AddMemReg => {
+                assert!(
+                    protocol.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS),
+                    "backend does not offer CONFIGURE_MEM_SLOTS"
+                );
+                fe.add_mem_region(&info).expect("ADD_MEM_REG");
+            }
+            MemMode::SetMemTable => {
+                fe.set_mem_table(&[info]).expect("SET_MEM_TABLE");
+            }
+        }
+
+        let epoll = Epoll::new().expect("epoll");
+        let mut conn = Conn {
+            fe,
+            mem,
+            hva_base,
+            features,
+            protocol,
+            queues: Vec::new(),
+            epoll,
+            next_buf: BUF_BASE,
+            seq: 0,
+        };
+        for q in 0..NUM_QUEUES {
+            conn.setup_queue(q);
+        }
+        if setup.enable {
+            for q in 0..NUM_QUEUES {
+                conn.enable(q);
+            }
+        }
+        conn
+    }
+
+    fn setup_queue(&mut self, q: usize) {
+        let base = RING_BASE + q as u64 * RING_STRIDE;
+        let vq = Vq {
+            desc: base,
+            avail: base + 0x1000,
+            used: base + 0x2000,
+            kick: EventFd::new(EFD_NONBLOCK).expect("eventfd"),
+            call: EventFd::new(EFD_NONBLOCK).expect("eventfd"),
+            avail_idx: 0,
+            last_used: 0,
+            next_desc: 0,
+        };
+        // Clean rings.
+        self.mem
+            .write_slice(&[0u8; RING_STRIDE as usize], GuestAddress(base))
+            .unwrap();
+        self.epoll
+            .ctl(
+                ControlOperation::Add,
+                vq.call.as_raw_fd(),
+                EpollEvent::new(EventSet::IN, q as u64),
+            )
+            .expect("epoll add");
+
+        self.fe.set_vring_num(q, QSIZE).expect("SET_VRING_NUM");
+        self.fe.set_vring_base(q, 0).expect("SET_VRING_BASE");
+        let cfg = VringConfigData {
+            queue_max_size: QSIZE,
+            queue_size: QSIZE,
+            flags: 0,
+            desc_table_addr: self.hva_base + vq.desc,
+            used_ring_addr: self.hva_base + vq.used,
+            avail_ring_addr: self.hva_base + vq.avail,
+            log_addr: None,
+        };
+        self.fe.set_vring_addr(q, &cfg).expect("SET_VRING_ADDR");
+        self.fe.set_vring_call(q, &vq.call).expect("SET_VRING_CALL");
+        self.fe.set_vring_kick(q, &vq.kick).expect("SET_VRING_KICK");
+        self.queues.push(vq);
+    }
+
+    fn enable(&mut self, q: usize) {
+        self.fe.set_vring_enable(q, true).expect("SET_VRING_ENABLE");
+    }
+
+    fn has(&self, feature: u64) -> bool {
+        self.features & feature != 0
+    }
+
+    /// GET_CONFIG of the whole virtio-blk config space.
+    fn config(&mut self) -> Vec<u8> {
+        assert!(self.protocol.contains(VhostUserProtocolFeatures::CONFIG));
+        // GET_CONFIG has a reply of its own: no REPLY_ACK.
+        self.fe.set_hdr_flags(VhostUserHeaderFlag::empty());
+        let (_, payload) = self
+            .fe
+            .get_config(
+                0,
+                VIRTIO_BLK_CONFIG_SIZE,
+                VhostUserConfigFlags::empty(),
+                &[0u8; VIRTIO_BLK_CONFIG_SIZE as usize],
+            )
+            .expect("GET_CONFIG");
+        if self.protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+            self.fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
+        payload
+    }
+
+    // -- guest memory helpers ------------------------------------------------
+
+    /// Allocate `len` bytes of guest memory (16-byte aligned), filled with
+    /// `fill`.
+    fn alloc(&mut self, len: usize, fill: u8) -> u64 {
+        let len = (len as u64).max(1).next_multiple_of(16);
+        if self.next_buf + len > MEM_SIZE {
+            self.next_buf = BUF_BASE;
+        }
+        let addr = self.next_buf;
+        self.next_buf += len;
+        self.mem
+            .write_slice(&vec![fill; len as usize], GuestAddress(addr))
+            .unwrap();
+        addr
+    }
+
+    fn alloc_bytes(&mut self, bytes: &[u8]) -> u64 {
+        let addr = self.alloc(bytes.len(), 0);
+        self.mem.write_slice(bytes, GuestAddress(addr)).unwrap();
+        addr
+    }
+
+    fn read(&self, addr: u64, len: usize) -> Vec<u8> {
+        let mut v = vec![0u8; len];
+        self.mem.read_slice(&mut v, GuestAddress(addr)).unwrap();
+        v
+    }
+
+    fn byte(&self, addr: u64) -> u8 {
+        self.read(addr, 1)[0]
+    }
+
+    /// A 16-byte virtio-blk request header in guest memory.
+    fn header(&mut self, typ: u32, sector: u64) -> u64 {
+        self.alloc_bytes(&blk_header(typ, sector))
+    }
+
+    /// A status byte in guest memory, pre-filled with `STATUS_UNTOUCHED`.
+    fn status_byte(&mut self) -> u64 {
+        self.alloc(1, STATUS_UNTOUCHED)
+    }
+
+    // -- ring helpers ----------------------------------------------------------
+
+    /// Write descriptor `idx` of a table at `table`.
+    fn write_desc(&self, table: u64, idx: u16, addr: u64, len: u32, flags: u16, next: u16) {
+        let mut d = [0u8; 16];
+        d[0..8].copy_from_slice(&addr.to_le_bytes());
+        d[8..12].copy_from_slice(&len.to_le_bytes());
+        d[12..14].copy_from_slice(&flags.to_le_bytes());
+        d[14..16].copy_from_slice(&next.to_le_bytes());
+        self.mem
+            .write_slice(&d, GuestAddress(table + 16 * idx as u64))
+            .unwrap();
+    }
+
+    /// Take `n` consecutive (modulo the queue size) descriptor slots.
+    fn take_descs(&mut self, q: usize, n: usize) -> Vec<u16> {
+        let vq = &mut self.queues[q];
+        let v = (0..n)
+            .map(|i| ((vq.next_desc as usize + i) % QSIZE as usize) as u16)
+            .collect();
+        vq.next_desc = ((vq.next_desc as usize + n) % QSIZE as usize) as u16;
+        v
+    }
+
+    /// Write `segs` as a chain into the descriptor table of queue `q`;
+    /// returns the head index (not yet made available).
+    fn write_chain(&mut self, q: usize, segs: &[Seg]) -> u16 {
+        assert!(!segs.is_empty() && segs.len() <= QSIZE as usize);
+        let idx = self.take_descs(q, segs.len());
+        let table = self.queues[q].desc;
+        for (i, s) in segs.iter().enumerate() {
+            let mut flags = if s.write { VRING_DESC_F_WRITE } else { 0 };
+            let mut next = 0;
+            if i + 1 < segs.len() {
+                flags |= VRING_DESC_F_NEXT;
+                next = idx[i + 1];
+            }
+            self.write_desc(table, idx[i], s.addr, s.len, flags, next);
+        }
+        idx[0]
+    }
+
+    /// Write `segs` as an indirect table in guest memory and one descriptor in
+    /// queue `q` pointing at it; returns the head index.
+    fn write_indirect(&mut self, q: usize, segs: &[Seg]) -> u16 {
+        let table = self.alloc(16 * segs.len(), 0);
+        for (i, s) in segs.iter().enumerate() {
+            let mut flags = if s.write { VRING_DESC_F_WRITE } else { 0 };
+            let mut next = 0;
+            if i + 1 < segs.len() {
+                flags |= VRING_DESC_F_NEXT;
+                next = i as u16 + 1;
+            }
+            self.write_desc(table, i as u16, s.addr, s.len, flags, next);
+        }
+        self.write_indirect_head(q, table, 16 * segs.len() as u32)
+    }
+
+    /// One descriptor in queue `q` with the INDIRECT flag, pointing at an
+    /// indirect table at `table` of `len` bytes.
+    fn write_indirect_head(&mut self, q: usize, table: u64, len: u32) -> u16 {
+        let head = self.take_descs(q, 1)[0];
+        let desc = self.queues[q].desc;
+        self.write_desc(desc, head, table, len, VRING_DESC_F_INDIRECT, 0);
+        head
+    }
+
+    /// Put `head` into the avail ring of queue `q` and publish the new index.
+    fn publish(&mut self, q: usize, head: u16) {
+        let vq = &mut self.queues[q];
+        let slot = vq.avail + 4 + 2 * (vq.avail_idx % QSIZE) as u64;
+        self.mem
+            .write_slice(&head.to_le_bytes(), GuestAddress(slot))
+            .unwrap();
+        vq.avail_idx = vq.avail_idx.wrapping_add(1);
+        let idx = vq.avail_idx;
+        self.set_avail_idx(q, idx);
+    }
+
+    /// Store avail->idx of queue `q` (release) without touching the ring.
+    fn set_avail_idx(&mut self, q: usize, idx: u16) {
+        let vq = &self.queues[q];
+        // With EVENT_IDX, ask for a notification on the next used entry.
+        let used_event = vq.avail + 4 + 2 * QSIZE as u64;
+        self.mem
+            .write_slice(&vq.last_used.to_le_bytes(), GuestAddress(used_event))
+            .unwrap();
+        fence(Ordering::SeqCst);
+        self.mem
+            .store(idx.to_le(), GuestAddress(vq.avail + 2), Ordering::Release)
+            .unwrap();
+        fence(Ordering::SeqCst);
+    }
+
+    fn kick(&self, q: usize) {
+        self.queues[q].kick.write(1).expect("kick");
+    }
+
+    fn submit(&mut self, q: usize, segs: &[Seg]) -> u16 {
+        let head = self.write_chain(q, segs);
+        self.publish(q, head);
+        self.kick(q);
+        head
+    }
+
+    fn used_idx(&self, q: usize) -> u16 {
+        let idx: u16 = self
+            .mem
+            .load(GuestAddress(self.queues[q].used + 2), Ordering::Acquire)
+            .unwrap();
+        u16::from_le(idx)
+    }
+
+    /// Wait up to `timeout` for the next used element of queue `q`; returns
+    /// (id, len) and consumes it.
+    fn wait_used(&mut self, q: usize, timeout: Duration) -> Option<(u32, u32)> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.used_idx(q) != self.queues[q].last_used {
+                fence(Ordering::SeqCst);
+                let vq = &mut self.queues[q];
+                let elem = vq.used + 4 + 8 * (vq.last_used % QSIZE) as u64;
+                vq.last_used = vq.last_used.wrapping_add(1);
+                let mut b = [0u8; 8];
+                self.mem.read_slice(&mut b, GuestAddress(elem)).unwrap();
+                let id = u32::from_le_bytes(b[0..4].try_into().unwrap());
+                let len = u32::from_le_bytes(b[4..8].try_into().unwrap());
+                return Some((id, len));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            // Sleep on the call eventfds (a lost or suppressed interrupt only
+            // costs one 10 ms poll round).
+            let ms = (deadline - now).as_millis().clamp(1, 10) as i32;
+            let mut events = [EpollEvent::default(); NUM_QUEUES];
+            let n = self.epoll.wait(ms, &mut events).unwrap_or(0);
+            for ev in &events[..n] {
+                let _ = self.queues[ev.data() as usize].call.read();
+            }
+        }
+    }
+
+    /// Like `wait_used`, but the element must come and must be `head`.
+    fn expect_used(&mut self, q: usize, head: u16) -> u32 {
+        let (id, len) = self.wait_used(q, WAIT).unwrap_or_else(|| {
+            panic!(
+                "queue {q}: no used element for head {head} within {WAIT:?} (used idx {})",
+                self.used_idx(q)
+            )
+        });
+        assert_eq!(id, head as u32, "queue {q}: used element id");
+        len
+    }
+
+    /// Consume whatever used elements show up within `timeout`.
+    fn drain(&mut self, q: usize, timeout: Duration) -> Vec<(u32, u32)> {
+        let mut v = Vec::new();
+        let deadline = Instant::now() + timeout;
+        while let Some(e) = self.wait_used(q, deadline.saturating_duration_since(Instant::now())) {
+            v.push(e);
+        }
+        v
+    }
+
+    // -- virtio-blk --------------------------------------------------------------
+
+    /// Build the descriptors of a well-formed request (header, data, status).
+    fn blk_segs(&mut self, typ: u32, sector: u64, data: &Data) -> (Vec<Seg>, Option<u64>, u64) {
+        let hdr = self.header(typ, sector);
+        let mut segs = vec![r(hdr, 16)];
+        let mut data_addr = None;
+        match data {
+            Data::None => {}
+            Data::Out(bytes) => {
+                let a = self.alloc_bytes(bytes);
+                segs.push(r(a, bytes.len() as u32));
+            }
+            Data::In(len) => {
+                let a = self.alloc(*len, 0xa5);
+                segs.push(w(a, *len as u32));
+                data_addr = Some(a);
+            }
+        }
+        let st = self.status_byte();
+        segs.push(w(st, 1));
+        (segs, data_addr, st)
+    }
+
+    /// Submit one well-formed request on queue `q` and wait for it.
+    fn blk(&mut self, q: usize, typ: u32, sector: u64, data: Data) -> Done {
+        let (segs, data_addr, st) = self.blk_segs(typ, sector, &data);
+        let head = self.submit(q, &segs);
+        self.finish_req(q, head, st, data_addr, &data)
+    }
+
+    /// Same as `blk`, through an indirect descriptor table.
+    fn blk_indirect(&mut self, q: usize, typ: u32, sector: u64, data: Data) -> Done {
+        let (segs, data_addr, st) = self.blk_segs(typ, sector, &data);
+        let head = self.write_indirect(q, &segs);
+        self.publish(q, head);
+        self.kick(q);
+        self.finish_req(q, head, st, data_addr, &data)
+    }
+
+    fn finish_req(
+        &mut self,
+        q: usize,
+        head: u16,
+        st: u64,
+        data_addr: Option<u64>,
+        data: &Data,
+    ) -> Done {
+        let used_len = self.expect_used(q, head);
+        let data = match (data_addr, data) {
+            (Some(a), Data::In(len)) => self.read(a, *len),
+            _ => Vec::new(),
+        };
+        Done {
+            status: self.byte(st),
+            used_len,
+            data,
+        }
+    }
+
+    fn write_ok(&mut self, q: usize, sector: u64, bytes: &[u8]) {
+        let d = self.blk(q, VIRTIO_BLK_T_OUT, sector, Data::Out(bytes));
+        assert_eq!(
+            d.status, VIRTIO_BLK_S_OK,
+            "queue {q}: OUT sector {sector}: {d:?}"
+        );
+        assert_eq!(d.used_len, 1, "queue {q}: OUT used len");
+    }
+
+    fn read_ok(&mut self, q: usize, sector: u64, len: usize) -> Vec<u8> {
+        let d = self.blk(q, VIRTIO_BLK_T_IN, sector, Data::In(len));
+        assert_eq!(
+            d.status, VIRTIO_BLK_S_OK,
+            "queue {q}: IN sector {sector}: status"
+        );
+        assert_eq!(d.used_len, len as u32 + 1, "queue {q}: IN used len");
+        d.data
+    }
+
+    /// The "still serving" check run after every abuse: write a fresh pattern
+    /// and read it back on queue `q`.
+    fn check_serving(&mut self, q: usize) {
+        self.seq += 1;
+        let sector = 1024 + 16 * (self.seq % 64);
+        let data = pattern(4096, self.seq * 7919 + q as u64);
+        self.write_ok(q, sector, &data);
+        assert!(
+            self.read_ok(q, sector, 4096) == data,
+            "queue {q}: read-back mismatch"
+        );
+    }
+}
+
+/// Connect to the backend's socket. The path exists from bind(2) on, but
+/// connect(2) is refused until listen(2): retry that briefly, like
+/// `Frontend::connect` does.
+fn connect_socket(socket: &Path) -> UnixStream {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        match UnixStream::connect(socket) {
+            Ok(s) => return s,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ConnectionRefused
+                    && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("connect {}: {e}", socket.display()),
+        }
+    }
+}
+
+fn blk_header(typ: u32, sector: u64) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h[0..4].copy_from_slice(&typ.to_le_bytes());
+    h[8..16].copy_from_slice(&sector.to_le_bytes());
+    h
+}
+
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn start() -> (Server, Conn) {
+    let server = Server::spawn(false);
+    let conn = server.connect();
+    (server, conn)
+}
+
+/// End of every test: both queues still serve a write+read-back and the
+/// daemon is alive.
+fn end(server: Server, mut conn: Conn) {
+    for q in 0..NUM_QUEUES {
+        conn.check_serving(q);
+    }
+    server.finish(conn);
+}
+
+// ---------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------
+
+/// Case 1: Good path on both queues, with ring wrap-around, batches and (if
+/// offered) FLUSH, WRITE_ZEROES and DISCARD.
+#[test]
+fn good_path() {
+    let (server, mut c) = start();
+    let data = pattern(4096, 1);
+    let d = c.blk(0, VIRTIO_BLK_T_OUT, 8, Data::Out(&data));
+    assert_eq!((d.status, d.used_len), (VIRTIO_BLK_S_OK, 1), "OUT: {d:?}");
+    let d = c.blk(0, VIRTIO_BLK_T_IN, 8, Data::In(4096));
+    assert_eq!((d.status, d.used_len), (VIRTIO_BLK_S_OK, 4097));
+    assert!(d.data == data, "read-back mismatch");
+
+    // The same data is visible through queue 1.
+    assert!(c.read_ok(1, 8, 4096) == data);
+
+    // Last sector of the disk.
+    let last = pattern(512, 2);
+    c.write_ok(1, CAPACITY - 1, &last);
+    assert!(c.read_ok(0, CAPACITY - 1, 512) == last);
+
+    // Batches: 8 requests in flight per kick; 12 rounds wrap the 64-entry
+    // rings (avail/used idx and descriptor slots) at least once.
+    for round in 0..12u64 {
+        let mut heads = Vec::new();
+        let mut bufs = Vec::new();
+        for i in 0..8u64 {
+            let sector = 4096 + 8 * (round * 8 + i);
+            let bytes = pattern(4096, sector);
+            let (segs, _, st) = c.blk_segs(VIRTIO_BLK_T_OUT, sector, &Data::Out(&bytes));
+            let head = c.write_chain(1, &segs);
+            c.publish(1, head);
+            heads.push(head);
+            bufs.push(st);
+        }
+        c.kick(1);
+        let mut done: Vec<u32> = (0..8)
+            .map(|_| c.wait_used(1, WAIT).expect("batched completion").0)
+            .collect();
+        done.sort();
+        let mut want: Vec<u32> = heads.iter().map(|&h| h as u32).collect();
+        want.sort();
+        assert_eq!(done, want, "round {round}: completed heads");
+        for st in bufs {
+            assert_eq!(c.byte(st), VIRTIO_BLK_S_OK);
+        }
+    }
+    for i in 0..96u64 {
+        let sector = 4096 + 8 * i;
+        assert!(
+            c.read_ok(0, sector, 4096) == pattern(4096, sector),
+            "batch data at {sector}"
+        );
+    }
+
+    if c.has(VIRTIO_BLK_F_FLUSH) {
+        let d = c.blk(0, VIRTIO_BLK_T_FLUSH, 0, Data::None);
+        assert_eq!((d.status, d.used_len), (VIRTIO_BLK_S_OK, 1), "FLUSH: {d:?}");
+    }
+    // {sector u64, num_sectors u32, flags u32}
+    let seg = |sector: u64, n: u32| {
+        let mut s = [0u8; 16];
+        s[0..8].copy_from_slice(&sector.to_le_bytes());
+        s[8..12].copy_from_slice(&n.to_le_bytes());
+        s
+    };
+    if c.has(VIRTIO_BLK_F_WRITE_ZEROES) {
+        let d = c.blk(0, VIRTIO_BLK_T_WRITE_ZEROES, 0, Data::Out(&seg(8, 8)));
+        assert_eq!(d.status, VIRTIO_BLK_S_OK, "WRITE_ZEROES: {d:?}");
+        assert!(c.read_ok(0, 8, 4096).iter().all(|&b| b == 0), "zeroes");
+    }
+    if c.has(VIRTIO_BLK_F_DISCARD) {
+        let d = c.blk(1, VIRTIO_BLK_T_DISCARD, 0, Data::Out(&seg(4096, 8)));
+        assert_eq!(d.status, VIRTIO_BLK_S_OK, "DISCARD: {d:?}");
+    }
+    end(server, c);
+}
+
+/// Same good path with SET_MEM_TABLE instead of ADD_MEM_REG.
+#[test]
+fn good_path_set_mem_table() {
+    let server = Server::spawn(false);
+    let mut c = Conn::connect(
+        server.socket(),
+        &Setup {
+            mem: MemMode::SetMemTable,
+            enable: true,
+        },
+    );
+    let data = pattern(4096, 3);
+    c.write_ok(0, 8, &data);
+    assert!(c.read_ok(1, 8, 4096) == data);
+    end(server, c);
+}
+
+/// Case 2: GET_ID and GET_CONFIG.
+#[test]
+fn get_id_and_config() {
+    let (server, mut c) = start();
+    let d = c.blk(0, VIRTIO_BLK_T_GET_ID, 0, Data::In(20));
+    assert_eq!(d.status, VIRTIO_BLK_S_OK, "GET_ID: {d:?}");
+    let id = &d.data;
+    let n = id.iter().position(|&b| b == 0).unwrap_or(20);
+    assert!(n > 0, "empty serial: {id:?}");
+    assert!(
+        id[n..].iter().all(|&b| b == 0),
+        "serial not NUL padded: {id:?}"
+    );
+    assert!(
+        id[..n].iter().all(|b| b.is_ascii_graphic() || *b == b' '),
+        "serial not printable: {id:?}"
+    );
+    eprintln!("serial: {:?}", String::from_utf8_lossy(&id[..n]));
+
+    let cfg = c.config();
+    assert_eq!(cfg.len(), VIRTIO_BLK_CONFIG_SIZE as usize);
+    let capacity = u64::from_le_bytes(cfg[0..8].try_into().unwrap());
+    assert_eq!(capacity, CAPACITY, "config capacity");
+    if c.has(VIRTIO_BLK_F_MQ) {
+        let nq = u16::from_le_bytes(cfg[34..36].try_into().unwrap());
+        assert_eq!(nq, NUM_QUEUES as u16, "config num_queues");
+    } else {
+        panic!("VIRTIO_BLK_F_MQ not offered");
+    }
+    end(server, c);
+}
+
+/// Case 3: Unknown request type.
+#[test]
+fn unknown_request_type() {
+    let (server, mut c) = start();
+    let d = c.blk(0, 0x55, 0, Data::In(512));
+    assert_eq!(d.status, VIRTIO_BLK_S_UNSUPP, "type 0x55: {d:?}");
+    let d = c.blk(1, 0x55, 0, Data::None);
+    assert_eq!(
+        d.status, VIRTIO_BLK_S_UNSUPP,
+        "type 0x55 without data: {d:?}"
+    );
+    end(server, c);
+}
+
+/// Case 4: Out-of-range sectors, overflowing offsets, unaligned lengths.
+#[test]
+fn bad_sector_and_length() {
+    let (server, mut c) = start();
+    let cases: Vec<(&str, u32, u64, usize)> = vec![
+        ("IN at sector = capacity", VIRTIO_BLK_T_IN, CAPACITY, 512),
+        ("OUT at sector = capacity", VIRTIO_BLK_T_OUT, CAPACITY, 512),
+        ("IN straddling the end", VIRTIO_BLK_T_IN, CAPACITY - 1, 1024),
+        (
+            "OUT straddling the end",
+            VIRTIO_BLK_T_OUT,
+            CAPACITY - 1,
+            1024,
+        ),
+        (
+            "IN sector*512+len overflows",
+            VIRTIO_BLK_T_IN,
+            u64::MAX / 512,
+            4096,
+        ),
+        (
+            "OUT sector*512+len overflows",
+            VIRTIO_BLK_T_OUT,
+            u64::MAX / 512,
+            4096,
+        ),
+        ("IN sector*512 overflows", VIRTIO_BLK_T_IN, u64::MAX, 512),
+        ("IN length 100", VIRTIO_BLK_T_IN, 0, 100),
+        ("OUT length 1000", VIRTIO_BLK_T_OUT, 0, 1000),
+        ("IN length 513", VIRTIO_BLK_T_IN, 0, 513),
+    ];
+    for (what, typ, sector, len) in cases {
+        let bytes = pattern(len, 4);
+        let data = if typ == VIRTIO_BLK_T_IN {
+            Data::In(len)
+        } else {
+            Data::Out(&bytes)
+        };
+        let d = c.blk(0, typ, sector, data);
+        assert_eq!(d.status, VIRTIO_BLK_S_IOERR, "{what}: {d:?}");
+    }
+    end(server, c);
+}
+
+/// Case 5: Data descriptor outside guest memory.
+#[test]
+fn data_outside_guest_memory() {
+    let (server, mut c) = start();
+    for (what, typ, addr) in [
+        ("IN data at 4 GiB", VIRTIO_BLK_T_IN, OUTSIDE),
+        ("OUT data at 4 GiB", VIRTIO_BLK_T_OUT, OUTSIDE),
+        (
+            "IN data straddling end of RAM",
+            VIRTIO_BLK_T_IN,
+            MEM_SIZE - 512,
+        ),
+        (
+            "OUT data straddling end of RAM",
+            VIRTIO_BLK_T_OUT,
+            MEM_SIZE - 512,
+        ),
+    ] {
+        let hdr = c.header(typ, 16);
+        let st = c.status_byte();
+        let data = Seg {
+            addr,
+            len: 4096,
+            write: typ == VIRTIO_BLK_T_IN,
+        };
+        let head = c.submit(0, &[r(hdr, 16), data, w(st, 1)]);
+        c.expect_used(0, head);
+        assert_eq!(c.byte(st), VIRTIO_BLK_S_IOERR, "{what}: status");
+    }
+    end(server, c);
+}
+
+/// Case 6: Header outside guest memory, or short.
+#[test]
+fn bad_header() {
+    let (server, mut c) = start();
+    // Header at 4 GiB.
+    let data = c.alloc(512, 0);
+    let st = c.status_byte();
+    let head = c.submit(0, &[r(OUTSIDE, 16), w(data, 512), w(st, 1)]);
+    c.expect_used(0, head);
+    assert_eq!(c.byte(st), VIRTIO_BLK_S_IOERR, "header at 4 GiB: status");
+
+    // Header of 8 bytes (type IN, sector 0) followed by data and status.
+    let hdr = c.alloc_bytes(&blk_header(VIRTIO_BLK_T_IN, 0));
+    let data = c.alloc(512, 0);
+    let st = c.status_byte();
+    let head = c.submit(0, &[r(hdr, 8), w(data, 512), w(st, 1)]);
+    c.expect_used(0, head);
+    assert_eq!(c.byte(st), VIRTIO_BLK_S_IOERR, "8-byte header: status");
+
+    // Header of 8 bytes, directly followed by the status.
+    let hdr = c.alloc_bytes(&blk_header(VIRTIO_BLK_T_FLUSH, 0));
+    let st = c.status_byte();
+    let head = c.submit(1, &[r(hdr, 8), w(st, 1)]);
+    c.expect_used(1, head);
+    assert_eq!(
+        c.byte(st),
+        VIRTIO_BLK_S_IOERR,
+        "8-byte header, no data: status"
+    );
+    end(server, c);
+}
+
+/// Case 7: Chains without a usable status descriptor are dropped.
+#[test]
+fn bad_status_descriptor() {
+    let (server, mut c) = start();
+    let q = 0;
+
+    // Only device-readable descriptors (OUT with no status).
+    let hdr = c.header(VIRTIO_BLK_T_OUT, 32);
+    let data = c.alloc_bytes(&pattern(512, 7));
+    c.submit(q, &[r(hdr, 16), r(data, 512)]);
+    eprintln!("no status: {:?}", c.drain(q, MAYBE_WAIT));
+    assert!(
+        c.read(data, 512) == pattern(512, 7),
+        "device wrote a device-readable buffer"
+    );
+    c.check_serving(q);
+
+    // Only device-readable descriptors (IN with no writable descriptor at all).
+    let hdr = c.header(VIRTIO_BLK_T_IN, 32);
+    c.submit(q, &[r(hdr, 16)]);
+    eprintln!("header only: {:?}", c.drain(q, MAYBE_WAIT));
+    c.check_serving(q);
+
+    // Read-only status descriptor: the device must not write it.
+    let hdr = c.header(VIRTIO_BLK_T_IN, 32);
+    let data = c.alloc(512, 0);
+    let st = c.status_byte();
+    c.submit(q, &[r(hdr, 16), w(data, 512), r(st, 1)]);
+    eprintln!("read-only status: {:?}", c.drain(q, MAYBE_WAIT));
+    assert_eq!(
+        c.byte(st),
+        STATUS_UNTOUCHED,
+        "device wrote a read-only status byte"
+    );
+    c.check_serving(q);
+
+    // Zero-length status descriptor: the device must not write past it.
+    let hdr = c.header(VIRTIO_BLK_T_IN, 32);
+    let data = c.alloc(512, 0);
+    let st = c.status_byte();
+    c.submit(q, &[r(hdr, 16), w(data, 512), w(st, 0)]);
+    eprintln!("zero-length status: {:?}", c.drain(q, MAYBE_WAIT));
+    assert_eq!(
+        c.byte(st),
+        STATUS_UNTOUCHED,
+        "device wrote a zero-length status"
+    );
+    c.check_serving(q);
+
+    end(server, c);
+}
+
+/// Case 8: Descriptor loops (two-element loop, and a chain through the whole
+/// table that is longer than the queue size).
+#[test]
+fn descriptor_loops() {
+    let (server, mut c) = start();
+    let q = 0;
+    let table = c.queues[q].desc;
+
+    // d0 -> d1 -> d0 …
+    let hdr = c.header(VIRTIO_BLK_T_IN, 0);
+    let st = c.status_byte();
+    let idx = c.take_descs(q, 2);
+    c.write_desc(table, idx[0], hdr, 16, VRING_DESC_F_NEXT, idx[1]);
+    c.write_desc(
+        table,
+        idx[1],
+        st,
+        1,
+        VRING_DESC_F_NEXT | VRING_DESC_F_WRITE,
+        idx[0],
+    );
+    c.publish(q, idx[0]);
+    c.kick(q);
+    eprintln!("2-loop: {:?}", c.drain(q, MAYBE_WAIT));
+    c.check_serving(q);
+
+    // Every descriptor of the table chained in a ring: longer than QSIZE.
+    let hdr = c.header(VIRTIO_BLK_T_IN, 0);
+    let buf = c.alloc(512, 0);
+    let head = c.take_descs(q, 1)[0];
+    for i in 0..QSIZE {
+        let next = (head + i + 1) % QSIZE;
+        let slot = (head + i) % QSIZE;
+        if i == 0 {
+            c.write_desc(table, slot, hdr, 16, VRING_DESC_F_NEXT, next);
+        } else {
+            c.write_desc(
+                table,
+                slot,
+                buf,
+                512,
+                VRING_DESC_F_NEXT | VRING_DESC_F_WRITE,
+                next,
+            );
+        }
+    }
+    c.publish(q, head);
+    c.kick(q);
+    eprintln!("full-table loop: {:?}", c.drain(q, MAYBE_WAIT));
+    c.check_serving(q);
+
+    // A loop inside an indirect table.
+    let hdr = c.header(VIRTIO_BLK_T_IN, 0);
+    let st = c.status_byte();
+    let itable = c.alloc(32, 0);
+    c.write_desc(itable, 0, hdr, 16, VRING_DESC_F_NEXT, 1);
+    c.write_desc(itable, 1, st, 1, VRING_DESC_F_NEXT | VRING_DESC_F_WRITE, 0);
+    let head = c.write_indirect_head(q, itable, 32);
+    c.publish(q, head);
+    c.kick(q);
+    eprintln!("indirect loop: {:?}", c.drain(q, MAYBE_WAIT));
+    c.check_serving(q);
+
+    end(server, c);
+}
+
+/// Case 9: Indirect descriptor tables: valid ones work, bad ones are dropped.
+#[test]
+fn indirect_descriptors() {
+    let (server, mut c) = start();
+    assert!(
+        c.has(VIRTIO_RING_F_INDIRECT_DESC),
+        "INDIRECT_DESC not offered"
+    );
+    let data = pattern(8192, 9);
+    let d = c.blk_indirect(0, VIRTIO_BLK_T_OUT, 64, Data::Out(&data));
+    assert_eq!(
+        (d.status, d.used_len),
+        (VIRTIO_BLK_S_OK, 1),
+        "indirect OUT: {d:?}"
+    );
+    let d = c.blk_indirect(1, VIRTIO_BLK_T_IN, 64, Data::In(8192));
+    assert_eq!(
+        (d.status, d.used_len),
+        (VIRTIO_BLK_S_OK, 8193),
+        "indirect IN"
+    );
+    assert!(d.data == data, "indirect read-back mismatch");
+
+    // An indirect table longer than the queue size is legal: 1 + 80 + 1
+    // (fewer data segments if the device's seg_max says so).
+    let mut nsegs = 80u32;
+    if c.has(VIRTIO_BLK_F_SEG_MAX) {
+        let cfg = c.config();
+        let seg_max = u32::from_le_bytes(cfg[12..16].try_into().unwrap());
+        eprintln!("seg_max = {seg_max}");
+        nsegs = nsegs.min(seg_max);
+    }
+    let hdr = c.header(VIRTIO_BLK_T_IN, 64);
+    let bufs: Vec<u64> = (0..nsegs).map(|_| c.alloc(512, 0)).collect();
+    let st = c.status_byte();
+    let mut segs = vec![r(hdr, 16)];
+    segs.extend(bufs.iter().map(|&a| w(a, 512)));
+    segs.push(w(st, 1));
+    let head = c.write_indirect(0, &segs);
+    c.publish(0, head);
+    c.kick(0);
+    let len = c.expect_used(0, head);
+    assert_eq!(
+        c.byte(st),
+        VIRTIO_BLK_S_OK,
+        "{nsegs}-segment indirect table: status"
+    );
+    assert_eq!(
+        len,
+        nsegs * 512 + 1,
+        "{nsegs}-segment indirect table: used len"
+    );
+    let got: Vec<u8> = bufs.iter().flat_map(|&a| c.read(a, 512)).collect();
+    assert!(
+        got[..8192] == data[..],
+        "{nsegs}-segment indirect table: data"
+    );
+
+    // Indirect table outside guest memory.
+    let head = c.write_indirect_head(0, OUTSIDE, 48);
+    c.publish(0, head);
+    c.kick(0);
+    eprintln!("indirect table at 4 GiB: {:?}", c.drain(0, MAYBE_WAIT));
+    c.check_serving(0);
+
+    // Indirect table length not a multiple of 16.
+    let hdr = c.header(VIRTIO_BLK_T_IN, 0);
+    let st = c.status_byte();
+    let itable = c.alloc(32, 0);
+    c.write_desc(itable, 0, hdr, 16, VRING_DESC_F_NEXT, 1);
+    c.write_desc(itable, 1, st, 1, VRING_DESC_F_WRITE, 0);
+    let head = c.write_indirect_head(0, itable, 24);
+    c.publish(0, head);
+    c.kick(0);
+    eprintln!("indirect table of 24 bytes: {:?}", c.drain(0, MAYBE_WAIT));
+    c.check_serving(0);
+
+    end(server, c);
+}
+
+/// Case 10: avail->idx jumping by more than the queue size.
+#[test]
+fn avail_index_jump() {
+    let (mut server, mut c) = start();
+    c.check_serving(0);
+    let bogus = c.queues[0].avail_idx.wrapping_add(QSIZE + 100);
+    c.set_avail_idx(0, bogus);
+    c.kick(0);
+    eprintln!("queue 0 after avail jump: {:?}", c.drain(0, MAYBE_WAIT));
+    assert!(server.alive(), "daemon died after avail idx jump");
+    // Queue 1 is unaffected.
+    c.check_serving(1);
+    c.check_serving(1);
+    assert!(server.alive());
+    // A fresh connection gets a working queue 0 again.
+    drop(c);
+    let mut c = server.connect();
+    c.check_serving(0);
+    end(server, c);
+}
+
+/// Case 11: A kick on a ring that is not enabled yet is not processed; after
+/// SET_VRING_ENABLE(1) (and a kick) it is.
+#[test]
+fn kick_before_enable() {
+    let server = Server::spawn(false);
+    let mut c = Conn::connect(
+        server.socket(),
+        &Setup {
+            mem: MemMode::AddMemReg,
+            enable: false,
+        },
+    );
+    let data = pattern(4096, 11);
+    let (segs, _, st) = c.blk_segs(VIRTIO_BLK_T_OUT, 200, &Data::Out(&data));
+    let head = c.submit(0, &segs);
+    std::thread::sleep(MAYBE_WAIT);
+    assert_eq!(c.used_idx(0), 0, "request processed on a disabled ring");
+    assert_eq!(
+        c.byte(st),
+        STATUS_UNTOUCHED,
+        "status written on a disabled ring"
+    );
+    c.enable(0);
+    c.kick(0);
+    c.expect_used(0, head);
+    assert_eq!(c.byte(st), VIRTIO_BLK_S_OK, "status after enable");
+    c.enable(1);
+    assert!(c.read_ok(1, 200, 4096) == data);
+    end(server, c);
+}
+
+/// Case 12: Zero-length descriptors in the middle of a request.
+#[test]
+fn zero_length_data_descriptor() {
+    let (server, mut c) = start();
+    let data = pattern(4096, 12);
+    c.write_ok(0, 300, &data);
+
+    // IN: data, 0-length writable, status.
+    let hdr = c.header(VIRTIO_BLK_T_IN, 300);
+    let buf = c.alloc(4096, 0);
+    let zero = c.alloc(16, 0x5a);
+    let st = c.status_byte();
+    let head = c.submit(0, &[r(hdr, 16), w(buf, 4096), w(zero, 0), w(st, 1)]);
+    let len = c.expect_used(0, head);
+    assert_eq!(
+        c.byte(st),
+        VIRTIO_BLK_S_OK,
+        "IN with 0-length descriptor: status"
+    );
+    assert_eq!(len, 4097, "IN with 0-length descriptor: used len");
+    assert!(c.read(buf, 4096) == data);
+    assert!(
+        c.read(zero, 16).iter().all(|&b| b == 0x5a),
+        "0-length buffer written"
+    );
+
+    // IN split in two halves around a 0-length descriptor.
+    let hdr = c.header(VIRTIO_BLK_T_IN, 300);
+    let a = c.alloc(2048, 0);
+    let b = c.alloc(2048, 0);
+    let st = c.status_byte();
+    let head = c.submit(
+        1,
+        &[r(hdr, 16), w(a, 2048), w(zero, 0), w(b, 2048), w(st, 1)],
+    );
+    c.expect_used(1, head);
+    assert_eq!(c.byte(st), VIRTIO_BLK_S_OK, "split IN: status");
+    assert!([c.read(a, 2048), c.read(b, 2048)].concat() == data);
+
+    // OUT with a 0-length readable descriptor between header and data.
+    let data2 = pattern(4096, 13);
+    let hdr = c.header(VIRTIO_BLK_T_OUT, 308);
+    let src = c.alloc_bytes(&data2);
+    let st = c.status_byte();
+    let head = c.submit(0, &[r(hdr, 16), r(zero, 0), r(src, 4096), w(st, 1)]);
+    c.expect_used(0, head);
+    assert_eq!(
+        c.byte(st),
+        VIRTIO_BLK_S_OK,
+        "OUT with 0-length descriptor: status"
+    );
+    assert!(c.read_ok(0, 308, 4096) == data2);
+    end(server, c);
+}
+
+/// Case 13: Read-only disk.
+#[test]
+fn read_only_disk() {
+    let server = Server::spawn(true);
+    let mut c = server.connect();
+    assert!(c.has(VIRTIO_BLK_F_RO), "VIRTIO_BLK_F_RO not offered");
+    let data = pattern(4096, 13);
+    let d = c.blk(0, VIRTIO_BLK_T_OUT, 8, Data::Out(&data));
+    assert_eq!(d.status, VIRTIO_BLK_S_IOERR, "OUT on read-only disk: {d:?}");
+    if c.has(VIRTIO_BLK_F_WRITE_ZEROES) {
+        let mut s = [0u8; 16];
+        s[0..8].copy_from_slice(&8u64.to_le_bytes());
+        s[8..12].copy_from_slice(&8u32.to_le_bytes());
+        let d = c.blk(0, VIRTIO_BLK_T_WRITE_ZEROES, 0, Data::Out(&s));
+        assert_ne!(
+            d.status, VIRTIO_BLK_S_OK,
+            "WRITE_ZEROES on read-only disk: {d:?}"
+        );
+    }
+    for q in 0..NUM_QUEUES {
+        let got = c.read_ok(q, 8, 4096);
+        assert!(got.iter().all(|&b| b == 0), "read-only disk not zero");
+    }
+    server.finish(c);
+}
+
+/// Case 14: Disconnect mid-stream and reconnect.
+#[test]
+fn disconnect_and_reconnect() {
+    let (mut server, mut c) = start();
+    let data = pattern(65536, 14);
+    c.write_ok(0, 512, &data);
+    // Leave requests in flight when the frontend goes away.
+    for i in 0..8u64 {
+        let bytes = pattern(4096, 100 + i);
+        let (segs, _, _) = c.blk_segs(VIRTIO_BLK_T_OUT, 2048 + 8 * i, &Data::Out(&bytes));
+        let head = c.write_chain(1, &segs);
+        c.publish(1, head);
+    }
+    c.kick(1);
+    drop(c);
+    assert!(server.alive(), "daemon died on disconnect");
+
+    let check = |c: &mut Conn, round: usize| {
+        assert!(
+            c.read_ok(1, 512, 65536) == data,
+            "round {round}: data after reconnect"
+        );
+        for i in 0..8u64 {
+            // In-flight writes either happened completely or not at all.
+            let got = c.read_ok(0, 2048 + 8 * i, 4096);
+            assert!(
+                got == pattern(4096, 100 + i) || got.iter().all(|&b| b == 0),
+                "round {round}: torn in-flight write {i}"
+            );
+        }
+        c.check_serving(round % 2);
+    };
+    for round in 0..2 {
+        let mut c = server.connect();
+        check(&mut c, round);
+        // Disconnect with nothing in flight, too.
+        drop(c);
+        assert!(server.alive(), "daemon died on disconnect {round}");
+    }
+    let mut c = server.connect();
+    check(&mut c, 2);
+    end(server, c);
+}
