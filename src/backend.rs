@@ -451,3 +451,76 @@ impl VhostUserBackend for BlkBackend {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::DiskArgs;
+
+    fn backend(extra: &[&str]) -> BlkBackend {
+        let mut a = vec!["--socket", "/tmp/b.sock", "--disk", "null", "--size", "1G"];
+        a.extend_from_slice(extra);
+        let cfg = DiskArgs::parse_for_test(&a).to_configs().unwrap().remove(0);
+        BlkBackend::new(Arc::new(Disk::open(cfg).unwrap()))
+    }
+
+    #[test]
+    fn offered_features_follow_switches() {
+        let b = backend(&[]);
+        let f = b.features();
+        assert_ne!(f & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(), 0);
+        for feat in BlkFeature::ALL {
+            assert_eq!(f & feat.mask() != 0, feat != BlkFeature::Ro, "{feat}");
+        }
+        let b = backend(&["--disable-features", "event-idx,flush", "--read-only"]);
+        let f = b.features();
+        assert_eq!(f & BlkFeature::EventIdx.mask(), 0);
+        assert_eq!(f & BlkFeature::Flush.mask(), 0);
+        assert_ne!(f & BlkFeature::Ro.mask(), 0);
+        let p = b.protocol_features();
+        for need in [
+            VhostUserProtocolFeatures::MQ,
+            VhostUserProtocolFeatures::CONFIG,
+            VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS,
+            VhostUserProtocolFeatures::REPLY_ACK,
+        ] {
+            assert!(p.contains(need));
+        }
+    }
+
+    #[test]
+    fn queues_and_threads() {
+        let b = backend(&["--num-queues", "4", "--queue-size", "64"]);
+        assert_eq!(b.num_queues(), 4);
+        assert_eq!(b.max_queue_size(), 64);
+        assert_eq!(b.queues_per_thread(), vec![1, 2, 4, 8]);
+        assert_eq!(b.thread_queues, vec![vec![0], vec![1], vec![2], vec![3]]);
+        let b = backend(&["--num-queues", "4", "--queues-per-thread", "0x5,0xa"]);
+        assert_eq!(b.thread_queues, vec![vec![0, 2], vec![1, 3]]);
+    }
+
+    #[test]
+    fn config_space_and_write_cache_toggle() {
+        let b = backend(&["--num-queues", "3"]);
+        let c = b.get_config(0, 60);
+        assert_eq!(c.len(), 60);
+        assert_eq!(
+            u64::from_le_bytes(c[0..8].try_into().unwrap()),
+            (1 << 30) / 512
+        );
+        assert_eq!(u16::from_le_bytes(c[34..36].try_into().unwrap()), 3);
+        assert_eq!(c[32], 1);
+        b.set_config(32, &[0]).unwrap();
+        assert_eq!(b.get_config(32, 1), vec![0]);
+        // Flush acked + write-through: requests must flush; write-back after.
+        b.acked_features(1 << VIRTIO_BLK_F_FLUSH);
+        assert!(!b.writeback());
+        b.set_config(32, &[1]).unwrap();
+        assert!(b.writeback());
+        // Anything else in config space is read-only.
+        assert!(b.set_config(0, &[0; 8]).is_err());
+        assert!(b.get_config(250, 10).is_empty());
+        let nowce = backend(&["--disable-features", "config-wce"]);
+        assert!(nowce.set_config(32, &[0]).is_err());
+    }
+}

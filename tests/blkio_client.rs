@@ -413,3 +413,71 @@ impl Drop for KillOnDrop {
         let _ = self.0.wait();
     }
 }
+
+#[test]
+fn file_disk_o_direct() {
+    // /tmp may be tmpfs, which has no O_DIRECT: keep the image in the
+    // target directory, which is on a real file system.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let img = dir.path().join("direct.raw");
+    let spec = format!("file:{}", img.display());
+    let d = Daemon::spawn(
+        &[
+            "--disk",
+            &spec,
+            "--size",
+            "16M",
+            "--direct",
+            "--num-queues",
+            "2",
+        ],
+        1,
+    );
+    let mut c = Client::connect(&d.socket, 2).expect("connect");
+    concurrent_verify(&mut c, 8 * MB, 3);
+    assert_eq!(c.queues[1].flush(), 0);
+}
+
+#[test]
+fn without_event_idx_and_indirect_descriptors() {
+    // The notification path without EVENT_IDX (flags instead of event
+    // indexes) and direct descriptors only.
+    let d = Daemon::spawn(
+        &[
+            "--disk",
+            "mem",
+            "--size",
+            "32M",
+            "--num-queues",
+            "2",
+            "--disable-features",
+            "event-idx,indirect-desc",
+        ],
+        1,
+    );
+    let mut c = Client::connect(&d.socket, 2).expect("connect");
+    concurrent_verify(&mut c, 16 * MB, 11);
+}
+
+#[test]
+fn block_size_4096_and_thread_mapping() {
+    // Two queues on one worker thread, 4 KiB logical blocks.
+    let d = Daemon::spawn(
+        &[
+            "--disk",
+            "mem",
+            "--size",
+            "32M",
+            "--num-queues",
+            "2",
+            "--block-size",
+            "4096",
+            "--queues-per-thread",
+            "0x3",
+        ],
+        1,
+    );
+    let mut c = Client::connect(&d.socket, 2).expect("connect");
+    assert_eq!(c.blkio.get_i32("request-alignment").unwrap(), 4096);
+    concurrent_verify(&mut c, 16 * MB, 5);
+}
