@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use log::{debug, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::{VhostUserBackend, VringRwLock, VringT};
+use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_blk::VIRTIO_BLK_F_FLUSH;
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
@@ -23,6 +23,7 @@ use vmm_sys_util::event::{
 use crate::config_space;
 use crate::disk::DiskConfig;
 use crate::features::BlkFeature;
+use crate::kick_vring::KickCountingVring;
 use crate::request::{
     collect_segments, execute, Device, DropReason, Op, Outcome, Segment, STATUS_IOERR, STATUS_OK,
     STATUS_UNSUPP,
@@ -77,6 +78,8 @@ pub struct QueueCounters {
     /// Times the avail ring was unusable (index jumped past the queue size,
     /// ring not readable).
     pub ring_errors: u64,
+    /// Guest kicks, exactly (the kick eventfd's counter, not wake-ups).
+    pub kicks: u64,
     /// Wake-ups (kick events handled).
     pub wakeups: u64,
     /// Used-buffer notifications sent to the guest.
@@ -157,13 +160,15 @@ impl BlkBackend {
     }
 
     /// Serve everything the guest made available on one vring.
-    fn process_vring(&self, q: &mut QueueState, vring: &VringRwLock<GM>) {
+    fn process_vring(&self, q: &mut QueueState, vring: &KickCountingVring<GM>) {
         let Some(atomic) = q.mem.clone() else {
             return;
         };
         let mem = atomic.memory();
-        let mut vs = vring.get_mut();
+        let kicks = vring.take_kicks();
+        q.counters.kicks += kicks;
         q.counters.wakeups += 1;
+        let mut vs = vring.get_mut();
         let event_idx = vs.get_queue().event_idx_enabled();
         loop {
             if event_idx && vs.get_queue_mut().disable_notification(&*mem).is_err() {
@@ -310,11 +315,11 @@ impl BlkBackend {
                 continue;
             }
             info!(
-                "{} queue {i}: {} requests ({} reads {} B, {} writes {} B, {} flushes, {} discards, {} write-zeroes, {} other), {} IOERR, {} UNSUPP, {} dropped chains, {} ring errors, {} wake-ups, {} notifications",
+                "{} queue {i}: {} requests ({} reads {} B, {} writes {} B, {} flushes, {} discards, {} write-zeroes, {} other), {} IOERR, {} UNSUPP, {} dropped chains, {} ring errors, {} kicks, {} wake-ups, {} notifications",
                 self.disk.cfg.socket.display(),
                 c.requests, c.reads, c.bytes_read, c.writes, c.bytes_written, c.flushes, c.discards,
                 c.write_zeroes, c.other, c.status_ioerr, c.status_unsupp, c.dropped, c.ring_errors,
-                c.wakeups, c.notifications
+                c.kicks, c.wakeups, c.notifications
             );
         }
     }
@@ -334,7 +339,7 @@ fn describe_drop(r: DropReason) -> &'static str {
 
 impl VhostUserBackend for BlkBackend {
     type Bitmap = ();
-    type Vring = VringRwLock<GM>;
+    type Vring = KickCountingVring<GM>;
 
     fn num_queues(&self) -> usize {
         self.queues.len()

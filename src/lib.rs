@@ -8,6 +8,7 @@
 //! - [`storage`]: the `null`, `mem` and `file:PATH` disk contents;
 //! - [`request`]: parsing and executing one virtio-blk descriptor chain;
 //! - [`backend`]: the `VhostUserBackend` with per-queue state;
+//! - [`kick_vring`]: a vring that counts guest kicks exactly;
 //! - [`disk`]: a disk's full configuration (CLI or config file);
 //! - [`server`]: sockets, reconnects, signals, several disks per process;
 //! - [`qemu_args`]: the QEMU options that match a served disk.
@@ -17,6 +18,7 @@ pub mod cli;
 pub mod config_space;
 pub mod disk;
 pub mod features;
+pub mod kick_vring;
 pub mod qemu_args;
 pub mod request;
 pub mod server;

@@ -1,0 +1,203 @@
+//! A vring that counts guest kicks exactly.
+//!
+//! A kick is an eventfd write; the eventfd's counter adds them up until it
+//! is read. vhost-user-backend's `read_kick` reads and discards that
+//! counter, so three kicks that arrive before the worker wakes look like one
+//! wake-up. This wrapper reads the counter itself and keeps the value for
+//! the queue's worker thread: the exact number of kicks is what tells a
+//! plugged guest (several requests, one kick) from an unplugged one (a kick
+//! per request).
+
+use std::fs::File;
+use std::io;
+use std::os::unix::io::AsRawFd;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use vhost_user_backend::{VringRwLock, VringStateGuard, VringStateMutGuard, VringT};
+use virtio_queue::Error as VirtQueError;
+use vm_memory::GuestAddressSpace;
+
+/// [`VringRwLock`] plus an exact kick counter.
+#[derive(Clone)]
+pub struct KickCountingVring<M: GuestAddressSpace> {
+    inner: VringRwLock<M>,
+    /// Kicks read from the eventfd and not yet taken by the worker. Only
+    /// the queue's own worker thread touches it on the hot path.
+    kicks: Arc<AtomicU64>,
+}
+
+impl<M: GuestAddressSpace> KickCountingVring<M> {
+    /// Kicks counted since the last call.
+    pub fn take_kicks(&self) -> u64 {
+        self.kicks.swap(0, Ordering::Relaxed)
+    }
+}
+
+impl<'a, M: 'a + GuestAddressSpace> VringStateGuard<'a, M> for KickCountingVring<M> {
+    type G = <VringRwLock<M> as VringStateGuard<'a, M>>::G;
+}
+
+impl<'a, M: 'a + GuestAddressSpace> VringStateMutGuard<'a, M> for KickCountingVring<M> {
+    type G = <VringRwLock<M> as VringStateMutGuard<'a, M>>::G;
+}
+
+/// Read an eventfd's counter: the number of writes of 1 since the last read.
+/// Returns 0 when nothing is pending (non-blocking fd) .
+fn read_eventfd(fd: &impl AsRawFd) -> io::Result<u64> {
+    let mut buf = [0u8; 8];
+    // SAFETY: reading 8 bytes into an 8-byte buffer we own from a
+    // descriptor the vring owns.
+    let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, 8) };
+    if n == 8 {
+        return Ok(u64::from_ne_bytes(buf));
+    }
+    let e = io::Error::last_os_error();
+    if n < 0 && e.kind() == io::ErrorKind::WouldBlock {
+        return Ok(0);
+    }
+    if n < 0 {
+        return Err(e);
+    }
+    Err(io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "short eventfd read",
+    ))
+}
+
+impl<M: 'static + GuestAddressSpace> VringT<M> for KickCountingVring<M> {
+    fn new(mem: M, max_queue_size: u16) -> Result<Self, VirtQueError> {
+        Ok(KickCountingVring {
+            inner: VringRwLock::new(mem, max_queue_size)?,
+            kicks: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    fn get_ref(&self) -> <Self as VringStateGuard<'_, M>>::G {
+        self.inner.get_ref()
+    }
+
+    fn get_mut(&self) -> <Self as VringStateMutGuard<'_, M>>::G {
+        self.inner.get_mut()
+    }
+
+    fn add_used(&self, desc_index: u16, len: u32) -> Result<(), VirtQueError> {
+        self.inner.add_used(desc_index, len)
+    }
+
+    fn signal_used_queue(&self) -> io::Result<()> {
+        self.inner.signal_used_queue()
+    }
+
+    fn enable_notification(&self) -> Result<bool, VirtQueError> {
+        self.inner.enable_notification()
+    }
+
+    fn disable_notification(&self) -> Result<(), VirtQueError> {
+        self.inner.disable_notification()
+    }
+
+    fn needs_notification(&self) -> Result<bool, VirtQueError> {
+        self.inner.needs_notification()
+    }
+
+    fn set_enabled(&self, enabled: bool) {
+        self.inner.set_enabled(enabled)
+    }
+
+    fn set_queue_info(
+        &self,
+        desc_table: u64,
+        avail_ring: u64,
+        used_ring: u64,
+    ) -> Result<(), VirtQueError> {
+        self.inner.set_queue_info(desc_table, avail_ring, used_ring)
+    }
+
+    fn queue_next_avail(&self) -> u16 {
+        self.inner.queue_next_avail()
+    }
+
+    fn set_queue_next_avail(&self, base: u16) {
+        self.inner.set_queue_next_avail(base)
+    }
+
+    fn set_queue_next_used(&self, idx: u16) {
+        self.inner.set_queue_next_used(idx)
+    }
+
+    fn queue_used_idx(&self) -> Result<u16, VirtQueError> {
+        self.inner.queue_used_idx()
+    }
+
+    fn set_queue_size(&self, num: u16) {
+        self.inner.set_queue_size(num)
+    }
+
+    fn set_queue_event_idx(&self, enabled: bool) {
+        self.inner.set_queue_event_idx(enabled)
+    }
+
+    fn set_queue_ready(&self, ready: bool) {
+        self.inner.set_queue_ready(ready)
+    }
+
+    fn set_kick(&self, file: Option<File>) {
+        self.inner.set_kick(file)
+    }
+
+    /// Read the kick counter (instead of discarding it) and report whether
+    /// the ring is enabled, as the library expects.
+    fn read_kick(&self) -> io::Result<bool> {
+        let state = self.inner.get_ref();
+        if let Some(kick) = state.get_kick() {
+            let n = read_eventfd(kick)?;
+            self.kicks.fetch_add(n, Ordering::Relaxed);
+        }
+        Ok(state.is_enabled())
+    }
+
+    fn set_call(&self, file: Option<File>) {
+        self.inner.set_call(file)
+    }
+
+    fn set_err(&self, file: Option<File>) {
+        self.inner.set_err(file)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::io::{FromRawFd, IntoRawFd};
+    use vm_memory::{GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+    use vmm_sys_util::eventfd::EventFd;
+
+    #[test]
+    fn counts_every_kick() {
+        let mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap(),
+        );
+        let v = KickCountingVring::new(mem, 16).unwrap();
+        let efd = EventFd::new(libc::EFD_NONBLOCK).unwrap();
+        let dup = efd.try_clone().unwrap();
+        // SAFETY: the fd is a fresh duplicate we hand over to the File.
+        let file = unsafe { File::from_raw_fd(dup.into_raw_fd()) };
+        v.set_kick(Some(file));
+        v.set_enabled(true);
+        for _ in 0..3 {
+            efd.write(1).unwrap();
+        }
+        assert!(v.read_kick().unwrap());
+        assert_eq!(v.take_kicks(), 3, "three kicks before one wake-up");
+        assert_eq!(v.take_kicks(), 0);
+        // Nothing pending: no error, no kicks.
+        v.read_kick().unwrap();
+        assert_eq!(v.take_kicks(), 0);
+        efd.write(1).unwrap();
+        v.read_kick().unwrap();
+        efd.write(1).unwrap();
+        v.read_kick().unwrap();
+        assert_eq!(v.take_kicks(), 2);
+    }
+}
