@@ -250,7 +250,10 @@ fn serve_disk(
             daemon.request_shutdown();
         }
         match daemon.wait() {
-            Ok(()) => info!("{path}: frontend disconnected"),
+            Ok(())
+            | Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => info!("{path}: frontend disconnected"),
             Err(e) if shutdown.load(Ordering::SeqCst) => {
                 info!("{path}: connection closed for shutdown ({e})")
             }
