@@ -8,6 +8,7 @@
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use log::{debug, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
@@ -28,6 +29,7 @@ use crate::request::{
     collect_segments, execute, Device, DropReason, Op, Outcome, Segment, STATUS_IOERR, STATUS_OK,
     STATUS_UNSUPP,
 };
+use crate::stats::{current_tid, QueueCounters, QueueStats};
 use crate::storage::{self, Storage, StorageError};
 
 type GM = GuestMemoryAtomic<GuestMemoryMmap>;
@@ -37,6 +39,9 @@ type GM = GuestMemoryAtomic<GuestMemoryMmap>;
 pub struct Disk {
     pub cfg: DiskConfig,
     pub storage: Box<dyn Storage>,
+    /// Per-queue statistics, for the life of the process. Each is locked by
+    /// its queue's worker once per wake-up, and by readers.
+    pub stats: Vec<Mutex<QueueStats>>,
     /// The guest-visible `writeback` config byte (CONFIG_WCE).
     writeback: AtomicBool,
 }
@@ -45,11 +50,20 @@ impl Disk {
     /// Open the disk's storage (file disks without a size take the image's).
     pub fn open(mut cfg: DiskConfig) -> Result<Disk, StorageError> {
         let storage = storage::open(&mut cfg)?;
+        let stats = (0..cfg.num_queues)
+            .map(|_| Mutex::new(QueueStats::default()))
+            .collect();
         Ok(Disk {
             cfg,
             storage,
+            stats,
             writeback: AtomicBool::new(true),
         })
+    }
+
+    /// Lock one queue's statistics.
+    pub fn queue_stats(&self, q: usize) -> MutexGuard<'_, QueueStats> {
+        self.stats[q].lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The configuration space as the guest would read it now.
@@ -58,43 +72,16 @@ impl Disk {
     }
 }
 
-/// Totals of one queue over one connection.
-#[derive(Debug, Default, Clone)]
-pub struct QueueCounters {
-    pub requests: u64,
-    pub reads: u64,
-    pub writes: u64,
-    pub flushes: u64,
-    pub get_ids: u64,
-    pub discards: u64,
-    pub write_zeroes: u64,
-    pub other: u64,
-    pub bytes_read: u64,
-    pub bytes_written: u64,
-    pub status_ioerr: u64,
-    pub status_unsupp: u64,
-    /// Chains returned with used length 0 because no status could be written.
-    pub dropped: u64,
-    /// Times the avail ring was unusable (index jumped past the queue size,
-    /// ring not readable).
-    pub ring_errors: u64,
-    /// Guest kicks, exactly (the kick eventfd's counter, not wake-ups).
-    pub kicks: u64,
-    /// Wake-ups (kick events handled).
-    pub wakeups: u64,
-    /// Used-buffer notifications sent to the guest.
-    pub notifications: u64,
-}
-
 /// State owned by one queue's worker thread.
 struct QueueState {
     index: usize,
     mem: Option<GM>,
     /// Scratch list of the current chain's buffers, reused.
     segs: Vec<Segment>,
-    counters: QueueCounters,
     warned_ring: bool,
     warned_drop: bool,
+    /// Kernel thread id of the worker serving this queue.
+    worker_tid: Option<i32>,
 }
 
 /// One connection's device.
@@ -116,9 +103,9 @@ impl BlkBackend {
                     index,
                     mem: None,
                     segs: Vec::with_capacity(usize::from(disk.cfg.queue_size)),
-                    counters: QueueCounters::default(),
                     warned_ring: false,
                     warned_drop: false,
+                    worker_tid: None,
                 })
             })
             .collect();
@@ -147,13 +134,6 @@ impl BlkBackend {
         self.queues[q].lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Counters of every queue, for logs and tests.
-    pub fn counters(&self) -> Vec<QueueCounters> {
-        (0..self.queues.len())
-            .map(|q| self.lock_queue(q).counters.clone())
-            .collect()
-    }
-
     fn writeback(&self) -> bool {
         let flush = self.acked_features.load(Ordering::Relaxed) & (1u64 << VIRTIO_BLK_F_FLUSH) != 0;
         flush && self.disk.writeback.load(Ordering::Relaxed)
@@ -165,27 +145,40 @@ impl BlkBackend {
             return;
         };
         let mem = atomic.memory();
-        let kicks = vring.take_kicks();
-        q.counters.kicks += kicks;
-        q.counters.wakeups += 1;
-        let mut vs = vring.get_mut();
-        let event_idx = vs.get_queue().event_idx_enabled();
+        let mut st = self.disk.queue_stats(q.index);
+        let tid = *q.worker_tid.get_or_insert_with(current_tid);
+        st.set_worker(tid);
+        let mut kicks = vring.take_kicks();
+        let mut popped = 0u64;
+        let event_idx = vring.get_ref().get_queue().event_idx_enabled();
+        let mut first = true;
         loop {
-            if event_idx && vs.get_queue_mut().disable_notification(&*mem).is_err() {
-                self.ring_error(q, "cannot write the used ring's avail_event");
-                return;
+            if !first {
+                // Kicks the guest sent while we were serving belong to this
+                // wake-up: count them before looking at the ring again.
+                vring.collect_kicks();
+                kicks += vring.take_kicks();
             }
-            let (done, ring_ok) = self.drain(q, &mut vs, &mem);
+            first = false;
+            let mut vs = vring.get_mut();
+            if event_idx && vs.get_queue_mut().disable_notification(&*mem).is_err() {
+                self.ring_error(q, &mut st, "cannot write the used ring's avail_event");
+                break;
+            }
+            let (done, ring_ok) = self.drain(q, &mut st, &mut vs, &mem);
+            popped += done as u64;
             if done > 0 {
                 match vs.get_queue_mut().needs_notification(&*mem) {
                     Ok(true) => {
                         if let Err(e) = vs.signal_used_queue() {
                             warn!("queue {}: cannot signal the guest: {e}", q.index);
                         }
-                        q.counters.notifications += 1;
+                        st.counters.notifications += 1;
                     }
-                    Ok(false) => {}
-                    Err(_) => self.ring_error(q, "cannot read the avail ring's used_event"),
+                    Ok(false) => st.counters.notifications_suppressed += 1,
+                    Err(_) => {
+                        self.ring_error(q, &mut st, "cannot read the avail ring's used_event")
+                    }
                 }
             }
             // A broken ring stays broken until the driver resets it: do not
@@ -199,11 +192,12 @@ impl BlkBackend {
                 Ok(true) => continue,
                 Ok(false) => break,
                 Err(_) => {
-                    self.ring_error(q, "cannot update notification state");
+                    self.ring_error(q, &mut st, "cannot update notification state");
                     break;
                 }
             }
         }
+        st.wakeup(kicks, popped);
     }
 
     /// Pop, execute and complete every available chain. Returns how many
@@ -212,6 +206,7 @@ impl BlkBackend {
     fn drain(
         &self,
         q: &mut QueueState,
+        st: &mut QueueStats,
         vs: &mut vhost_user_backend::VringState<GM>,
         mem: &GuestMemoryMmap,
     ) -> (usize, bool) {
@@ -220,7 +215,7 @@ impl BlkBackend {
             let chain = match vs.get_queue_mut().iter(mem) {
                 Ok(mut it) => it.next(),
                 Err(e) => {
-                    self.ring_error(q, &format!("avail ring unusable: {e}"));
+                    self.ring_error(q, st, &format!("avail ring unusable: {e}"));
                     return (done, false);
                 }
             };
@@ -228,6 +223,9 @@ impl BlkBackend {
                 return (done, true);
             };
             let head = chain.head_index();
+            let popped_at = Instant::now();
+            // Requests are served one at a time: none other is in service.
+            st.popped(popped_at, 0);
             let outcome = match collect_segments(chain, &mut q.segs) {
                 Ok(()) => {
                     let dev = Device {
@@ -240,17 +238,20 @@ impl BlkBackend {
                 }
                 Err(reason) => Outcome::Dropped(reason),
             };
-            let used_len = self.account(q, outcome);
+            let used_len = self.account(q, st, outcome);
             if vs.get_queue_mut().add_used(mem, head, used_len).is_err() {
-                self.ring_error(q, &format!("cannot put head {head} on the used ring"));
+                self.ring_error(q, st, &format!("cannot put head {head} on the used ring"));
                 continue;
+            }
+            if let Outcome::Completed { op, .. } = outcome {
+                st.completed(op, popped_at.elapsed());
             }
             done += 1;
         }
     }
 
-    fn account(&self, q: &mut QueueState, outcome: Outcome) -> u32 {
-        let c = &mut q.counters;
+    fn account(&self, q: &mut QueueState, st: &mut QueueStats, outcome: Outcome) -> u32 {
+        let c = &mut st.counters;
         match outcome {
             Outcome::Completed {
                 op,
@@ -296,8 +297,8 @@ impl BlkBackend {
         }
     }
 
-    fn ring_error(&self, q: &mut QueueState, what: &str) {
-        q.counters.ring_errors += 1;
+    fn ring_error(&self, q: &mut QueueState, st: &mut QueueStats, what: &str) {
+        st.counters.ring_errors += 1;
         if !q.warned_ring {
             q.warned_ring = true;
             warn!(
@@ -308,9 +309,10 @@ impl BlkBackend {
         }
     }
 
-    /// Log what each queue did during a connection.
+    /// Log each queue's totals since the daemon started (or the last reset).
     pub fn log_summary(&self) {
-        for (i, c) in self.counters().iter().enumerate() {
+        for i in 0..self.queues.len() {
+            let c: QueueCounters = self.disk.queue_stats(i).counters.clone();
             if c.requests + c.dropped + c.ring_errors == 0 {
                 continue;
             }

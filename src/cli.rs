@@ -20,7 +20,40 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve virtio-blk disks over vhost-user sockets until SIGINT/SIGTERM.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Read a running daemon's statistics through its control socket.
+    Stats(StatsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct StatsArgs {
+    /// The daemon's --control socket.
+    #[arg(long, value_name = "PATH")]
+    pub control: PathBuf,
+    /// Output: a per-queue table, or the JSON document.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: StatsFormat,
+    /// Repeat every interval (e.g. 1s, 500ms), showing rates over it.
+    #[arg(long, value_name = "INTERVAL", value_parser = parse_interval)]
+    pub watch: Option<std::time::Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StatsFormat {
+    Table,
+    Json,
+}
+
+/// An interval such as `1s`, `500ms`, `2.5s`.
+pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    match s.parse::<crate::latency::LatencySpec>() {
+        Ok(crate::latency::LatencySpec::Fixed(d)) if d >= std::time::Duration::from_millis(10) => {
+            Ok(d)
+        }
+        _ => Err(format!(
+            "invalid interval {s:?}: expected a duration of at least 10ms, e.g. 1s or 500ms"
+        )),
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -31,6 +64,13 @@ pub struct ServeArgs {
     /// same options, e.g. socket = "/tmp/a.sock", disk = "mem", size = "4G").
     #[arg(long, value_name = "FILE", conflicts_with_all = ["socket", "disk", "size"])]
     pub config: Option<PathBuf>,
+    /// Serve statistics on this Unix socket (JSON lines: stats, snapshot
+    /// LABEL, reset, config); read them with `blklab stats --control PATH`.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Write the final statistics (JSON) to FILE at exit.
+    #[arg(long, value_name = "FILE")]
+    pub stats_out: Option<PathBuf>,
     /// Print the QEMU options that attach these disks, then exit.
     #[arg(long)]
     pub print_qemu_args: bool,

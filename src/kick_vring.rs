@@ -27,10 +27,32 @@ pub struct KickCountingVring<M: GuestAddressSpace> {
     kicks: Arc<AtomicU64>,
 }
 
-impl<M: GuestAddressSpace> KickCountingVring<M> {
+impl<M: GuestAddressSpace + 'static> KickCountingVring<M> {
     /// Kicks counted since the last call.
     pub fn take_kicks(&self) -> u64 {
         self.kicks.swap(0, Ordering::Relaxed)
+    }
+
+    /// Collect kicks that arrived since the worker woke up, so they are
+    /// counted with the requests they announced. Call it only before
+    /// looking at the avail ring again: a kick consumed after the last look
+    /// would be a lost wake-up.
+    pub fn collect_kicks(&self) {
+        let state = self.inner.get_ref();
+        let Some(kick) = state.get_kick() else { return };
+        let mut pfd = libc::pollfd {
+            fd: kick.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, zero timeout. The kick fd may be in
+        // blocking mode (it is the frontend's), so never read it unpolled.
+        let ready = unsafe { libc::poll(&mut pfd, 1, 0) } == 1 && pfd.revents & libc::POLLIN != 0;
+        if ready {
+            if let Ok(n) = read_eventfd(kick) {
+                self.kicks.fetch_add(n, Ordering::Relaxed);
+            }
+        }
     }
 }
 

@@ -16,6 +16,7 @@
 pub mod backend;
 pub mod cli;
 pub mod config_space;
+pub mod control;
 pub mod disk;
 pub mod features;
 pub mod histogram;
@@ -25,4 +26,7 @@ pub mod qemu_args;
 pub mod request;
 pub mod server;
 pub mod size;
+pub mod stats;
+pub mod stats_view;
 pub mod storage;
+pub mod tags;

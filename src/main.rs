@@ -11,7 +11,8 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
+        Command::Stats(args) => blklab::stats_view::run(&args).context("blklab stats"),
     };
     if let Err(e) = result {
         eprintln!("blklab: error: {e:#}");
@@ -37,9 +38,14 @@ fn serve(args: ServeArgs) -> Result<()> {
     // Block SIGINT/SIGTERM before any thread starts, so every thread
     // inherits the mask and only sigwait() below receives them.
     let signals = blklab::server::block_termination_signals().context("cannot block signals")?;
-    let server = Server::start(disks)?;
+    let server = Server::start_with_control(disks, args.control.as_deref())?;
+    let served = server.disks();
     let sig = blklab::server::wait_for_signal(&signals);
     log::info!("received {sig}, shutting down");
     server.shutdown();
+    if let Some(path) = &args.stats_out {
+        blklab::control::write_stats_file(path, &served)
+            .with_context(|| format!("cannot write --stats-out {}", path.display()))?;
+    }
     Ok(())
 }

@@ -94,16 +94,30 @@ pub struct Server {
     /// Becomes readable (and stays so) when shutdown starts; wakes the
     /// accept loops.
     wake: Arc<EventFd>,
+    /// The control socket's path and thread, when there is one.
+    control: Option<(PathBuf, JoinHandle<()>)>,
 }
 
 impl Server {
     /// Open every disk and bind every socket (all or nothing), then start
     /// serving each on its own thread.
     pub fn start(configs: Vec<DiskConfig>) -> Result<Server, ServeError> {
+        Self::start_with_control(configs, None)
+    }
+
+    /// As [`Server::start`], also serving the control socket at `control`.
+    pub fn start_with_control(
+        configs: Vec<DiskConfig>,
+        control: Option<&Path>,
+    ) -> Result<Server, ServeError> {
         let mut disks = Vec::new();
         for cfg in configs {
             disks.push(Arc::new(Disk::open(cfg)?));
         }
+        let control_listener = match control {
+            Some(p) => Some((p.to_path_buf(), bind_socket(p, 0o600)?)),
+            None => None,
+        };
         let mut listeners = Vec::new();
         for d in &disks {
             match bind_socket(&d.cfg.socket, d.cfg.socket_mode) {
@@ -111,6 +125,9 @@ impl Server {
                 Err(e) => {
                     for prev in &disks[..listeners.len()] {
                         let _ = std::fs::remove_file(&prev.cfg.socket);
+                    }
+                    if let Some((p, _)) = &control_listener {
+                        let _ = std::fs::remove_file(p);
                     }
                     return Err(e);
                 }
@@ -149,10 +166,25 @@ impl Server {
                 thread: Some(thread),
             });
         }
+        let control = match control_listener {
+            Some((path, l)) => {
+                let disks = served.iter().map(|s| s.disk.clone()).collect();
+                let t = crate::control::spawn(l, disks, shutdown.clone(), wake.clone()).map_err(
+                    |source| ServeError::Thread {
+                        path: path.clone(),
+                        source,
+                    },
+                )?;
+                info!("control socket {}", path.display());
+                Some((path, t))
+            }
+            None => None,
+        };
         Ok(Server {
             served,
             shutdown,
             wake,
+            control,
         })
     }
 
@@ -187,12 +219,16 @@ impl Server {
             }
             let _ = std::fs::remove_file(&s.disk.cfg.socket);
         }
+        if let Some((path, t)) = self.control.take() {
+            let _ = t.join();
+            let _ = std::fs::remove_file(path);
+        }
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        if self.served.iter().any(|s| s.thread.is_some()) {
+        if self.served.iter().any(|s| s.thread.is_some()) || self.control.is_some() {
             self.stop();
         }
     }
@@ -269,7 +305,7 @@ fn serve_disk(
 /// Wait until `listen_fd` has a connection (true) or `wake_fd` is
 /// readable (false). A queued Unix connection makes accept() return at
 /// once, so the accept that follows never blocks.
-fn wait_readable(listen_fd: RawFd, wake_fd: RawFd) -> io::Result<bool> {
+pub fn wait_readable(listen_fd: RawFd, wake_fd: RawFd) -> io::Result<bool> {
     let mut fds = [
         libc::pollfd {
             fd: listen_fd,

@@ -256,10 +256,7 @@ impl TagPool {
     /// Register a user woken by calling `waker` (from the thread doing the
     /// `put`; keep it short and non-blocking).
     pub fn register_waker(&self, waker: Waker) -> QueueId {
-        let _guard = self
-            .register_lock
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let _guard = self.register_lock.lock().unwrap_or_else(|e| e.into_inner());
         let i = self.nr_queues.load(Ordering::Relaxed);
         assert!(i < MAX_QUEUES, "more than {MAX_QUEUES} tag pool users");
         let chunk = self.queues[i / CHUNK]
@@ -604,5 +601,467 @@ impl std::fmt::Debug for TagPool {
             .field("fairness", &self.fairness)
             .field("in_use", &self.in_use())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+    use std::sync::Barrier;
+    use std::thread;
+    use std::time::{Duration, Instant};
+
+    fn efd() -> Arc<EventFd> {
+        Arc::new(EventFd::new(libc::EFD_NONBLOCK).unwrap())
+    }
+
+    /// Consume the eventfd's count; whether it was signalled.
+    fn signalled(efd: &EventFd) -> bool {
+        efd.read().is_ok()
+    }
+
+    /// Wait up to `ms` for the eventfd to become readable.
+    fn wait_readable(efd: &EventFd, ms: i32) -> bool {
+        use std::os::unix::io::AsRawFd;
+        let mut pfd = libc::pollfd {
+            fd: efd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+        r == 1
+    }
+
+    /// A tiny deterministic PRNG for the stress loops.
+    struct XorShift(u64);
+    impl XorShift {
+        fn next(&mut self) -> u32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 32) as u32
+        }
+    }
+
+    #[test]
+    fn layout_spreads_small_depths_and_hands_out_every_tag_once() {
+        for (depth, bpw, words) in [
+            (1, 64, 1),
+            (3, 64, 1),
+            (8, 2, 4),
+            (100, 16, 7),
+            (256, 64, 4),
+            (300, 64, 5),
+        ] {
+            let pool = TagPool::new(depth, false);
+            let s = pool.stats();
+            assert_eq!((s.bits_per_word, s.words), (bpw, words), "depth {depth}");
+            let q = pool.register(efd());
+            let mut hint = pool.initial_hint(q);
+            let tags: HashSet<Tag> = (0..depth)
+                .map(|_| pool.try_get(q, &mut hint).unwrap())
+                .collect();
+            assert_eq!(tags, (0..depth).collect::<HashSet<_>>());
+            assert_eq!(pool.try_get(q, &mut hint), None);
+            assert_eq!(pool.in_use(), depth);
+            for t in tags {
+                pool.put(q, t);
+            }
+            assert_eq!(pool.in_use(), 0);
+        }
+    }
+
+    fn stress(depth: u32, fairness: bool, run: Duration) {
+        let pool = Arc::new(TagPool::new(depth, fairness));
+        let holders = Arc::new(AtomicU32::new(0));
+        let owners: Arc<Vec<AtomicU32>> = Arc::new((0..depth).map(|_| AtomicU32::new(0)).collect());
+        let max_hold = (depth / 2).max(2) as usize;
+        let start = Arc::new(Barrier::new(4));
+        let handles: Vec<_> = (0..4u32)
+            .map(|me| {
+                let (pool, holders, owners, start) =
+                    (pool.clone(), holders.clone(), owners.clone(), start.clone());
+                thread::spawn(move || {
+                    let me = me + 1;
+                    let waker = efd();
+                    let q = pool.register(waker.clone());
+                    let mut hint = pool.initial_hint(q);
+                    let mut rng = XorShift(0x9E37_79B9 * u64::from(me));
+                    let mut held: Vec<Tag> = Vec::new();
+                    let mut ops = 0u64;
+                    start.wait();
+                    let deadline = Instant::now() + run;
+                    while Instant::now() < deadline {
+                        for _ in 0..64 {
+                            let take =
+                                held.is_empty() || (held.len() < max_hold && rng.next() % 2 == 0);
+                            if take {
+                                if let Some(t) = pool.try_get(q, &mut hint) {
+                                    let h = holders.fetch_add(1, Ordering::SeqCst) + 1;
+                                    assert!(h <= depth, "{h} holders > depth {depth}");
+                                    let prev = owners[t as usize].swap(me, Ordering::SeqCst);
+                                    assert_eq!(
+                                        prev, 0,
+                                        "tag {t} handed to {me} while held by {prev}"
+                                    );
+                                    held.push(t);
+                                } else {
+                                    signalled(&waker);
+                                    thread::yield_now();
+                                }
+                            } else {
+                                let t = held.swap_remove(rng.next() as usize % held.len());
+                                assert_eq!(owners[t as usize].swap(0, Ordering::SeqCst), me);
+                                holders.fetch_sub(1, Ordering::SeqCst);
+                                pool.put(q, t);
+                            }
+                            assert!(pool.in_use() <= depth);
+                            ops += 1;
+                        }
+                    }
+                    for t in held {
+                        assert_eq!(owners[t as usize].swap(0, Ordering::SeqCst), me);
+                        holders.fetch_sub(1, Ordering::SeqCst);
+                        pool.put(q, t);
+                    }
+                    ops
+                })
+            })
+            .collect();
+        let ops: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        let s = pool.stats();
+        assert!(ops > 1000, "only {ops} operations");
+        assert_eq!(s.in_use, 0);
+        assert_eq!(s.gets, s.puts);
+        assert!(s.gets > 100);
+        assert_eq!(s.bad_puts, 0);
+        assert!(s.peak_in_use <= depth);
+        assert!(s.waits > 0, "depth {depth}: never contended");
+        // Every queue is idle and no one was left waiting (no lost wake-up).
+        assert_eq!(s.active_queues, 0, "{s:?}");
+        assert_eq!(s.waiting_queues, 0, "{s:?}");
+        assert!(s.queues.iter().all(|q| q.held == 0));
+    }
+
+    #[test]
+    fn stress_never_over_allocates_depth_8() {
+        stress(8, false, Duration::from_millis(200));
+    }
+
+    #[test]
+    fn stress_never_over_allocates_depth_100() {
+        stress(100, false, Duration::from_millis(200));
+    }
+
+    #[test]
+    fn stress_never_over_allocates_depth_300_and_with_fairness() {
+        stress(300, false, Duration::from_millis(100));
+        stress(8, true, Duration::from_millis(100));
+        stress(100, true, Duration::from_millis(100));
+    }
+
+    #[test]
+    fn fairness_caps_each_active_queue_at_its_share() {
+        let pool = TagPool::new(16, true);
+        let qs: Vec<QueueId> = (0..3).map(|_| pool.register(efd())).collect();
+        let mut hints = [0u32; 3];
+        // Make all three active.
+        for i in 0..3 {
+            pool.try_get(qs[i], &mut hints[i]).unwrap();
+        }
+        let mut held = [1u32; 3];
+        for i in 0..3 {
+            while pool.try_get(qs[i], &mut hints[i]).is_some() {
+                held[i] += 1;
+            }
+        }
+        assert_eq!(held, [6, 6, 4]);
+        let s = pool.stats();
+        assert_eq!(s.in_use, 16);
+        assert_eq!(s.active_queues, 3);
+        assert_eq!(s.queues[0].share_waits, 1, "q0 refused by its share");
+        assert_eq!(s.queues[2].share_waits, 0, "q2 refused for lack of slots");
+        assert!(s.queues.iter().all(|q| q.peak_held <= 6));
+    }
+
+    #[test]
+    fn fairness_off_lets_one_queue_take_everything() {
+        let pool = TagPool::new(16, false);
+        let qs: Vec<QueueId> = (0..3).map(|_| pool.register(efd())).collect();
+        let mut hint = 0;
+        let a = pool.try_get(qs[1], &mut hint).unwrap();
+        let b = pool.try_get(qs[2], &mut hint).unwrap();
+        let mut n = 0;
+        while pool.try_get(qs[0], &mut hint).is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 14, "q0 takes all that is free despite 3 active queues");
+        pool.put(qs[1], a);
+        pool.put(qs[2], b);
+        assert!(pool.try_get(qs[0], &mut hint).is_some());
+        assert!(pool.try_get(qs[0], &mut hint).is_some());
+        assert_eq!(pool.stats().queues[0].peak_held, 16);
+        // With one registered user (a per-queue pool), fairness never limits.
+        let single = TagPool::new(16, true);
+        let q = single.register(efd());
+        assert!((0..16).all(|_| single.try_get(q, &mut hint).is_some()));
+    }
+
+    #[test]
+    fn fairness_bound_holds_under_threads() {
+        let pool = Arc::new(TagPool::new(16, true));
+        let start = Arc::new(Barrier::new(3));
+        let handles: Vec<_> = (0..3u64)
+            .map(|me| {
+                let (pool, start) = (pool.clone(), start.clone());
+                thread::spawn(move || {
+                    let waker = efd();
+                    let q = pool.register(waker.clone());
+                    let mut hint = pool.initial_hint(q);
+                    // One tag held throughout keeps the queue active.
+                    let anchor = pool.try_get(q, &mut hint).unwrap();
+                    start.wait();
+                    let mut rng = XorShift(77 + me);
+                    let mut held = vec![];
+                    let mut max_seen = 1;
+                    let deadline = Instant::now() + Duration::from_millis(150);
+                    while Instant::now() < deadline {
+                        if rng.next() % 2 == 0 {
+                            if let Some(t) = pool.try_get(q, &mut hint) {
+                                held.push(t);
+                                max_seen = max_seen.max(held.len() + 1);
+                                assert!(held.len() < 6, "queue holds {} > 6", held.len() + 1);
+                            } else {
+                                signalled(&waker);
+                            }
+                        } else if let Some(t) = held.pop() {
+                            pool.put(q, t);
+                        }
+                    }
+                    for t in held {
+                        pool.put(q, t);
+                    }
+                    start.wait();
+                    pool.put(q, anchor);
+                    max_seen
+                })
+            })
+            .collect();
+        let seen: Vec<usize> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let s = pool.stats();
+        assert!(s.queues.iter().all(|q| q.peak_held <= 6), "{s:?}");
+        assert!(seen.contains(&6), "share never reached: {seen:?}");
+        assert_eq!(s.in_use, 0);
+    }
+
+    fn no_lost_wakeup(depth: u32, threads: u32, fairness: bool) {
+        const ITERS: u32 = 2000;
+        let pool = Arc::new(TagPool::new(depth, fairness));
+        let start = Arc::new(Barrier::new(threads as usize));
+        let handles: Vec<_> = (0..threads)
+            .map(|me| {
+                let (pool, start) = (pool.clone(), start.clone());
+                thread::spawn(move || {
+                    let waker = efd();
+                    let q = pool.register(waker.clone());
+                    let mut hint = pool.initial_hint(q);
+                    let mut waits = 0u32;
+                    start.wait();
+                    for i in 0..ITERS {
+                        let tag = loop {
+                            if let Some(t) = pool.try_get(q, &mut hint) {
+                                break t;
+                            }
+                            waits += 1;
+                            if !wait_readable(&waker, 2000) {
+                                panic!(
+                                    "thread {me} iteration {i}: no wake-up in 2 s, in use {}/{depth}: {:?}",
+                                    pool.in_use(),
+                                    pool.stats()
+                                );
+                            }
+                            assert!(signalled(&waker));
+                        };
+                        for _ in 0..(i % 7) * 20 {
+                            std::hint::spin_loop();
+                        }
+                        if i % 5 == 0 {
+                            thread::yield_now();
+                        }
+                        pool.put(q, tag);
+                    }
+                    waits
+                })
+            })
+            .collect();
+        let waits: u32 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        let s = pool.stats();
+        assert_eq!(s.gets, u64::from(ITERS * threads));
+        assert!(s.queues.iter().all(|q| q.gets == u64::from(ITERS)));
+        assert!(waits > 0, "depth {depth}, {threads} threads: never waited");
+        assert_eq!(s.waiting_queues, 0);
+        assert_eq!(s.in_use, 0);
+    }
+
+    #[test]
+    fn no_lost_wakeup_depth_1() {
+        no_lost_wakeup(1, 3, false);
+        no_lost_wakeup(1, 4, true);
+    }
+
+    #[test]
+    fn no_lost_wakeup_depth_2() {
+        no_lost_wakeup(2, 4, false);
+        no_lost_wakeup(2, 3, true);
+    }
+
+    #[test]
+    fn frees_are_batched_but_wake_the_waiter() {
+        let pool = TagPool::new(64, false);
+        assert_eq!(pool.wake_batch(), 8);
+        let (e0, e1) = (efd(), efd());
+        let (q0, q1) = (pool.register(e0.clone()), pool.register(e1.clone()));
+        let (mut h0, mut h1) = (0, 0);
+        let mut held: Vec<Tag> = (0..64)
+            .map(|_| pool.try_get(q0, &mut h0).unwrap())
+            .collect();
+        let mut puts = 0;
+        for round in 0..50 {
+            assert_eq!(pool.try_get(q1, &mut h1), None);
+            assert!(pool.stats().queues[1].waiting);
+            for k in 1..=8 {
+                pool.put(q0, held.pop().unwrap());
+                puts += 1;
+                assert_eq!(signalled(&e1), k == 8, "round {round}, free {k}");
+            }
+            assert!(!pool.stats().queues[1].waiting);
+            // Refill to full for the next round (without failing: q0 never waits).
+            for _ in 0..8 {
+                held.push(pool.try_get(q0, &mut h0).unwrap());
+            }
+        }
+        let s = pool.stats();
+        assert_eq!(s.wakeups_sent, 50);
+        assert_eq!(s.batch_wakeups, 50);
+        assert!(s.wakeups_sent < puts);
+        assert!(!signalled(&e0));
+    }
+
+    #[test]
+    fn idle_pool_wakes_every_remaining_waiter() {
+        let pool = TagPool::new(16, false);
+        assert_eq!(pool.wake_batch(), 2);
+        let q0 = pool.register(efd());
+        let mut hint = 0;
+        let held: Vec<Tag> = (0..16)
+            .map(|_| pool.try_get(q0, &mut hint).unwrap())
+            .collect();
+        let waiters: Vec<(QueueId, Arc<EventFd>)> = (0..20)
+            .map(|_| {
+                let e = efd();
+                let q = pool.register(e.clone());
+                assert_eq!(pool.try_get(q, &mut hint), None);
+                (q, e)
+            })
+            .collect();
+        let mut woken = 0;
+        for (k, t) in held.into_iter().enumerate() {
+            pool.put(q0, t);
+            woken += waiters.iter().filter(|(_, e)| signalled(e)).count();
+            if k < 15 {
+                // A batch of n frees wakes n waiters.
+                assert_eq!(woken, k.div_ceil(2) * 2, "after {} puts", k + 1);
+            }
+        }
+        assert_eq!(woken, 20, "the idle put wakes the rest");
+        let s = pool.stats();
+        assert_eq!((s.batch_wakeups, s.idle_wakeups), (14, 6));
+        assert_eq!(s.waiting_queues, 0);
+        assert_eq!(s.active_queues, 0);
+    }
+
+    #[test]
+    fn share_limited_queue_is_woken_by_its_share_or_an_idle_queue() {
+        let pool = TagPool::new(16, true);
+        let e: Vec<Arc<EventFd>> = (0..3).map(|_| efd()).collect();
+        let q: Vec<QueueId> = e.iter().map(|e| pool.register(e.clone())).collect();
+        let mut hint = 0;
+        let mut mine: Vec<Tag> = vec![];
+        let other1 = pool.try_get(q[1], &mut hint).unwrap();
+        let other2 = pool.try_get(q[2], &mut hint).unwrap();
+        while let Some(t) = pool.try_get(q[0], &mut hint) {
+            mine.push(t);
+        }
+        assert_eq!(mine.len(), 6);
+        // Its own put brings it under its share: woken at once, no batch.
+        pool.put(q[0], mine.pop().unwrap());
+        assert!(signalled(&e[0]));
+        mine.push(pool.try_get(q[0], &mut hint).unwrap());
+        assert_eq!(pool.try_get(q[0], &mut hint), None);
+        assert!(!signalled(&e[0]));
+        // q2 goes inactive: two active queues, share 8.
+        pool.put(q[2], other2);
+        assert!(signalled(&e[0]));
+        assert_eq!(pool.stats().active_queues, 2);
+        mine.push(pool.try_get(q[0], &mut hint).unwrap());
+        mine.push(pool.try_get(q[0], &mut hint).unwrap());
+        assert_eq!(pool.try_get(q[0], &mut hint), None);
+        assert_eq!(mine.len(), 8);
+        let s = pool.stats();
+        assert_eq!(s.share_wakeups, 2);
+        assert_eq!(s.queues[0].share_waits, 3);
+        for t in mine {
+            pool.put(q[0], t);
+        }
+        pool.put(q[1], other1);
+        assert_eq!(pool.stats().active_queues, 0);
+    }
+
+    #[test]
+    fn stats_count_peak_waits_and_ignore_double_put() {
+        let pool = TagPool::new(4, false);
+        let q = pool.register(efd());
+        let mut hint = 0;
+        let a = pool.try_get(q, &mut hint).unwrap();
+        let b = pool.try_get(q, &mut hint).unwrap();
+        let c = pool.try_get(q, &mut hint).unwrap();
+        pool.put(q, b);
+        pool.put(q, c);
+        let s = pool.stats();
+        assert_eq!((s.in_use, s.peak_in_use, s.waits), (1, 3, 0));
+        let rest: Vec<Tag> = (0..3)
+            .map(|_| pool.try_get(q, &mut hint).unwrap())
+            .collect();
+        assert_eq!(pool.try_get(q, &mut hint), None);
+        assert_eq!(pool.try_get(q, &mut hint), None);
+        let s = pool.stats();
+        assert_eq!(
+            (s.in_use, s.peak_in_use, s.waits, s.gets, s.puts),
+            (4, 4, 2, 6, 2)
+        );
+        assert_eq!(s.queues[0].held, 4);
+        assert_eq!(s.queues[0].peak_held, 4);
+        assert!(s.queues[0].waiting);
+        assert_eq!(s.active_queues, 1);
+        pool.put(q, a);
+        // Double put: asserts in debug builds, ignored either way.
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.put(q, a)));
+        assert_eq!(r.is_err(), cfg!(debug_assertions));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pool.put(q, 99)));
+        assert_eq!(r.is_err(), cfg!(debug_assertions));
+        let s = pool.stats();
+        assert_eq!((s.in_use, s.puts, s.bad_puts), (3, 3, 2));
+        assert_eq!(s.queues[0].held, 3);
+        for t in rest {
+            pool.put(q, t);
+        }
+        let s = pool.stats();
+        assert_eq!(
+            (s.in_use, s.peak_in_use, s.active_queues, s.waiting_queues),
+            (0, 4, 0, 0)
+        );
+        assert_eq!(s.wakeups_sent, 1, "the idle put woke the waiting queue");
     }
 }

@@ -1,0 +1,391 @@
+//! Per-queue statistics: exact counters and log-bucket histograms, owned by
+//! each queue's worker thread (behind a per-queue lock that only the worker
+//! and an occasional reader take), and the JSON documents built from them.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::disk::DiskConfig;
+use crate::histogram::{Hist, HistSummary};
+use crate::request::Op;
+
+/// Largest value the count histograms (requests per wake-up, …) resolve.
+const COUNT_MAX: u64 = 1 << 16;
+
+/// Exact event counts of one queue.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct QueueCounters {
+    pub requests: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub flushes: u64,
+    pub get_ids: u64,
+    pub discards: u64,
+    pub write_zeroes: u64,
+    pub other: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
+    pub status_ioerr: u64,
+    pub status_unsupp: u64,
+    /// Chains returned with used length 0 because no status could be written.
+    pub dropped: u64,
+    /// Times the avail ring was unusable (index jumped past the queue size,
+    /// ring not readable).
+    pub ring_errors: u64,
+    /// Guest kicks, exactly (the kick eventfd's counter, not wake-ups).
+    pub kicks: u64,
+    /// Wake-ups of the worker for this queue.
+    pub wakeups: u64,
+    /// Wake-ups that found no request.
+    pub empty_wakeups: u64,
+    /// Used-buffer notifications sent to the guest.
+    pub notifications: u64,
+    /// Completion batches whose notification EVENT_IDX (or NO_INTERRUPT)
+    /// let us skip.
+    pub notifications_suppressed: u64,
+}
+
+impl QueueCounters {
+    fn delta(&self, e: &QueueCounters) -> QueueCounters {
+        QueueCounters {
+            requests: self.requests - e.requests,
+            reads: self.reads - e.reads,
+            writes: self.writes - e.writes,
+            flushes: self.flushes - e.flushes,
+            get_ids: self.get_ids - e.get_ids,
+            discards: self.discards - e.discards,
+            write_zeroes: self.write_zeroes - e.write_zeroes,
+            other: self.other - e.other,
+            bytes_read: self.bytes_read - e.bytes_read,
+            bytes_written: self.bytes_written - e.bytes_written,
+            status_ioerr: self.status_ioerr - e.status_ioerr,
+            status_unsupp: self.status_unsupp - e.status_unsupp,
+            dropped: self.dropped - e.dropped,
+            ring_errors: self.ring_errors - e.ring_errors,
+            kicks: self.kicks - e.kicks,
+            wakeups: self.wakeups - e.wakeups,
+            empty_wakeups: self.empty_wakeups - e.empty_wakeups,
+            notifications: self.notifications - e.notifications,
+            notifications_suppressed: self.notifications_suppressed - e.notifications_suppressed,
+        }
+    }
+}
+
+/// Everything one queue records.
+#[derive(Debug, Clone)]
+pub struct QueueStats {
+    pub counters: QueueCounters,
+    /// Requests popped per wake-up.
+    pub requests_per_wakeup: Hist,
+    /// Requests popped per kick, per wake-up that had kicks (rounded).
+    pub requests_per_kick: Hist,
+    /// Kicks per wake-up.
+    pub kicks_per_wakeup: Hist,
+    /// Service time, pop to used, ns, by op.
+    pub latency_read: Hist,
+    pub latency_write: Hist,
+    pub latency_other: Hist,
+    /// Time between consecutive pops, ns.
+    pub inter_arrival: Hist,
+    /// Requests in service when a request is popped.
+    pub inflight_at_pop: Hist,
+    /// Kernel thread id of the worker serving this queue (for its CPU time).
+    pub worker_tid: Option<i32>,
+    /// The worker's CPU time when these statistics started (reset or
+    /// snapshot baseline).
+    cpu_baseline: Option<ThreadCpu>,
+    last_pop: Option<Instant>,
+}
+
+impl Default for QueueStats {
+    fn default() -> Self {
+        QueueStats {
+            counters: QueueCounters::default(),
+            requests_per_wakeup: Hist::new_count(COUNT_MAX),
+            requests_per_kick: Hist::new_count(COUNT_MAX),
+            kicks_per_wakeup: Hist::new_count(COUNT_MAX),
+            latency_read: Hist::new_latency(),
+            latency_write: Hist::new_latency(),
+            latency_other: Hist::new_latency(),
+            inter_arrival: Hist::new_latency(),
+            inflight_at_pop: Hist::new_count(COUNT_MAX),
+            worker_tid: None,
+            cpu_baseline: None,
+            last_pop: None,
+        }
+    }
+}
+
+impl QueueStats {
+    /// A request was popped at `now` with `inflight` others in service.
+    pub fn popped(&mut self, now: Instant, inflight: u64) {
+        if let Some(prev) = self.last_pop {
+            self.inter_arrival
+                .record(now.saturating_duration_since(prev).as_nanos() as u64);
+        }
+        self.last_pop = Some(now);
+        self.inflight_at_pop.record(inflight);
+    }
+
+    /// A request of kind `op` completed after `service`.
+    pub fn completed(&mut self, op: Op, service: Duration) {
+        let ns = service.as_nanos() as u64;
+        match op {
+            Op::Read => self.latency_read.record(ns),
+            Op::Write => self.latency_write.record(ns),
+            _ => self.latency_other.record(ns),
+        }
+    }
+
+    /// A wake-up that found `requests` requests after `kicks` kicks.
+    pub fn wakeup(&mut self, kicks: u64, requests: u64) {
+        let c = &mut self.counters;
+        c.wakeups += 1;
+        c.kicks += kicks;
+        if requests == 0 {
+            c.empty_wakeups += 1;
+        }
+        self.requests_per_wakeup.record(requests);
+        self.kicks_per_wakeup.record(kicks);
+        if let Some(per_kick) = (requests + kicks / 2).checked_div(kicks) {
+            self.requests_per_kick.record(per_kick);
+        }
+    }
+
+    /// Forget everything counted so far.
+    pub fn reset(&mut self) {
+        let tid = self.worker_tid;
+        *self = QueueStats {
+            worker_tid: tid,
+            cpu_baseline: tid.and_then(thread_cpu),
+            ..QueueStats::default()
+        };
+    }
+
+    /// Record which thread serves this queue (first wake-up of a worker).
+    pub fn set_worker(&mut self, tid: i32) {
+        if self.worker_tid != Some(tid) {
+            self.worker_tid = Some(tid);
+            self.cpu_baseline = thread_cpu(tid);
+        }
+    }
+
+    /// A copy to diff later reports against (see [`QueueStats::report`]),
+    /// with the worker's CPU time as of now.
+    pub fn baseline(&self) -> QueueStats {
+        let mut b = self.clone();
+        b.cpu_baseline = self.worker_tid.and_then(thread_cpu);
+        b
+    }
+
+    /// The document form; `earlier` makes it a delta.
+    pub fn report(&self, index: usize, earlier: Option<&QueueStats>) -> QueueReport {
+        let h = |now: &Hist, then: Option<&Hist>| match then {
+            Some(t) => now.delta(t).summary(),
+            None => now.summary(),
+        };
+        QueueReport {
+            index,
+            counters: match earlier {
+                Some(e) => self.counters.delta(&e.counters),
+                None => self.counters.clone(),
+            },
+            requests_per_wakeup: h(
+                &self.requests_per_wakeup,
+                earlier.map(|e| &e.requests_per_wakeup),
+            ),
+            requests_per_kick: h(
+                &self.requests_per_kick,
+                earlier.map(|e| &e.requests_per_kick),
+            ),
+            kicks_per_wakeup: h(&self.kicks_per_wakeup, earlier.map(|e| &e.kicks_per_wakeup)),
+            latency_read_ns: h(&self.latency_read, earlier.map(|e| &e.latency_read)),
+            latency_write_ns: h(&self.latency_write, earlier.map(|e| &e.latency_write)),
+            latency_other_ns: h(&self.latency_other, earlier.map(|e| &e.latency_other)),
+            inter_arrival_ns: h(&self.inter_arrival, earlier.map(|e| &e.inter_arrival)),
+            inflight_at_pop: h(&self.inflight_at_pop, earlier.map(|e| &e.inflight_at_pop)),
+            worker_cpu: self.worker_cpu_since(earlier),
+        }
+    }
+
+    /// The worker's CPU seconds since the baseline (`earlier`'s, else our own).
+    fn worker_cpu_since(&self, earlier: Option<&QueueStats>) -> Option<ThreadCpu> {
+        let now = thread_cpu(self.worker_tid?)?;
+        let base = match earlier {
+            Some(e) => e.cpu_baseline,
+            None => self.cpu_baseline,
+        }
+        .unwrap_or(ThreadCpu {
+            user_s: 0.0,
+            sys_s: 0.0,
+        });
+        Some(ThreadCpu {
+            user_s: (now.user_s - base.user_s).max(0.0),
+            sys_s: (now.sys_s - base.sys_s).max(0.0),
+        })
+    }
+}
+
+/// User and system CPU seconds of one thread.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct ThreadCpu {
+    pub user_s: f64,
+    pub sys_s: f64,
+}
+
+/// CPU time of thread `tid` of this process, from /proc (no cost to the
+/// thread itself).
+pub fn thread_cpu(tid: i32) -> Option<ThreadCpu> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may
+    // contain spaces.
+    let rest = &text[text.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5); f[0] is field 3.
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some(ThreadCpu {
+        user_s: ticks(11)? / hz,
+        sys_s: ticks(12)? / hz,
+    })
+}
+
+/// The kernel thread id of the calling thread.
+pub fn current_tid() -> i32 {
+    // SAFETY: gettid has no memory effects.
+    unsafe { libc::gettid() }
+}
+
+/// One queue in a stats document.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueReport {
+    pub index: usize,
+    pub counters: QueueCounters,
+    pub requests_per_wakeup: HistSummary,
+    pub requests_per_kick: HistSummary,
+    pub kicks_per_wakeup: HistSummary,
+    pub latency_read_ns: HistSummary,
+    pub latency_write_ns: HistSummary,
+    pub latency_other_ns: HistSummary,
+    pub inter_arrival_ns: HistSummary,
+    pub inflight_at_pop: HistSummary,
+    pub worker_cpu: Option<ThreadCpu>,
+}
+
+/// One disk in a stats document.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiskReport {
+    pub config: DiskConfig,
+    pub queues: Vec<QueueReport>,
+}
+
+/// A complete stats document: what, when, from which build.
+#[derive(Debug, Clone, Serialize)]
+pub struct StatsDocument {
+    pub blklab_version: &'static str,
+    pub git_commit: &'static str,
+    /// Wall-clock time of the document, ns since the Unix epoch.
+    pub time_unix_ns: u128,
+    /// For snapshots: the label and the seconds the delta covers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval_s: Option<f64>,
+    pub disks: Vec<DiskReport>,
+}
+
+impl StatsDocument {
+    pub fn new(disks: Vec<DiskReport>) -> StatsDocument {
+        StatsDocument {
+            blklab_version: env!("CARGO_PKG_VERSION"),
+            git_commit: env!("BLKLAB_GIT_COMMIT"),
+            time_unix_ns: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+            label: None,
+            interval_s: None,
+            disks,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wakeups_and_kicks() {
+        let mut s = QueueStats::default();
+        // Plugged guest: 16 requests, one kick. Unplugged: one per kick.
+        s.wakeup(1, 16);
+        for _ in 0..4 {
+            s.wakeup(1, 1);
+        }
+        s.wakeup(0, 0);
+        let r = s.report(0, None);
+        assert_eq!(r.counters.kicks, 5);
+        assert_eq!(r.counters.wakeups, 6);
+        assert_eq!(r.counters.empty_wakeups, 1);
+        assert_eq!(r.requests_per_kick.count, 5);
+        assert_eq!(r.requests_per_kick.max, 16);
+        assert_eq!(r.requests_per_kick.p50, 1);
+        assert_eq!(r.kicks_per_wakeup.count, 6);
+    }
+
+    #[test]
+    fn delta_report() {
+        let mut s = QueueStats::default();
+        s.counters.requests = 10;
+        s.completed(Op::Read, Duration::from_micros(100));
+        let earlier = s.clone();
+        s.counters.requests = 25;
+        s.completed(Op::Read, Duration::from_micros(300));
+        s.completed(Op::Write, Duration::from_micros(50));
+        let d = s.report(1, Some(&earlier));
+        assert_eq!(d.index, 1);
+        assert_eq!(d.counters.requests, 15);
+        assert_eq!(d.latency_read_ns.count, 1);
+        assert!((d.latency_read_ns.p50 as f64 - 300_000.0).abs() < 300.0);
+        assert_eq!(d.latency_write_ns.count, 1);
+        s.reset();
+        assert_eq!(s.report(0, None).counters.requests, 0);
+    }
+
+    #[test]
+    fn inter_arrival() {
+        let mut s = QueueStats::default();
+        let t = Instant::now();
+        s.popped(t, 0);
+        s.popped(t + Duration::from_micros(10), 1);
+        s.popped(t + Duration::from_micros(30), 2);
+        let r = s.report(0, None);
+        assert_eq!(r.inter_arrival_ns.count, 2);
+        assert_eq!(r.inflight_at_pop.max, 2);
+    }
+
+    #[test]
+    fn own_thread_cpu() {
+        let tid = current_tid();
+        // Burn a little CPU so the numbers are real.
+        let mut x = 0u64;
+        for i in 0..20_000_000u64 {
+            x = x.wrapping_add(i * i);
+        }
+        assert!(x > 0);
+        let c = thread_cpu(tid).expect("our own thread's stat");
+        assert!(c.user_s + c.sys_s > 0.0);
+        let mut s = QueueStats::default();
+        s.set_worker(tid);
+        let base = s.baseline();
+        for i in 0..20_000_000u64 {
+            x = x.wrapping_add(i ^ x);
+        }
+        assert!(x != 1);
+        let d = s.report(0, Some(&base)).worker_cpu.unwrap();
+        let total = s.report(0, None).worker_cpu.unwrap();
+        assert!(d.user_s + d.sys_s <= total.user_s + total.sys_s + 1e-9);
+    }
+}
