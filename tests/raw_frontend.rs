@@ -1468,3 +1468,69 @@ fn disconnect_and_reconnect() {
     check(&mut c, 2);
     end(server, c);
 }
+
+/// Kicks are counted exactly, whatever the timing: this frontend kicks once
+/// per request in the first phase and once per 16 requests in the second,
+/// and the control socket must report exactly that.
+#[test]
+fn kicks_counted_exactly() {
+    if std::env::var("RAW_FRONTEND_BACKEND").as_deref() == Ok("qsd") {
+        return; // blklab's control socket only
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = dir.path().join("ctl.sock");
+    let ctl_arg = ctl.to_str().unwrap().to_string();
+    let server = Server::Blklab(common::Daemon::spawn(
+        &[
+            "--disk",
+            "mem",
+            "--size",
+            "64M",
+            "--num-queues",
+            "2",
+            "--queue-size",
+            "64",
+            "--control",
+            &ctl_arg,
+        ],
+        1,
+    ));
+    let mut c = server.connect();
+    let settle = || std::thread::sleep(Duration::from_millis(200));
+    let q0 = |doc: &serde_json::Value| doc["disks"][0]["queues"][0].clone();
+    settle();
+    blklab::control::query(&ctl, "snapshot start").unwrap();
+
+    // Phase 1: 20 requests, each published, kicked and waited for.
+    for i in 0..20u64 {
+        c.write_ok(0, 8 * i, &pattern(4096, i));
+    }
+    settle();
+    let a = q0(&blklab::control::query(&ctl, "snapshot one-per-kick").unwrap());
+    assert_eq!(a["counters"]["requests"], 20, "{a}");
+    assert_eq!(a["counters"]["kicks"], 20, "one kick per request: {a}");
+
+    // Phase 2: 3 rounds of 16 requests published, then a single kick.
+    for round in 0..3u64 {
+        let mut heads = Vec::new();
+        for i in 0..16u64 {
+            let sector = 1024 + 8 * (round * 16 + i);
+            let bytes = pattern(4096, sector);
+            let (segs, _, st) = c.blk_segs(VIRTIO_BLK_T_OUT, sector, &Data::Out(&bytes));
+            let head = c.write_chain(0, &segs);
+            c.publish(0, head);
+            heads.push((head, st));
+        }
+        c.kick(0);
+        for (head, st) in heads {
+            c.expect_used(0, head);
+            assert_eq!(c.byte(st), VIRTIO_BLK_S_OK);
+        }
+    }
+    settle();
+    let b = q0(&blklab::control::query(&ctl, "snapshot sixteen-per-kick").unwrap());
+    assert_eq!(b["counters"]["requests"], 48, "{b}");
+    assert_eq!(b["counters"]["kicks"], 3, "one kick per 16 requests: {b}");
+    assert_eq!(b["requests_per_kick"]["max"], 16, "{b}");
+    end(server, c);
+}
