@@ -5,14 +5,17 @@
 //! [`BlkBackend`] is created per vhost-user connection and shares the disk,
 //! so data survives reconnects while ring state starts fresh.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::io;
+use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use log::{debug, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::{VhostUserBackend, VringT};
+use vhost_user_backend::{VhostUserBackend, VringEpollHandler, VringT};
 use virtio_bindings::virtio_blk::VIRTIO_BLK_F_FLUSH;
 use virtio_queue::{QueueOwnedT, QueueT};
 use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
@@ -20,17 +23,21 @@ use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
+use vmm_sys_util::eventfd::EventFd;
 
 use crate::config_space;
-use crate::disk::DiskConfig;
+use crate::deadline::DeadlineTimer;
+use crate::disk::{DiskConfig, TagMode, TagScope};
 use crate::features::BlkFeature;
 use crate::kick_vring::KickCountingVring;
+use crate::latency::{LatOp, LatencySampler};
 use crate::request::{
     collect_segments, execute, Device, DropReason, Op, Outcome, Segment, STATUS_IOERR, STATUS_OK,
     STATUS_UNSUPP,
 };
 use crate::stats::{current_tid, QueueCounters, QueueStats};
 use crate::storage::{self, Storage, StorageError};
+use crate::tags::{PoolStats, QueueId, Tag, TagPool};
 
 type GM = GuestMemoryAtomic<GuestMemoryMmap>;
 
@@ -44,21 +51,88 @@ pub struct Disk {
     pub stats: Vec<Mutex<QueueStats>>,
     /// The guest-visible `writeback` config byte (CONFIG_WCE).
     writeback: AtomicBool,
+    /// Each queue's command-slot pool and its id in it (none without
+    /// `--tags`). Per-queue pools are private; a shared pool is the same
+    /// `Arc` for every queue of the disk (or of the host).
+    tag_slots: Vec<Option<(Arc<TagPool>, QueueId)>>,
+    /// Each queue's wake-up eventfd, written by its pool when slots free.
+    tag_wakers: Vec<Arc<EventFd>>,
 }
 
 impl Disk {
     /// Open the disk's storage (file disks without a size take the image's).
-    pub fn open(mut cfg: DiskConfig) -> Result<Disk, StorageError> {
+    pub fn open(cfg: DiskConfig) -> Result<Disk, StorageError> {
+        Self::open_with_host_pool(cfg, None)
+    }
+
+    /// As [`Disk::open`]; `host_pool` is the process-wide pool used when the
+    /// disk's tags are shared with host scope.
+    pub fn open_with_host_pool(
+        mut cfg: DiskConfig,
+        host_pool: Option<Arc<TagPool>>,
+    ) -> Result<Disk, StorageError> {
         let storage = storage::open(&mut cfg)?;
-        let stats = (0..cfg.num_queues)
-            .map(|_| Mutex::new(QueueStats::default()))
-            .collect();
+        let n = usize::from(cfg.num_queues);
+        let stats = (0..n).map(|_| Mutex::new(QueueStats::default())).collect();
+        let mut tag_wakers = Vec::with_capacity(n);
+        for _ in 0..n {
+            let efd = EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(|e| {
+                StorageError::Alloc {
+                    size: 0,
+                    msg: format!("cannot create a tag wake-up eventfd: {e}"),
+                }
+            })?;
+            tag_wakers.push(Arc::new(efd));
+        }
+        let p = cfg.tags;
+        let tag_slots = match p.mode {
+            TagMode::None => vec![None; n],
+            TagMode::PerQueue => tag_wakers
+                .iter()
+                .map(|w| {
+                    let pool = Arc::new(TagPool::new(p.depth, false));
+                    let id = pool.register(w.clone());
+                    Some((pool, id))
+                })
+                .collect(),
+            TagMode::Shared => {
+                let pool = match (p.scope, host_pool) {
+                    (TagScope::Host, Some(h)) => h,
+                    _ => Arc::new(TagPool::new(p.depth, p.fairness)),
+                };
+                tag_wakers
+                    .iter()
+                    .map(|w| Some((pool.clone(), pool.register(w.clone()))))
+                    .collect()
+            }
+        };
         Ok(Disk {
             cfg,
             storage,
             stats,
             writeback: AtomicBool::new(true),
+            tag_slots,
+            tag_wakers,
         })
+    }
+
+    /// The pools this disk's queues draw from (one entry per distinct pool).
+    pub fn tag_pool_stats(&self) -> Vec<PoolStats> {
+        let mut seen: Vec<*const TagPool> = Vec::new();
+        let mut out = Vec::new();
+        for (pool, _) in self.tag_slots.iter().flatten() {
+            let ptr = Arc::as_ptr(pool);
+            if !seen.contains(&ptr) {
+                seen.push(ptr);
+                out.push(pool.stats());
+            }
+        }
+        out
+    }
+
+    /// The eventfd that wakes queue `q` when a slot frees.
+    pub fn tag_waker(&self, q: usize) -> &Arc<EventFd> {
+        &self.tag_wakers[q]
     }
 
     /// Lock one queue's statistics.
@@ -72,6 +146,31 @@ impl Disk {
     }
 }
 
+/// A request in service: executed, waiting for its emulated completion time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pending {
+    deadline: Instant,
+    /// Pop order, to keep completions with equal deadlines in order.
+    seq: u64,
+    head: u16,
+    used_len: u32,
+    op: Op,
+    popped_at: Instant,
+    tag: Option<Tag>,
+}
+
+impl Ord for Pending {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.deadline, self.seq).cmp(&(other.deadline, other.seq))
+    }
+}
+
+impl PartialOrd for Pending {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
 /// State owned by one queue's worker thread.
 struct QueueState {
     index: usize,
@@ -82,6 +181,31 @@ struct QueueState {
     warned_drop: bool,
     /// Kernel thread id of the worker serving this queue.
     worker_tid: Option<i32>,
+    /// Requests in service, earliest deadline first.
+    pending: BinaryHeap<Reverse<Pending>>,
+    seq: u64,
+    /// Fires at the earliest pending deadline.
+    timer: DeadlineTimer,
+    /// Latency sequences per op kind (read, write, flush, other).
+    samplers: Vec<LatencySampler>,
+    /// Where this queue starts looking in its tag pool's bitmap.
+    tag_hint: u32,
+    /// Since when the queue has been waiting for a slot.
+    waiting_since: Option<Instant>,
+    /// The queue's vring, kept to complete requests from `stop_vring`.
+    vring: Option<KickCountingVring<GM>>,
+}
+
+/// What one pass over the avail ring did.
+struct DrainResult {
+    /// Chains put on the used ring (completed at once or dropped).
+    used: usize,
+    /// Chains popped.
+    popped: u64,
+    /// False when the avail ring is unusable.
+    ring_ok: bool,
+    /// Stopped because no command slot was free.
+    tag_blocked: bool,
 }
 
 /// One connection's device.
@@ -95,33 +219,82 @@ pub struct BlkBackend {
 }
 
 impl BlkBackend {
-    pub fn new(disk: Arc<Disk>) -> BlkBackend {
+    pub fn new(disk: Arc<Disk>) -> io::Result<BlkBackend> {
         let n = usize::from(disk.cfg.num_queues);
-        let queues = (0..n)
-            .map(|index| {
-                Mutex::new(QueueState {
-                    index,
-                    mem: None,
-                    segs: Vec::with_capacity(usize::from(disk.cfg.queue_size)),
-                    warned_ring: false,
-                    warned_drop: false,
-                    worker_tid: None,
-                })
-            })
-            .collect();
+        let mut queues = Vec::with_capacity(n);
+        for index in 0..n {
+            let samplers = LatOp::ALL
+                .iter()
+                .map(|op| disk.cfg.latency.sampler(*op, disk.cfg.seed, index as u64))
+                .collect();
+            let tag_hint = disk.tag_slots[index]
+                .as_ref()
+                .map_or(0, |(p, id)| p.initial_hint(*id));
+            queues.push(Mutex::new(QueueState {
+                index,
+                mem: None,
+                segs: Vec::with_capacity(usize::from(disk.cfg.queue_size)),
+                warned_ring: false,
+                warned_drop: false,
+                worker_tid: None,
+                pending: BinaryHeap::new(),
+                seq: 0,
+                timer: DeadlineTimer::new()?,
+                samplers,
+                tag_hint,
+                waiting_since: None,
+                vring: None,
+            }));
+        }
         let thread_queues = disk
             .cfg
             .queues_per_thread
             .iter()
             .map(|mask| (0..n).filter(|q| mask & (1u64 << q) != 0).collect())
             .collect();
-        BlkBackend {
+        Ok(BlkBackend {
             disk,
             queues,
             thread_queues,
             acked_features: AtomicU64::new(0),
             event_idx: AtomicBool::new(false),
+        })
+    }
+
+    /// Event ids (as passed to `handle_event`) of queue `q`'s completion
+    /// timer and tag wake-up, above the ids vhost-user-backend reserves
+    /// (0..=num_queues).
+    fn timer_event(&self, q: usize) -> u16 {
+        (self.queues.len() + 1 + q) as u16
+    }
+
+    fn tag_event(&self, q: usize) -> u16 {
+        (2 * self.queues.len() + 1 + q) as u16
+    }
+
+    /// Register each queue's completion timer and tag wake-up with the
+    /// epoll loop of the worker thread serving the queue.
+    pub fn register_events(
+        &self,
+        handlers: &[Arc<VringEpollHandler<Arc<BlkBackend>>>],
+    ) -> io::Result<()> {
+        for (thread, queues) in self.thread_queues.iter().enumerate() {
+            let Some(h) = handlers.get(thread) else {
+                continue;
+            };
+            for &q in queues {
+                let timer_fd = self.lock_queue(q).timer.as_raw_fd();
+                h.register_listener(timer_fd, EventSet::IN, u64::from(self.timer_event(q)))?;
+                if self.disk.tag_slots[q].is_some() {
+                    h.register_listener(
+                        self.disk.tag_wakers[q].as_raw_fd(),
+                        EventSet::IN,
+                        u64::from(self.tag_event(q)),
+                    )?;
+                }
+            }
         }
+        Ok(())
     }
 
     pub fn disk(&self) -> &Arc<Disk> {
@@ -139,11 +312,17 @@ impl BlkBackend {
         flush && self.disk.writeback.load(Ordering::Relaxed)
     }
 
-    /// Serve everything the guest made available on one vring.
-    fn process_vring(&self, q: &mut QueueState, vring: &KickCountingVring<GM>) {
+    /// Serve one queue: complete requests whose time has come, pop and
+    /// execute what the guest made available (as far as command slots
+    /// allow), notify the guest, and re-arm the completion timer. `kicks`
+    /// are the guest kicks that woke us (0 for timer and slot wake-ups).
+    fn serve_queue(&self, q: &mut QueueState, vring: &KickCountingVring<GM>, woken_by_kick: bool) {
         let Some(atomic) = q.mem.clone() else {
             return;
         };
+        if q.vring.is_none() {
+            q.vring = Some(vring.clone());
+        }
         let mem = atomic.memory();
         let mut st = self.disk.queue_stats(q.index);
         let tid = *q.worker_tid.get_or_insert_with(current_tid);
@@ -165,9 +344,10 @@ impl BlkBackend {
                 self.ring_error(q, &mut st, "cannot write the used ring's avail_event");
                 break;
             }
-            let (done, ring_ok) = self.drain(q, &mut st, &mut vs, &mem);
-            popped += done as u64;
-            if done > 0 {
+            let completed = self.complete_due(q, &mut st, &mut vs, &mem, Instant::now());
+            let d = self.drain(q, &mut st, &mut vs, &mem);
+            popped += d.popped;
+            if completed + d.used > 0 {
                 match vs.get_queue_mut().needs_notification(&*mem) {
                     Ok(true) => {
                         if let Err(e) = vs.signal_used_queue() {
@@ -181,9 +361,10 @@ impl BlkBackend {
                     }
                 }
             }
-            // A broken ring stays broken until the driver resets it: do not
-            // spin on it.
-            if !event_idx || !ring_ok {
+            // A broken ring stays broken until the driver resets it, and a
+            // queue without a free slot waits for its pool's wake-up: do
+            // not spin on either.
+            if !event_idx || !d.ring_ok || d.tag_blocked {
                 break;
             }
             // Re-enable notifications, then look again: the guest may have
@@ -197,35 +378,132 @@ impl BlkBackend {
                 }
             }
         }
-        st.wakeup(kicks, popped);
+        if woken_by_kick || kicks > 0 {
+            st.wakeup(kicks, popped);
+        }
+        let next = q.pending.peek().map(|Reverse(p)| p.deadline);
+        if let Err(e) = q.timer.set(next) {
+            warn!("queue {}: cannot arm the completion timer: {e}", q.index);
+        }
     }
 
-    /// Pop, execute and complete every available chain. Returns how many
-    /// chains were put on the used ring, and false if the avail ring is
-    /// unusable.
+    /// Complete every pending request whose deadline is at or before `now`.
+    fn complete_due(
+        &self,
+        q: &mut QueueState,
+        st: &mut QueueStats,
+        vs: &mut vhost_user_backend::VringState<GM>,
+        mem: &GuestMemoryMmap,
+        now: Instant,
+    ) -> usize {
+        let mut n = 0;
+        while let Some(Reverse(p)) = q.pending.peek().copied() {
+            if p.deadline > now {
+                break;
+            }
+            q.pending.pop();
+            self.finish(q, st, vs, mem, p);
+            n += 1;
+        }
+        n
+    }
+
+    /// Put a request on the used ring and give its slot back.
+    fn finish(
+        &self,
+        q: &mut QueueState,
+        st: &mut QueueStats,
+        vs: &mut vhost_user_backend::VringState<GM>,
+        mem: &GuestMemoryMmap,
+        p: Pending,
+    ) {
+        if vs
+            .get_queue_mut()
+            .add_used(mem, p.head, p.used_len)
+            .is_err()
+        {
+            self.ring_error(
+                q,
+                st,
+                &format!("cannot put head {} on the used ring", p.head),
+            );
+        }
+        if let (Some(tag), Some((pool, id))) = (p.tag, &self.disk.tag_slots[q.index]) {
+            pool.put(*id, tag);
+        }
+        st.completed(p.op, p.popped_at.elapsed());
+    }
+
+    /// Pop and execute every available chain, as far as command slots
+    /// allow. Requests without emulated latency complete at once; the
+    /// others wait in the queue's deadline heap.
     fn drain(
         &self,
         q: &mut QueueState,
         st: &mut QueueStats,
         vs: &mut vhost_user_backend::VringState<GM>,
         mem: &GuestMemoryMmap,
-    ) -> (usize, bool) {
-        let mut done = 0;
+    ) -> DrainResult {
+        let mut r = DrainResult {
+            used: 0,
+            popped: 0,
+            ring_ok: true,
+            tag_blocked: false,
+        };
+        let slots = self.disk.tag_slots[q.index].clone();
         loop {
+            // Anything to pop? (Read the index only: the slot comes first.)
+            let queue = vs.get_queue_mut();
+            match queue.avail_idx(mem, std::sync::atomic::Ordering::Acquire) {
+                Ok(idx) if idx.0 == queue.next_avail() => return r,
+                Ok(_) => {}
+                Err(e) => {
+                    self.ring_error(q, st, &format!("avail ring unreadable: {e}"));
+                    r.ring_ok = false;
+                    return r;
+                }
+            }
+            let tag = match &slots {
+                None => None,
+                Some((pool, id)) => match pool.try_get(*id, &mut q.tag_hint) {
+                    Some(t) => {
+                        if let Some(since) = q.waiting_since.take() {
+                            st.tag_waited(since.elapsed());
+                        }
+                        Some(t)
+                    }
+                    None => {
+                        if q.waiting_since.is_none() {
+                            q.waiting_since = Some(Instant::now());
+                            st.counters.tag_waits += 1;
+                        }
+                        r.tag_blocked = true;
+                        return r;
+                    }
+                },
+            };
+            let give_back = |tag: Option<Tag>| {
+                if let (Some(t), Some((pool, id))) = (tag, &slots) {
+                    pool.put(*id, t);
+                }
+            };
             let chain = match vs.get_queue_mut().iter(mem) {
                 Ok(mut it) => it.next(),
                 Err(e) => {
+                    give_back(tag);
                     self.ring_error(q, st, &format!("avail ring unusable: {e}"));
-                    return (done, false);
+                    r.ring_ok = false;
+                    return r;
                 }
             };
             let Some(chain) = chain else {
-                return (done, true);
+                give_back(tag);
+                return r;
             };
             let head = chain.head_index();
             let popped_at = Instant::now();
-            // Requests are served one at a time: none other is in service.
-            st.popped(popped_at, 0);
+            st.popped(popped_at, q.pending.len() as u64);
+            r.popped += 1;
             let outcome = match collect_segments(chain, &mut q.segs) {
                 Ok(()) => {
                     let dev = Device {
@@ -239,14 +517,33 @@ impl BlkBackend {
                 Err(reason) => Outcome::Dropped(reason),
             };
             let used_len = self.account(q, st, outcome);
-            if vs.get_queue_mut().add_used(mem, head, used_len).is_err() {
-                self.ring_error(q, st, &format!("cannot put head {head} on the used ring"));
+            let Outcome::Completed { op, .. } = outcome else {
+                // Malformed: returned at once, no emulated service time.
+                give_back(tag);
+                if vs.get_queue_mut().add_used(mem, head, 0).is_err() {
+                    self.ring_error(q, st, &format!("cannot put head {head} on the used ring"));
+                } else {
+                    r.used += 1;
+                }
                 continue;
+            };
+            let delay = q.samplers[lat_op(op).index()].sample();
+            let p = Pending {
+                deadline: popped_at + delay,
+                seq: q.seq,
+                head,
+                used_len,
+                op,
+                popped_at,
+                tag,
+            };
+            q.seq += 1;
+            if delay.is_zero() {
+                self.finish(q, st, vs, mem, p);
+                r.used += 1;
+            } else {
+                q.pending.push(Reverse(p));
             }
-            if let Outcome::Completed { op, .. } = outcome {
-                st.completed(op, popped_at.elapsed());
-            }
-            done += 1;
         }
     }
 
@@ -324,6 +621,34 @@ impl BlkBackend {
                 c.kicks, c.wakeups, c.notifications
             );
         }
+    }
+}
+
+impl Drop for BlkBackend {
+    /// A frontend that went away without stopping its rings leaves requests
+    /// in service: give their command slots back so a shared pool does not
+    /// shrink.
+    fn drop(&mut self) {
+        for (qi, q) in self.queues.iter_mut().enumerate() {
+            let q = q.get_mut().unwrap_or_else(|p| p.into_inner());
+            if let Some((pool, id)) = &self.disk.tag_slots[qi] {
+                for Reverse(p) in q.pending.drain() {
+                    if let Some(t) = p.tag {
+                        pool.put(*id, t);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The latency class of a request kind.
+fn lat_op(op: Op) -> LatOp {
+    match op {
+        Op::Read => LatOp::Read,
+        Op::Write => LatOp::Write,
+        Op::Flush => LatOp::Flush,
+        _ => LatOp::Other,
     }
 }
 
@@ -427,10 +752,35 @@ impl VhostUserBackend for BlkBackend {
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
         // The vring is already unregistered from its worker; taking the
-        // queue's lock waits for any request still being served.
-        if (queue_index as usize) < self.queues.len() {
-            drop(self.lock_queue(queue_index as usize));
+        // queue's lock waits for a pass in progress. Requests still in
+        // service complete (at their deadlines) before GET_VRING_BASE is
+        // answered, so the guest gets every buffer back.
+        let qi = queue_index as usize;
+        if qi >= self.queues.len() {
+            return Ok(());
         }
+        let mut q = self.lock_queue(qi);
+        if q.pending.is_empty() {
+            return Ok(());
+        }
+        let (Some(vring), Some(atomic)) = (q.vring.clone(), q.mem.clone()) else {
+            return Ok(());
+        };
+        if let Some(Reverse(last)) = q.pending.iter().max() {
+            let wait = last.deadline.saturating_duration_since(Instant::now());
+            // The control thread may wait; bound it so a stalled request
+            // cannot hold the frontend forever.
+            std::thread::sleep(wait.min(std::time::Duration::from_secs(60)));
+        }
+        let mem = atomic.memory();
+        let mut st = self.disk.queue_stats(qi);
+        let mut vs = vring.get_mut();
+        while let Some(Reverse(p)) = q.pending.pop() {
+            self.finish(&mut q, &mut st, &mut vs, &mem, p);
+        }
+        let _ = vs.signal_used_queue();
+        drop(vs);
+        let _ = q.timer.set(None);
         Ok(())
     }
 
@@ -444,17 +794,46 @@ impl VhostUserBackend for BlkBackend {
         if !evset.contains(EventSet::IN) {
             return Ok(());
         }
-        let local = usize::from(device_event);
-        let (Some(&qi), Some(vring)) = (
-            self.thread_queues.get(thread_id).and_then(|v| v.get(local)),
-            vrings.get(local),
-        ) else {
-            // Not a queue event: nothing of ours is registered besides the
-            // kicks. Returning an error would stop the worker thread.
+        let n = self.queues.len();
+        let ev = usize::from(device_event);
+        let Some(mine) = self.thread_queues.get(thread_id) else {
+            return Ok(());
+        };
+        // Which queue, and why: a kick (thread-local vring index), its
+        // completion timer, or a free command slot.
+        let (qi, by_kick) = if ev < vrings.len() {
+            match mine.get(ev) {
+                Some(&qi) => (qi, true),
+                None => return Ok(()),
+            }
+        } else if (n + 1..2 * n + 1).contains(&ev) {
+            (ev - n - 1, false)
+        } else if (2 * n + 1..3 * n + 1).contains(&ev) {
+            let qi = ev - 2 * n - 1;
+            // Clear the wake-up; a pool writes it again on the next free.
+            let _ = self.disk.tag_wakers[qi].read();
+            (qi, false)
+        } else {
+            // Nothing else of ours is registered. Returning an error would
+            // stop the worker thread.
+            return Ok(());
+        };
+        let Some(local) = mine.iter().position(|&x| x == qi) else {
+            return Ok(());
+        };
+        let Some(vring) = vrings.get(local) else {
             return Ok(());
         };
         let mut q = self.lock_queue(qi);
-        self.process_vring(&mut q, vring);
+        if !by_kick {
+            q.timer.acknowledge();
+            // Serve only a started ring: a stopped one (GET_VRING_BASE
+            // answered) must not be touched.
+            if !vring.get_ref().get_queue().ready() {
+                return Ok(());
+            }
+        }
+        self.serve_queue(&mut q, vring, by_kick);
         Ok(())
     }
 }
@@ -468,7 +847,7 @@ mod tests {
         let mut a = vec!["--socket", "/tmp/b.sock", "--disk", "null", "--size", "1G"];
         a.extend_from_slice(extra);
         let cfg = DiskArgs::parse_for_test(&a).to_configs().unwrap().remove(0);
-        BlkBackend::new(Arc::new(Disk::open(cfg).unwrap()))
+        BlkBackend::new(Arc::new(Disk::open(cfg).unwrap())).unwrap()
     }
 
     #[test]

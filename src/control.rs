@@ -38,6 +38,7 @@ pub fn report(disks: &[Arc<Disk>], base: Option<&[Vec<QueueStats>]>) -> StatsDoc
                     st.report(q, base.and_then(|b| b.get(d)).and_then(|v| v.get(q)))
                 })
                 .collect(),
+            tag_pools: disk.tag_pool_stats(),
         })
         .collect();
     StatsDocument::new(reports)

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::features::{BlkFeature, FeatureSet};
+use crate::latency::{LatencySpec, OpLatency};
 use crate::size::{format_size, parse_size, SizeError};
 
 /// Most queues one disk may have: vhost-user-backend maps queues to worker
@@ -59,6 +60,52 @@ pub enum ConfigError {
     File { path: PathBuf, msg: String },
     #[error("two disks use the same socket {0}")]
     DuplicateSocket(PathBuf),
+    #[error("invalid --tags {0:?}: expected none, per-queue or shared")]
+    Tags(String),
+    #[error("--tags {0} needs --depth N (1..={max})", max = crate::tags::MAX_DEPTH)]
+    NoDepth(String),
+    #[error("--depth must be 1..={max}, got {0}", max = crate::tags::MAX_DEPTH)]
+    Depth(u32),
+    #[error("--depth is only meaningful with --tags per-queue or shared")]
+    DepthWithoutTags,
+    #[error("invalid --tag-scope {0:?}: expected disk or host")]
+    TagScope(String),
+    #[error("invalid --tag-fairness {0:?}: expected on or off")]
+    TagFairness(String),
+    #[error("invalid --{flag}: {source}")]
+    Latency {
+        flag: &'static str,
+        source: crate::latency::LatencyParseError,
+    },
+}
+
+/// How a disk's command slots are limited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TagMode {
+    /// Only the virtqueue size limits requests in service.
+    None,
+    /// Each virtqueue has its own `depth` slots.
+    PerQueue,
+    /// One pool of `depth` slots for all virtqueues (of the disk or host).
+    Shared,
+}
+
+/// What a shared pool spans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TagScope {
+    Disk,
+    Host,
+}
+
+/// The tag (command slot) model of a disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TagPolicy {
+    pub mode: TagMode,
+    pub depth: u32,
+    pub scope: TagScope,
+    pub fairness: bool,
 }
 
 /// What backs the disk's contents.
@@ -108,7 +155,7 @@ impl FromStr for StorageSpec {
 
 /// One disk's options as typed on the command line or written in a config
 /// file's `[[disk]]` table (same names, with `-` or `_`).
-#[derive(Debug, Clone, Default, Args, Deserialize)]
+#[derive(Debug, Clone, Args, Deserialize)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct DiskArgs {
     /// vhost-user socket path to listen on (with --count N: PATH-0 … PATH-(N-1)).
@@ -165,6 +212,44 @@ pub struct DiskArgs {
     #[arg(long, value_name = "BYTES", default_value_t = 1 << 20)]
     #[serde(alias = "size_max")]
     pub size_max: u32,
+    /// Device command slots: none (only the virtqueue size limits), per-queue
+    /// (each virtqueue at most --depth requests in service) or shared (one
+    /// pool of --depth slots for all virtqueues, see --tag-scope).
+    #[arg(long, value_name = "none|per-queue|shared", default_value = "none")]
+    pub tags: String,
+    /// Slots per queue (per-queue) or in the pool (shared).
+    #[arg(long, value_name = "N")]
+    pub depth: Option<u32>,
+    /// What a shared pool spans: this disk, or every disk of the process with
+    /// --tag-scope host (an HBA's can_queue shared by its LUNs).
+    #[arg(long, value_name = "disk|host", default_value = "disk")]
+    #[serde(alias = "tag_scope")]
+    pub tag_scope: String,
+    /// Limit an active queue to ceil(depth / active queues) slots of a
+    /// shared pool, like blk-mq's hctx_may_queue.
+    #[arg(long, value_name = "on|off", default_value = "off")]
+    #[serde(alias = "tag_fairness")]
+    pub tag_fairness: String,
+    /// Emulated completion latency of every request: 0, 100us, 1ms,
+    /// uniform:50us..150us, normal:100us,15us, lognormal:100us,0.5.
+    #[arg(long, value_name = "SPEC")]
+    pub latency: Option<String>,
+    /// Latency of reads (overrides --latency).
+    #[arg(long, value_name = "SPEC")]
+    #[serde(alias = "read_latency")]
+    pub read_latency: Option<String>,
+    /// Latency of writes (overrides --latency).
+    #[arg(long, value_name = "SPEC")]
+    #[serde(alias = "write_latency")]
+    pub write_latency: Option<String>,
+    /// Latency of flushes (overrides --latency).
+    #[arg(long, value_name = "SPEC")]
+    #[serde(alias = "flush_latency")]
+    pub flush_latency: Option<String>,
+    /// Seed of the latency sequences (each queue and op draws its own
+    /// reproducible stream).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub seed: u64,
 }
 
 impl DiskArgs {
@@ -233,6 +318,8 @@ impl DiskArgs {
         }
         features = features.with(BlkFeature::Ro, self.read_only);
         let queues_per_thread = parse_thread_masks(&self.queues_per_thread, self.num_queues)?;
+        let tags = self.tag_policy()?;
+        let latency = self.op_latency()?;
         let socket_mode = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
             .ok()
             .filter(|m| *m <= 0o777)
@@ -274,9 +361,66 @@ impl DiskArgs {
                 max_discard_seg: 32,
                 max_write_zeroes_sectors: 32768,
                 max_write_zeroes_seg: 32,
+                tags,
+                latency,
+                seed: self.seed,
             });
         }
         Ok(out)
+    }
+}
+
+impl DiskArgs {
+    fn tag_policy(&self) -> Result<TagPolicy, ConfigError> {
+        let mode = match self.tags.as_str() {
+            "none" => TagMode::None,
+            "per-queue" | "per_queue" => TagMode::PerQueue,
+            "shared" => TagMode::Shared,
+            other => return Err(ConfigError::Tags(other.to_string())),
+        };
+        let scope = match self.tag_scope.as_str() {
+            "disk" => TagScope::Disk,
+            "host" => TagScope::Host,
+            other => return Err(ConfigError::TagScope(other.to_string())),
+        };
+        let fairness = match self.tag_fairness.as_str() {
+            "on" | "true" | "1" => true,
+            "off" | "false" | "0" => false,
+            other => return Err(ConfigError::TagFairness(other.to_string())),
+        };
+        let depth = match (mode, self.depth) {
+            (TagMode::None, None) => 0,
+            (TagMode::None, Some(_)) => return Err(ConfigError::DepthWithoutTags),
+            (_, None) => return Err(ConfigError::NoDepth(self.tags.clone())),
+            (_, Some(d)) if d == 0 || d > crate::tags::MAX_DEPTH => {
+                return Err(ConfigError::Depth(d))
+            }
+            (_, Some(d)) => d,
+        };
+        Ok(TagPolicy {
+            mode,
+            depth,
+            scope,
+            fairness,
+        })
+    }
+
+    fn op_latency(&self) -> Result<OpLatency, ConfigError> {
+        let parse =
+            |flag: &'static str, v: &Option<String>| -> Result<Option<LatencySpec>, ConfigError> {
+                v.as_deref()
+                    .map(|t| {
+                        t.parse::<LatencySpec>()
+                            .map_err(|source| ConfigError::Latency { flag, source })
+                    })
+                    .transpose()
+            };
+        Ok(OpLatency::from_flags(
+            parse("latency", &self.latency)?,
+            parse("read-latency", &self.read_latency)?,
+            parse("write-latency", &self.write_latency)?,
+            parse("flush-latency", &self.flush_latency)?,
+        ))
     }
 }
 
@@ -360,7 +504,7 @@ pub fn parse_thread_masks(masks: &[String], num_queues: u16) -> Result<Vec<u64>,
 }
 
 /// The validated configuration of one served disk.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DiskConfig {
     pub socket: PathBuf,
     pub storage: StorageSpec,
@@ -380,6 +524,9 @@ pub struct DiskConfig {
     pub max_discard_seg: u32,
     pub max_write_zeroes_sectors: u32,
     pub max_write_zeroes_seg: u32,
+    pub tags: TagPolicy,
+    pub latency: OpLatency,
+    pub seed: u64,
 }
 
 impl DiskConfig {
@@ -402,6 +549,14 @@ impl DiskConfig {
             if self.read_only { " read-only" } else { "" },
             self.features.names().join(",")
         )
+    }
+}
+
+impl Default for DiskArgs {
+    /// The command line's defaults, so config-file tables need only name
+    /// what differs.
+    fn default() -> Self {
+        DiskArgs::with_cli_defaults()
     }
 }
 
@@ -432,32 +587,11 @@ pub fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
     if file.disk.is_empty() {
         return Err(err("no [[disk]] tables".into()));
     }
-    let defaults = DiskArgs::with_cli_defaults();
     let mut out = Vec::new();
     for (i, table) in file.disk.into_iter().enumerate() {
+        // Keys missing from the table take the command line's defaults
+        // (`Default for DiskArgs`).
         let mut merged = toml::Table::new();
-        // Start from the CLI defaults so a table need only name what differs.
-        merged.insert(
-            "num-queues".into(),
-            toml::Value::Integer(defaults.num_queues.into()),
-        );
-        merged.insert(
-            "queue-size".into(),
-            toml::Value::Integer(defaults.queue_size.into()),
-        );
-        merged.insert("count".into(), toml::Value::Integer(defaults.count.into()));
-        merged.insert(
-            "block-size".into(),
-            toml::Value::Integer(defaults.block_size.into()),
-        );
-        merged.insert(
-            "socket-mode".into(),
-            toml::Value::String(defaults.socket_mode.clone()),
-        );
-        merged.insert(
-            "size-max".into(),
-            toml::Value::Integer(defaults.size_max.into()),
-        );
         for (k, v) in table {
             merged.insert(k.replace('_', "-"), v);
         }
@@ -589,6 +723,64 @@ mod tests {
         assert!(!c.features.has(BlkFeature::IndirectDesc));
         assert!(c.features.has(BlkFeature::Ro));
         assert!(c.features.has(BlkFeature::Flush));
+    }
+
+    #[test]
+    fn tags_and_latency_options() {
+        let c = base(&[
+            "--tags",
+            "shared",
+            "--depth",
+            "128",
+            "--tag-scope",
+            "host",
+            "--tag-fairness",
+            "on",
+        ])
+        .to_configs()
+        .unwrap()
+        .remove(0);
+        assert_eq!(
+            c.tags,
+            TagPolicy {
+                mode: TagMode::Shared,
+                depth: 128,
+                scope: TagScope::Host,
+                fairness: true
+            }
+        );
+        assert_eq!(base(&[]).to_configs().unwrap()[0].tags.mode, TagMode::None);
+        assert!(matches!(
+            base(&["--tags", "shared"]).to_configs(),
+            Err(ConfigError::NoDepth(_))
+        ));
+        assert!(matches!(
+            base(&["--tags", "per-queue", "--depth", "0"]).to_configs(),
+            Err(ConfigError::Depth(0))
+        ));
+        assert!(matches!(
+            base(&["--depth", "4"]).to_configs(),
+            Err(ConfigError::DepthWithoutTags)
+        ));
+        assert!(matches!(
+            base(&["--tags", "lots"]).to_configs(),
+            Err(ConfigError::Tags(_))
+        ));
+        assert!(matches!(
+            base(&["--tags", "shared", "--depth", "4", "--tag-scope", "rack"]).to_configs(),
+            Err(ConfigError::TagScope(_))
+        ));
+        let l = base(&["--latency", "1ms", "--write-latency", "uniform:50us..150us"])
+            .to_configs()
+            .unwrap()
+            .remove(0);
+        assert_eq!(l.latency.read.to_string(), "1ms");
+        assert_eq!(l.latency.write.to_string(), "uniform:50us..150us");
+        let e = base(&["--latency", "fast"])
+            .to_configs()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--latency"), "{e}");
     }
 
     #[test]

@@ -11,17 +11,21 @@
 //! - [`kick_vring`]: a vring that counts guest kicks exactly;
 //! - [`disk`]: a disk's full configuration (CLI or config file);
 //! - [`server`]: sockets, reconnects, signals, several disks per process;
-//! - [`qemu_args`]: the QEMU options that match a served disk.
+//! - [`qemu_args`]: the QEMU options that match a served disk;
+//! - [`metrics`]: Prometheus text exposition and a loopback HTTP endpoint.
 
 pub mod backend;
 pub mod cli;
 pub mod config_space;
 pub mod control;
+pub mod deadline;
 pub mod disk;
+pub mod faults;
 pub mod features;
 pub mod histogram;
 pub mod kick_vring;
 pub mod latency;
+pub mod metrics;
 pub mod qemu_args;
 pub mod request;
 pub mod server;

@@ -19,8 +19,9 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::backend::{BlkBackend, Disk};
-use crate::disk::DiskConfig;
+use crate::disk::{DiskConfig, TagMode, TagScope};
 use crate::storage::StorageError;
+use crate::tags::TagPool;
 
 #[derive(Debug, Error)]
 pub enum ServeError {
@@ -110,9 +111,16 @@ impl Server {
         configs: Vec<DiskConfig>,
         control: Option<&Path>,
     ) -> Result<Server, ServeError> {
+        // One pool for every disk whose shared tags have host scope (an
+        // HBA's can_queue shared by its LUNs); the first such disk sets
+        // its depth and fairness.
+        let host_pool = configs
+            .iter()
+            .find(|c| c.tags.mode == TagMode::Shared && c.tags.scope == TagScope::Host)
+            .map(|c| Arc::new(TagPool::new(c.tags.depth, c.tags.fairness)));
         let mut disks = Vec::new();
         for cfg in configs {
-            disks.push(Arc::new(Disk::open(cfg)?));
+            disks.push(Arc::new(Disk::open_with_host_pool(cfg, host_pool.clone())?));
         }
         let control_listener = match control {
             Some(p) => Some((p.to_path_buf(), bind_socket(p, 0o600)?)),
@@ -255,7 +263,14 @@ fn serve_disk(
                 break;
             }
         }
-        let backend = Arc::new(BlkBackend::new(disk.clone()));
+        let backend = match BlkBackend::new(disk.clone()) {
+            Ok(b) => Arc::new(b),
+            Err(e) => {
+                error!("{path}: cannot create the device: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                continue;
+            }
+        };
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
         let mut daemon = match VhostUserDaemon::new(
             format!("blklab-conn-{connections}"),
@@ -269,6 +284,11 @@ fn serve_disk(
                 continue;
             }
         };
+        if let Err(e) = backend.register_events(&daemon.get_epoll_handlers()) {
+            error!("{path}: cannot register completion timers: {e}");
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            continue;
+        }
         if let Err(e) = daemon.start(&mut listener) {
             if !shutdown.load(Ordering::SeqCst) {
                 warn!("{path}: accepting a connection failed: {e}");

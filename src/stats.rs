@@ -44,6 +44,8 @@ pub struct QueueCounters {
     /// Completion batches whose notification EVENT_IDX (or NO_INTERRUPT)
     /// let us skip.
     pub notifications_suppressed: u64,
+    /// Times the queue found no free command slot and stopped popping.
+    pub tag_waits: u64,
 }
 
 impl QueueCounters {
@@ -68,6 +70,7 @@ impl QueueCounters {
             empty_wakeups: self.empty_wakeups - e.empty_wakeups,
             notifications: self.notifications - e.notifications,
             notifications_suppressed: self.notifications_suppressed - e.notifications_suppressed,
+            tag_waits: self.tag_waits - e.tag_waits,
         }
     }
 }
@@ -90,6 +93,8 @@ pub struct QueueStats {
     pub inter_arrival: Hist,
     /// Requests in service when a request is popped.
     pub inflight_at_pop: Hist,
+    /// How long the queue waited for a command slot, ns.
+    pub tag_wait: Hist,
     /// Kernel thread id of the worker serving this queue (for its CPU time).
     pub worker_tid: Option<i32>,
     /// The worker's CPU time when these statistics started (reset or
@@ -110,6 +115,7 @@ impl Default for QueueStats {
             latency_other: Hist::new_latency(),
             inter_arrival: Hist::new_latency(),
             inflight_at_pop: Hist::new_count(COUNT_MAX),
+            tag_wait: Hist::new_latency(),
             worker_tid: None,
             cpu_baseline: None,
             last_pop: None,
@@ -136,6 +142,11 @@ impl QueueStats {
             Op::Write => self.latency_write.record(ns),
             _ => self.latency_other.record(ns),
         }
+    }
+
+    /// The queue got a slot after waiting `waited`.
+    pub fn tag_waited(&mut self, waited: Duration) {
+        self.tag_wait.record(waited.as_nanos() as u64);
     }
 
     /// A wake-up that found `requests` requests after `kicks` kicks.
@@ -205,6 +216,7 @@ impl QueueStats {
             latency_other_ns: h(&self.latency_other, earlier.map(|e| &e.latency_other)),
             inter_arrival_ns: h(&self.inter_arrival, earlier.map(|e| &e.inter_arrival)),
             inflight_at_pop: h(&self.inflight_at_pop, earlier.map(|e| &e.inflight_at_pop)),
+            tag_wait_ns: h(&self.tag_wait, earlier.map(|e| &e.tag_wait)),
             worker_cpu: self.worker_cpu_since(earlier),
         }
     }
@@ -271,6 +283,7 @@ pub struct QueueReport {
     pub latency_other_ns: HistSummary,
     pub inter_arrival_ns: HistSummary,
     pub inflight_at_pop: HistSummary,
+    pub tag_wait_ns: HistSummary,
     pub worker_cpu: Option<ThreadCpu>,
 }
 
@@ -279,6 +292,8 @@ pub struct QueueReport {
 pub struct DiskReport {
     pub config: DiskConfig,
     pub queues: Vec<QueueReport>,
+    /// The command-slot pools the disk's queues draw from (cumulative).
+    pub tag_pools: Vec<crate::tags::PoolStats>,
 }
 
 /// A complete stats document: what, when, from which build.

@@ -579,3 +579,358 @@ fn debian_6_12_null_disk_fails_verify() {
     }
     eprintln!("[qemu_e2e] null disk: fio error {error} (verify failed as expected), {writes} writes; daemon {:?}", out.daemon_status);
 }
+
+/// The counters every queue of disk 0 reports in a stats document (control
+/// socket answer or `--stats-out` file), as name -> value per queue.
+fn queue_counters(doc: &serde_json::Value) -> Vec<std::collections::BTreeMap<String, u64>> {
+    let disks = doc["disks"]
+        .as_array()
+        .unwrap_or_else(|| panic!("stats document has no disks: {doc}"));
+    assert_eq!(disks.len(), 1, "expected one disk in {doc}");
+    disks[0]["queues"]
+        .as_array()
+        .unwrap_or_else(|| panic!("stats document has no queues: {doc}"))
+        .iter()
+        .map(|q| {
+            q["counters"]
+                .as_object()
+                .unwrap_or_else(|| panic!("queue without counters: {q}"))
+                .iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
+                .collect()
+        })
+        .collect()
+}
+
+/// Sum of counter `name` over all queues.
+fn total(queues: &[std::collections::BTreeMap<String, u64>], name: &str) -> u64 {
+    queues
+        .iter()
+        .map(|q| {
+            *q.get(name)
+                .unwrap_or_else(|| panic!("no counter {name:?} in {q:?}"))
+        })
+        .sum()
+}
+
+/// The fields of a `PREFIX f1 f2 ...` console line (/sys/block/vda/stat).
+fn stat_line(console: &str, prefix: &str) -> Vec<u64> {
+    let line = console
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix))
+        .unwrap_or_else(|| fail_with_console(&format!("no `{prefix}` line"), console));
+    line.split_whitespace()
+        .map(|w| {
+            w.parse()
+                .unwrap_or_else(|_| fail_with_console(&format!("bad stat field {w:?}"), console))
+        })
+        .collect()
+}
+
+/// Reads the firmware (SeaBIOS) does on a virtio disk before Linux runs: one
+/// 512-byte read of sector 0 on queue 0, within the first quarter second of
+/// QEMU's start, seconds before the guest's /init (observed with the control
+/// socket while booting). Linux never sees it, so /sys/block/vda/stat lacks it.
+const FIRMWARE_READS: u64 = 1;
+const FIRMWARE_READ_BYTES: u64 = 512;
+
+/// Exact accounting: a guest fio run's IOs, the guest block layer's request
+/// counts and `blklab serve`'s request counts for the disk all agree.
+///
+/// One mem disk, 2 queues, `-smp 2`; the guest runs `images/guest/e2e-count`
+/// (scheduler `none`, `nomerges=2`, two randrw fio jobs pinned to CPU 0 and
+/// CPU 1, an fsync every 250 IOs) and prints /sys/block/vda/stat before fio
+/// and as the very last thing it does. After QEMU has exited the backend's
+/// counters are read through `--control` and must equal the `--stats-out`
+/// document written at SIGTERM.
+///
+/// Why each comparison is exact:
+/// - /sys/block/vda/stat counts every request the block layer completes,
+///   after merging and splitting, i.e. the requests put on the virtqueues:
+///   fields 1 reads, 3 sectors read, 5 writes, 7 sectors written, 12
+///   discards, 16 flushes. Linux's boot-time IO (the partition scan: three 4k
+///   reads) is in both, so the *totals* match, not just the fio window.
+/// - Except for three things, each accounted for exactly:
+///   - the firmware's read ([`FIRMWARE_READS`]), before Linux;
+///   - fsync: blkdev_fsync issues an empty REQ_PREFLUSH write, which the
+///     block layer accounts as a write of 0 sectors when its flush sequence
+///     ends, but which never reaches the device: only the flush request of
+///     the flush machinery does (field 16). Flush queues are per hardware
+///     queue and each fio job's fsyncs are synchronous, so no two coalesce:
+///     guest flushes == fio fsyncs == stat writes - fio writes (boot writes
+///     nothing), and device writes = stat writes - fio fsyncs.
+///   - GET_ID (reading /sys/block/vda/serial) is a driver-private
+///     passthrough request that the block layer never accounts; the script
+///     reads the serial exactly once, so `get_ids` is 1.
+/// - Over the fio window (stat after - before) reads and writes equal fio's
+///   completed `total_ios` exactly: direct IO, 4k blocks, no merging.
+/// - Per queue: blk-mq maps CPU n to hardware queue n here (2 vectors, 2
+///   CPUs) and the job pinned to CPU n submits on it; only fio writes and
+///   flushes, so queue n's writes and flushes equal job `cpuN`'s writes and
+///   fsyncs exactly. Reads also hold the boot reads (on whichever CPU ran
+///   the scan), so per queue only `>=`.
+#[test]
+fn debian_6_12_fio_count_equals_backend_count() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let ios_per_job = 4000u64;
+    let image = prepare_guest("6.12");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ctl = dir.path().join("ctl.sock");
+    let stats_out = dir.path().join("stats.json");
+    let socket = dir.path().join("vd.sock");
+    let (ctl_s, out_s) = (ctl.to_str().unwrap(), stats_out.to_str().unwrap());
+    let args = [
+        "--disk",
+        "mem",
+        "--size",
+        "256M",
+        "--num-queues",
+        "2",
+        "--control",
+        ctl_s,
+        "--stats-out",
+        out_s,
+    ];
+    let mut daemon = common::Daemon::spawn_at(dir, socket.clone(), &args, 1);
+    let spec = QemuSpec {
+        kernel: &image.kernel,
+        initrd: &image.initrd,
+        append: format!(
+            "console=ttyS0 quiet blklab.run=e2e-count panic=-1 blklab.ios={ios_per_job}"
+        ),
+        sockets: vec![socket],
+        num_queues: 2,
+        smp: 2,
+        mem_mib: 1024,
+    };
+    let run = run_guest(qemu_command(&spec), qemu_timeout());
+    let console = run.console.as_str();
+    for l in console
+        .lines()
+        .filter(|l| l.starts_with("BLKLAB-") && !l.starts_with("BLKLAB-FIO-JSON"))
+    {
+        eprintln!("[guest] {l}");
+    }
+    if std::env::var("BLKLAB_E2E_CONSOLE").is_ok_and(|v| v == "1") {
+        eprintln!("--- guest console ---\n{console}");
+    }
+    assert!(
+        run.status.success(),
+        "QEMU exited with {}\n--- guest console ---\n{console}",
+        run.status
+    );
+    assert!(daemon.alive(), "blklab serve died during the guest run");
+
+    // QEMU is gone: the counters are final. Read them live, then at exit.
+    let live = blklab::control::query(&ctl, "stats").expect("query the control socket");
+    let status = daemon.terminate();
+    assert!(
+        status.success() || is_sigterm(&status),
+        "blklab serve exited with {status}"
+    );
+    let text = std::fs::read_to_string(&stats_out).expect("read --stats-out");
+    let fin: serde_json::Value = serde_json::from_str(&text).expect("--stats-out is JSON");
+    let queues = queue_counters(&live);
+    assert_eq!(
+        queues,
+        queue_counters(&fin),
+        "control-socket stats after QEMU exited differ from --stats-out"
+    );
+
+    macro_rules! fail {
+        ($($t:tt)*) => { fail_with_console(&format!($($t)*), console) };
+    }
+    if !console
+        .lines()
+        .any(|l| l.trim_end() == "BLKLAB-END e2e-count rc=0")
+    {
+        fail!("guest script did not end with `BLKLAB-END e2e-count rc=0`");
+    }
+    let json = between(console, "BLKLAB-FIO-JSON-BEGIN", "BLKLAB-FIO-JSON-END")
+        .unwrap_or_else(|| fail!("no fio JSON block"))
+        .join("\n");
+    let fio: serde_json::Value =
+        serde_json::from_str(&json).unwrap_or_else(|e| fail!("fio JSON does not parse: {e}"));
+    // (reads, writes, fsyncs) fio completed, per job cpu0, cpu1.
+    let job_ios: Vec<(u64, u64, u64)> = ["cpu0", "cpu1"]
+        .iter()
+        .map(|name| {
+            let job = fio["jobs"]
+                .as_array()
+                .and_then(|j| j.iter().find(|j| j["jobname"].as_str() == Some(name)))
+                .unwrap_or_else(|| fail!("no fio job {name}"));
+            let error = json_u64(&job["error"]).unwrap_or(u64::MAX);
+            if error != 0 {
+                fail!("fio job {name} reported error {error}");
+            }
+            let r = json_u64(&job["read"]["total_ios"]).unwrap_or(0);
+            let w = json_u64(&job["write"]["total_ios"]).unwrap_or(0);
+            if r + w != ios_per_job || r == 0 || w == 0 {
+                fail!("fio job {name} did {r} reads + {w} writes, expected {ios_per_job} IOs of both kinds");
+            }
+            (r, w, json_u64(&job["sync"]["total_ios"]).unwrap_or(0))
+        })
+        .collect();
+    let fio_reads: u64 = job_ios.iter().map(|j| j.0).sum();
+    let fio_writes: u64 = job_ios.iter().map(|j| j.1).sum();
+    let fio_syncs: u64 = job_ios.iter().map(|j| j.2).sum();
+
+    let before = stat_line(console, "BLKLAB-COUNT-STAT-BEFORE ");
+    let after = stat_line(console, "BLKLAB-COUNT-STAT-AFTER ");
+    if after.len() < 17 || before.len() != after.len() {
+        fail!(
+            "/sys/block/vda/stat has {} fields, expected 17 (flush counts need Linux >= 5.5)",
+            after.len()
+        );
+    }
+    // 0-based: 0 reads, 1 read merges, 2 sectors read, 4 writes, 5 write
+    // merges, 6 sectors written, 8 in flight, 11 discards, 15 flushes.
+    let (g_reads, g_writes, g_discards, g_flushes) = (after[0], after[4], after[11], after[15]);
+    let d = |i: usize| after[i] - before[i];
+    eprintln!(
+        "[qemu_e2e] fio: {fio_reads} reads + {fio_writes} writes + {fio_syncs} fsyncs (jobs {job_ios:?}); guest stat total: {g_reads} reads, {g_writes} writes, {g_discards} discards, {g_flushes} flushes; fio window: {} reads, {} writes, {} flushes",
+        d(0),
+        d(4),
+        d(15)
+    );
+    for (i, q) in queues.iter().enumerate() {
+        eprintln!("[qemu_e2e] backend queue {i}: {q:?}");
+    }
+
+    // The fio window, guest side: every fio read or write is one request,
+    // nothing else reads. Each fio fsync (blkdev_fsync -> blkdev_issue_flush)
+    // is an empty REQ_PREFLUSH write: the block layer accounts it as one
+    // write of 0 sectors when its flush sequence ends, but the request itself
+    // never reaches the device; only the flush machinery's flush request
+    // does (counted in field 16, once per flush actually issued, so several
+    // concurrent fsyncs can share one).
+    assert_eq!(d(0), fio_reads, "guest reads during fio != fio's reads");
+    assert_eq!(
+        d(4),
+        fio_writes + fio_syncs,
+        "guest writes during fio != fio's writes + fsyncs (empty preflush writes)"
+    );
+    assert_eq!(
+        d(6),
+        fio_writes * 8,
+        "guest sectors written != fio's 4k writes"
+    );
+    assert_eq!((d(1), d(5)), (0, 0), "merges despite nomerges=2");
+    assert_eq!(after[8], 0, "requests still in flight at the end");
+    assert_eq!(
+        g_flushes, fio_syncs,
+        "guest flushes != fio's fsyncs (nothing coalesces: see above)"
+    );
+    // Boot does not write, so the empty preflush writes are exactly fio's
+    // fsyncs and the device-visible writes are the stat writes minus those.
+    assert_eq!(before[4], 0, "writes before fio");
+    let g_device_writes = g_writes - fio_syncs;
+
+    // Backend totals == guest block layer totals (device-visible requests),
+    // plus the firmware's read, which happens before Linux runs.
+    let b = |name: &str| total(&queues, name);
+    assert_eq!(
+        b("reads"),
+        g_reads + FIRMWARE_READS,
+        "backend reads != guest stat reads + the firmware's {FIRMWARE_READS}"
+    );
+    assert_eq!(
+        b("bytes_read"),
+        after[2] * 512 + FIRMWARE_READ_BYTES,
+        "bytes read != guest sectors read + the firmware's {FIRMWARE_READ_BYTES} B"
+    );
+    assert_eq!(
+        b("writes") + b("write_zeroes"),
+        g_device_writes,
+        "backend writes (+ write zeroes) != guest stat writes - empty preflush writes"
+    );
+    assert_eq!(
+        b("bytes_written"),
+        after[6] * 512,
+        "bytes written != guest sectors written"
+    );
+    assert_eq!(
+        b("discards"),
+        g_discards,
+        "backend discards != guest stat discards"
+    );
+    assert_eq!(
+        b("flushes"),
+        g_flushes,
+        "backend flushes != guest stat flushes"
+    );
+    // And so == fio's own counts (plus Linux's boot-time reads).
+    assert_eq!(
+        b("reads"),
+        FIRMWARE_READS + before[0] + fio_reads,
+        "backend reads != firmware + partition scan + fio reads"
+    );
+    assert_eq!(b("writes"), fio_writes, "backend writes != fio's writes");
+    assert_eq!(b("bytes_written"), fio_writes * 4096);
+    // The one serial read, invisible to /sys/block/vda/stat.
+    if !console.contains("BLKLAB-COUNT-SERIAL blklab-mem") {
+        fail!("guest did not read serial blklab-mem");
+    }
+    assert_eq!(
+        b("get_ids"),
+        1,
+        "expected exactly one GET_ID (one serial read)"
+    );
+    let ops = [
+        "reads",
+        "writes",
+        "flushes",
+        "get_ids",
+        "discards",
+        "write_zeroes",
+        "other",
+    ];
+    assert_eq!(
+        b("requests"),
+        ops.iter().map(|o| b(o)).sum::<u64>(),
+        "requests != sum of the op counters"
+    );
+    assert_eq!(
+        b("requests"),
+        FIRMWARE_READS + g_reads + g_device_writes + g_discards + g_flushes + 1,
+        "backend requests != firmware + guest device-visible requests + 1 GET_ID"
+    );
+    for bad in [
+        "other",
+        "status_ioerr",
+        "status_unsupp",
+        "dropped",
+        "ring_errors",
+    ] {
+        assert_eq!(b(bad), 0, "backend counted {bad}");
+    }
+    if !console.contains("write_cache=write-back") || g_flushes == 0 {
+        fail!("expected a write-back cache and flushes from fio's fsyncs");
+    }
+
+    // Per queue: CPU n submits on queue n, and only fio writes and fsyncs.
+    assert_eq!(queues.len(), 2);
+    if !console.contains(" hw_queues=2 ") {
+        fail!("guest does not see 2 hardware queues");
+    }
+    for (q, (r, w, syncs)) in job_ios.iter().enumerate() {
+        assert_eq!(
+            queues[q]["writes"], *w,
+            "queue {q} writes != fio job cpu{q}'s writes"
+        );
+        assert_eq!(
+            queues[q]["flushes"], *syncs,
+            "queue {q} flushes != fio job cpu{q}'s fsyncs"
+        );
+        assert!(
+            queues[q]["reads"] >= *r,
+            "queue {q} reads < fio job cpu{q}'s reads"
+        );
+        assert!(queues[q]["requests"] > 0, "queue {q} saw no requests");
+    }
+    eprintln!(
+        "[qemu_e2e] count: QEMU start->script begin {:?}, total {:.1}s",
+        run.to_begin,
+        run.total.as_secs_f64()
+    );
+}

@@ -1,0 +1,1243 @@
+//! Prometheus metrics: a stats document in the text exposition format
+//! (version 0.0.4), and a tiny HTTP/1.1 server that serves it.
+//!
+//! [`render`] turns a [`StatsDocument`] into exposition text: every
+//! per-queue counter as a `blklab_<field>_total` counter, the worker's CPU
+//! time, the histograms as summaries (quantiles 0.5, 0.9, 0.99, 0.999, with
+//! `_sum` and `_count`; latencies in seconds), and `blklab_info` /
+//! `blklab_disk_info` gauges. Every per-queue sample carries the labels
+//! `disk="<socket path>"` and `queue="<index>"`.
+//!
+//! [`serve`] answers `GET /metrics` with the rendered text, built fresh from
+//! a caller-supplied closure on every scrape. It uses only `std` (no HTTP
+//! crate): one thread, one connection at a time, each closed after one
+//! answer, with a 2 s budget to receive the request.
+//!
+//! **Binding.** The default address is loopback, [`DEFAULT_ADDR`]
+//! (`127.0.0.1:9188`): the metrics name socket paths and the build, and the
+//! server has no authentication or TLS. Binding to another address (e.g.
+//! `0.0.0.0:9188`) exposes them to whoever can reach it; that is the
+//! user's explicit choice.
+
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::io::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use log::{debug, warn};
+
+use crate::histogram::HistSummary;
+use crate::stats::{QueueCounters, QueueReport, StatsDocument};
+
+/// The address `--metrics` binds when given no other: loopback only.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:9188";
+
+/// The `Content-Type` of the exposition text.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Picks one quantile out of a [`HistSummary`].
+type Quantile = fn(&HistSummary) -> u64;
+
+/// Picks one histogram out of a [`QueueReport`].
+type PickHist = fn(&QueueReport) -> &HistSummary;
+
+/// Quantiles of every summary: (label value, field of [`HistSummary`]).
+const QUANTILES: [(&str, Quantile); 4] = [
+    ("0.5", |h| h.p50),
+    ("0.9", |h| h.p90),
+    ("0.99", |h| h.p99),
+    ("0.999", |h| h.p999),
+];
+
+/// Time a client has to send its request head.
+const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time a client has to take our answer.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the accept loop looks at the shutdown flag.
+const POLL_INTERVAL_MS: i32 = 100;
+/// Largest request head (request line and headers) we read.
+const MAX_HEAD: usize = 8192;
+
+// ---------------------------------------------------------------------------
+// Rendering
+
+/// Escape a label value: backslash, double quote and newline.
+fn escape_label(v: &str) -> String {
+    let mut s = String::with_capacity(v.len());
+    for c in v.chars() {
+        match c {
+            '\\' => s.push_str("\\\\"),
+            '"' => s.push_str("\\\""),
+            '\n' => s.push_str("\\n"),
+            c => s.push(c),
+        }
+    }
+    s
+}
+
+/// Escape HELP text: backslash and newline.
+fn escape_help(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// `{a="x",b="y"}` from label pairs (values escaped); empty for no labels.
+fn labels(pairs: &[(&str, &str)]) -> String {
+    if pairs.is_empty() {
+        return String::new();
+    }
+    let inner: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape_label(v)))
+        .collect();
+    format!("{{{}}}", inner.join(","))
+}
+
+/// A sample value as the format writes it (Go float syntax).
+fn float(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        // Rust's shortest round-trip decimal, never in exponent form.
+        format!("{v}")
+    }
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {}", escape_help(help));
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// HELP text of the counter for `QueueCounters` field `field`.
+fn counter_help(field: &str) -> String {
+    let h = match field {
+        "requests" => "Requests (descriptor chains) completed on the queue.",
+        "reads" => "Read requests completed.",
+        "writes" => "Write requests completed.",
+        "flushes" => "Flush requests completed.",
+        "get_ids" => "Get-ID requests completed.",
+        "discards" => "Discard requests completed.",
+        "write_zeroes" => "Write-zeroes requests completed.",
+        "other" => "Requests of other (unknown) types.",
+        "bytes_read" => "Bytes read by the guest.",
+        "bytes_written" => "Bytes written by the guest.",
+        "status_ioerr" => "Requests completed with VIRTIO_BLK_S_IOERR.",
+        "status_unsupp" => "Requests completed with VIRTIO_BLK_S_UNSUPP.",
+        "dropped" => "Chains returned with used length 0 because no status could be written.",
+        "ring_errors" => "Times the avail ring was unusable.",
+        "kicks" => "Guest kicks (exact eventfd counts, not wake-ups).",
+        "wakeups" => "Wake-ups of the queue's worker.",
+        "empty_wakeups" => "Worker wake-ups that found no request.",
+        "notifications" => "Used-buffer notifications sent to the guest.",
+        "tag_waits" => "Times the queue found no free command slot and stopped popping.",
+        "notifications_suppressed" => {
+            "Completion batches whose notification EVENT_IDX or NO_INTERRUPT let the backend skip."
+        }
+        other => return format!("Per-queue counter {other}."),
+    };
+    h.to_string()
+}
+
+/// The counter fields of a queue, in serde_json's map order (by name:
+/// deterministic).
+fn counter_fields(c: &QueueCounters) -> Vec<(String, u64)> {
+    match serde_json::to_value(c) {
+        Ok(serde_json::Value::Object(m)) => m
+            .into_iter()
+            .filter_map(|(k, v)| v.as_u64().map(|n| (k, n)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// One summary family: per queue, each part's accessor gives a summary
+/// and its extra labels; values are divided by `divisor` (1e9 for
+/// ns → s; a division, not a multiplication by 1e-9, so that 5050000 ns
+/// prints as 0.00505).
+struct SummarySpec {
+    name: &'static str,
+    help: &'static str,
+    divisor: f64,
+    /// (extra label pairs, accessor)
+    parts: Vec<(Vec<(&'static str, &'static str)>, PickHist)>,
+}
+
+fn summary_specs() -> Vec<SummarySpec> {
+    vec![
+        SummarySpec {
+            name: "blklab_latency_seconds",
+            help: "Service time of requests, pop to used, by operation.",
+            divisor: 1e9,
+            parts: vec![
+                (vec![("op", "read")], |q| &q.latency_read_ns),
+                (vec![("op", "write")], |q| &q.latency_write_ns),
+                (vec![("op", "other")], |q| &q.latency_other_ns),
+            ],
+        },
+        SummarySpec {
+            name: "blklab_inter_arrival_seconds",
+            help: "Time between consecutive request pops.",
+            divisor: 1e9,
+            parts: vec![(vec![], |q| &q.inter_arrival_ns)],
+        },
+        SummarySpec {
+            name: "blklab_requests_per_wakeup",
+            help: "Requests popped per worker wake-up.",
+            divisor: 1.0,
+            parts: vec![(vec![], |q| &q.requests_per_wakeup)],
+        },
+        SummarySpec {
+            name: "blklab_requests_per_kick",
+            help: "Requests popped per kick, per wake-up that had kicks (rounded).",
+            divisor: 1.0,
+            parts: vec![(vec![], |q| &q.requests_per_kick)],
+        },
+        SummarySpec {
+            name: "blklab_kicks_per_wakeup",
+            help: "Guest kicks per worker wake-up.",
+            divisor: 1.0,
+            parts: vec![(vec![], |q| &q.kicks_per_wakeup)],
+        },
+        SummarySpec {
+            name: "blklab_inflight_at_pop",
+            help: "Requests in service when a request is popped.",
+            divisor: 1.0,
+            parts: vec![(vec![], |q| &q.inflight_at_pop)],
+        },
+    ]
+}
+
+/// Write one summary's samples. Quantiles of an empty summary are NaN, as
+/// Prometheus client libraries write them.
+fn summary(out: &mut String, name: &str, base: &[(&str, &str)], h: &HistSummary, divisor: f64) {
+    for (q, pick) in QUANTILES {
+        let mut l = base.to_vec();
+        l.push(("quantile", q));
+        let v = if h.count == 0 {
+            f64::NAN
+        } else {
+            pick(h) as f64 / divisor
+        };
+        let _ = writeln!(out, "{name}{} {}", labels(&l), float(v));
+    }
+    let sum = if h.count == 0 {
+        0.0
+    } else {
+        h.mean * h.count as f64 / divisor
+    };
+    let _ = writeln!(out, "{name}_sum{} {}", labels(base), float(sum));
+    let _ = writeln!(out, "{name}_count{} {}", labels(base), h.count);
+}
+
+/// The Prometheus text exposition (format 0.0.4) of `doc`.
+///
+/// Deterministic: families in a fixed order, and within a family the
+/// disks and queues in document order. Every family has one `# HELP` and
+/// one `# TYPE` line, written even when it has no samples.
+pub fn render(doc: &StatsDocument) -> String {
+    let mut out = String::new();
+
+    header(
+        &mut out,
+        "blklab_info",
+        "Build of the blklab backend that produced these metrics.",
+        "gauge",
+    );
+    let _ = writeln!(
+        out,
+        "blklab_info{} 1",
+        labels(&[
+            ("version", doc.blklab_version),
+            ("git_commit", doc.git_commit)
+        ])
+    );
+
+    // (disk label, queue reports) in document order.
+    let disks: Vec<(String, &[QueueReport])> = doc
+        .disks
+        .iter()
+        .map(|d| {
+            (
+                d.config.socket.to_string_lossy().into_owned(),
+                &d.queues[..],
+            )
+        })
+        .collect();
+    let queues = || {
+        disks.iter().flat_map(|(disk, qs)| {
+            qs.iter()
+                .map(move |q| (disk.as_str(), q.index.to_string(), q))
+        })
+    };
+
+    header(
+        &mut out,
+        "blklab_disk_info",
+        "Configuration of a served disk.",
+        "gauge",
+    );
+    for (d, (disk, _)) in doc.disks.iter().zip(&disks) {
+        let c = &d.config;
+        let _ = writeln!(
+            out,
+            "blklab_disk_info{} 1",
+            labels(&[
+                ("disk", disk),
+                ("storage", &c.storage.to_string()),
+                ("size_bytes", &c.size.to_string()),
+                ("num_queues", &c.num_queues.to_string()),
+                ("queue_size", &c.queue_size.to_string()),
+            ])
+        );
+    }
+
+    // Counters: the field list comes from serde, so new fields of
+    // QueueCounters appear here without a change to this module.
+    let per_queue: Vec<Vec<(String, u64)>> = queues()
+        .map(|(_, _, q)| counter_fields(&q.counters))
+        .collect();
+    for (i, (field, _)) in counter_fields(&QueueCounters::default()).iter().enumerate() {
+        let name = format!("blklab_{field}_total");
+        header(&mut out, &name, &counter_help(field), "counter");
+        for ((disk, queue, _), fields) in queues().zip(&per_queue) {
+            // Same struct, same serde order; look up by name to be safe.
+            let v = match fields.get(i) {
+                Some((k, v)) if k == field => Some(*v),
+                _ => fields.iter().find(|(k, _)| k == field).map(|(_, v)| *v),
+            };
+            if let Some(v) = v {
+                let _ = writeln!(
+                    out,
+                    "{name}{} {v}",
+                    labels(&[("disk", disk), ("queue", &queue)])
+                );
+            }
+        }
+    }
+
+    header(
+        &mut out,
+        "blklab_worker_cpu_seconds_total",
+        "CPU time of the worker thread serving the queue, by mode.",
+        "counter",
+    );
+    for (disk, queue, q) in queues() {
+        if let Some(cpu) = q.worker_cpu {
+            for (mode, v) in [("user", cpu.user_s), ("sys", cpu.sys_s)] {
+                let _ = writeln!(
+                    out,
+                    "blklab_worker_cpu_seconds_total{} {}",
+                    labels(&[("disk", disk), ("queue", &queue), ("mode", mode)]),
+                    float(v)
+                );
+            }
+        }
+    }
+
+    for spec in summary_specs() {
+        header(&mut out, spec.name, spec.help, "summary");
+        for (disk, queue, q) in queues() {
+            for (extra, pick) in &spec.parts {
+                let mut base = vec![("disk", disk), ("queue", queue.as_str())];
+                base.extend(extra.iter().copied());
+                summary(&mut out, spec.name, &base, pick(q), spec.divisor);
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------
+// Addresses
+
+/// Parse a `--metrics` address: `127.0.0.1:9188`, `[::1]:9188`,
+/// `localhost:9188`, `HOST:PORT`, or a bare port (`9188` or `:9188`),
+/// which means loopback (`127.0.0.1:PORT`).
+pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    let t = s.trim();
+    let port = |p: &str| {
+        p.parse::<u16>()
+            .map_err(|_| format!("bad port {p:?} in metrics address {s:?}"))
+    };
+    let loopback = |p: u16| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p);
+    if t.is_empty() {
+        return Err("empty metrics address; use e.g. 127.0.0.1:9188".into());
+    }
+    if let Some(p) = t.strip_prefix(':') {
+        return port(p).map(loopback);
+    }
+    if t.bytes().all(|b| b.is_ascii_digit()) {
+        return port(t).map(loopback);
+    }
+    if let Ok(a) = t.parse::<SocketAddr>() {
+        return Ok(a);
+    }
+    let Some((host, p)) = t.rsplit_once(':') else {
+        return Err(format!(
+            "metrics address {s:?} has no port; use HOST:PORT, e.g. 127.0.0.1:9188"
+        ));
+    };
+    let p = port(p)?;
+    if host.is_empty() || host.contains(':') {
+        return Err(format!(
+            "bad metrics address {s:?}; IPv6 addresses go in brackets: [::1]:9188"
+        ));
+    }
+    if host.eq_ignore_ascii_case("localhost") {
+        return Ok(loopback(p));
+    }
+    let addrs: Vec<SocketAddr> = (host, p)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve metrics address {s:?}: {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("metrics address {s:?} resolves to nothing"))
+}
+
+// ---------------------------------------------------------------------------
+// HTTP
+
+/// Serve metrics over HTTP on `addr` until `shutdown` is set.
+///
+/// `GET /metrics` (or `HEAD`) answers 200 with [`CONTENT_TYPE`] and
+/// `render(&source())`, built fresh per request; `GET /` a one-line HTML
+/// page linking to `/metrics`; other paths 404; other methods on these
+/// paths 405; a malformed request 400; a request not received within 2 s
+/// 408. Every answer closes the connection (`Connection: close`).
+///
+/// Connections are served one at a time on the returned thread (scrapes
+/// are rare and small; this bounds the server's resources). The thread
+/// checks `shutdown` at least every 100 ms while idle, and within the 2 s
+/// read timeout (plus the write timeout) while serving.
+///
+/// Returns the address actually bound (useful with port 0) and the thread.
+/// The default address is loopback ([`DEFAULT_ADDR`]); see the module
+/// documentation before binding anywhere else.
+pub fn serve(
+    addr: SocketAddr,
+    source: Arc<dyn Fn() -> StatsDocument + Send + Sync>,
+    shutdown: Arc<AtomicBool>,
+) -> io::Result<(SocketAddr, JoinHandle<()>)> {
+    let listener = TcpListener::bind(addr)?;
+    listener.set_nonblocking(true)?;
+    let bound = listener.local_addr()?;
+    let handle = std::thread::Builder::new()
+        .name("blklab-metrics".into())
+        .spawn(move || accept_loop(listener, source, shutdown))?;
+    Ok((bound, handle))
+}
+
+/// Wait up to `timeout_ms` for `fd` to become readable.
+fn wait_readable(fd: i32, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, for the duration of the call.
+    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+    n > 0
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    source: Arc<dyn Fn() -> StatsDocument + Send + Sync>,
+    shutdown: Arc<AtomicBool>,
+) {
+    let fd = listener.as_raw_fd();
+    while !shutdown.load(Ordering::SeqCst) {
+        if !wait_readable(fd, POLL_INTERVAL_MS) {
+            continue;
+        }
+        match listener.accept() {
+            Ok((stream, peer)) => {
+                if let Err(e) = handle_connection(stream, &*source) {
+                    debug!("metrics connection from {peer}: {e}");
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                // E.g. EMFILE: back off instead of spinning.
+                warn!("metrics: accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS as u64));
+            }
+        }
+    }
+}
+
+/// What a request head turned out to be.
+#[derive(Debug, PartialEq)]
+enum Request {
+    /// Method and path (query string removed).
+    Ok { method: String, path: String },
+    /// Answer 400.
+    Bad,
+}
+
+/// Parse an HTTP/1.x request line.
+fn parse_request_line(line: &[u8]) -> Request {
+    let Ok(line) = std::str::from_utf8(line) else {
+        return Request::Bad;
+    };
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    let parts: Vec<&str> = line.split(' ').collect();
+    let [method, target, version] = parts[..] else {
+        return Request::Bad;
+    };
+    let token = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphabetic());
+    if !token(method) || !target.starts_with('/') || !version.starts_with("HTTP/1.") {
+        return Request::Bad;
+    }
+    if target.bytes().any(|b| b <= b' ' || b == 0x7f) {
+        return Request::Bad;
+    }
+    let path = target.split(['?', '#']).next().unwrap_or(target);
+    Request::Ok {
+        method: method.to_string(),
+        path: path.to_string(),
+    }
+}
+
+/// Check the header lines of a complete head (after the request line).
+fn headers_ok(head: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(head) else {
+        return false;
+    };
+    text.split('\n')
+        .map(|l| l.strip_suffix('\r').unwrap_or(l))
+        .filter(|l| !l.is_empty())
+        .all(|l| matches!(l.split_once(':'), Some((name, _)) if !name.is_empty() && !name.contains([' ', '\t'])))
+}
+
+/// Read a request head within [`READ_TIMEOUT`]. `Ok(None)`: the client
+/// closed without sending anything.
+fn read_head(stream: &mut TcpStream) -> io::Result<Option<Result<Request, u16>>> {
+    let deadline = Instant::now() + READ_TIMEOUT;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    let mut request: Option<Request> = None;
+    loop {
+        if request.is_none() {
+            if let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+                // Request line complete: reject a malformed one at once.
+                match parse_request_line(&buf[..nl]) {
+                    Request::Bad => return Ok(Some(Ok(Request::Bad))),
+                    r => request = Some(r),
+                }
+            }
+        }
+        if request.is_some() {
+            if let Some(end) = find_head_end(&buf) {
+                let nl = buf.iter().position(|&b| b == b'\n').unwrap_or(0);
+                if !headers_ok(&buf[nl + 1..end]) {
+                    return Ok(Some(Ok(Request::Bad)));
+                }
+                return Ok(request.take().map(Ok));
+            }
+        }
+        if buf.len() > MAX_HEAD {
+            return Ok(Some(Err(431)));
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(Some(Err(408)));
+        }
+        stream.set_read_timeout(Some(left))?;
+        match stream.read(&mut chunk) {
+            Ok(0) if buf.is_empty() => return Ok(None),
+            Ok(0) => return Ok(Some(Ok(Request::Bad))),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                if buf.is_empty() {
+                    return Ok(None);
+                }
+                return Ok(Some(Err(408)));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Where the header lines end, once the blank line that ends the head
+/// ("\r\n\r\n", or leniently "\n\n") has arrived: the index of that blank
+/// line, so the headers are `buf[request line end + 1 .. end]`.
+fn find_head_end(buf: &[u8]) -> Option<usize> {
+    (0..buf.len()).find_map(|i| {
+        if buf[i..].starts_with(b"\r\n\r\n") {
+            Some(i + 2)
+        } else if buf[i..].starts_with(b"\n\n") {
+            Some(i + 1)
+        } else {
+            None
+        }
+    })
+}
+
+fn reason(code: u16) -> &'static str {
+    match code {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        408 => "Request Timeout",
+        431 => "Request Header Fields Too Large",
+        500 => "Internal Server Error",
+        _ => "Error",
+    }
+}
+
+fn respond(
+    stream: &mut TcpStream,
+    code: u16,
+    content_type: &str,
+    body: &str,
+    head_only: bool,
+    extra: &str,
+) -> io::Result<()> {
+    let mut msg = format!(
+        "HTTP/1.1 {code} {}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n{extra}\r\n",
+        reason(code),
+        body.len()
+    );
+    if !head_only {
+        msg.push_str(body);
+    }
+    stream.write_all(msg.as_bytes())?;
+    stream.flush()
+}
+
+const INDEX_HTML: &str =
+    "<html><head><title>blklab</title></head><body><a href=\"/metrics\">Metrics</a></body></html>\n";
+
+fn handle_connection(
+    mut stream: TcpStream,
+    source: &(dyn Fn() -> StatsDocument + Send + Sync),
+) -> io::Result<()> {
+    // An accepted socket need not inherit the listener's O_NONBLOCK, but
+    // be explicit.
+    stream.set_nonblocking(false)?;
+    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
+    let text_plain = "text/plain; charset=utf-8";
+    let result = match read_head(&mut stream)? {
+        None => return Ok(()),
+        Some(Err(code)) => respond(
+            &mut stream,
+            code,
+            text_plain,
+            &format!("{}\n", reason(code)),
+            false,
+            "",
+        ),
+        Some(Ok(Request::Bad)) => respond(&mut stream, 400, text_plain, "Bad Request\n", false, ""),
+        Some(Ok(Request::Ok { method, path })) => {
+            let head = method == "HEAD";
+            let known = matches!(path.as_str(), "/" | "/metrics");
+            if !known {
+                respond(&mut stream, 404, text_plain, "Not Found\n", head, "")
+            } else if method != "GET" && !head {
+                respond(
+                    &mut stream,
+                    405,
+                    text_plain,
+                    "Method Not Allowed\n",
+                    false,
+                    "Allow: GET, HEAD\r\n",
+                )
+            } else if path == "/" {
+                respond(
+                    &mut stream,
+                    200,
+                    "text/html; charset=utf-8",
+                    INDEX_HTML,
+                    head,
+                    "",
+                )
+            } else {
+                // A panicking source must not take the server down.
+                match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| render(&source()))) {
+                    Ok(text) => respond(&mut stream, 200, CONTENT_TYPE, &text, head, ""),
+                    Err(_) => respond(
+                        &mut stream,
+                        500,
+                        text_plain,
+                        "statistics unavailable\n",
+                        head,
+                        "",
+                    ),
+                }
+            }
+        }
+    };
+    // Lingering close: stop sending, then drain briefly whatever the client
+    // still sends, so closing with unread data does not reset the
+    // connection before the client has read the answer.
+    let _ = stream.shutdown(Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let mut sink = [0u8; 1024];
+    let mut drained = 0;
+    while drained < 64 * 1024 {
+        match stream.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::disk::DiskArgs;
+    use crate::stats::{DiskReport, QueueStats, ThreadCpu};
+    use std::collections::{BTreeMap, HashMap, HashSet};
+
+    /// One sample line.
+    #[derive(Debug, Clone)]
+    struct Sample {
+        name: String,
+        labels: BTreeMap<String, String>,
+        value: f64,
+    }
+
+    /// A parsed exposition: samples, and per family (HELP, TYPE) lines.
+    #[derive(Debug, Default)]
+    struct Exposition {
+        samples: Vec<Sample>,
+        types: HashMap<String, String>,
+    }
+
+    fn is_name(s: &str) -> bool {
+        let mut b = s.bytes();
+        matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_' || c == b':')
+            && b.all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b':')
+    }
+
+    /// Parse `{k="v",…}` starting after `{`; returns labels and the rest.
+    fn parse_labels(mut s: &str) -> Result<(BTreeMap<String, String>, &str), String> {
+        let mut out = BTreeMap::new();
+        loop {
+            if let Some(rest) = s.strip_prefix('}') {
+                return Ok((out, rest));
+            }
+            let eq = s.find('=').ok_or("label without =")?;
+            let key = &s[..eq];
+            if !is_name(key) {
+                return Err(format!("bad label name {key:?}"));
+            }
+            s = s[eq + 1..]
+                .strip_prefix('"')
+                .ok_or("label value not quoted")?;
+            let mut val = String::new();
+            let mut chars = s.char_indices();
+            let end = loop {
+                match chars.next().ok_or("unterminated label value")? {
+                    (i, '"') => break i,
+                    (_, '\\') => match chars.next().ok_or("dangling escape")?.1 {
+                        '\\' => val.push('\\'),
+                        '"' => val.push('"'),
+                        'n' => val.push('\n'),
+                        c => return Err(format!("bad escape \\{c}")),
+                    },
+                    (_, '\n') => return Err("raw newline in label value".into()),
+                    (_, c) => val.push(c),
+                }
+            };
+            if out.insert(key.to_string(), val).is_some() {
+                return Err(format!("duplicate label {key}"));
+            }
+            s = &s[end + 1..];
+            s = s.strip_prefix(',').unwrap_or(s);
+        }
+    }
+
+    fn parse_value(v: &str) -> Result<f64, String> {
+        match v {
+            "NaN" => Ok(f64::NAN),
+            "+Inf" => Ok(f64::INFINITY),
+            "-Inf" => Ok(f64::NEG_INFINITY),
+            _ => v.parse().map_err(|_| format!("bad value {v:?}")),
+        }
+    }
+
+    /// The family a sample belongs to, given the declared TYPEs.
+    fn family_of(name: &str, types: &HashMap<String, String>) -> Option<String> {
+        if types.contains_key(name) {
+            return Some(name.to_string());
+        }
+        for suffix in ["_sum", "_count"] {
+            if let Some(base) = name.strip_suffix(suffix) {
+                if types.get(base).map(String::as_str) == Some("summary") {
+                    return Some(base.to_string());
+                }
+            }
+        }
+        None
+    }
+
+    /// Parse and validate: every line well formed, one HELP and one TYPE
+    /// per family before its samples, a family's samples contiguous, no
+    /// duplicate series.
+    fn parse(text: &str) -> Result<Exposition, String> {
+        let mut e = Exposition::default();
+        let mut helps: HashSet<String> = HashSet::new();
+        let mut done: HashSet<String> = HashSet::new();
+        let mut current: Option<String> = None;
+        let mut series: HashSet<(String, BTreeMap<String, String>)> = HashSet::new();
+        if !text.is_empty() && !text.ends_with('\n') {
+            return Err("no final newline".into());
+        }
+        for (n, line) in text.lines().enumerate() {
+            let err = |m: String| format!("line {}: {m}: {line:?}", n + 1);
+            if line.is_empty() {
+                return Err(err("empty line".into()));
+            }
+            if let Some(c) = line.strip_prefix('#') {
+                let mut w = c.trim_start().splitn(3, ' ');
+                let (kw, name) = (w.next().unwrap_or(""), w.next().unwrap_or(""));
+                let rest = w.next().unwrap_or("");
+                if kw != "HELP" && kw != "TYPE" {
+                    continue;
+                }
+                if !is_name(name) {
+                    return Err(err("bad metric name".into()));
+                }
+                if done.contains(name) || current.as_deref() == Some(name) && kw == "HELP" {
+                    return Err(err("family declared after its samples".into()));
+                }
+                if kw == "HELP" {
+                    if !helps.insert(name.to_string()) {
+                        return Err(err("second HELP".into()));
+                    }
+                } else {
+                    if !["counter", "gauge", "summary", "histogram", "untyped"].contains(&rest) {
+                        return Err(err("bad TYPE".into()));
+                    }
+                    if e.types.insert(name.to_string(), rest.to_string()).is_some() {
+                        return Err(err("second TYPE".into()));
+                    }
+                }
+                continue;
+            }
+            let name_end = line
+                .find(['{', ' '])
+                .ok_or_else(|| err("no value".into()))?;
+            let name = &line[..name_end];
+            if !is_name(name) {
+                return Err(err("bad metric name".into()));
+            }
+            let (labels, rest) = match line[name_end..].strip_prefix('{') {
+                Some(l) => parse_labels(l).map_err(err)?,
+                None => (BTreeMap::new(), &line[name_end..]),
+            };
+            let rest = rest
+                .strip_prefix(' ')
+                .ok_or_else(|| err("no space".into()))?;
+            let mut parts = rest.split(' ');
+            let value = parse_value(parts.next().unwrap_or("")).map_err(err)?;
+            if let Some(ts) = parts.next() {
+                ts.parse::<i64>().map_err(|_| err("bad timestamp".into()))?;
+            }
+            if parts.next().is_some() {
+                return Err(err("trailing fields".into()));
+            }
+            let fam =
+                family_of(name, &e.types).ok_or_else(|| err("no TYPE before sample".into()))?;
+            if !helps.contains(&fam) {
+                return Err(err("no HELP before sample".into()));
+            }
+            if current.as_deref() != Some(fam.as_str()) {
+                if done.contains(&fam) {
+                    return Err(err("family samples not contiguous".into()));
+                }
+                if let Some(c) = current.take() {
+                    done.insert(c);
+                }
+                current = Some(fam.clone());
+            }
+            if e.types[&fam] == "summary" && name == fam && !labels.contains_key("quantile") {
+                return Err(err("summary sample without quantile".into()));
+            }
+            if !series.insert((name.to_string(), labels.clone())) {
+                return Err(err("duplicate series".into()));
+            }
+            e.samples.push(Sample {
+                name: name.to_string(),
+                labels,
+                value,
+            });
+        }
+        Ok(e)
+    }
+
+    fn find<'a>(e: &'a Exposition, name: &str, want: &[(&str, &str)]) -> Vec<&'a Sample> {
+        e.samples
+            .iter()
+            .filter(|s| {
+                s.name == name
+                    && want
+                        .iter()
+                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .collect()
+    }
+
+    fn one(e: &Exposition, name: &str, want: &[(&str, &str)]) -> f64 {
+        let v = find(e, name, want);
+        assert_eq!(v.len(), 1, "{name} {want:?}: {v:?}");
+        v[0].value
+    }
+
+    fn summary_of(seed: u64, count: u64) -> HistSummary {
+        HistSummary {
+            count,
+            min: seed,
+            max: seed * 100,
+            mean: seed as f64 * 3.5,
+            p50: seed * 2,
+            p90: seed * 5,
+            p99: seed * 20,
+            p999: seed * 50,
+        }
+    }
+
+    fn queue(index: usize, base: u64) -> QueueReport {
+        // Distinct values in every field.
+        let c = QueueCounters {
+            requests: base + 1,
+            reads: base + 2,
+            writes: base + 3,
+            flushes: base + 4,
+            get_ids: base + 5,
+            discards: base + 6,
+            write_zeroes: base + 7,
+            other: base + 8,
+            bytes_read: base * 4096 + 9,
+            bytes_written: base * 4096 + 10,
+            status_ioerr: base + 11,
+            status_unsupp: base + 12,
+            dropped: base + 13,
+            ring_errors: base + 14,
+            kicks: base + 15,
+            wakeups: base + 16,
+            empty_wakeups: base + 17,
+            notifications: base + 18,
+            notifications_suppressed: base + 19,
+            ..QueueCounters::default()
+        };
+        // Through QueueStats, so fields added to QueueReport get defaults.
+        let mut r = QueueStats::default().report(index, None);
+        r.counters = c;
+        r.requests_per_wakeup = summary_of(1, 10);
+        r.requests_per_kick = summary_of(2, 10);
+        r.kicks_per_wakeup = summary_of(3, 10);
+        r.latency_read_ns = summary_of(100_000 + base, 1000);
+        r.latency_write_ns = summary_of(200_000, 500);
+        r.latency_other_ns = HistSummary::default();
+        r.inter_arrival_ns = summary_of(5_000, 999);
+        r.inflight_at_pop = summary_of(4, 999);
+        r.worker_cpu = (index == 0).then_some(ThreadCpu {
+            user_s: 1.25,
+            sys_s: 0.5,
+        });
+        r
+    }
+
+    fn disk(socket: &str, queues: usize) -> DiskReport {
+        let config =
+            DiskArgs::parse_for_test(&["--socket", socket, "--disk", "mem", "--size", "1G"])
+                .to_configs()
+                .unwrap()
+                .remove(0);
+        DiskReport {
+            config,
+            queues: (0..queues)
+                .map(|q| queue(q, 1000 * (q as u64 + 1)))
+                .collect(),
+            tag_pools: Vec::new(),
+        }
+    }
+
+    fn document() -> StatsDocument {
+        StatsDocument::new(vec![
+            disk("/tmp/a.sock", 2),
+            disk("/tmp/we\"ird\\dir/b\nc.sock", 1),
+        ])
+    }
+
+    #[test]
+    fn metrics_render_parses_and_declares_every_family_once() {
+        let doc = document();
+        let text = render(&doc);
+        let e = parse(&text).unwrap_or_else(|m| panic!("{m}\n{text}"));
+        // 3 queues * (19 counters + 6 summary families' series...) at least.
+        assert!(e.samples.len() > 100, "{}", e.samples.len());
+        // Every declared family has samples here.
+        for fam in e.types.keys() {
+            assert!(
+                e.samples
+                    .iter()
+                    .any(|s| family_of(&s.name, &e.types).as_deref() == Some(fam)),
+                "no samples for {fam}"
+            );
+        }
+        // Deterministic.
+        assert_eq!(text, render(&doc));
+        assert_eq!(e.types["blklab_requests_total"], "counter");
+        assert_eq!(e.types["blklab_latency_seconds"], "summary");
+        assert_eq!(e.types["blklab_info"], "gauge");
+        assert_eq!(e.types["blklab_disk_info"], "gauge");
+    }
+
+    #[test]
+    fn metrics_counters_equal_document() {
+        let doc = document();
+        let e = parse(&render(&doc)).unwrap();
+        let fields = counter_fields(&QueueCounters::default());
+        let names: Vec<&str> = fields.iter().map(|(k, _)| k.as_str()).collect();
+        for f in [
+            "requests",
+            "reads",
+            "writes",
+            "flushes",
+            "get_ids",
+            "discards",
+            "write_zeroes",
+            "other",
+            "bytes_read",
+            "bytes_written",
+            "status_ioerr",
+            "status_unsupp",
+            "dropped",
+            "ring_errors",
+            "kicks",
+            "wakeups",
+            "empty_wakeups",
+            "notifications",
+            "notifications_suppressed",
+        ] {
+            assert!(names.contains(&f), "{f} missing from {names:?}");
+        }
+        for d in &doc.disks {
+            let sock = d.config.socket.to_string_lossy().into_owned();
+            for q in &d.queues {
+                let qi = q.index.to_string();
+                for (k, v) in counter_fields(&q.counters) {
+                    let got = one(
+                        &e,
+                        &format!("blklab_{k}_total"),
+                        &[("disk", &sock), ("queue", &qi)],
+                    );
+                    assert_eq!(got, v as f64, "{k} of {sock:?} queue {qi}");
+                }
+            }
+        }
+        // A known value, spelled out.
+        let r = one(
+            &e,
+            "blklab_requests_total",
+            &[("disk", "/tmp/a.sock"), ("queue", "1")],
+        );
+        assert_eq!(r, doc.disks[0].queues[1].counters.requests as f64);
+        assert!(render(&doc).contains("blklab_requests_total{disk=\"/tmp/a.sock\",queue=\"0\"} "));
+        // Worker CPU only where present.
+        let cpu = find(&e, "blklab_worker_cpu_seconds_total", &[]);
+        assert_eq!(cpu.len(), 4, "two queue-0 workers, user and sys each");
+        assert_eq!(
+            one(
+                &e,
+                "blklab_worker_cpu_seconds_total",
+                &[("disk", "/tmp/a.sock"), ("queue", "0"), ("mode", "user")]
+            ),
+            1.25
+        );
+    }
+
+    #[test]
+    fn metrics_summaries_in_seconds() {
+        let doc = document();
+        let e = parse(&render(&doc)).unwrap();
+        let q = &doc.disks[0].queues[1];
+        let l = |op: &str, quantile: &str| {
+            one(
+                &e,
+                "blklab_latency_seconds",
+                &[
+                    ("disk", "/tmp/a.sock"),
+                    ("queue", "1"),
+                    ("op", op),
+                    ("quantile", quantile),
+                ],
+            )
+        };
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+        let h = q.latency_read_ns;
+        assert!(close(l("read", "0.5"), h.p50 as f64 / 1e9));
+        assert!(close(l("read", "0.9"), h.p90 as f64 / 1e9));
+        assert!(close(l("read", "0.99"), h.p99 as f64 / 1e9));
+        assert!(close(l("read", "0.999"), h.p999 as f64 / 1e9));
+        assert!(l("read", "0.5") < 0.01, "seconds, not ns");
+        // 5050000 ns prints as exactly 0.00505 (no 0.005050000000000001).
+        assert!(render(&doc).contains("op=\"read\",quantile=\"0.999\"} 0.00505\n"));
+        let base = [("disk", "/tmp/a.sock"), ("queue", "1"), ("op", "read")];
+        assert_eq!(one(&e, "blklab_latency_seconds_count", &base), 1000.0);
+        assert!(close(
+            one(&e, "blklab_latency_seconds_sum", &base),
+            h.mean * 1000.0 / 1e9
+        ));
+        // Empty histogram: NaN quantiles, zero count and sum.
+        assert!(l("other", "0.5").is_nan());
+        let other = [("disk", "/tmp/a.sock"), ("queue", "1"), ("op", "other")];
+        assert_eq!(one(&e, "blklab_latency_seconds_count", &other), 0.0);
+        assert_eq!(one(&e, "blklab_latency_seconds_sum", &other), 0.0);
+        // Inter-arrival in seconds; counts unscaled.
+        let qa = [("disk", "/tmp/a.sock"), ("queue", "1")];
+        let ia: Vec<_> = find(&e, "blklab_inter_arrival_seconds", &qa);
+        assert_eq!(ia.len(), 4);
+        assert!(ia.iter().all(|s| s.value < 1e-3));
+        let mut kq = qa.to_vec();
+        kq.push(("quantile", "0.99"));
+        assert_eq!(
+            one(&e, "blklab_requests_per_kick", &kq),
+            q.requests_per_kick.p99 as f64
+        );
+        for fam in [
+            "blklab_requests_per_wakeup",
+            "blklab_kicks_per_wakeup",
+            "blklab_inflight_at_pop",
+        ] {
+            assert_eq!(find(&e, fam, &qa).len(), 4, "{fam}");
+        }
+        for (fam, h) in [
+            ("blklab_requests_per_wakeup", q.requests_per_wakeup),
+            ("blklab_kicks_per_wakeup", q.kicks_per_wakeup),
+            ("blklab_inflight_at_pop", q.inflight_at_pop),
+        ] {
+            assert_eq!(one(&e, &format!("{fam}_count"), &qa), h.count as f64);
+            assert!(close(
+                one(&e, &format!("{fam}_sum"), &qa),
+                h.mean * h.count as f64
+            ));
+        }
+    }
+
+    #[test]
+    fn metrics_label_escaping_and_info() {
+        let doc = document();
+        let text = render(&doc);
+        assert!(
+            text.contains(r#"disk="/tmp/we\"ird\\dir/b\nc.sock""#),
+            "{text}"
+        );
+        let e = parse(&text).unwrap();
+        let weird = "/tmp/we\"ird\\dir/b\nc.sock";
+        assert!(
+            one(
+                &e,
+                "blklab_requests_total",
+                &[("disk", weird), ("queue", "0")]
+            ) > 0.0
+        );
+        assert_eq!(
+            one(
+                &e,
+                "blklab_disk_info",
+                &[
+                    ("disk", weird),
+                    ("storage", "mem"),
+                    ("size_bytes", "1073741824"),
+                    ("num_queues", "1"),
+                    ("queue_size", "256"),
+                ]
+            ),
+            1.0
+        );
+        assert_eq!(
+            one(
+                &e,
+                "blklab_info",
+                &[
+                    ("version", doc.blklab_version),
+                    ("git_commit", doc.git_commit)
+                ]
+            ),
+            1.0
+        );
+        assert_eq!(escape_label("a\\b\"c\nd"), "a\\\\b\\\"c\\nd");
+    }
+
+    #[test]
+    fn metrics_empty_document_is_valid() {
+        let text = render(&StatsDocument::new(Vec::new()));
+        let e = parse(&text).unwrap();
+        assert_eq!(e.samples.len(), 1, "only blklab_info");
+    }
+
+    #[test]
+    fn metrics_parser_rejects_bad_text() {
+        assert!(parse("x 1\n").is_err(), "no TYPE");
+        assert!(parse("# HELP x h\n# TYPE x gauge\nx{a=\"b} 1\n").is_err());
+        assert!(parse("# HELP x h\n# TYPE x gauge\n# TYPE x gauge\nx 1\n").is_err());
+        assert!(parse("# HELP x h\n# TYPE x gauge\nx one\n").is_err());
+        assert!(parse("# HELP x h\n# TYPE x gauge\nx 1\n").is_ok());
+    }
+
+    #[test]
+    fn metrics_parse_addr() {
+        let v4 = |p: u16| SocketAddr::from(([127, 0, 0, 1], p));
+        assert_eq!(parse_addr("127.0.0.1:9188"), Ok(v4(9188)));
+        assert_eq!(parse_addr("9188"), Ok(v4(9188)));
+        assert_eq!(parse_addr(":9188"), Ok(v4(9188)));
+        assert_eq!(parse_addr("localhost:9188"), Ok(v4(9188)));
+        assert_eq!(parse_addr(DEFAULT_ADDR), Ok(v4(9188)));
+        assert_eq!(
+            parse_addr("[::1]:9188"),
+            Ok("[::1]:9188".parse::<SocketAddr>().unwrap())
+        );
+        assert_eq!(
+            parse_addr("0.0.0.0:0"),
+            Ok(SocketAddr::from(([0, 0, 0, 0], 0)))
+        );
+        for bad in ["", ":", "99999", "127.0.0.1", "::1:9188", "host:port", ":x"] {
+            assert!(parse_addr(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn metrics_request_lines() {
+        assert_eq!(
+            parse_request_line(b"GET /metrics?x=1 HTTP/1.1\r"),
+            Request::Ok {
+                method: "GET".into(),
+                path: "/metrics".into()
+            }
+        );
+        for bad in [
+            &b"garbage"[..],
+            b"GET /metrics",
+            b"GET  /metrics HTTP/1.1",
+            b"GET metrics HTTP/1.1",
+            b"GET /metrics HTTP/2",
+            b"\xff\xfe / HTTP/1.1",
+        ] {
+            assert_eq!(parse_request_line(bad), Request::Bad, "{bad:?}");
+        }
+        assert!(headers_ok(b"Host: x\r\nAccept: */*\r\n"));
+        assert!(!headers_ok(b"Host x\r\n"));
+    }
+}
