@@ -5,6 +5,7 @@
 //! [`BlkBackend`] is created per vhost-user connection and shares the disk,
 //! so data survives reconnects while ring state starts fresh.
 
+use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
@@ -28,6 +29,7 @@ use vmm_sys_util::eventfd::EventFd;
 use crate::config_space;
 use crate::deadline::DeadlineTimer;
 use crate::disk::{DiskConfig, TagMode, TagScope};
+use crate::faults::{FaultDecision, FaultState};
 use crate::features::BlkFeature;
 use crate::kick_vring::KickCountingVring;
 use crate::latency::{LatOp, LatencySampler};
@@ -73,7 +75,13 @@ impl Disk {
     ) -> Result<Disk, StorageError> {
         let storage = storage::open(&mut cfg)?;
         let n = usize::from(cfg.num_queues);
-        let stats = (0..n).map(|_| Mutex::new(QueueStats::default())).collect();
+        let stats = (0..n)
+            .map(|_| {
+                let mut st = QueueStats::default();
+                st.histograms = !cfg.no_stats;
+                Mutex::new(st)
+            })
+            .collect();
         let mut tag_wakers = Vec::with_capacity(n);
         for _ in 0..n {
             let efd = EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(|e| {
@@ -194,6 +202,8 @@ struct QueueState {
     waiting_since: Option<Instant>,
     /// The queue's vring, kept to complete requests from `stop_vring`.
     vring: Option<KickCountingVring<GM>>,
+    /// Fault injection decisions, counted per queue.
+    faults: Option<RefCell<FaultState>>,
 }
 
 /// What one pass over the avail ring did.
@@ -244,6 +254,8 @@ impl BlkBackend {
                 tag_hint,
                 waiting_since: None,
                 vring: None,
+                faults: (!disk.cfg.faults.is_empty())
+                    .then(|| RefCell::new(FaultState::new(&disk.cfg.faults))),
             }));
         }
         let thread_queues = disk
@@ -511,13 +523,14 @@ impl BlkBackend {
                         cfg: &self.disk.cfg,
                         capacity: self.disk.cfg.size,
                         writeback: self.writeback(),
+                        faults: q.faults.as_ref(),
                     };
                     execute(&dev, mem, &q.segs)
                 }
                 Err(reason) => Outcome::Dropped(reason),
             };
             let used_len = self.account(q, st, outcome);
-            let Outcome::Completed { op, .. } = outcome else {
+            let Outcome::Completed { op, fault, .. } = outcome else {
                 // Malformed: returned at once, no emulated service time.
                 give_back(tag);
                 if vs.get_queue_mut().add_used(mem, head, 0).is_err() {
@@ -527,7 +540,10 @@ impl BlkBackend {
                 }
                 continue;
             };
-            let delay = q.samplers[lat_op(op).index()].sample();
+            let mut delay = q.samplers[lat_op(op).index()].sample();
+            if let FaultDecision::Stall(d) = fault {
+                delay += d;
+            }
             let p = Pending {
                 deadline: popped_at + delay,
                 seq: q.seq,
@@ -555,8 +571,15 @@ impl BlkBackend {
                 status,
                 used_len,
                 bytes,
+                fault,
             } => {
                 c.requests += 1;
+                match fault {
+                    FaultDecision::None => {}
+                    FaultDecision::FailEvery => c.injected_fail_every += 1,
+                    FaultDecision::FailRange => c.injected_fail_range += 1,
+                    FaultDecision::Stall(_) => c.injected_stalls += 1,
+                }
                 match op {
                     Op::Read => c.reads += 1,
                     Op::Write => c.writes += 1,

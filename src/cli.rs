@@ -42,6 +42,8 @@ pub struct StatsArgs {
 pub enum StatsFormat {
     Table,
     Json,
+    /// Prometheus text exposition.
+    Prom,
 }
 
 /// An interval such as `1s`, `500ms`, `2.5s`.
@@ -68,6 +70,10 @@ pub struct ServeArgs {
     /// LABEL, reset, config); read them with `blklab stats --control PATH`.
     #[arg(long, value_name = "PATH")]
     pub control: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP at ADDR (GET /metrics), e.g.
+    /// 9188 or 127.0.0.1:9188 (loopback unless an address says otherwise).
+    #[arg(long, value_name = "ADDR", value_parser = crate::metrics::parse_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Write the final statistics (JSON) to FILE at exit.
     #[arg(long, value_name = "FILE")]
     pub stats_out: Option<PathBuf>,

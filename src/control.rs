@@ -6,7 +6,8 @@
 //! - `snapshot LABEL` / `{"cmd":"snapshot","label":"LABEL"}`: the delta since
 //!   the previous snapshot (or start/reset), with the wall time it covers;
 //! - `reset`: zero every statistic;
-//! - `config`: every disk's configuration, version and git commit.
+//! - `config`: every disk's configuration, version and git commit;
+//! - `prom`: `{"prometheus": TEXT}`, the statistics in Prometheus format.
 //!
 //! Each answer is one JSON line; errors are `{"error": "..."}`.
 
@@ -92,6 +93,7 @@ impl Control {
                 *snap = (Instant::now(), baselines(&self.disks));
                 json!({"ok": true})
             }
+            "prom" => json!({"prometheus": crate::metrics::render(&report(&self.disks, None))}),
             "config" => {
                 let doc = StatsDocument::new(Vec::new());
                 json!({
@@ -100,9 +102,11 @@ impl Control {
                     "disks": self.disks.iter().map(|d| d.cfg.clone()).collect::<Vec<_>>(),
                 })
             }
-            "" => json!({"error": "empty command; use stats, snapshot LABEL, reset or config"}),
+            "" => {
+                json!({"error": "empty command; use stats, snapshot LABEL, reset, config or prom"})
+            }
             other => {
-                json!({"error": format!("unknown command {other:?}; use stats, snapshot LABEL, reset or config")})
+                json!({"error": format!("unknown command {other:?}; use stats, snapshot LABEL, reset, config or prom")})
             }
         }
     }

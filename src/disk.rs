@@ -12,6 +12,7 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::faults::FaultConfig;
 use crate::features::{BlkFeature, FeatureSet};
 use crate::latency::{LatencySpec, OpLatency};
 use crate::size::{format_size, parse_size, SizeError};
@@ -72,6 +73,8 @@ pub enum ConfigError {
     TagScope(String),
     #[error("invalid --tag-fairness {0:?}: expected on or off")]
     TagFairness(String),
+    #[error("invalid fault injection option: {0}")]
+    Fault(#[from] crate::faults::FaultParseError),
     #[error("invalid --{flag}: {source}")]
     Latency {
         flag: &'static str,
@@ -250,6 +253,26 @@ pub struct DiskArgs {
     /// reproducible stream).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub seed: u64,
+    /// Fail every Nth request (of OP: read, write, flush, discard,
+    /// write-zeroes, any; default any) of each queue with IOERR. Repeatable.
+    #[arg(long, value_name = "N[:OP]")]
+    #[serde(alias = "fail_every")]
+    pub fail_every: Vec<String>,
+    /// Fail requests touching sectors START..END (END excluded) with IOERR.
+    /// Repeatable.
+    #[arg(long, value_name = "START..END")]
+    #[serde(alias = "fail_range")]
+    pub fail_range: Vec<String>,
+    /// Hold every Nth request of each queue for DURATION before it
+    /// completes (e.g. 10:35s, to trigger guest timeouts).
+    #[arg(long, value_name = "N:DURATION")]
+    #[serde(alias = "stall_every")]
+    pub stall_every: Option<String>,
+    /// Keep counters only: no histograms and no per-request time stamps
+    /// (to measure what statistics cost).
+    #[arg(long)]
+    #[serde(alias = "no_stats")]
+    pub no_stats: bool,
 }
 
 impl DiskArgs {
@@ -319,6 +342,19 @@ impl DiskArgs {
         features = features.with(BlkFeature::Ro, self.read_only);
         let queues_per_thread = parse_thread_masks(&self.queues_per_thread, self.num_queues)?;
         let tags = self.tag_policy()?;
+        let faults = FaultConfig {
+            fail_every: self
+                .fail_every
+                .iter()
+                .map(|v| v.parse())
+                .collect::<Result<_, _>>()?,
+            fail_ranges: self
+                .fail_range
+                .iter()
+                .map(|v| v.parse())
+                .collect::<Result<_, _>>()?,
+            stall_every: self.stall_every.as_deref().map(str::parse).transpose()?,
+        };
         let latency = self.op_latency()?;
         let socket_mode = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
             .ok()
@@ -364,6 +400,8 @@ impl DiskArgs {
                 tags,
                 latency,
                 seed: self.seed,
+                faults: faults.clone(),
+                no_stats: self.no_stats,
             });
         }
         Ok(out)
@@ -527,6 +565,8 @@ pub struct DiskConfig {
     pub tags: TagPolicy,
     pub latency: OpLatency,
     pub seed: u64,
+    pub faults: FaultConfig,
+    pub no_stats: bool,
 }
 
 impl DiskConfig {

@@ -40,9 +40,25 @@ fn serve(args: ServeArgs) -> Result<()> {
     let signals = blklab::server::block_termination_signals().context("cannot block signals")?;
     let server = Server::start_with_control(disks, args.control.as_deref())?;
     let served = server.disks();
+    let metrics_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let metrics = match args.metrics {
+        Some(addr) => {
+            let disks = served.clone();
+            let source = std::sync::Arc::new(move || blklab::control::report(&disks, None));
+            let (bound, thread) = blklab::metrics::serve(addr, source, metrics_stop.clone())
+                .with_context(|| format!("cannot serve --metrics on {addr}"))?;
+            log::info!("Prometheus metrics on http://{bound}/metrics");
+            Some(thread)
+        }
+        None => None,
+    };
     let sig = blklab::server::wait_for_signal(&signals);
     log::info!("received {sig}, shutting down");
     server.shutdown();
+    metrics_stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    if let Some(t) = metrics {
+        let _ = t.join();
+    }
     if let Some(path) = &args.stats_out {
         blklab::control::write_stats_file(path, &served)
             .with_context(|| format!("cannot write --stats-out {}", path.display()))?;

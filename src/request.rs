@@ -20,7 +20,10 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::DescriptorChain;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
+use std::cell::RefCell;
+
 use crate::disk::DiskConfig;
+use crate::faults::{FaultDecision, FaultState};
 use crate::features::BlkFeature;
 use crate::storage::Storage;
 
@@ -88,6 +91,8 @@ pub enum Outcome {
         /// Data bytes transferred (reads and writes) or covered (discard,
         /// write-zeroes).
         bytes: u64,
+        /// The fault injected into this request, if any.
+        fault: FaultDecision,
     },
     /// The chain was malformed beyond answering.
     Dropped(DropReason),
@@ -110,6 +115,18 @@ pub struct Device<'a> {
     /// Current cache mode: false means every write is made durable before
     /// it completes (write-through).
     pub writeback: bool,
+    /// The queue's fault injection, when configured.
+    pub faults: Option<&'a RefCell<FaultState>>,
+}
+
+impl Device<'_> {
+    /// Ask fault injection about a valid request about to touch storage.
+    fn fault(&self, op: Op, ranges: &[(u64, u64)]) -> FaultDecision {
+        match self.faults {
+            Some(f) => f.borrow_mut().decide(op, ranges),
+            None => FaultDecision::None,
+        }
+    }
 }
 
 /// Walk a chain into `segs` (cleared first). Returns the drop reason when
@@ -207,7 +224,7 @@ pub fn execute(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> Out
         return Outcome::Dropped(DropReason::StatusUnwritable);
     }
 
-    let (op, status, used_data, bytes) = run(dev, mem, segs);
+    let (op, status, used_data, bytes, fault) = run(dev, mem, segs);
     let used_len = if status == STATUS_OK {
         used_data + 1
     } else {
@@ -221,11 +238,35 @@ pub fn execute(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> Out
         status,
         used_len,
         bytes,
+        fault,
     }
 }
 
-/// Returns (op, status, data bytes written into the chain, bytes transferred).
-fn run(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> (Op, u8, u32, u64) {
+/// Returns (op, status, data bytes written into the chain, bytes
+/// transferred, injected fault).
+fn run(
+    dev: &Device<'_>,
+    mem: &GuestMemoryMmap,
+    segs: &[Segment],
+) -> (Op, u8, u32, u64, FaultDecision) {
+    let mut fault = FaultDecision::None;
+    let (op, status, used, bytes) = run_checked(dev, mem, segs, &mut fault);
+    (op, status, used, bytes, fault)
+}
+
+/// A valid request's fault decision: IOERR for injected failures (storage
+/// untouched), otherwise go on (a stall only delays the completion).
+fn injected(dev: &Device<'_>, op: Op, ranges: &[(u64, u64)], fault: &mut FaultDecision) -> bool {
+    *fault = dev.fault(op, ranges);
+    matches!(fault, FaultDecision::FailEvery | FaultDecision::FailRange)
+}
+
+fn run_checked(
+    dev: &Device<'_>,
+    mem: &GuestMemoryMmap,
+    segs: &[Segment],
+    fault: &mut FaultDecision,
+) -> (Op, u8, u32, u64) {
     // Device-readable descriptors must all precede device-writable ones.
     if let Some(first_w) = segs.iter().position(|s| s.write) {
         if segs[first_w..].iter().any(|s| !s.write) {
@@ -273,6 +314,9 @@ fn run(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> (Op, u8, u3
             if !range_ok(in_len) {
                 return (op, STATUS_IOERR, 0, 0);
             }
+            if injected(dev, op, &[(sector, in_len / SECTOR_SIZE)], fault) {
+                return (op, STATUS_IOERR, 0, 0);
+            }
             let Ok(bufs) = slices(mem, segs, true, 0, in_len) else {
                 return (op, STATUS_IOERR, 0, 0);
             };
@@ -283,6 +327,9 @@ fn run(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> (Op, u8, u3
         }
         Op::Write => {
             if cfg.read_only || !range_ok(out_len) {
+                return (op, STATUS_IOERR, 0, 0);
+            }
+            if injected(dev, op, &[(sector, out_len / SECTOR_SIZE)], fault) {
                 return (op, STATUS_IOERR, 0, 0);
             }
             let Ok(bufs) = slices(mem, segs, false, HEADER_SIZE, out_len) else {
@@ -303,6 +350,7 @@ fn run(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> (Op, u8, u3
                 Err(e) => io_error(op, "write", sector, &e),
             }
         }
+        Op::Flush if injected(dev, op, &[], fault) => (op, STATUS_IOERR, 0, 0),
         Op::Flush => match dev.storage.flush() {
             Ok(()) => (op, STATUS_OK, 0, 0),
             Err(e) => io_error(op, "flush", sector, &e),
@@ -323,7 +371,7 @@ fn run(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> (Op, u8, u3
             }
             (op, STATUS_OK, n as u32, 0)
         }
-        Op::Discard | Op::WriteZeroes => discard_or_zero(dev, mem, segs, op, out_len),
+        Op::Discard | Op::WriteZeroes => discard_or_zero(dev, mem, segs, op, out_len, fault),
         Op::Other => (op, STATUS_UNSUPP, 0, 0),
     }
 }
@@ -339,6 +387,7 @@ fn discard_or_zero(
     segs: &[Segment],
     op: Op,
     len: u64,
+    fault: &mut FaultDecision,
 ) -> (Op, u8, u32, u64) {
     let cfg = dev.cfg;
     let (feature, max_seg, max_sectors) = if op == Op::Discard {
@@ -397,6 +446,13 @@ fn discard_or_zero(
             bytes,
             flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0,
         ));
+    }
+    let sectors: Vec<(u64, u64)> = ranges
+        .iter()
+        .map(|(o, b, _)| (o / SECTOR_SIZE, b / SECTOR_SIZE))
+        .collect();
+    if injected(dev, op, &sectors, fault) {
+        return (op, STATUS_IOERR, 0, 0);
     }
     let mut total = 0;
     for (offset, bytes, unmap) in ranges {
@@ -484,6 +540,7 @@ mod tests {
                     cfg: &e.cfg,
                     capacity: e.cfg.size,
                     writeback: true,
+                    faults: None,
                 };
                 execute(&dev, &e.mem, &segs)
             }
@@ -514,7 +571,8 @@ mod tests {
                 op: Op::Write,
                 status: STATUS_OK,
                 used_len: 1,
-                bytes: 4096
+                bytes: 4096,
+                fault: FaultDecision::None
             }
         );
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 8);
@@ -535,7 +593,8 @@ mod tests {
                 op: Op::Read,
                 status: STATUS_OK,
                 used_len: 4097,
-                bytes: 4096
+                bytes: 4096,
+                fault: FaultDecision::None
             }
         );
         let mut buf = vec![0u8; 3072];

@@ -46,6 +46,11 @@ pub struct QueueCounters {
     pub notifications_suppressed: u64,
     /// Times the queue found no free command slot and stopped popping.
     pub tag_waits: u64,
+    /// Injected faults: IOERR by --fail-every, by --fail-range, and
+    /// requests held by --stall-every.
+    pub injected_fail_every: u64,
+    pub injected_fail_range: u64,
+    pub injected_stalls: u64,
 }
 
 impl QueueCounters {
@@ -71,6 +76,9 @@ impl QueueCounters {
             notifications: self.notifications - e.notifications,
             notifications_suppressed: self.notifications_suppressed - e.notifications_suppressed,
             tag_waits: self.tag_waits - e.tag_waits,
+            injected_fail_every: self.injected_fail_every - e.injected_fail_every,
+            injected_fail_range: self.injected_fail_range - e.injected_fail_range,
+            injected_stalls: self.injected_stalls - e.injected_stalls,
         }
     }
 }
@@ -100,6 +108,8 @@ pub struct QueueStats {
     /// The worker's CPU time when these statistics started (reset or
     /// snapshot baseline).
     cpu_baseline: Option<ThreadCpu>,
+    /// False with --no-stats: counters only, no histograms.
+    pub histograms: bool,
     last_pop: Option<Instant>,
 }
 
@@ -118,6 +128,7 @@ impl Default for QueueStats {
             tag_wait: Hist::new_latency(),
             worker_tid: None,
             cpu_baseline: None,
+            histograms: true,
             last_pop: None,
         }
     }
@@ -126,6 +137,9 @@ impl Default for QueueStats {
 impl QueueStats {
     /// A request was popped at `now` with `inflight` others in service.
     pub fn popped(&mut self, now: Instant, inflight: u64) {
+        if !self.histograms {
+            return;
+        }
         if let Some(prev) = self.last_pop {
             self.inter_arrival
                 .record(now.saturating_duration_since(prev).as_nanos() as u64);
@@ -136,6 +150,9 @@ impl QueueStats {
 
     /// A request of kind `op` completed after `service`.
     pub fn completed(&mut self, op: Op, service: Duration) {
+        if !self.histograms {
+            return;
+        }
         let ns = service.as_nanos() as u64;
         match op {
             Op::Read => self.latency_read.record(ns),
@@ -146,6 +163,9 @@ impl QueueStats {
 
     /// The queue got a slot after waiting `waited`.
     pub fn tag_waited(&mut self, waited: Duration) {
+        if !self.histograms {
+            return;
+        }
         self.tag_wait.record(waited.as_nanos() as u64);
     }
 
@@ -156,6 +176,9 @@ impl QueueStats {
         c.kicks += kicks;
         if requests == 0 {
             c.empty_wakeups += 1;
+        }
+        if !self.histograms {
+            return;
         }
         self.requests_per_wakeup.record(requests);
         self.kicks_per_wakeup.record(kicks);
@@ -169,6 +192,7 @@ impl QueueStats {
         let tid = self.worker_tid;
         *self = QueueStats {
             worker_tid: tid,
+            histograms: self.histograms,
             cpu_baseline: tid.and_then(thread_cpu),
             ..QueueStats::default()
         };

@@ -106,7 +106,12 @@ pub fn table(doc: &Value, prev: Option<(&Value, f64)>) -> String {
 pub fn run(args: &StatsArgs) -> io::Result<()> {
     let mut prev: Option<(Value, Instant)> = None;
     loop {
-        let doc = query(&args.control, "stats").map_err(|e| {
+        let command = if args.format == StatsFormat::Prom {
+            "prom"
+        } else {
+            "stats"
+        };
+        let doc = query(&args.control, command).map_err(|e| {
             io::Error::new(
                 e.kind(),
                 format!("cannot query {}: {e}", args.control.display()),
@@ -118,6 +123,7 @@ pub fn run(args: &StatsArgs) -> io::Result<()> {
         let now = Instant::now();
         match args.format {
             StatsFormat::Json => println!("{doc}"),
+            StatsFormat::Prom => print!("{}", doc["prometheus"].as_str().unwrap_or("")),
             StatsFormat::Table => {
                 let p = prev
                     .as_ref()
