@@ -339,6 +339,20 @@ impl BlkBackend {
         let mut st = self.disk.queue_stats(q.index);
         let tid = *q.worker_tid.get_or_insert_with(current_tid);
         st.set_worker(tid);
+        if !woken_by_kick {
+            // A timer wake-up comes up to --latency-spin early: spin until
+            // the earliest completion is due, so completions follow their
+            // deadlines rather than the host's timer slack.
+            if let Some(Reverse(p)) = q.pending.peek() {
+                let spin = std::time::Duration::from_nanos(self.disk.cfg.latency_spin_ns);
+                let now = Instant::now();
+                if p.deadline > now && p.deadline - now <= spin {
+                    while Instant::now() < p.deadline {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        }
         let mut kicks = vring.take_kicks();
         let mut popped = 0u64;
         let event_idx = vring.get_ref().get_queue().event_idx_enabled();
@@ -393,7 +407,12 @@ impl BlkBackend {
         if woken_by_kick || kicks > 0 {
             st.wakeup(kicks, popped);
         }
-        let next = q.pending.peek().map(|Reverse(p)| p.deadline);
+        // Wake a little early and spin the rest (see --latency-spin).
+        let spin = std::time::Duration::from_nanos(self.disk.cfg.latency_spin_ns);
+        let next = q
+            .pending
+            .peek()
+            .map(|Reverse(p)| p.deadline.checked_sub(spin).unwrap_or(p.deadline));
         if let Err(e) = q.timer.set(next) {
             warn!("queue {}: cannot arm the completion timer: {e}", q.index);
         }

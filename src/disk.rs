@@ -268,6 +268,12 @@ pub struct DiskArgs {
     #[arg(long, value_name = "N:DURATION")]
     #[serde(alias = "stall_every")]
     pub stall_every: Option<String>,
+    /// Wake this long before an emulated completion is due and spin until
+    /// it (timer wake-ups are late by tens of microseconds on many hosts);
+    /// 0 relies on the timer alone.
+    #[arg(long, value_name = "DURATION", default_value = "50us")]
+    #[serde(alias = "latency_spin")]
+    pub latency_spin: String,
     /// Keep counters only: no histograms and no per-request time stamps
     /// (to measure what statistics cost).
     #[arg(long)]
@@ -356,6 +362,24 @@ impl DiskArgs {
             stall_every: self.stall_every.as_deref().map(str::parse).transpose()?,
         };
         let latency = self.op_latency()?;
+        let latency_spin_ns = match self.latency_spin.parse::<LatencySpec>() {
+            Ok(LatencySpec::Zero) => 0,
+            Ok(LatencySpec::Fixed(d)) if d <= std::time::Duration::from_millis(1) => {
+                d.as_nanos() as u64
+            }
+            Ok(_) => {
+                return Err(ConfigError::Latency {
+                    flag: "latency-spin",
+                    source: crate::latency::LatencyParseError::Empty,
+                })
+            }
+            Err(source) => {
+                return Err(ConfigError::Latency {
+                    flag: "latency-spin",
+                    source,
+                })
+            }
+        };
         let socket_mode = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
             .ok()
             .filter(|m| *m <= 0o777)
@@ -402,6 +426,7 @@ impl DiskArgs {
                 seed: self.seed,
                 faults: faults.clone(),
                 no_stats: self.no_stats,
+                latency_spin_ns,
             });
         }
         Ok(out)
@@ -567,6 +592,8 @@ pub struct DiskConfig {
     pub seed: u64,
     pub faults: FaultConfig,
     pub no_stats: bool,
+    /// See `--latency-spin`.
+    pub latency_spin_ns: u64,
 }
 
 impl DiskConfig {
