@@ -253,6 +253,9 @@ fn qd1_latency(spec: &str) -> Result<(f64, f64, f64)> {
         spec,
         "--seed",
         "7",
+        // Accuracy mode: wake 50 us early and spin to each deadline.
+        "--latency-spin",
+        "50us",
     ])?;
     let mut c = d.connect(1)?;
     closed_loop(&mut c.queues[0], 1, 0, WARMUP)?;

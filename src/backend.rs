@@ -350,6 +350,7 @@ impl BlkBackend {
                     while Instant::now() < p.deadline {
                         std::hint::spin_loop();
                     }
+                    st.counters.latency_spin_ns += now.elapsed().as_nanos() as u64;
                 }
             }
         }

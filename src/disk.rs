@@ -269,9 +269,11 @@ pub struct DiskArgs {
     #[serde(alias = "stall_every")]
     pub stall_every: Option<String>,
     /// Wake this long before an emulated completion is due and spin until
-    /// it (timer wake-ups are late by tens of microseconds on many hosts);
-    /// 0 relies on the timer alone.
-    #[arg(long, value_name = "DURATION", default_value = "50us")]
+    /// it: exact deadlines (timer wake-ups are late by tens of microseconds
+    /// on many hosts) for up to DURATION of backend CPU per wake-up. The
+    /// default 0 relies on the timer alone, leaving the host's CPUs to the
+    /// guest.
+    #[arg(long, value_name = "DURATION", default_value = "0")]
     #[serde(alias = "latency_spin")]
     pub latency_spin: String,
     /// Keep counters only: no histograms and no per-request time stamps

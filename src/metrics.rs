@@ -209,6 +209,12 @@ fn summary_specs() -> Vec<SummarySpec> {
             divisor: 1.0,
             parts: vec![(vec![], |q| &q.inflight_at_pop)],
         },
+        SummarySpec {
+            name: "blklab_tag_wait_seconds",
+            help: "Time a queue waited for a free command slot.",
+            divisor: 1e9,
+            parts: vec![(vec![], |q| &q.tag_wait_ns)],
+        },
     ]
 }
 

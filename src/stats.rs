@@ -51,6 +51,9 @@ pub struct QueueCounters {
     pub injected_fail_every: u64,
     pub injected_fail_range: u64,
     pub injected_stalls: u64,
+    /// Nanoseconds the worker spun waiting for completion deadlines
+    /// (--latency-spin).
+    pub latency_spin_ns: u64,
 }
 
 impl QueueCounters {
@@ -79,6 +82,7 @@ impl QueueCounters {
             injected_fail_every: self.injected_fail_every - e.injected_fail_every,
             injected_fail_range: self.injected_fail_range - e.injected_fail_range,
             injected_stalls: self.injected_stalls - e.injected_stalls,
+            latency_spin_ns: self.latency_spin_ns - e.latency_spin_ns,
         }
     }
 }
