@@ -434,13 +434,14 @@ impl BlkBackend {
                 break;
             }
             q.pending.pop();
-            self.finish(q, st, vs, mem, p);
+            self.finish(q, st, vs, mem, p, Some(now));
             n += 1;
         }
         n
     }
 
-    /// Put a request on the used ring and give its slot back.
+    /// Put a request on the used ring and give its slot back; its service
+    /// time is recorded as ending at `done` (None: the caller records it).
     fn finish(
         &self,
         q: &mut QueueState,
@@ -448,6 +449,7 @@ impl BlkBackend {
         vs: &mut vhost_user_backend::VringState<GM>,
         mem: &GuestMemoryMmap,
         p: Pending,
+        done: Option<Instant>,
     ) {
         if vs
             .get_queue_mut()
@@ -463,7 +465,9 @@ impl BlkBackend {
         if let (Some(tag), Some((pool, id))) = (p.tag, &self.disk.tag_slots[q.index]) {
             pool.put(*id, tag);
         }
-        st.completed(p.op, p.popped_at.elapsed());
+        if let Some(done) = done {
+            st.completed(p.op, done.saturating_duration_since(p.popped_at));
+        }
     }
 
     /// Pop and execute every available chain, as far as command slots
@@ -475,6 +479,30 @@ impl BlkBackend {
         st: &mut QueueStats,
         vs: &mut vhost_user_backend::VringState<GM>,
         mem: &GuestMemoryMmap,
+    ) -> DrainResult {
+        let cfg = &self.disk.cfg;
+        let timed = st.histograms || !cfg.latency.is_zero() || cfg.faults.stall_every.is_some();
+        let pass_start = Instant::now();
+        // The last request served at once: its service time ends at the
+        // next pop (or at the end of the pass).
+        let mut served_at_once: Option<(Op, Instant)> = None;
+        let r = self.drain_timed(q, st, vs, mem, timed, pass_start, &mut served_at_once);
+        if let Some((op, at)) = served_at_once {
+            st.completed(op, at.elapsed());
+        }
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn drain_timed(
+        &self,
+        q: &mut QueueState,
+        st: &mut QueueStats,
+        vs: &mut vhost_user_backend::VringState<GM>,
+        mem: &GuestMemoryMmap,
+        timed: bool,
+        pass_start: Instant,
+        served_at_once: &mut Option<(Op, Instant)>,
     ) -> DrainResult {
         let mut r = DrainResult {
             used: 0,
@@ -533,7 +561,13 @@ impl BlkBackend {
                 return r;
             };
             let head = chain.head_index();
-            let popped_at = Instant::now();
+            // One clock read per request: it is this request's pop time and
+            // the completion time of the previous one served at once. With
+            // --no-stats and no emulated latency nothing needs the clock.
+            let popped_at = if timed { Instant::now() } else { pass_start };
+            if let Some((op, at)) = served_at_once.take() {
+                st.completed(op, popped_at.saturating_duration_since(at));
+            }
             st.popped(popped_at, q.pending.len() as u64);
             r.popped += 1;
             let outcome = match collect_segments(chain, &mut q.segs) {
@@ -575,7 +609,10 @@ impl BlkBackend {
             };
             q.seq += 1;
             if delay.is_zero() {
-                self.finish(q, st, vs, mem, p);
+                self.finish(q, st, vs, mem, p, None);
+                if timed {
+                    *served_at_once = Some((op, popped_at));
+                }
                 r.used += 1;
             } else {
                 q.pending.push(Reverse(p));
@@ -819,7 +856,7 @@ impl VhostUserBackend for BlkBackend {
         let mut st = self.disk.queue_stats(qi);
         let mut vs = vring.get_mut();
         while let Some(Reverse(p)) = q.pending.pop() {
-            self.finish(&mut q, &mut st, &mut vs, &mem, p);
+            self.finish(&mut q, &mut st, &mut vs, &mem, p, Some(Instant::now()));
         }
         let _ = vs.signal_used_queue();
         drop(vs);
