@@ -138,6 +138,13 @@ impl Disk {
         out
     }
 
+    /// Return a command slot taken by queue `q` to its pool.
+    fn put_tag(&self, q: usize, tag: Option<Tag>) {
+        if let (Some(t), Some((pool, id))) = (tag, &self.tag_slots[q]) {
+            pool.put(*id, t);
+        }
+    }
+
     /// The eventfd that wakes queue `q` when a slot frees.
     pub fn tag_waker(&self, q: usize) -> &Arc<EventFd> {
         &self.tag_wakers[q]
@@ -225,7 +232,6 @@ pub struct BlkBackend {
     /// For each worker thread, the queue index of each of its vrings.
     thread_queues: Vec<Vec<usize>>,
     acked_features: AtomicU64,
-    event_idx: AtomicBool,
 }
 
 impl BlkBackend {
@@ -269,7 +275,6 @@ impl BlkBackend {
             queues,
             thread_queues,
             acked_features: AtomicU64::new(0),
-            event_idx: AtomicBool::new(false),
         })
     }
 
@@ -344,7 +349,7 @@ impl BlkBackend {
             // the earliest completion is due, so completions follow their
             // deadlines rather than the host's timer slack.
             if let Some(Reverse(p)) = q.pending.peek() {
-                let spin = std::time::Duration::from_nanos(self.disk.cfg.latency_spin_ns);
+                let spin = self.disk.cfg.latency_spin();
                 let now = Instant::now();
                 if p.deadline > now && p.deadline - now <= spin {
                     while Instant::now() < p.deadline {
@@ -409,7 +414,7 @@ impl BlkBackend {
             st.wakeup(kicks, popped);
         }
         // Wake a little early and spin the rest (see --latency-spin).
-        let spin = std::time::Duration::from_nanos(self.disk.cfg.latency_spin_ns);
+        let spin = self.disk.cfg.latency_spin();
         let next = q
             .pending
             .peek()
@@ -462,9 +467,7 @@ impl BlkBackend {
                 &format!("cannot put head {} on the used ring", p.head),
             );
         }
-        if let (Some(tag), Some((pool, id))) = (p.tag, &self.disk.tag_slots[q.index]) {
-            pool.put(*id, tag);
-        }
+        self.disk.put_tag(q.index, p.tag);
         if let Some(done) = done {
             st.completed(p.op, done.saturating_duration_since(p.popped_at));
         }
@@ -542,22 +545,17 @@ impl BlkBackend {
                     }
                 },
             };
-            let give_back = |tag: Option<Tag>| {
-                if let (Some(t), Some((pool, id))) = (tag, &slots) {
-                    pool.put(*id, t);
-                }
-            };
             let chain = match vs.get_queue_mut().iter(mem) {
                 Ok(mut it) => it.next(),
                 Err(e) => {
-                    give_back(tag);
+                    self.disk.put_tag(q.index, tag);
                     self.ring_error(q, st, &format!("avail ring unusable: {e}"));
                     r.ring_ok = false;
                     return r;
                 }
             };
             let Some(chain) = chain else {
-                give_back(tag);
+                self.disk.put_tag(q.index, tag);
                 return r;
             };
             let head = chain.head_index();
@@ -586,7 +584,7 @@ impl BlkBackend {
             let used_len = self.account(q, st, outcome);
             let Outcome::Completed { op, fault, .. } = outcome else {
                 // Malformed: returned at once, no emulated service time.
-                give_back(tag);
+                self.disk.put_tag(q.index, tag);
                 if vs.get_queue_mut().add_used(mem, head, 0).is_err() {
                     self.ring_error(q, st, &format!("cannot put head {head} on the used ring"));
                 } else {
@@ -711,12 +709,8 @@ impl Drop for BlkBackend {
     fn drop(&mut self) {
         for (qi, q) in self.queues.iter_mut().enumerate() {
             let q = q.get_mut().unwrap_or_else(|p| p.into_inner());
-            if let Some((pool, id)) = &self.disk.tag_slots[qi] {
-                for Reverse(p) in q.pending.drain() {
-                    if let Some(t) = p.tag {
-                        pool.put(*id, t);
-                    }
-                }
+            for Reverse(p) in q.pending.drain() {
+                self.disk.put_tag(qi, p.tag);
             }
         }
     }
@@ -775,9 +769,9 @@ impl VhostUserBackend for BlkBackend {
             | VhostUserProtocolFeatures::REPLY_ACK
     }
 
-    fn set_event_idx(&self, enabled: bool) {
-        self.event_idx.store(enabled, Ordering::Relaxed);
-    }
+    /// vhost-user-backend sets EVENT_IDX on every vring's queue itself;
+    /// the worker reads it from there.
+    fn set_event_idx(&self, _enabled: bool) {}
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
         config_space::read(&self.disk.config_space(), offset, size).unwrap_or_default()

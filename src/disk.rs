@@ -403,7 +403,7 @@ impl DiskArgs {
                     let keep = 20usize.saturating_sub(suffix.len()).min(s.len());
                     format!("{}{}", &s[..floor_char_boundary(s, keep)], suffix)
                 }
-                None => default_serial(&storage, &sock, index),
+                None => default_serial(&storage, index),
             };
             out.push(DiskConfig {
                 socket: sock,
@@ -498,7 +498,7 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
 
 /// A serial that says what the disk is: `blklab-mem`, `blklab-null-3`, or
 /// the image's file name for file disks; at most 20 bytes.
-fn default_serial(storage: &StorageSpec, socket: &Path, index: Option<u32>) -> String {
+fn default_serial(storage: &StorageSpec, index: Option<u32>) -> String {
     let base = match storage {
         StorageSpec::File(p) => p
             .file_name()
@@ -506,11 +506,9 @@ fn default_serial(storage: &StorageSpec, socket: &Path, index: Option<u32>) -> S
             .unwrap_or_else(|| "image".into()),
         other => format!("blklab-{}", other.kind()),
     };
-    let _ = socket;
     let suffix = index.map(|i| format!("-{i}")).unwrap_or_default();
     let keep = 20 - suffix.len();
-    let start = base.len().saturating_sub(keep);
-    let mut start = start;
+    let mut start = base.len().saturating_sub(keep);
     while !base.is_char_boundary(start) {
         start += 1;
     }
@@ -603,6 +601,11 @@ impl DiskConfig {
     /// the header and status descriptors, as QEMU does.
     pub fn seg_max(&self) -> u32 {
         u32::from(self.queue_size).saturating_sub(2).max(1)
+    }
+
+    /// See `--latency-spin`.
+    pub fn latency_spin(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.latency_spin_ns)
     }
 
     /// One-line description for logs.
