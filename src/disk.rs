@@ -75,6 +75,8 @@ pub enum ConfigError {
     TagFairness(String),
     #[error("invalid fault injection option: {0}")]
     Fault(#[from] crate::faults::FaultParseError),
+    #[error("invalid --latency-spin {0:?}: expected 0 or a duration of at most 1ms, e.g. 50us")]
+    LatencySpin(String),
     #[error("invalid --{flag}: {source}")]
     Latency {
         flag: &'static str,
@@ -369,12 +371,7 @@ impl DiskArgs {
             Ok(LatencySpec::Fixed(d)) if d <= std::time::Duration::from_millis(1) => {
                 d.as_nanos() as u64
             }
-            Ok(_) => {
-                return Err(ConfigError::Latency {
-                    flag: "latency-spin",
-                    source: crate::latency::LatencyParseError::Empty,
-                })
-            }
+            Ok(_) => return Err(ConfigError::LatencySpin(self.latency_spin.clone())),
             Err(source) => {
                 return Err(ConfigError::Latency {
                     flag: "latency-spin",
@@ -853,6 +850,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("--latency"), "{e}");
+        assert!(matches!(
+            base(&["--latency-spin", "5ms"]).to_configs(),
+            Err(ConfigError::LatencySpin(_))
+        ));
+        assert!(matches!(
+            base(&["--latency-spin", "uniform:1us..2us"]).to_configs(),
+            Err(ConfigError::LatencySpin(_))
+        ));
+        assert_eq!(
+            base(&["--latency-spin", "50us"]).to_configs().unwrap()[0].latency_spin_ns,
+            50_000
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ fn main() {
         Command::Stats(args) => blklab::stats_view::run(&args).context("blklab stats"),
     };
     if let Err(e) = result {
-        eprintln!("blklab: error: {e:#}");
+        eprintln!("blklab: error: {}", error_chain(&e));
         std::process::exit(1);
     }
 }
@@ -64,4 +64,20 @@ fn serve(args: ServeArgs) -> Result<()> {
             .with_context(|| format!("cannot write --stats-out {}", path.display()))?;
     }
     Ok(())
+}
+
+/// The error and its causes, leaving out a cause whose text the message
+/// before it already quotes (many errors embed their source's message).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
 }
