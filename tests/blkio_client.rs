@@ -359,7 +359,11 @@ fn bad_cli_values_give_clear_errors() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(want), "{args:?}: expected {want:?} in {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
-        assert_eq!(err.matches(want).count(), 1, "{args:?}: message repeated: {err}");
+        assert_eq!(
+            err.matches(want).count(),
+            1,
+            "{args:?}: message repeated: {err}"
+        );
     }
 }
 
