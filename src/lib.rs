@@ -12,7 +12,8 @@
 //! - [`disk`]: a disk's full configuration (CLI or config file);
 //! - [`server`]: sockets, reconnects, signals, several disks per process;
 //! - [`qemu_args`]: the QEMU options that match a served disk;
-//! - [`metrics`]: Prometheus text exposition and a loopback HTTP endpoint.
+//! - [`metrics`]: Prometheus text exposition and a loopback HTTP endpoint;
+//! - [`lab`]: guest images, QEMU and `blklab run`.
 
 pub mod backend;
 pub mod cli;
@@ -24,6 +25,7 @@ pub mod faults;
 pub mod features;
 pub mod histogram;
 pub mod kick_vring;
+pub mod lab;
 pub mod latency;
 pub mod metrics;
 pub mod qemu_args;

@@ -13,6 +13,7 @@ fn main() {
     let result = match cli.command {
         Command::Serve(args) => serve(*args),
         Command::Stats(args) => blklab::stats_view::run(&args).context("blklab stats"),
+        Command::Run(args) => run(&args),
     };
     if let Err(e) = result {
         eprintln!("blklab: error: {}", error_chain(&e));
@@ -62,6 +63,23 @@ fn serve(args: ServeArgs) -> Result<()> {
     if let Some(path) = &args.stats_out {
         blklab::control::write_stats_file(path, &served)
             .with_context(|| format!("cannot write --stats-out {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn run(args: &blklab::cli::RunArgs) -> Result<()> {
+    let outcome = blklab::lab::runner::run(args).context("blklab run")?;
+    print!("{}", blklab::lab::summary::table(&outcome.records));
+    println!("results: {}", outcome.out_dir.display());
+    if !outcome.failures.is_empty() {
+        for f in &outcome.failures {
+            eprintln!("blklab: failed: {f}");
+        }
+        anyhow::bail!(
+            "{} failure(s); see {}",
+            outcome.failures.len(),
+            outcome.out_dir.display()
+        );
     }
     Ok(())
 }

@@ -315,6 +315,9 @@ pub struct QueueReport {
     pub worker_cpu: Option<ThreadCpu>,
 }
 
+/// The git commit blklab was built from (`unknown` outside a checkout).
+pub const GIT_COMMIT: &str = env!("BLKLAB_GIT_COMMIT");
+
 /// One disk in a stats document.
 #[derive(Debug, Clone, Serialize)]
 pub struct DiskReport {
@@ -343,7 +346,7 @@ impl StatsDocument {
     pub fn new(disks: Vec<DiskReport>) -> StatsDocument {
         StatsDocument {
             blklab_version: env!("CARGO_PKG_VERSION"),
-            git_commit: env!("BLKLAB_GIT_COMMIT"),
+            git_commit: GIT_COMMIT,
             time_unix_ns: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_nanos())

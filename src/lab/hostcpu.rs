@@ -1,0 +1,241 @@
+//! Host-side CPU time per thread of a process, from `/proc/PID/task`.
+//!
+//! The lab samples the QEMU process (vCPU threads are named `CPU n/KVM` or
+//! `CPU n/TCG` with `-name …,debug-threads=on`; everything else is device
+//! emulation, the main loop and vhost-user plumbing) and its own process
+//! (the in-process backend's queue workers) around each scenario.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// Cumulative CPU ticks of one thread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ThreadSample {
+    pub tid: i32,
+    pub name: String,
+    pub utime: u64,
+    pub stime: u64,
+}
+
+/// Every thread of a process at one moment.
+#[derive(Debug, Clone)]
+pub struct ProcessSample {
+    pub pid: i32,
+    pub at: std::time::Instant,
+    pub threads: Vec<ThreadSample>,
+}
+
+fn clk_tck() -> f64 {
+    // SAFETY: sysconf has no memory effects.
+    let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if v > 0 {
+        v as f64
+    } else {
+        100.0
+    }
+}
+
+/// Parse one `/proc/PID/task/TID/stat` line: (name, utime, stime).
+pub fn parse_stat(text: &str) -> Option<(String, u64, u64)> {
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let name = text.get(open + 1..close)?.to_string();
+    let rest: Vec<&str> = text.get(close + 2..)?.split_whitespace().collect();
+    // rest[0] is field 3 (state); utime/stime are fields 14/15.
+    Some((
+        name,
+        rest.get(11)?.parse().ok()?,
+        rest.get(12)?.parse().ok()?,
+    ))
+}
+
+/// Sample every thread of `pid`. Threads that exit while we read are skipped;
+/// `None` when the process itself is gone.
+pub fn sample(pid: i32) -> Option<ProcessSample> {
+    let at = std::time::Instant::now();
+    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut threads = Vec::new();
+    for entry in dir.flatten() {
+        let Ok(tid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(text) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        if let Some((name, utime, stime)) = parse_stat(&text) {
+            threads.push(ThreadSample {
+                tid,
+                name,
+                utime,
+                stime,
+            });
+        }
+    }
+    threads.sort_by_key(|t| t.tid);
+    Some(ProcessSample { pid, at, threads })
+}
+
+/// CPU seconds of one group of threads over an interval.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct CpuSeconds {
+    pub user_s: f64,
+    pub sys_s: f64,
+    pub total_s: f64,
+    /// total_s / wall seconds × 100: percent of one host CPU.
+    pub percent_of_one_cpu: f64,
+}
+
+/// One thread's CPU over an interval.
+#[derive(Debug, Clone, Serialize)]
+pub struct ThreadCpuDelta {
+    pub tid: i32,
+    pub name: String,
+    pub user_s: f64,
+    pub sys_s: f64,
+}
+
+/// A process's CPU over an interval, grouped.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProcessCpu {
+    pub pid: i32,
+    pub wall_s: f64,
+    pub total: CpuSeconds,
+    /// Groups by role (see [`classify`]).
+    pub groups: BTreeMap<String, CpuSeconds>,
+    /// Every thread that ran.
+    pub threads: Vec<ThreadCpuDelta>,
+}
+
+/// The group a thread belongs to, by its name, for `role` = "qemu" or
+/// "backend".
+pub fn classify(role: &str, name: &str) -> String {
+    match role {
+        "qemu" => {
+            if name.starts_with("CPU ") && name.contains('/') {
+                "vcpu".into()
+            } else {
+                "other".into()
+            }
+        }
+        _ => {
+            // vhost-user-backend names its queue threads "vring_worker";
+            // the server names each disk's accept thread "blklab-N" and
+            // each connection's protocol thread "blklab-conn-N" (comm is
+            // cut to 15 bytes). Everything else is the lab's own bookkeeping.
+            if name == "vring_worker" {
+                "backend-queues".into()
+            } else if name.starts_with("blklab-conn-")
+                || name.starts_with("blklab-")
+                    && name[7..].starts_with(|c: char| c.is_ascii_digit())
+            {
+                "backend-protocol".into()
+            } else {
+                "lab".into()
+            }
+        }
+    }
+}
+
+/// The CPU each thread used between `a` and `b` (threads in `b`; a thread
+/// born in between counts from zero).
+pub fn delta(role: &str, a: &ProcessSample, b: &ProcessSample) -> ProcessCpu {
+    let hz = clk_tck();
+    let wall_s = b.at.duration_since(a.at).as_secs_f64();
+    let before: BTreeMap<i32, &ThreadSample> = a.threads.iter().map(|t| (t.tid, t)).collect();
+    let mut groups: BTreeMap<String, CpuSeconds> = BTreeMap::new();
+    let mut total = CpuSeconds::default();
+    let mut threads = Vec::new();
+    for t in &b.threads {
+        let (u0, s0) = before
+            .get(&t.tid)
+            .map(|p| (p.utime, p.stime))
+            .unwrap_or((0, 0));
+        let user_s = t.utime.saturating_sub(u0) as f64 / hz;
+        let sys_s = t.stime.saturating_sub(s0) as f64 / hz;
+        let g = groups.entry(classify(role, &t.name)).or_default();
+        for c in [&mut *g, &mut total] {
+            c.user_s += user_s;
+            c.sys_s += sys_s;
+            c.total_s += user_s + sys_s;
+        }
+        if user_s + sys_s > 0.0 {
+            threads.push(ThreadCpuDelta {
+                tid: t.tid,
+                name: t.name.clone(),
+                user_s,
+                sys_s,
+            });
+        }
+    }
+    let pct = |c: &mut CpuSeconds| {
+        c.percent_of_one_cpu = if wall_s > 0.0 {
+            c.total_s / wall_s * 100.0
+        } else {
+            0.0
+        };
+    };
+    pct(&mut total);
+    groups.values_mut().for_each(pct);
+    ProcessCpu {
+        pid: b.pid,
+        wall_s,
+        total,
+        groups,
+        threads,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_names_with_spaces_and_parens() {
+        let line = "1234 (CPU 0/TCG) S 1 2 3 4 5 6 7 8 9 10 250 31 0 0 20 0 9 0 100 0 0";
+        let (n, u, s) = parse_stat(line).unwrap();
+        assert_eq!((n.as_str(), u, s), ("CPU 0/TCG", 250, 31));
+        let line = "7 (a) b) R 1 2 3 4 5 6 7 8 9 10 11 12 0 0";
+        assert_eq!(parse_stat(line).unwrap(), ("a) b".to_string(), 11, 12));
+        assert!(parse_stat("garbage").is_none());
+    }
+
+    #[test]
+    fn classifies_qemu_threads() {
+        assert_eq!(classify("qemu", "CPU 1/KVM"), "vcpu");
+        assert_eq!(classify("qemu", "CPU 0/TCG"), "vcpu");
+        assert_eq!(classify("qemu", "qemu-system-x86"), "other");
+        assert_eq!(classify("qemu", "worker"), "other");
+    }
+
+    #[test]
+    fn measures_a_busy_thread() {
+        let me = std::process::id() as i32;
+        let a = sample(me).unwrap();
+        let t = std::thread::Builder::new()
+            .name("spinner".into())
+            .spawn(|| {
+                let start = std::time::Instant::now();
+                let mut x = 0u64;
+                while start.elapsed() < std::time::Duration::from_millis(300) {
+                    x = x.wrapping_add(std::hint::black_box(1));
+                }
+                x
+            })
+            .unwrap();
+        // Sample while the spinner is still alive (an exited thread vanishes).
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        let b = sample(me).unwrap();
+        t.join().unwrap();
+        let d = delta("backend", &a, &b);
+        let spin: f64 = d
+            .threads
+            .iter()
+            .filter(|t| t.name == "spinner")
+            .map(|t| t.user_s + t.sys_s)
+            .sum();
+        assert!(spin >= 0.1, "spinner used {spin} s: {d:?}");
+        assert!(d.total.total_s >= spin);
+        assert!(d.wall_s >= 0.25);
+    }
+}

@@ -1,0 +1,336 @@
+//! Guest kernels and initramfs images: `--kernel` specs and the call to
+//! `images/prepare.sh`, which fetches, builds and caches them (see
+//! docs/lab-protocol.md section 1).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ImageError {
+    #[error("invalid --kernel {spec:?}: {why}")]
+    BadSpec { spec: String, why: String },
+    #[error("kernel image {0} does not exist")]
+    MissingKernel(PathBuf),
+    #[error("{0} is not a bzImage (no \"HdrS\" boot header at offset 0x202)")]
+    NotBzImage(PathBuf),
+    #[error("modules directory {0} does not exist")]
+    MissingModules(PathBuf),
+    #[error("cannot find {0}: pass --lab-dir (the blklab source tree with images/ and guest-scripts/) or set BLKLAB_LAB_DIR")]
+    NoLabDir(PathBuf),
+    #[error("cannot run {script}: {source}")]
+    Spawn {
+        script: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("preparing the guest images failed ({status}); see the messages above")]
+    Failed { status: String },
+    #[error("images/prepare.sh printed an unexpected line {line:?}: {why}")]
+    BadOutput { line: String, why: String },
+    #[error("images/prepare.sh printed {got} results for {want} kernels")]
+    Count { got: usize, want: usize },
+}
+
+/// A guest kernel as the user names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum KernelSpec {
+    /// `debian-6.1`, `debian-6.12`: Debian's prebuilt kernels.
+    Debian(String),
+    /// `build:6.12` or `build:6.12+noplug`: built from linux-source.
+    Build {
+        series: String,
+        patch: Option<String>,
+    },
+    /// `path:FILE[,modules=DIR][,name=LABEL]` or a bare path.
+    Path {
+        kernel: PathBuf,
+        modules: Option<PathBuf>,
+        name: Option<String>,
+    },
+}
+
+impl KernelSpec {
+    /// The form `images/prepare.sh` takes.
+    pub fn to_prepare_arg(&self) -> String {
+        match self {
+            KernelSpec::Debian(s) => format!("debian-{s}"),
+            KernelSpec::Build { series, patch } => match patch {
+                Some(p) => format!("build:{series}+{p}"),
+                None => format!("build:{series}"),
+            },
+            KernelSpec::Path {
+                kernel,
+                modules,
+                name,
+            } => {
+                let mut s = format!("path:{}", kernel.display());
+                if let Some(m) = modules {
+                    s.push_str(&format!(",modules={}", m.display()));
+                }
+                if let Some(n) = name {
+                    s.push_str(&format!(",name={n}"));
+                }
+                s
+            }
+        }
+    }
+
+    /// Check what can be checked before anything is built: a path kernel
+    /// must exist and be a bzImage.
+    pub fn check(&self) -> Result<(), ImageError> {
+        if let KernelSpec::Path {
+            kernel, modules, ..
+        } = self
+        {
+            if !kernel.is_file() {
+                return Err(ImageError::MissingKernel(kernel.clone()));
+            }
+            let mut hdr = [0u8; 0x206];
+            let ok = std::fs::File::open(kernel)
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut hdr))
+                .is_ok()
+                && &hdr[0x202..0x206] == b"HdrS";
+            if !ok {
+                return Err(ImageError::NotBzImage(kernel.clone()));
+            }
+            if let Some(m) = modules {
+                if !m.is_dir() {
+                    return Err(ImageError::MissingModules(m.clone()));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl std::str::FromStr for KernelSpec {
+    type Err = ImageError;
+    fn from_str(s: &str) -> Result<Self, ImageError> {
+        let bad = |why: &str| ImageError::BadSpec {
+            spec: s.to_string(),
+            why: why.to_string(),
+        };
+        if let Some(series) = s.strip_prefix("debian-") {
+            return match series {
+                "6.1" | "6.12" => Ok(KernelSpec::Debian(series.to_string())),
+                _ => Err(bad("Debian kernels: debian-6.1 or debian-6.12")),
+            };
+        }
+        if let Some(rest) = s.strip_prefix("build:") {
+            let (series, patch) = match rest.split_once('+') {
+                Some((a, b)) => (a, Some(b)),
+                None => (rest, None),
+            };
+            if series != "6.12" {
+                return Err(bad("self-built kernels: build:6.12 or build:6.12+PATCH"));
+            }
+            if let Some(p) = patch {
+                if p.is_empty()
+                    || !p
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+                {
+                    return Err(bad("PATCH names a file images/patches/PATCH.patch"));
+                }
+            }
+            return Ok(KernelSpec::Build {
+                series: series.to_string(),
+                patch: patch.map(|p| p.to_string()),
+            });
+        }
+        let body = s.strip_prefix("path:").unwrap_or(s);
+        if !(s.starts_with("path:") || s.contains('/')) {
+            return Err(bad(
+                "expected debian-6.1, debian-6.12, build:6.12[+PATCH] or path:FILE[,modules=DIR][,name=LABEL]",
+            ));
+        }
+        let mut parts = body.split(',');
+        let kernel = PathBuf::from(parts.next().unwrap_or(""));
+        if kernel.as_os_str().is_empty() {
+            return Err(bad("empty kernel path"));
+        }
+        let (mut modules, mut name) = (None, None);
+        for p in parts {
+            match p.split_once('=') {
+                Some(("modules", d)) if !d.is_empty() => modules = Some(PathBuf::from(d)),
+                Some(("name", n))
+                    if !n.is_empty()
+                        && n.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || "._+-".contains(c)) =>
+                {
+                    name = Some(n.to_string())
+                }
+                _ => {
+                    return Err(bad(&format!(
+                        "unknown option {p:?} (modules=DIR, name=LABEL)"
+                    )))
+                }
+            }
+        }
+        Ok(KernelSpec::Path {
+            kernel,
+            modules,
+            name,
+        })
+    }
+}
+
+/// A guest ready to boot, as `images/prepare.sh` reports it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PreparedGuest {
+    pub spec: String,
+    /// Short label for tables and file names.
+    pub name: String,
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+    pub kernel_manifest: Option<PathBuf>,
+    pub initramfs_manifest: Option<PathBuf>,
+}
+
+impl PreparedGuest {
+    /// Both manifests' contents (null when absent or unreadable).
+    pub fn manifests(&self) -> Value {
+        let read = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .unwrap_or(Value::Null)
+        };
+        serde_json::json!({
+            "kernel": read(&self.kernel_manifest),
+            "initramfs": read(&self.initramfs_manifest),
+        })
+    }
+}
+
+/// The blklab source tree (images/, guest-scripts/): `--lab-dir`, else
+/// `BLKLAB_LAB_DIR`, else the tree this binary was built from.
+pub fn lab_dir(explicit: Option<&Path>) -> Result<PathBuf, ImageError> {
+    let dir = match explicit {
+        Some(d) => d.to_path_buf(),
+        None => match std::env::var_os("BLKLAB_LAB_DIR") {
+            Some(d) => PathBuf::from(d),
+            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        },
+    };
+    let prepare = dir.join("images/prepare.sh");
+    if !prepare.is_file() {
+        return Err(ImageError::NoLabDir(prepare));
+    }
+    Ok(dir)
+}
+
+/// Run `images/prepare.sh` for `specs` (its progress goes to our stderr)
+/// and return one prepared guest per spec, in order.
+pub fn prepare(
+    lab_dir: &Path,
+    cache: Option<&Path>,
+    specs: &[KernelSpec],
+) -> Result<Vec<PreparedGuest>, ImageError> {
+    for s in specs {
+        s.check()?;
+    }
+    let script = lab_dir.join("images/prepare.sh");
+    let mut cmd = Command::new("sh");
+    cmd.arg(&script);
+    if let Some(c) = cache {
+        cmd.arg("--cache").arg(c);
+    }
+    cmd.args(specs.iter().map(|s| s.to_prepare_arg()));
+    let out = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|source| ImageError::Spawn {
+            script: script.clone(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(ImageError::Failed {
+            status: out.status.to_string(),
+        });
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut guests = Vec::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let g: PreparedGuest = serde_json::from_str(line).map_err(|e| ImageError::BadOutput {
+            line: line.to_string(),
+            why: e.to_string(),
+        })?;
+        guests.push(g);
+    }
+    if guests.len() != specs.len() {
+        return Err(ImageError::Count {
+            got: guests.len(),
+            want: specs.len(),
+        });
+    }
+    Ok(guests)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_specs() {
+        assert_eq!(
+            "debian-6.12".parse::<KernelSpec>().unwrap(),
+            KernelSpec::Debian("6.12".into())
+        );
+        assert_eq!(
+            "build:6.12+noplug".parse::<KernelSpec>().unwrap(),
+            KernelSpec::Build {
+                series: "6.12".into(),
+                patch: Some("noplug".into())
+            }
+        );
+        let p: KernelSpec = "path:/b/bzImage,modules=/m,name=mine".parse().unwrap();
+        assert_eq!(p.to_prepare_arg(), "path:/b/bzImage,modules=/m,name=mine");
+        let bare: KernelSpec = "./arch/x86/boot/bzImage".parse().unwrap();
+        assert_eq!(bare.to_prepare_arg(), "path:./arch/x86/boot/bzImage");
+        for bad in [
+            "debian-5.10",
+            "build:9.99",
+            "build:6.12+",
+            "vmlinuz",
+            "path:",
+            "path:/x,foo=1",
+        ] {
+            let e = bad.parse::<KernelSpec>().unwrap_err().to_string();
+            assert!(e.contains("invalid --kernel"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn path_kernels_are_checked() {
+        let e = "path:/nonexistent/bzImage"
+            .parse::<KernelSpec>()
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not exist"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("notakernel");
+        std::fs::write(&f, vec![0u8; 4096]).unwrap();
+        let e = format!("path:{}", f.display())
+            .parse::<KernelSpec>()
+            .unwrap()
+            .check()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not a bzImage"), "{e}");
+        let mut img = vec![0u8; 4096];
+        img[0x202..0x206].copy_from_slice(b"HdrS");
+        std::fs::write(&f, img).unwrap();
+        let spec: KernelSpec = format!("path:{},modules=/nonexistent", f.display())
+            .parse()
+            .unwrap();
+        assert!(spec.check().unwrap_err().to_string().contains("modules"));
+    }
+}

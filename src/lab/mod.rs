@@ -1,0 +1,19 @@
+//! The lab: from guest kernels to numbers (`blklab run`).
+//!
+//! - [`scenario`]: the `.scn` scenario files the guest runs;
+//! - [`images`]: `--kernel` specs and `images/prepare.sh`;
+//! - [`qemu`]: QEMU's command line, the KVM probe, a guest on pipes;
+//! - [`console`]: the guest's console protocol (SYNC, results);
+//! - [`hostcpu`]: per-thread CPU of QEMU and of this process;
+//! - [`runner`]: the interleaved boots and the records they produce;
+//! - [`summary`]: the table printed at the end.
+//!
+//! The contract between the parts is docs/lab-protocol.md.
+
+pub mod console;
+pub mod hostcpu;
+pub mod images;
+pub mod qemu;
+pub mod runner;
+pub mod scenario;
+pub mod summary;

@@ -1,0 +1,515 @@
+//! Booting a guest: QEMU's command line, the accelerator choice (with a real
+//! KVM probe), and a running QEMU whose serial console we read and answer.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use log::{debug, info, warn};
+use serde::Serialize;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum QemuError {
+    #[error(
+        "{0} not found: install it with `apt-get install qemu-system-x86` (or pass --qemu PATH)"
+    )]
+    NotFound(String),
+    #[error("cannot start {qemu}: {source}")]
+    Spawn {
+        qemu: String,
+        source: std::io::Error,
+    },
+    #[error("QEMU exited ({status}) before the guest finished; its stderr: {stderr}; last console lines:\n{console}")]
+    Exited {
+        status: String,
+        stderr: String,
+        console: String,
+    },
+    #[error("timed out after {secs} s waiting for {what}; last console lines:\n{console}")]
+    Timeout {
+        secs: u64,
+        what: String,
+        console: String,
+    },
+    #[error("cannot write to the guest console: {0}")]
+    Console(std::io::Error),
+}
+
+/// The accelerator QEMU runs the guest with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    /// KVM when a real probe boots a guest under it, else TCG.
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+/// One vhost-user disk on the QEMU command line.
+#[derive(Debug, Clone, Serialize)]
+pub struct QemuDisk {
+    pub socket: PathBuf,
+    pub num_queues: u16,
+    pub queue_size: u16,
+}
+
+/// Everything that makes up one guest's QEMU command line.
+#[derive(Debug, Clone, Serialize)]
+pub struct QemuSpec {
+    pub qemu: String,
+    /// Kvm or Tcg (never Auto here).
+    pub accel: Accel,
+    pub vcpus: u32,
+    /// QEMU size syntax: `1G`, `2048M`.
+    pub memory: String,
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+    pub append: String,
+    pub disks: Vec<QemuDisk>,
+}
+
+impl QemuSpec {
+    /// The complete argument vector (without the program).
+    pub fn args(&self) -> Vec<String> {
+        let mut a: Vec<String> = Vec::new();
+        let mut push = |s: &[&str]| a.extend(s.iter().map(|x| x.to_string()));
+        match self.accel {
+            Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
+            _ => push(&["-accel", "tcg,thread=multi"]),
+        }
+        push(&["-name", "blklab,debug-threads=on"]);
+        push(&["-smp", &self.vcpus.to_string(), "-m", &self.memory]);
+        push(&[
+            "-object",
+            &format!("memory-backend-memfd,id=mem,size={},share=on", self.memory),
+            "-machine",
+            "q35,memory-backend=mem",
+        ]);
+        push(&[
+            "-display",
+            "none",
+            "-serial",
+            "stdio",
+            "-monitor",
+            "none",
+            "-no-reboot",
+            "-nic",
+            "none",
+        ]);
+        push(&["-kernel", &self.kernel.display().to_string()]);
+        push(&["-initrd", &self.initramfs.display().to_string()]);
+        push(&["-append", &self.append]);
+        for (i, d) in self.disks.iter().enumerate() {
+            push(&[
+                "-chardev",
+                &format!("socket,id=blklab{i},path={}", d.socket.display()),
+                "-device",
+                &format!(
+                    "vhost-user-blk-pci,chardev=blklab{i},num-queues={},queue-size={}",
+                    d.num_queues, d.queue_size
+                ),
+            ]);
+        }
+        a
+    }
+}
+
+/// Find `qemu` (a name on PATH or a path).
+pub fn locate(qemu: &str) -> Result<PathBuf, QemuError> {
+    if qemu.contains('/') {
+        let p = PathBuf::from(qemu);
+        return if p.is_file() {
+            Ok(p)
+        } else {
+            Err(QemuError::NotFound(qemu.to_string()))
+        };
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(qemu))
+        .find(|p| p.is_file())
+        .ok_or_else(|| QemuError::NotFound(qemu.to_string()))
+}
+
+/// `qemu --version`'s first line.
+pub fn version(qemu: &str) -> Option<String> {
+    let out = Command::new(qemu).arg("--version").output().ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .map(|s| s.to_string())
+}
+
+/// A running guest: QEMU with its serial console on pipes.
+pub struct Guest {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    /// The last console lines, for error messages.
+    tail: Arc<Mutex<std::collections::VecDeque<String>>>,
+    stderr: Arc<Mutex<String>>,
+    pub started: Instant,
+}
+
+/// What [`Guest::next_line`] saw.
+pub enum Next {
+    Line(String),
+    /// QEMU closed its console (it exited or is exiting).
+    Closed,
+}
+
+const TAIL_LINES: usize = 40;
+
+impl Guest {
+    /// Start QEMU for `spec`; every console line is also appended to
+    /// `console_log` when given.
+    pub fn spawn(spec: &QemuSpec, console_log: Option<&Path>) -> Result<Guest, QemuError> {
+        let args = spec.args();
+        debug!("{} {}", spec.qemu, shell_words(&args));
+        let mut child = Command::new(&spec.qemu)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| {
+                if source.kind() == std::io::ErrorKind::NotFound {
+                    QemuError::NotFound(spec.qemu.clone())
+                } else {
+                    QemuError::Spawn {
+                        qemu: spec.qemu.clone(),
+                        source,
+                    }
+                }
+            })?;
+        let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = mpsc::channel();
+        let tail = Arc::new(Mutex::new(std::collections::VecDeque::new()));
+        let mut log = console_log.and_then(|p| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| warn!("cannot write console log {}: {e}", p.display()))
+                .ok()
+        });
+        let t = tail.clone();
+        std::thread::Builder::new()
+            .name("blklab-console".into())
+            .spawn(move || {
+                let mut r = BufReader::new(stdout);
+                let mut buf = Vec::new();
+                loop {
+                    buf.clear();
+                    match r.read_until(b'\n', &mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(_) => {}
+                    }
+                    if let Some(f) = log.as_mut() {
+                        let _ = f.write_all(&buf);
+                    }
+                    let line = String::from_utf8_lossy(&buf)
+                        .trim_end_matches(['\n', '\r'])
+                        .to_string();
+                    {
+                        let mut t = t.lock().unwrap_or_else(|p| p.into_inner());
+                        if t.len() == TAIL_LINES {
+                            t.pop_front();
+                        }
+                        t.push_back(line.clone());
+                    }
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            })
+            .map_err(|source| QemuError::Spawn {
+                qemu: spec.qemu.clone(),
+                source,
+            })?;
+        let err_text = Arc::new(Mutex::new(String::new()));
+        let e = err_text.clone();
+        std::thread::Builder::new()
+            .name("blklab-qemu-err".into())
+            .spawn(move || {
+                let mut s = String::new();
+                let mut r = stderr;
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = r.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    s.push_str(&String::from_utf8_lossy(&buf[..n]));
+                    *e.lock().unwrap_or_else(|p| p.into_inner()) = s.clone();
+                }
+            })
+            .map_err(|source| QemuError::Spawn {
+                qemu: spec.qemu.clone(),
+                source,
+            })?;
+        Ok(Guest {
+            stdin: child.stdin.take(),
+            child,
+            lines: rx,
+            tail,
+            stderr: err_text,
+            started: Instant::now(),
+        })
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// The next console line, waiting at most until `deadline`.
+    pub fn next_line(&mut self, deadline: Instant, what: &str) -> Result<Next, QemuError> {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match self.lines.recv_timeout(wait) {
+            Ok(l) => Ok(Next::Line(l)),
+            Err(RecvTimeoutError::Disconnected) => Ok(Next::Closed),
+            Err(RecvTimeoutError::Timeout) => Err(QemuError::Timeout {
+                secs: (deadline - self.started).as_secs().max(1),
+                what: what.to_string(),
+                console: self.console_tail(),
+            }),
+        }
+    }
+
+    /// Type a line on the guest's console.
+    pub fn answer(&mut self, text: &str) -> Result<(), QemuError> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| QemuError::Console(std::io::ErrorKind::BrokenPipe.into()))?;
+        stdin
+            .write_all(format!("{text}\n").as_bytes())
+            .and_then(|_| stdin.flush())
+            .map_err(QemuError::Console)
+    }
+
+    pub fn console_tail(&self) -> String {
+        self.tail
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    pub fn stderr_text(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .trim()
+            .to_string()
+    }
+
+    /// Wait for QEMU to exit by itself (the guest powers off) until
+    /// `timeout`, then kill it. Returns its exit status text.
+    pub fn wait_exit(&mut self, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(st)) => return st.to_string(),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50))
+                }
+                _ => {
+                    warn!("QEMU (pid {}) did not exit; killing it", self.pid());
+                    let _ = self.child.kill();
+                    return match self.child.wait() {
+                        Ok(st) => format!("killed ({st})"),
+                        Err(e) => format!("killed ({e})"),
+                    };
+                }
+            }
+        }
+    }
+
+    /// The error for a console that closed before the guest finished.
+    pub fn exited_error(&mut self) -> QemuError {
+        let status = self.wait_exit(Duration::from_secs(5));
+        // Give the stderr reader a moment to collect the last words.
+        std::thread::sleep(Duration::from_millis(100));
+        QemuError::Exited {
+            status,
+            stderr: if self.stderr_text().is_empty() {
+                "(empty)".into()
+            } else {
+                self.stderr_text()
+            },
+            console: self.console_tail(),
+        }
+    }
+}
+
+impl Drop for Guest {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Quote words for a shell, for logs and the recorded command line.
+pub fn shell_words(args: &[String]) -> String {
+    args.iter()
+        .map(|a| {
+            if !a.is_empty()
+                && a.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./=,:@%+".contains(c))
+            {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Decide the accelerator. `Auto` probes KVM for real: `/dev/kvm` must open,
+/// and `kernel`+`initramfs` must boot under KVM to the initramfs's first line
+/// within `timeout` (nested KVM often passes every ioctl yet hangs or faults
+/// in early boot). Returns the choice and why.
+pub fn choose_accel(
+    want: Accel,
+    qemu: &str,
+    kernel: &Path,
+    initramfs: &Path,
+    timeout: Duration,
+) -> (Accel, String) {
+    match want {
+        Accel::Kvm => (Accel::Kvm, "forced with --accel kvm".into()),
+        Accel::Tcg => (Accel::Tcg, "forced with --accel tcg".into()),
+        Accel::Auto => match probe_kvm(qemu, kernel, initramfs, timeout) {
+            Ok(secs) => (
+                Accel::Kvm,
+                format!("KVM probe booted the guest in {secs:.1} s"),
+            ),
+            Err(why) => {
+                info!("KVM not usable ({why}); using TCG");
+                (Accel::Tcg, format!("KVM probe failed: {why}"))
+            }
+        },
+    }
+}
+
+/// Boot the guest under KVM until `/init` prints its first line.
+pub fn probe_kvm(
+    qemu: &str,
+    kernel: &Path,
+    initramfs: &Path,
+    timeout: Duration,
+) -> Result<f64, String> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .map_err(|e| format!("cannot open /dev/kvm: {e}"))?;
+    let spec = QemuSpec {
+        qemu: qemu.to_string(),
+        accel: Accel::Kvm,
+        vcpus: 1,
+        memory: "256M".into(),
+        kernel: kernel.to_path_buf(),
+        initramfs: initramfs.to_path_buf(),
+        // No such script: /init says so and powers off.
+        append: "console=ttyS0 quiet panic=-1 blklab.run=kvm-probe".into(),
+        disks: Vec::new(),
+    };
+    let mut g = Guest::spawn(&spec, None).map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match g.next_line(deadline, "the KVM probe guest") {
+            Ok(Next::Line(l)) => {
+                if l.contains("BLKLAB-INIT") {
+                    let secs = g.started.elapsed().as_secs_f64();
+                    g.wait_exit(Duration::from_secs(10));
+                    return Ok(secs);
+                }
+            }
+            Ok(Next::Closed) => {
+                let st = g.wait_exit(Duration::from_secs(2));
+                std::thread::sleep(Duration::from_millis(100));
+                let err = g.stderr_text();
+                let last = err.lines().last().unwrap_or("no output").to_string();
+                return Err(format!(
+                    "QEMU exited ({st}) before the guest started: {last}"
+                ));
+            }
+            Err(_) => {
+                return Err(format!(
+                    "the guest did not start within {} s under KVM",
+                    timeout.as_secs()
+                ))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(accel: Accel) -> QemuSpec {
+        QemuSpec {
+            qemu: "qemu-system-x86_64".into(),
+            accel,
+            vcpus: 4,
+            memory: "2G".into(),
+            kernel: "/k/vmlinuz".into(),
+            initramfs: "/k/initrd".into(),
+            append: "console=ttyS0 blklab.run=lab".into(),
+            disks: vec![QemuDisk {
+                socket: "/tmp/s-0".into(),
+                num_queues: 4,
+                queue_size: 256,
+            }],
+        }
+    }
+
+    #[test]
+    fn command_line() {
+        let a = spec(Accel::Tcg).args();
+        let s = shell_words(&a);
+        assert!(s.starts_with("-accel tcg,thread=multi -name blklab,debug-threads=on -smp 4 -m 2G"));
+        assert!(s.contains("memory-backend-memfd,id=mem,size=2G,share=on"));
+        assert!(s.contains("-append 'console=ttyS0 blklab.run=lab'"));
+        assert!(s.contains(
+            "-chardev socket,id=blklab0,path=/tmp/s-0 -device vhost-user-blk-pci,chardev=blklab0,num-queues=4,queue-size=256"
+        ));
+        let k = shell_words(&spec(Accel::Kvm).args());
+        assert!(k.starts_with("-accel kvm -cpu host"));
+    }
+
+    #[test]
+    fn missing_qemu_is_named() {
+        let e = locate("no-such-qemu-binary").unwrap_err().to_string();
+        assert!(e.contains("apt-get install qemu-system-x86"), "{e}");
+        let mut s = spec(Accel::Tcg);
+        s.qemu = "/nonexistent/qemu".into();
+        let e = Guest::spawn(&s, None).err().unwrap().to_string();
+        assert!(e.contains("not found"), "{e}");
+    }
+
+    #[test]
+    fn probe_fails_cleanly_without_a_kernel() {
+        // Whatever /dev/kvm does here, a missing kernel cannot boot.
+        let r = probe_kvm(
+            "qemu-system-x86_64",
+            Path::new("/nonexistent/vmlinuz"),
+            Path::new("/nonexistent/initrd"),
+            Duration::from_secs(10),
+        );
+        assert!(r.is_err());
+    }
+}

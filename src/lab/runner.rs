@@ -1,0 +1,822 @@
+//! `blklab run`: serve the disks in-process, boot QEMU per (kernel,
+//! scenario, iteration) with the kernels interleaved, answer the guest's
+//! SYNC lines with backend and host snapshots, and write one
+//! self-describing JSON per (kernel, scenario, variant, iteration).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use log::{info, warn};
+use serde_json::{json, Value};
+use thiserror::Error;
+
+use crate::backend::Disk;
+use crate::cli::RunArgs;
+use crate::control;
+use crate::disk::{DiskArgs, DiskConfig};
+use crate::lab::console::{parse_line, Event, Phase};
+use crate::lab::hostcpu;
+use crate::lab::images::{self, KernelSpec, PreparedGuest};
+use crate::lab::qemu::{self, Accel, Guest, Next, QemuDisk, QemuSpec};
+use crate::lab::scenario::{self, Scenario};
+use crate::lab::summary;
+use crate::server::Server;
+use crate::stats::QueueStats;
+
+#[derive(Debug, Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Scenario(#[from] scenario::ScenarioError),
+    #[error(transparent)]
+    Image(#[from] images::ImageError),
+    #[error(transparent)]
+    Qemu(#[from] qemu::QemuError),
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot serve the disks: {0}")]
+    Serve(#[from] crate::server::ServeError),
+    #[error("guest {kernel}, scenario {scenario}, iteration {iteration}: {why}")]
+    Guest {
+        kernel: String,
+        scenario: String,
+        iteration: u32,
+        why: String,
+    },
+}
+
+/// One boot: which kernel, scenario and iteration.
+#[derive(Debug, Clone)]
+struct Boot {
+    kernel: usize,
+    scenario: usize,
+    iteration: u32,
+}
+
+/// The order boots run in: iterations outermost, then scenarios, then
+/// kernels, so kernels alternate (A B A B …) and drift hits both.
+fn plan(kernels: usize, scenarios: usize, iterations: u32) -> Vec<Boot> {
+    let mut v = Vec::new();
+    for iteration in 0..iterations {
+        for scenario in 0..scenarios {
+            for kernel in 0..kernels {
+                v.push(Boot {
+                    kernel,
+                    scenario,
+                    iteration,
+                });
+            }
+        }
+    }
+    v
+}
+
+/// The scenario a run executes, after `--runtime`/`--variants`.
+fn apply_overrides(mut s: Scenario, args: &RunArgs) -> Result<Scenario, RunError> {
+    if let Some(filter) = &args.variants {
+        for f in filter {
+            if !s.variants.iter().any(|v| &v.name == f) {
+                return Err(RunError::Config(format!(
+                    "--variants: scenario {} has no variant {f:?} (it has: {})",
+                    s.name,
+                    s.variants
+                        .iter()
+                        .map(|v| v.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        s.variants.retain(|v| filter.contains(&v.name));
+    }
+    for v in &mut s.variants {
+        if let Some(r) = args.runtime {
+            v.runtime = r;
+        }
+        if let Some(r) = args.ramp {
+            v.ramp = r;
+        }
+    }
+    Ok(s)
+}
+
+/// Load every `--scenario`, refusing malformed ones and ones the guest
+/// cannot find (they are packed into the initramfs from
+/// guest-scripts/scenarios/).
+pub fn load_scenarios(names: &[String], lab_dir: &Path) -> Result<Vec<Scenario>, RunError> {
+    let dir = lab_dir.join("guest-scripts/scenarios");
+    let mut out: Vec<Scenario> = Vec::new();
+    for n in names {
+        let (s, path) = scenario::load(n, &dir)?;
+        let shipped = dir.join(format!("{}.scn", s.name));
+        let same = std::fs::canonicalize(&path).ok() == std::fs::canonicalize(&shipped).ok()
+            && shipped.exists();
+        if !same {
+            return Err(RunError::Config(format!(
+                "scenario {} is valid but not in {}: the guest only has the scenarios packed \
+                 into its initramfs; copy it there (the image is rebuilt automatically)",
+                path.display(),
+                dir.display()
+            )));
+        }
+        if out.iter().any(|o| o.name == s.name) {
+            return Err(RunError::Config(format!("scenario {} given twice", s.name)));
+        }
+        out.push(s);
+    }
+    Ok(out)
+}
+
+/// The disks one boot serves.
+fn disk_args(args: &RunArgs, s: &Scenario, socket: PathBuf) -> DiskArgs {
+    DiskArgs {
+        socket: Some(socket),
+        disk: Some(args.disk.clone()),
+        size: Some(args.size.clone()),
+        count: args.disks.unwrap_or(s.disks),
+        num_queues: args
+            .num_queues
+            .or(s.queues)
+            .unwrap_or(args.vcpus.min(u32::from(u16::MAX)) as u16),
+        queue_size: args.queue_size,
+        tags: args.tags.clone(),
+        depth: args.depth,
+        tag_scope: args.tag_scope.clone(),
+        tag_fairness: args.tag_fairness.clone(),
+        latency: args.latency.clone(),
+        read_latency: args.read_latency.clone(),
+        write_latency: args.write_latency.clone(),
+        flush_latency: args.flush_latency.clone(),
+        seed: args.seed,
+        latency_spin: args.latency_spin.clone(),
+        ..DiskArgs::default()
+    }
+}
+
+/// Check the device options once, before building or booting anything.
+fn check_device_options(args: &RunArgs, scenarios: &[Scenario]) -> Result<(), RunError> {
+    for s in scenarios {
+        disk_args(args, s, PathBuf::from("/tmp/blklab-check.sock"))
+            .to_configs()
+            .map_err(|e| RunError::Config(format!("device options: {e}")))?;
+    }
+    Ok(())
+}
+
+/// A unique directory for one boot's sockets, removed on drop.
+struct SocketDir(PathBuf);
+
+impl SocketDir {
+    fn new(seq: usize) -> Result<SocketDir, RunError> {
+        let p = std::env::temp_dir().join(format!("blklab-run-{}-{seq}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).map_err(|source| RunError::Write {
+            path: p.clone(),
+            source,
+        })?;
+        Ok(SocketDir(p))
+    }
+}
+
+impl Drop for SocketDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Backend and host state at a variant's begin SYNC.
+struct Begin {
+    scenario: String,
+    variant: String,
+    at: Instant,
+    backend: Vec<Vec<QueueStats>>,
+    qemu: Option<hostcpu::ProcessSample>,
+    me: Option<hostcpu::ProcessSample>,
+}
+
+/// What the host measured over one variant's window.
+struct HostSide {
+    backend: Value,
+    host: Value,
+}
+
+/// Sum `key` over the fio JSON's jobs, for reads, writes and trims.
+fn fio_total_ios(fio: &Value) -> Option<u64> {
+    let jobs = fio.get("jobs")?.as_array()?;
+    let mut n = 0;
+    for j in jobs {
+        for dir in ["read", "write", "trim"] {
+            n += j
+                .get(dir)
+                .and_then(|d| d.get("total_ios"))
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
+        }
+    }
+    Some(n)
+}
+
+/// Consistency of one record: fio's IO count against the guest block
+/// layer's and the backend's, and the guest CPU percentages' sum.
+pub fn checks(guest: &Value, backend: &Value) -> Value {
+    let fio_ios = guest.get("fio").and_then(fio_total_ios);
+    let target_virtio = guest
+        .pointer("/settings/target")
+        .and_then(Value::as_str)
+        .map(|t| t == "virtio")
+        .unwrap_or(true);
+    let block_ios = guest.get("block").and_then(Value::as_object).map(|m| {
+        m.values()
+            .map(|d| {
+                ["read_ios", "write_ios", "discard_ios"]
+                    .iter()
+                    .filter_map(|k| d.get(*k).and_then(Value::as_u64))
+                    .sum::<u64>()
+            })
+            .sum::<u64>()
+    });
+    let backend_ios = backend.get("disks").and_then(Value::as_array).map(|disks| {
+        disks
+            .iter()
+            .flat_map(|d| {
+                d.get("queues")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .map(|q| {
+                ["reads", "writes", "discards", "write_zeroes"]
+                    .iter()
+                    .filter_map(|k| q.pointer(&format!("/counters/{k}")).and_then(Value::as_u64))
+                    .sum::<u64>()
+            })
+            .sum::<u64>()
+    });
+    let cpu_sum = guest
+        .pointer("/cpu/all")
+        .and_then(Value::as_object)
+        .map(|m| {
+            [
+                "usr", "nice", "sys", "iowait", "irq", "soft", "steal", "guest", "gnice", "idle",
+            ]
+            .iter()
+            .filter_map(|k| m.get(*k).and_then(Value::as_f64))
+            .sum::<f64>()
+        });
+    json!({
+        "fio_ios": fio_ios,
+        "guest_block_ios": block_ios,
+        "backend_ios": if target_virtio { json!(backend_ios) } else { Value::Null },
+        "fio_equals_guest_block": match (fio_ios, block_ios) { (Some(a), Some(b)) => json!(a == b), _ => Value::Null },
+        "fio_equals_backend": match (target_virtio, fio_ios, backend_ios) { (true, Some(a), Some(b)) => json!(a == b), _ => Value::Null },
+        "guest_block_equals_backend": match (target_virtio, block_ios, backend_ios) { (true, Some(a), Some(b)) => json!(a == b), _ => Value::Null },
+        "guest_cpu_percent_sum": cpu_sum,
+    })
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// `YYYYmmdd-HHMMSS` in UTC, for the default output directory.
+fn utc_stamp() -> String {
+    let secs = unix_now() as i64;
+    let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+fn write_json(path: &Path, v: &Value) -> Result<(), RunError> {
+    let text = serde_json::to_string_pretty(v).expect("JSON values serialize");
+    std::fs::write(path, text + "\n").map_err(|source| RunError::Write {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Everything `blklab run` produced.
+pub struct RunOutcome {
+    pub out_dir: PathBuf,
+    pub records: Vec<Value>,
+    pub failures: Vec<String>,
+}
+
+/// Unique labels for the kernels (the prepared names, suffixed on clashes).
+fn labels(guests: &[PreparedGuest]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for g in guests {
+        let base: String = g
+            .name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "._+-".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let mut name = base.clone();
+        let mut i = 2;
+        while out.contains(&name) {
+            name = format!("{base}-{i}");
+            i += 1;
+        }
+        out.push(name);
+    }
+    out
+}
+
+/// Run the lab as `args` says.
+pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
+    let specs: Vec<KernelSpec> = args
+        .kernel
+        .iter()
+        .map(|k| k.parse())
+        .collect::<Result<_, _>>()?;
+    for s in &specs {
+        s.check()?;
+    }
+    if args.iterations == 0 {
+        return Err(RunError::Config("--iterations must be at least 1".into()));
+    }
+    if args.vcpus == 0 || args.vcpus > 64 {
+        return Err(RunError::Config("--vcpus must be 1..=64".into()));
+    }
+    let lab_dir = images::lab_dir(args.lab_dir.as_deref())?;
+    let scenarios: Vec<Scenario> = load_scenarios(&args.scenario, &lab_dir)?
+        .into_iter()
+        .map(|s| apply_overrides(s, args))
+        .collect::<Result<_, _>>()?;
+    check_device_options(args, &scenarios)?;
+    let qemu_path = qemu::locate(&args.qemu)?;
+    let qemu_bin = qemu_path.display().to_string();
+    let out_dir = args
+        .out
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("blklab-results").join(utc_stamp()));
+    for d in [out_dir.clone(), out_dir.join("console")] {
+        std::fs::create_dir_all(&d).map_err(|source| RunError::Write { path: d, source })?;
+    }
+
+    info!("preparing {} guest image(s)", specs.len());
+    let guests = images::prepare(&lab_dir, args.cache.as_deref(), &specs)?;
+    let names = labels(&guests);
+    let (accel, accel_why) = qemu::choose_accel(
+        args.accel,
+        &qemu_bin,
+        &guests[0].kernel,
+        &guests[0].initramfs,
+        args.kvm_probe_timeout,
+    );
+    info!("accelerator: {accel:?} ({accel_why})");
+
+    let boots = plan(guests.len(), scenarios.len(), args.iterations);
+    let total: u64 = boots
+        .iter()
+        .map(|b| scenarios[b.scenario].variants.len() as u64)
+        .sum();
+    let run_doc = json!({
+        "schema": "blklab-run/1",
+        "started_unix": unix_now(),
+        "blklab_version": env!("CARGO_PKG_VERSION"),
+        "git_commit": crate::stats::GIT_COMMIT,
+        "command_line": std::env::args().collect::<Vec<_>>(),
+        "accel": accel, "accel_reason": accel_why,
+        "qemu": {"path": qemu_bin, "version": qemu::version(&qemu_bin)},
+        "kernels": guests.iter().zip(&names).map(|(g, n)| json!({
+            "label": n, "spec": g.spec, "kernel": g.kernel, "initramfs": g.initramfs,
+            "manifests": g.manifests()})).collect::<Vec<_>>(),
+        "scenarios": scenarios,
+        "iterations": args.iterations,
+        "order": boots.iter().map(|b| json!({
+            "kernel": names[b.kernel], "scenario": scenarios[b.scenario].name, "iteration": b.iteration
+        })).collect::<Vec<_>>(),
+    });
+    write_json(&out_dir.join("run.json"), &run_doc)?;
+
+    let pb = if args.no_progress {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
+    };
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    let mut records = Vec::new();
+    let mut failures = Vec::new();
+    for (seq, boot) in boots.iter().enumerate() {
+        let g = &guests[boot.kernel];
+        let s = &scenarios[boot.scenario];
+        pb.set_message(format!(
+            "{} {} #{}: booting",
+            names[boot.kernel], s.name, boot.iteration
+        ));
+        let ctx = BootCtx {
+            args,
+            seq,
+            boot,
+            label: &names[boot.kernel],
+            guest: g,
+            scenario: s,
+            accel,
+            qemu: &qemu_bin,
+            out_dir: &out_dir,
+            pb: &pb,
+        };
+        let (mut recs, mut fails) = run_boot(&ctx).map_err(|why| RunError::Guest {
+            kernel: names[boot.kernel].clone(),
+            scenario: s.name.clone(),
+            iteration: boot.iteration,
+            why,
+        })?;
+        records.append(&mut recs);
+        failures.append(&mut fails);
+    }
+    pb.finish_and_clear();
+    let table = summary::table(&records);
+    let sum_doc = json!({
+        "schema": "blklab-run-summary/1",
+        "finished_unix": unix_now(),
+        "failures": failures,
+        "rows": summary::rows(&records),
+    });
+    write_json(&out_dir.join("summary.json"), &sum_doc)?;
+    std::fs::write(out_dir.join("summary.txt"), &table).map_err(|source| RunError::Write {
+        path: out_dir.join("summary.txt"),
+        source,
+    })?;
+    Ok(RunOutcome {
+        out_dir,
+        records,
+        failures,
+    })
+}
+
+struct BootCtx<'a> {
+    args: &'a RunArgs,
+    seq: usize,
+    boot: &'a Boot,
+    label: &'a str,
+    guest: &'a PreparedGuest,
+    scenario: &'a Scenario,
+    accel: Accel,
+    qemu: &'a str,
+    out_dir: &'a Path,
+    pb: &'a ProgressBar,
+}
+
+/// Boot one guest, run one scenario, return its records and the failed
+/// variants. An `Err` is a boot that did not complete (QEMU failed, a wait
+/// timed out).
+fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
+    let sockets = SocketDir::new(c.seq).map_err(|e| e.to_string())?;
+    let configs: Vec<DiskConfig> = disk_args(c.args, c.scenario, sockets.0.join("vd.sock"))
+        .to_configs()
+        .map_err(|e| format!("device options: {e}"))?;
+    let server = Server::start(configs.clone()).map_err(|e| e.to_string())?;
+    let disks: Vec<Arc<Disk>> = server.disks();
+    let mut append = format!(
+        "console=ttyS0 quiet panic=-1 blklab.run=lab blklab.scenarios={} blklab.sync=1",
+        c.scenario.name
+    );
+    if let Some(r) = c.args.runtime {
+        append.push_str(&format!(" blklab.runtime={r}"));
+    }
+    if let Some(r) = c.args.ramp {
+        append.push_str(&format!(" blklab.ramp={r}"));
+    }
+    if let Some(v) = &c.args.variants {
+        append.push_str(&format!(" blklab.variants={}", v.join(",")));
+    }
+    let spec = QemuSpec {
+        qemu: c.qemu.to_string(),
+        accel: c.accel,
+        vcpus: c.args.vcpus,
+        memory: c.args.memory.clone(),
+        kernel: c.guest.kernel.clone(),
+        initramfs: c.guest.initramfs.clone(),
+        append,
+        disks: configs
+            .iter()
+            .map(|d| QemuDisk {
+                socket: d.socket.clone(),
+                num_queues: d.num_queues,
+                queue_size: d.queue_size,
+            })
+            .collect(),
+    };
+    let mut command_line = vec![c.qemu.to_string()];
+    command_line.extend(spec.args());
+    let console_log = c.out_dir.join("console").join(format!(
+        "{}.{}.{:02}.log",
+        c.label, c.scenario.name, c.boot.iteration
+    ));
+    let _ = std::fs::remove_file(&console_log);
+    let mut guest = Guest::spawn(&spec, Some(&console_log)).map_err(|e| e.to_string())?;
+    let qemu_pid = guest.pid();
+    let my_pid = std::process::id() as i32;
+
+    let mut deadline = Instant::now() + c.args.boot_timeout;
+    let mut waiting_for = "the guest to boot (BLKLAB-INIT)".to_string();
+    let mut booted = false;
+    let mut begin: Option<Begin> = None;
+    let mut measured: BTreeMap<(String, String), HostSide> = BTreeMap::new();
+    let mut collecting: Option<(String, String, Vec<String>)> = None;
+    let mut records = Vec::new();
+    let mut failures = Vec::new();
+    let mut guest_errors: Vec<String> = Vec::new();
+    let rc = loop {
+        let line = match guest.next_line(deadline, &waiting_for) {
+            Ok(Next::Line(l)) => l,
+            Ok(Next::Closed) => return Err(guest.exited_error().to_string()),
+            Err(e) => return Err(e.to_string()),
+        };
+        if let Some((_, _, buf)) = collecting.as_mut() {
+            if !line.starts_with("BLKLAB-RESULT-END") {
+                buf.push(line);
+                continue;
+            }
+        }
+        let Some(ev) = parse_line(&line) else {
+            continue;
+        };
+        match ev {
+            Event::Init { kernel } => {
+                booted = true;
+                info!("{} booted ({kernel})", c.label);
+                deadline = Instant::now() + c.args.step_timeout;
+                waiting_for = "the guest to start the scenario".into();
+            }
+            Event::ModuleFail(m) => guest_errors.push(format!("module {m} failed to load")),
+            Event::Error(m) => {
+                warn!("{} {}: guest: {m}", c.label, c.scenario.name);
+                guest_errors.push(m);
+            }
+            Event::Sync {
+                n,
+                phase,
+                scenario,
+                variant,
+            } => {
+                match phase {
+                    Phase::Begin => {
+                        c.pb.set_message(format!(
+                            "{} {}/{} #{}",
+                            c.label, scenario, variant, c.boot.iteration
+                        ));
+                        begin = Some(Begin {
+                            backend: control::baselines(&disks),
+                            qemu: hostcpu::sample(qemu_pid),
+                            me: hostcpu::sample(my_pid),
+                            at: Instant::now(),
+                            scenario: scenario.clone(),
+                            variant: variant.clone(),
+                        });
+                        let (rt, ramp) = c
+                            .scenario
+                            .variants
+                            .iter()
+                            .find(|v| v.name == variant)
+                            .map(|v| (v.runtime, v.ramp))
+                            .unwrap_or((0, 0));
+                        deadline =
+                            Instant::now() + Duration::from_secs(rt + ramp) + c.args.step_timeout;
+                        waiting_for = format!("variant {variant} to finish");
+                    }
+                    Phase::End => {
+                        let b = begin
+                            .take()
+                            .filter(|b| b.scenario == scenario && b.variant == variant);
+                        if let Some(b) = b {
+                            let mut doc = control::report(&disks, Some(&b.backend));
+                            doc.label = Some(format!("{scenario}/{variant}"));
+                            doc.interval_s = Some(b.at.elapsed().as_secs_f64());
+                            let qemu_now = hostcpu::sample(qemu_pid);
+                            let me_now = hostcpu::sample(my_pid);
+                            let host = json!({
+                                "wall_s": b.at.elapsed().as_secs_f64(),
+                                "qemu": match (&b.qemu, &qemu_now) {
+                                    (Some(a), Some(z)) => json!(hostcpu::delta("qemu", a, z)),
+                                    _ => Value::Null,
+                                },
+                                "blklab": match (&b.me, &me_now) {
+                                    (Some(a), Some(z)) => json!(hostcpu::delta("backend", a, z)),
+                                    _ => Value::Null,
+                                },
+                                "loadavg": std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.trim().to_string()),
+                            });
+                            measured.insert(
+                                (scenario.clone(), variant.clone()),
+                                HostSide {
+                                    backend: serde_json::to_value(&doc).unwrap_or(Value::Null),
+                                    host,
+                                },
+                            );
+                        } else {
+                            warn!("end SYNC for {scenario}/{variant} without its begin");
+                        }
+                        deadline = Instant::now() + c.args.step_timeout;
+                        waiting_for = format!("the result of {variant}");
+                    }
+                }
+                guest.answer(&n.to_string()).map_err(|e| e.to_string())?;
+            }
+            Event::ResultBegin { scenario, variant } => {
+                collecting = Some((scenario, variant, Vec::new()));
+            }
+            Event::ResultEnd { scenario, variant } => {
+                let Some((s0, v0, lines)) = collecting.take() else {
+                    continue;
+                };
+                if (s0.as_str(), v0.as_str()) != (scenario.as_str(), variant.as_str()) {
+                    return Err(format!(
+                        "result framing mismatch: began {s0}/{v0}, ended {scenario}/{variant}"
+                    ));
+                }
+                let text = lines.join("\n");
+                let guest_doc: Value = match serde_json::from_str(&text) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        failures.push(format!(
+                            "{} {scenario}/{variant} #{}: the guest's result is not JSON ({e})",
+                            c.label, c.boot.iteration
+                        ));
+                        json!({"ok": false, "error": format!("unparsable result: {e}"), "raw": text})
+                    }
+                };
+                let host_side = measured.remove(&(scenario.clone(), variant.clone()));
+                let ok = guest_doc
+                    .get("ok")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false);
+                if !ok {
+                    failures.push(format!(
+                        "{} {scenario}/{variant} #{}: {}",
+                        c.label,
+                        c.boot.iteration,
+                        guest_doc
+                            .get("error")
+                            .and_then(Value::as_str)
+                            .unwrap_or("failed")
+                    ));
+                }
+                let backend = host_side
+                    .as_ref()
+                    .map(|h| h.backend.clone())
+                    .unwrap_or(Value::Null);
+                let record = json!({
+                    "schema": "blklab-run-result/1",
+                    "kernel": c.label,
+                    "kernel_spec": c.guest.spec,
+                    "scenario": scenario,
+                    "variant": variant,
+                    "iteration": c.boot.iteration,
+                    "boot_seq": c.seq,
+                    "ok": ok,
+                    "finished_unix": unix_now(),
+                    "accel": c.accel,
+                    "qemu_command_line": command_line,
+                    "manifests": c.guest.manifests(),
+                    "device": configs,
+                    "scenario_definition": c.scenario.variants.iter().find(|v| v.name == variant),
+                    "checks": checks(&guest_doc, &backend),
+                    "guest": guest_doc,
+                    "backend": backend,
+                    "host": host_side.map(|h| h.host).unwrap_or(Value::Null),
+                });
+                let file = c.out_dir.join(format!(
+                    "{}.{}.{}.{:02}.json",
+                    c.label, scenario, variant, c.boot.iteration
+                ));
+                write_json(&file, &record).map_err(|e| e.to_string())?;
+                records.push(record);
+                c.pb.inc(1);
+                deadline = Instant::now() + c.args.step_timeout;
+                waiting_for = "the next variant".into();
+            }
+            Event::End { rc } => break rc,
+        }
+    };
+    let status = guest.wait_exit(Duration::from_secs(30));
+    drop(guest);
+    server.shutdown();
+    if !booted {
+        return Err("the guest finished without booting".into());
+    }
+    let expected = c.scenario.variants.len();
+    if records.len() < expected {
+        failures.push(format!(
+            "{} {} #{}: {} of {expected} variants produced a result (guest rc={rc}, QEMU {status}){}",
+            c.label,
+            c.scenario.name,
+            c.boot.iteration,
+            records.len(),
+            if guest_errors.is_empty() {
+                String::new()
+            } else {
+                format!("; guest errors: {}", guest_errors.join("; "))
+            }
+        ));
+    } else if rc != 0 && failures.is_empty() {
+        failures.push(format!(
+            "{} {} #{}: guest scripts exited with rc={rc}{}",
+            c.label,
+            c.scenario.name,
+            c.boot.iteration,
+            if guest_errors.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", guest_errors.join("; "))
+            }
+        ));
+    }
+    Ok((records, failures))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_interleave() {
+        let p = plan(2, 1, 3);
+        let ks: Vec<usize> = p.iter().map(|b| b.kernel).collect();
+        assert_eq!(ks, vec![0, 1, 0, 1, 0, 1]);
+        let its: Vec<u32> = p.iter().map(|b| b.iteration).collect();
+        assert_eq!(its, vec![0, 0, 1, 1, 2, 2]);
+        let p = plan(2, 2, 1);
+        let v: Vec<(usize, usize)> = p.iter().map(|b| (b.scenario, b.kernel)).collect();
+        assert_eq!(v, vec![(0, 0), (0, 1), (1, 0), (1, 1)]);
+    }
+
+    #[test]
+    fn stamp_format() {
+        let s = utc_stamp();
+        assert_eq!(s.len(), 15, "{s}");
+        assert!(s.starts_with("20"), "{s}");
+    }
+
+    #[test]
+    fn checks_compare_counts() {
+        let guest = json!({
+            "settings": {"target": "virtio"},
+            "fio": {"jobs": [{"read": {"total_ios": 10}, "write": {"total_ios": 5}, "trim": {"total_ios": 0}}]},
+            "block": {"vda": {"read_ios": 10, "write_ios": 5}},
+            "cpu": {"all": {"usr": 10.0, "nice": 0.0, "sys": 20.0, "iowait": 0.0, "irq": 0.0,
+                             "soft": 5.0, "steal": 0.0, "guest": 0.0, "gnice": 0.0, "idle": 65.0}},
+        });
+        let backend = json!({"disks": [{"queues": [
+            {"counters": {"reads": 6, "writes": 5}}, {"counters": {"reads": 4, "writes": 0}}]}]});
+        let c = checks(&guest, &backend);
+        assert_eq!(c["fio_ios"], 15);
+        assert_eq!(c["backend_ios"], 15);
+        assert_eq!(c["fio_equals_backend"], true);
+        assert_eq!(c["guest_block_equals_backend"], true);
+        assert_eq!(c["guest_cpu_percent_sum"], 100.0);
+        let backend = json!({"disks": [{"queues": [{"counters": {"reads": 1, "writes": 0}}]}]});
+        assert_eq!(checks(&guest, &backend)["fio_equals_backend"], false);
+    }
+
+    #[test]
+    fn labels_are_unique() {
+        let g = |n: &str| PreparedGuest {
+            spec: n.into(),
+            name: n.into(),
+            kernel: "/k".into(),
+            initramfs: "/i".into(),
+            kernel_manifest: None,
+            initramfs_manifest: None,
+        };
+        assert_eq!(
+            labels(&[g("6.12"), g("6.12"), g("a b")]),
+            vec!["6.12", "6.12-2", "a_b"]
+        );
+    }
+}
