@@ -29,6 +29,7 @@ pub mod lab;
 pub mod latency;
 pub mod metrics;
 pub mod qemu_args;
+pub mod report;
 pub mod request;
 pub mod server;
 pub mod size;

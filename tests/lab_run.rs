@@ -1,0 +1,329 @@
+//! `blklab run` end to end: real images (built and cached by
+//! images/prepare.sh), real QEMU guests under TCG, the real backend in
+//! process, and the consistency of everything it records.
+//!
+//! Images go to `${BLKLAB_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images}`;
+//! the first run builds the 6.12 pair from linux-source-6.12 (about 5
+//! minutes on 2 cores), later runs are cache hits.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// The tests share the image cache and two CPUs: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn image_cache() -> PathBuf {
+    if let Some(p) = std::env::var_os("BLKLAB_IMAGE_CACHE") {
+        return PathBuf::from(p);
+    }
+    let base = match std::env::var_os("XDG_CACHE_HOME") {
+        Some(x) if !x.is_empty() => PathBuf::from(x),
+        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache"),
+    };
+    base.join("blklab/images")
+}
+
+fn blklab_run(args: &[&str]) -> (Output, Duration) {
+    let start = Instant::now();
+    let cache = image_cache();
+    let out = Command::new(common::blklab_bin())
+        .arg("run")
+        .arg("--cache")
+        .arg(&cache)
+        .arg("--no-progress")
+        .args(args)
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run blklab");
+    (out, start.elapsed())
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn read_json(p: &Path) -> Value {
+    let t = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+    serde_json::from_str(&t).unwrap_or_else(|e| panic!("{} is not JSON: {e}", p.display()))
+}
+
+fn f(v: &Value, ptr: &str) -> f64 {
+    v.pointer(ptr)
+        .and_then(Value::as_f64)
+        .unwrap_or_else(|| panic!("missing number {ptr} in {}", short(v)))
+}
+
+fn short(v: &Value) -> String {
+    let s = v.to_string();
+    s.chars().take(1500).collect()
+}
+
+#[test]
+fn run_interleaves_kernels_and_every_metric_is_consistent() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let out_dir = tempfile::tempdir().unwrap();
+    let (o, took) = blklab_run(&[
+        "--kernel",
+        "build:6.12",
+        "--kernel",
+        "build:6.12+noplug",
+        "--kernel",
+        "debian-6.12",
+        "--scenario",
+        "smoke",
+        "--iterations",
+        "2",
+        "--runtime",
+        "2",
+        "--accel",
+        "tcg",
+        "--disk",
+        "mem",
+        "--size",
+        "256M",
+        "--out",
+        out_dir.path().to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&o);
+    assert!(
+        o.status.success(),
+        "blklab run failed after {took:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    eprintln!("blklab run took {took:?}\n{stdout}");
+
+    // The run document: interleaved order A B C A B C.
+    let run = read_json(&out_dir.path().join("run.json"));
+    let order: Vec<(String, u64)> = run["order"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["kernel"].as_str().unwrap().to_string(),
+                b["iteration"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let labels: Vec<String> = run["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["label"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(labels.len(), 3, "{labels:?}");
+    let expect: Vec<(String, u64)> = (0..2)
+        .flat_map(|i| labels.iter().map(move |l| (l.clone(), i)))
+        .collect();
+    assert_eq!(order, expect);
+    assert_eq!(run["accel"], "tcg");
+    // The two self-built kernels come from one source, one with the patch.
+    let km = |i: usize| &run["kernels"][i]["manifests"]["kernel"];
+    assert!(km(0)["patch"].is_null(), "{}", short(km(0)));
+    assert_eq!(km(1)["patch"]["name"], "noplug", "{}", short(km(1)));
+    assert_eq!(km(0)["config_sha256"], km(1)["config_sha256"]);
+    assert_ne!(km(0)["vmlinuz_sha256"], km(1)["vmlinuz_sha256"]);
+
+    // One record per (kernel, variant, iteration), each complete.
+    let mut records = Vec::new();
+    for l in &labels {
+        for v in ["read", "write"] {
+            for i in 0..2 {
+                let p = out_dir.path().join(format!("{l}.smoke.{v}.{i:02}.json"));
+                records.push((l.clone(), v, read_json(&p)));
+            }
+        }
+    }
+    for (label, variant, r) in &records {
+        let what = format!("{label}/{variant}");
+        assert_eq!(r["ok"], true, "{what}: {}", short(r));
+        let c = &r["checks"];
+        // fio's IO count equals the backend's request count for the disk,
+        // and the guest block layer's, within the scenario window.
+        assert_eq!(c["fio_equals_backend"], true, "{what}: {c}");
+        assert_eq!(c["fio_equals_guest_block"], true, "{what}: {c}");
+        assert_eq!(c["guest_block_equals_backend"], true, "{what}: {c}");
+        assert!(c["fio_ios"].as_u64().unwrap() > 100, "{what}: {c}");
+        let sum = c["guest_cpu_percent_sum"].as_f64().unwrap();
+        assert!((sum - 100.0).abs() < 0.1, "{what}: cpu sums to {sum}");
+        // Guest side.
+        let g = &r["guest"];
+        assert_eq!(g["nr_cpus"], 2, "{what}");
+        let per_cpu = g["cpu"]["per_cpu"].as_array().unwrap();
+        assert_eq!(per_cpu.len(), 2, "{what}");
+        for cpu in per_cpu {
+            let s: f64 = [
+                "usr", "nice", "sys", "iowait", "irq", "soft", "steal", "guest", "gnice", "idle",
+            ]
+            .iter()
+            .map(|k| cpu[*k].as_f64().unwrap())
+            .sum();
+            assert!((s - 100.0).abs() < 0.1, "{what}: a CPU sums to {s}");
+            let busy = cpu["busy"].as_f64().unwrap();
+            assert!((busy - (100.0 - cpu["idle"].as_f64().unwrap())).abs() < 0.02);
+        }
+        assert!(f(g, "/cpu/all/busy") > 0.0, "{what}");
+        assert!(f(g, "/context_switches") > 0.0, "{what}");
+        assert!(f(g, "/interrupts/total") > 0.0, "{what}");
+        assert!(
+            g["interrupts"]["lines"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|l| l["name"].as_str().unwrap_or("").contains("virtio")
+                    && l["count"].as_u64().unwrap_or(0) > 0),
+            "{what}: no virtio interrupts: {}",
+            g["interrupts"]
+        );
+        assert!(f(g, "/wall_seconds") >= 2.0, "{what}");
+        let dir = if *variant == "read" {
+            "read_ios"
+        } else {
+            "write_ios"
+        };
+        assert!(f(g, &format!("/block/vda/{dir}")) > 0.0, "{what}");
+        // Backend side: the window's requests, kicks and worker CPU.
+        let q0 = &r["backend"]["disks"][0]["queues"];
+        let kicks: f64 = q0
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|q| q["counters"]["kicks"].as_f64().unwrap())
+            .sum();
+        assert!(kicks > 0.0, "{what}");
+        assert!(f(&r["backend"], "/interval_s") >= 2.0, "{what}");
+        // Host side: QEMU's vCPU threads versus the rest, and the backend.
+        assert!(f(r, "/host/qemu/groups/vcpu/total_s") > 0.0, "{what}");
+        assert!(r["host"]["qemu"]["groups"]["other"].is_object(), "{what}");
+        assert!(
+            f(r, "/host/blklab/groups/backend-queues/total_s") >= 0.0,
+            "{what}"
+        );
+        // Self-describing: the exact command line and configuration.
+        let cmd: Vec<&str> = r["qemu_command_line"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap())
+            .collect();
+        assert!(
+            cmd.contains(&"-kernel") && cmd.contains(&"-initrd"),
+            "{cmd:?}"
+        );
+        assert_eq!(r["device"][0]["num_queues"], 2, "{what}");
+        assert_eq!(r["guest"]["fio_rc"], 0, "{what}");
+    }
+    // The table names every kernel and variant.
+    for l in &labels {
+        assert!(stdout.contains(l.as_str()), "{stdout}");
+    }
+    assert!(stdout.contains("smoke/read") && stdout.contains("smoke/write"));
+    assert!(out_dir.path().join("summary.json").is_file());
+}
+
+#[test]
+fn malformed_scenario_is_refused_before_anything_boots() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.scn");
+    std::fs::write(
+        &bad,
+        "description x\nruntime 5\nvariant a\n  fio --rw=read\n  bogus 3\n",
+    )
+    .unwrap();
+    let (o, took) = blklab_run(&["--scenario", bad.to_str().unwrap()]);
+    let (_, stderr) = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        stderr.contains("bad.scn:5: unknown directive \"bogus\""),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    // A valid file outside guest-scripts/scenarios is refused too, clearly.
+    std::fs::write(&bad, "variant a\n").unwrap();
+    let (o, _) = blklab_run(&["--scenario", bad.to_str().unwrap()]);
+    let (_, stderr) = text(&o);
+    assert!(!o.status.success());
+    assert!(stderr.contains("not in"), "{stderr}");
+    // An unknown name lists what exists.
+    let (o, _) = blklab_run(&["--scenario", "no-such-scenario"]);
+    let (_, stderr) = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        stderr.contains("no scenario named \"no-such-scenario\"") && stderr.contains("smoke"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn missing_kernel_and_missing_qemu_are_clear_errors() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let (o, took) = blklab_run(&[
+        "--kernel",
+        "path:/nonexistent/bzImage",
+        "--scenario",
+        "smoke",
+    ]);
+    let (_, stderr) = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        stderr.contains("kernel image /nonexistent/bzImage does not exist"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let (o, _) = blklab_run(&["--kernel", "build:5.4", "--scenario", "smoke"]);
+    assert!(
+        text(&o).1.contains("invalid --kernel \"build:5.4\""),
+        "{}",
+        text(&o).1
+    );
+    let (o, _) = blklab_run(&["--qemu", "/nonexistent/qemu", "--scenario", "smoke"]);
+    let (_, stderr) = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        stderr.contains("/nonexistent/qemu not found")
+            && stderr.contains("apt-get install qemu-system-x86"),
+        "{stderr}"
+    );
+    let (o, _) = blklab_run(&["--tags", "shared", "--scenario", "smoke"]);
+    let (_, stderr) = text(&o);
+    assert!(!o.status.success());
+    assert!(stderr.contains("device options"), "{stderr}");
+}
+
+#[test]
+fn qemu_that_fails_to_start_is_reported_without_a_hang() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let out_dir = tempfile::tempdir().unwrap();
+    // QEMU refuses this memory size and exits at once.
+    let (o, took) = blklab_run(&[
+        "--kernel",
+        "debian-6.12",
+        "--scenario",
+        "smoke",
+        "--accel",
+        "tcg",
+        "--memory",
+        "1Q",
+        "--iterations",
+        "1",
+        "--out",
+        out_dir.path().to_str().unwrap(),
+    ]);
+    let (_, stderr) = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        stderr.contains("QEMU exited") && stderr.contains("1Q"),
+        "{stderr}"
+    );
+    // Image preparation is cached by the other tests; QEMU itself fails fast.
+    assert!(took < Duration::from_secs(600), "{took:?}");
+}
