@@ -26,6 +26,45 @@ pub enum Command {
     /// Boot guest kernels on blklab disks, run scenarios in them and record
     /// guest, backend and host CPU (kernels interleaved A B A B ...).
     Run(Box<RunArgs>),
+    /// Compare two sides of `blklab run` output: DIR (a run of one kernel),
+    /// DIR:KERNEL, or one DIR holding exactly two kernels.
+    Compare(CompareArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompareArgs {
+    /// A and B: run directories (DIR or DIR:KERNEL); one DIR with two kernels
+    /// compares them in run order.
+    #[arg(value_name = "SIDE", num_args = 1..=2, required = true)]
+    pub sides: Vec<String>,
+    /// Metrics to show (comma-separated, repeatable; `all` for every one):
+    /// guest_busy_pct, guest_cpu_us_per_io, iops, host_vcpu_us_per_io,
+    /// host_qemu_other_us_per_io, backend_us_per_io, kicks_per_io,
+    /// requests_per_kick, notifications_per_io, ctxsw_per_io, irqs_per_io,
+    /// lat_p50_us, lat_p99_us, instructions_per_io.
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub metric: Vec<String>,
+    /// What to print.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: CompareFormat,
+    /// Also write every format, the HTML page and its SVG plots here.
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Confidence level of the intervals.
+    #[arg(long, value_name = "P", default_value_t = 0.95)]
+    pub confidence: f64,
+    /// Compare even when the backend configuration, the scenario
+    /// definitions or the scenario sets differ (the differences are shown).
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CompareFormat {
+    Table,
+    Markdown,
+    Csv,
+    Json,
 }
 
 /// `blklab run`: see docs/lab-protocol.md and the README.

@@ -203,6 +203,17 @@ impl Hist {
         }
     }
 
+    /// Every recorded value with its count, ascending (exact for values
+    /// below 2048; larger ones to the histogram's precision). For small
+    /// counts such as requests per kick: the whole distribution.
+    pub fn values(&self) -> Vec<(u64, u64)> {
+        self.h
+            .iter_recorded()
+            .map(|v| (self.clamp(v.value_iterated_to()), v.count_at_value()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
     /// The non-empty power-of-two buckets, ascending, as
     /// `(inclusive upper bound, count)`.
     ///

@@ -14,6 +14,7 @@ fn main() {
         Command::Serve(args) => serve(*args),
         Command::Stats(args) => blklab::stats_view::run(&args).context("blklab stats"),
         Command::Run(args) => run(&args),
+        Command::Compare(args) => compare(&args),
     };
     if let Err(e) = result {
         eprintln!("blklab: error: {}", error_chain(&e));
@@ -70,6 +71,25 @@ fn serve(args: ServeArgs) -> Result<()> {
 fn run(args: &blklab::cli::RunArgs) -> Result<()> {
     let outcome = blklab::lab::runner::run(args).context("blklab run")?;
     print!("{}", blklab::lab::summary::table(&outcome.records));
+    let metrics: Vec<String> = blklab::report::metrics::DEFAULT_METRICS
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    match blklab::report::run_comparisons(&outcome.out_dir, &metrics) {
+        Ok(reports) => {
+            for (report, a, b) in reports {
+                println!();
+                print!("{}", blklab::report::render::table(&report));
+                let dir = outcome
+                    .out_dir
+                    .join(format!("compare-{}-vs-{}", a.kernel, b.kernel));
+                blklab::report::write_all(&report, &a, &b, &dir)
+                    .with_context(|| format!("cannot write the report to {}", dir.display()))?;
+                println!("report: {}", dir.join("report.html").display());
+            }
+        }
+        Err(e) => log::warn!("no A/B report: {e}"),
+    }
     println!("results: {}", outcome.out_dir.display());
     if !outcome.failures.is_empty() {
         for f in &outcome.failures {
@@ -80,6 +100,43 @@ fn run(args: &blklab::cli::RunArgs) -> Result<()> {
             outcome.failures.len(),
             outcome.out_dir.display()
         );
+    }
+    Ok(())
+}
+
+fn compare(args: &blklab::cli::CompareArgs) -> Result<()> {
+    use blklab::cli::CompareFormat;
+    use blklab::report::{compare, metrics, render};
+    if !(args.confidence > 0.5 && args.confidence < 1.0) {
+        anyhow::bail!("--confidence must be between 0.5 and 1 (e.g. 0.95)");
+    }
+    let (a, b) = match args.sides.as_slice() {
+        [one] => compare::load_pair(std::path::Path::new(one))?,
+        [x, y] => (compare::load_side(x)?, compare::load_side(y)?),
+        _ => unreachable!("clap allows one or two sides"),
+    };
+    let keys: Vec<String> = if args.metric.is_empty() {
+        metrics::DEFAULT_METRICS
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
+    } else if args.metric.iter().any(|m| m == "all") {
+        metrics::METRICS.iter().map(|m| m.key.to_string()).collect()
+    } else {
+        args.metric.clone()
+    };
+    let report = compare::build(&a, &b, &keys, args.confidence, args.force)?;
+    let text = match args.format {
+        CompareFormat::Table => render::table(&report),
+        CompareFormat::Markdown => render::markdown(&report),
+        CompareFormat::Csv => render::csv(&report),
+        CompareFormat::Json => render::json(&report),
+    };
+    print!("{text}");
+    if let Some(dir) = &args.out {
+        let files = blklab::report::write_all(&report, &a, &b, dir)
+            .with_context(|| format!("cannot write the report to {}", dir.display()))?;
+        eprintln!("wrote {} files to {}", files.len(), dir.display());
     }
     Ok(())
 }

@@ -238,6 +238,10 @@ impl QueueStats {
                 &self.requests_per_kick,
                 earlier.map(|e| &e.requests_per_kick),
             ),
+            requests_per_kick_values: match earlier {
+                Some(e) => self.requests_per_kick.delta(&e.requests_per_kick).values(),
+                None => self.requests_per_kick.values(),
+            },
             kicks_per_wakeup: h(&self.kicks_per_wakeup, earlier.map(|e| &e.kicks_per_wakeup)),
             latency_read_ns: h(&self.latency_read, earlier.map(|e| &e.latency_read)),
             latency_write_ns: h(&self.latency_write, earlier.map(|e| &e.latency_write)),
@@ -305,6 +309,8 @@ pub struct QueueReport {
     pub counters: QueueCounters,
     pub requests_per_wakeup: HistSummary,
     pub requests_per_kick: HistSummary,
+    /// The requests-per-kick distribution: (requests, kicks) pairs.
+    pub requests_per_kick_values: Vec<(u64, u64)>,
     pub kicks_per_wakeup: HistSummary,
     pub latency_read_ns: HistSummary,
     pub latency_write_ns: HistSummary,
@@ -378,6 +384,9 @@ mod tests {
         assert_eq!(r.requests_per_kick.count, 5);
         assert_eq!(r.requests_per_kick.max, 16);
         assert_eq!(r.requests_per_kick.p50, 1);
+        let kicks: u64 = r.requests_per_kick_values.iter().map(|(_, n)| n).sum();
+        assert_eq!(kicks, 5);
+        assert_eq!(r.requests_per_kick_values.last(), Some(&(16, 1)));
         assert_eq!(r.kicks_per_wakeup.count, 6);
     }
 

@@ -310,6 +310,27 @@ fn utc_stamp() -> String {
     )
 }
 
+/// What the host is: name, CPUs, kernel, CPU model (for the report's
+/// "what differs besides the kernel").
+fn host_info() -> Value {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|t| {
+        t.lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+    });
+    json!({
+        "hostname": read("/proc/sys/kernel/hostname"),
+        "kernel": read("/proc/sys/kernel/osrelease"),
+        "cpus": std::thread::available_parallelism().map(|n| n.get()).ok(),
+        "cpu_model": cpu_model,
+    })
+}
+
 fn write_json(path: &Path, v: &Value) -> Result<(), RunError> {
     let text = serde_json::to_string_pretty(v).expect("JSON values serialize");
     std::fs::write(path, text + "\n").map_err(|source| RunError::Write {
@@ -407,6 +428,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         "git_commit": crate::stats::GIT_COMMIT,
         "command_line": std::env::args().collect::<Vec<_>>(),
         "accel": accel, "accel_reason": accel_why,
+        "host": host_info(),
         "qemu": {"path": qemu_bin, "version": qemu::version(&qemu_bin)},
         "kernels": guests.iter().zip(&names).map(|(g, n)| json!({
             "label": n, "spec": g.spec, "kernel": g.kernel, "initramfs": g.initramfs,

@@ -1,5 +1,65 @@
 //! The A/B report (`blklab compare`, and the table `blklab run` prints).
 //!
-//! - [`stats`]: summaries, Welch and bootstrap intervals, significance.
+//! - [`stats`]: summaries, Welch and bootstrap intervals, significance;
+//! - [`metrics`]: the metrics derived from each `blklab run` record;
+//! - [`compare`]: loading run directories and building the comparison;
+//! - [`render`]: terminal table, Markdown, CSV, JSON;
+//! - [`html`]: the HTML page with SVG plots.
 
+pub mod compare;
+pub mod html;
+pub mod metrics;
+pub mod render;
 pub mod stats;
+
+use std::path::{Path, PathBuf};
+
+/// Write every format of `report` into `dir`: report.txt, report.md,
+/// report.csv, report.json, report.html and plots/. Returns the files.
+pub fn write_all(
+    report: &compare::Report,
+    a: &compare::Side,
+    b: &compare::Side,
+    dir: &Path,
+) -> std::io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let mut files = Vec::new();
+    for (name, text) in [
+        ("report.txt", render::table(report)),
+        ("report.md", render::markdown(report)),
+        ("report.csv", render::csv(report)),
+        ("report.json", render::json(report)),
+    ] {
+        let p = dir.join(name);
+        std::fs::write(&p, text)?;
+        files.push(p);
+    }
+    files.extend(html::write(report, a, b, dir)?);
+    Ok(files)
+}
+
+/// The comparisons `blklab run` makes at its end: its first kernel (A)
+/// against each other kernel (B), from the run directory it wrote.
+pub fn run_comparisons(
+    out_dir: &Path,
+    metrics: &[String],
+) -> Result<Vec<(compare::Report, compare::Side, compare::Side)>, compare::ReportError> {
+    let (run, records) = compare::load_dir(out_dir)?;
+    let kernels: Vec<String> = run["kernels"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|k| k["label"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let _ = records;
+    let mut out = Vec::new();
+    for k in kernels.iter().skip(1) {
+        let a = compare::load_side(&format!("{}:{}", out_dir.display(), kernels[0]))?;
+        let b = compare::load_side(&format!("{}:{k}", out_dir.display()))?;
+        let r = compare::build(&a, &b, metrics, 0.95, false)?;
+        out.push((r, a, b));
+    }
+    Ok(out)
+}

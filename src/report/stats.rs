@@ -133,27 +133,65 @@ pub fn welch_interval(a: &[f64], b: &[f64], confidence: f64) -> Option<Interval>
     })
 }
 
-/// Percentile-bootstrap interval of mean(b) − mean(a): resample each side
-/// with replacement. `None` when a side is empty.
-pub fn bootstrap_interval(a: &[f64], b: &[f64], confidence: f64) -> Option<Interval> {
-    if a.is_empty() || b.is_empty() {
-        return None;
+/// Two-sided p-value of Welch's test that the means are equal.
+pub fn welch_p(a: &[f64], b: &[f64]) -> Option<f64> {
+    let (t, df, _) = welch_t(a, b)?;
+    if !t.is_finite() {
+        return Some(if t.is_nan() { 1.0 } else { 0.0 });
     }
+    if t == 0.0 {
+        return Some(1.0);
+    }
+    let tail = if df.is_finite() {
+        StudentsT::new(0.0, 1.0, df).ok()?.cdf(-t.abs())
+    } else {
+        statrs::distribution::Normal::new(0.0, 1.0)
+            .ok()?
+            .cdf(-t.abs())
+    };
+    Some((2.0 * tail).min(1.0))
+}
+
+/// The bootstrap distribution of mean(b) − mean(a), sorted.
+fn bootstrap_diffs(a: &[f64], b: &[f64]) -> Vec<f64> {
     let mut rng = StdRng::seed_from_u64(BOOTSTRAP_SEED);
+    let mut resampled_mean = |v: &[f64]| {
+        (0..v.len())
+            .map(|_| v[rng.gen_range(0..v.len())])
+            .sum::<f64>()
+            / v.len() as f64
+    };
     let mut diffs: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
         .map(|_| {
-            let ma = (0..a.len())
-                .map(|_| a[rng.gen_range(0..a.len())])
-                .sum::<f64>()
-                / a.len() as f64;
-            let mb = (0..b.len())
-                .map(|_| b[rng.gen_range(0..b.len())])
-                .sum::<f64>()
-                / b.len() as f64;
-            mb - ma
+            let ma = resampled_mean(a);
+            resampled_mean(b) - ma
         })
         .collect();
     diffs.sort_by(|x, y| x.total_cmp(y));
+    diffs
+}
+
+/// Two-sided bootstrap p-value: twice the share of resampled differences
+/// on the far side of 0. `None` with fewer than 2 samples a side.
+pub fn bootstrap_p(a: &[f64], b: &[f64]) -> Option<f64> {
+    if a.len() < 2 || b.len() < 2 {
+        return None;
+    }
+    let d = bootstrap_diffs(a, b);
+    let n = d.len() as f64;
+    let below = d.iter().filter(|x| **x <= 0.0).count() as f64 / n;
+    let above = d.iter().filter(|x| **x >= 0.0).count() as f64 / n;
+    Some((2.0 * below.min(above)).min(1.0))
+}
+
+/// Percentile-bootstrap interval of mean(b) − mean(a): resample each side
+/// with replacement. `None` with fewer than 2 samples a side (one sample
+/// has no spread to resample).
+pub fn bootstrap_interval(a: &[f64], b: &[f64], confidence: f64) -> Option<Interval> {
+    if a.len() < 2 || b.len() < 2 {
+        return None;
+    }
+    let diffs = bootstrap_diffs(a, b);
     let q = |p: f64| {
         let i = ((diffs.len() - 1) as f64 * p).round() as usize;
         diffs[i.min(diffs.len() - 1)]
@@ -171,6 +209,10 @@ pub fn bootstrap_interval(a: &[f64], b: &[f64], confidence: f64) -> Option<Inter
 pub enum Method {
     Welch,
     Bootstrap,
+    /// Few samples: both were computed and the wider interval (and larger
+    /// p-value) kept — the percentile bootstrap alone is too narrow with
+    /// 2–4 samples, Welch alone leans on normality.
+    Conservative,
     /// Not enough data for any interval.
     None,
 }
@@ -185,7 +227,13 @@ pub struct Comparison {
     /// The interval of the difference, as % of |mean A|.
     pub ci_pct: Option<Interval>,
     pub method: Method,
-    /// The interval excludes 0 and each side has enough samples.
+    /// Two-sided p-value of "no difference" (from the same method).
+    pub p_value: Option<f64>,
+    /// The interval excludes 0.
+    pub ci_excludes_zero: bool,
+    /// Enough samples a side, and the difference survives the multiple-
+    /// comparison correction of the report it is in ([`holm`]); alone,
+    /// enough samples and the interval excluding 0.
     pub significant: bool,
     /// A side's coefficient of variation exceeds |delta|.
     pub noisy: bool,
@@ -203,14 +251,36 @@ pub fn compare(a: &[f64], b: &[f64], confidence: f64) -> Comparison {
         0.0
     };
     let skewed = sa.skewness.abs() > SKEW_LIMIT || sb.skewness.abs() > SKEW_LIMIT;
-    let use_welch = sa.n >= MIN_SAMPLES_FOR_WELCH && sb.n >= MIN_SAMPLES_FOR_WELCH && !skewed;
-    let (interval, method) = if use_welch {
-        (welch_interval(a, b, confidence), Method::Welch)
+    let many = sa.n >= MIN_SAMPLES_FOR_WELCH && sb.n >= MIN_SAMPLES_FOR_WELCH;
+    let (interval, p_value, method) = if sa.n < 2 || sb.n < 2 {
+        (None, None, Method::None)
+    } else if many && !skewed {
+        (
+            welch_interval(a, b, confidence),
+            welch_p(a, b),
+            Method::Welch,
+        )
+    } else if many {
+        (
+            bootstrap_interval(a, b, confidence),
+            bootstrap_p(a, b),
+            Method::Bootstrap,
+        )
     } else {
-        match bootstrap_interval(a, b, confidence) {
-            Some(i) => (Some(i), Method::Bootstrap),
-            None => (None, Method::None),
-        }
+        let w = welch_interval(a, b, confidence);
+        let bs = bootstrap_interval(a, b, confidence);
+        let wider = match (w, bs) {
+            (Some(w), Some(bs)) => Some(Interval {
+                lo: w.lo.min(bs.lo),
+                hi: w.hi.max(bs.hi),
+            }),
+            (x, y) => x.or(y),
+        };
+        let p = match (welch_p(a, b), bootstrap_p(a, b)) {
+            (Some(x), Some(y)) => Some(x.max(y)),
+            (x, y) => x.or(y),
+        };
+        (wider, p, Method::Conservative)
     };
     let ci_pct = interval.filter(|_| base > 0.0).map(|i| Interval {
         lo: i.lo / base * 100.0,
@@ -232,9 +302,41 @@ pub fn compare(a: &[f64], b: &[f64], confidence: f64) -> Comparison {
         delta_pct,
         ci_pct,
         method,
+        p_value,
+        ci_excludes_zero: excludes_zero,
         significant: enough && excludes_zero,
         noisy,
         note,
+    }
+}
+
+/// Holm–Bonferroni over every comparison of a report: a comparison stays
+/// significant only if its p-value passes Holm's step-down threshold at
+/// family-wise level `1 − confidence` (and it had enough samples and an
+/// interval excluding 0). An A/A report then shows a significant row with
+/// probability at most 1 − confidence, however many rows and metrics it has.
+pub fn holm(comparisons: &mut [&mut Comparison], confidence: f64) {
+    let alpha = 1.0 - confidence;
+    let mut order: Vec<usize> = (0..comparisons.len())
+        .filter(|&i| comparisons[i].p_value.is_some())
+        .collect();
+    let m = order.len();
+    order.sort_by(|&x, &y| {
+        comparisons[x]
+            .p_value
+            .unwrap_or(1.0)
+            .total_cmp(&comparisons[y].p_value.unwrap_or(1.0))
+    });
+    let mut passed = vec![false; comparisons.len()];
+    for (rank, &i) in order.iter().enumerate() {
+        if comparisons[i].p_value.unwrap_or(1.0) <= alpha / (m - rank) as f64 {
+            passed[i] = true;
+        } else {
+            break;
+        }
+    }
+    for (i, c) in comparisons.iter_mut().enumerate() {
+        c.significant = c.significant && passed[i];
     }
 }
 
@@ -302,9 +404,64 @@ mod tests {
         assert_eq!(i1, i2);
         assert!(i1.lo > 0.0 && i1.lo <= 2.0 && 2.0 <= i1.hi, "{i1:?}");
         let c = compare(&a, &b, 0.95);
-        assert_eq!(c.method, Method::Bootstrap);
+        assert_eq!(c.method, Method::Conservative);
         assert!(c.significant, "{c:?}");
+        let wi = welch_interval(&a, &b, 0.95).unwrap();
+        let ci = c.ci_pct.unwrap();
+        assert!(ci.lo <= wi.lo / 10.0 * 100.0 + 1e-9 && ci.hi >= wi.hi / 10.0 * 100.0 - 1e-9);
+        assert!(c.p_value.unwrap() >= welch_p(&a, &b).unwrap());
         assert!(close(c.delta_pct, 20.0, 1e-9));
+    }
+
+    #[test]
+    fn p_values_are_textbook() {
+        // Wikipedia example 1: p = 0.021.
+        let a1 = [
+            27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7,
+            21.4,
+        ];
+        let a2 = [
+            27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5,
+            24.4,
+        ];
+        let p = welch_p(&a1, &a2).unwrap();
+        assert!(close(p, 0.021, 0.001), "p = {p}");
+        assert_eq!(welch_p(&[1.0, 2.0], &[1.0, 2.0]), Some(1.0));
+        let pb = bootstrap_p(&a1, &a2).unwrap();
+        assert!(pb < 0.05, "{pb}");
+    }
+
+    #[test]
+    fn holm_controls_the_family() {
+        let mk = |p: f64| {
+            let mut c = compare(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0], 0.95);
+            c.p_value = Some(p);
+            c.significant = true;
+            c
+        };
+        // Holm at 5 % over 4: thresholds 0.0125, 0.0167, 0.025, 0.05.
+        let (mut a, mut b, mut c, mut d) = (mk(0.010), mk(0.016), mk(0.051), mk(0.001));
+        holm(&mut [&mut a, &mut b, &mut c, &mut d], 0.95);
+        assert!(d.significant && a.significant && b.significant);
+        assert!(!c.significant);
+        let (mut a, mut b) = (mk(0.02), mk(0.001));
+        holm(&mut [&mut a, &mut b], 0.95);
+        assert!(b.significant && a.significant);
+        // The step-down stops at the first failure: 0.03 > 0.05/2.
+        let (mut a, mut b) = (mk(0.03), mk(0.04));
+        holm(&mut [&mut a, &mut b], 0.95);
+        assert!(!a.significant && !b.significant);
+        // A second-smallest p that would pass alone does not pass after a failure.
+        let (mut a, mut b, mut c) = (mk(0.02), mk(0.018), mk(0.04));
+        holm(&mut [&mut a, &mut b, &mut c], 0.95);
+        assert!(!a.significant && !b.significant && !c.significant);
+    }
+
+    #[test]
+    fn one_sample_a_side_has_no_interval() {
+        let c = compare(&[10.0], &[20.0], 0.95);
+        assert_eq!(c.method, Method::None);
+        assert!(c.ci_pct.is_none() && c.p_value.is_none());
     }
 
     #[test]

@@ -1,0 +1,509 @@
+//! Building an A/B comparison from `blklab run` output directories.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::report::metrics::{self, RowLabels};
+use crate::report::stats::{self, Comparison};
+
+#[derive(Debug, Error)]
+pub enum ReportError {
+    #[error("{0} is not a directory written by `blklab run` (no run.json)")]
+    NotARun(PathBuf),
+    #[error("cannot read {path}: {why}")]
+    Read { path: PathBuf, why: String },
+    #[error("{dir} has no results (no *.json records of blklab-run-result/1)")]
+    Empty { dir: PathBuf },
+    #[error("{dir} has no kernel {kernel:?} (it has: {have})")]
+    NoKernel {
+        dir: PathBuf,
+        kernel: String,
+        have: String,
+    },
+    #[error("{dir} holds {n} kernels ({have}); name one side as {dir}:KERNEL")]
+    Ambiguous {
+        dir: PathBuf,
+        n: usize,
+        have: String,
+    },
+    #[error("one directory compares its two kernels, but {dir} holds {n} ({have}); give two sides as DIR:KERNEL")]
+    NotAPair {
+        dir: PathBuf,
+        n: usize,
+        have: String,
+    },
+    #[error("unknown metric {0:?} (known: {1})")]
+    UnknownMetric(String, String),
+    #[error("the two sides ran different scenario sets: only in A: [{only_a}]; only in B: [{only_b}] (--force compares the common rows)")]
+    ScenarioSets { only_a: String, only_b: String },
+    #[error("the two sides have no scenario row in common")]
+    NothingInCommon,
+    #[error("the two sides differ in more than the kernel: {0} (--force compares anyway)")]
+    Differs(String),
+}
+
+/// One side of a comparison: the records of one kernel in one run.
+#[derive(Debug, Clone)]
+pub struct Side {
+    pub dir: PathBuf,
+    pub kernel: String,
+    pub run: Value,
+    pub records: Vec<Value>,
+}
+
+/// A run directory: run.json and every record in it.
+pub fn load_dir(dir: &Path) -> Result<(Value, Vec<Value>), ReportError> {
+    let run_path = dir.join("run.json");
+    if !run_path.is_file() {
+        return Err(ReportError::NotARun(dir.to_path_buf()));
+    }
+    let read = |p: &Path| -> Result<Value, ReportError> {
+        let t = std::fs::read_to_string(p).map_err(|e| ReportError::Read {
+            path: p.to_path_buf(),
+            why: e.to_string(),
+        })?;
+        serde_json::from_str(&t).map_err(|e| ReportError::Read {
+            path: p.to_path_buf(),
+            why: e.to_string(),
+        })
+    };
+    let run = read(&run_path)?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| ReportError::Read {
+            path: dir.to_path_buf(),
+            why: e.to_string(),
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let mut records = Vec::new();
+    for f in files {
+        let name = f.file_name().unwrap_or_default().to_string_lossy();
+        if name == "run.json" || name == "summary.json" {
+            continue;
+        }
+        let v = read(&f)?;
+        if v["schema"] == "blklab-run-result/1" {
+            records.push(v);
+        }
+    }
+    if records.is_empty() {
+        return Err(ReportError::Empty {
+            dir: dir.to_path_buf(),
+        });
+    }
+    Ok((run, records))
+}
+
+/// Kernels of a run, in run order.
+fn kernels(run: &Value, records: &[Value]) -> Vec<String> {
+    let mut k: Vec<String> = run["kernels"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|k| k["label"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    for r in records {
+        if let Some(l) = r["kernel"].as_str() {
+            if !k.iter().any(|x| x == l) {
+                k.push(l.to_string());
+            }
+        }
+    }
+    k.retain(|l| records.iter().any(|r| r["kernel"] == l.as_str()));
+    k
+}
+
+fn side_of(dir: &Path, run: &Value, records: &[Value], kernel: &str) -> Side {
+    Side {
+        dir: dir.to_path_buf(),
+        kernel: kernel.to_string(),
+        run: run.clone(),
+        records: records
+            .iter()
+            .filter(|r| r["kernel"] == kernel)
+            .cloned()
+            .collect(),
+    }
+}
+
+/// `DIR` or `DIR:KERNEL` → (dir, kernel).
+fn split_arg(arg: &str) -> (PathBuf, Option<String>) {
+    if Path::new(arg).is_dir() {
+        return (PathBuf::from(arg), None);
+    }
+    match arg.rsplit_once(':') {
+        Some((d, k)) if Path::new(d).is_dir() && !k.is_empty() => {
+            (PathBuf::from(d), Some(k.to_string()))
+        }
+        _ => (PathBuf::from(arg), None),
+    }
+}
+
+/// One side from `DIR` (a run with one kernel) or `DIR:KERNEL`.
+pub fn load_side(arg: &str) -> Result<Side, ReportError> {
+    let (dir, kernel) = split_arg(arg);
+    let (run, records) = load_dir(&dir)?;
+    let ks = kernels(&run, &records);
+    match kernel {
+        Some(k) => {
+            if !ks.contains(&k) {
+                return Err(ReportError::NoKernel {
+                    dir,
+                    kernel: k,
+                    have: ks.join(", "),
+                });
+            }
+            Ok(side_of(&dir, &run, &records, &k))
+        }
+        None if ks.len() == 1 => Ok(side_of(&dir, &run, &records, &ks[0])),
+        None => Err(ReportError::Ambiguous {
+            n: ks.len(),
+            have: ks.join(", "),
+            dir,
+        }),
+    }
+}
+
+/// The two sides of one run directory holding exactly two kernels (A is
+/// the first in run order).
+pub fn load_pair(dir: &Path) -> Result<(Side, Side), ReportError> {
+    let (run, records) = load_dir(dir)?;
+    let ks = kernels(&run, &records);
+    if ks.len() != 2 {
+        return Err(ReportError::NotAPair {
+            dir: dir.to_path_buf(),
+            n: ks.len(),
+            have: ks.join(", "),
+        });
+    }
+    Ok((
+        side_of(dir, &run, &records, &ks[0]),
+        side_of(dir, &run, &records, &ks[1]),
+    ))
+}
+
+/// One (scenario, variant) row.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub scenario: String,
+    pub variant: String,
+    pub labels: RowLabels,
+    /// Failed records left out, per side.
+    pub failed_a: usize,
+    pub failed_b: usize,
+    /// metric key → comparison (only metrics with data on both sides).
+    pub metrics: BTreeMap<String, Comparison>,
+    /// metric key → per-side sample values, for plots.
+    #[serde(skip)]
+    pub samples: BTreeMap<String, (Vec<f64>, Vec<f64>)>,
+}
+
+/// Something other than the kernel that differs between the sides.
+#[derive(Debug, Clone, Serialize)]
+pub struct Difference {
+    pub what: String,
+    pub a: String,
+    pub b: String,
+    /// Refuses the comparison unless forced.
+    pub blocking: bool,
+}
+
+/// Description of a side in a report.
+#[derive(Debug, Clone, Serialize)]
+pub struct SideInfo {
+    pub dir: PathBuf,
+    pub kernel: String,
+    pub kernel_spec: String,
+    pub records: usize,
+}
+
+/// A complete comparison.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub schema: &'static str,
+    pub a: SideInfo,
+    pub b: SideInfo,
+    pub confidence: f64,
+    pub metrics: Vec<String>,
+    pub rows: Vec<Row>,
+    pub differences: Vec<Difference>,
+    pub forced: bool,
+}
+
+/// What a record's device configuration is, without the per-boot socket.
+fn device_identity(r: &Value) -> Value {
+    let mut d = r["device"].clone();
+    if let Some(a) = d.as_array_mut() {
+        for disk in a {
+            if let Some(o) = disk.as_object_mut() {
+                o.remove("socket");
+                o.remove("serial");
+            }
+        }
+    }
+    d
+}
+
+/// The QEMU command line with what is per kernel or per boot replaced.
+fn qemu_identity(r: &Value) -> String {
+    let args: Vec<String> = r["qemu_command_line"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    let mut skip_next = false;
+    for (i, a) in args.iter().enumerate() {
+        if skip_next {
+            skip_next = false;
+            out.push("…".to_string());
+            continue;
+        }
+        if i == 0 {
+            out.push("qemu".into());
+            continue;
+        }
+        if a == "-kernel" || a == "-initrd" {
+            skip_next = true;
+        }
+        if a.starts_with("socket,id=") {
+            out.push(a.split(",path=").next().unwrap_or(a).to_string());
+            continue;
+        }
+        out.push(a.clone());
+    }
+    out.join(" ")
+}
+
+fn first_str(s: &Side, f: impl Fn(&Value) -> String) -> String {
+    s.records.first().map(f).unwrap_or_default()
+}
+
+fn differences(a: &Side, b: &Side) -> Vec<Difference> {
+    let mut d = Vec::new();
+    let mut check = |what: &str, va: String, vb: String, blocking: bool| {
+        if va != vb {
+            d.push(Difference {
+                what: what.to_string(),
+                a: va,
+                b: vb,
+                blocking,
+            });
+        }
+    };
+    let dev = |s: &Side| {
+        let mut set: Vec<String> = s
+            .records
+            .iter()
+            .map(|r| device_identity(r).to_string())
+            .collect();
+        set.sort();
+        set.dedup();
+        set.join(" | ")
+    };
+    check("backend configuration", dev(a), dev(b), true);
+    check(
+        "QEMU command line",
+        first_str(a, qemu_identity),
+        first_str(b, qemu_identity),
+        false,
+    );
+    check(
+        "QEMU version",
+        a.run["qemu"]["version"].to_string(),
+        b.run["qemu"]["version"].to_string(),
+        false,
+    );
+    check(
+        "accelerator",
+        a.run["accel"].to_string(),
+        b.run["accel"].to_string(),
+        false,
+    );
+    check(
+        "host",
+        a.run["host"].to_string(),
+        b.run["host"].to_string(),
+        false,
+    );
+    check(
+        "blklab commit",
+        a.run["git_commit"].to_string(),
+        b.run["git_commit"].to_string(),
+        false,
+    );
+    d
+}
+
+/// Build the comparison of `b` against `a`.
+pub fn build(
+    a: &Side,
+    b: &Side,
+    metric_keys: &[String],
+    confidence: f64,
+    force: bool,
+) -> Result<Report, ReportError> {
+    for k in metric_keys {
+        if metrics::find(k).is_none() {
+            return Err(ReportError::UnknownMetric(
+                k.clone(),
+                metrics::METRICS
+                    .iter()
+                    .map(|m| m.key)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ));
+        }
+    }
+    let keys = |s: &Side| {
+        let mut v: Vec<(String, String)> = Vec::new();
+        for r in &s.records {
+            let k = (
+                r["scenario"].as_str().unwrap_or("?").to_string(),
+                r["variant"].as_str().unwrap_or("?").to_string(),
+            );
+            if !v.contains(&k) {
+                v.push(k);
+            }
+        }
+        v
+    };
+    let (ka, kb) = (keys(a), keys(b));
+    let only_a: Vec<String> = ka
+        .iter()
+        .filter(|k| !kb.contains(k))
+        .map(|(s, v)| format!("{s}/{v}"))
+        .collect();
+    let only_b: Vec<String> = kb
+        .iter()
+        .filter(|k| !ka.contains(k))
+        .map(|(s, v)| format!("{s}/{v}"))
+        .collect();
+    if (!only_a.is_empty() || !only_b.is_empty()) && !force {
+        return Err(ReportError::ScenarioSets {
+            only_a: only_a.join(", "),
+            only_b: only_b.join(", "),
+        });
+    }
+    let common: Vec<(String, String)> = ka.into_iter().filter(|k| kb.contains(k)).collect();
+    if common.is_empty() {
+        return Err(ReportError::NothingInCommon);
+    }
+    let mut diffs = differences(a, b);
+    // A variant defined differently on the two sides is not comparable.
+    for (s, v) in &common {
+        let def = |side: &Side| {
+            side.records
+                .iter()
+                .find(|r| r["scenario"] == s.as_str() && r["variant"] == v.as_str())
+                .map(|r| r["scenario_definition"].to_string())
+                .unwrap_or_default()
+        };
+        let (da, db) = (def(a), def(b));
+        if da != db {
+            diffs.push(Difference {
+                what: format!("definition of {s}/{v}"),
+                a: da,
+                b: db,
+                blocking: true,
+            });
+        }
+    }
+    let blocking: Vec<&Difference> = diffs.iter().filter(|d| d.blocking).collect();
+    if !blocking.is_empty() && !force {
+        return Err(ReportError::Differs(
+            blocking
+                .iter()
+                .map(|d| format!("{}: A {} / B {}", d.what, d.a, d.b))
+                .collect::<Vec<_>>()
+                .join("; "),
+        ));
+    }
+    let mut rows: Vec<Row> = common
+        .iter()
+        .map(|(s, v)| {
+            fn pick<'a>(side: &'a Side, s: &str, v: &str) -> (Vec<&'a Value>, usize) {
+                let all: Vec<&Value> = side
+                    .records
+                    .iter()
+                    .filter(|r| r["scenario"] == s && r["variant"] == v)
+                    .collect();
+                let ok: Vec<&Value> = all.iter().copied().filter(|r| r["ok"] == true).collect();
+                let failed = all.len() - ok.len();
+                (ok, failed)
+            }
+            let (ra, fa) = pick(a, s, v);
+            let (rb, fb) = pick(b, s, v);
+            let mut m = BTreeMap::new();
+            let mut samples = BTreeMap::new();
+            for metric in metrics::METRICS {
+                let xa: Vec<f64> = ra.iter().filter_map(|r| (metric.get)(r)).collect();
+                let xb: Vec<f64> = rb.iter().filter_map(|r| (metric.get)(r)).collect();
+                if xa.is_empty() || xb.is_empty() {
+                    continue;
+                }
+                m.insert(metric.key.to_string(), stats::compare(&xa, &xb, confidence));
+                samples.insert(metric.key.to_string(), (xa, xb));
+            }
+            let labels = ra
+                .first()
+                .or(rb.first())
+                .map(|r| metrics::row_labels(r))
+                .unwrap_or_default();
+            Row {
+                scenario: s.clone(),
+                variant: v.clone(),
+                labels,
+                failed_a: fa,
+                failed_b: fb,
+                metrics: m,
+                samples,
+            }
+        })
+        .collect();
+    // Significance is corrected over every comparison the report shows.
+    {
+        let mut shown: Vec<&mut Comparison> = rows
+            .iter_mut()
+            .flat_map(|r| {
+                r.metrics
+                    .iter_mut()
+                    .filter(|(k, _)| metric_keys.contains(k))
+                    .map(|(_, c)| c)
+            })
+            .collect();
+        stats::holm(&mut shown, confidence);
+    }
+    let info = |s: &Side| SideInfo {
+        dir: s.dir.clone(),
+        kernel: s.kernel.clone(),
+        kernel_spec: s
+            .records
+            .first()
+            .and_then(|r| r["kernel_spec"].as_str())
+            .unwrap_or("")
+            .to_string(),
+        records: s.records.len(),
+    };
+    Ok(Report {
+        schema: "blklab-compare/1",
+        a: info(a),
+        b: info(b),
+        confidence,
+        metrics: metric_keys.to_vec(),
+        rows,
+        differences: diffs,
+        forced: force,
+    })
+}

@@ -1,0 +1,424 @@
+//! The HTML page of a comparison with its SVG plots (plotters):
+//! - per metric, bars of each side's mean per scenario row, with whiskers of
+//!   the 95 % interval of that side's mean;
+//! - per row, the two sides' fio completion-latency distributions overlaid
+//!   (percentile against latency, log scale);
+//! - per row, the two sides' requests-per-kick distributions overlaid (the
+//!   fingerprint of a plugged versus an unplugged guest).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+
+use crate::report::compare::{Report, Side};
+use crate::report::metrics;
+use crate::report::render;
+use crate::report::stats;
+
+const A_COLOR: RGBColor = RGBColor(31, 119, 180);
+const B_COLOR: RGBColor = RGBColor(255, 127, 14);
+
+fn plot_err<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> std::io::Error + '_ {
+    move |e| std::io::Error::other(format!("{what}: {e:?}"))
+}
+
+/// Half-width of the 95 % interval of a mean (0 with one sample).
+fn half_width(v: &[f64]) -> f64 {
+    let s = stats::summarize(v);
+    if s.n < 2 {
+        return 0.0;
+    }
+    stats::t_quantile(0.95, (s.n - 1) as f64) * s.sd / (s.n as f64).sqrt()
+}
+
+fn file_safe(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '.' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Bars with whiskers for one metric over every row.
+fn bars(report: &Report, key: &str, path: &Path) -> std::io::Result<bool> {
+    let m = metrics::find(key).expect("checked metric");
+    let rows: Vec<(String, &Vec<f64>, &Vec<f64>)> = report
+        .rows
+        .iter()
+        .filter_map(|r| {
+            r.samples
+                .get(key)
+                .map(|(a, b)| (format!("{}/{}", r.scenario, r.variant), a, b))
+        })
+        .collect();
+    if rows.is_empty() {
+        return Ok(false);
+    }
+    let mut ymax: f64 = 0.0;
+    for (_, a, b) in &rows {
+        for v in [a, b] {
+            let s = stats::summarize(v);
+            ymax = ymax.max(s.mean + half_width(v)).max(s.max);
+        }
+    }
+    let ymax = if ymax > 0.0 { ymax * 1.15 } else { 1.0 };
+    let width = (160 + 90 * rows.len() as u32).max(480);
+    let root = SVGBackend::new(path, (width, 420)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_err("fill"))?;
+    let title = if m.unit.is_empty() {
+        m.title.to_string()
+    } else {
+        format!("{} ({})", m.title, m.unit)
+    };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(&title, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(60)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..rows.len() as f64, 0f64..ymax)
+        .map_err(plot_err("chart"))?;
+    let names: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(rows.len().max(1))
+        .x_label_formatter(&|x| {
+            let i = x.floor() as usize;
+            names.get(i).cloned().unwrap_or_default()
+        })
+        .y_desc(&title)
+        .draw()
+        .map_err(plot_err("mesh"))?;
+    for (side, color, offset) in [(0usize, A_COLOR, 0.15), (1, B_COLOR, 0.5)] {
+        let mut first = true;
+        for (i, (_, a, b)) in rows.iter().enumerate() {
+            let v = if side == 0 { *a } else { *b };
+            let s = stats::summarize(v);
+            let x0 = i as f64 + offset;
+            let x1 = x0 + 0.33;
+            let series = chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x0, 0.0), (x1, s.mean)],
+                    color.filled(),
+                )))
+                .map_err(plot_err("bar"))?;
+            if first {
+                let label = if side == 0 {
+                    format!("A {}", report.a.kernel)
+                } else {
+                    format!("B {}", report.b.kernel)
+                };
+                series.label(label).legend(move |(x, y)| {
+                    Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled())
+                });
+                first = false;
+            }
+            let hw = half_width(v);
+            if hw > 0.0 {
+                let xm = (x0 + x1) / 2.0;
+                chart
+                    .draw_series(std::iter::once(ErrorBar::new_vertical(
+                        xm,
+                        (s.mean - hw).max(0.0),
+                        s.mean,
+                        s.mean + hw,
+                        BLACK.stroke_width(1),
+                        8,
+                    )))
+                    .map_err(plot_err("whisker"))?;
+            }
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(plot_err("legend"))?;
+    root.present().map_err(plot_err("write"))?;
+    Ok(true)
+}
+
+/// Mean fio completion-latency percentiles (percentile → µs) of a side's
+/// records for one row, in the direction with most IOs.
+fn latency_curve(side: &Side, scenario: &str, variant: &str) -> Vec<(f64, f64)> {
+    let mut acc: BTreeMap<String, (f64, usize)> = BTreeMap::new();
+    for r in side
+        .records
+        .iter()
+        .filter(|r| r["scenario"] == scenario && r["variant"] == variant && r["ok"] == true)
+    {
+        let Some(job) = r["guest"]["fio"]["jobs"].as_array().and_then(|j| j.first()) else {
+            continue;
+        };
+        let Some(dir) = ["read", "write", "trim"]
+            .iter()
+            .max_by_key(|d| job[**d]["total_ios"].as_u64().unwrap_or(0))
+        else {
+            continue;
+        };
+        if let Some(p) = job[*dir]["clat_ns"]["percentile"].as_object() {
+            for (k, v) in p {
+                if let Some(ns) = v.as_f64() {
+                    let e = acc.entry(k.clone()).or_insert((0.0, 0));
+                    e.0 += ns / 1000.0;
+                    e.1 += 1;
+                }
+            }
+        }
+    }
+    let mut out: Vec<(f64, f64)> = acc
+        .into_iter()
+        .filter_map(|(k, (sum, n))| Some((k.parse::<f64>().ok()?, sum / n as f64)))
+        .collect();
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
+}
+
+/// A side's requests-per-kick distribution for one row: value → share of
+/// kicks, over every queue, disk and iteration.
+fn kick_distribution(side: &Side, scenario: &str, variant: &str) -> Vec<(f64, f64)> {
+    let mut counts: BTreeMap<u64, u64> = BTreeMap::new();
+    for r in side
+        .records
+        .iter()
+        .filter(|r| r["scenario"] == scenario && r["variant"] == variant && r["ok"] == true)
+    {
+        for q in r["backend"]["disks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|d| d["queues"].as_array().into_iter().flatten())
+        {
+            for pair in q["requests_per_kick_values"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                if let (Some(v), Some(n)) = (pair[0].as_u64(), pair[1].as_u64()) {
+                    *counts.entry(v).or_default() += n;
+                }
+            }
+        }
+    }
+    let total: u64 = counts.values().sum();
+    if total == 0 {
+        return Vec::new();
+    }
+    counts
+        .into_iter()
+        .map(|(v, n)| (v as f64, n as f64 / total as f64))
+        .collect()
+}
+
+/// Two overlaid curves.
+#[allow(clippy::too_many_arguments)]
+fn overlay(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    a: &[(f64, f64)],
+    b: &[(f64, f64)],
+    labels: (&str, &str),
+    log_x: bool,
+) -> std::io::Result<bool> {
+    if a.is_empty() && b.is_empty() {
+        return Ok(false);
+    }
+    let all = a.iter().chain(b.iter());
+    let (mut xmin, mut xmax, mut ymax) = (f64::INFINITY, 0f64, 0f64);
+    for (x, y) in all {
+        xmin = xmin.min(*x);
+        xmax = xmax.max(*x);
+        ymax = ymax.max(*y);
+    }
+    let root = SVGBackend::new(path, (640, 400)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_err("fill"))?;
+    let mut builder = ChartBuilder::on(&root);
+    builder
+        .caption(title, ("sans-serif", 16))
+        .margin(10)
+        .x_label_area_size(45)
+        .y_label_area_size(60);
+    macro_rules! finish {
+        ($chart:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .x_desc(x_desc)
+                .y_desc(y_desc)
+                .draw()
+                .map_err(plot_err("mesh"))?;
+            for (pts, color, label) in [(a, A_COLOR, labels.0), (b, B_COLOR, labels.1)] {
+                if pts.is_empty() {
+                    continue;
+                }
+                chart
+                    .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+                    .map_err(plot_err("line"))?
+                    .label(label.to_string())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], color));
+                chart
+                    .draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
+                    .map_err(plot_err("points"))?;
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(plot_err("legend"))?;
+        }};
+    }
+    let ytop = if ymax > 0.0 { ymax * 1.1 } else { 1.0 };
+    if log_x {
+        let lo = (xmin * 0.8).max(1e-3);
+        let hi = (xmax * 1.25).max(lo * 10.0);
+        finish!(builder
+            .build_cartesian_2d((lo..hi).log_scale(), 0f64..ytop)
+            .map_err(plot_err("chart"))?);
+    } else {
+        let hi = if xmax > xmin { xmax + 1.0 } else { xmin + 2.0 };
+        finish!(builder
+            .build_cartesian_2d((xmin - 1.0).max(0.0)..hi, 0f64..ytop)
+            .map_err(plot_err("chart"))?);
+    }
+    root.present().map_err(plot_err("write"))?;
+    Ok(true)
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// Write `dir/report.html` and `dir/plots/*.svg`; returns the files written.
+pub fn write(report: &Report, a: &Side, b: &Side, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let plots = dir.join("plots");
+    std::fs::create_dir_all(&plots)?;
+    let mut written = Vec::new();
+    let mut body = String::new();
+    body.push_str(&format!(
+        "<h1>blklab: {} (A) vs {} (B)</h1>\n<p>{}</p>\n",
+        esc(&report.a.kernel),
+        esc(&report.b.kernel),
+        esc(&format!(
+            "A: {} in {}; B: {} in {}; {:.0}% confidence",
+            report.a.kernel_spec,
+            report.a.dir.display(),
+            report.b.kernel_spec,
+            report.b.dir.display(),
+            report.confidence * 100.0
+        ))
+    ));
+    let table = render::table(report);
+    body.push_str(&format!("<pre>{}</pre>\n", esc(&table)));
+    body.push_str("<h2>Metrics</h2>\n");
+    for key in &report.metrics {
+        let f = plots.join(format!("metric-{}.svg", file_safe(key)));
+        if bars(report, key, &f)? {
+            body.push_str(&format!(
+                "<figure><img src=\"plots/{}\" alt=\"{}\"></figure>\n",
+                esc(&f.file_name().unwrap_or_default().to_string_lossy()),
+                esc(key)
+            ));
+            written.push(f);
+        }
+    }
+    body.push_str("<h2>Distributions per scenario</h2>\n");
+    let la = format!("A {}", report.a.kernel);
+    let lb = format!("B {}", report.b.kernel);
+    for r in &report.rows {
+        let base = file_safe(&format!("{}-{}", r.scenario, r.variant));
+        body.push_str(&format!(
+            "<h3>{}/{}</h3>\n",
+            esc(&r.scenario),
+            esc(&r.variant)
+        ));
+        let lat = plots.join(format!("latency-{base}.svg"));
+        let title = format!("{}/{}: fio completion latency", r.scenario, r.variant);
+        // Latency on x, percentile on y: the curve reads as a CDF.
+        let (ca, cb) = (
+            swap(&latency_curve(a, &r.scenario, &r.variant)),
+            swap(&latency_curve(b, &r.scenario, &r.variant)),
+        );
+        if overlay(
+            &lat,
+            &title,
+            "latency (µs)",
+            "percentile",
+            &ca,
+            &cb,
+            (&la, &lb),
+            true,
+        )? {
+            body.push_str(&format!(
+                "<figure><img src=\"plots/{}\" alt=\"latency\"></figure>\n",
+                esc(&lat.file_name().unwrap_or_default().to_string_lossy())
+            ));
+            written.push(lat);
+        }
+        let kick = plots.join(format!("requests-per-kick-{base}.svg"));
+        let title = format!("{}/{}: requests per kick", r.scenario, r.variant);
+        let (ka, kb) = (
+            kick_distribution(a, &r.scenario, &r.variant),
+            kick_distribution(b, &r.scenario, &r.variant),
+        );
+        if overlay(
+            &kick,
+            &title,
+            "requests per kick",
+            "share of kicks",
+            &ka,
+            &kb,
+            (&la, &lb),
+            false,
+        )? {
+            body.push_str(&format!(
+                "<figure><img src=\"plots/{}\" alt=\"requests per kick\"></figure>\n",
+                esc(&kick.file_name().unwrap_or_default().to_string_lossy())
+            ));
+            written.push(kick);
+        }
+    }
+    let html = format!(
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>blklab compare</title>\n\
+         <style>body{{font-family:sans-serif;margin:2em}}pre{{font-size:12px}}figure{{display:inline-block;margin:0.5em}}</style>\n\
+         </head><body>\n{body}</body></html>\n"
+    );
+    let page = dir.join("report.html");
+    std::fs::write(&page, html)?;
+    written.insert(0, page);
+    Ok(written)
+}
+
+/// Latency points as (latency µs, percentile) for plotting.
+pub fn swap(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    points.iter().map(|(p, l)| (*l, *p)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swaps_points() {
+        assert_eq!(swap(&[(50.0, 120.0)]), vec![(120.0, 50.0)]);
+    }
+
+    #[test]
+    fn half_width_uses_t() {
+        assert_eq!(half_width(&[1.0]), 0.0);
+        let hw = half_width(&[1.0, 2.0, 3.0]);
+        // t(0.975, 2) = 4.303, sd = 1, n = 3.
+        assert!((hw - 4.303 / 3f64.sqrt()).abs() < 1e-3, "{hw}");
+    }
+}
