@@ -58,7 +58,7 @@ pub struct Variant {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Scenario {
     pub name: String,
-    pub description: String,
+    pub description: Option<String>,
     /// Disks the host serves (default 1).
     pub disks: u32,
     /// Virtqueues per disk, when the scenario fixes it.
@@ -86,110 +86,145 @@ struct Settings {
 
 const DEFAULT_RUNTIME: u64 = 10;
 
-fn valid_name(s: &str) -> bool {
+/// fio options run.sh sets itself, and where their value comes from.
+const RESERVED_FIO: &[(&str, &str)] = &[
+    ("name", "the variant name"),
+    ("filename", "the target devices"),
+    ("runtime", "the runtime directive"),
+    ("ramp_time", "the ramp directive"),
+    ("output", "run.sh"),
+    ("output-format", "run.sh"),
+];
+
+fn is_variant_name(s: &str) -> bool {
     !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
+fn is_sched_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'))
+}
+
+/// `NAME=VALUE` with NAME `[A-Za-z_][A-Za-z0-9_-]*` (VALUE may be empty).
+fn is_module_param(s: &str) -> bool {
+    let Some((name, _)) = s.split_once('=') else {
+        return false;
+    };
+    let mut c = name.chars();
+    matches!(c.next(), Some(f) if f.is_ascii_alphabetic() || f == '_')
+        && c.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
 /// Parse scenario text; `file` names it in errors, `name` is the scenario's
-/// name (the file stem).
+/// name (the file stem). The rules and every error message are those of
+/// docs/lab-protocol.md, word for word the same as the guest's parser
+/// (`guest-scripts/lib/scenario.awk`); `tests/guest_scripts.rs` holds
+/// the two to that.
 pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioError> {
     let err = |line: usize, message: String| ScenarioError::Syntax {
         file: file.to_string(),
         line,
         message,
     };
-    let mut description = String::new();
+    let mut description: Option<String> = None;
     let mut disks: u32 = 1;
     let mut queues: Option<u16> = None;
     let mut global = Settings::default();
     // (name, line, settings)
     let mut variants: Vec<(String, usize, Settings)> = Vec::new();
+    let mut lines = 0;
 
+    // lines() drops one trailing CR per line, like the guest's sub(/\r$/, "").
     for (i, raw) in text.lines().enumerate() {
         let lineno = i + 1;
+        lines = lineno;
         let line = match raw.find('#') {
             Some(p) => &raw[..p],
             None => raw,
         };
         let words: Vec<&str> = line.split_whitespace().collect();
-        let Some((&directive, args)) = words.split_first() else {
+        let Some((&d, args)) = words.split_first() else {
             continue;
         };
         let in_variant = !variants.is_empty();
-        let number = |what: &str| -> Result<u64, ScenarioError> {
-            match args {
-                [] => Err(err(lineno, format!("{what}: missing argument"))),
-                [v] => v.parse::<u64>().map_err(|_| {
-                    err(
-                        lineno,
-                        format!("{what}: {v:?} is not a non-negative integer"),
-                    )
-                }),
-                _ => Err(err(lineno, format!("{what}: expected one argument"))),
-            }
-        };
-        let global_only = |what: &str| -> Result<(), ScenarioError> {
+        let global_only = || -> Result<(), ScenarioError> {
             if in_variant {
                 Err(err(
                     lineno,
-                    format!("{what} is a global directive; put it before the first variant"),
+                    format!("{d} is only allowed before the first variant"),
                 ))
             } else {
                 Ok(())
             }
         };
+        // want_args(lo, hi): hi = None for "any number".
+        let want = |lo: usize, hi: Option<usize>| -> Result<(), ScenarioError> {
+            if args.len() < lo {
+                return Err(err(lineno, format!("{d}: missing argument")));
+            }
+            if hi.is_some_and(|h| args.len() > h) {
+                return Err(err(lineno, format!("{d}: too many arguments")));
+            }
+            Ok(())
+        };
+        // An unsigned decimal integer of at most 9 digits (leading zeros
+        // allowed), >= min and, with a max, <= max.
+        let number = |s: &str, min: u64, max: Option<u64>| -> Result<u64, ScenarioError> {
+            let digits = s.trim_start_matches('0');
+            let ok_form =
+                !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && digits.len() <= 9;
+            let v = if ok_form {
+                digits.parse::<u64>().unwrap_or(0)
+            } else {
+                0
+            };
+            let ok = ok_form && v >= min && max.is_none_or(|m| v <= m);
+            if ok {
+                return Ok(v);
+            }
+            Err(err(
+                lineno,
+                match max {
+                    Some(m) => format!("{d}: bad number '{s}' (want an integer from {min} to {m})"),
+                    None => format!("{d}: bad number '{s}' (want an integer >= {min})"),
+                },
+            ))
+        };
         let settings = match variants.last_mut() {
             Some((_, _, s)) => s,
             None => &mut global,
         };
-        match directive {
+        match d {
             "description" => {
-                global_only("description")?;
-                description = args.join(" ");
+                global_only()?;
+                want(1, None)?;
+                description = Some(args.join(" "));
             }
             "disks" => {
-                global_only("disks")?;
-                let n = number("disks")?;
-                if n == 0 || n > 64 {
-                    return Err(err(lineno, format!("disks: {n} is out of range 1..=64")));
-                }
-                disks = n as u32;
+                global_only()?;
+                want(1, Some(1))?;
+                disks = number(args[0], 1, Some(64))? as u32;
             }
             "queues" => {
-                global_only("queues")?;
-                let n = number("queues")?;
-                if n == 0 || n > 64 {
-                    return Err(err(lineno, format!("queues: {n} is out of range 1..=64")));
-                }
-                queues = Some(n as u16);
+                global_only()?;
+                want(1, Some(1))?;
+                queues = Some(number(args[0], 1, Some(64))? as u16);
             }
             "runtime" => {
-                let n = number("runtime")?;
-                if n == 0 {
-                    return Err(err(lineno, "runtime: must be at least 1".to_string()));
-                }
-                settings.runtime = Some(n);
+                want(1, Some(1))?;
+                settings.runtime = Some(number(args[0], 1, None)?);
             }
-            "ramp" => settings.ramp = Some(number("ramp")?),
-            "nr_requests" => {
-                let n = number("nr_requests")?;
-                if n == 0 {
-                    return Err(err(lineno, "nr_requests: must be at least 1".to_string()));
-                }
-                settings.nr_requests = Some(n);
+            "ramp" => {
+                want(1, Some(1))?;
+                settings.ramp = Some(number(args[0], 0, None)?);
             }
-            "sched" => match args {
-                [s] if valid_name(s) => settings.sched = Some(s.to_string()),
-                [s] => return Err(err(lineno, format!("sched: invalid scheduler name {s:?}"))),
-                [] => return Err(err(lineno, "sched: missing argument".to_string())),
-                _ => return Err(err(lineno, "sched: expected one argument".to_string())),
-            },
             "target" => {
-                let Some((&kind, params)) = args.split_first() else {
-                    return Err(err(lineno, "target: missing argument".to_string()));
-                };
+                want(1, None)?;
+                let kind = args[0];
+                let params = &args[1..];
                 match kind {
                     "virtio" => {
                         if !params.is_empty() {
@@ -197,60 +232,79 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioErr
                         }
                     }
                     "scsi_debug" | "null_blk" => {
-                        if let Some(p) = params.iter().find(|p| {
-                            let mut kv = p.splitn(2, '=');
-                            let k = kv.next().unwrap_or("");
-                            kv.next().is_none() || k.is_empty()
-                        }) {
+                        if let Some(p) = params.iter().find(|p| !is_module_param(p)) {
                             return Err(err(
                                 lineno,
-                                format!("target {kind}: parameter {p:?} is not NAME=VALUE"),
+                                format!("target: bad module parameter '{p}' (want NAME=VALUE)"),
                             ));
                         }
                     }
-                    other => {
-                        return Err(err(
-                            lineno,
-                            format!(
-                                "target: unknown target {other:?} (virtio, scsi_debug or null_blk)"
-                            ),
-                        ))
-                    }
+                    other => return Err(err(
+                        lineno,
+                        format!(
+                            "target: unknown kind '{other}' (want virtio, scsi_debug or null_blk)"
+                        ),
+                    )),
                 }
                 settings.target = Some(Target {
                     kind: kind.to_string(),
                     params: params.iter().map(|s| s.to_string()).collect(),
                 });
             }
+            "sched" => {
+                want(1, Some(1))?;
+                if !is_sched_name(args[0]) {
+                    return Err(err(lineno, format!("sched: bad name '{}'", args[0])));
+                }
+                settings.sched = Some(args[0].to_string());
+            }
+            "nr_requests" => {
+                want(1, Some(1))?;
+                settings.nr_requests = Some(number(args[0], 1, None)?);
+            }
             "fio" => {
-                if args.is_empty() {
-                    return Err(err(lineno, "fio: missing argument".to_string()));
+                want(1, None)?;
+                for a in args {
+                    let Some(opt) = a.strip_prefix("--").or_else(|| a.strip_prefix('-')) else {
+                        continue;
+                    };
+                    if !opt.starts_with(|c: char| c.is_ascii_alphabetic()) {
+                        continue;
+                    }
+                    let opt = opt.split('=').next().unwrap_or(opt);
+                    if let Some((_, from)) = RESERVED_FIO.iter().find(|(o, _)| *o == opt) {
+                        return Err(err(
+                            lineno,
+                            format!("fio: option --{opt} is set by run.sh (from {from})"),
+                        ));
+                    }
                 }
                 settings.fio_args.extend(args.iter().map(|s| s.to_string()));
             }
-            "variant" => match args {
-                [n] if valid_name(n) => {
-                    if variants.iter().any(|(v, _, _)| v == n) {
-                        return Err(err(lineno, format!("variant {n:?} defined twice")));
-                    }
-                    variants.push((n.to_string(), lineno, Settings::default()));
-                }
-                [n] => {
+            "variant" => {
+                want(1, Some(1))?;
+                let n = args[0];
+                if !is_variant_name(n) {
                     return Err(err(
                         lineno,
-                        format!("variant: invalid name {n:?} (letters, digits, _ . -)"),
-                    ))
+                        format!("variant: bad name '{n}' (want [A-Za-z0-9_.-]+)"),
+                    ));
                 }
-                [] => return Err(err(lineno, "variant: missing argument".to_string())),
-                _ => return Err(err(lineno, "variant: expected one argument".to_string())),
-            },
-            other => return Err(err(lineno, format!("unknown directive {other:?}"))),
+                if let Some((_, first, _)) = variants.iter().find(|(v, _, _)| v == n) {
+                    return Err(err(
+                        lineno,
+                        format!("variant: duplicate name '{n}' (first at line {first})"),
+                    ));
+                }
+                variants.push((n.to_string(), lineno, Settings::default()));
+            }
+            other => return Err(err(lineno, format!("unknown directive '{other}'"))),
         }
     }
     if variants.is_empty() {
         return Err(err(
-            text.lines().count().max(1),
-            "no variant (a scenario needs at least one `variant NAME`)".to_string(),
+            lines.max(1),
+            "no variants (a scenario needs at least one 'variant NAME' line)".to_string(),
         ));
     }
     let variants = variants
@@ -352,7 +406,7 @@ mod tests {
                    fio --rw=randread --bs=4k\n\nvariant one\nvariant two # x\n  sched mq-deadline\n  \
                    runtime 3\n  fio --numjobs=2\n  target null_blk shared_tags=1 submit_queues=@NCPU@\n")
             .unwrap();
-        assert_eq!(s.description, "a b c");
+        assert_eq!(s.description.as_deref(), Some("a b c"));
         assert_eq!(s.disks, 3);
         assert_eq!(s.queues, Some(2));
         assert_eq!(s.variants.len(), 2);
@@ -386,25 +440,95 @@ mod tests {
     #[test]
     fn errors_name_the_line() {
         let cases: &[(&str, usize, &str)] = &[
-            ("bogus 1\nvariant v\n", 1, "unknown directive"),
-            ("variant v\nruntime\n", 2, "missing argument"),
-            ("runtime x\nvariant v\n", 1, "not a non-negative integer"),
-            ("runtime -1\nvariant v\n", 1, "not a non-negative integer"),
-            ("variant v\nvariant v\n", 2, "defined twice"),
-            ("# only\ndisks 2\n", 2, "no variant"),
-            ("variant a/b\n", 1, "invalid name"),
-            ("variant v\ndisks 2\n", 2, "global directive"),
-            ("disks 0\nvariant v\n", 1, "out of range"),
-            ("target nvme\nvariant v\n", 1, "unknown target"),
-            ("target null_blk foo\nvariant v\n", 1, "not NAME=VALUE"),
-            ("fio\nvariant v\n", 1, "missing argument"),
-            ("runtime 1 2\nvariant v\n", 1, "one argument"),
+            ("bogus 1\nvariant v\n", 1, "unknown directive 'bogus'"),
+            ("variant v\nruntime\n", 2, "runtime: missing argument"),
+            (
+                "runtime x\nvariant v\n",
+                1,
+                "runtime: bad number 'x' (want an integer >= 1)",
+            ),
+            (
+                "runtime +5\nvariant v\n",
+                1,
+                "runtime: bad number '+5' (want an integer >= 1)",
+            ),
+            (
+                "runtime 0\nvariant v\n",
+                1,
+                "runtime: bad number '0' (want an integer >= 1)",
+            ),
+            (
+                "variant v\nvariant v\n",
+                2,
+                "variant: duplicate name 'v' (first at line 1)",
+            ),
+            (
+                "# only\ndisks 2\n",
+                2,
+                "no variants (a scenario needs at least one 'variant NAME' line)",
+            ),
+            ("", 1, "no variants"),
+            (
+                "variant a/b\n",
+                1,
+                "variant: bad name 'a/b' (want [A-Za-z0-9_.-]+)",
+            ),
+            (
+                "variant v\ndisks 2\n",
+                2,
+                "disks is only allowed before the first variant",
+            ),
+            (
+                "disks 0\nvariant v\n",
+                1,
+                "disks: bad number '0' (want an integer from 1 to 64)",
+            ),
+            (
+                "disks 65\nvariant v\n",
+                1,
+                "disks: bad number '65' (want an integer from 1 to 64)",
+            ),
+            (
+                "target nvme\nvariant v\n",
+                1,
+                "target: unknown kind 'nvme' (want virtio, scsi_debug or null_blk)",
+            ),
+            (
+                "target null_blk foo\nvariant v\n",
+                1,
+                "target: bad module parameter 'foo' (want NAME=VALUE)",
+            ),
+            (
+                "target virtio x=1\nvariant v\n",
+                1,
+                "target virtio takes no parameters",
+            ),
+            (
+                "sched mq.deadline\nvariant v\n",
+                1,
+                "sched: bad name 'mq.deadline'",
+            ),
+            ("fio\nvariant v\n", 1, "fio: missing argument"),
+            (
+                "fio --runtime=3\nvariant v\n",
+                1,
+                "fio: option --runtime is set by run.sh (from the runtime directive)",
+            ),
+            (
+                "fio -name=x\nvariant v\n",
+                1,
+                "fio: option --name is set by run.sh (from the variant name)",
+            ),
+            ("runtime 1 2\nvariant v\n", 1, "runtime: too many arguments"),
         ];
         for (text, line, msg) in cases {
             let (l, m) = line_of(p(text).unwrap_err());
             assert_eq!(l, *line, "{text:?}: {m}");
-            assert!(m.contains(msg), "{text:?}: {m}");
+            assert!(m.starts_with(msg), "{text:?}: {m}");
         }
+        // Leading zeros are decimal; CRs and comments are ignored.
+        let s = p("disks 012\r\nvariant v # c\r\n").unwrap();
+        assert_eq!(s.disks, 12);
     }
 
     #[test]

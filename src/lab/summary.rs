@@ -46,7 +46,7 @@ pub fn metrics(r: &Value) -> BTreeMap<&'static str, f64> {
     if let Some(v) = f("/cpu/all/soft") {
         m.insert("guest_soft_pct", v);
     }
-    let ios = r["checks"]["fio_ios"].as_f64().filter(|n| *n > 0.0);
+    let ios = crate::report::metrics::ios(r);
     if let (Some(cs), Some(n)) = (f("/context_switches"), ios) {
         m.insert("ctxsw_per_io", cs / n);
     }

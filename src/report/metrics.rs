@@ -47,9 +47,14 @@ fn backend_counter(r: &Value, key: &str) -> Option<f64> {
     )
 }
 
-/// IOs fio completed in the window (what every per-IO metric divides by).
+/// IOs in the window (what every per-IO metric divides by): the block
+/// layer's count of the target devices (it covers the same window as the
+/// CPU counters, ramp included), else fio's.
 pub fn ios(r: &Value) -> Option<f64> {
-    r["checks"]["fio_ios"].as_f64().filter(|n| *n > 0.0)
+    r["checks"]["guest_block_ios"]
+        .as_f64()
+        .or_else(|| r["checks"]["fio_ios"].as_f64())
+        .filter(|n| *n > 0.0)
 }
 
 fn per_io(v: Option<f64>, r: &Value) -> Option<f64> {

@@ -1,0 +1,233 @@
+# scenario.awk - the one parser of blklab scenario files (.scn).
+#
+#   SCN_FILE=path SCN_NAME=name awk -v mode=json -f json.awk -f scenario.awk FILE
+#   SCN_FILE=path SCN_NAME=name awk -v mode=sh -v ncpu=N -f json.awk -f scenario.awk FILE
+#
+# The format is specified in docs/lab-protocol.md (section 3) and
+# guest-scripts/README.md. On the first error it prints
+#     BLKLAB-ERROR scenario FILE:LINE: message
+# and exits 2 (FILE is $SCN_FILE as given). Otherwise:
+#
+#   mode=json  one JSON line, the scenario as written (globals folded into each
+#              variant; no environment overrides, @NCPU@ left as is):
+#              {"name","description","disks","queues","variants":[{"name",
+#               "target":{"kind","params":[...]},"sched","nr_requests",
+#               "runtime","ramp","fio_args":[...]}]}
+#   mode=sh    shell assignments for run.sh to eval: SCN_DESCRIPTION,
+#              SCN_DISKS, SCN_QUEUES, SCN_NV and SCN_V<i>_{NAME,KIND,PARAMS,
+#              SCHED,NR,RUNTIME,RAMP,FIO} for the variants selected by
+#              $BLKLAB_VARIANTS (all when empty), with $BLKLAB_RUNTIME and
+#              $BLKLAB_RAMP applied and @NCPU@ replaced by ncpu in target
+#              parameters and fio arguments. Lists are blank-separated words.
+#
+# POSIX awk only: runs under mawk, busybox awk and gawk --posix.
+
+BEGIN {
+    FILE = ENVIRON["SCN_FILE"]
+    NAME = ENVIRON["SCN_NAME"]
+    failed = 0
+    nv = 0
+    # globals (defaults)
+    g_desc = ""; g_disks = 1; g_queues = ""
+    g_runtime = 10; g_ramp = 0
+    g_kind = "virtio"; g_params = ""; g_sched = ""; g_nr = ""; g_fio = ""
+    # fio options run.sh sets itself
+    reserved["name"] = "the variant name"
+    reserved["filename"] = "the target devices"
+    reserved["runtime"] = "the runtime directive"
+    reserved["ramp_time"] = "the ramp directive"
+    reserved["output"] = "run.sh"
+    reserved["output-format"] = "run.sh"
+}
+
+function fail(msg) {
+    printf "BLKLAB-ERROR scenario %s:%d: %s\n", FILE, NR, msg
+    failed = 1
+    exit 2
+}
+
+function want_args(lo, hi) {
+    if (NF - 1 < lo) fail($1 ": missing argument")
+    if (hi >= 0 && NF - 1 > hi) fail($1 ": too many arguments")
+}
+
+# an unsigned decimal integer >= min (and <= max when max > 0; at most 9 digits)
+function number(s, min, max,    t) {
+    t = s
+    sub(/^0+/, "", t)           # no octal surprises (busybox awk reads 010 as 8)
+    if (t == "") t = "0"
+    if (max > 0) {
+        if (s !~ /^[0-9]+$/ || length(t) > 9 || t + 0 < min || t + 0 > max)
+            fail($1 ": bad number '" s "' (want an integer from " min " to " max ")")
+    } else if (s !~ /^[0-9]+$/ || length(t) > 9 || t + 0 < min)
+        fail($1 ": bad number '" s "' (want an integer >= " min ")")
+    return t + 0
+}
+
+function global_only() {
+    if (nv > 0) fail($1 " is only allowed before the first variant")
+}
+
+function words(from,    i, s) {
+    s = ""
+    for (i = from; i <= NF; i++) s = s (i > from ? " " : "") $i
+    return s
+}
+
+{
+    sub(/\r$/, "")
+    line = $0
+    sub(/#.*/, "", line)
+    $0 = line
+    if (NF == 0) next
+    d = $1
+    if (d == "description") {
+        global_only(); want_args(1, -1)
+        g_desc = words(2)
+    } else if (d == "disks") {
+        global_only(); want_args(1, 1)
+        g_disks = number($2, 1, 64)
+    } else if (d == "queues") {
+        global_only(); want_args(1, 1)
+        g_queues = number($2, 1, 64)
+    } else if (d == "runtime") {
+        want_args(1, 1)
+        v = number($2, 1)
+        if (nv) v_runtime[nv] = v; else g_runtime = v
+    } else if (d == "ramp") {
+        want_args(1, 1)
+        v = number($2, 0)
+        if (nv) v_ramp[nv] = v; else g_ramp = v
+    } else if (d == "target") {
+        want_args(1, -1)
+        kind = $2
+        if (kind == "virtio") {
+            if (NF > 2) fail("target virtio takes no parameters")
+        } else if (kind == "scsi_debug" || kind == "null_blk") {
+            for (i = 3; i <= NF; i++)
+                if ($i !~ /^[A-Za-z_][A-Za-z0-9_-]*=/)
+                    fail("target: bad module parameter '" $i "' (want NAME=VALUE)")
+        } else {
+            fail("target: unknown kind '" kind "' (want virtio, scsi_debug or null_blk)")
+        }
+        p = words(3)
+        if (nv) { v_kind[nv] = kind; v_params[nv] = p } else { g_kind = kind; g_params = p }
+    } else if (d == "sched") {
+        want_args(1, 1)
+        if ($2 !~ /^[A-Za-z0-9_-]+$/) fail("sched: bad name '" $2 "'")
+        if (nv) v_sched[nv] = $2; else g_sched = $2
+    } else if (d == "nr_requests") {
+        want_args(1, 1)
+        v = number($2, 1)
+        if (nv) v_nr[nv] = v; else g_nr = v
+    } else if (d == "fio") {
+        want_args(1, -1)
+        for (i = 2; i <= NF; i++) {
+            opt = $i
+            if (opt !~ /^--?[A-Za-z]/) continue
+            sub(/^--?/, "", opt)
+            sub(/=.*/, "", opt)
+            if (opt in reserved)
+                fail("fio: option --" opt " is set by run.sh (from " reserved[opt] ")")
+        }
+        a = words(2)
+        if (nv) v_fio[nv] = (v_fio[nv] == "" ? "" : v_fio[nv] " ") a
+        else g_fio = (g_fio == "" ? "" : g_fio " ") a
+    } else if (d == "variant") {
+        want_args(1, 1)
+        if ($2 !~ /^[A-Za-z0-9_.-]+$/) fail("variant: bad name '" $2 "' (want [A-Za-z0-9_.-]+)")
+        if ($2 in seen) fail("variant: duplicate name '" $2 "' (first at line " seen[$2] ")")
+        seen[$2] = NR
+        nv++
+        v_name[nv] = $2
+    } else {
+        fail("unknown directive '" d "'")
+    }
+}
+
+function shq(s) {   # single-quote s for sh
+    gsub(/'/, "'\"'\"'", s)
+    return "'" s "'"
+}
+
+END {
+    if (failed) exit 2
+    if (nv == 0) {
+        if (NR == 0) NR = 1     # an empty file: report line 1
+        fail("no variants (a scenario needs at least one 'variant NAME' line)")
+    }
+    # fold globals into variants
+    for (i = 1; i <= nv; i++) {
+        if (!(i in v_kind)) { v_kind[i] = g_kind; v_params[i] = g_params }
+        if (!(i in v_sched)) v_sched[i] = g_sched
+        if (!(i in v_nr)) v_nr[i] = g_nr
+        if (!(i in v_runtime)) v_runtime[i] = g_runtime
+        if (!(i in v_ramp)) v_ramp[i] = g_ramp
+        f = g_fio
+        if (v_fio[i] != "") f = (f == "" ? "" : f " ") v_fio[i]
+        v_fio[i] = f
+    }
+    if (mode == "json") print_json()
+    else if (mode == "sh") print_sh()
+    else { print "scenario.awk: mode must be json or sh"; exit 2 }
+}
+
+function print_json(    i, out) {
+    out = "{\"name\":" jstr(NAME) ",\"description\":" jstr_or_null(g_desc) \
+          ",\"disks\":" g_disks ",\"queues\":" (g_queues == "" ? "null" : g_queues) ",\"variants\":["
+    for (i = 1; i <= nv; i++) {
+        out = out (i > 1 ? "," : "") "{\"name\":" jstr(v_name[i]) \
+              ",\"target\":{\"kind\":" jstr(v_kind[i]) ",\"params\":" jlist(v_params[i]) "}" \
+              ",\"sched\":" jstr_or_null(v_sched[i]) \
+              ",\"nr_requests\":" (v_nr[i] == "" ? "null" : v_nr[i]) \
+              ",\"runtime\":" v_runtime[i] ",\"ramp\":" v_ramp[i] \
+              ",\"fio_args\":" jlist(v_fio[i]) "}"
+    }
+    print out "]}"
+}
+
+function env_number(var, min,    s, t) {
+    s = ENVIRON[var]
+    if (s == "") return ""
+    t = s
+    sub(/^0+/, "", t)
+    if (t == "") t = "0"
+    if (s !~ /^[0-9]+$/ || length(t) > 9 || t + 0 < min) {
+        printf "BLKLAB-ERROR %s=%s: bad number (want an integer >= %d)\n", var, s, min
+        failed = 1
+        exit 2
+    }
+    return t + 0
+}
+
+function print_sh(    rt, rp, filt, want, n, a, i, k, p, f, out) {
+    rt = env_number("BLKLAB_RUNTIME", 1)
+    rp = env_number("BLKLAB_RAMP", 0)
+    filt = ENVIRON["BLKLAB_VARIANTS"]
+    if (filt != "") {
+        n = split(filt, a, ",")
+        for (i = 1; i <= n; i++) if (a[i] != "") want[a[i]] = 1
+    }
+    out = sprintf("SCN_DESCRIPTION=%s\nSCN_DISKS=%s\nSCN_QUEUES=%s\n", shq(g_desc), g_disks, shq(g_queues))
+    k = 0
+    for (i = 1; i <= nv; i++) {
+        if (filt != "" && !(v_name[i] in want)) continue
+        k++
+        p = v_params[i]; gsub(/@NCPU@/, ncpu, p)
+        f = v_fio[i]; gsub(/@NCPU@/, ncpu, f)
+        out = out sprintf("SCN_V%d_NAME=%s\n", k, shq(v_name[i]))
+        out = out sprintf("SCN_V%d_KIND=%s\n", k, shq(v_kind[i]))
+        out = out sprintf("SCN_V%d_PARAMS=%s\n", k, shq(p))
+        out = out sprintf("SCN_V%d_SCHED=%s\n", k, shq(v_sched[i]))
+        out = out sprintf("SCN_V%d_NR=%s\n", k, shq(v_nr[i]))
+        out = out sprintf("SCN_V%d_RUNTIME=%s\n", k, (rt != "" ? rt : v_runtime[i]))
+        out = out sprintf("SCN_V%d_RAMP=%s\n", k, (rp != "" ? rp : v_ramp[i]))
+        out = out sprintf("SCN_V%d_FIO=%s\n", k, shq(f))
+    }
+    if (k == 0) {
+        printf "BLKLAB-ERROR %s: no variant matches BLKLAB_VARIANTS=%s\n", NAME, filt
+        failed = 1
+        exit 2
+    }
+    printf "%sSCN_NV=%d\n", out, k
+}

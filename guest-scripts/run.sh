@@ -1,0 +1,586 @@
+#!/bin/sh
+# run.sh [-o OUTDIR] [--check] SCENARIO [DEV...]
+#
+# Runs one blklab scenario in a guest and prints one result document per
+# variant, as specified in docs/lab-protocol.md (section 3); see
+# guest-scripts/README.md for running it by hand.
+#
+#   SCENARIO    a name (scenarios/NAME.scn next to this script) or a path
+#   DEV...      block devices (names or /dev paths) for `target virtio`
+#               variants; default: every /sys/block/vd* not in use (mounted,
+#               swap, holders), waiting up to 20 s for `disks` of them
+#   -o OUTDIR   also write each document to OUTDIR/SCENARIO.VARIANT.json
+#   --check     only parse and validate SCENARIO; print it as one JSON line
+#
+# Environment: BLKLAB_RUNTIME, BLKLAB_RAMP (seconds, override the scenario),
+# BLKLAB_VARIANTS (comma list: run only these), BLKLAB_SYNC=1 (host
+# handshake), BLKLAB_SYNC_TIMEOUT (seconds, default 120), BLKLAB_DISK_WAIT
+# (seconds to wait for devices, default 20), BLKLAB_KEEP=DIR (keep each
+# variant's snapshots and raw output in DIR/SCENARIO.VARIANT/), AWK (default
+# awk; "busybox awk" works).
+#
+# Exit status: 0 all variants ok, 1 a variant failed, 2 usage or scenario
+# error (nothing was run).
+#
+# POSIX sh: runs under busybox ash (the blklab initramfs), dash and bash.
+# `read -t` is used only where the shell has it (busybox, bash), else
+# timeout(1); sysfs names are plain, so `ls` output is safe to split (and
+# pathname expansion is off for everything the scenario supplies).
+# shellcheck disable=SC2016,SC2317,SC2045,SC2010,SC2012,SC3045,SC2162,SC2153
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+LIB=$HERE/lib
+AWK=${AWK:-awk}
+MODDIR=${BLKLAB_MODULE_DIR:-/lib/modules/blklab}
+MODAVAIL=${BLKLAB_MODULES_AVAILABLE:-/blklab/modules-available}
+DISK_WAIT=${BLKLAB_DISK_WAIT:-20}
+SYNC_TIMEOUT=${BLKLAB_SYNC_TIMEOUT:-120}
+
+usage() {
+    echo "usage: run.sh [-o OUTDIR] [--check] SCENARIO [DEV...]" >&2
+    exit 2
+}
+say() { echo "run.sh: $*" >&2; }     # diagnostics (not protocol lines)
+
+OUTDIR=""
+CHECK=0
+while [ $# -gt 0 ]; do
+    case $1 in
+    -o) [ $# -ge 2 ] || usage; OUTDIR=$2; shift 2 ;;
+    -o*) OUTDIR=${1#-o}; shift ;;
+    --check) CHECK=1; shift ;;
+    -h|--help) usage ;;
+    --) shift; break ;;
+    -*) echo "run.sh: unknown option $1" >&2; usage ;;
+    *) break ;;
+    esac
+done
+[ $# -ge 1 ] || usage
+SCN_ARG=$1
+shift
+
+case $SCN_ARG in
+*/*|*.scn) SCN_PATH=$SCN_ARG ;;
+*) SCN_PATH=$HERE/scenarios/$SCN_ARG.scn ;;
+esac
+if [ ! -f "$SCN_PATH" ]; then
+    echo "BLKLAB-ERROR scenario $SCN_PATH: no such scenario file"
+    exit 2
+fi
+SCN_NAME=$(basename "$SCN_PATH" .scn)
+
+if [ "$CHECK" = 1 ]; then
+    SCN_FILE=$SCN_PATH SCN_NAME=$SCN_NAME \
+        $AWK -v mode=json -f "$LIB/json.awk" -f "$LIB/scenario.awk" "$SCN_PATH"
+    exit $?
+fi
+
+# From here on no pathname expansion: words from the scenario are split, never globbed.
+set -f
+
+NCPU=$(grep -c '^cpu[0-9]' /proc/stat)
+PARSED=$(SCN_FILE=$SCN_PATH SCN_NAME=$SCN_NAME \
+    $AWK -v mode=sh -v ncpu="$NCPU" -f "$LIB/json.awk" -f "$LIB/scenario.awk" "$SCN_PATH")
+rc=$?
+if [ $rc -ne 0 ]; then
+    [ -n "$PARSED" ] && printf '%s\n' "$PARSED"
+    exit 2
+fi
+eval "$PARSED"
+
+case $DISK_WAIT in ''|*[!0-9]*) echo "BLKLAB-ERROR BLKLAB_DISK_WAIT=$DISK_WAIT: bad number"; exit 2 ;; esac
+case $SYNC_TIMEOUT in ''|*[!0-9]*) echo "BLKLAB-ERROR BLKLAB_SYNC_TIMEOUT=$SYNC_TIMEOUT: bad number"; exit 2 ;; esac
+if ! command -v fio >/dev/null 2>&1; then
+    echo "BLKLAB-ERROR $SCN_NAME: fio not found in PATH"
+    exit 2
+fi
+if [ -n "$OUTDIR" ] && ! mkdir -p "$OUTDIR"; then
+    echo "BLKLAB-ERROR $SCN_NAME: cannot create $OUTDIR"
+    exit 2
+fi
+
+KERNEL=$(uname -r)
+TMPD=$(mktemp -d "${TMPDIR:-/tmp}/blklab-run.XXXXXX") || { echo "BLKLAB-ERROR $SCN_NAME: mktemp failed"; exit 2; }
+
+# --- tty and cleanup -----------------------------------------------------------
+STTY_SAVED=""
+cleanup() {
+    if [ -n "$STTY_SAVED" ]; then
+        stty "$STTY_SAVED" 2>/dev/null
+        STTY_SAVED=""
+    fi
+    [ -n "$TMPD" ] && rm -rf "$TMPD"
+    TMPD=""
+}
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+
+if [ "$BLKLAB_SYNC" = 1 ] && [ -t 0 ] && command -v stty >/dev/null 2>&1; then
+    # The host's replies must not be echoed back onto the console output.
+    STTY_SAVED=$(stty -g 2>/dev/null) && stty -echo 2>/dev/null || STTY_SAVED=""
+fi
+
+# --- small helpers -------------------------------------------------------------
+uptime_cs() {   # /proc/uptime in centiseconds
+    read -r _uc_u _uc_rest < /proc/uptime
+    _uc_i=${_uc_u%.*}
+    _uc_f=${_uc_u#*.}
+    echo $(( _uc_i * 100 + ${_uc_f#0} ))
+}
+
+# is_in_use NAME: the disk or one of its partitions is mounted, swap or held
+is_in_use() {
+    _iu_d=$1
+    _iu_names=$_iu_d
+    _iu_devs=$(cat "/sys/block/$_iu_d/dev" 2>/dev/null)
+    for _iu_p in $(ls "/sys/block/$_iu_d" 2>/dev/null); do
+        if [ -f "/sys/block/$_iu_d/$_iu_p/partition" ]; then
+            _iu_names="$_iu_names $_iu_p"
+            _iu_devs="$_iu_devs $(cat "/sys/block/$_iu_d/$_iu_p/dev" 2>/dev/null)"
+        fi
+    done
+    for _iu_n in $_iu_names; do
+        if [ -n "$(ls "/sys/class/block/$_iu_n/holders" 2>/dev/null)" ]; then return 0; fi
+    done
+    # /proc/self/mountinfo field 3 is MAJ:MIN; /proc/mounts and /proc/swaps name /dev/X
+    $AWK -v names="$_iu_names" -v devs="$_iu_devs" '
+        BEGIN { n = split(names, a, " "); for (i = 1; i <= n; i++) nm["/dev/" a[i]] = 1
+                n = split(devs, b, " "); for (i = 1; i <= n; i++) dv[b[i]] = 1 }
+        FILENAME ~ /mountinfo$/ { if ($3 in dv) found = 1; next }
+        { if ($1 in nm) found = 1 }
+        END { exit found ? 0 : 1 }' /proc/self/mountinfo /proc/mounts /proc/swaps 2>/dev/null
+}
+
+# sorted like the kernel names them: vda..vdz, vdaa..
+sort_devs() {
+    $AWK '{ printf "%d %s\n", length($0), $0 }' | sort -k1,1n -k2,2 | $AWK '{ print $2 }'
+}
+
+list_vd() {
+    ls /sys/block 2>/dev/null | grep '^vd[a-z]*$' | sort_devs
+}
+
+# --- SYNC handshake -----------------------------------------------------------
+if (echo x | read -t 1 _x) 2>/dev/null; then HAVE_READ_T=1; else HAVE_READ_T=0; fi
+
+next_seq() {    # per-boot counter shared by every run.sh of this boot
+    _ns_boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)
+    _ns_f=${BLKLAB_SYNC_SEQ_FILE:-}
+    if [ -z "$_ns_f" ]; then
+        if [ -d /run ] && [ -w /run ]; then _ns_f=/run/blklab-sync-seq; else _ns_f=/tmp/blklab-sync-seq; fi
+    fi
+    _ns_n=0
+    if [ -f "$_ns_f" ]; then
+        read -r _ns_fb _ns_fn < "$_ns_f"
+        [ "$_ns_fb" = "$_ns_boot" ] && _ns_n=$_ns_fn
+    fi
+    _ns_n=$((_ns_n + 1))
+    echo "$_ns_boot $_ns_n" > "$_ns_f"
+    echo "$_ns_n"
+}
+
+# read_line SECS: one line of stdin into LINE; 0 ok, 1 end of input, 2 timeout
+read_line() {
+    LINE=""
+    _rl_t0=$(uptime_cs)
+    if [ "$HAVE_READ_T" = 1 ]; then
+        IFS= read -r -t "$1" LINE && return 0
+        _rl_rc=$?
+    elif command -v timeout >/dev/null 2>&1; then
+        LINE=$(timeout "$1" sh -c 'IFS= read -r l && printf "%s." "$l"')
+        _rl_rc=$?
+        case $LINE in *.) LINE=${LINE%.}; return 0 ;; esac
+    else
+        IFS= read -r LINE && return 0
+        return 1
+    fi
+    [ "$_rl_rc" -gt 128 ] && return 2
+    # busybox returns 1 for both: tell them apart by the time spent
+    [ $(( $(uptime_cs) - _rl_t0 )) -ge $(( $1 * 100 - 50 )) ] && return 2
+    return 1
+}
+
+# sync_point WHAT: print the SYNC line and wait for the host's reply
+sync_point() {
+    [ "$BLKLAB_SYNC" = 1 ] || return 0
+    _sp_n=$(next_seq)
+    echo "BLKLAB-SYNC $_sp_n $1 $SCN_NAME $VNAME"
+    _sp_deadline=$(( $(uptime_cs) + SYNC_TIMEOUT * 100 ))
+    while :; do
+        _sp_left=$(( (_sp_deadline - $(uptime_cs) + 99) / 100 ))
+        if [ "$_sp_left" -le 0 ]; then
+            fail "no reply to BLKLAB-SYNC $_sp_n ($1) within $SYNC_TIMEOUT s"
+            return 1
+        fi
+        read_line "$_sp_left"
+        case $? in
+        0)  _sp_got=$(printf '%s' "$LINE" | tr -d ' \t\r')
+            [ "$_sp_got" = "$_sp_n" ] && return 0
+            say "ignoring console input '$_sp_got' while waiting for SYNC reply $_sp_n" ;;
+        1)  fail "end of input while waiting for the reply to BLKLAB-SYNC $_sp_n ($1)"
+            return 1 ;;
+        *)  fail "no reply to BLKLAB-SYNC $_sp_n ($1) within $SYNC_TIMEOUT s"
+            return 1 ;;
+        esac
+    done
+}
+
+# --- per-variant error state --------------------------------------------------
+fail() {    # record (first one wins the "error" slot) and print an error
+    echo "BLKLAB-ERROR $SCN_NAME $VNAME: $*"
+    if [ -z "$ERR" ]; then ERR=$*; else ERR="$ERR; $*"; fi
+}
+
+# --- virtio devices -------------------------------------------------------------
+VIRTIO_DEVS=""
+VIRTIO_DONE=0
+VIRTIO_ERR=""
+find_virtio() {     # once per run: sets VIRTIO_DEVS or VIRTIO_ERR
+    [ "$VIRTIO_DONE" = 1 ] && return
+    VIRTIO_DONE=1
+    _fv_end=$(( $(uptime_cs) + DISK_WAIT * 100 ))
+    if [ -n "$EXPLICIT_DEVS" ]; then
+        for _fv_d in $EXPLICIT_DEVS; do
+            while [ ! -e "/sys/block/$_fv_d" ] && [ "$(uptime_cs)" -lt "$_fv_end" ]; do sleep 1; done
+            if [ ! -e "/sys/block/$_fv_d" ]; then
+                VIRTIO_ERR="device $_fv_d not found (no /sys/block/$_fv_d; whole disks only)"
+                return
+            fi
+            if is_in_use "$_fv_d"; then
+                VIRTIO_ERR="device $_fv_d is in use (mounted, swap or held); refusing to run fio on it"
+                return
+            fi
+        done
+        VIRTIO_DEVS=$EXPLICIT_DEVS
+    else
+        while :; do
+            _fv_all=$(list_vd)
+            _fv_free=""
+            _fv_n=0
+            for _fv_d in $_fv_all; do
+                if is_in_use "$_fv_d"; then continue; fi
+                _fv_free="$_fv_free $_fv_d"
+                _fv_n=$((_fv_n + 1))
+            done
+            [ "$_fv_n" -ge "$SCN_DISKS" ] && break
+            [ "$(uptime_cs)" -lt "$_fv_end" ] || break
+            sleep 1
+        done
+        _fv_skipped=""
+        for _fv_d in $_fv_all; do case " $_fv_free " in *" $_fv_d "*) ;; *) _fv_skipped="$_fv_skipped $_fv_d" ;; esac; done
+        [ -n "$_fv_skipped" ] && say "skipping virtio disks in use (mounted, swap or held):$_fv_skipped"
+        if [ "$_fv_n" -lt "$SCN_DISKS" ]; then
+            VIRTIO_ERR="found $_fv_n usable virtio disk(s) after $DISK_WAIT s (${_fv_free# }), the scenario wants $SCN_DISKS"
+            [ -n "$_fv_skipped" ] && VIRTIO_ERR="$VIRTIO_ERR; in use:$_fv_skipped"
+            return
+        fi
+        VIRTIO_DEVS=${_fv_free# }
+    fi
+    for _fv_d in $VIRTIO_DEVS; do
+        while [ ! -b "/dev/$_fv_d" ] && [ "$(uptime_cs)" -lt "$_fv_end" ]; do sleep 1; done
+        if [ ! -b "/dev/$_fv_d" ]; then VIRTIO_ERR="/dev/$_fv_d does not exist"; return; fi
+    done
+}
+
+# --- module targets (scsi_debug, null_blk) ------------------------------------
+MOD_LOADED=""
+param_value() {     # param_value NAME DEFAULT PARAMS...
+    _pv_pn=$1; _pv_pd=$2; shift 2
+    for _pv_pp; do case $_pv_pp in "$_pv_pn"=*) _pv_pd=${_pv_pp#*=} ;; esac; done
+    echo "$_pv_pd"
+}
+
+load_module() {     # load_module MOD PARAMS -> DEVS, MOD_LOADED; fail on error
+    _lm_mod=$1
+    _lm_params=$2
+    _lm_sysmod=$(echo "$_lm_mod" | tr - _)
+    if [ -d "/sys/module/$_lm_sysmod" ]; then
+        if [ -d "/sys/module/$_lm_sysmod/sections" ] || [ -e "/sys/module/$_lm_sysmod/refcnt" ]; then
+            fail "$_lm_mod is already loaded; rmmod it first so that the scenario's parameters apply"
+        else
+            fail "$_lm_mod is built into this kernel; its parameters cannot be set by the scenario"
+        fi
+        return 1
+    fi
+    _lm_before=$(ls /sys/block)
+    if [ -f "$MODAVAIL" ]; then
+        _lm_line=$(grep "^$_lm_mod:" "$MODAVAIL" | head -n 1)
+        if [ -z "$_lm_line" ]; then
+            fail "$_lm_mod is not in $MODAVAIL (this image has no $_lm_mod module)"
+            return 1
+        fi
+        _lm_order=${_lm_line#*:}
+        case " $_lm_order " in *" $_lm_mod "*) ;; *) _lm_order="$_lm_order $_lm_mod" ;; esac
+        for _lm_m in $_lm_order; do
+            if [ "$_lm_m" = "$_lm_mod" ]; then
+                kmsg_mark
+                # shellcheck disable=SC2086
+                _lm_out=$(insmod "$MODDIR/$_lm_m.ko" $_lm_params 2>&1 </dev/null) || {
+                    fail "insmod $_lm_m.ko $_lm_params failed: $_lm_out $(kmsg_since_mark | tail -n 3 | tr '\n' ' ')"
+                    return 1
+                }
+            else
+                [ -d "/sys/module/$(echo "$_lm_m" | tr - _)" ] && continue
+                _lm_out=$(insmod "$MODDIR/$_lm_m.ko" 2>&1 </dev/null) || {
+                    fail "insmod $_lm_m.ko (needed by $_lm_mod) failed: $_lm_out"
+                    return 1
+                }
+            fi
+        done
+    else
+        kmsg_mark
+        # shellcheck disable=SC2086
+        _lm_out=$(modprobe "$_lm_mod" $_lm_params 2>&1 </dev/null) || {
+            fail "modprobe $_lm_mod $_lm_params failed: $_lm_out $(kmsg_since_mark | tail -n 3 | tr '\n' ' ')"
+            return 1
+        }
+    fi
+    MOD_LOADED=$_lm_mod
+    # The kernel loads a module even when a parameter is unknown to it (it only
+    # logs "MOD: unknown parameter 'X' ignored"): a misspelt parameter, or one
+    # this kernel's version of the module lacks, must not pass silently.
+    _lm_unknown=$(kmsg_since_mark | sed -n "s/.*unknown parameter '\([^']*\)' ignored.*/\1/p" | tr '\n' ' ')
+    if [ -n "$_lm_unknown" ]; then
+        fail "$_lm_mod on $KERNEL has no parameter ${_lm_unknown% } (the kernel ignored it)"
+        return 1
+    fi
+    # how many disks the module makes
+    # shellcheck disable=SC2086
+    case $_lm_mod in
+    null_blk) _lm_want=$(param_value nr_devices 1 $_lm_params) ;;
+    scsi_debug) _lm_want=$(( $(param_value add_host 1 $_lm_params) * $(param_value num_tgts 1 $_lm_params) * $(param_value max_luns 1 $_lm_params) )) ;;
+    *) _lm_want=1 ;;
+    esac
+    _lm_end=$(( $(uptime_cs) + DISK_WAIT * 100 ))
+    while :; do
+        DEVS=$(ls /sys/block | while read -r _lm_b; do
+            case "
+$_lm_before
+" in *"
+$_lm_b
+"*) ;; *) echo "$_lm_b" ;; esac
+        done | sort_devs)
+        # shellcheck disable=SC2086
+        _lm_n=$(echo $DEVS | wc -w)
+        [ "$_lm_n" -ge "$_lm_want" ] && break
+        if [ "$(uptime_cs)" -ge "$_lm_end" ]; then
+            fail "$_lm_mod made $_lm_n new disk(s) in /sys/block within $DISK_WAIT s, expected $_lm_want"
+            return 1
+        fi
+        sleep 1
+    done
+    # shellcheck disable=SC2086,SC2116
+    DEVS=$(echo $DEVS)     # one line, single blanks
+    for _lm_d in $DEVS; do
+        while [ ! -b "/dev/$_lm_d" ] && [ "$(uptime_cs)" -lt "$_lm_end" ]; do sleep 1; done
+        [ -b "/dev/$_lm_d" ] || { fail "/dev/$_lm_d did not appear"; return 1; }
+    done
+    return 0
+}
+
+# kmsg_mark / kmsg_since_mark: the kernel log from the mark on
+KMSG_MARK=""
+kmsg_mark() {
+    KMSG_MARK="blklab-run.sh mark $$.$(uptime_cs)"
+    if ! { echo "$KMSG_MARK" > /dev/kmsg; } 2>/dev/null; then
+        KMSG_MARK="#$(dmesg 2>/dev/null | wc -l)"    # no /dev/kmsg: count lines
+    fi
+}
+kmsg_since_mark() {
+    case $KMSG_MARK in
+    '#'*) dmesg 2>/dev/null | tail -n "+$(( ${KMSG_MARK#\#} + 1 ))" ;;
+    *) dmesg 2>/dev/null | sed -n "/$KMSG_MARK/,\$p" ;;
+    esac
+}
+
+unload_module() {
+    [ -n "$MOD_LOADED" ] || return 0
+    _um_i=0
+    while ! _um_out=$(rmmod "$MOD_LOADED" 2>&1 </dev/null); do
+        _um_i=$((_um_i + 1))
+        if [ $_um_i -ge 10 ]; then
+            fail "rmmod $MOD_LOADED failed: $_um_out"
+            MOD_LOADED=""
+            return 1
+        fi
+        sleep 1
+    done
+    MOD_LOADED=""
+}
+
+# --- queue settings -------------------------------------------------------------
+cur_sched() { sed -n 's/.*\[\(.*\)\].*/\1/p' "/sys/block/$1/queue/scheduler" 2>/dev/null; }
+
+apply_queue() {     # sched, nr_requests on every DEV; remembers the old values
+    SAVED_Q=""
+    for _aq_d in $DEVS; do
+        _aq_q=/sys/block/$_aq_d/queue
+        SAVED_Q="$SAVED_Q $_aq_d:$(cur_sched "$_aq_d"):$(cat "$_aq_q/nr_requests" 2>/dev/null)"
+        if [ -n "$VSCHED" ]; then
+            if ! echo "$VSCHED" > "$_aq_q/scheduler" 2>/dev/null || [ "$(cur_sched "$_aq_d")" != "$VSCHED" ]; then
+                fail "cannot set scheduler $VSCHED on $_aq_d (queue/scheduler: $(cat "$_aq_q/scheduler" 2>/dev/null))"
+                return 1
+            fi
+        fi
+        if [ -n "$VNR" ]; then
+            echo "$VNR" > "$_aq_q/nr_requests" 2>/dev/null
+            _aq_got=$(cat "$_aq_q/nr_requests" 2>/dev/null)
+            if [ "$_aq_got" != "$VNR" ]; then
+                fail "cannot set nr_requests $VNR on $_aq_d (reads back ${_aq_got:-nothing}; scheduler $(cur_sched "$_aq_d"))"
+                return 1
+            fi
+        fi
+    done
+    return 0
+}
+
+restore_queue() {
+    for _rq_e in $SAVED_Q; do
+        _rq_d=${_rq_e%%:*}; _rq_r=${_rq_e#*:}; _rq_s=${_rq_r%%:*}; _rq_nr=${_rq_r#*:}
+        _rq_q=/sys/block/$_rq_d/queue
+        [ -d "$_rq_q" ] || continue
+        if [ -n "$_rq_s" ] && [ "$(cur_sched "$_rq_d")" != "$_rq_s" ]; then echo "$_rq_s" > "$_rq_q/scheduler" 2>/dev/null; fi
+        if [ -n "$_rq_nr" ] && [ "$(cat "$_rq_q/nr_requests" 2>/dev/null)" != "$_rq_nr" ]; then echo "$_rq_nr" > "$_rq_q/nr_requests" 2>/dev/null; fi
+    done
+    SAVED_Q=""
+}
+
+jnum() { case $1 in ''|*[!0-9]*) echo null ;; *) echo "$1" ;; esac; }
+
+queue_json() {      # what the devices really have, read back
+    _qj_o="{"
+    _qj_sep=""
+    for _qj_d in $DEVS; do
+        _qj_q=/sys/block/$_qj_d/queue
+        _qj_s=$(cur_sched "$_qj_d")
+        _qj_hw=$(ls "/sys/block/$_qj_d/mq" 2>/dev/null | wc -l)
+        _qj_o="$_qj_o$_qj_sep\"$_qj_d\": {\"scheduler\": $( [ -n "$_qj_s" ] && echo "\"$_qj_s\"" || echo null ), \"nr_requests\": $(jnum "$(cat "$_qj_q/nr_requests" 2>/dev/null)"), \"hw_queues\": $(jnum "$_qj_hw"), \"device_queue_depth\": $(jnum "$(cat "/sys/block/$_qj_d/device/queue_depth" 2>/dev/null)")}"
+        _qj_sep=", "
+    done
+    echo "$_qj_o}"
+}
+
+# --- snapshots ------------------------------------------------------------------
+snapshot() {        # snapshot FILE: the files the result document is computed from
+    {
+        echo "@uptime"; cat /proc/uptime
+        echo "@stat"; cat /proc/stat
+        echo "@interrupts"; cat /proc/interrupts
+        echo "@softirqs"; cat /proc/softirqs
+        for _ss_d in $DEVS; do echo "@block $_ss_d"; cat "/sys/block/$_ss_d/stat"; done
+    } > "$1" 2>/dev/null
+}
+
+json_ok() { [ -s "$1" ] && $AWK -f "$LIB/jsoncheck.awk" "$1" >/dev/null 2>&1; }
+
+# --- one variant ----------------------------------------------------------------
+run_variant() {     # run_variant INDEX
+    eval "VNAME=\$SCN_V$1_NAME VKIND=\$SCN_V$1_KIND VPARAMS=\$SCN_V$1_PARAMS VSCHED=\$SCN_V$1_SCHED"
+    eval "VNR=\$SCN_V$1_NR VRUNTIME=\$SCN_V$1_RUNTIME VRAMP=\$SCN_V$1_RAMP VFIO=\$SCN_V$1_FIO"
+    ERR=""
+    DEVS=""
+    SAVED_Q=""
+    W=$TMPD/v$1
+    mkdir -p "$W"
+    R_QUEUE=""; R_BEFORE=""; R_AFTER=""; R_MPSTAT=""; R_FIO=""; R_FIO_RC=""; R_FIO_LOG=""; R_FIOCMD=""
+
+    case $VKIND in
+    virtio)
+        find_virtio
+        if [ -n "$VIRTIO_ERR" ]; then fail "$VIRTIO_ERR"; else DEVS=$VIRTIO_DEVS; fi ;;
+    scsi_debug|null_blk)
+        load_module "$VKIND" "$VPARAMS" ;;
+    *)  fail "unknown target $VKIND" ;;
+    esac
+
+    if [ -z "$ERR" ] && [ -z "$DEVS" ]; then fail "no target devices"; fi
+    if [ -z "$ERR" ] && apply_queue; then
+        R_QUEUE=$(queue_json)
+        files=""
+        for _d in $DEVS; do files="$files:/dev/$_d"; done
+        files=${files#:}
+        set -- --name="$VNAME" --filename="$files"
+        for _a in $VFIO; do set -- "$@" "$_a"; done
+        set -- "$@" --runtime="$VRUNTIME" --time_based --ramp_time="$VRAMP" --group_reporting \
+            --output-format=json --output="$W/fio.out"
+        fiocmd="fio $*"
+
+        # nothing touches the target disks from here to the begin SYNC reply
+        snapshot "$W/before"
+        R_BEFORE=$W/before
+        if sync_point begin; then
+            MPID=""
+            if command -v mpstat >/dev/null 2>&1; then
+                LC_ALL=C mpstat -P ALL -o JSON $((VRUNTIME + VRAMP)) 1 </dev/null >"$W/mpstat.json" 2>/dev/null &
+                MPID=$!
+            fi
+            fio "$@" </dev/null >"$W/fio.log" 2>&1
+            R_FIO_RC=$?
+            R_FIOCMD=$fiocmd
+            if [ -n "$MPID" ]; then
+                if kill -0 "$MPID" 2>/dev/null; then
+                    kill "$MPID" 2>/dev/null
+                    wait "$MPID" 2>/dev/null
+                    : > "$W/mpstat.json"    # cut short: no average
+                else
+                    wait "$MPID" 2>/dev/null
+                fi
+            fi
+            sync_point end
+            # nothing touches the target disks from the end SYNC reply to here
+            snapshot "$W/after"
+            R_AFTER=$W/after
+
+            # fio may put notes before its JSON in the --output file
+            $AWK -v pre="$W/fio.pre" '/^\{/ { j = 1 } j { print; next } { print > pre }' "$W/fio.out" > "$W/fio.json" 2>/dev/null
+            [ -s "$W/fio.pre" ] && cat "$W/fio.pre" >> "$W/fio.log"
+            R_FIO_LOG=$W/fio.log
+            if json_ok "$W/fio.json"; then R_FIO=$W/fio.json; fi
+            if [ "$R_FIO_RC" -ne 0 ]; then
+                fail "fio exited with status $R_FIO_RC: $(grep -v '^[[:space:]]*$' "$W/fio.log" | head -n 3 | tr '\n' ' ')"
+            elif [ -z "$R_FIO" ]; then
+                fail "fio wrote no valid JSON ($($AWK -f "$LIB/jsoncheck.awk" "$W/fio.json" 2>&1 | head -n 1))"
+            fi
+            if json_ok "$W/mpstat.json"; then R_MPSTAT=$W/mpstat.json; fi
+        fi
+    fi
+
+    restore_queue
+    unload_module
+
+    if [ -z "$ERR" ]; then R_OK=true; else R_OK=false; fi
+    export R_SCENARIO="$SCN_NAME" R_VARIANT="$VNAME" R_OK R_ERROR="$ERR" R_KERNEL="$KERNEL" \
+        R_NCPU="$NCPU" R_KIND="$VKIND" R_PARAMS="$VPARAMS" R_SCHED="$VSCHED" R_NR="$VNR" \
+        R_RUNTIME="$VRUNTIME" R_RAMP="$VRAMP" R_FIOARGS="$VFIO" R_FIOCMD R_DEVICES="$DEVS" \
+        R_QUEUE R_BEFORE R_AFTER R_MPSTAT R_FIO R_FIO_RC R_FIO_LOG
+    $AWK -f "$LIB/json.awk" -f "$LIB/cpu.awk" -f "$LIB/result.awk" > "$W/result.json"
+    echo "BLKLAB-RESULT-BEGIN $SCN_NAME $VNAME"
+    cat "$W/result.json"
+    echo "BLKLAB-RESULT-END $SCN_NAME $VNAME"
+    if [ -n "$OUTDIR" ]; then
+        cp "$W/result.json" "$OUTDIR/$SCN_NAME.$VNAME.json" || \
+            echo "BLKLAB-ERROR $SCN_NAME $VNAME: cannot write $OUTDIR/$SCN_NAME.$VNAME.json"
+    fi
+    if [ -n "$BLKLAB_KEEP" ]; then     # debugging: keep snapshots, fio and mpstat output
+        mkdir -p "$BLKLAB_KEEP/$SCN_NAME.$VNAME" && cp -R "$W"/. "$BLKLAB_KEEP/$SCN_NAME.$VNAME/"
+    fi
+    rm -rf "$W"
+    [ -z "$ERR" ]
+}
+
+# --- main -----------------------------------------------------------------------
+EXPLICIT_DEVS=""
+for _a; do
+    _a=${_a#/dev/}
+    EXPLICIT_DEVS="$EXPLICIT_DEVS $_a"
+done
+EXPLICIT_DEVS=${EXPLICIT_DEVS# }
+
+status=0
+i=1
+while [ "$i" -le "$SCN_NV" ]; do
+    run_variant "$i" || status=1
+    i=$((i + 1))
+done
+exit $status

@@ -1,0 +1,1078 @@
+//! guest-scripts/ without QEMU: the scenario parser (`run.sh --check`) on
+//! every shipped scenario and on malformed fixtures, the run-time view of a
+//! scenario (environment overrides, @NCPU@), lab.sh's argument errors, the
+//! JSON checker, the CPU reduction against sysstat's own mpstat, and the
+//! result document computed from recorded snapshots.
+//!
+//! Every shell test runs under `sh` (dash on Debian) and, when busybox is
+//! installed, under `busybox sh` with `AWK="busybox awk"` -- what the
+//! initramfs has.
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn have_busybox() -> bool {
+    Command::new("busybox")
+        .arg("true")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// (label, shell argv, AWK value)
+fn shells() -> Vec<(&'static str, Vec<&'static str>, Option<&'static str>)> {
+    let mut v = vec![("sh", vec!["sh"], None)];
+    if have_busybox() {
+        v.push(("busybox sh", vec!["busybox", "sh"], Some("busybox awk")));
+    } else {
+        eprintln!("busybox not installed: testing with sh only");
+    }
+    v
+}
+
+fn awks() -> Vec<Vec<&'static str>> {
+    let mut v = vec![vec!["awk"]];
+    if have_busybox() {
+        v.push(vec!["busybox", "awk"]);
+    }
+    v
+}
+
+/// Run SHELL guest-scripts/SCRIPT ARGS in the repository root with a clean
+/// BLKLAB_* environment plus `env`.
+fn run_script(
+    shell: &[&str],
+    awk: Option<&str>,
+    script: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Output {
+    let mut c = Command::new(shell[0]);
+    c.args(&shell[1..])
+        .arg(format!("guest-scripts/{script}"))
+        .args(args)
+        .current_dir(root())
+        .stdin(Stdio::null());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("BLKLAB_") || k == "AWK" {
+            c.env_remove(k);
+        }
+    }
+    if let Some(a) = awk {
+        c.env("AWK", a);
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("run guest script")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn check(shell: &[&str], awk: Option<&str>, scn: &str) -> Output {
+    run_script(shell, awk, "run.sh", &["--check", scn], &[])
+}
+
+fn variant_names(doc: &Value) -> Vec<String> {
+    doc["variants"]
+        .as_array()
+        .expect("variants array")
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn fio_args(v: &Value) -> Vec<String> {
+    v["fio_args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn has_args(v: &Value, want: &[&str]) {
+    let args = fio_args(v);
+    for w in want {
+        assert!(
+            args.iter().any(|a| a == w),
+            "variant {}: fio args {args:?} lack {w}",
+            v["name"]
+        );
+    }
+}
+
+fn target_params(v: &Value) -> Vec<String> {
+    v["target"]["params"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+const SEED000_FIO: &[&str] = &[
+    "--ioengine=libaio",
+    "--rw=randread",
+    "--bs=8k",
+    "--iodepth=64",
+    "--iodepth_batch_submit=16",
+    "--iodepth_batch_complete_min=16",
+    "--numjobs=16",
+    "--direct=1",
+];
+
+#[test]
+fn shipped_scenarios_parse_with_the_expected_variants() {
+    let expected: BTreeMap<&str, Vec<&str>> = [
+        ("smoke", vec!["read", "write"]),
+        ("seed000-randread", vec!["none", "mq-deadline"]),
+        (
+            "seed002-randrw",
+            vec![
+                "j20-r100", "j20-r70", "j20-r0", "j40-r100", "j40-r70", "j40-r0",
+            ],
+        ),
+        (
+            "seed002-quick",
+            vec!["j2-r100", "j2-r0", "j4-r100", "j4-r0"],
+        ),
+        ("plug-inverse", vec!["mq-deadline", "none"]),
+        (
+            "seed000-scsi-debug",
+            vec![
+                "host-tags",
+                "single-queue",
+                "host-tags-none",
+                "single-queue-none",
+            ],
+        ),
+        (
+            "seed000-null-blk",
+            vec!["shared", "per-queue", "shared-none", "per-queue-none"],
+        ),
+    ]
+    .into_iter()
+    .collect();
+
+    let dir = root().join("guest-scripts/scenarios");
+    let mut shipped: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.unwrap().path();
+            (p.extension()? == "scn").then(|| p.file_stem().unwrap().to_string_lossy().into())
+        })
+        .collect();
+    shipped.sort();
+    let mut want: Vec<String> = expected.keys().map(|s| s.to_string()).collect();
+    want.sort();
+    assert_eq!(
+        shipped, want,
+        "shipped scenarios vs the ones this test knows"
+    );
+
+    for (label, shell, awk) in shells() {
+        for (name, variants) in &expected {
+            // by path and by name: the same document
+            let path = format!("guest-scripts/scenarios/{name}.scn");
+            let out = check(&shell, awk, &path);
+            let stdout = text(&out.stdout);
+            assert!(
+                out.status.success(),
+                "[{label}] {path}: {}\n{stdout}{}",
+                out.status,
+                text(&out.stderr)
+            );
+            assert_eq!(
+                stdout.lines().count(),
+                1,
+                "[{label}] {path}: one line: {stdout}"
+            );
+            let doc: Value = serde_json::from_str(&stdout)
+                .unwrap_or_else(|e| panic!("[{label}] {path}: not JSON ({e}): {stdout}"));
+            let by_name = check(&shell, awk, name);
+            assert_eq!(text(&by_name.stdout), stdout, "[{label}] {name} by name");
+            assert_eq!(doc["name"], *name);
+            assert!(
+                doc["description"].as_str().is_some_and(|d| !d.is_empty()),
+                "[{label}] {name}: description"
+            );
+            assert_eq!(variant_names(&doc), *variants, "[{label}] {name}");
+            for v in doc["variants"].as_array().unwrap() {
+                for key in [
+                    "name",
+                    "target",
+                    "sched",
+                    "nr_requests",
+                    "runtime",
+                    "ramp",
+                    "fio_args",
+                ] {
+                    assert!(
+                        v.get(key).is_some(),
+                        "[{label}] {name}: variant lacks {key}"
+                    );
+                }
+                assert!(v["runtime"].as_u64().unwrap() >= 1);
+            }
+            check_scenario_content(name, &doc);
+        }
+    }
+}
+
+/// What each scenario must contain to reproduce its case.
+fn check_scenario_content(name: &str, doc: &Value) {
+    let vs = doc["variants"].as_array().unwrap();
+    match name {
+        "smoke" => {
+            assert_eq!(doc["disks"], 1);
+            for v in vs {
+                assert_eq!(v["runtime"], 2);
+                has_args(
+                    v,
+                    &["--ioengine=libaio", "--direct=1", "--bs=4k", "--iodepth=4"],
+                );
+                assert_eq!(v["target"]["kind"], "virtio");
+            }
+            has_args(&vs[0], &["--rw=randread"]);
+            has_args(&vs[1], &["--rw=randwrite"]);
+        }
+        "seed000-randread" => {
+            assert_eq!(doc["disks"], 1);
+            for v in vs {
+                has_args(v, SEED000_FIO);
+                assert_eq!(v["nr_requests"], 128);
+                assert_eq!(v["sched"], v["name"]);
+                assert_eq!(v["target"]["kind"], "virtio");
+            }
+        }
+        "seed002-randrw" | "seed002-quick" => {
+            assert_eq!(doc["disks"], if name == "seed002-randrw" { 12 } else { 2 });
+            for v in vs {
+                has_args(
+                    v,
+                    &[
+                        "--ioengine=libaio",
+                        "--rw=randrw",
+                        "--bs=4k",
+                        "--iodepth=1",
+                        "--direct=1",
+                    ],
+                );
+                let n = v["name"].as_str().unwrap();
+                let (j, r) = n[1..].split_once("-r").unwrap();
+                has_args(v, &[&format!("--numjobs={j}"), &format!("--rwmixread={r}")]);
+                if name == "seed002-quick" {
+                    assert_eq!(v["runtime"], 5);
+                }
+            }
+        }
+        "plug-inverse" => {
+            assert_eq!(doc["queues"], 1);
+            for v in vs {
+                has_args(
+                    v,
+                    &[
+                        "--ioengine=io_uring",
+                        "--rw=randread",
+                        "--iodepth=16",
+                        "--numjobs=1",
+                    ],
+                );
+                assert_eq!(v["sched"], v["name"]);
+            }
+        }
+        "seed000-scsi-debug" => {
+            for v in vs {
+                has_args(v, SEED000_FIO);
+                assert_eq!(v["target"]["kind"], "scsi_debug");
+                let p = target_params(v);
+                let n = v["name"].as_str().unwrap();
+                if n.starts_with("host-tags") {
+                    assert!(p.contains(&"host_max_queue=128".into()), "{p:?}");
+                    assert!(p.contains(&"submit_queues=@NCPU@".into()), "{p:?}");
+                } else {
+                    assert!(p.contains(&"max_queue=128".into()), "{p:?}");
+                    assert!(p.contains(&"submit_queues=1".into()), "{p:?}");
+                }
+                assert!(p.contains(&"fake_rw=1".into()), "RAM-less: {p:?}");
+                let want_sched = if n.ends_with("-none") {
+                    "none"
+                } else {
+                    "mq-deadline"
+                };
+                assert_eq!(v["sched"], want_sched);
+            }
+        }
+        "seed000-null-blk" => {
+            for v in vs {
+                has_args(v, SEED000_FIO);
+                assert_eq!(v["target"]["kind"], "null_blk");
+                let p = target_params(v);
+                for want in ["queue_mode=2", "irqmode=0", "submit_queues=@NCPU@"] {
+                    assert!(p.contains(&want.into()), "{p:?}");
+                }
+                let n = v["name"].as_str().unwrap();
+                let shared = if n.starts_with("shared") { 1 } else { 0 };
+                assert!(
+                    p.contains(&format!("shared_tag_bitmap={shared}")),
+                    "{n}: {p:?}"
+                );
+                let want_sched = if n.ends_with("-none") {
+                    "none"
+                } else {
+                    "mq-deadline"
+                };
+                assert_eq!(v["sched"], want_sched);
+            }
+        }
+        other => panic!("no content check for {other}"),
+    }
+}
+
+#[test]
+fn malformed_scenarios_fail_with_file_and_line() {
+    let cases: &[(&str, u32, &str)] = &[
+        ("unknown-directive", 4, "unknown directive 'iodepth'"),
+        ("missing-argument", 5, "sched: missing argument"),
+        (
+            "bad-number",
+            3,
+            "runtime: bad number '10s' (want an integer >= 1)",
+        ),
+        (
+            "zero-runtime",
+            3,
+            "runtime: bad number '0' (want an integer >= 1)",
+        ),
+        (
+            "duplicate-variant",
+            5,
+            "variant: duplicate name 'a' (first at line 2)",
+        ),
+        (
+            "no-variants",
+            4,
+            "no variants (a scenario needs at least one 'variant NAME' line)",
+        ),
+        (
+            "empty",
+            1,
+            "no variants (a scenario needs at least one 'variant NAME' line)",
+        ),
+        (
+            "bad-variant-name",
+            2,
+            "variant: bad name 'j20/r100' (want [A-Za-z0-9_.-]+)",
+        ),
+        (
+            "global-in-variant",
+            3,
+            "disks is only allowed before the first variant",
+        ),
+        (
+            "bad-target",
+            2,
+            "target: unknown kind 'nvme' (want virtio, scsi_debug or null_blk)",
+        ),
+        (
+            "bad-module-param",
+            3,
+            "target: bad module parameter 'irqmode' (want NAME=VALUE)",
+        ),
+        ("virtio-params", 2, "target virtio takes no parameters"),
+        (
+            "reserved-fio-option",
+            3,
+            "fio: option --runtime is set by run.sh (from the runtime directive)",
+        ),
+        ("too-many-arguments", 3, "sched: too many arguments"),
+        (
+            "too-many-disks",
+            2,
+            "disks: bad number '65' (want an integer from 1 to 64)",
+        ),
+    ];
+    let dir = root().join("tests/fixtures/scenarios");
+    let mut bad_files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| {
+            e.unwrap()
+                .path()
+                .file_stem()
+                .unwrap()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|n| !n.starts_with("good"))
+        .collect();
+    bad_files.sort();
+    let mut listed: Vec<String> = cases.iter().map(|c| c.0.to_string()).collect();
+    listed.sort();
+    assert_eq!(
+        bad_files, listed,
+        "every malformed fixture has an expected error"
+    );
+
+    for (label, shell, awk) in shells() {
+        for (name, line, msg) in cases {
+            let path = format!("tests/fixtures/scenarios/{name}.scn");
+            let out = check(&shell, awk, &path);
+            assert_eq!(out.status.code(), Some(2), "[{label}] {name}: {:?}", out);
+            assert_eq!(
+                text(&out.stdout),
+                format!("BLKLAB-ERROR scenario {path}:{line}: {msg}\n"),
+                "[{label}] {name}"
+            );
+            // run mode rejects it the same way, before looking for devices or fio
+            let out = run_script(&shell, awk, "run.sh", &[&path], &[]);
+            assert_eq!(out.status.code(), Some(2), "[{label}] {name} (run)");
+            assert_eq!(
+                text(&out.stdout),
+                format!("BLKLAB-ERROR scenario {path}:{line}: {msg}\n"),
+                "[{label}] {name} (run)"
+            );
+        }
+        let out = check(&shell, awk, "no-such-scenario");
+        assert_eq!(out.status.code(), Some(2));
+        assert!(
+            text(&out.stdout).starts_with("BLKLAB-ERROR scenario ")
+                && text(&out.stdout).contains("no-such-scenario.scn: no such scenario file"),
+            "[{label}] {}",
+            text(&out.stdout)
+        );
+    }
+}
+
+#[test]
+fn good_fixture_parses_to_the_exact_document() {
+    let want: Value = serde_json::json!({
+        "name": "good-everything",
+        "description": "a good scenario",
+        "disks": 3,
+        "queues": 2,
+        "variants": [
+            {"name": "first",
+             "target": {"kind": "null_blk", "params": ["queue_mode=2", "submit_queues=@NCPU@"]},
+             "sched": "mq-deadline", "nr_requests": 64, "runtime": 7, "ramp": 1,
+             "fio_args": ["--rw=randread", "--bs=4k", "--iodepth=8"]},
+            {"name": "second.v-2_x",
+             "target": {"kind": "virtio", "params": []},
+             "sched": "none", "nr_requests": 32, "runtime": 3, "ramp": 0,
+             "fio_args": ["--rw=randread", "--bs=4k", "--iodepth=8", "--numjobs=@NCPU@", "--rwmixread=70"]},
+            {"name": "third",
+             "target": {"kind": "scsi_debug", "params": []},
+             "sched": "mq-deadline", "nr_requests": 64, "runtime": 7, "ramp": 1,
+             "fio_args": ["--rw=randread", "--bs=4k", "--iodepth=8", "\"--name-ish=it's\\fine\""]}
+        ]
+    });
+    for (label, shell, awk) in shells() {
+        let out = check(&shell, awk, "tests/fixtures/scenarios/good-everything.scn");
+        assert!(out.status.success(), "[{label}] {out:?}");
+        let got: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        assert_eq!(got, want, "[{label}]");
+    }
+}
+
+/// The run-time view of a scenario: what run.sh evals (scenario.awk mode=sh).
+fn sh_view(awk: &[&str], scn: &str, ncpu: &str, env: &[(&str, &str)]) -> Output {
+    let path = root().join(scn);
+    let mut c = Command::new(awk[0]);
+    c.args(&awk[1..])
+        .args(["-v", "mode=sh", "-v", &format!("ncpu={ncpu}")])
+        .arg("-f")
+        .arg(root().join("guest-scripts/lib/json.awk"))
+        .arg("-f")
+        .arg(root().join("guest-scripts/lib/scenario.awk"))
+        .arg(&path)
+        .env("SCN_FILE", scn)
+        .env("SCN_NAME", Path::new(scn).file_stem().unwrap());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("BLKLAB_") {
+            c.env_remove(k);
+        }
+    }
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().unwrap()
+}
+
+/// eval the assignments in sh and print the named variables, one a line
+fn eval_vars(assignments: &[u8], vars: &[&str]) -> Vec<String> {
+    let script = format!(
+        "eval \"$(cat)\"; {}",
+        vars.iter()
+            .map(|v| format!("printf '%s\\n' \"${v}\";"))
+            .collect::<String>()
+    );
+    let mut child = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(assignments).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    text(&out.stdout).lines().map(String::from).collect()
+}
+
+#[test]
+fn run_time_view_applies_overrides_filter_and_ncpu() {
+    for awk in awks() {
+        let out = sh_view(
+            &awk,
+            "guest-scripts/scenarios/seed000-scsi-debug.scn",
+            "7",
+            &[
+                ("BLKLAB_RUNTIME", "3"),
+                ("BLKLAB_RAMP", "2"),
+                ("BLKLAB_VARIANTS", "zzz,host-tags-none,single-queue"),
+            ],
+        );
+        assert!(out.status.success(), "{awk:?}: {out:?}");
+        let v = eval_vars(
+            &out.stdout,
+            &[
+                "SCN_NV",
+                "SCN_V1_NAME",
+                "SCN_V2_NAME",
+                "SCN_V1_PARAMS",
+                "SCN_V1_RUNTIME",
+                "SCN_V1_RAMP",
+                "SCN_V1_SCHED",
+                "SCN_V2_PARAMS",
+            ],
+        );
+        assert_eq!(v[0], "2", "{awk:?}");
+        // scenario order, not filter order
+        assert_eq!(v[1], "single-queue");
+        assert_eq!(v[2], "host-tags-none");
+        assert!(v[3].contains("submit_queues=1"), "{}", v[3]);
+        assert_eq!(v[4], "3");
+        assert_eq!(v[5], "2");
+        assert_eq!(v[6], "mq-deadline");
+        assert!(
+            v[7].contains("submit_queues=7") && !v[7].contains("@NCPU@"),
+            "{}",
+            v[7]
+        );
+
+        // quoting survives eval
+        let out = sh_view(
+            &awk,
+            "tests/fixtures/scenarios/good-everything.scn",
+            "2",
+            &[],
+        );
+        assert!(out.status.success());
+        let v = eval_vars(
+            &out.stdout,
+            &["SCN_V3_FIO", "SCN_V2_FIO", "SCN_DESCRIPTION", "SCN_QUEUES"],
+        );
+        assert_eq!(
+            v[0],
+            "--rw=randread --bs=4k --iodepth=8 \"--name-ish=it's\\fine\""
+        );
+        assert_eq!(
+            v[1],
+            "--rw=randread --bs=4k --iodepth=8 --numjobs=2 --rwmixread=70"
+        );
+        assert_eq!(v[2], "a good scenario");
+        assert_eq!(v[3], "2");
+
+        for (var, val, msg) in [
+            (
+                "BLKLAB_RUNTIME",
+                "0",
+                "BLKLAB-ERROR BLKLAB_RUNTIME=0: bad number (want an integer >= 1)\n",
+            ),
+            (
+                "BLKLAB_RAMP",
+                "x",
+                "BLKLAB-ERROR BLKLAB_RAMP=x: bad number (want an integer >= 0)\n",
+            ),
+            (
+                "BLKLAB_VARIANTS",
+                "nope",
+                "BLKLAB-ERROR smoke: no variant matches BLKLAB_VARIANTS=nope\n",
+            ),
+        ] {
+            let out = sh_view(
+                &awk,
+                "guest-scripts/scenarios/smoke.scn",
+                "2",
+                &[(var, val)],
+            );
+            assert_eq!(out.status.code(), Some(2), "{awk:?} {var}");
+            assert_eq!(text(&out.stdout), msg, "{awk:?} {var}");
+        }
+    }
+    // and run.sh stops with status 2 before doing anything
+    for (label, shell, awk) in shells() {
+        let out = run_script(
+            &shell,
+            awk,
+            "run.sh",
+            &["smoke"],
+            &[("BLKLAB_VARIANTS", "nope")],
+        );
+        assert_eq!(out.status.code(), Some(2), "[{label}]");
+        assert_eq!(
+            text(&out.stdout),
+            "BLKLAB-ERROR smoke: no variant matches BLKLAB_VARIANTS=nope\n",
+            "[{label}]"
+        );
+    }
+}
+
+#[test]
+fn lab_sh_reports_unknown_and_missing_scenarios() {
+    for (label, shell, awk) in shells() {
+        let out = run_script(&shell, awk, "lab.sh", &[], &[]);
+        assert_eq!(out.status.code(), Some(2), "[{label}]");
+        assert!(
+            text(&out.stdout).starts_with("BLKLAB-ERROR lab: no scenarios"),
+            "[{label}]"
+        );
+
+        // unknown scenarios are reported up front; a known one with an empty
+        // variant filter fails with 2 as well (nothing boots a device here)
+        let out = run_script(
+            &shell,
+            awk,
+            "lab.sh",
+            &[],
+            &[
+                ("BLKLAB_SCENARIOS", "nope,smoke,,also-nope"),
+                ("BLKLAB_VARIANTS", "none-such"),
+            ],
+        );
+        assert_eq!(out.status.code(), Some(2), "[{label}] {out:?}");
+        let stdout = text(&out.stdout);
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), 3, "[{label}] {stdout}");
+        assert!(
+            lines[0].starts_with("BLKLAB-ERROR lab: unknown scenario 'nope' (have: "),
+            "{stdout}"
+        );
+        assert!(
+            lines[0].contains("seed002-quick") && lines[0].contains("smoke"),
+            "{stdout}"
+        );
+        assert!(
+            lines[1].starts_with("BLKLAB-ERROR lab: unknown scenario 'also-nope'"),
+            "{stdout}"
+        );
+        assert_eq!(
+            lines[2],
+            "BLKLAB-ERROR smoke: no variant matches BLKLAB_VARIANTS=none-such"
+        );
+    }
+}
+
+fn awk_run(awk: &[&str], progs: &[&str], files: &[PathBuf], env: &[(&str, String)]) -> Output {
+    let mut c = Command::new(awk[0]);
+    c.args(&awk[1..]);
+    for p in progs {
+        c.arg("-f").arg(root().join("guest-scripts/lib").join(p));
+    }
+    c.args(files);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.stdin(Stdio::null()).output().unwrap()
+}
+
+#[test]
+fn jsoncheck_accepts_json_and_rejects_the_rest() {
+    let good = [
+        "{}",
+        "[]",
+        "0",
+        "\"x\"",
+        "{\"a\": [1, -2.5e+3, true, false, null, {\"b\": \"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\"}]}",
+        "{\n  \"multi\":\n  [\n 1,\n 2\n ]\n}\n",
+    ];
+    let bad = [
+        "",
+        "{",
+        "{\"a\":1,}",
+        "[1 2]",
+        "{\"a\" 1}",
+        "01",
+        "[nan]",
+        "\"a\\q\"",
+        "{} {}",
+        "[1]]",
+        "{\"a\":}",
+        "'x'",
+        "[\"tab\there\"]",
+    ];
+    let dir = std::env::temp_dir().join(format!("blklab-jsoncheck-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for awk in awks() {
+        for (i, (doc, ok)) in good
+            .iter()
+            .map(|d| (d, true))
+            .chain(bad.iter().map(|d| (d, false)))
+            .enumerate()
+        {
+            let f = dir.join(format!("{i}.json"));
+            std::fs::write(&f, doc).unwrap();
+            let out = awk_run(&awk, &["jsoncheck.awk"], &[f], &[]);
+            assert_eq!(
+                out.status.success(),
+                ok,
+                "{awk:?} {doc:?}: {}",
+                text(&out.stdout)
+            );
+            // and serde agrees
+            assert_eq!(
+                serde_json::from_str::<Value>(doc).is_ok(),
+                ok,
+                "serde on {doc:?}"
+            );
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const PCT: [&str; 10] = [
+    "usr", "nice", "sys", "iowait", "irq", "soft", "steal", "guest", "gnice", "idle",
+];
+
+fn check_pct_row(row: &Value, ctx: &str) {
+    let sum: f64 = PCT.iter().map(|k| row[*k].as_f64().unwrap()).sum();
+    assert!(
+        (sum - 100.0).abs() <= 0.05 + 1e-9,
+        "{ctx}: components sum to {sum}: {row}"
+    );
+    let busy = row["busy"].as_f64().unwrap();
+    let idle = row["idle"].as_f64().unwrap();
+    assert!(
+        (busy + idle - 100.0).abs() < 1e-9,
+        "{ctx}: busy {busy} idle {idle}"
+    );
+}
+
+/// Sum of the eight non-guest fields of the cpuN lines, per CPU.
+fn stat_ticks(path: &Path) -> BTreeMap<String, u64> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .map(|l| {
+            let f: Vec<u64> = l
+                .split_whitespace()
+                .skip(1)
+                .map(|x| x.parse().unwrap())
+                .collect();
+            (
+                l.split_whitespace().next().unwrap().to_string(),
+                f[..8].iter().sum(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn cpu_reduction_matches_sysstat_mpstat() {
+    let dir = root().join("tests/fixtures/cpu");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| {
+            let n = e.unwrap().file_name().to_string_lossy().into_owned();
+            n.strip_suffix(".before").map(String::from)
+        })
+        .collect();
+    names.sort();
+    assert!(names.len() >= 8, "fixtures: {names:?}");
+    for awk in awks() {
+        for name in &names {
+            let before = dir.join(format!("{name}.before"));
+            let after = dir.join(format!("{name}.after"));
+            let out = awk_run(
+                &awk,
+                &["cpu.awk", "cpustat.awk"],
+                &[before.clone(), after.clone()],
+                &[],
+            );
+            assert!(out.status.success(), "{awk:?} {name}: {out:?}");
+            let ours: Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("{awk:?} {name}: {e}: {}", text(&out.stdout)));
+            let mp: Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.join(format!("{name}.mpstat.json"))).unwrap(),
+            )
+            .unwrap();
+            let rows = mp["sysstat"]["hosts"][0]["statistics"][0]["cpu-load"]
+                .as_array()
+                .unwrap();
+            let mut ours_rows: BTreeMap<String, &Value> = BTreeMap::new();
+            ours_rows.insert("all".into(), &ours["all"]);
+            for r in ours["per_cpu"].as_array().unwrap() {
+                ours_rows.insert(r["cpu"].to_string(), r);
+            }
+            let mp_cpus: Vec<String> = rows
+                .iter()
+                .map(|r| r["cpu"].as_str().unwrap().to_string())
+                .collect();
+            let mut ours_cpus: Vec<String> = ours_rows.keys().cloned().collect();
+            let mut mp_sorted = mp_cpus.clone();
+            mp_sorted.sort();
+            ours_cpus.sort();
+            assert_eq!(ours_cpus, mp_sorted, "{awk:?} {name}: CPUs shown");
+            for r in rows {
+                let cpu = r["cpu"].as_str().unwrap();
+                let o = ours_rows[cpu];
+                for k in PCT {
+                    let (a, b) = (o[k].as_f64().unwrap(), r[k].as_f64().unwrap());
+                    assert!(
+                        (a - b).abs() < 1e-9,
+                        "{awk:?} {name} cpu {cpu} {k}: ours {a}, mpstat {b}"
+                    );
+                }
+                // guest-skew has guest time growing faster than user time: mpstat's
+                // correction makes its components not sum to 100, ours neither
+                if name != "guest-skew" {
+                    check_pct_row(o, &format!("{awk:?} {name} cpu {cpu}"));
+                }
+            }
+            // ticks: for the plain samples, the sum of the eight non-guest
+            // field deltas over the CPUs (computed here, not by awk)
+            if name == "sample" || name == "busy" {
+                let (b, a) = (stat_ticks(&before), stat_ticks(&after));
+                let want: u64 = a.iter().map(|(k, v)| v - b[k]).sum();
+                assert_eq!(
+                    ours["ticks"].as_u64().unwrap(),
+                    want,
+                    "{awk:?} {name} ticks"
+                );
+            }
+        }
+    }
+}
+
+/// /proc-style sections of a snapshot file: section name -> lines
+fn sections(path: &Path) -> BTreeMap<String, Vec<String>> {
+    let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut cur = String::new();
+    for l in std::fs::read_to_string(path).unwrap().lines() {
+        if let Some(s) = l.strip_prefix('@') {
+            cur = s.to_string();
+            m.entry(cur.clone()).or_default();
+        } else {
+            m.get_mut(&cur).unwrap().push(l.to_string());
+        }
+    }
+    m
+}
+
+fn stat_value(sec: &BTreeMap<String, Vec<String>>, key: &str) -> u64 {
+    sec["stat"]
+        .iter()
+        .find(|l| l.split_whitespace().next() == Some(key))
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn result_document_from_recorded_snapshots() {
+    let dir = root().join("tests/fixtures/result");
+    let before = dir.join("loop0-randwrite.before");
+    let after = dir.join("loop0-randwrite.after");
+    let (sb, sa) = (sections(&before), sections(&after));
+    let tmp = std::env::temp_dir().join(format!("blklab-result-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let fio = tmp.join("fio.json");
+    std::fs::write(
+        &fio,
+        "{\n  \"fio version\" : \"fio-3.33\",\n  \"jobs\" : []\n}\n",
+    )
+    .unwrap();
+    let log = tmp.join("fio.log");
+    std::fs::write(&log, "note: a \"quoted\" \\ line\n\ttabbed\n").unwrap();
+    let err = "first \"error\"\nsecond \\ line\u{1}";
+
+    for awk in awks() {
+        let env: Vec<(&str, String)> = vec![
+            ("R_SCENARIO", "smoke".into()),
+            ("R_VARIANT", "write".into()),
+            ("R_OK", "false".into()),
+            ("R_ERROR", err.into()),
+            ("R_KERNEL", "6.12.0-test".into()),
+            ("R_NCPU", "2".into()),
+            ("R_KIND", "null_blk".into()),
+            ("R_PARAMS", "queue_mode=2 submit_queues=2".into()),
+            ("R_SCHED", "".into()),
+            ("R_NR", "128".into()),
+            ("R_RUNTIME", "2".into()),
+            ("R_RAMP", "0".into()),
+            ("R_FIOARGS", "--rw=randwrite --bs=4k".into()),
+            ("R_FIOCMD", "fio --name=write --rw=randwrite".into()),
+            ("R_DEVICES", "loop0".into()),
+            ("R_QUEUE", "{\"loop0\": {\"scheduler\": \"none\"}}".into()),
+            ("R_BEFORE", before.to_string_lossy().into()),
+            ("R_AFTER", after.to_string_lossy().into()),
+            ("R_MPSTAT", "".into()),
+            ("R_FIO", fio.to_string_lossy().into()),
+            ("R_FIO_RC", "0".into()),
+            ("R_FIO_LOG", log.to_string_lossy().into()),
+        ];
+        let out = awk_run(&awk, &["json.awk", "cpu.awk", "result.awk"], &[], &env);
+        assert!(out.status.success(), "{awk:?}: {out:?}");
+        let doc: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{awk:?}: not JSON: {e}\n{}", text(&out.stdout)));
+        assert_eq!(doc["schema"], "blklab-guest-result/1");
+        assert_eq!(doc["ok"], false);
+        assert_eq!(doc["error"], err);
+        assert_eq!(doc["fio_log"], "note: a \"quoted\" \\ line\n\ttabbed");
+        assert_eq!(doc["settings"]["target"], "null_blk");
+        assert_eq!(
+            doc["settings"]["target_params"],
+            serde_json::json!(["queue_mode=2", "submit_queues=2"])
+        );
+        assert_eq!(doc["settings"]["sched"], Value::Null);
+        assert_eq!(doc["settings"]["nr_requests"], 128);
+        assert_eq!(doc["fio_cmdline"][1], "--name=write");
+        assert_eq!(doc["devices"], serde_json::json!(["loop0"]));
+        assert_eq!(doc["queue"]["loop0"]["scheduler"], "none");
+        assert_eq!(doc["mpstat"], Value::Null);
+        assert_eq!(doc["fio"]["fio version"], "fio-3.33");
+        assert_eq!(doc["fio_rc"], 0);
+
+        // deltas computed here from the raw snapshot text
+        let up = |s: &BTreeMap<String, Vec<String>>| -> f64 {
+            s["uptime"][0]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let wall = doc["wall_seconds"].as_f64().unwrap();
+        assert!((wall - (up(&sa) - up(&sb))).abs() < 0.006, "wall {wall}");
+        assert_eq!(
+            doc["context_switches"].as_u64().unwrap(),
+            stat_value(&sa, "ctxt") - stat_value(&sb, "ctxt")
+        );
+        assert_eq!(
+            doc["processes"].as_u64().unwrap(),
+            stat_value(&sa, "processes") - stat_value(&sb, "processes")
+        );
+        assert_eq!(
+            doc["interrupts"]["total"].as_u64().unwrap(),
+            stat_value(&sa, "intr") - stat_value(&sb, "intr")
+        );
+
+        let blk = |s: &BTreeMap<String, Vec<String>>| -> Vec<u64> {
+            s["block loop0"][0]
+                .split_whitespace()
+                .map(|x| x.parse().unwrap())
+                .collect()
+        };
+        let (bb, ba) = (blk(&sb), blk(&sa));
+        let b = &doc["block"]["loop0"];
+        assert_eq!(b["write_ios"].as_u64().unwrap(), ba[4] - bb[4]);
+        assert_eq!(b["write_sectors"].as_u64().unwrap(), ba[6] - bb[6]);
+        assert_eq!(b["read_ios"].as_u64().unwrap(), ba[0] - bb[0]);
+        assert_eq!(b["in_flight"].as_u64().unwrap(), ba[8]);
+        assert_eq!(b.as_object().unwrap().len(), ba.len().min(17));
+        assert!(b["write_ios"].as_u64().unwrap() > 1000);
+
+        // interrupt lines: exactly the numbered ones mentioning virtio/scsi/nullb, summed over CPUs
+        let irqs = |s: &BTreeMap<String, Vec<String>>| -> BTreeMap<String, (String, u64)> {
+            let lines = &s["interrupts"];
+            let ncpu = lines[0].split_whitespace().count();
+            lines[1..]
+                .iter()
+                .filter_map(|l| {
+                    let f: Vec<&str> = l.split_whitespace().collect();
+                    let irq = f[0].trim_end_matches(':');
+                    if !irq.chars().all(|c| c.is_ascii_digit()) {
+                        return None;
+                    }
+                    let rest = f[1 + ncpu..].join(" ");
+                    if !(rest.contains("virtio") || rest.contains("scsi") || rest.contains("nullb"))
+                    {
+                        return None;
+                    }
+                    let n: u64 = f[1..=ncpu].iter().map(|x| x.parse::<u64>().unwrap()).sum();
+                    Some((irq.to_string(), (f.last().unwrap().to_string(), n)))
+                })
+                .collect()
+        };
+        let (ib, ia) = (irqs(&sb), irqs(&sa));
+        let lines = doc["interrupts"]["lines"].as_array().unwrap();
+        assert_eq!(lines.len(), ia.len());
+        assert!(!lines.is_empty());
+        for l in lines {
+            let irq = l["irq"].as_str().unwrap();
+            assert_eq!(l["name"], ia[irq].0);
+            assert_eq!(
+                l["count"].as_u64().unwrap(),
+                ia[irq].1 - ib[irq].1,
+                "irq {irq}"
+            );
+        }
+        assert!(doc["interrupts"]["arch"]["LOC"].as_u64().is_some());
+        let soft = |s: &BTreeMap<String, Vec<String>>, k: &str| -> u64 {
+            let l = s["softirqs"]
+                .iter()
+                .find(|l| l.trim_start().starts_with(&format!("{k}:")))
+                .unwrap();
+            l.split_whitespace()
+                .skip(1)
+                .map(|x| x.parse::<u64>().unwrap())
+                .sum()
+        };
+        assert_eq!(
+            doc["softirqs"]["BLOCK"].as_u64().unwrap(),
+            soft(&sa, "BLOCK") - soft(&sb, "BLOCK")
+        );
+        check_pct_row(&doc["cpu"]["all"], "result all");
+
+        // without snapshots (a variant that failed early) the measurements are null
+        let mut env2 = env.clone();
+        for (k, v) in env2.iter_mut() {
+            if *k == "R_BEFORE"
+                || *k == "R_AFTER"
+                || *k == "R_FIO"
+                || *k == "R_FIO_LOG"
+                || *k == "R_FIO_RC"
+            {
+                *v = String::new();
+            }
+        }
+        let out = awk_run(&awk, &["json.awk", "cpu.awk", "result.awk"], &[], &env2);
+        let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON without snapshots");
+        for k in [
+            "cpu",
+            "block",
+            "interrupts",
+            "wall_seconds",
+            "fio",
+            "fio_rc",
+            "fio_log",
+        ] {
+            assert_eq!(doc[k], Value::Null, "{k}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}

@@ -1,0 +1,113 @@
+//! The host (Rust, `blklab::lab::scenario`) and the guest
+//! (`guest-scripts/run.sh --check`, awk) parse scenario files the same way:
+//! the same document for every shipped scenario and good fixture, the same
+//! `FILE:LINE: message` for every malformed one.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn scn_files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "scn"))
+        .collect();
+    v.sort();
+    assert!(!v.is_empty(), "no .scn files in {}", dir.display());
+    v
+}
+
+/// `run.sh --check FILE` under `shell`: Ok(document) or Err(error line).
+fn guest_check(shell: &[&str], file: &Path) -> Result<Value, String> {
+    let out = Command::new(shell[0])
+        .args(&shell[1..])
+        .arg("guest-scripts/run.sh")
+        .arg("--check")
+        .arg(file)
+        .current_dir(root())
+        .stdin(Stdio::null())
+        .env_remove("BLKLAB_RUNTIME")
+        .env_remove("BLKLAB_RAMP")
+        .env_remove("BLKLAB_VARIANTS")
+        .output()
+        .expect("run run.sh");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        Ok(serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+            panic!(
+                "--check {} printed non-JSON ({e}): {stdout}",
+                file.display()
+            )
+        }))
+    } else {
+        assert_eq!(out.status.code(), Some(2), "{}: {stdout}", file.display());
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("BLKLAB-ERROR "))
+            .unwrap_or_else(|| panic!("no BLKLAB-ERROR line: {stdout}"));
+        Err(line.to_string())
+    }
+}
+
+fn host_check(file: &Path) -> Result<Value, String> {
+    let text = std::fs::read_to_string(file).unwrap();
+    let stem = file.file_stem().unwrap().to_string_lossy().into_owned();
+    blklab::lab::scenario::parse(&text, &file.display().to_string(), &stem)
+        .map(|s| serde_json::to_value(s).unwrap())
+        .map_err(|e| e.to_string())
+}
+
+fn shells() -> Vec<Vec<&'static str>> {
+    let mut v = vec![vec!["sh"]];
+    if Command::new("busybox")
+        .arg("true")
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        v.push(vec!["busybox", "sh"]);
+    }
+    v
+}
+
+fn agree(file: &Path) {
+    let host = host_check(file);
+    for sh in shells() {
+        let guest = guest_check(&sh, file);
+        assert_eq!(
+            host,
+            guest,
+            "{}: host and guest ({}) disagree",
+            file.display(),
+            sh.join(" ")
+        );
+    }
+}
+
+#[test]
+fn shipped_scenarios_parse_identically() {
+    for f in scn_files(&root().join("guest-scripts/scenarios")) {
+        let host = host_check(&f);
+        assert!(host.is_ok(), "{}: {host:?}", f.display());
+        agree(&f);
+    }
+}
+
+#[test]
+fn fixtures_parse_or_fail_identically() {
+    let files = scn_files(&root().join("tests/fixtures/scenarios"));
+    let mut failures = 0;
+    for f in &files {
+        if host_check(f).is_err() {
+            failures += 1;
+        }
+        agree(f);
+    }
+    // The fixtures are mostly malformed: each must fail, on both sides.
+    assert!(failures >= files.len() - 1, "{failures} of {}", files.len());
+}
