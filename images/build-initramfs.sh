@@ -1,89 +1,140 @@
 #!/bin/sh
 # build-initramfs.sh --kernel-dir DIR --out FILE.cpio.gz [--extra-dir DIR]
+#                    [--fio PATH] [--mpstat PATH] [--guest-scripts DIR]
 #
 # Build a small gzip'd newc initramfs for blklab guests:
 #   - busybox-static (/bin/busybox + a symlink for every applet)
-#   - /usr/bin/fio, every library `ldd` lists for it, and the ELF interpreter
-#   - the virtio modules the kernel in DIR (from fetch-debian-kernel.sh) needs,
-#     as plain .ko in /lib/modules/blklab/, load order in /blklab/modules
-#     (built-in ones are skipped; .ko.xz/.ko.zst are decompressed here so that
-#     busybox insmod can load them)
+#   - fio as /usr/bin/fio (--fio PATH, default $FIO or /usr/bin/fio), every
+#     library `ldd` lists for it, and the ELF interpreter; the same for
+#     mpstat as /usr/bin/mpstat when --mpstat PATH is given
+#   - the virtio modules the kernel in DIR needs, as plain .ko in
+#     /lib/modules/blklab/, load order in /blklab/modules (built-in ones are
+#     skipped; .ko.xz/.ko.zst/.ko.gz are decompressed here so that busybox
+#     insmod can load them)
+#   - scsi_debug and null_blk when the kernel has them as modules, with the
+#     modules they need (modinfo -F depends; sd_mod for scsi_debug's disks),
+#     also in /lib/modules/blklab/ but NOT in /blklab/modules: scenarios
+#     insmod them with parameters. /blklab/modules-available has one line per
+#     module, `NAME: DEP... NAME`, the insmod order.
 #   - /init (images/initramfs/init) and the guest scripts of images/guest/ in
 #     /blklab/; files of --extra-dir DIR are copied into /blklab/ as well
+#   - --guest-scripts DIR copied to /blklab/guest-scripts/, and /blklab/lab,
+#     which runs /blklab/guest-scripts/lab.sh (blklab.run=lab)
+#
+# DIR is a kernel directory as fetch-debian-kernel.sh or build-kernel.sh lay it
+# out: DIR/manifest.json and, unless every needed driver is built in,
+# DIR/lib/modules/KVER/.
+#
+# Writes FILE, FILE.inputs-hash and FILE.manifest.json (inputs hash, sha256 and
+# size of FILE, kernel version, fio version, mpstat, modules).
 #
 # Cached: when FILE exists and FILE.inputs-hash matches the hash of the inputs
-# (these scripts, guest scripts, extra dir, kernel manifest, fio and busybox
-# binaries and versions), nothing is done.
+# (this script, /init, images/guest, the extra dir, the guest-scripts dir, the
+# kernel manifest, the fio, mpstat and busybox binaries), nothing is done.
 set -eu
 
 log() { echo "build-initramfs: $*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
-usage() { echo "usage: $0 --kernel-dir DIR --out FILE.cpio.gz [--extra-dir DIR]" >&2; exit 2; }
+usage() {
+    echo "usage: $0 --kernel-dir DIR --out FILE.cpio.gz [--extra-dir DIR] [--fio PATH] [--mpstat PATH] [--guest-scripts DIR]" >&2
+    exit 2
+}
+need_arg() { [ "$1" -ge 2 ] || { log "ERROR: $2 needs a value"; usage; }; }
 
-KDIR=""; OUT=""; EXTRA=""
+KDIR=""; OUT=""; EXTRA=""; FIO=${FIO:-/usr/bin/fio}; MPSTAT=""; GSCRIPTS=""
 while [ $# -gt 0 ]; do
     case "$1" in
-    --kernel-dir) [ $# -ge 2 ] || usage; KDIR=$2; shift 2 ;;
+    --kernel-dir) need_arg $# "$1"; KDIR=$2; shift 2 ;;
     --kernel-dir=*) KDIR=${1#*=}; shift ;;
-    --out) [ $# -ge 2 ] || usage; OUT=$2; shift 2 ;;
+    --out) need_arg $# "$1"; OUT=$2; shift 2 ;;
     --out=*) OUT=${1#*=}; shift ;;
-    --extra-dir) [ $# -ge 2 ] || usage; EXTRA=$2; shift 2 ;;
+    --extra-dir) need_arg $# "$1"; EXTRA=$2; shift 2 ;;
     --extra-dir=*) EXTRA=${1#*=}; shift ;;
+    --fio) need_arg $# "$1"; FIO=$2; shift 2 ;;
+    --fio=*) FIO=${1#*=}; shift ;;
+    --mpstat) need_arg $# "$1"; MPSTAT=$2; shift 2 ;;
+    --mpstat=*) MPSTAT=${1#*=}; shift ;;
+    --guest-scripts) need_arg $# "$1"; GSCRIPTS=$2; shift 2 ;;
+    --guest-scripts=*) GSCRIPTS=${1#*=}; shift ;;
     -h|--help) usage ;;
-    *) log "unknown argument: $1"; usage ;;
+    *) log "ERROR: unknown argument: $1"; usage ;;
     esac
 done
 [ -n "$KDIR" ] && [ -n "$OUT" ] || usage
+PATH=$PATH:/usr/sbin:/sbin
+export PATH
 
 HERE=$(cd "$(dirname "$0")" && pwd)
+SELF="$HERE/$(basename "$0")"
 INIT="$HERE/initramfs/init"
 GUEST="$HERE/guest"
-FIO=${FIO:-/usr/bin/fio}
 BUSYBOX=${BUSYBOX:-/bin/busybox}
 # Load order for the virtio stack; each is skipped when built in.
 MODULES="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_blk"
+# Modules scenarios load themselves (insmod with parameters), and the
+# modules each needs besides its `depends` (sd_mod turns scsi_debug's LUNs
+# into /dev/sdX disks).
+EXTRA_MODULES="scsi_debug null_blk"
+companions() { case "$1" in scsi_debug) echo sd_mod ;; esac; }
 
-[ -f "$KDIR/manifest.json" ] || die "$KDIR/manifest.json missing (run fetch-debian-kernel.sh first)"
+[ -f "$KDIR/manifest.json" ] || die "$KDIR/manifest.json missing (run fetch-debian-kernel.sh or build-kernel.sh first)"
 [ -f "$INIT" ] || die "$INIT missing"
-[ -x "$FIO" ] || die "fio not found at $FIO (apt-get install fio)"
+[ -f "$FIO" ] && [ -x "$FIO" ] || die "fio not found at $FIO (apt-get install fio, or --fio PATH to a fio binary, e.g. from images/build-fio.sh)"
+[ -z "$MPSTAT" ] || { [ -f "$MPSTAT" ] && [ -x "$MPSTAT" ]; } \
+    || die "--mpstat $MPSTAT is not an executable file (images/fetch-sysstat.sh makes one)"
 [ -x "$BUSYBOX" ] || die "busybox not found at $BUSYBOX (apt-get install busybox-static)"
 if ! "$BUSYBOX" --list 2>/dev/null | grep -qx insmod; then
-    die "$BUSYBOX has no insmod applet (need busybox-static)"
+    die "$BUSYBOX has no insmod applet (need busybox-static: apt-get install busybox-static)"
 fi
 if ldd "$BUSYBOX" >/dev/null 2>&1; then
-    die "$BUSYBOX is dynamically linked (need busybox-static)"
+    die "$BUSYBOX is dynamically linked (need busybox-static: apt-get install busybox-static)"
 fi
-for tool in cpio gzip ldd sha256sum find; do
-    command -v "$tool" >/dev/null 2>&1 || die "$tool not found"
+for tool in cpio gzip ldd sha256sum find readelf; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool not found (apt-get install cpio gzip libc-bin binutils findutils)"
 done
 [ -z "$EXTRA" ] || [ -d "$EXTRA" ] || die "--extra-dir $EXTRA is not a directory"
+if [ -n "$GSCRIPTS" ]; then
+    [ -d "$GSCRIPTS" ] || die "--guest-scripts $GSCRIPTS is not a directory"
+    [ -f "$GSCRIPTS/lab.sh" ] || log "WARNING: $GSCRIPTS has no lab.sh: /blklab/lab will fail in the guest"
+fi
+
+sha256() { sha256sum "$1" | cut -d' ' -f1; }
+json_field() { sed -n "s/.*\"$2\": *\"\([^\"]*\)\".*/\1/p" "$1" 2>/dev/null | head -n1; }
+jstr() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }   # JSON string body
 
 # --- inputs hash --------------------------------------------------------------
-hash_dir() {  # content hash of every file below $1, path-relative, sorted
+hash_dir() {  # content hash and mode of every file below $1, path-relative, sorted
     (cd "$1" && find . -type f | LC_ALL=C sort | while read -r f; do
-        printf '%s %s\n' "$f" "$(sha256sum "$f" | cut -d' ' -f1)"
+        printf '%s %s %s\n' "$f" "$(stat -c %a "$f")" "$(sha256sum "$f" | cut -d' ' -f1)"
     done)
 }
 inputs() {
-    echo "format 1"
-    echo "script $(sha256sum "$0" | cut -d' ' -f1)"
-    echo "init $(sha256sum "$INIT" | cut -d' ' -f1)"
+    echo "format 2"
+    echo "script $(sha256 "$SELF")"
+    echo "init $(sha256 "$INIT")"
     [ -d "$GUEST" ] && hash_dir "$GUEST" | sed 's/^/guest /'
     [ -n "$EXTRA" ] && hash_dir "$EXTRA" | sed 's/^/extra /'
-    echo "manifest $(sha256sum "$KDIR/manifest.json" | cut -d' ' -f1)"
-    echo "fio $("$FIO" --version) $(sha256sum "$FIO" | cut -d' ' -f1)"
-    echo "busybox $(sha256sum "$BUSYBOX" | cut -d' ' -f1)"
+    [ -n "$GSCRIPTS" ] && hash_dir "$GSCRIPTS" | sed 's/^/guest-scripts /'
+    echo "manifest $(sha256 "$KDIR/manifest.json")"
+    echo "fio $("$FIO" --version) $(sha256 "$FIO")"
+    [ -n "$MPSTAT" ] && echo "mpstat $(sha256 "$MPSTAT")"
+    echo "busybox $(sha256 "$BUSYBOX")"
     echo "modules $MODULES"
+    echo "extra-modules $EXTRA_MODULES"
 }
 HASH=$(inputs | sha256sum | cut -d' ' -f1)
-if [ -f "$OUT" ] && [ -f "$OUT.inputs-hash" ] && [ "$(cat "$OUT.inputs-hash")" = "$HASH" ]; then
+if [ -f "$OUT" ] && [ -f "$OUT.inputs-hash" ] && [ -f "$OUT.manifest.json" ] \
+   && [ "$(cat "$OUT.inputs-hash")" = "$HASH" ] \
+   && [ "$(json_field "$OUT.manifest.json" sha256)" = "$(sha256 "$OUT")" ]; then
     log "cached: $OUT"
     exit 0
 fi
 
 # --- staging ------------------------------------------------------------------
 STAGE=$(mktemp -d "${TMPDIR:-/tmp}/blklab-initramfs.XXXXXX")
-trap 'rm -rf "$STAGE"' EXIT INT TERM
+trap 'rm -rf "$STAGE"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 R="$STAGE/root"
 mkdir -p "$R"
 for d in bin sbin usr/bin usr/sbin lib lib64 proc sys dev tmp run root etc \
@@ -102,58 +153,141 @@ cp "$BUSYBOX" "$R/bin/busybox"
 done
 ln -sf /bin/busybox "$R/bin/sh"
 
-# fio + shared libraries + ELF interpreter, at the paths ldd reports
+# An ELF binary + its shared libraries + its ELF interpreter, the libraries at
+# the paths ldd reports.
 copy_file() {  # copy $1 (dereferenced) to the same path inside the initramfs
     mkdir -p "$R$(dirname "$1")"
     cp -L "$1" "$R$1"
 }
-mkdir -p "$R/usr/bin"
-cp -L "$FIO" "$R/usr/bin/fio"
-LIBS=$(ldd "$FIO" | awk '/=> \//{print $3} /^[ \t]*\//{print $1}' | LC_ALL=C sort -u)
-[ -n "$LIBS" ] || die "ldd $FIO listed no libraries"
-for lib in $LIBS; do
-    [ -e "$lib" ] || die "library $lib (from ldd $FIO) does not exist"
-    copy_file "$lib"
-done
-# Make sure the interpreter named in the ELF header is there too.
-INTERP=$(LC_ALL=C readelf -l "$FIO" 2>/dev/null \
-    | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p' || true)
-if [ -n "$INTERP" ] && [ ! -e "$R$INTERP" ]; then
-    copy_file "$INTERP"
+copy_elf() {  # copy_elf BINARY DEST (path inside the initramfs)
+    rm -f "$R$2"   # busybox may have an applet link there
+    mkdir -p "$R$(dirname "$2")"
+    cp -L "$1" "$R$2"
+    chmod 755 "$R$2"
+    libs=$(ldd "$1" | awk '/=> \//{print $3} /^[ \t]*\//{print $1}' | LC_ALL=C sort -u)
+    [ -n "$libs" ] || die "ldd $1 listed no libraries (a static binary needs no copy_elf)"
+    for lib in $libs; do
+        [ -e "$lib" ] || die "library $lib (from ldd $1) does not exist"
+        [ -e "$R$lib" ] || copy_file "$lib"
+    done
+    # Make sure the interpreter named in the ELF header is there too.
+    interp=$(LC_ALL=C readelf -l "$1" 2>/dev/null \
+        | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p' || true)
+    if [ -n "$interp" ] && [ ! -e "$R$interp" ]; then
+        copy_file "$interp"
+    fi
+}
+copy_elf "$FIO" /usr/bin/fio
+FIO_VERSION=$("$FIO" --version)
+if [ -n "$MPSTAT" ]; then
+    copy_elf "$MPSTAT" /usr/bin/mpstat
 fi
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$R/etc/passwd"
 printf 'root:x:0:\n' > "$R/etc/group"
 
-# kernel modules
-MODROOT=$(ls -d "$KDIR"/lib/modules/* 2>/dev/null | head -n1)
-[ -n "$MODROOT" ] && [ -d "$MODROOT/kernel" ] || die "no lib/modules/*/kernel in $KDIR"
-KVER=${MODROOT##*/}
+# --- kernel modules -------------------------------------------------------------
+MODROOT=$(ls -d "$KDIR"/lib/modules/* 2>/dev/null | head -n1 || true)
+if [ -n "$MODROOT" ]; then
+    KVER=${MODROOT##*/}
+    MODROOT="$MODROOT/"   # (it may be a symlink)
+else
+    KVER=$(json_field "$KDIR/manifest.json" kernel_version)
+    [ -n "$KVER" ] || die "$KDIR has no lib/modules/KVER and its manifest.json no kernel_version"
+    log "WARNING: $KDIR has no lib/modules/: assuming the kernel has virtio-pci and virtio-blk built in"
+fi
+MB="$R/lib/modules/blklab"
+
+find_ko() {  # find_ko NAME: path of NAME's module file ('-' and '_' match each other)
+    [ -n "$MODROOT" ] || return 0
+    n1=$1
+    n2=$(echo "$1" | tr '_' '-')
+    n3=$(echo "$1" | tr '-' '_')
+    find "$MODROOT" -type f \( -name "$n1.ko" -o -name "$n1.ko.xz" -o -name "$n1.ko.zst" -o -name "$n1.ko.gz" \
+        -o -name "$n2.ko" -o -name "$n2.ko.xz" -o -name "$n2.ko.zst" -o -name "$n2.ko.gz" \
+        -o -name "$n3.ko" -o -name "$n3.ko.xz" -o -name "$n3.ko.zst" -o -name "$n3.ko.gz" \) \
+        2>/dev/null | LC_ALL=C sort | head -n1
+}
+is_builtin() {  # is_builtin NAME
+    [ -n "$MODROOT" ] && [ -f "${MODROOT}modules.builtin" ] || return 1
+    n2=$(echo "$1" | tr '_' '-')
+    n3=$(echo "$1" | tr '-' '_')
+    grep -q -e "/$1\.ko\$" -e "/$n2\.ko\$" -e "/$n3\.ko\$" "${MODROOT}modules.builtin"
+}
+install_ko() {  # install_ko FILE NAME: plain NAME.ko in /lib/modules/blklab
+    dst="$MB/$2.ko"
+    [ -e "$dst" ] && return 0
+    case "$1" in
+    *.ko.xz)  xz -dc "$1" > "$dst" || die "cannot decompress $1 (apt-get install xz-utils)" ;;
+    *.ko.zst) zstd -q -dc "$1" > "$dst" || die "cannot decompress $1 (apt-get install zstd)" ;;
+    *.ko.gz)  gzip -dc "$1" > "$dst" || die "cannot decompress $1" ;;
+    *)        cp "$1" "$dst" ;;
+    esac
+}
+ko_name() { b=${1##*/}; echo "${b%%.ko*}"; }
+
 : > "$R/blklab/modules"
 for m in $MODULES; do
-    f=$(find "$MODROOT/kernel" -type f \( -name "$m.ko" -o -name "$m.ko.xz" -o -name "$m.ko.zst" -o -name "$m.ko.gz" \) | head -n1)
+    f=$(find_ko "$m")
     if [ -z "$f" ]; then
-        if grep -q "/$m\.ko\$" "$MODROOT/modules.builtin" 2>/dev/null; then
+        if is_builtin "$m"; then
             log "module $m: built in"
         else
             log "module $m: not found as a module (assuming built in)"
         fi
         continue
     fi
-    dst="$R/lib/modules/blklab/$m.ko"
-    case "$f" in
-    *.ko.xz)  xz -dc "$f" > "$dst" ;;
-    *.ko.zst) zstd -q -dc "$f" > "$dst" ;;
-    *.ko.gz)  gzip -dc "$f" > "$dst" ;;
-    *)        cp "$f" "$dst" ;;
-    esac
+    install_ko "$f" "$m"
     echo "$m" >> "$R/blklab/modules"
-    log "module $m: ${f#"$MODROOT"/}"
+    log "module $m: ${f#"$MODROOT"}"
 done
-grep -qx virtio_blk "$R/blklab/modules" || \
-    grep -q '/virtio_blk\.ko$' "$MODROOT/modules.builtin" 2>/dev/null || \
-    die "virtio_blk is neither a module nor built into $KVER"
+if [ -n "$MODROOT" ]; then
+    grep -qx virtio_blk "$R/blklab/modules" || is_builtin virtio_blk || \
+        die "virtio_blk is neither a module nor built into $KVER (modules.builtin of $MODROOT)"
+fi
 
-# init and guest scripts
+# The scenario modules: each with the modules it depends on, deps first.
+ORDER=""; STACK=""
+resolve() {  # resolve NAME: append NAME's module closure to ORDER (deps first)
+    case " $ORDER " in *" $1 "*) return 0 ;; esac
+    case " $STACK " in *" $1 "*) die "module dependency cycle through $1 ($STACK)" ;; esac
+    rf=$(find_ko "$1")
+    if [ -z "$rf" ]; then
+        is_builtin "$1" && return 0
+        die "module $1 (needed by:$STACK) is neither a module nor built into $KVER"
+    fi
+    rn=$(ko_name "$rf")
+    install_ko "$rf" "$rn"
+    STACK="$STACK $1"
+    deps=$(modinfo -F depends "$MB/$rn.ko" 2>/dev/null | tr ',' ' ') \
+        || die "modinfo $MB/$rn.ko failed (apt-get install kmod)"
+    for dep in $deps $(companions "$1"); do
+        resolve "$dep"
+    done
+    STACK=${STACK% "$1"}
+    # (rf and rn belong to the last recursive call by now)
+    ORDER="$ORDER $(ko_name "$(find_ko "$1")")"
+}
+: > "$R/blklab/modules-available"
+AVAILABLE=""
+for m in $EXTRA_MODULES; do
+    f=$(find_ko "$m")
+    if [ -z "$f" ]; then
+        if is_builtin "$m"; then
+            log "module $m: built in (not loadable with parameters; not listed)"
+        else
+            log "module $m: not in this kernel"
+        fi
+        continue
+    fi
+    command -v modinfo >/dev/null 2>&1 || die "modinfo not found (apt-get install kmod)"
+    ORDER=""; STACK=""
+    resolve "$m"
+    echo "$m:$ORDER" >> "$R/blklab/modules-available"
+    AVAILABLE="$AVAILABLE $m"
+    log "module $m: insmod order$ORDER"
+done
+
+# --- init, guest scripts --------------------------------------------------------
 cp "$INIT" "$R/init"
 chmod 755 "$R/init"
 if [ -d "$GUEST" ]; then
@@ -162,12 +296,57 @@ fi
 if [ -n "$EXTRA" ]; then
     cp -R "$EXTRA"/. "$R/blklab/"
 fi
-find "$R/blklab" -type f ! -name modules -exec chmod 755 {} +
+find "$R/blklab" -type f ! -name modules ! -name modules-available -exec chmod 755 {} +
+if [ -n "$GSCRIPTS" ]; then
+    mkdir -p "$R/blklab/guest-scripts"
+    cp -R "$GSCRIPTS"/. "$R/blklab/guest-scripts/"
+    find "$R/blklab/guest-scripts" -type f -name '*.sh' -exec chmod 755 {} +
+    cat > "$R/blklab/lab" <<'EOF'
+#!/bin/sh
+# blklab.run=lab: the lab's guest side (docs/lab-protocol.md).
+exec /bin/sh /blklab/guest-scripts/lab.sh "$@"
+EOF
+else
+    cat > "$R/blklab/lab" <<'EOF'
+#!/bin/sh
+echo "BLKLAB-ERROR this initramfs has no guest-scripts (built without build-initramfs.sh --guest-scripts)"
+exit 127
+EOF
+fi
+chmod 755 "$R/blklab/lab"
 echo "$KVER" > "$R/blklab/kernel-version"
 
 # --- archive ------------------------------------------------------------------
 mkdir -p "$(dirname "$OUT")"
 (cd "$R" && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) | gzip -n -6 > "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
+SIZE=$(wc -c < "$OUT")
+json_list() { for x in "$@"; do printf '%s\n' "$x"; done | awk 'NF {printf "%s\"%s\"", (n++ ? ", " : ""), $1}'; }
+AVAIL_JSON=$(awk -F': *' 'NF {
+        n = split($2, d, " "); s = ""
+        for (i = 1; i <= n; i++) s = s (i > 1 ? ", " : "") "\"" d[i] "\""
+        printf "%s\"%s\": [%s]", (k++ ? ", " : ""), $1, s
+    }' "$R/blklab/modules-available")
+if [ -n "$MPSTAT" ]; then MPSTAT_SHA="\"$(sha256 "$MPSTAT")\""; else MPSTAT_SHA=null; fi
+cat > "$OUT.manifest.json.tmp" <<EOF
+{
+  "kind": "initramfs",
+  "file": "$(jstr "$OUT")",
+  "sha256": "$(sha256 "$OUT")",
+  "size": $SIZE,
+  "inputs_hash": "$HASH",
+  "kernel_dir": "$(jstr "$KDIR")",
+  "kernel_version": "$KVER",
+  "kernel_manifest_sha256": "$(sha256 "$KDIR/manifest.json")",
+  "fio": {"path": "$(jstr "$FIO")", "version": "$(jstr "$FIO_VERSION")", "sha256": "$(sha256 "$FIO")"},
+  "mpstat": $( [ -n "$MPSTAT" ] && echo true || echo false ),
+  "mpstat_sha256": $MPSTAT_SHA,
+  "guest_scripts": $( [ -n "$GSCRIPTS" ] && echo true || echo false ),
+  "boot_modules": [$(json_list $(cat "$R/blklab/modules"))],
+  "modules_available": {$AVAIL_JSON},
+  "built_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+}
+EOF
+mv "$OUT.manifest.json.tmp" "$OUT.manifest.json"
 echo "$HASH" > "$OUT.inputs-hash"
-log "built $OUT ($(du -h "$OUT" | cut -f1), kernel $KVER)"
+log "built $OUT ($(du -h "$OUT" | cut -f1), kernel $KVER, fio $FIO_VERSION$( [ -z "$MPSTAT" ] || echo ", mpstat")${AVAILABLE:+, modules:$AVAILABLE})"

@@ -181,7 +181,7 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioErr
             } else {
                 0
             };
-            let ok = ok_form && v >= min && max.is_none_or(|m| v <= m);
+            let ok = ok_form && v >= min && max.map_or(true, |m| v <= m);
             if ok {
                 return Ok(v);
             }
