@@ -79,7 +79,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "NAME", default_values_t = ["seed002-quick".to_string()])]
     pub scenario: Vec<String>,
     /// Boots per (kernel, scenario); kernels alternate within an iteration.
-    #[arg(long, value_name = "N", default_value_t = 2)]
+    /// A report calls nothing significant below 3.
+    #[arg(long, value_name = "N", default_value_t = 3)]
     pub iterations: u32,
     /// Override every variant's fio runtime, seconds.
     #[arg(long, value_name = "SECONDS")]

@@ -67,32 +67,92 @@ fn short(v: &Value) -> String {
     s.chars().take(1500).collect()
 }
 
+/// Every record of a run, checked for presence and consistency.
+fn check_record(what: &str, r: &Value, disks: usize) {
+    assert_eq!(r["ok"], true, "{what}: {}", short(r));
+    let c = &r["checks"];
+    // fio's IO count equals the backend's request count for the disks, and
+    // the guest block layer's, within the scenario window.
+    assert_eq!(c["fio_equals_backend"], true, "{what}: {c}");
+    assert_eq!(c["fio_equals_guest_block"], true, "{what}: {c}");
+    assert_eq!(c["guest_block_equals_backend"], true, "{what}: {c}");
+    assert!(c["fio_ios"].as_u64().unwrap() > 50, "{what}: {c}");
+    let sum = c["guest_cpu_percent_sum"].as_f64().unwrap();
+    assert!((sum - 100.0).abs() < 0.1, "{what}: cpu sums to {sum}");
+    // Guest side.
+    let g = &r["guest"];
+    assert_eq!(g["nr_cpus"], 2, "{what}");
+    let per_cpu = g["cpu"]["per_cpu"].as_array().unwrap();
+    assert_eq!(per_cpu.len(), 2, "{what}");
+    for cpu in per_cpu {
+        let s: f64 = [
+            "usr", "nice", "sys", "iowait", "irq", "soft", "steal", "guest", "gnice", "idle",
+        ]
+        .iter()
+        .map(|k| cpu[*k].as_f64().unwrap())
+        .sum();
+        assert!((s - 100.0).abs() < 0.1, "{what}: a CPU sums to {s}");
+        let busy = cpu["busy"].as_f64().unwrap();
+        assert!((busy - (100.0 - cpu["idle"].as_f64().unwrap())).abs() < 0.02);
+    }
+    assert!(f(g, "/cpu/all/busy") > 0.0, "{what}");
+    assert!(f(g, "/context_switches") > 0.0, "{what}");
+    assert!(f(g, "/interrupts/total") > 0.0, "{what}");
+    assert!(
+        g["interrupts"]["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l["name"].as_str().unwrap_or("").contains("virtio")
+                && l["count"].as_u64().unwrap_or(0) > 0),
+        "{what}: no virtio interrupts: {}",
+        g["interrupts"]
+    );
+    assert!(f(g, "/wall_seconds") >= 1.0, "{what}");
+    let block = g["block"].as_object().unwrap();
+    assert_eq!(block.len(), disks, "{what}: {block:?}");
+    assert_eq!(g["fio_rc"], 0, "{what}");
+    // Backend side: the window's requests, kicks and worker CPU, per disk.
+    let bdisks = r["backend"]["disks"].as_array().unwrap();
+    assert_eq!(bdisks.len(), disks, "{what}");
+    let kicks: f64 = bdisks
+        .iter()
+        .flat_map(|d| d["queues"].as_array().unwrap())
+        .map(|q| q["counters"]["kicks"].as_f64().unwrap())
+        .sum();
+    assert!(kicks > 0.0, "{what}");
+    assert!(f(&r["backend"], "/interval_s") >= 1.0, "{what}");
+    // Host side: QEMU's vCPU threads versus the rest, and the backend.
+    assert!(f(r, "/host/qemu/groups/vcpu/total_s") > 0.0, "{what}");
+    assert!(r["host"]["qemu"]["groups"]["other"].is_object(), "{what}");
+    assert!(
+        r["host"]["blklab"]["groups"]["backend-queues"].is_object(),
+        "{what}: {}",
+        r["host"]["blklab"]
+    );
+    // Self-describing: the exact command line and configuration.
+    let cmd: Vec<&str> = r["qemu_command_line"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    assert!(
+        cmd.contains(&"-kernel") && cmd.contains(&"-initrd"),
+        "{cmd:?}"
+    );
+    assert_eq!(r["device"].as_array().unwrap().len(), disks, "{what}");
+    assert_eq!(r["device"][0]["num_queues"], 2, "{what}");
+}
+
+/// The README's main job: `blklab run` with no arguments builds the
+/// 6.12 / 6.12+noplug pair from one source, runs the reduced seed002 under
+/// TCG three times each, interleaved, and prints the A/B report.
 #[test]
-fn run_interleaves_kernels_and_every_metric_is_consistent() {
+fn default_run_builds_the_pair_and_reports() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let out_dir = tempfile::tempdir().unwrap();
-    let (o, took) = blklab_run(&[
-        "--kernel",
-        "build:6.12",
-        "--kernel",
-        "build:6.12+noplug",
-        "--kernel",
-        "debian-6.12",
-        "--scenario",
-        "smoke",
-        "--iterations",
-        "2",
-        "--runtime",
-        "2",
-        "--accel",
-        "tcg",
-        "--disk",
-        "mem",
-        "--size",
-        "256M",
-        "--out",
-        out_dir.path().to_str().unwrap(),
-    ]);
+    let (o, took) = blklab_run(&["--out", out_dir.path().to_str().unwrap()]);
     let (stdout, stderr) = text(&o);
     assert!(
         o.status.success(),
@@ -100,8 +160,15 @@ fn run_interleaves_kernels_and_every_metric_is_consistent() {
     );
     eprintln!("blklab run took {took:?}\n{stdout}");
 
-    // The run document: interleaved order A B C A B C.
+    // The run document: kernels interleaved A B A B A B.
     let run = read_json(&out_dir.path().join("run.json"));
+    let labels: Vec<String> = run["kernels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["label"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(labels, vec!["6.12", "6.12-noplug"]);
     let order: Vec<(String, u64)> = run["order"]
         .as_array()
         .unwrap()
@@ -113,120 +180,127 @@ fn run_interleaves_kernels_and_every_metric_is_consistent() {
             )
         })
         .collect();
+    let expect: Vec<(String, u64)> = (0..3)
+        .flat_map(|i| labels.iter().map(move |l| (l.clone(), i)))
+        .collect();
+    assert_eq!(order, expect);
+    // TCG here (nested KVM fails its probe), with the reason recorded.
+    assert!(
+        run["accel_reason"].as_str().unwrap().contains("probe"),
+        "{}",
+        run["accel_reason"]
+    );
+    // The two kernels come from one source and config, one with the patch.
+    let km = |i: usize| &run["kernels"][i]["manifests"]["kernel"];
+    assert!(km(0)["patch"].is_null(), "{}", short(km(0)));
+    assert_eq!(km(1)["patch"]["name"], "noplug", "{}", short(km(1)));
+    assert_eq!(km(0)["config_sha256"], km(1)["config_sha256"]);
+    assert_eq!(km(0)["source_version"], km(1)["source_version"]);
+    assert_ne!(km(0)["vmlinuz_sha256"], km(1)["vmlinuz_sha256"]);
+    assert_eq!(run["scenarios"][0]["name"], "seed002-quick");
+
+    // One record per (kernel, variant, iteration), each complete.
+    let variants = ["j2-r100", "j2-r0", "j4-r100", "j4-r0"];
+    for l in &labels {
+        for v in variants {
+            for i in 0..3 {
+                let p = out_dir
+                    .path()
+                    .join(format!("{l}.seed002-quick.{v}.{i:02}.json"));
+                check_record(&format!("{l}/{v}/{i}"), &read_json(&p), 2);
+            }
+        }
+    }
+    // The A/B report: printed, and written with its plots.
+    assert!(
+        stdout.contains("A 6.12") && stdout.contains("B 6.12-noplug"),
+        "{stdout}"
+    );
+    for v in variants {
+        assert!(stdout.contains(&format!("seed002-quick/{v}")), "{stdout}");
+    }
+    let cmp = out_dir.path().join("compare-6.12-vs-6.12-noplug");
+    for f in [
+        "report.txt",
+        "report.md",
+        "report.csv",
+        "report.json",
+        "report.html",
+    ] {
+        assert!(cmp.join(f).is_file(), "{f} missing in {}", cmp.display());
+    }
+    let svg = std::fs::read_to_string(cmp.join("plots/metric-guest_busy_pct.svg")).unwrap();
+    assert!(svg.contains("A 6.12") && svg.contains("B 6.12-noplug"));
+    assert!(out_dir.path().join("summary.json").is_file());
+}
+
+/// A kernel against itself (a Debian kernel, booted as two sides): the
+/// report must call nothing significant.
+#[test]
+fn a_kernel_against_itself_shows_no_significant_row() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let out_dir = tempfile::tempdir().unwrap();
+    let (o, took) = blklab_run(&[
+        "--kernel",
+        "debian-6.12",
+        "--kernel",
+        "debian-6.12",
+        "--scenario",
+        "smoke",
+        "--iterations",
+        "3",
+        "--runtime",
+        "1",
+        "--accel",
+        "tcg",
+        "--out",
+        out_dir.path().to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&o);
+    assert!(
+        o.status.success(),
+        "blklab run failed after {took:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    let run = read_json(&out_dir.path().join("run.json"));
     let labels: Vec<String> = run["kernels"]
         .as_array()
         .unwrap()
         .iter()
         .map(|k| k["label"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(labels.len(), 3, "{labels:?}");
-    let expect: Vec<(String, u64)> = (0..2)
-        .flat_map(|i| labels.iter().map(move |l| (l.clone(), i)))
-        .collect();
-    assert_eq!(order, expect);
-    assert_eq!(run["accel"], "tcg");
-    // The two self-built kernels come from one source, one with the patch.
-    let km = |i: usize| &run["kernels"][i]["manifests"]["kernel"];
-    assert!(km(0)["patch"].is_null(), "{}", short(km(0)));
-    assert_eq!(km(1)["patch"]["name"], "noplug", "{}", short(km(1)));
-    assert_eq!(km(0)["config_sha256"], km(1)["config_sha256"]);
-    assert_ne!(km(0)["vmlinuz_sha256"], km(1)["vmlinuz_sha256"]);
-
-    // One record per (kernel, variant, iteration), each complete.
-    let mut records = Vec::new();
+    assert_eq!(labels.len(), 2);
+    assert_ne!(labels[0], labels[1]);
     for l in &labels {
         for v in ["read", "write"] {
-            for i in 0..2 {
+            for i in 0..3 {
                 let p = out_dir.path().join(format!("{l}.smoke.{v}.{i:02}.json"));
-                records.push((l.clone(), v, read_json(&p)));
+                check_record(&format!("{l}/{v}/{i}"), &read_json(&p), 1);
             }
         }
     }
-    for (label, variant, r) in &records {
-        let what = format!("{label}/{variant}");
-        assert_eq!(r["ok"], true, "{what}: {}", short(r));
-        let c = &r["checks"];
-        // fio's IO count equals the backend's request count for the disk,
-        // and the guest block layer's, within the scenario window.
-        assert_eq!(c["fio_equals_backend"], true, "{what}: {c}");
-        assert_eq!(c["fio_equals_guest_block"], true, "{what}: {c}");
-        assert_eq!(c["guest_block_equals_backend"], true, "{what}: {c}");
-        assert!(c["fio_ios"].as_u64().unwrap() > 100, "{what}: {c}");
-        let sum = c["guest_cpu_percent_sum"].as_f64().unwrap();
-        assert!((sum - 100.0).abs() < 0.1, "{what}: cpu sums to {sum}");
-        // Guest side.
-        let g = &r["guest"];
-        assert_eq!(g["nr_cpus"], 2, "{what}");
-        let per_cpu = g["cpu"]["per_cpu"].as_array().unwrap();
-        assert_eq!(per_cpu.len(), 2, "{what}");
-        for cpu in per_cpu {
-            let s: f64 = [
-                "usr", "nice", "sys", "iowait", "irq", "soft", "steal", "guest", "gnice", "idle",
-            ]
-            .iter()
-            .map(|k| cpu[*k].as_f64().unwrap())
-            .sum();
-            assert!((s - 100.0).abs() < 0.1, "{what}: a CPU sums to {s}");
-            let busy = cpu["busy"].as_f64().unwrap();
-            assert!((busy - (100.0 - cpu["idle"].as_f64().unwrap())).abs() < 0.02);
+    // Every metric at 99 %, Holm-corrected over all of them.
+    let out = Command::new(common::blklab_bin())
+        .args(["compare", out_dir.path().to_str().unwrap()])
+        .args([
+            "--metric",
+            "all",
+            "--confidence",
+            "0.99",
+            "--format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out).1);
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = report["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        for (k, c) in row["metrics"].as_object().unwrap() {
+            assert_eq!(c["significant"], false, "A/A {}: {k} {c}", row["variant"]);
+            assert_eq!(c["a"]["n"], 3);
         }
-        assert!(f(g, "/cpu/all/busy") > 0.0, "{what}");
-        assert!(f(g, "/context_switches") > 0.0, "{what}");
-        assert!(f(g, "/interrupts/total") > 0.0, "{what}");
-        assert!(
-            g["interrupts"]["lines"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|l| l["name"].as_str().unwrap_or("").contains("virtio")
-                    && l["count"].as_u64().unwrap_or(0) > 0),
-            "{what}: no virtio interrupts: {}",
-            g["interrupts"]
-        );
-        assert!(f(g, "/wall_seconds") >= 2.0, "{what}");
-        let dir = if *variant == "read" {
-            "read_ios"
-        } else {
-            "write_ios"
-        };
-        assert!(f(g, &format!("/block/vda/{dir}")) > 0.0, "{what}");
-        // Backend side: the window's requests, kicks and worker CPU.
-        let q0 = &r["backend"]["disks"][0]["queues"];
-        let kicks: f64 = q0
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|q| q["counters"]["kicks"].as_f64().unwrap())
-            .sum();
-        assert!(kicks > 0.0, "{what}");
-        assert!(f(&r["backend"], "/interval_s") >= 2.0, "{what}");
-        // Host side: QEMU's vCPU threads versus the rest, and the backend.
-        assert!(f(r, "/host/qemu/groups/vcpu/total_s") > 0.0, "{what}");
-        assert!(r["host"]["qemu"]["groups"]["other"].is_object(), "{what}");
-        assert!(
-            f(r, "/host/blklab/groups/backend-queues/total_s") >= 0.0,
-            "{what}"
-        );
-        // Self-describing: the exact command line and configuration.
-        let cmd: Vec<&str> = r["qemu_command_line"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|s| s.as_str().unwrap())
-            .collect();
-        assert!(
-            cmd.contains(&"-kernel") && cmd.contains(&"-initrd"),
-            "{cmd:?}"
-        );
-        assert_eq!(r["device"][0]["num_queues"], 2, "{what}");
-        assert_eq!(r["guest"]["fio_rc"], 0, "{what}");
     }
-    // The table names every kernel and variant.
-    for l in &labels {
-        assert!(stdout.contains(l.as_str()), "{stdout}");
-    }
-    assert!(stdout.contains("smoke/read") && stdout.contains("smoke/write"));
-    assert!(out_dir.path().join("summary.json").is_file());
 }
 
 #[test]

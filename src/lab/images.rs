@@ -233,6 +233,32 @@ pub fn prepare(
     for s in specs {
         s.check()?;
     }
+    // The same kernel may be given twice (an A/A comparison): prepare it
+    // once and hand out the same guest for each occurrence.
+    let mut unique: Vec<KernelSpec> = Vec::new();
+    for s in specs {
+        if !unique.contains(s) {
+            unique.push(s.clone());
+        }
+    }
+    let prepared = prepare_unique(lab_dir, cache, &unique)?;
+    Ok(specs
+        .iter()
+        .map(|s| {
+            let i = unique
+                .iter()
+                .position(|u| u == s)
+                .expect("every spec is in unique");
+            prepared[i].clone()
+        })
+        .collect())
+}
+
+fn prepare_unique(
+    lab_dir: &Path,
+    cache: Option<&Path>,
+    specs: &[KernelSpec],
+) -> Result<Vec<PreparedGuest>, ImageError> {
     let script = lab_dir.join("images/prepare.sh");
     let mut cmd = Command::new("sh");
     cmd.arg(&script);

@@ -239,12 +239,14 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioErr
                             ));
                         }
                     }
-                    other => return Err(err(
-                        lineno,
-                        format!(
+                    other => {
+                        return Err(err(
+                            lineno,
+                            format!(
                             "target: unknown kind '{other}' (want virtio, scsi_debug or null_blk)"
                         ),
-                    )),
+                        ))
+                    }
                 }
                 settings.target = Some(Target {
                     kind: kind.to_string(),

@@ -396,7 +396,25 @@ pub fn build(
             only_b: only_b.join(", "),
         });
     }
-    let common: Vec<(String, String)> = ka.into_iter().filter(|k| kb.contains(k)).collect();
+    let mut common: Vec<(String, String)> = ka.into_iter().filter(|k| kb.contains(k)).collect();
+    // Rows in the order the scenarios define their variants.
+    let position = |(s, v): &(String, String)| -> (usize, usize) {
+        let scenarios = a.run["scenarios"].as_array();
+        scenarios
+            .and_then(|list| {
+                list.iter().enumerate().find_map(|(i, sc)| {
+                    (sc["name"] == s.as_str()).then(|| {
+                        let j = sc["variants"]
+                            .as_array()
+                            .and_then(|vs| vs.iter().position(|x| x["name"] == v.as_str()))
+                            .unwrap_or(usize::MAX);
+                        (i, j)
+                    })
+                })
+            })
+            .unwrap_or((usize::MAX, usize::MAX))
+    };
+    common.sort_by_key(|k| (position(k), k.clone()));
     if common.is_empty() {
         return Err(ReportError::NothingInCommon);
     }
