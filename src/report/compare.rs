@@ -303,16 +303,60 @@ fn differences(a: &Side, b: &Side) -> Vec<Difference> {
         }
     };
     let dev = |s: &Side| {
-        let mut set: Vec<String> = s
-            .records
-            .iter()
-            .map(|r| device_identity(r).to_string())
-            .collect();
-        set.sort();
-        set.dedup();
-        set.join(" | ")
+        let mut set: Vec<Value> = Vec::new();
+        for r in &s.records {
+            let d = device_identity(r);
+            if !set.contains(&d) {
+                set.push(d);
+            }
+        }
+        set
     };
-    check("backend configuration", dev(a), dev(b), true);
+    let (da, db) = (dev(a), dev(b));
+    if da != db {
+        // Name only the fields that differ (of the first disk's
+        // configuration that differs, which is what a user changed).
+        let first = |v: &[Value]| {
+            v.first()
+                .and_then(|d| d.get(0))
+                .cloned()
+                .unwrap_or(Value::Null)
+        };
+        let (fa, fb) = (first(&da), first(&db));
+        let mut fields = Vec::new();
+        if let (Some(oa), Some(ob)) = (fa.as_object(), fb.as_object()) {
+            let mut keys: Vec<&String> = oa.keys().chain(ob.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                if oa.get(k) != ob.get(k) {
+                    fields.push(k.clone());
+                }
+            }
+        }
+        let show = |o: &Value, disks: usize| {
+            let mut parts: Vec<String> = fields
+                .iter()
+                .map(|k| format!("{k}={}", o.get(k).cloned().unwrap_or(Value::Null)))
+                .collect();
+            if fields.is_empty() {
+                parts.push(o.to_string());
+            }
+            if disks > 1 {
+                parts.push(format!("({disks} distinct configurations)"));
+            }
+            parts.join(" ")
+        };
+        let disks_a = da.first().and_then(|d| d.as_array()).map_or(0, |v| v.len());
+        let disks_b = db.first().and_then(|d| d.as_array()).map_or(0, |v| v.len());
+        let mut va = show(&fa, da.len());
+        let mut vb = show(&fb, db.len());
+        if disks_a != disks_b {
+            va.push_str(&format!(" disks={disks_a}"));
+            vb.push_str(&format!(" disks={disks_b}"));
+        }
+        check("backend configuration", va, vb, true);
+    }
     check(
         "QEMU command line",
         first_str(a, qemu_identity),

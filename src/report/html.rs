@@ -80,7 +80,7 @@ fn bars(report: &Report, key: &str, path: &Path) -> std::io::Result<bool> {
         .margin(10)
         .x_label_area_size(60)
         .y_label_area_size(70)
-        .build_cartesian_2d(0f64..rows.len() as f64, 0f64..ymax)
+        .build_cartesian_2d(-0.5f64..rows.len() as f64 - 0.5, 0f64..ymax)
         .map_err(plot_err("chart"))?;
     let names: Vec<String> = rows.iter().map(|r| r.0.clone()).collect();
     chart
@@ -88,13 +88,16 @@ fn bars(report: &Report, key: &str, path: &Path) -> std::io::Result<bool> {
         .disable_x_mesh()
         .x_labels(rows.len().max(1))
         .x_label_formatter(&|x| {
-            let i = x.floor() as usize;
-            names.get(i).cloned().unwrap_or_default()
+            // Bars are centred on integer positions; label only those.
+            if (x - x.round()).abs() > 1e-6 || x.round() < 0.0 {
+                return String::new();
+            }
+            names.get(x.round() as usize).cloned().unwrap_or_default()
         })
         .y_desc(&title)
         .draw()
         .map_err(plot_err("mesh"))?;
-    for (side, color, offset) in [(0usize, A_COLOR, 0.15), (1, B_COLOR, 0.5)] {
+    for (side, color, offset) in [(0usize, A_COLOR, -0.36), (1, B_COLOR, 0.03)] {
         let mut first = true;
         for (i, (_, a, b)) in rows.iter().enumerate() {
             let v = if side == 0 { *a } else { *b };
