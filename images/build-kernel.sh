@@ -1,0 +1,462 @@
+#!/bin/sh
+# build-kernel.sh --series 6.12 [--patch NAME] --out DIR [--cache DIR]
+#
+# Build a blklab guest kernel from Debian's `linux-source-SERIES` package:
+# `make ARCH=x86_64 tinyconfig`, merge images/kernel/guest.config, `make
+# olddefconfig`, check that every option of the fragment got the requested
+# value, build bzImage + modules, and lay out in DIR (like
+# fetch-debian-kernel.sh):
+#
+#   DIR/vmlinuz  DIR/System.map  DIR/config
+#   DIR/lib/modules/KVER/...     (make modules_install, stripped)
+#   DIR/manifest.json            (series, kernel_version, source package +
+#                                 version, config/patch/vmlinuz sha256, ...)
+#
+# --patch NAME applies images/patches/NAME.patch (patch -p1) for this build
+# only: the source tree in the cache stays clean between builds.
+#
+# --cache DIR (default ${BLKLAB_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images}/kernel-src)
+# keeps the unpacked, configured and built tree (DIR/linux-source-SERIES,
+# about 2 GB), so building the patched variant after the plain one (or the
+# other way round) only recompiles the patched files and relinks. The tree's
+# state (source version, configuration, which patch is applied) is recorded in
+# DIR/linux-source-SERIES/.blklab/state; a build interrupted while the patch
+# was applied is undone by the next run. A lock (flock on
+# DIR/linux-source-SERIES.lock) serialises builds using the tree.
+#
+# Cached: when DIR/manifest.json records the same inputs hash (this script,
+# guest.config, the patch, the source package version) and the sha256 of
+# DIR/vmlinuz matches, nothing is done ("cached").
+#
+# Nothing is installed: the package is fetched with `apt-get download` and
+# unpacked with `dpkg -x` into the cache. Progress goes to stderr.
+set -eu
+
+log() { echo "build-kernel: $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+usage() {
+    echo "usage: $0 --series SERIES [--patch NAME] --out DIR [--cache DIR]" >&2
+    echo "  SERIES: a Debian linux-source-SERIES package (Debian 12: 6.1, 6.12)" >&2
+    echo "  NAME:   images/patches/NAME.patch" >&2
+    exit 2
+}
+need_arg() { [ "$1" -ge 2 ] || { log "ERROR: $2 needs a value"; usage; }; }
+
+SERIES=""; PATCH_NAME=""; OUT=""; CACHE=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --series) need_arg $# "$1"; SERIES=$2; shift 2 ;;
+    --series=*) SERIES=${1#*=}; shift ;;
+    --patch) need_arg $# "$1"; PATCH_NAME=$2; shift 2 ;;
+    --patch=*) PATCH_NAME=${1#*=}; shift ;;
+    --out) need_arg $# "$1"; OUT=$2; shift 2 ;;
+    --out=*) OUT=${1#*=}; shift ;;
+    --cache) need_arg $# "$1"; CACHE=$2; shift 2 ;;
+    --cache=*) CACHE=${1#*=}; shift ;;
+    -h|--help) usage ;;
+    *) log "ERROR: unknown argument: $1"; usage ;;
+    esac
+done
+[ -n "$SERIES" ] || { log "ERROR: --series is required"; usage; }
+[ -n "$OUT" ] || { log "ERROR: --out is required"; usage; }
+expr "x$SERIES" : 'x[0-9][0-9]*\.[0-9][0-9]*$' >/dev/null \
+    || die "--series '$SERIES' is not a kernel series like 6.12"
+PATH=$PATH:/usr/sbin:/sbin
+export PATH
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+SELF="$HERE/$(basename "$0")"
+FRAGMENT="$HERE/kernel/guest.config"
+[ -f "$FRAGMENT" ] || die "$FRAGMENT missing (the kernel configuration fragment)"
+if [ -z "$CACHE" ]; then
+    CACHE=${BLKLAB_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images}/kernel-src
+fi
+
+PATCH_FILE=""; PATCH_SHA=""
+if [ -n "$PATCH_NAME" ]; then
+    case "$PATCH_NAME" in
+    *[!A-Za-z0-9_.-]*|.*) die "--patch '$PATCH_NAME': expected a name from images/patches/ (letters, digits, _ . -)" ;;
+    esac
+    PATCH_FILE="$HERE/patches/$PATCH_NAME.patch"
+    if [ ! -f "$PATCH_FILE" ]; then
+        avail=$(cd "$HERE/patches" 2>/dev/null && ls -- *.patch 2>/dev/null | sed 's/\.patch$//' | tr '\n' ' ' | sed 's/ $//')
+        die "no patch $PATCH_FILE (available: ${avail:-none})"
+    fi
+    PATCH_SHA=$(sha256sum "$PATCH_FILE" | cut -d' ' -f1)
+fi
+
+# --- tools -------------------------------------------------------------------------
+DEPS_HINT="apt-get install build-essential flex bison bc libelf-dev libssl-dev kmod xz-utils cpio dpkg-dev"
+missing=""
+for tool in apt-get apt-cache dpkg dpkg-deb make gcc ld flex bison bc perl gzip xz tar \
+            patch flock setsid sha256sum depmod strip awk; do
+    command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
+done
+[ -z "$missing" ] || die "missing tools:$missing (run: $DEPS_HINT)"
+# objtool (x86_64) needs libelf's headers.
+if ! echo '#include <gelf.h>' | gcc -E -x c - >/dev/null 2>&1; then
+    die "libelf headers (gelf.h) missing (run: apt-get install libelf-dev)"
+fi
+
+sha256() { sha256sum "$1" | cut -d' ' -f1; }
+json_field() {  # json_field FILE KEY: the string value of "KEY": "..." in FILE
+    sed -n "s/.*\"$2\": *\"\([^\"]*\)\".*/\1/p" "$1" 2>/dev/null | head -n1
+}
+
+# --- the source package --------------------------------------------------------------
+SRCPKG="linux-source-$SERIES"
+lists_present() { [ -n "$(apt-cache search --names-only '^linux-source-[0-9.]*$' 2>/dev/null | head -n1)" ]; }
+if ! lists_present; then
+    log "apt lists missing; running apt-get update"
+    apt-get update -qq >&2 || die "apt-get update failed (check the network and /etc/apt/sources.list.d)"
+fi
+candidate() { apt-cache policy "$SRCPKG" 2>/dev/null | sed -n 's/^ *Candidate: *//p' | head -n1; }
+SRCVER=$(candidate)
+if [ -z "$SRCVER" ] || [ "$SRCVER" = "(none)" ]; then
+    avail=$(apt-cache search --names-only '^linux-source-[0-9.]*$' 2>/dev/null | cut -d' ' -f1 \
+        | sed 's/^linux-source-//' | sort -V | tr '\n' ' ' | sed 's/ $//')
+    die "no package $SRCPKG in the apt lists (series available here: ${avail:-none}; Debian 12 has 6.1 in bookworm and 6.12 in bookworm-security)"
+fi
+
+# --- inputs hash and the output cache -----------------------------------------------
+inputs() {
+    echo "format 1"
+    echo "script $(sha256 "$SELF")"
+    echo "fragment $(sha256 "$FRAGMENT")"
+    echo "series $SERIES"
+    echo "source $SRCPKG $SRCVER"
+    echo "patch ${PATCH_NAME:-none} ${PATCH_SHA:-}"
+}
+HASH=$(inputs | sha256sum | cut -d' ' -f1)
+output_cached() {
+    [ -f "$OUT/manifest.json" ] && [ -f "$OUT/vmlinuz" ] || return 1
+    [ "$(json_field "$OUT/manifest.json" inputs_hash)" = "$HASH" ] || return 1
+    [ "$(json_field "$OUT/manifest.json" vmlinuz_sha256)" = "$(sha256 "$OUT/vmlinuz")" ] || return 1
+    kv=$(json_field "$OUT/manifest.json" kernel_version)
+    [ -n "$kv" ] && [ -d "$OUT/lib/modules/$kv" ]
+}
+if output_cached; then
+    log "cached: $OUT ($(json_field "$OUT/manifest.json" kernel_version)${PATCH_NAME:+ +$PATCH_NAME})"
+    exit 0
+fi
+if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ] \
+   && [ ! -e "$OUT/manifest.json" ] && [ ! -e "$OUT/vmlinuz" ]; then
+    die "$OUT is not empty and was not made by this script; refusing to overwrite it (choose another --out)"
+fi
+
+# --- lock the source tree --------------------------------------------------------------
+mkdir -p "$CACHE" || die "cannot create the cache dir $CACHE"
+CACHE=$(cd "$CACHE" && pwd)
+TREE="$CACHE/$SRCPKG"
+STATE="$TREE/.blklab/state"
+exec 9>"$CACHE/$SRCPKG.lock"
+if ! flock -n 9; then
+    log "waiting for the lock on $TREE (another build is using it)"
+    flock 9
+fi
+# Someone else may have built it while we waited.
+if output_cached; then
+    log "cached: $OUT ($(json_field "$OUT/manifest.json" kernel_version))"
+    exit 0
+fi
+T0=$(date +%s)
+
+state_get() { sed -n "s/^$1=//p" "$STATE" 2>/dev/null | head -n1; }
+state_set() {  # state_set KEY VALUE: rewrite the state file atomically
+    { grep -v "^$1=" "$STATE" 2>/dev/null || true; echo "$1=$2"; } > "$STATE.tmp"
+    mv "$STATE.tmp" "$STATE"
+}
+patch_q() {  # patch_q ARGS...: patch in the tree, never interactive
+    # --force, not --batch: --batch takes a -R of a patch that is not applied
+    # as "reversed patch detected" and applies it forwards instead.
+    patch -d "$TREE" -p1 --force --no-backup-if-mismatch --reject-file=- "$@" </dev/null
+}
+
+# Work files (the .deb, the unpacked package) stay inside the cache dir:
+# the tree is large and /tmp may be small.
+WORK=""
+MAKE_PID=""
+PATCH_APPLIED=0
+# drop_objects PATCHFILE: remove the object (and kbuild .cmd) file of every .c
+# the patch touches, so that make rebuilds them whatever the time stamps say.
+drop_objects() {
+    awk '/^\+\+\+ / { p = $2; sub(/^[^\/]*\//, "", p); if (p ~ /\.c$/) { sub(/\.c$/, "", p); print p } }' "$1" \
+    | while read -r f; do
+        rm -f "$TREE/$f.o" "$TREE/$(dirname "$f")/.$(basename "$f").o.cmd"
+    done
+}
+# revert_patch: take the applied patch (.blklab/applied.patch) out again.
+revert_patch() {
+    saved="$TREE/.blklab/applied.patch"
+    [ -f "$saved" ] || return 1
+    patch_q -R --dry-run -s -i "$saved" >/dev/null 2>&1 || return 1
+    patch_q -R -s -i "$saved" >&2 || return 1
+    drop_objects "$saved"
+    state_set patch none
+}
+# stop_make: end the background make and every compiler it started (its own
+# process group) and wait for them, so that no object of a patched source
+# can be written after the patch is reverted.
+stop_make() {
+    [ -n "$MAKE_PID" ] || return 0
+    kill -s TERM -- "-$MAKE_PID" 2>/dev/null || true
+    wait "$MAKE_PID" 2>/dev/null || true
+    n=0
+    while kill -0 -- "-$MAKE_PID" 2>/dev/null && [ "$n" -lt 100 ]; do
+        sleep 0.1; n=$((n + 1))
+    done
+    kill -s KILL -- "-$MAKE_PID" 2>/dev/null || true
+    MAKE_PID=""
+}
+cleanup() {
+    stop_make
+    if [ "$PATCH_APPLIED" = 1 ]; then
+        if revert_patch; then
+            log "reverted $PATCH_NAME.patch in $TREE"
+        else
+            log "WARNING: could not revert $PATCH_NAME.patch in $TREE; the next run will check it"
+        fi
+    fi
+    [ -z "$WORK" ] || rm -rf "$WORK"
+    [ -z "${STAGE:-}" ] || rm -rf "$STAGE"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+unpack_tree() {
+    rm -rf "$TREE"
+    WORK=$(mktemp -d "$CACHE/unpack.XXXXXX")
+    chmod 755 "$WORK"   # apt-get download may drop privileges to _apt
+    log "downloading $SRCPKG=$SRCVER"
+    ( cd "$WORK" && apt-get download -q "$SRCPKG=$SRCVER" 2>&1 | grep -v 'unsandboxed as root' >&2 ) || true
+    deb=$(ls "$WORK"/*.deb 2>/dev/null | head -n1)
+    if [ -z "$deb" ]; then
+        # Old lists can name a version the mirror no longer has.
+        log "download failed; running apt-get update and retrying"
+        apt-get update -qq >&2 || die "apt-get update failed"
+        SRCVER=$(candidate)
+        [ -n "$SRCVER" ] && [ "$SRCVER" != "(none)" ] || die "no package $SRCPKG after apt-get update"
+        ( cd "$WORK" && apt-get download -q "$SRCPKG=$SRCVER" 2>&1 | grep -v 'unsandboxed as root' >&2 ) || true
+        deb=$(ls "$WORK"/*.deb 2>/dev/null | head -n1)
+        [ -n "$deb" ] || die "apt-get download $SRCPKG=$SRCVER produced no .deb (check the network / apt sources)"
+        # The inputs hash names the version: a new one is a new build.
+        HASH=$(inputs | sha256sum | cut -d' ' -f1)
+    fi
+    log "unpacking $(basename "$deb")"
+    dpkg -x "$deb" "$WORK/pkg" || die "dpkg -x $deb failed"
+    tarball=$(ls "$WORK"/pkg/usr/src/linux-source-*.tar.* 2>/dev/null | head -n1)
+    [ -n "$tarball" ] || die "$deb has no usr/src/linux-source-*.tar.*"
+    mkdir "$WORK/src"
+    tar -xf "$tarball" -C "$WORK/src" || die "cannot unpack $tarball (apt-get install xz-utils)"
+    top=$(ls "$WORK/src" | head -n1)
+    [ -n "$top" ] && [ -f "$WORK/src/$top/Makefile" ] || die "$tarball has no kernel tree"
+    mv "$WORK/src/$top" "$TREE"
+    rm -rf "$WORK"; WORK=""
+    mkdir -p "$TREE/.blklab"
+    { echo "source_version=$SRCVER"; echo "config="; echo "patch=none"; } > "$STATE"
+}
+
+# --- make sure the tree is the right version and clean --------------------------------------
+if [ ! -f "$STATE" ]; then
+    [ ! -e "$TREE" ] || log "$TREE has no state file; unpacking it again"
+    unpack_tree
+elif [ "$(state_get source_version)" != "$SRCVER" ]; then
+    log "$TREE is $SRCPKG $(state_get source_version), want $SRCVER; unpacking it again"
+    unpack_tree
+fi
+applied=$(state_get patch)
+if [ -n "$applied" ] && [ "$applied" != none ]; then
+    saved="$TREE/.blklab/applied.patch"
+    if revert_patch; then
+        log "the tree still had patch '${applied%% *}' applied (an earlier build was interrupted); reverted it"
+    elif [ -f "$saved" ] && patch_q --dry-run -s -i "$saved" >/dev/null 2>&1; then
+        log "patch '${applied%% *}' was recorded but is not applied; the tree is clean"
+        drop_objects "$saved"
+        state_set patch none
+    else
+        log "the tree is in an unknown patch state ('${applied%% *}' half applied?); unpacking it again"
+        unpack_tree
+    fi
+fi
+
+# --- configure -------------------------------------------------------------------------
+TS=$(LC_ALL=C date -u -d "@$(stat -c %Y "$TREE/Makefile")" '+%a %b %e %H:%M:%S UTC %Y')
+kmake() {
+    env LOCALVERSION= KBUILD_BUILD_USER=blklab KBUILD_BUILD_HOST=blklab \
+        KBUILD_BUILD_TIMESTAMP="$TS" KBUILD_BUILD_VERSION="1${PATCH_NAME:++$PATCH_NAME}" \
+        make -C "$TREE" --no-print-directory ARCH=x86_64 "$@"
+}
+LOGDIR="$TREE/.blklab"
+CONFIG_KEY="tinyconfig+fragment-v1 $(sha256 "$FRAGMENT")"
+
+# verify_config: print every option of the fragment whose value in .config
+# differs from the requested one; fail on a line of the fragment that does not
+# parse.
+verify_config() {
+    awk -v frag="$FRAGMENT" '
+        FNR == NR {
+            if (match($0, /^CONFIG_[A-Za-z0-9_]+=/)) {
+                have[substr($0, 1, RLENGTH - 1)] = substr($0, RLENGTH + 1)
+            } else if ($0 ~ /^# CONFIG_[A-Za-z0-9_]+ is not set$/) {
+                have[$2] = "n"
+            }
+            next
+        }
+        /^[ \t]*$/ { next }
+        /^# CONFIG_[A-Za-z0-9_]+ is not set[ \t]*$/ {
+            if ($2 in line) printf "  %s:%d: %s again (first on line %d)\n", frag, FNR, $2, line[$2]
+            else line[$2] = FNR
+            if (($2 in have) && have[$2] != "n") {
+                printf "  %s: wanted not set, got %s\n", $2, have[$2]
+            }
+            next
+        }
+        /^#/ { next }
+        match($0, /^CONFIG_[A-Za-z0-9_]+=/) {
+            name = substr($0, 1, RLENGTH - 1)
+            want = substr($0, RLENGTH + 1)
+            sub(/[ \t]+$/, "", want)
+            if (name in line) printf "  %s:%d: %s again (first on line %d)\n", frag, FNR, name, line[name]
+            else line[name] = FNR
+            if (!(name in have)) {
+                printf "  %s: wanted %s, got nothing (no such option, or its dependencies are not met)\n", name, want
+            } else if (have[name] != want) {
+                printf "  %s: wanted %s, got %s\n", name, want, (have[name] == "n" ? "not set" : have[name])
+            }
+            next
+        }
+        { printf "  %s:%d: cannot parse: %s\n", frag, FNR, $0 }
+    ' "$TREE/.config" "$FRAGMENT"
+}
+
+if [ "$(state_get config)" != "$CONFIG_KEY" ] || [ ! -f "$TREE/.config" ]; then
+    log "configuring: make tinyconfig + $(basename "$FRAGMENT") + olddefconfig"
+    state_set config ""
+    {
+        kmake tinyconfig &&
+        (cd "$TREE" && scripts/kconfig/merge_config.sh -m .config "$FRAGMENT") &&
+        kmake olddefconfig
+    } > "$LOGDIR/config.log" 2>&1 || {
+        tail -n 20 "$LOGDIR/config.log" >&2
+        die "configuring $TREE failed; full log: $LOGDIR/config.log"
+    }
+fi
+bad=$(verify_config)
+if [ -n "$bad" ]; then
+    state_set config ""
+    n=$(echo "$bad" | wc -l)
+    log "these options of $FRAGMENT did not get the requested value after make olddefconfig:"
+    echo "$bad" >&2
+    die "$n option(s) of images/kernel/guest.config were dropped or changed by Kconfig; add their missing dependencies to images/kernel/guest.config (see each option's 'depends on' in the Kconfig files of $TREE)"
+fi
+state_set config "$CONFIG_KEY"
+
+# --- patch ---------------------------------------------------------------------------------
+if [ -n "$PATCH_NAME" ]; then
+    out=$(patch_q --dry-run -i "$PATCH_FILE" 2>&1) || {
+        echo "$out" >&2
+        die "images/patches/$PATCH_NAME.patch does not apply to $SRCPKG $SRCVER (patch -p1 --dry-run failed above); refresh the patch"
+    }
+    cp "$PATCH_FILE" "$TREE/.blklab/applied.patch"
+    state_set patch "$PATCH_NAME $PATCH_SHA"
+    PATCH_APPLIED=1
+    patch_q -s -i "$TREE/.blklab/applied.patch" >&2 || die "applying $PATCH_FILE failed"
+    drop_objects "$TREE/.blklab/applied.patch"
+    log "applied $PATCH_NAME.patch"
+fi
+
+# --- build -----------------------------------------------------------------------------------
+JOBS=$(nproc 2>/dev/null || echo 2)
+BUILD_LOG="$LOGDIR/build.log"
+log "make -j$JOBS bzImage modules ($SRCPKG $SRCVER${PATCH_NAME:+ +$PATCH_NAME}; log: $BUILD_LOG)"
+M0=$(date +%s)
+# In a session of its own (setsid): stop_make can end all of it.
+(
+    exec setsid env LOCALVERSION= KBUILD_BUILD_USER=blklab KBUILD_BUILD_HOST=blklab \
+        KBUILD_BUILD_TIMESTAMP="$TS" KBUILD_BUILD_VERSION="1${PATCH_NAME:++$PATCH_NAME}" \
+        make -C "$TREE" --no-print-directory ARCH=x86_64 -j"$JOBS" bzImage modules
+) > "$BUILD_LOG" 2>&1 &
+MAKE_PID=$!
+next=$((M0 + 10))
+while kill -0 "$MAKE_PID" 2>/dev/null; do
+    sleep 1
+    if [ "$(date +%s)" -ge "$next" ]; then
+        next=$(( $(date +%s) + 10 ))
+        cc=$(grep -c '^  CC ' "$BUILD_LOG" || true)
+        steps=$(grep -c '^  [A-Z]' "$BUILD_LOG" || true)
+        last=$(grep '^  [A-Z]' "$BUILD_LOG" | tail -n1 | sed 's/^ *//; s/  */ /g')
+        log "$(( $(date +%s) - M0 ))s: $cc objects compiled, $steps build steps (${last:-starting})"
+    fi
+done
+rc=0
+wait "$MAKE_PID" || rc=$?
+MAKE_PID=""
+MAKE_SECS=$(( $(date +%s) - M0 ))
+if [ "$rc" -ne 0 ]; then
+    tail -n 30 "$BUILD_LOG" >&2
+    die "make bzImage modules failed (exit $rc) after ${MAKE_SECS}s; full log: $BUILD_LOG"
+fi
+log "make done in ${MAKE_SECS}s ($(grep -c '^  CC ' "$BUILD_LOG" || true) objects compiled)"
+
+KVER=$(kmake -s kernelrelease 2>/dev/null | tail -n1)
+[ -n "$KVER" ] || die "make kernelrelease printed nothing"
+[ -f "$TREE/arch/x86/boot/bzImage" ] || die "no arch/x86/boot/bzImage after the build"
+UTSV=$(sed -n 's/^#define UTS_VERSION "\(.*\)"$/\1/p' "$TREE/include/generated/utsversion.h" 2>/dev/null | head -n1)
+
+# --- lay out the output ---------------------------------------------------------------------
+mkdir -p "$(dirname "$OUT")"
+STAGE=$(mktemp -d "$OUT.new.XXXXXX")
+chmod 755 "$STAGE"
+cp "$TREE/arch/x86/boot/bzImage" "$STAGE/vmlinuz"
+cp "$TREE/System.map" "$STAGE/System.map"
+cp "$TREE/.config" "$STAGE/config"
+kmake -s INSTALL_MOD_PATH="$STAGE" INSTALL_MOD_STRIP=1 modules_install > "$LOGDIR/modules_install.log" 2>&1 || {
+    tail -n 20 "$LOGDIR/modules_install.log" >&2
+    die "make modules_install failed; full log: $LOGDIR/modules_install.log"
+}
+[ -d "$STAGE/lib/modules/$KVER" ] || die "modules_install made no lib/modules/$KVER"
+rm -f "$STAGE/lib/modules/$KVER/build" "$STAGE/lib/modules/$KVER/source"
+
+# The outputs are copied: the tree goes back to clean right away.
+if [ "$PATCH_APPLIED" = 1 ]; then
+    revert_patch || die "cannot revert $PATCH_NAME.patch in $TREE (rm -rf $TREE to start over)"
+    PATCH_APPLIED=0
+    log "reverted $PATCH_NAME.patch (the tree is clean again)"
+fi
+
+VMLINUZ_SHA=$(sha256 "$STAGE/vmlinuz")
+CONFIG_SHA=$(sha256 "$STAGE/config")
+if [ -n "$PATCH_NAME" ]; then
+    PATCH_JSON="{\"name\": \"$PATCH_NAME\", \"sha256\": \"$PATCH_SHA\"}"
+else
+    PATCH_JSON=null
+fi
+cat > "$STAGE/manifest.json" <<EOF
+{
+  "kind": "build",
+  "series": "$SERIES",
+  "kernel_version": "$KVER",
+  "uts_version": "$UTSV",
+  "arch": "x86_64",
+  "source_package": "$SRCPKG",
+  "source_version": "$SRCVER",
+  "config_fragment_sha256": "$(sha256 "$FRAGMENT")",
+  "config_sha256": "$CONFIG_SHA",
+  "patch": $PATCH_JSON,
+  "vmlinuz_sha256": "$VMLINUZ_SHA",
+  "inputs_hash": "$HASH",
+  "built_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
+  "make_seconds": $MAKE_SECS,
+  "build_seconds": $(( $(date +%s) - T0 ))
+}
+EOF
+
+if [ -e "$OUT" ]; then
+    rm -rf "$OUT.old"
+    mv "$OUT" "$OUT.old"
+fi
+mv "$STAGE" "$OUT"
+STAGE=""
+rm -rf "$OUT.old"
+log "done: $OUT (kernel $KVER${PATCH_NAME:+ +$PATCH_NAME}, $(( $(date +%s) - T0 ))s, vmlinuz $(du -h "$OUT/vmlinuz" | cut -f1))"

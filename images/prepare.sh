@@ -1,0 +1,314 @@
+#!/bin/sh
+# prepare.sh [--cache DIR] SPEC...
+#
+# Make each guest kernel SPEC ready to boot for the lab (docs/lab-protocol.md,
+# section 1) and print one JSON object per SPEC, one a line, in order, on
+# stdout (nothing else goes to stdout; progress goes to stderr):
+#
+#   {"spec":"build:6.12+noplug","name":"6.12-noplug","kernel":"/…/vmlinuz",
+#    "initramfs":"/…/….cpio.gz","kernel_manifest":"/…/manifest.json",
+#    "initramfs_manifest":"/…/….cpio.gz.manifest.json"}
+#
+# SPEC:
+#   debian-6.1, debian-6.12   Debian's prebuilt kernel (fetch-debian-kernel.sh)
+#   build:SERIES[+PATCH]      linux-source-SERIES + images/kernel/guest.config
+#                             [+ images/patches/PATCH.patch] (build-kernel.sh)
+#   path:FILE[,modules=DIR][,name=LABEL]
+#                             any bzImage; DIR is its lib/modules/KVER
+#
+# The small fio (build-fio.sh) and mpstat (fetch-sysstat.sh) are built once
+# and shared; each kernel gets its own initramfs (build-initramfs.sh) with
+# them, the repository's guest-scripts/ and the kernel's modules.
+#
+# Cache: --cache DIR, else $BLKLAB_IMAGE_CACHE, else
+# ${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images. Every step is cached by a
+# hash of its inputs, so a repeated call does nothing and prints the same
+# paths. Environment: BLKLAB_ALLOW_NO_GUEST_SCRIPTS=1 builds images without
+# guest-scripts/ (with a warning) instead of failing.
+#
+# Exit status non-zero with one last line `prepare: ERROR: …` naming the fix
+# on any failure.
+set -eu
+
+log() { echo "prepare: $*" >&2; }
+die() { echo "prepare: ERROR: $*" >&2; exit 1; }
+usage() {
+    cat >&2 <<'EOF'
+usage: images/prepare.sh [--cache DIR] SPEC...
+  SPEC: debian-6.1 | debian-6.12 | build:SERIES[+PATCH] | path:FILE[,modules=DIR][,name=LABEL]
+  stdout: one JSON line per SPEC: spec, name, kernel, initramfs, kernel_manifest, initramfs_manifest
+EOF
+    exit 2
+}
+
+CACHE=""
+SPECS=""
+NSPECS=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+    --cache) [ $# -ge 2 ] || { log "ERROR: --cache needs a value"; usage; }; CACHE=$2; shift 2 ;;
+    --cache=*) CACHE=${1#*=}; shift ;;
+    -h|--help) usage ;;
+    --) shift; break ;;
+    -*) log "ERROR: unknown option: $1"; usage ;;
+    *) break ;;
+    esac
+done
+[ $# -gt 0 ] || { log "ERROR: no SPEC given"; usage; }
+PATH=$PATH:/usr/sbin:/sbin
+export PATH
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+GSCRIPTS="$REPO/guest-scripts"
+CACHE=${CACHE:-${BLKLAB_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images}}
+
+for tool in sh sha256sum od dd flock mktemp tee; do
+    command -v "$tool" >/dev/null 2>&1 || die "$tool not found (apt-get install coreutils util-linux)"
+done
+
+sha256() { sha256sum "$1" | cut -d' ' -f1; }
+jstr() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }   # JSON string body
+json_field() { sed -n "s/.*\"$2\": *\"\([^\"]*\)\".*/\1/p" "$1" 2>/dev/null | head -n1; }
+abspath() {  # abspath PATH: absolute path (the file need not exist; its dir must)
+    case "$1" in
+    /*) p=$1 ;;
+    *) p="$(pwd)/$1" ;;
+    esac
+    d=$(cd "$(dirname "$p")" 2>/dev/null && pwd) || { echo "$p"; return 0; }
+    echo "$d/$(basename "$p")"
+}
+is_bzimage() { [ "$(dd if="$1" bs=1 skip=514 count=4 2>/dev/null)" = HdrS ]; }
+bzimage_version() {  # the version string of a bzImage's setup header (first word)
+    off=$(od -An -tu2 -j 526 -N 2 "$1" 2>/dev/null | tr -d ' \n')
+    [ -n "$off" ] && [ "$off" -gt 0 ] || return 0
+    dd if="$1" bs=1 skip=$((off + 512)) count=200 2>/dev/null | tr '\0' '\n' | head -n1 | cut -d' ' -f1
+}
+
+# --- parse and check every SPEC before doing anything slow ---------------------------------
+# parse_spec SPEC sets KIND (debian|build|path), SERIES, PATCHN, KFILE, MODS, NAME.
+parse_spec() {
+    KIND=""; SERIES=""; PATCHN=""; KFILE=""; MODS=""; NAME=""
+    case "$1" in
+    debian-*)
+        KIND=debian; SERIES=${1#debian-}; NAME=$1
+        case "$SERIES" in
+        6.1|6.12) ;;
+        *) die "$1: Debian kernels are debian-6.1 and debian-6.12" ;;
+        esac
+        ;;
+    build:*)
+        KIND=build; rest=${1#build:}
+        SERIES=${rest%%+*}
+        [ "$SERIES" = "$rest" ] || PATCHN=${rest#*+}
+        expr "x$SERIES" : 'x[0-9][0-9]*\.[0-9][0-9]*$' >/dev/null \
+            || die "$1: expected build:SERIES[+PATCH] with SERIES like 6.12"
+        if [ "$SERIES" = "$rest" ]; then
+            NAME=$SERIES
+        else
+            case "$PATCHN" in
+            ''|*[!A-Za-z0-9_-]*) die "$1: PATCH must name images/patches/PATCH.patch (letters, digits, _ -)" ;;
+            esac
+            [ -f "$HERE/patches/$PATCHN.patch" ] || die "$1: no patch images/patches/$PATCHN.patch (available: $(cd "$HERE/patches" 2>/dev/null && ls -- *.patch 2>/dev/null | sed 's/\.patch$//' | tr '\n' ' ' | sed 's/ $//'))"
+            NAME="$SERIES-$PATCHN"
+        fi
+        ;;
+    path:*|*/*)
+        KIND=path; body=${1#path:}
+        KFILE=${body%%,*}
+        opts=""
+        [ "$KFILE" = "$body" ] || opts=${body#*,}
+        [ -n "$KFILE" ] || die "$1: empty kernel path (path:FILE[,modules=DIR][,name=LABEL])"
+        while [ -n "$opts" ]; do
+            o=${opts%%,*}
+            if [ "$o" = "$opts" ]; then opts=""; else opts=${opts#*,}; fi
+            case "$o" in
+            modules=?*) MODS=${o#modules=} ;;
+            name=?*) NAME=${o#name=}
+                case "$NAME" in *[!A-Za-z0-9._+-]*) die "$1: name=$NAME: use letters, digits and . _ + -" ;; esac ;;
+            *) die "$1: unknown option '$o' (modules=DIR, name=LABEL)" ;;
+            esac
+        done
+        [ -e "$KFILE" ] || die "$1: kernel image $KFILE does not exist"
+        [ -f "$KFILE" ] || die "$1: kernel image $KFILE is not a file"
+        is_bzimage "$KFILE" || die "$1: $KFILE is not a bzImage (no \"HdrS\" boot header at offset 0x202; use arch/x86/boot/bzImage)"
+        if [ -n "$MODS" ]; then
+            [ -d "$MODS" ] || die "$1: modules directory $MODS does not exist (give the lib/modules/KVER of that kernel)"
+            [ -f "$MODS/modules.dep" ] || [ -d "$MODS/kernel" ] \
+                || die "$1: $MODS does not look like lib/modules/KVER (no modules.dep, no kernel/); run make modules_install INSTALL_MOD_PATH=..."
+        fi
+        if [ -z "$NAME" ]; then
+            NAME=$(basename "$KFILE" | tr -c 'A-Za-z0-9._+\n-' '_')
+        fi
+        ;;
+    *)
+        die "$1: unknown SPEC (expected debian-6.1, debian-6.12, build:6.12[+PATCH] or path:FILE[,modules=DIR][,name=LABEL])"
+        ;;
+    esac
+}
+
+NAMES=" "
+for spec in "$@"; do
+    parse_spec "$spec"
+    case "$NAMES" in
+    *" $NAME "*) die "two SPECs are named '$NAME'; give one a name (path:FILE,name=LABEL) or drop the duplicate" ;;
+    esac
+    NAMES="$NAMES$NAME "
+    if [ "$KIND" = build ] && command -v apt-cache >/dev/null 2>&1; then
+        # Fail fast on a series Debian does not ship.
+        avail=$(apt-cache search --names-only '^linux-source-[0-9.]*$' 2>/dev/null | cut -d' ' -f1 | sed 's/^linux-source-//' | sort -V | tr '\n' ' ')
+        if [ -z "$avail" ] && [ "$(id -u)" -eq 0 ]; then
+            log "apt lists missing; running apt-get update"
+            apt-get update -qq >&2 || die "apt-get update failed (check the network and /etc/apt/sources.list.d)"
+            avail=$(apt-cache search --names-only '^linux-source-[0-9.]*$' 2>/dev/null | cut -d' ' -f1 | sed 's/^linux-source-//' | sort -V | tr '\n' ' ')
+        fi
+        if [ -n "$avail" ]; then
+            case " $avail " in
+            *" $SERIES "*) ;;
+            *) die "$spec: Debian has no linux-source-$SERIES here (series available: ${avail% }); use e.g. build:6.12" ;;
+            esac
+        fi
+    fi
+done
+
+if [ ! -d "$GSCRIPTS" ]; then
+    if [ "${BLKLAB_ALLOW_NO_GUEST_SCRIPTS:-0}" = 1 ]; then
+        log "WARNING: $GSCRIPTS is missing: the images get no guest-scripts (/blklab/lab will fail in the guest)"
+        GSCRIPTS=""
+    else
+        die "$GSCRIPTS is missing (the lab's guest side); restore it, or set BLKLAB_ALLOW_NO_GUEST_SCRIPTS=1 to build images without it"
+    fi
+elif [ ! -f "$GSCRIPTS/lab.sh" ]; then
+    if [ "${BLKLAB_ALLOW_NO_GUEST_SCRIPTS:-0}" = 1 ]; then
+        log "WARNING: $GSCRIPTS has no lab.sh (/blklab/lab will fail in the guest)"
+    else
+        die "$GSCRIPTS has no lab.sh (the guest entry point); restore it, or set BLKLAB_ALLOW_NO_GUEST_SCRIPTS=1"
+    fi
+fi
+
+mkdir -p "$CACHE" || die "cannot create the cache directory $CACHE (choose another with --cache DIR)"
+CACHE=$(cd "$CACHE" && pwd)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/blklab-prepare.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# One prepare.sh at a time per cache: the steps share output paths.
+exec 8>"$CACHE/.prepare.lock"
+if ! flock -n 8; then
+    log "waiting for another prepare.sh using $CACHE"
+    flock 8
+fi
+
+# run_step WHAT CMD...: run CMD, its stdout and stderr both to our stderr (and
+# a copy kept); on failure die with the step's own last ERROR line.
+run_step() {
+    what=$1; shift
+    rm -f "$WORK/step.rc"
+    { "$@" </dev/null 2>&1 && echo 0 > "$WORK/step.rc" || echo $? > "$WORK/step.rc"; } \
+        | tee "$WORK/step.log" >&2
+    rc=$(cat "$WORK/step.rc" 2>/dev/null || echo 1)
+    if [ "$rc" != 0 ]; then
+        msg=$(grep 'ERROR:' "$WORK/step.log" | tail -n1 | sed 's/^.*ERROR: *//')
+        die "$what: ${msg:-$(basename "$2") failed with exit status $rc (see the messages above)}"
+    fi
+}
+
+# --- shared tools: the small fio and mpstat -----------------------------------------------
+T0=$(date +%s)
+FIODIR="$CACHE/tools/fio"
+SYSSTATDIR="$CACHE/tools/sysstat"
+run_step "small fio (images/build-fio.sh)" sh "$HERE/build-fio.sh" --out "$FIODIR"
+run_step "mpstat (images/fetch-sysstat.sh)" sh "$HERE/fetch-sysstat.sh" --out "$SYSSTATDIR"
+
+# --- kernels and their initramfs ---------------------------------------------------------
+# prepare_path_kernel: lay out a kernel dir for a path: SPEC (vmlinuz copy,
+# modules symlink, manifest), keyed by the bzImage's sha256 and the modules dir.
+prepare_path_kernel() {
+    src=$(abspath "$KFILE")
+    ksha=$(sha256 "$src")
+    key=$ksha
+    mods_abs=""
+    if [ -n "$MODS" ]; then
+        mods_abs=$(cd "$MODS" && pwd)
+        key=$(printf '%s %s\n' "$ksha" "$mods_abs" | sha256sum | cut -d' ' -f1)
+    fi
+    KDIR="$CACHE/kernel-path-$(echo "$key" | cut -c1-16)"
+    if [ -f "$KDIR/manifest.json" ] && [ -f "$KDIR/vmlinuz" ] \
+       && [ "$(json_field "$KDIR/manifest.json" vmlinuz_sha256)" = "$ksha" ] \
+       && [ "$(sha256 "$KDIR/vmlinuz")" = "$ksha" ]; then
+        log "cached: $KDIR ($(json_field "$KDIR/manifest.json" kernel_version))"
+        return 0
+    fi
+    rm -rf "$KDIR"
+    mkdir -p "$KDIR"
+    cp "$src" "$KDIR/vmlinuz"
+    kver=$(bzimage_version "$src")
+    if [ -n "$mods_abs" ]; then
+        mkdir -p "$KDIR/lib/modules"
+        ln -s "$mods_abs" "$KDIR/lib/modules/$(basename "$mods_abs")"
+        [ -n "$kver" ] || kver=$(basename "$mods_abs")
+        if [ "$kver" != "$(basename "$mods_abs")" ]; then
+            log "WARNING: $KFILE says it is $kver but the modules are for $(basename "$mods_abs")"
+        fi
+    fi
+    mods_json=null
+    [ -z "$mods_abs" ] || mods_json="\"$(jstr "$mods_abs")\""
+    cat > "$KDIR/manifest.json" <<EOF
+{
+  "kind": "path",
+  "series": null,
+  "kernel_version": "$(jstr "${kver:-unknown}")",
+  "source_path": "$(jstr "$src")",
+  "modules_dir": $mods_json,
+  "source_package": null,
+  "source_version": null,
+  "config_sha256": null,
+  "patch": null,
+  "vmlinuz_sha256": "$ksha",
+  "prepared_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+}
+EOF
+    log "path kernel $src -> $KDIR (kernel ${kver:-unknown}${mods_abs:+, modules $mods_abs})"
+}
+
+mkdir -p "$CACHE/initramfs"
+: > "$WORK/out.jsonl"
+for spec in "$@"; do
+    parse_spec "$spec"
+    log "=== $spec ($NAME)"
+    case "$KIND" in
+    debian)
+        KDIR="$CACHE/kernel-$SERIES"
+        run_step "$spec" sh "$HERE/fetch-debian-kernel.sh" "$SERIES" "$KDIR"
+        ;;
+    build)
+        KDIR="$CACHE/kernel-build-$SERIES${PATCHN:++$PATCHN}"
+        if [ -n "$PATCHN" ]; then
+            run_step "$spec" sh "$HERE/build-kernel.sh" --series "$SERIES" --patch "$PATCHN" \
+                --out "$KDIR" --cache "$CACHE/kernel-src"
+        else
+            run_step "$spec" sh "$HERE/build-kernel.sh" --series "$SERIES" \
+                --out "$KDIR" --cache "$CACHE/kernel-src"
+        fi
+        ;;
+    path)
+        prepare_path_kernel
+        ;;
+    esac
+    [ -f "$KDIR/vmlinuz" ] && [ -f "$KDIR/manifest.json" ] || die "$spec: $KDIR has no vmlinuz/manifest.json after preparing it"
+    INITRD="$CACHE/initramfs/$(basename "$KDIR").cpio.gz"
+    if [ -n "$GSCRIPTS" ]; then
+        run_step "$spec: initramfs" sh "$HERE/build-initramfs.sh" --kernel-dir "$KDIR" --out "$INITRD" \
+            --fio "$FIODIR/fio" --mpstat "$SYSSTATDIR/mpstat" --guest-scripts "$GSCRIPTS"
+    else
+        run_step "$spec: initramfs" sh "$HERE/build-initramfs.sh" --kernel-dir "$KDIR" --out "$INITRD" \
+            --fio "$FIODIR/fio" --mpstat "$SYSSTATDIR/mpstat"
+    fi
+    printf '{"spec":"%s","name":"%s","kernel":"%s","initramfs":"%s","kernel_manifest":"%s","initramfs_manifest":"%s"}\n' \
+        "$(jstr "$spec")" "$(jstr "$NAME")" "$(jstr "$KDIR/vmlinuz")" "$(jstr "$INITRD")" \
+        "$(jstr "$KDIR/manifest.json")" "$(jstr "$INITRD.manifest.json")" >> "$WORK/out.jsonl"
+done
+
+log "ready: $# kernel(s) in $(( $(date +%s) - T0 ))s"
+cat "$WORK/out.jsonl"

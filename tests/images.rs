@@ -1,0 +1,398 @@
+//! `images/prepare.sh` for real: the self-built guest kernels (Debian's
+//! linux-source-6.12 with `images/kernel/guest.config`, with and without
+//! `images/patches/noplug.patch`), the small fio, mpstat and one initramfs
+//! per kernel, then the same call again as a cache hit, and the errors for
+//! bad SPECs.
+//!
+//! Uses the image cache of `tests/qemu_e2e.rs`:
+//! `${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images`, `BLKLAB_IMAGE_CACHE`
+//! overrides it. The first run on a machine builds the kernel (about 10
+//! minutes on 2 cores) and fio; later runs are cache hits. Needs apt (Debian
+//! 12) and the build packages `.ci/install-deps` installs; when anything is
+//! missing the test fails with prepare.sh's `prepare: ERROR: …` line, it
+//! never skips.
+//!
+//! Run: `cargo test --test images -- --nocapture`
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `${BLKLAB_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images}`,
+/// the same as tests/qemu_e2e.rs.
+fn image_cache() -> PathBuf {
+    if let Some(p) = std::env::var_os("BLKLAB_IMAGE_CACHE") {
+        return PathBuf::from(p);
+    }
+    let base = match std::env::var_os("XDG_CACHE_HOME") {
+        Some(x) if !x.is_empty() => PathBuf::from(x),
+        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache"),
+    };
+    base.join("blklab").join("images")
+}
+
+/// Run `images/prepare.sh ARGS…` (stdin closed); returns its output and how
+/// long it took. With `live`, its stderr (progress: a kernel build takes
+/// minutes) goes straight to ours and `Output::stderr` is empty; otherwise
+/// it is captured and echoed afterwards (shown with `--nocapture`).
+fn prepare_with(args: &[&std::ffi::OsStr], live: bool) -> (Output, Duration) {
+    let script = repo_root().join("images/prepare.sh");
+    let start = Instant::now();
+    let out = Command::new("sh")
+        .arg(&script)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(if live {
+            Stdio::inherit()
+        } else {
+            Stdio::piped()
+        })
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    let took = start.elapsed();
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    (out, took)
+}
+
+fn prepare(args: &[&std::ffi::OsStr]) -> (Output, Duration) {
+    prepare_with(args, false)
+}
+
+fn sha256_file(path: &Path) -> String {
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("run sha256sum");
+    assert!(out.status.success(), "sha256sum {} failed", path.display());
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .expect("sha256sum output")
+        .to_string()
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+/// A line of prepare.sh's stdout.
+#[derive(Debug, PartialEq)]
+struct Prepared {
+    spec: String,
+    name: String,
+    kernel: PathBuf,
+    initramfs: PathBuf,
+    kernel_manifest: PathBuf,
+    initramfs_manifest: PathBuf,
+}
+
+fn parse_stdout(out: &Output) -> Vec<Prepared> {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    stdout
+        .lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("prepare.sh printed a non-JSON line {line:?}: {e}"));
+            let s = |k: &str| {
+                v[k].as_str()
+                    .unwrap_or_else(|| panic!("no string {k:?} in {line}"))
+                    .to_string()
+            };
+            let keys: Vec<&String> = v.as_object().expect("a JSON object").keys().collect();
+            assert_eq!(
+                keys.len(),
+                6,
+                "expected exactly spec, name, kernel, initramfs, kernel_manifest, initramfs_manifest: {line}"
+            );
+            Prepared {
+                spec: s("spec"),
+                name: s("name"),
+                kernel: s("kernel").into(),
+                initramfs: s("initramfs").into(),
+                kernel_manifest: s("kernel_manifest").into(),
+                initramfs_manifest: s("initramfs_manifest").into(),
+            }
+        })
+        .collect()
+}
+
+/// Check one kernel + initramfs pair and return the kernel manifest.
+fn check_prepared(p: &Prepared) -> serde_json::Value {
+    for f in [
+        &p.kernel,
+        &p.initramfs,
+        &p.kernel_manifest,
+        &p.initramfs_manifest,
+    ] {
+        assert!(f.is_file(), "{}: {} does not exist", p.spec, f.display());
+    }
+    let km = read_json(&p.kernel_manifest);
+    assert_eq!(km["series"], "6.12", "{km}");
+    assert_eq!(km["source_package"], "linux-source-6.12", "{km}");
+    assert!(
+        km["source_version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("6.12.")),
+        "{km}"
+    );
+    let kver = km["kernel_version"].as_str().expect("kernel_version");
+    assert!(kver.starts_with("6.12."), "kernel_version {kver}");
+    assert_eq!(
+        km["vmlinuz_sha256"].as_str(),
+        Some(sha256_file(&p.kernel).as_str()),
+        "{}: vmlinuz_sha256 is not the sha256 of {}",
+        p.spec,
+        p.kernel.display()
+    );
+    let kdir = p.kernel.parent().expect("kernel dir");
+    assert_eq!(
+        km["config_sha256"].as_str(),
+        Some(sha256_file(&kdir.join("config")).as_str()),
+        "config_sha256 is not the sha256 of {}/config",
+        kdir.display()
+    );
+    assert!(
+        kdir.join("lib/modules").join(kver).is_dir(),
+        "no lib/modules/{kver} in {}",
+        kdir.display()
+    );
+    for k in ["built_at", "build_seconds", "inputs_hash"] {
+        assert!(!km[k].is_null(), "{}: no {k} in {km}", p.spec);
+    }
+    // The configuration asked for: virtio built in, the test disks as modules.
+    let config = std::fs::read_to_string(kdir.join("config")).expect("read config");
+    for want in [
+        "CONFIG_VIRTIO_BLK=y",
+        "CONFIG_VIRTIO_PCI=y",
+        "CONFIG_BLK_DEV_NULL_BLK=m",
+        "CONFIG_SCSI_DEBUG=m",
+        "CONFIG_IO_URING=y",
+        "CONFIG_MQ_IOSCHED_DEADLINE=y",
+    ] {
+        assert!(
+            config.lines().any(|l| l == want),
+            "{want} not in {}/config",
+            kdir.display()
+        );
+    }
+
+    let im = read_json(&p.initramfs_manifest);
+    assert_eq!(
+        im["sha256"].as_str(),
+        Some(sha256_file(&p.initramfs).as_str()),
+        "{}: initramfs manifest sha256 is not the file's",
+        p.spec
+    );
+    assert_eq!(
+        im["size"].as_u64(),
+        Some(std::fs::metadata(&p.initramfs).unwrap().len())
+    );
+    assert_eq!(im["kernel_version"].as_str(), Some(kver), "{im}");
+    assert_eq!(im["mpstat"], true, "{im}");
+    assert_eq!(im["guest_scripts"], true, "{im}");
+    assert!(
+        im["fio"]["version"]
+            .as_str()
+            .is_some_and(|v| v.starts_with("fio-")),
+        "{im}"
+    );
+    // The small fio, not the system's: the whole image stays small.
+    assert!(
+        im["size"].as_u64().unwrap() < 12 << 20,
+        "initramfs is {} bytes: the small fio should keep it far under 12 MiB",
+        im["size"]
+    );
+    let avail = &im["modules_available"];
+    assert_eq!(
+        avail["null_blk"].as_array().and_then(|a| a.last()),
+        Some(&serde_json::json!("null_blk")),
+        "{im}"
+    );
+    let scsi: Vec<&str> = avail["scsi_debug"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no scsi_debug in modules_available: {im}"))
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(scsi.last(), Some(&"scsi_debug"), "{im}");
+    let pos = |m: &str| scsi.iter().position(|x| *x == m);
+    assert!(
+        pos("scsi_mod") < pos("sd_mod") && pos("sd_mod").is_some(),
+        "scsi_debug's insmod order {scsi:?}"
+    );
+    km
+}
+
+#[test]
+fn prepare_builds_plain_and_noplug_kernels_then_hits_the_cache() {
+    let cache = image_cache();
+    let specs = ["build:6.12", "build:6.12+noplug"];
+    let mut args: Vec<&std::ffi::OsStr> = vec!["--cache".as_ref(), cache.as_os_str()];
+    args.extend(specs.iter().map(|s| std::ffi::OsStr::new(*s)));
+
+    // Live progress: on a new machine this builds the kernel (minutes).
+    let (first, took) = prepare_with(&args, true);
+    assert!(
+        first.status.success(),
+        "prepare.sh {specs:?} failed ({}); its messages are above",
+        first.status
+    );
+    let got = parse_stdout(&first);
+    eprintln!("[images] first prepare: {:.1}s", took.as_secs_f64());
+    assert_eq!(got.len(), 2, "one JSON line per SPEC");
+    assert_eq!(
+        (got[0].spec.as_str(), got[0].name.as_str()),
+        ("build:6.12", "6.12")
+    );
+    assert_eq!(
+        (got[1].spec.as_str(), got[1].name.as_str()),
+        ("build:6.12+noplug", "6.12-noplug")
+    );
+    let plain = check_prepared(&got[0]);
+    let noplug = check_prepared(&got[1]);
+    assert!(
+        plain["patch"].is_null(),
+        "plain kernel has a patch: {plain}"
+    );
+    let patch_file = repo_root().join("images/patches/noplug.patch");
+    assert_eq!(noplug["patch"]["name"], "noplug", "{noplug}");
+    assert_eq!(
+        noplug["patch"]["sha256"].as_str(),
+        Some(sha256_file(&patch_file).as_str()),
+        "the noplug manifest's patch sha256 is not images/patches/noplug.patch's"
+    );
+    assert_ne!(
+        plain["vmlinuz_sha256"], noplug["vmlinuz_sha256"],
+        "the noplug kernel is the same as the plain one"
+    );
+    assert_eq!(
+        plain["config_sha256"], noplug["config_sha256"],
+        "both variants must have the same .config"
+    );
+    assert_eq!(plain["kernel_version"], noplug["kernel_version"]);
+    assert_ne!(got[0].initramfs, got[1].initramfs);
+
+    // The cached source tree is back to clean: the plug is still in
+    // __submit_bio() and the state file says no patch is applied.
+    let tree = cache.join("kernel-src/linux-source-6.12");
+    let blk_core = std::fs::read_to_string(tree.join("block/blk-core.c")).expect("read blk-core.c");
+    assert!(
+        blk_core.contains("If plug is not used, add new plug here to cache nsecs time."),
+        "{}/block/blk-core.c is still patched",
+        tree.display()
+    );
+    let state = std::fs::read_to_string(tree.join(".blklab/state")).expect("read the tree state");
+    assert!(
+        state.lines().any(|l| l == "patch=none"),
+        "tree state: {state}"
+    );
+
+    // Again: nothing to do, the same paths, quickly.
+    let (second, took2) = prepare(&args);
+    assert!(
+        second.status.success(),
+        "second prepare.sh failed:\n{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    assert_eq!(
+        parse_stdout(&second),
+        got,
+        "a repeated prepare must print the same paths"
+    );
+    assert_eq!(first.stdout, second.stdout);
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    for who in [
+        "build-kernel",
+        "build-fio",
+        "fetch-sysstat",
+        "build-initramfs",
+    ] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with(&format!("{who}: cached"))),
+            "the second prepare did not report `{who}: cached`:\n{stderr}"
+        );
+    }
+    for noisy in ["make -j", "configuring", "apt-get source", "built /"] {
+        assert!(
+            !stderr.contains(noisy),
+            "the second prepare did real work ({noisy:?}):\n{stderr}"
+        );
+    }
+    eprintln!(
+        "[images] second prepare (cache hit): {:.1}s",
+        took2.as_secs_f64()
+    );
+    assert!(
+        took2 < Duration::from_secs(60),
+        "a cache hit took {took2:?}"
+    );
+}
+
+/// A bad SPEC fails at once, before anything is built, with one
+/// `prepare: ERROR: …` line saying what is wrong, and prints nothing on stdout.
+#[test]
+fn prepare_rejects_bad_specs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    let not_a_kernel = dir.path().join("notakernel");
+    std::fs::write(&not_a_kernel, vec![0u8; 4096]).unwrap();
+    let not_a_kernel_spec = format!("path:{}", not_a_kernel.display());
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["build:9.99"], "linux-source-9.99"),
+        (vec!["path:/nonexistent/bzImage"], "does not exist"),
+        (vec![not_a_kernel_spec.as_str()], "not a bzImage"),
+        (
+            vec!["build:6.12+nosuchpatch"],
+            "no patch images/patches/nosuchpatch.patch",
+        ),
+        (vec!["debian-5.10"], "debian-6.1 and debian-6.12"),
+        (vec!["vmlinuz"], "unknown SPEC"),
+        (
+            vec!["build:6.12", "build:6.12"],
+            "two SPECs are named '6.12'",
+        ),
+        (vec![], "no SPEC given"),
+    ];
+    for (specs, want) in cases {
+        let start = Instant::now();
+        let mut args: Vec<&std::ffi::OsStr> = vec!["--cache".as_ref(), cache.as_os_str()];
+        args.extend(specs.iter().map(|s| std::ffi::OsStr::new(*s)));
+        let (out, _) = prepare(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "prepare.sh {specs:?} succeeded:\n{stderr}"
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "prepare.sh {specs:?} printed on stdout: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let error_line = stderr
+            .lines()
+            .find(|l| l.starts_with("prepare: ERROR: "))
+            .unwrap_or_else(|| panic!("no `prepare: ERROR:` line for {specs:?}:\n{stderr}"));
+        assert!(
+            error_line.contains(want),
+            "{specs:?}: expected {want:?} in {error_line:?}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{specs:?} took {:?} to fail",
+            start.elapsed()
+        );
+    }
+    assert!(
+        !cache.exists(),
+        "a bad SPEC must fail before the cache is touched"
+    );
+}
