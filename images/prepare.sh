@@ -42,8 +42,6 @@ EOF
 }
 
 CACHE=""
-SPECS=""
-NSPECS=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --cache) [ $# -ge 2 ] || { log "ERROR: --cache needs a value"; usage; }; CACHE=$2; shift 2 ;;
