@@ -152,7 +152,8 @@ fn check_record(what: &str, r: &Value, disks: usize) {
 fn default_run_builds_the_pair_and_reports() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let out_dir = tempfile::tempdir().unwrap();
-    let (o, took) = blklab_run(&["--out", out_dir.path().to_str().unwrap()]);
+    // The defaults, with 2 s instead of 5 s per variant to keep CI short.
+    let (o, took) = blklab_run(&["--runtime", "2", "--out", out_dir.path().to_str().unwrap()]);
     let (stdout, stderr) = text(&o);
     assert!(
         o.status.success(),
