@@ -185,6 +185,9 @@ pub struct RunArgs {
     /// Spin this long before emulated completions (see `serve --help`).
     #[arg(long, value_name = "DURATION", default_value = "0")]
     pub latency_spin: String,
+    /// Busy-poll queues with this idle spin (see `serve --help`).
+    #[arg(long, value_name = "SPIN", num_args = 0..=1, default_missing_value = "50us", require_equals = true)]
+    pub poll: Option<String>,
     /// Guest vCPUs.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub vcpus: u32,
