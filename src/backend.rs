@@ -211,6 +211,10 @@ struct QueueState {
     vring: Option<KickCountingVring<GM>>,
     /// Fault injection decisions, counted per queue.
     faults: Option<RefCell<FaultState>>,
+    /// Poll mode: the worker is polling this ring with notifications off.
+    polling: bool,
+    /// Poll mode: since when the ring has been found empty (the spin).
+    idle_since: Option<Instant>,
 }
 
 /// What one pass over the avail ring did.
@@ -232,7 +236,16 @@ pub struct BlkBackend {
     /// For each worker thread, the queue index of each of its vrings.
     thread_queues: Vec<Vec<usize>>,
     acked_features: AtomicU64,
+    /// `--poll`: how long a worker keeps polling an idle ring.
+    poll_spin: Option<std::time::Duration>,
+    /// Poll mode: one eventfd per worker thread that the worker writes to
+    /// come back to its polling after letting its epoll loop run (exit
+    /// requests, timers, newly enabled rings).
+    repoll: Vec<EventFd>,
 }
+
+/// Longest a worker polls before returning to its epoll loop once.
+const POLL_YIELD: std::time::Duration = std::time::Duration::from_millis(1);
 
 impl BlkBackend {
     pub fn new(disk: Arc<Disk>) -> io::Result<BlkBackend> {
@@ -262,19 +275,30 @@ impl BlkBackend {
                 vring: None,
                 faults: (!disk.cfg.faults.is_empty())
                     .then(|| RefCell::new(FaultState::new(&disk.cfg.faults))),
+                polling: false,
+                idle_since: None,
             }));
         }
-        let thread_queues = disk
+        let thread_queues: Vec<Vec<usize>> = disk
             .cfg
             .queues_per_thread
             .iter()
             .map(|mask| (0..n).filter(|q| mask & (1u64 << q) != 0).collect())
             .collect();
+        let poll_spin = disk.cfg.poll_spin();
+        let repoll = match poll_spin {
+            Some(_) => (0..thread_queues.len())
+                .map(|_| EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))
+                .collect::<io::Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
         Ok(BlkBackend {
             disk,
             queues,
             thread_queues,
             acked_features: AtomicU64::new(0),
+            poll_spin,
+            repoll,
         })
     }
 
@@ -289,6 +313,11 @@ impl BlkBackend {
         (2 * self.queues.len() + 1 + q) as u16
     }
 
+    /// Event id of worker thread `t`'s re-poll eventfd (poll mode).
+    fn repoll_event(&self, t: usize) -> u16 {
+        (3 * self.queues.len() + 1 + t) as u16
+    }
+
     /// Register each queue's completion timer and tag wake-up with the
     /// epoll loop of the worker thread serving the queue.
     pub fn register_events(
@@ -299,6 +328,13 @@ impl BlkBackend {
             let Some(h) = handlers.get(thread) else {
                 continue;
             };
+            if let Some(efd) = self.repoll.get(thread) {
+                h.register_listener(
+                    efd.as_raw_fd(),
+                    EventSet::IN,
+                    u64::from(self.repoll_event(thread)),
+                )?;
+            }
             for &q in queues {
                 let timer_fd = self.lock_queue(q).timer.as_raw_fd();
                 h.register_listener(timer_fd, EventSet::IN, u64::from(self.timer_event(q)))?;
@@ -333,9 +369,20 @@ impl BlkBackend {
     /// execute what the guest made available (as far as command slots
     /// allow), notify the guest, and re-arm the completion timer. `kicks`
     /// are the guest kicks that woke us (0 for timer and slot wake-ups).
-    fn serve_queue(&self, q: &mut QueueState, vring: &KickCountingVring<GM>, woken_by_kick: bool) {
+    ///
+    /// `poll`: one pass only, leaving guest notifications off (the worker
+    /// goes on polling the ring, see [`BlkBackend::poll_loop`]). Returns
+    /// whether the pass found work, and whether the ring can be polled
+    /// (false when it is broken or waits for a command slot).
+    fn serve_queue(
+        &self,
+        q: &mut QueueState,
+        vring: &KickCountingVring<GM>,
+        woken_by_kick: bool,
+        poll: bool,
+    ) -> (bool, bool) {
         let Some(atomic) = q.mem.clone() else {
-            return;
+            return (false, false);
         };
         if q.vring.is_none() {
             q.vring = Some(vring.clone());
@@ -363,6 +410,8 @@ impl BlkBackend {
         let mut popped = 0u64;
         let event_idx = vring.get_ref().get_queue().event_idx_enabled();
         let mut first = true;
+        let mut worked = false;
+        let mut pollable = true;
         loop {
             if !first {
                 // Kicks the guest sent while we were serving belong to this
@@ -379,6 +428,8 @@ impl BlkBackend {
             let completed = self.complete_due(q, &mut st, &mut vs, &mem, Instant::now());
             let d = self.drain(q, &mut st, &mut vs, &mem);
             popped += d.popped;
+            worked |= completed + d.used > 0 || d.popped > 0;
+            pollable = d.ring_ok && !d.tag_blocked;
             if completed + d.used > 0 {
                 match vs.get_queue_mut().needs_notification(&*mem) {
                     Ok(true) => {
@@ -396,7 +447,7 @@ impl BlkBackend {
             // A broken ring stays broken until the driver resets it, and a
             // queue without a free slot waits for its pool's wake-up: do
             // not spin on either.
-            if !event_idx || !d.ring_ok || d.tag_blocked {
+            if poll || !event_idx || !d.ring_ok || d.tag_blocked {
                 break;
             }
             // Re-enable notifications, then look again: the guest may have
@@ -413,12 +464,147 @@ impl BlkBackend {
         if woken_by_kick || kicks > 0 {
             st.wakeup(kicks, popped);
         }
+        if poll && q.polling {
+            // The poll loop re-arms the timer when it stops polling.
+            return (worked, pollable);
+        }
         // Wake a little early and spin the rest (see --latency-spin).
         let spin = self.disk.cfg.latency_spin();
         let next = q
             .pending
             .peek()
             .map(|Reverse(p)| p.deadline.checked_sub(spin).unwrap_or(p.deadline));
+        if let Err(e) = q.timer.set(next) {
+            warn!("queue {}: cannot arm the completion timer: {e}", q.index);
+        }
+        (worked, pollable)
+    }
+
+    /// Poll mode: keep serving every ring of worker thread `thread` that is
+    /// being polled, with guest notifications off, until each has been idle
+    /// for the spin time; then re-enable its notifications, look once more
+    /// (a request added before the guest saw them on would otherwise wait
+    /// for a kick that never comes) and leave it to epoll. Rings of the
+    /// same thread are polled in turn, so none starves; after
+    /// [`POLL_YIELD`] the worker lets its epoll loop run once (exit
+    /// requests, timers, other events) and comes back through its re-poll
+    /// eventfd. Each queue counts its spin time, hits (a spin that found a
+    /// request) and misses (a spin that ran out) in its own statistics.
+    fn poll_loop(&self, thread: usize, vrings: &[KickCountingVring<GM>]) {
+        let Some(spin) = self.poll_spin else {
+            return;
+        };
+        let Some(mine) = self.thread_queues.get(thread) else {
+            return;
+        };
+        let started = Instant::now();
+        loop {
+            let mut any = false;
+            for (local, &qi) in mine.iter().enumerate() {
+                let Some(vring) = vrings.get(local) else {
+                    continue;
+                };
+                let mut q = self.lock_queue(qi);
+                if !q.polling {
+                    // A ring of this thread waiting for a kick: serve it
+                    // here if it has work, since the epoll loop is not
+                    // running while we poll.
+                    if !self.ring_has_work(&q, vring) {
+                        continue;
+                    }
+                    q.polling = true;
+                }
+                if !vring.get_ref().get_queue().ready() {
+                    q.polling = false;
+                    q.idle_since = None;
+                    continue;
+                }
+                let (worked, pollable) = self.serve_queue(&mut q, vring, false, true);
+                let now = Instant::now();
+                if !pollable {
+                    // Broken ring or no command slot: its own wake-up
+                    // (driver reset, slot free) brings it back.
+                    self.stop_polling(&mut q, now, false);
+                    continue;
+                }
+                if worked {
+                    if let Some(since) = q.idle_since.take() {
+                        let mut st = self.disk.queue_stats(qi);
+                        st.counters.poll_hits += 1;
+                        st.counters.poll_spin_ns += (now - since).as_nanos() as u64;
+                    }
+                } else {
+                    match q.idle_since {
+                        None => q.idle_since = Some(now),
+                        Some(since) if now - since >= spin => {
+                            if self.rearm(&mut q, vring) {
+                                // Work arrived before the guest saw the
+                                // notifications on (it may not have
+                                // kicked): keep polling.
+                                any = true;
+                                continue;
+                            }
+                            self.stop_polling(&mut q, now, true);
+                            continue;
+                        }
+                        Some(_) => {}
+                    }
+                }
+                any = true;
+            }
+            if !any {
+                return;
+            }
+            if started.elapsed() >= POLL_YIELD {
+                if let Some(efd) = self.repoll.get(thread) {
+                    if efd.write(1).is_ok() {
+                        return;
+                    }
+                }
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// Whether the avail ring has a request we have not popped (one read
+    /// of the avail index).
+    fn ring_has_work(&self, q: &QueueState, vring: &KickCountingVring<GM>) -> bool {
+        let Some(atomic) = q.mem.as_ref() else {
+            return false;
+        };
+        let mem = atomic.memory();
+        let vs = vring.get_ref();
+        let queue = vs.get_queue();
+        queue.ready()
+            && queue
+                .avail_idx(&*mem, Ordering::Acquire)
+                .is_ok_and(|i| i.0 != queue.next_avail())
+    }
+
+    /// Turn guest notifications back on; true if the ring has work after all.
+    fn rearm(&self, q: &mut QueueState, vring: &KickCountingVring<GM>) -> bool {
+        let Some(atomic) = q.mem.clone() else {
+            return false;
+        };
+        let mem = atomic.memory();
+        let mut vs = vring.get_mut();
+        vs.get_queue_mut()
+            .enable_notification(&*mem)
+            .unwrap_or(false)
+    }
+
+    /// Leave a ring to epoll: count the spin (a miss when it ran out) and
+    /// arm the completion timer for requests still in service.
+    fn stop_polling(&self, q: &mut QueueState, now: Instant, miss: bool) {
+        q.polling = false;
+        if let Some(since) = q.idle_since.take() {
+            let mut st = self.disk.queue_stats(q.index);
+            st.counters.poll_spin_ns += now.saturating_duration_since(since).as_nanos() as u64;
+            if miss {
+                st.counters.poll_misses += 1;
+            }
+        }
+        let next = q.pending.peek().map(|Reverse(p)| p.deadline);
         if let Err(e) = q.timer.set(next) {
             warn!("queue {}: cannot arm the completion timer: {e}", q.index);
         }
@@ -887,6 +1073,12 @@ impl VhostUserBackend for BlkBackend {
             // Clear the wake-up; a pool writes it again on the next free.
             let _ = self.disk.tag_wakers[qi].read();
             (qi, false)
+        } else if ev == usize::from(self.repoll_event(thread_id)) && !self.repoll.is_empty() {
+            if let Some(efd) = self.repoll.get(thread_id) {
+                let _ = efd.read();
+            }
+            self.poll_loop(thread_id, vrings);
+            return Ok(());
         } else {
             // Nothing else of ours is registered. Returning an error would
             // stop the worker thread.
@@ -907,7 +1099,20 @@ impl VhostUserBackend for BlkBackend {
                 return Ok(());
             }
         }
-        self.serve_queue(&mut q, vring, by_kick);
+        if self.poll_spin.is_none() {
+            self.serve_queue(&mut q, vring, by_kick, false);
+            return Ok(());
+        }
+        if !vring.get_ref().get_queue().ready() {
+            return Ok(());
+        }
+        q.polling = true;
+        let (_, pollable) = self.serve_queue(&mut q, vring, by_kick, true);
+        if !pollable {
+            self.stop_polling(&mut q, Instant::now(), false);
+        }
+        drop(q);
+        self.poll_loop(thread_id, vrings);
         Ok(())
     }
 }

@@ -29,6 +29,58 @@ pub enum Command {
     /// Compare two sides of `blklab run` output: DIR (a run of one kernel),
     /// DIR:KERNEL, or one DIR holding exactly two kernels.
     Compare(CompareArgs),
+    /// Drive any vhost-user-blk socket with libblkio (IOPS, bandwidth,
+    /// latency, backend CPU), or compare qemu-storage-daemon with blklab.
+    Bench(BenchArgs),
+}
+
+/// `blklab bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// The vhost-user-blk socket to drive (any backend).
+    #[arg(long, value_name = "PATH", required_unless_present = "compare")]
+    pub socket: Option<PathBuf>,
+    /// Queues (one client thread each).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub queues: usize,
+    /// Requests in flight per queue.
+    #[arg(long, value_name = "D", default_value_t = 64)]
+    pub depth: usize,
+    /// Request size (4k, 64k, 1M).
+    #[arg(long, value_name = "SIZE", default_value = "4k")]
+    pub bs: String,
+    #[arg(long, value_enum, default_value = "randread")]
+    pub rw: crate::bench::RwMode,
+    /// Measured time per load (after a 0.5 s warm-up).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_interval)]
+    pub time: std::time::Duration,
+    /// The backend's PID: report its CPU seconds and IOPS per backend
+    /// CPU-second.
+    #[arg(long, value_name = "PID")]
+    pub backend_pid: Option<i32>,
+    /// Use libblkio poll queues (the client busy-waits for completions).
+    #[arg(long)]
+    pub client_poll: bool,
+    /// Start qemu-storage-daemon and blklab serve (null disks, --queues
+    /// queues) and run identical loads against each in turn: the ratio table.
+    #[arg(long, conflicts_with_all = ["socket", "backend_pid", "client_poll"])]
+    pub compare: bool,
+    /// With --compare: rounds (backend order alternates between rounds).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub rounds: usize,
+    /// With --compare: the spin of the `blklab serve --poll` side ("off"
+    /// leaves the poll rows out).
+    #[arg(long, value_name = "SPIN", default_value = "50us")]
+    pub poll: String,
+    /// With --compare: disk size.
+    #[arg(long, value_name = "SIZE", default_value = "1G")]
+    pub size: String,
+    /// With --compare: the qemu-storage-daemon binary.
+    #[arg(long, value_name = "PATH", default_value = "qemu-storage-daemon")]
+    pub qsd: PathBuf,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -133,6 +185,9 @@ pub struct RunArgs {
     /// Spin this long before emulated completions (see `serve --help`).
     #[arg(long, value_name = "DURATION", default_value = "0")]
     pub latency_spin: String,
+    /// Busy-poll queues with this idle spin (see `serve --help`).
+    #[arg(long, value_name = "SPIN", num_args = 0..=1, default_missing_value = "50us", require_equals = true)]
+    pub poll: Option<String>,
     /// Guest vCPUs.
     #[arg(long, value_name = "N", default_value_t = 2)]
     pub vcpus: u32,

@@ -13,9 +13,12 @@
 //! - [`server`]: sockets, reconnects, signals, several disks per process;
 //! - [`qemu_args`]: the QEMU options that match a served disk;
 //! - [`metrics`]: Prometheus text exposition and a loopback HTTP endpoint;
-//! - [`lab`]: guest images, QEMU and `blklab run`.
+//! - [`lab`]: guest images, QEMU and `blklab run`;
+//! - [`bench`]: `blklab bench`, a libblkio load generator, and the
+//!   comparison with qemu-storage-daemon.
 
 pub mod backend;
+pub mod bench;
 pub mod cli;
 pub mod config_space;
 pub mod control;

@@ -15,6 +15,7 @@ fn main() {
         Command::Stats(args) => blklab::stats_view::run(&args).context("blklab stats"),
         Command::Run(args) => run(&args),
         Command::Compare(args) => compare(&args),
+        Command::Bench(args) => bench(&args),
     };
     if let Err(e) = result {
         eprintln!("blklab: error: {}", error_chain(&e));
@@ -100,6 +101,62 @@ fn run(args: &blklab::cli::RunArgs) -> Result<()> {
             outcome.failures.len(),
             outcome.out_dir.display()
         );
+    }
+    Ok(())
+}
+
+fn bench(args: &blklab::cli::BenchArgs) -> Result<()> {
+    use blklab::bench;
+    let bs = blklab::size::parse_size(&args.bs).context("--bs")?;
+    if args.compare {
+        let opts = bench::compare::CompareOpts {
+            blklab_bin: std::env::current_exe().context("cannot find the blklab binary")?,
+            qsd_bin: args.qsd.clone(),
+            queues: args.queues,
+            depth: args.depth,
+            bs: bs as usize,
+            rw: args.rw,
+            time: args.time,
+            warmup: std::time::Duration::from_millis(500),
+            size: blklab::size::parse_size(&args.size).context("--size")?,
+            rounds: args.rounds,
+            poll: (args.poll != "off").then(|| args.poll.clone()),
+        };
+        let report = bench::compare::run(&opts, |line| eprintln!("{line}"))
+            .context("blklab bench --compare")?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", report.table());
+        }
+        let errors: u64 = report
+            .rows
+            .iter()
+            .flat_map(|r| r.cells.iter())
+            .map(|c| c.errors)
+            .sum();
+        if errors > 0 {
+            anyhow::bail!("{errors} requests failed");
+        }
+        return Ok(());
+    }
+    let socket = args.socket.clone().context("--socket is required")?;
+    let mut load = bench::Load::new(&socket);
+    load.queues = args.queues;
+    load.depth = args.depth;
+    load.bs = bs as usize;
+    load.rw = args.rw;
+    load.time = args.time;
+    load.client_poll = args.client_poll;
+    load.backend_pid = args.backend_pid;
+    let report = bench::run(&load).with_context(|| format!("blklab bench {}", socket.display()))?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.text());
+    }
+    if report.errors > 0 {
+        anyhow::bail!("{} requests failed", report.errors);
     }
     Ok(())
 }

@@ -135,6 +135,9 @@ fn counter_help(field: &str) -> String {
         "empty_wakeups" => "Worker wake-ups that found no request.",
         "notifications" => "Used-buffer notifications sent to the guest.",
         "tag_waits" => "Times the queue found no free command slot and stopped popping.",
+        "poll_spin_ns" => "Nanoseconds the worker polled the idle ring (--poll).",
+        "poll_hits" => "Poll spins that found a request (--poll).",
+        "poll_misses" => "Poll spins that ran out and re-enabled guest notifications (--poll).",
         "notifications_suppressed" => {
             "Completion batches whose notification EVENT_IDX or NO_INTERRUPT let the backend skip."
         }

@@ -54,6 +54,12 @@ pub struct QueueCounters {
     /// Nanoseconds the worker spun waiting for completion deadlines
     /// (--latency-spin).
     pub latency_spin_ns: u64,
+    /// Poll mode (--poll): nanoseconds the worker polled this ring while
+    /// it was idle, spins that found a request (hits) and spins that ran
+    /// out and re-enabled guest notifications (misses).
+    pub poll_spin_ns: u64,
+    pub poll_hits: u64,
+    pub poll_misses: u64,
 }
 
 impl QueueCounters {
@@ -83,6 +89,9 @@ impl QueueCounters {
             injected_fail_range: self.injected_fail_range - e.injected_fail_range,
             injected_stalls: self.injected_stalls - e.injected_stalls,
             latency_spin_ns: self.latency_spin_ns - e.latency_spin_ns,
+            poll_spin_ns: self.poll_spin_ns - e.poll_spin_ns,
+            poll_hits: self.poll_hits - e.poll_hits,
+            poll_misses: self.poll_misses - e.poll_misses,
         }
     }
 }

@@ -97,6 +97,22 @@ pub fn table(doc: &Value, prev: Option<(&Value, f64)>) -> String {
                 num(q, &["latency_write_ns", "p99"]) / 1000.0,
                 cpu
             );
+            let (spin, hits, misses) = (
+                num(q, &["counters", "poll_spin_ns"]),
+                num(q, &["counters", "poll_hits"]),
+                num(q, &["counters", "poll_misses"]),
+            );
+            if hits + misses > 0.0 {
+                let _ = writeln!(
+                    out,
+                    "{:<28} {:>3} poll: spin {:.3} s, {} hits, {} misses",
+                    "",
+                    idx,
+                    spin / 1e9,
+                    hits as u64,
+                    misses as u64
+                );
+            }
         }
     }
     out

@@ -156,6 +156,7 @@ fn disk_args(args: &RunArgs, s: &Scenario, socket: PathBuf) -> DiskArgs {
         flush_latency: args.flush_latency.clone(),
         seed: args.seed,
         latency_spin: args.latency_spin.clone(),
+        poll: args.poll.clone(),
         ..DiskArgs::default()
     }
 }

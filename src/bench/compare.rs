@@ -1,0 +1,531 @@
+//! `blklab bench --compare`: identical loads against qemu-storage-daemon
+//! (`null-co`, `read-zeroes=on`) and `blklab serve --disk null` with the same
+//! queues, in one run, interleaved, and the ratios the issue's targets are
+//! stated in.
+//!
+//! Daemons: qemu-storage-daemon, `blklab serve`, `blklab serve --no-stats`
+//! (the statistics' cost) and `blklab serve --poll` (busy-poll queues). All
+//! run for the whole comparison (idle daemons sleep in epoll); each load
+//! connects afresh. Rounds alternate the backend order (A B C, C B A, …) so
+//! drift on a shared machine hits every side.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::{BenchError, BenchReport, Load, RwMode};
+
+/// The backends a comparison can start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Backend {
+    Qsd,
+    Blklab,
+    BlklabNoStats,
+    BlklabPoll,
+}
+
+impl Backend {
+    pub fn label(self) -> &'static str {
+        match self {
+            Backend::Qsd => "qemu-storage-daemon",
+            Backend::Blklab => "blklab",
+            Backend::BlklabNoStats => "blklab --no-stats",
+            Backend::BlklabPoll => "blklab --poll",
+        }
+    }
+}
+
+/// What to compare.
+#[derive(Debug, Clone)]
+pub struct CompareOpts {
+    /// The `blklab` binary to start (`std::env::current_exe()` from the CLI).
+    pub blklab_bin: PathBuf,
+    pub qsd_bin: PathBuf,
+    pub queues: usize,
+    /// Depth of the throughput row (the latency rows use QD1).
+    pub depth: usize,
+    pub bs: usize,
+    pub rw: RwMode,
+    pub time: Duration,
+    pub warmup: Duration,
+    /// Disk size in bytes (both backends).
+    pub size: u64,
+    pub rounds: usize,
+    /// `--poll` argument of the polling blklab (`None`: no poll rows).
+    pub poll: Option<String>,
+}
+
+/// A running backend daemon.
+struct Daemon {
+    backend: Backend,
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Daemon {
+    fn start(backend: Backend, opts: &CompareOpts, dir: &Path) -> Result<Daemon, BenchError> {
+        let socket = dir.join(format!("{backend:?}.sock").to_lowercase());
+        let mut cmd = match backend {
+            Backend::Qsd => {
+                let mut c = Command::new(&opts.qsd_bin);
+                c.arg("--blockdev")
+                    .arg(format!(
+                        "driver=null-co,node-name=n0,size={},read-zeroes=on",
+                        opts.size
+                    ))
+                    .arg("--export")
+                    .arg(format!(
+                        "type=vhost-user-blk,id=e0,node-name=n0,addr.type=unix,addr.path={},writable=on,num-queues={}",
+                        socket.display(),
+                        opts.queues
+                    ));
+                c
+            }
+            _ => {
+                let mut c = Command::new(&opts.blklab_bin);
+                c.arg("serve")
+                    .arg("--socket")
+                    .arg(&socket)
+                    .args(["--disk", "null", "--size"])
+                    .arg(opts.size.to_string())
+                    .arg("--num-queues")
+                    .arg(opts.queues.to_string())
+                    .env("RUST_LOG", "warn");
+                match backend {
+                    Backend::BlklabNoStats => {
+                        c.arg("--no-stats");
+                    }
+                    Backend::BlklabPoll => {
+                        c.arg(format!("--poll={}", opts.poll.as_deref().unwrap_or("50us")));
+                    }
+                    _ => {}
+                }
+                c
+            }
+        };
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                BenchError::Backend(format!(
+                    "cannot start {}: {e}{}",
+                    backend.label(),
+                    if backend == Backend::Qsd {
+                        " (Debian: apt-get install qemu-system-common)"
+                    } else {
+                        ""
+                    }
+                ))
+            })?;
+        let mut d = Daemon {
+            backend,
+            child,
+            socket,
+        };
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !d.socket.exists() {
+            if let Ok(Some(st)) = d.child.try_wait() {
+                return Err(BenchError::Backend(format!(
+                    "{} exited early: {st}",
+                    backend.label()
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(BenchError::Backend(format!(
+                    "{}: socket {} did not appear within 20 s",
+                    backend.label(),
+                    d.socket.display()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(d)
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One row of the plan: a load and the backends it runs against.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub name: String,
+    pub depth: usize,
+    pub client_poll: bool,
+    pub backends: Vec<Backend>,
+}
+
+/// One backend's results for one row, summed over rounds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub backend: Backend,
+    pub requests: u64,
+    pub errors: u64,
+    pub seconds: f64,
+    pub backend_cpu_s: f64,
+    pub iops: f64,
+    pub iops_per_backend_cpu_s: f64,
+    /// Mean over rounds of each round's client latency p50 / p99, ns.
+    pub p50_ns: f64,
+    pub p99_ns: f64,
+    pub rounds: Vec<BenchReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RowResult {
+    pub row: Row,
+    pub cells: Vec<Cell>,
+}
+
+/// A target from the issue, as measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub what: String,
+    pub value: f64,
+    pub target: String,
+    pub pass: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompareReport {
+    pub machine: String,
+    pub rows: Vec<RowResult>,
+    pub verdicts: Vec<Verdict>,
+}
+
+/// The rows: throughput at `depth`, QD1 round trip, and (with `poll`) QD1
+/// with a polling client against qemu-storage-daemon and `blklab --poll`.
+pub fn plan(opts: &CompareOpts) -> Vec<Row> {
+    let mut rows = vec![
+        Row {
+            name: format!("{} qd{}", opts.rw, opts.depth),
+            depth: opts.depth,
+            client_poll: false,
+            backends: vec![Backend::Qsd, Backend::Blklab, Backend::BlklabNoStats],
+        },
+        Row {
+            name: format!("{} qd1", opts.rw),
+            depth: 1,
+            client_poll: false,
+            backends: vec![Backend::Qsd, Backend::Blklab],
+        },
+    ];
+    if opts.poll.is_some() {
+        rows.push(Row {
+            name: format!("{} qd1 poll-client", opts.rw),
+            depth: 1,
+            client_poll: true,
+            backends: vec![Backend::Qsd, Backend::BlklabPoll],
+        });
+    }
+    rows
+}
+
+/// The machine, for the record: CPUs, kernel, CPU model, load average.
+pub fn machine() -> String {
+    let nproc = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_string())
+        })
+        .unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    format!(
+        "nproc {nproc}, kernel {}, CPU {cpu}, load average {}",
+        kernel.trim(),
+        load.join(" ")
+    )
+}
+
+/// Run the comparison. `progress` gets one line per measurement.
+pub fn run(
+    opts: &CompareOpts,
+    mut progress: impl FnMut(&str),
+) -> Result<CompareReport, BenchError> {
+    let rows = plan(opts);
+    let dir = tempfile::Builder::new()
+        .prefix("blklab-bench")
+        .tempdir()
+        .map_err(|e| BenchError::Backend(format!("tempdir: {e}")))?;
+    let mut wanted: Vec<Backend> = Vec::new();
+    for r in &rows {
+        for b in &r.backends {
+            if !wanted.contains(b) {
+                wanted.push(*b);
+            }
+        }
+    }
+    let mut daemons = Vec::new();
+    for b in wanted {
+        daemons.push(Daemon::start(b, opts, dir.path())?);
+    }
+    let machine = machine();
+    let mut results: Vec<RowResult> = rows
+        .iter()
+        .map(|r| RowResult {
+            row: r.clone(),
+            cells: r
+                .backends
+                .iter()
+                .map(|b| Cell {
+                    backend: *b,
+                    requests: 0,
+                    errors: 0,
+                    seconds: 0.0,
+                    backend_cpu_s: 0.0,
+                    iops: 0.0,
+                    iops_per_backend_cpu_s: 0.0,
+                    p50_ns: 0.0,
+                    p99_ns: 0.0,
+                    rounds: Vec::new(),
+                })
+                .collect(),
+        })
+        .collect();
+    for round in 0..opts.rounds.max(1) {
+        for rr in results.iter_mut() {
+            let mut order: Vec<usize> = (0..rr.cells.len()).collect();
+            if round % 2 == 1 {
+                order.reverse();
+            }
+            for ci in order {
+                let backend = rr.cells[ci].backend;
+                let d = daemons
+                    .iter_mut()
+                    .find(|d| d.backend == backend)
+                    .ok_or_else(|| BenchError::Backend("daemon missing".into()))?;
+                if !d.alive() {
+                    return Err(BenchError::Backend(format!(
+                        "{} exited during the comparison",
+                        backend.label()
+                    )));
+                }
+                let load = Load {
+                    socket: d.socket.clone(),
+                    queues: opts.queues,
+                    depth: rr.row.depth,
+                    bs: opts.bs,
+                    rw: opts.rw,
+                    time: opts.time,
+                    warmup: opts.warmup,
+                    client_poll: rr.row.client_poll,
+                    backend_pid: Some(d.child.id() as i32),
+                    seed: round as u64 + 1,
+                };
+                let rep = super::run(&load)
+                    .map_err(|e| BenchError::Backend(format!("{}: {e}", backend.label())))?;
+                progress(&format!(
+                    "round {} {:<24} {:<20} {:>9.0} IOPS  p50 {:>7.1} us  {:>9.0} IOPS/CPU-s  {} errors",
+                    round + 1,
+                    rr.row.name,
+                    backend.label(),
+                    rep.iops,
+                    rep.latency_ns.p50 as f64 / 1e3,
+                    rep.iops_per_backend_cpu_s.unwrap_or(0.0),
+                    rep.errors
+                ));
+                rr.cells[ci].rounds.push(rep);
+            }
+        }
+    }
+    for rr in &mut results {
+        for c in &mut rr.cells {
+            let n = c.rounds.len().max(1) as f64;
+            c.requests = c.rounds.iter().map(|r| r.requests).sum();
+            c.errors = c.rounds.iter().map(|r| r.errors).sum();
+            c.seconds = c.rounds.iter().map(|r| r.seconds).sum();
+            c.backend_cpu_s = c.rounds.iter().filter_map(|r| r.backend_cpu_s).sum();
+            c.iops = c.requests as f64 / c.seconds.max(1e-9);
+            c.iops_per_backend_cpu_s = if c.backend_cpu_s > 0.0 {
+                c.requests as f64 / c.backend_cpu_s
+            } else {
+                0.0
+            };
+            c.p50_ns = c
+                .rounds
+                .iter()
+                .map(|r| r.latency_ns.p50 as f64)
+                .sum::<f64>()
+                / n;
+            c.p99_ns = c
+                .rounds
+                .iter()
+                .map(|r| r.latency_ns.p99 as f64)
+                .sum::<f64>()
+                / n;
+        }
+    }
+    let verdicts = verdicts(&results);
+    Ok(CompareReport {
+        machine,
+        rows: results,
+        verdicts,
+    })
+}
+
+fn cell(rows: &[RowResult], row: usize, b: Backend) -> Option<&Cell> {
+    rows.get(row)?.cells.iter().find(|c| c.backend == b)
+}
+
+/// The issue's targets as ratios within this run.
+fn verdicts(rows: &[RowResult]) -> Vec<Verdict> {
+    let mut v = Vec::new();
+    if let (Some(q), Some(b)) = (cell(rows, 0, Backend::Qsd), cell(rows, 0, Backend::Blklab)) {
+        if q.iops_per_backend_cpu_s > 0.0 {
+            let r = b.iops_per_backend_cpu_s / q.iops_per_backend_cpu_s;
+            v.push(Verdict {
+                what: format!(
+                    "{}: IOPS per backend CPU-second, blklab / qemu-storage-daemon",
+                    rows[0].row.name
+                ),
+                value: r,
+                target: ">= 2.0".into(),
+                pass: r >= 2.0,
+            });
+        }
+    }
+    if let (Some(b), Some(n)) = (
+        cell(rows, 0, Backend::Blklab),
+        cell(rows, 0, Backend::BlklabNoStats),
+    ) {
+        if n.iops_per_backend_cpu_s > 0.0 {
+            let r = b.iops_per_backend_cpu_s / n.iops_per_backend_cpu_s - 1.0;
+            v.push(Verdict {
+                what: format!(
+                    "{}: statistics on vs --no-stats, IOPS per backend CPU-second",
+                    rows[0].row.name
+                ),
+                value: r,
+                target: "within 3 %".into(),
+                pass: r.abs() <= 0.03,
+            });
+        }
+        if n.iops > 0.0 {
+            let r = b.iops / n.iops - 1.0;
+            v.push(Verdict {
+                what: format!("{}: statistics on vs --no-stats, IOPS", rows[0].row.name),
+                value: r,
+                target: "within 3 %".into(),
+                pass: r.abs() <= 0.03,
+            });
+        }
+    }
+    if let (Some(q), Some(b)) = (cell(rows, 1, Backend::Qsd), cell(rows, 1, Backend::Blklab)) {
+        if q.p50_ns > 0.0 {
+            let r = b.p50_ns / q.p50_ns;
+            v.push(Verdict {
+                what: format!(
+                    "{}: round trip p50, blklab / qemu-storage-daemon",
+                    rows[1].row.name
+                ),
+                value: r,
+                target: "<= 0.8".into(),
+                pass: r <= 0.8,
+            });
+        }
+    }
+    if let Some(p) = cell(rows, 2, Backend::BlklabPoll) {
+        let us = p.p50_ns / 1e3;
+        v.push(Verdict {
+            what: format!("{}: blklab --poll round trip p50, us", rows[2].row.name),
+            value: us,
+            target: "<= 3".into(),
+            pass: us <= 3.0,
+        });
+    }
+    v
+}
+
+impl CompareReport {
+    /// The ratio table.
+    pub fn table(&self) -> String {
+        let mut s = format!("machine: {}\n\n", self.machine);
+        s += &format!(
+            "{:<26} {:<20} {:>10} {:>9} {:>9} {:>9} {:>12} {:>7}\n",
+            "load", "backend", "IOPS", "p50 us", "p99 us", "CPU s", "IOPS/CPU-s", "errors"
+        );
+        for rr in &self.rows {
+            let base = rr.cells.first();
+            for (i, c) in rr.cells.iter().enumerate() {
+                s += &format!(
+                    "{:<26} {:<20} {:>10.0} {:>9.1} {:>9.1} {:>9.3} {:>12.0} {:>7}\n",
+                    if i == 0 { rr.row.name.as_str() } else { "" },
+                    c.backend.label(),
+                    c.iops,
+                    c.p50_ns / 1e3,
+                    c.p99_ns / 1e3,
+                    c.backend_cpu_s,
+                    c.iops_per_backend_cpu_s,
+                    c.errors
+                );
+                if let (Some(b), true) = (base, i > 0) {
+                    let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { f64::NAN };
+                    s += &format!(
+                        "{:<26} {:<20} {:>9.2}x {:>8.2}x {:>8.2}x {:>9} {:>11.2}x\n",
+                        "",
+                        format!("  ratio to {}", short(b.backend)),
+                        ratio(c.iops, b.iops),
+                        ratio(c.p50_ns, b.p50_ns),
+                        ratio(c.p99_ns, b.p99_ns),
+                        "",
+                        ratio(c.iops_per_backend_cpu_s, b.iops_per_backend_cpu_s)
+                    );
+                }
+            }
+        }
+        s += "\ntargets (ratios within this run):\n";
+        for v in &self.verdicts {
+            let val = if v.target.contains('%') {
+                format!("{:+.1} %", v.value * 100.0)
+            } else {
+                format!("{:.2}", v.value)
+            };
+            s += &format!(
+                "  {:<78} {:>9}  (target {}) {}\n",
+                v.what,
+                val,
+                v.target,
+                if v.pass { "PASS" } else { "FAIL" }
+            );
+        }
+        s
+    }
+}
+
+fn short(b: Backend) -> &'static str {
+    match b {
+        Backend::Qsd => "qsd",
+        other => other.label(),
+    }
+}
