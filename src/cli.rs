@@ -145,6 +145,16 @@ pub struct RunArgs {
     /// QEMU binary.
     #[arg(long, value_name = "PATH", default_value = "qemu-system-x86_64")]
     pub qemu: String,
+    /// Count executed guest instructions with blklab's TCG plugin (built for
+    /// the installed QEMU on first use): kernel and user per IO, idle
+    /// entries, per-function and per-group profiles of each variant's
+    /// window. Needs TCG (`auto` becomes TCG); boots with `nokaslr`.
+    #[arg(long)]
+    pub count_insns: bool,
+    /// Deterministic TCG: `-icount shift=0` with single-threaded TCG (one
+    /// instruction = 1 ns of guest time). Needs TCG.
+    #[arg(long)]
+    pub deterministic: bool,
     /// Output directory (default blklab-results/YYYYmmdd-HHMMSS).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
