@@ -63,9 +63,9 @@ done
 if [ -n "$missing" ]; then
     [ "$(id -u)" -eq 0 ] || die "missing build dependencies; run as root: apt-get install --no-install-recommends$missing"
     log "installing build dependencies:$missing"
-    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >&2; then
+    if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null; then
         apt-get update -qq >&2 || die "apt-get update failed"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >&2 \
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null \
             || die "apt-get install$missing failed"
     fi
 fi

@@ -437,9 +437,11 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         (false, false) => None,
     };
     let (accel, accel_why) = match (needs_tcg, args.accel) {
-        (Some(what), Accel::Kvm) => return Err(RunError::Config(format!(
+        (Some(what), Accel::Kvm) => {
+            return Err(RunError::Config(format!(
             "{what} needs TCG (QEMU's plugins and -icount do not run under KVM); drop --accel kvm"
-        ))),
+        )))
+        }
         (Some(what), _) => (Accel::Tcg, format!("{what} needs TCG")),
         (None, want) => qemu::choose_accel(
             want,
