@@ -294,9 +294,9 @@ fn guest_counts_are_nonzero_and_block_layer_counts_repeat() {
         "blk_mq_flush_plug_list",
         "__blk_flush_plug",
         "blk_add_rq_to_plug",
-        "blk_finish_plug",
-        "blk_start_plug_nr_ios",
         "__submit_bio",
+        "blk_mq_submit_bio",
+        "bio_alloc_bioset",
     ] {
         assert!(get(&a, f) > 0, "{f} did not run: {a:?}");
         assert_eq!(get(&a, f), get(&b, f), "{f}");
