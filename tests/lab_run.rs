@@ -317,7 +317,7 @@ fn malformed_scenario_is_refused_before_anything_boots() {
     let (_, stderr) = text(&o);
     assert!(!o.status.success());
     assert!(
-        stderr.contains("bad.scn:5: unknown directive \"bogus\""),
+        stderr.contains("bad.scn:5: unknown directive 'bogus'"),
         "{stderr}"
     );
     assert!(took < Duration::from_secs(10), "{took:?}");
