@@ -501,8 +501,14 @@ run_variant() {     # run_variant INDEX
         for _d in $DEVS; do files="$files:/dev/$_d"; done
         files=${files#:}
         set -- --name="$VNAME" --filename="$files"
-        for _a in $VFIO; do set -- "$@" "$_a"; done
-        set -- "$@" --runtime="$VRUNTIME" --time_based --ramp_time="$VRAMP" --group_reporting \
+        # A fixed IO count (--number_ios) ends the job; --time_based would
+        # ignore it, so then the runtime is only an upper bound.
+        _tb=--time_based
+        for _a in $VFIO; do
+            set -- "$@" "$_a"
+            case "$_a" in --number_ios=*) _tb="" ;; esac
+        done
+        set -- "$@" --runtime="$VRUNTIME" $_tb --ramp_time="$VRAMP" --group_reporting \
             --output-format=json --output="$W/fio.out"
         fiocmd="fio $*"
 

@@ -93,7 +93,9 @@ pub struct CompareArgs {
     /// guest_busy_pct, guest_cpu_us_per_io, iops, host_vcpu_us_per_io,
     /// host_qemu_other_us_per_io, backend_us_per_io, kicks_per_io,
     /// requests_per_kick, notifications_per_io, ctxsw_per_io, irqs_per_io,
-    /// lat_p50_us, lat_p99_us, instructions_per_io.
+    /// lat_p50_us, lat_p99_us, instructions_per_io, kernel_instructions_per_io,
+    /// user_instructions_per_io, idle_entries_per_io. The default adds the
+    /// instruction metrics when the records have them (--count-insns).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub metric: Vec<String>,
     /// What to print.
@@ -109,6 +111,14 @@ pub struct CompareArgs {
     /// definitions or the scenario sets differ (the differences are shown).
     #[arg(long)]
     pub force: bool,
+    /// Functions per row in the differential instruction profile (records
+    /// of `blklab run --count-insns`), ranked by |B - A| per IO.
+    #[arg(long, value_name = "N", default_value_t = blklab_profile_top())]
+    pub top: usize,
+}
+
+const fn blklab_profile_top() -> usize {
+    crate::report::profile::DEFAULT_TOP
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -200,6 +210,16 @@ pub struct RunArgs {
     /// QEMU binary.
     #[arg(long, value_name = "PATH", default_value = "qemu-system-x86_64")]
     pub qemu: String,
+    /// Count executed guest instructions with blklab's TCG plugin (built for
+    /// the installed QEMU on first use): kernel and user per IO, idle
+    /// entries, per-function and per-group profiles of each variant's
+    /// window. Needs TCG (`auto` becomes TCG); boots with `nokaslr`.
+    #[arg(long)]
+    pub count_insns: bool,
+    /// Deterministic TCG: `-icount shift=0` with single-threaded TCG (one
+    /// instruction = 1 ns of guest time). Needs TCG.
+    #[arg(long)]
+    pub deterministic: bool,
     /// Output directory (default blklab-results/YYYYmmdd-HHMMSS).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,

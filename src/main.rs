@@ -72,10 +72,7 @@ fn serve(args: ServeArgs) -> Result<()> {
 fn run(args: &blklab::cli::RunArgs) -> Result<()> {
     let outcome = blklab::lab::runner::run(args).context("blklab run")?;
     print!("{}", blklab::lab::summary::table(&outcome.records));
-    let metrics: Vec<String> = blklab::report::metrics::DEFAULT_METRICS
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let metrics = blklab::report::metrics::default_metrics(&outcome.records);
     match blklab::report::run_comparisons(&outcome.out_dir, &metrics) {
         Ok(reports) => {
             for (report, a, b) in reports {
@@ -173,16 +170,13 @@ fn compare(args: &blklab::cli::CompareArgs) -> Result<()> {
         _ => unreachable!("clap allows one or two sides"),
     };
     let keys: Vec<String> = if args.metric.is_empty() {
-        metrics::DEFAULT_METRICS
-            .iter()
-            .map(|s| s.to_string())
-            .collect()
+        metrics::default_metrics(a.records.iter().chain(&b.records))
     } else if args.metric.iter().any(|m| m == "all") {
         metrics::METRICS.iter().map(|m| m.key.to_string()).collect()
     } else {
         args.metric.clone()
     };
-    let report = compare::build(&a, &b, &keys, args.confidence, args.force)?;
+    let report = compare::build_with_top(&a, &b, &keys, args.confidence, args.force, args.top)?;
     let text = match args.format {
         CompareFormat::Table => render::table(&report),
         CompareFormat::Markdown => render::markdown(&report),

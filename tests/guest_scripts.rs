@@ -149,6 +149,10 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
         ),
         ("plug-inverse", vec!["mq-deadline", "none"]),
         (
+            "plug-qd1",
+            vec!["none-2k", "none-10k", "mq-deadline-2k", "mq-deadline-10k"],
+        ),
+        (
             "seed000-scsi-debug",
             vec![
                 "host-tags",
@@ -334,6 +338,25 @@ fn check_scenario_content(name: &str, doc: &Value) {
                     "mq-deadline"
                 };
                 assert_eq!(v["sched"], want_sched);
+            }
+        }
+        "plug-qd1" => {
+            assert_eq!(doc["queues"], 1);
+            for v in vs {
+                has_args(
+                    v,
+                    &[
+                        "--ioengine=libaio",
+                        "--rw=randread",
+                        "--iodepth=1",
+                        "--numjobs=1",
+                    ],
+                );
+                let n = v["name"].as_str().unwrap();
+                let (sched, count) = n.rsplit_once('-').unwrap();
+                assert_eq!(v["sched"], sched);
+                let ios = if count == "2k" { 2000 } else { 10000 };
+                has_args(v, &[&format!("--number_ios={ios}")]);
             }
         }
         other => panic!("no content check for {other}"),

@@ -112,7 +112,9 @@ pub struct ProcessCpu {
 pub fn classify(role: &str, name: &str) -> String {
     match role {
         "qemu" => {
-            if name.starts_with("CPU ") && name.contains('/') {
+            // Single-threaded TCG (--deterministic) runs every vCPU in one
+            // thread, "ALL CPUs/TCG".
+            if (name.starts_with("CPU ") || name.starts_with("ALL CPUs")) && name.contains('/') {
                 "vcpu".into()
             } else {
                 "other".into()
@@ -204,6 +206,7 @@ mod tests {
     fn classifies_qemu_threads() {
         assert_eq!(classify("qemu", "CPU 1/KVM"), "vcpu");
         assert_eq!(classify("qemu", "CPU 0/TCG"), "vcpu");
+        assert_eq!(classify("qemu", "ALL CPUs/TCG"), "vcpu");
         assert_eq!(classify("qemu", "qemu-system-x86"), "other");
         assert_eq!(classify("qemu", "worker"), "other");
     }

@@ -2,6 +2,7 @@
 //!
 //! - [`scenario`]: the `.scn` scenario files the guest runs;
 //! - [`images`]: `--kernel` specs and `images/prepare.sh`;
+//! - [`insns`]: the instruction-count plugin, System.map, symbol groups;
 //! - [`qemu`]: QEMU's command line, the KVM probe, a guest on pipes;
 //! - [`console`]: the guest's console protocol (SYNC, results);
 //! - [`hostcpu`]: per-thread CPU of QEMU and of this process;
@@ -13,6 +14,7 @@
 pub mod console;
 pub mod hostcpu;
 pub mod images;
+pub mod insns;
 pub mod qemu;
 pub mod runner;
 pub mod scenario;

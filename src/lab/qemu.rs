@@ -70,6 +70,11 @@ pub struct QemuSpec {
     pub initramfs: PathBuf,
     pub append: String,
     pub disks: Vec<QemuDisk>,
+    /// `-icount shift=0` with single-threaded TCG (TCG only).
+    pub deterministic: bool,
+    /// `-plugin` argument: the plugin's path and its arguments
+    /// (`/x/libblklab-insns.so,ctl=/x/insns.sock`), TCG only.
+    pub plugin: Option<String>,
 }
 
 impl QemuSpec {
@@ -79,7 +84,11 @@ impl QemuSpec {
         let mut push = |s: &[&str]| a.extend(s.iter().map(|x| x.to_string()));
         match self.accel {
             Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
+            _ if self.deterministic => push(&["-accel", "tcg,thread=single", "-icount", "shift=0"]),
             _ => push(&["-accel", "tcg,thread=multi"]),
+        }
+        if let (Some(p), false) = (&self.plugin, self.accel == Accel::Kvm) {
+            push(&["-plugin", p]);
         }
         push(&["-name", "blklab,debug-threads=on"]);
         push(&["-smp", &self.vcpus.to_string(), "-m", &self.memory]);
@@ -425,6 +434,8 @@ pub fn probe_kvm(
         // No such script: /init says so and powers off.
         append: "console=ttyS0 quiet panic=-1 blklab.run=kvm-probe".into(),
         disks: Vec::new(),
+        deterministic: false,
+        plugin: None,
     };
     let mut g = Guest::spawn(&spec, None).map_err(|e| e.to_string())?;
     let deadline = Instant::now() + timeout;
@@ -474,6 +485,8 @@ mod tests {
                 num_queues: 4,
                 queue_size: 256,
             }],
+            deterministic: false,
+            plugin: None,
         }
     }
 
@@ -489,6 +502,14 @@ mod tests {
         ));
         let k = shell_words(&spec(Accel::Kvm).args());
         assert!(k.starts_with("-accel kvm -cpu host"));
+        let mut d = spec(Accel::Tcg);
+        d.deterministic = true;
+        d.plugin = Some("/p/libblklab-insns.so,ctl=/s/insns.sock".into());
+        let s = shell_words(&d.args());
+        assert!(
+            s.starts_with("-accel tcg,thread=single -icount shift=0 -plugin /p/libblklab-insns.so,ctl=/s/insns.sock -name"),
+            "{s}"
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ use crate::disk::{DiskArgs, DiskConfig};
 use crate::lab::console::{parse_line, Event, Phase};
 use crate::lab::hostcpu;
 use crate::lab::images::{self, KernelSpec, PreparedGuest};
+use crate::lab::insns::{self, Dump, SymbolMap};
 use crate::lab::qemu::{self, Accel, Guest, Next, QemuDisk, QemuSpec};
 use crate::lab::scenario::{self, Scenario};
 use crate::lab::summary;
@@ -41,6 +42,8 @@ pub enum RunError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Insns(#[from] insns::InsnsError),
     #[error("cannot serve the disks: {0}")]
     Serve(#[from] crate::server::ServeError),
     #[error("guest {kernel}, scenario {scenario}, iteration {iteration}: {why}")]
@@ -200,12 +203,15 @@ struct Begin {
     backend: Vec<Vec<QueueStats>>,
     qemu: Option<hostcpu::ProcessSample>,
     me: Option<hostcpu::ProcessSample>,
+    insns: Option<Dump>,
 }
 
 /// What the host measured over one variant's window.
 struct HostSide {
     backend: Value,
     host: Value,
+    /// The plugin's counters over the window (with --count-insns).
+    insns: Option<Dump>,
 }
 
 /// Sum `key` over the fio JSON's jobs, for reads, writes and trims.
@@ -287,6 +293,16 @@ pub fn checks(guest: &Value, backend: &Value) -> Value {
         "guest_block_equals_backend": match (target_virtio, block_ios, backend_ios) { (true, Some(a), Some(b)) => json!(a == b), _ => Value::Null },
         "guest_cpu_percent_sum": cpu_sum,
     })
+}
+
+/// How `instructions` windows are taken (recorded in run.json and records).
+const INSNS_WINDOW: &str = "plugin counters at the variant's BLKLAB-SYNC begin and end \
+     (guest waiting on its console): the variant's fio run including its start-up and exit";
+
+/// The System.map next to a kernel image.
+fn system_map(kernel: &Path) -> Option<PathBuf> {
+    let p = kernel.parent()?.join("System.map");
+    p.is_file().then_some(p)
 }
 
 fn unix_now() -> f64 {
@@ -415,13 +431,53 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     info!("preparing {} guest image(s)", specs.len());
     let guests = images::prepare(&lab_dir, args.cache.as_deref(), &specs)?;
     let names = labels(&guests);
-    let (accel, accel_why) = qemu::choose_accel(
-        args.accel,
-        &qemu_bin,
-        &guests[0].kernel,
-        &guests[0].initramfs,
-        args.kvm_probe_timeout,
-    );
+    let needs_tcg = match (args.count_insns, args.deterministic) {
+        (true, true) => Some("--count-insns and --deterministic"),
+        (true, false) => Some("--count-insns"),
+        (false, true) => Some("--deterministic"),
+        (false, false) => None,
+    };
+    let (accel, accel_why) = match (needs_tcg, args.accel) {
+        (Some(what), Accel::Kvm) => {
+            return Err(RunError::Config(format!(
+            "{what} needs TCG (QEMU's plugins and -icount do not run under KVM); drop --accel kvm"
+        )))
+        }
+        (Some(what), _) => (Accel::Tcg, format!("{what} needs TCG")),
+        (None, want) => qemu::choose_accel(
+            want,
+            &qemu_bin,
+            &guests[0].kernel,
+            &guests[0].initramfs,
+            args.kvm_probe_timeout,
+        ),
+    };
+    let plugin = if args.count_insns {
+        info!("building the instruction-count plugin for {qemu_bin}");
+        Some(insns::build_plugin(
+            &lab_dir,
+            args.cache.as_deref(),
+            &qemu_bin,
+        )?)
+    } else {
+        None
+    };
+    // Symbolisation needs each kernel's System.map, checked before booting.
+    let mut maps: Vec<Option<Arc<SymbolMap>>> = Vec::new();
+    for g in &guests {
+        maps.push(if args.count_insns {
+            let p = system_map(&g.kernel).ok_or_else(|| {
+                RunError::Config(format!(
+                    "--count-insns: no System.map next to {} (symbolisation needs the kernel's \
+                     System.map; Debian's linux-image packages and self-built kernels have one)",
+                    g.kernel.display()
+                ))
+            })?;
+            Some(Arc::new(SymbolMap::read(&p)?))
+        } else {
+            None
+        });
+    }
     info!("accelerator: {accel:?} ({accel_why})");
 
     let boots = plan(guests.len(), scenarios.len(), args.iterations);
@@ -436,6 +492,8 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         "git_commit": crate::stats::GIT_COMMIT,
         "command_line": std::env::args().collect::<Vec<_>>(),
         "accel": accel, "accel_reason": accel_why,
+        "deterministic": args.deterministic,
+        "count_insns": plugin.as_ref().map(|p| json!({"plugin": p, "window": INSNS_WINDOW})),
         "host": host_info(),
         "qemu": {"path": qemu_bin, "version": qemu::version(&qemu_bin)},
         "kernels": guests.iter().zip(&names).map(|(g, n)| json!({
@@ -479,6 +537,8 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
             qemu: &qemu_bin,
             out_dir: &out_dir,
             pb: &pb,
+            plugin: plugin.as_deref(),
+            symbols: maps[boot.kernel].clone(),
         };
         let (mut recs, mut fails) = run_boot(&ctx).map_err(|why| RunError::Guest {
             kernel: names[boot.kernel].clone(),
@@ -520,6 +580,8 @@ struct BootCtx<'a> {
     qemu: &'a str,
     out_dir: &'a Path,
     pb: &'a ProgressBar,
+    plugin: Option<&'a Path>,
+    symbols: Option<Arc<SymbolMap>>,
 }
 
 /// Boot one guest, run one scenario, return its records and the failed
@@ -545,6 +607,13 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
     if let Some(v) = &c.args.variants {
         append.push_str(&format!(" blklab.variants={}", v.join(",")));
     }
+    // Kernel addresses must be System.map's.
+    if c.plugin.is_some() {
+        append.push_str(" nokaslr");
+    }
+    let control = c
+        .plugin
+        .map(|_| insns::Control::new(sockets.0.join("insns.sock")));
     let spec = QemuSpec {
         qemu: c.qemu.to_string(),
         accel: c.accel,
@@ -561,6 +630,11 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
                 queue_size: d.queue_size,
             })
             .collect(),
+        deterministic: c.args.deterministic,
+        plugin: match (c.plugin, &control) {
+            (Some(p), Some(ctl)) => Some(format!("{},ctl={}", p.display(), ctl.path().display())),
+            _ => None,
+        },
     };
     let mut command_line = vec![c.qemu.to_string()];
     command_line.extend(spec.args());
@@ -621,7 +695,15 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
                             "{} {}/{} #{}",
                             c.label, scenario, variant, c.boot.iteration
                         ));
+                        let dump = match &control {
+                            Some(ctl) => Some(
+                                ctl.dump(&sockets.0.join("begin.insns"))
+                                    .map_err(|e| format!("{scenario}/{variant} begin: {e}"))?,
+                            ),
+                            None => None,
+                        };
                         begin = Some(Begin {
+                            insns: dump,
                             backend: control::baselines(&disks),
                             qemu: hostcpu::sample(qemu_pid),
                             me: hostcpu::sample(my_pid),
@@ -645,6 +727,14 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
                             .take()
                             .filter(|b| b.scenario == scenario && b.variant == variant);
                         if let Some(b) = b {
+                            let insns_window = match (&control, &b.insns) {
+                                (Some(ctl), Some(first)) => Some(
+                                    ctl.dump(&sockets.0.join("end.insns"))
+                                        .map_err(|e| format!("{scenario}/{variant} end: {e}"))?
+                                        .since(first),
+                                ),
+                                _ => None,
+                            };
                             let mut doc = control::report(&disks, Some(&b.backend));
                             doc.label = Some(format!("{scenario}/{variant}"));
                             doc.interval_s = Some(b.at.elapsed().as_secs_f64());
@@ -667,6 +757,7 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
                                 HostSide {
                                     backend: serde_json::to_value(&doc).unwrap_or(Value::Null),
                                     host,
+                                    insns: insns_window,
                                 },
                             );
                         } else {
@@ -721,6 +812,7 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
                     .as_ref()
                     .map(|h| h.backend.clone())
                     .unwrap_or(Value::Null);
+                let window = host_side.as_ref().and_then(|h| h.insns.clone());
                 let record = json!({
                     "schema": "blklab-run-result/1",
                     "kernel": c.label,
@@ -741,6 +833,21 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
                     "backend": backend,
                     "host": host_side.map(|h| h.host).unwrap_or(Value::Null),
                 });
+                let mut record = record;
+                if let (Some(w), Some(map)) = (window, &c.symbols) {
+                    let p = insns::profile(&w, map);
+                    let ios = crate::report::metrics::ios(&record);
+                    let cs = record["guest"]["context_switches"].as_f64();
+                    record["instructions"] = insns::record(
+                        &p,
+                        ios,
+                        cs,
+                        &json!({
+                            "method": INSNS_WINDOW,
+                            "deterministic": c.args.deterministic,
+                        }),
+                    );
+                }
                 let file = c.out_dir.join(format!(
                     "{}.{}.{}.{:02}.json",
                     c.label, scenario, variant, c.boot.iteration

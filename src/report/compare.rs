@@ -8,6 +8,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::report::metrics::{self, RowLabels};
+use crate::report::profile;
 use crate::report::stats::{self, Comparison};
 
 #[derive(Debug, Error)]
@@ -236,6 +237,10 @@ pub struct Report {
     pub rows: Vec<Row>,
     pub differences: Vec<Difference>,
     pub forced: bool,
+    /// The differential instruction profile per row (records with
+    /// `instructions` on both sides only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub profiles: Vec<profile::RowProfile>,
 }
 
 /// What a record's device configuration is, without the per-boot socket.
@@ -390,13 +395,27 @@ fn differences(a: &Side, b: &Side) -> Vec<Difference> {
     d
 }
 
-/// Build the comparison of `b` against `a`.
+/// Build the comparison of `b` against `a` (profiles with
+/// [`profile::DEFAULT_TOP`] functions a row).
 pub fn build(
     a: &Side,
     b: &Side,
     metric_keys: &[String],
     confidence: f64,
     force: bool,
+) -> Result<Report, ReportError> {
+    build_with_top(a, b, metric_keys, confidence, force, profile::DEFAULT_TOP)
+}
+
+/// [`build`] with `profile_top` functions per row in the differential
+/// instruction profile.
+pub fn build_with_top(
+    a: &Side,
+    b: &Side,
+    metric_keys: &[String],
+    confidence: f64,
+    force: bool,
+    profile_top: usize,
 ) -> Result<Report, ReportError> {
     for k in metric_keys {
         if metrics::find(k).is_none() {
@@ -492,6 +511,7 @@ pub fn build(
                 .join("; "),
         ));
     }
+    let mut profiles = Vec::new();
     let mut rows: Vec<Row> = common
         .iter()
         .map(|(s, v)| {
@@ -507,6 +527,9 @@ pub fn build(
             }
             let (ra, fa) = pick(a, s, v);
             let (rb, fb) = pick(b, s, v);
+            if let Some(p) = profile::row_profile(s, v, &ra, &rb, profile_top) {
+                profiles.push(p);
+            }
             let mut m = BTreeMap::new();
             let mut samples = BTreeMap::new();
             for metric in metrics::METRICS {
@@ -567,5 +590,6 @@ pub fn build(
         rows,
         differences: diffs,
         forced: force,
+        profiles,
     })
 }

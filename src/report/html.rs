@@ -304,6 +304,85 @@ fn esc(s: &str) -> String {
 }
 
 /// Write `dir/report.html` and `dir/plots/*.svg`; returns the files written.
+/// Horizontal bars of the top functions' per-IO difference (B − A) of one
+/// row's differential instruction profile, with each side's sd as whiskers.
+fn profile_bars(p: &crate::report::profile::RowProfile, path: &Path) -> std::io::Result<bool> {
+    let list = &p.functions;
+    if list.is_empty() {
+        return Ok(false);
+    }
+    let lo = list
+        .iter()
+        .map(|e| e.diff - e.a.sd - e.b.sd)
+        .fold(0.0f64, f64::min);
+    let hi = list
+        .iter()
+        .map(|e| e.diff + e.a.sd + e.b.sd)
+        .fold(0.0f64, f64::max);
+    let pad = ((hi - lo) * 0.08).max(1.0);
+    let height = (90 + 26 * list.len() as u32).max(240);
+    let root = SVGBackend::new(path, (820, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(plot_err("fill"))?;
+    let n = list.len();
+    let names: Vec<String> = list.iter().map(|e| e.name.clone()).collect();
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            format!(
+                "{}/{}: kernel instructions per IO, B - A",
+                p.scenario, p.variant
+            ),
+            ("sans-serif", 16),
+        )
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(260)
+        .build_cartesian_2d((lo - pad)..(hi + pad), -0.5f64..n as f64 - 0.5)
+        .map_err(plot_err("chart"))?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_labels(n)
+        .y_label_formatter(&|y| {
+            if (y - y.round()).abs() > 1e-6 || y.round() < 0.0 {
+                return String::new();
+            }
+            // The largest difference on top.
+            let i = n as i64 - 1 - y.round() as i64;
+            usize::try_from(i)
+                .ok()
+                .and_then(|i| names.get(i).cloned())
+                .unwrap_or_default()
+        })
+        .x_desc("instructions per IO (B - A); whiskers: sd(A) + sd(B)")
+        .draw()
+        .map_err(plot_err("mesh"))?;
+    for (i, e) in list.iter().enumerate() {
+        let y = (n - 1 - i) as f64;
+        let color = if e.diff >= 0.0 { B_COLOR } else { A_COLOR };
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(0.0, y - 0.35), (e.diff, y + 0.35)],
+                color.filled(),
+            )))
+            .map_err(plot_err("bar"))?;
+        let spread = e.a.sd + e.b.sd;
+        if spread > 0.0 {
+            chart
+                .draw_series(std::iter::once(ErrorBar::new_horizontal(
+                    y,
+                    e.diff - spread,
+                    e.diff,
+                    e.diff + spread,
+                    BLACK.stroke_width(1),
+                    8,
+                )))
+                .map_err(plot_err("whisker"))?;
+        }
+    }
+    root.present().map_err(plot_err("write"))?;
+    Ok(true)
+}
+
 pub fn write(report: &Report, a: &Side, b: &Side, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     let plots = dir.join("plots");
     std::fs::create_dir_all(&plots)?;
@@ -334,6 +413,22 @@ pub fn write(report: &Report, a: &Side, b: &Side, dir: &Path) -> std::io::Result
                 esc(key)
             ));
             written.push(f);
+        }
+    }
+    if !report.profiles.is_empty() {
+        body.push_str("<h2>Differential instruction profile</h2>\n");
+        for p in &report.profiles {
+            let f = plots.join(format!(
+                "profile-{}.svg",
+                file_safe(&format!("{}-{}", p.scenario, p.variant))
+            ));
+            if profile_bars(p, &f)? {
+                body.push_str(&format!(
+                    "<figure><img src=\"plots/{}\" alt=\"profile\"></figure>\n",
+                    esc(&f.file_name().unwrap_or_default().to_string_lossy())
+                ));
+                written.push(f);
+            }
         }
     }
     body.push_str("<h2>Distributions per scenario</h2>\n");

@@ -217,7 +217,52 @@ pub const METRICS: &[Metric] = &[
                 .or_else(|| per_io(r["instructions"]["total"].as_f64(), r))
         },
     },
+    Metric {
+        key: "kernel_instructions_per_io",
+        title: "guest kernel instructions per IO",
+        unit: "",
+        better: Better::Lower,
+        get: |r| r["instructions"]["kernel_per_io"].as_f64(),
+    },
+    Metric {
+        key: "user_instructions_per_io",
+        title: "guest user instructions per IO",
+        unit: "",
+        better: Better::Lower,
+        get: |r| r["instructions"]["user_per_io"].as_f64(),
+    },
+    Metric {
+        key: "idle_entries_per_io",
+        title: "guest idle entries per IO",
+        unit: "",
+        better: Better::Lower,
+        get: |r| r["instructions"]["idle_entries_per_io"].as_f64(),
+    },
 ];
+
+/// The metrics added to the defaults when records carry instruction counts
+/// (`blklab run --count-insns`): under TCG they are the deterministic CPU
+/// cost, the wall-clock ones are noise.
+pub const INSTRUCTION_METRICS: &[&str] = &[
+    "instructions_per_io",
+    "kernel_instructions_per_io",
+    "user_instructions_per_io",
+    "idle_entries_per_io",
+    "ctxsw_per_io",
+];
+
+/// The default metrics for `records`: [`DEFAULT_METRICS`], plus
+/// [`INSTRUCTION_METRICS`] when any record has instruction counts.
+pub fn default_metrics<'a>(records: impl IntoIterator<Item = &'a Value>) -> Vec<String> {
+    let mut v: Vec<String> = DEFAULT_METRICS.iter().map(|s| s.to_string()).collect();
+    if records
+        .into_iter()
+        .any(|r| r["instructions"]["per_io"].is_number())
+    {
+        v.extend(INSTRUCTION_METRICS.iter().map(|s| s.to_string()));
+    }
+    v
+}
 
 /// The metrics shown when none are asked for.
 pub const DEFAULT_METRICS: &[&str] = &[

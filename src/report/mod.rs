@@ -2,6 +2,7 @@
 //!
 //! - [`stats`]: summaries, Welch and bootstrap intervals, significance;
 //! - [`metrics`]: the metrics derived from each `blklab run` record;
+//! - [`profile`]: the differential instruction profile (per function);
 //! - [`compare`]: loading run directories and building the comparison;
 //! - [`render`]: terminal table, Markdown, CSV, JSON;
 //! - [`html`]: the HTML page with SVG plots.
@@ -9,6 +10,7 @@
 pub mod compare;
 pub mod html;
 pub mod metrics;
+pub mod profile;
 pub mod render;
 pub mod stats;
 

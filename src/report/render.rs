@@ -182,6 +182,15 @@ pub fn table(report: &Report) -> String {
     }
     out.push_str(&legend(report));
     out.push('\n');
+    if !report.profiles.is_empty() {
+        out.push('\n');
+        out.push_str(&crate::report::profile::render(
+            &report.profiles,
+            &report.a.kernel,
+            &report.b.kernel,
+            false,
+        ));
+    }
     let d = differences_text(report);
     if !d.is_empty() {
         out.push_str("besides the kernel, the sides differ in:\n");
@@ -238,6 +247,15 @@ pub fn markdown(report: &Report) -> String {
     }
     out.push_str(&md_escape(&legend(report)));
     out.push('\n');
+    if !report.profiles.is_empty() {
+        out.push('\n');
+        out.push_str(&crate::report::profile::render(
+            &report.profiles,
+            &report.a.kernel,
+            &report.b.kernel,
+            true,
+        ));
+    }
     let d = differences_text(report);
     if !d.is_empty() {
         out.push_str("\nBesides the kernel, the sides differ in:\n\n");

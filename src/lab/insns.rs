@@ -1,0 +1,1104 @@
+//! Guest instruction counts from blklab's QEMU TCG plugin
+//! (`images/qemu-plugin/blklab-insns.c`): building the plugin, asking it for
+//! counter dumps at a variant's SYNC markers, the difference of two dumps,
+//! symbolisation against the kernel's `System.map`, and the symbol groups a
+//! profile is summed into.
+//!
+//! The window: the runner asks for a dump when the guest prints `BLKLAB-SYNC
+//! n begin` and again at `BLKLAB-SYNC n end`, before answering either, while
+//! the guest waits on its console. The difference is exactly what the guest
+//! executed for that variant (fio's start-up and exit included, boot and
+//! firmware excluded), so per-IO figures divide it by the block layer's IO
+//! count of the same window.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum InsnsError {
+    #[error("cannot build the QEMU plugin: {0}")]
+    Build(String),
+    #[error("cannot reach the instruction-count plugin at {path}: {source}")]
+    Connect {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the instruction-count plugin at {path} failed: {why}")]
+    Plugin { path: PathBuf, why: String },
+    #[error("cannot read {path}: {why}")]
+    Read { path: PathBuf, why: String },
+    #[error("{path}:{line}: {why}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        why: String,
+    },
+}
+
+/// Build (or find in the cache) the plugin for `qemu` with
+/// `images/build-qemu-plugin.sh`; returns the shared object's path.
+pub fn build_plugin(
+    lab_dir: &Path,
+    cache: Option<&Path>,
+    qemu: &str,
+) -> Result<PathBuf, InsnsError> {
+    let script = lab_dir.join("images/build-qemu-plugin.sh");
+    if !script.is_file() {
+        return Err(InsnsError::Build(format!(
+            "{} is missing",
+            script.display()
+        )));
+    }
+    let mut cmd = Command::new("sh");
+    cmd.arg(&script).arg("--qemu").arg(qemu);
+    if let Some(c) = cache {
+        cmd.arg("--cache").arg(c);
+    }
+    cmd.stderr(std::process::Stdio::piped());
+    let out = cmd
+        .output()
+        .map_err(|e| InsnsError::Build(format!("cannot run {}: {e}", script.display())))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        let last = stderr
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("no output");
+        return Err(InsnsError::Build(format!("{} ({})", last, out.status)));
+    }
+    let path = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    if path.is_empty() || !Path::new(&path).is_file() {
+        return Err(InsnsError::Build(format!(
+            "{} printed no plugin path (stderr: {})",
+            script.display(),
+            stderr.trim()
+        )));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// The control socket of a running plugin.
+pub struct Control {
+    path: PathBuf,
+}
+
+impl Control {
+    pub fn new(path: PathBuf) -> Control {
+        Control { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Ask the plugin to write its counters to `file` and wait for it.
+    pub fn dump(&self, file: &Path) -> Result<Dump, InsnsError> {
+        let mut s = UnixStream::connect(&self.path).map_err(|source| InsnsError::Connect {
+            path: self.path.clone(),
+            source,
+        })?;
+        let io = |e: std::io::Error| InsnsError::Plugin {
+            path: self.path.clone(),
+            why: e.to_string(),
+        };
+        s.set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(io)?;
+        writeln!(s, "dump {}", file.display()).map_err(io)?;
+        let mut line = String::new();
+        BufReader::new(&s).read_line(&mut line).map_err(io)?;
+        let line = line.trim();
+        if line.strip_prefix("ok ").is_none() {
+            return Err(InsnsError::Plugin {
+                path: self.path.clone(),
+                why: if line.is_empty() {
+                    "no answer to the dump request".into()
+                } else {
+                    line.to_string()
+                },
+            });
+        }
+        let d = Dump::read(file)?;
+        let _ = std::fs::remove_file(file);
+        Ok(d)
+    }
+}
+
+/// One counter dump: per vCPU kernel/user instructions, and per kernel
+/// translation-block start address (instructions, executions).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Dump {
+    pub vcpus: Vec<(u64, u64)>,
+    pub blocks: BTreeMap<u64, (u64, u64)>,
+}
+
+impl Dump {
+    pub fn read(path: &Path) -> Result<Dump, InsnsError> {
+        let text = std::fs::read_to_string(path).map_err(|e| InsnsError::Read {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        })?;
+        Dump::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Dump, InsnsError> {
+        let err = |line: usize, why: &str| InsnsError::Parse {
+            path: path.to_path_buf(),
+            line,
+            why: why.to_string(),
+        };
+        let mut d = Dump::default();
+        let mut ended = false;
+        let mut lines = text.lines().enumerate();
+        match lines.next() {
+            Some((_, "blklab-insns 1")) => {}
+            _ => return Err(err(1, "not a blklab-insns 1 dump")),
+        }
+        let num = |s: Option<&str>, radix: u32, line: usize| -> Result<u64, InsnsError> {
+            s.and_then(|x| u64::from_str_radix(x, radix).ok())
+                .ok_or_else(|| err(line, "bad number"))
+        };
+        for (i, l) in lines {
+            let n = i + 1;
+            let mut w = l.split_ascii_whitespace();
+            match w.next() {
+                Some("vcpus") => {}
+                Some("vcpu") => {
+                    let idx = num(w.next(), 10, n)? as usize;
+                    if w.next() != Some("kernel") {
+                        return Err(err(n, "want 'vcpu I kernel K user U'"));
+                    }
+                    let k = num(w.next(), 10, n)?;
+                    if w.next() != Some("user") {
+                        return Err(err(n, "want 'vcpu I kernel K user U'"));
+                    }
+                    let u = num(w.next(), 10, n)?;
+                    if d.vcpus.len() <= idx {
+                        d.vcpus.resize(idx + 1, (0, 0));
+                    }
+                    d.vcpus[idx] = (k, u);
+                }
+                Some("tb") => {
+                    let a = num(w.next(), 16, n)?;
+                    let ins = num(w.next(), 10, n)?;
+                    let ex = num(w.next(), 10, n)?;
+                    d.blocks.insert(a, (ins, ex));
+                }
+                Some("end") => ended = true,
+                _ => return Err(err(n, "unknown record")),
+            }
+        }
+        if !ended {
+            return Err(err(text.lines().count(), "truncated dump (no 'end')"));
+        }
+        Ok(d)
+    }
+
+    /// `self − earlier` (counters only grow; a block missing earlier is new).
+    pub fn since(&self, earlier: &Dump) -> Dump {
+        let vcpus = self
+            .vcpus
+            .iter()
+            .enumerate()
+            .map(|(i, (k, u))| {
+                let (k0, u0) = earlier.vcpus.get(i).copied().unwrap_or((0, 0));
+                (k.saturating_sub(k0), u.saturating_sub(u0))
+            })
+            .collect();
+        let blocks = self
+            .blocks
+            .iter()
+            .filter_map(|(a, (i, e))| {
+                let (i0, e0) = earlier.blocks.get(a).copied().unwrap_or((0, 0));
+                let (di, de) = (i.saturating_sub(i0), e.saturating_sub(e0));
+                (de > 0 || di > 0).then_some((*a, (di, de)))
+            })
+            .collect();
+        Dump { vcpus, blocks }
+    }
+
+    pub fn kernel(&self) -> u64 {
+        self.vcpus.iter().map(|v| v.0).sum()
+    }
+
+    pub fn user(&self) -> u64 {
+        self.vcpus.iter().map(|v| v.1).sum()
+    }
+}
+
+/// The kernel's text symbols from its System.map.
+#[derive(Debug, Clone)]
+pub struct SymbolMap {
+    /// (address, name), sorted by address.
+    syms: Vec<(u64, String)>,
+    /// End of the kernel's text (`_etext`), when the map has it.
+    etext: Option<u64>,
+}
+
+/// The name a profile uses: the symbol without the compiler's clone
+/// suffixes (`.constprop.0`, `.isra.0`, `.part.0`, `.cold`), so that a
+/// function is one row whatever the compiler did with it in either kernel.
+pub fn base_name(sym: &str) -> &str {
+    sym.split('.').next().unwrap_or(sym)
+}
+
+impl SymbolMap {
+    pub fn read(path: &Path) -> Result<SymbolMap, InsnsError> {
+        let text = std::fs::read_to_string(path).map_err(|e| InsnsError::Read {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        })?;
+        SymbolMap::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<SymbolMap, InsnsError> {
+        let mut syms = Vec::new();
+        let mut etext = None;
+        for (i, l) in text.lines().enumerate() {
+            let w: Vec<&str> = l.split_ascii_whitespace().collect();
+            if w.is_empty() {
+                continue;
+            }
+            if w.len() < 3 {
+                return Err(InsnsError::Parse {
+                    path: path.to_path_buf(),
+                    line: i + 1,
+                    why: "want 'ADDRESS TYPE NAME'".into(),
+                });
+            }
+            let addr = u64::from_str_radix(w[0], 16).map_err(|_| InsnsError::Parse {
+                path: path.to_path_buf(),
+                line: i + 1,
+                why: format!("bad address {:?}", w[0]),
+            })?;
+            if w[2] == "_etext" {
+                etext = Some(addr);
+            }
+            if matches!(w[1], "T" | "t" | "W" | "w") {
+                syms.push((addr, w[2].to_string()));
+            }
+        }
+        if syms.is_empty() {
+            return Err(InsnsError::Parse {
+                path: path.to_path_buf(),
+                line: 0,
+                why: "no text symbols (T/t/W/w): not a System.map".into(),
+            });
+        }
+        syms.sort();
+        Ok(SymbolMap { syms, etext })
+    }
+
+    /// The function holding `addr`: the text symbol at or below it, or
+    /// `[outside kernel text]` (modules, trampolines) when it is past
+    /// `_etext` or below the first symbol.
+    pub fn lookup(&self, addr: u64) -> &str {
+        if self.etext.is_some_and(|e| addr >= e) {
+            return OUTSIDE;
+        }
+        match self.syms.partition_point(|(a, _)| *a <= addr) {
+            0 => OUTSIDE,
+            i => &self.syms[i - 1].1,
+        }
+    }
+
+    /// The address of a function, by exact name.
+    pub fn address(&self, name: &str) -> Option<u64> {
+        self.syms.iter().find(|(_, n)| n == name).map(|(a, _)| *a)
+    }
+}
+
+pub const OUTSIDE: &str = "[outside kernel text]";
+
+/// A documented symbol group: a function belongs to the first group (in
+/// [`GROUPS`] order) one of whose exact names or prefixes matches its base
+/// name; else to `other`.
+pub struct Group {
+    pub name: &'static str,
+    pub exact: &'static [&'static str],
+    pub prefixes: &'static [&'static str],
+}
+
+/// The groups, in matching order. Names, not source files: System.map has
+/// no file names, so a group is its functions' naming convention.
+pub const GROUPS: &[Group] = &[
+    Group {
+        name: "idle",
+        exact: &[
+            "do_idle",
+            "default_idle",
+            "default_idle_call",
+            "arch_cpu_idle",
+            "arch_cpu_idle_enter",
+            "arch_cpu_idle_exit",
+            "cpu_startup_entry",
+            "schedule_idle",
+            "play_idle_precise",
+            "cpu_idle_poll",
+            "mwait_idle",
+            "amd_e400_idle",
+        ],
+        prefixes: &[
+            "cpuidle_",
+            "tick_nohz_idle_",
+            "tick_nohz_irq_exit",
+            "idle_",
+            "pv_native_safe_halt",
+            "native_safe_halt",
+            "acpi_idle",
+        ],
+    },
+    Group {
+        name: "virtio",
+        exact: &[
+            "vp_notify",
+            "vp_interrupt",
+            "vp_vring_interrupt",
+            "vring_interrupt",
+        ],
+        prefixes: &[
+            "virtio",
+            "virtqueue",
+            "vring_",
+            "virtblk",
+            "__virtblk",
+            "__virtqueue",
+            "vp_",
+            "vm_notify",
+            "detach_buf",
+            "virt_",
+        ],
+    },
+    Group {
+        name: "block",
+        exact: &[
+            "submit_bio",
+            "submit_bio_noacct",
+            "submit_bio_noacct_nocheck",
+            "dd_insert_requests",
+            "dd_dispatch_request",
+            "dd_has_work",
+            "dd_finish_request",
+            "dd_prepare_request",
+            "dd_bio_merge",
+            "dd_limit_depth",
+            "__dd_dispatch_request",
+            "dd_insert_request",
+            "dd_merged_requests",
+            "dd_request_merge",
+            "dd_request_merged",
+        ],
+        prefixes: &[
+            "blk_",
+            "__blk_",
+            "blk",
+            "bio_",
+            "__bio_",
+            "bio",
+            "__submit_bio",
+            "bdev_",
+            "blkdev_",
+            "__blkdev_",
+            "elv_",
+            "__elv_",
+            "elevator_",
+            "deadline_",
+            "dd_",
+            "sbitmap_",
+            "__sbitmap_",
+            "sbq_",
+            "bvec_",
+            "part_",
+            "disk_",
+            "update_io_ticks",
+            "bd_",
+            "rq_qos_",
+            "__rq_qos_",
+            "req_",
+            "ioc_",
+            "iocb_bio",
+            "__bio_iov",
+        ],
+    },
+    Group {
+        name: "scheduler",
+        exact: &[
+            "schedule",
+            "__schedule",
+            "context_switch",
+            "finish_task_switch",
+            "__switch_to",
+            "__switch_to_asm",
+            "switch_mm_irqs_off",
+            "try_to_wake_up",
+            "wake_up_process",
+            "wake_up_q",
+            "ttwu_do_activate",
+            "activate_task",
+            "deactivate_task",
+            "pick_next_task_fair",
+            "put_prev_task_fair",
+            "set_next_entity",
+            "put_prev_entity",
+            "pick_next_entity",
+            "update_curr",
+            "update_load_avg",
+            "update_cfs_group",
+            "reweight_entity",
+            "check_preempt_wakeup_fair",
+            "resched_curr",
+            "select_task_rq_fair",
+            "place_entity",
+            "io_schedule",
+            "io_schedule_prepare",
+            "io_schedule_finish",
+            "schedule_timeout",
+            "prepare_to_wait_event",
+            "finish_wait",
+            "autoremove_wake_function",
+            "default_wake_function",
+            "kthread",
+            "worker_thread",
+            "process_one_work",
+            "__queue_work",
+            "queue_work_on",
+            "kblockd_mod_delayed_work_on",
+            "mod_delayed_work_on",
+            "__queue_delayed_work",
+            "insert_work",
+            "wake_up_worker",
+        ],
+        prefixes: &[
+            "sched_",
+            "__sched_",
+            "enqueue_",
+            "dequeue_",
+            "pick_next_",
+            "put_prev_",
+            "update_curr",
+            "update_rq_clock",
+            "__update_load",
+            "update_load",
+            "__wake_up",
+            "wake_up",
+            "ttwu_",
+            "__ttwu",
+            "check_preempt",
+            "set_next_task",
+            "task_tick",
+            "raw_spin_rq",
+            "_raw_spin_rq",
+            "account_",
+            "cpuacct_",
+            "psi_",
+            "__account",
+            "worker_",
+            "pwq_",
+            "kick_pool",
+            "rcu_note_context_switch",
+            "prepare_task_switch",
+            "__calc_delta",
+            "avg_vruntime",
+            "update_min_vruntime",
+            "__enqueue_entity",
+            "__dequeue_entity",
+            "hrtick",
+        ],
+    },
+    Group {
+        name: "aio/io_uring/direct-io",
+        exact: &[
+            "do_io_getevents",
+            "read_events",
+            "lookup_ioctx",
+            "iocb_put",
+            "refill_reqs_available",
+            "user_refill_reqs_available",
+        ],
+        prefixes: &[
+            "aio_",
+            "__x64_sys_io_",
+            "__do_sys_io_",
+            "io_uring",
+            "__io_uring",
+            "io_",
+            "__io_",
+            "iomap_dio",
+            "iov_iter",
+            "__iov_iter",
+            "iov_",
+            "__import_iovec",
+            "import_",
+            "pin_user_pages",
+            "gup_",
+            "__gup_",
+            "try_grab",
+            "follow_page",
+            "__get_user_pages",
+            "get_user_pages",
+        ],
+    },
+    Group {
+        name: "irq",
+        exact: &[
+            "common_interrupt",
+            "asm_common_interrupt",
+            "irq_exit_rcu",
+            "irq_enter_rcu",
+            "handle_edge_irq",
+            "handle_fasteoi_irq",
+            "handle_irq_event",
+            "handle_irq_event_percpu",
+            "__handle_irq_event_percpu",
+            "note_interrupt",
+            "ack_apic_edge",
+            "apic_ack_irq",
+            "apic_ack_edge",
+        ],
+        prefixes: &[
+            "irq",
+            "__irq",
+            "handle_irq",
+            "__do_softirq",
+            "do_softirq",
+            "__softirq",
+            "softirq",
+            "raise_softirq",
+            "__raise_softirq",
+            "tasklet",
+            "run_ksoftirqd",
+            "sysvec_",
+            "__sysvec_",
+            "asm_sysvec_",
+            "irqentry_",
+            "apic_",
+            "native_apic",
+            "lapic_",
+            "x2apic",
+            "ioapic",
+            "msi_",
+            "pci_msi",
+            "generic_handle",
+            "__common_interrupt",
+            "ack_",
+            "eoi_",
+            "fixup_irqs",
+            "__flush_smp_call",
+            "flush_smp_call",
+            "generic_smp_call",
+            "smp_call_",
+            "native_send_call",
+            "send_call_function",
+            "__x2apic",
+            "default_send_IPI",
+            "native_smp_send_reschedule",
+            "arch_send_call",
+        ],
+    },
+    Group {
+        name: "timer",
+        exact: &[
+            "update_process_times",
+            "scheduler_tick",
+            "sched_tick",
+            "jiffies_to_usecs",
+            "local_clock",
+            "sched_clock",
+            "native_sched_clock",
+            "read_tsc",
+            "sched_clock_cpu",
+            "update_wall_time",
+            "calc_global_load",
+            "run_local_timers",
+            "run_posix_cpu_timers",
+        ],
+        prefixes: &[
+            "hrtimer",
+            "__hrtimer",
+            "tick_",
+            "__tick_",
+            "timer",
+            "__timer",
+            "clockevents",
+            "ktime_",
+            "__run_timers",
+            "run_timer",
+            "__mod_timer",
+            "mod_timer",
+            "add_timer",
+            "del_timer",
+            "timekeeping",
+            "__timekeeping",
+            "clocksource",
+            "lapic_next",
+            "lapic_timer",
+            "native_read_tsc",
+            "rdtsc",
+            "pvclock",
+            "kvm_clock",
+            "get_jiffies",
+            "jiffies",
+            "msecs_to",
+            "usecs_to",
+            "nsecs_to",
+            "ns_to",
+            "update_vsyscall",
+            "calc_",
+            "__calc",
+            "sched_clock_",
+            "cpu_clock",
+            "posix_cpu_timers",
+        ],
+    },
+    Group {
+        name: "syscall/entry",
+        exact: &[
+            "do_syscall_64",
+            "entry_SYSCALL_64",
+            "entry_SYSCALL_64_after_hwframe",
+            "entry_SYSRETQ_unsafe_stack",
+            "entry_SYSRETQ_end",
+            "syscall_exit_to_user_mode",
+            "exit_to_user_mode_prepare",
+            "syscall_trace_enter",
+            "x64_sys_call",
+        ],
+        prefixes: &[
+            "entry_",
+            "syscall_",
+            "__x64_sys_",
+            "__do_sys_",
+            "__se_sys",
+            "exit_to_user_mode",
+            "restore_regs_and_return",
+            "swapgs_",
+            "error_entry",
+            "error_return",
+            "paranoid_",
+            "native_iret",
+            "asm_exc",
+            "exc_",
+            "ret_from_",
+        ],
+    },
+    Group {
+        name: "memory",
+        exact: &[
+            "memcpy",
+            "memset",
+            "memmove",
+            "clear_page_erms",
+            "clear_page_rep",
+            "copy_page",
+            "kfree",
+            "kmalloc_trace",
+            "__kmalloc",
+        ],
+        prefixes: &[
+            "kmem_cache_",
+            "__kmem_cache",
+            "kmalloc",
+            "__kmalloc",
+            "kfree",
+            "__kfree",
+            "slab_",
+            "__slab_",
+            "___slab_",
+            "alloc_pages",
+            "__alloc_pages",
+            "free_pages",
+            "__free_pages",
+            "free_unref",
+            "get_page_from",
+            "rmqueue",
+            "__rmqueue",
+            "mempool_",
+            "folio",
+            "__folio",
+            "page_",
+            "__page_",
+            "put_page",
+            "get_page",
+            "lru_",
+            "handle_mm_fault",
+            "__handle_mm_fault",
+            "do_anonymous",
+            "do_page_fault",
+            "do_user_addr_fault",
+            "copy_user",
+            "copy_to_user",
+            "copy_from_user",
+            "_copy_",
+            "__copy_",
+            "rep_movs",
+            "clear_user",
+            "__clear_user",
+            "memcg",
+            "mod_memcg",
+            "__mod_",
+            "mod_node",
+            "mod_zone",
+            "vma_",
+            "find_vma",
+            "mmap_",
+            "__mmap",
+            "do_mmap",
+            "unmap_",
+            "zap_",
+            "tlb_",
+            "flush_tlb",
+            "native_flush_tlb",
+            "__flush_tlb",
+            "pte_",
+            "pmd_",
+            "pud_",
+            "p4d_",
+            "__pte",
+            "set_pte",
+            "mm_",
+            "__mm",
+            "percpu_counter",
+            "__percpu_counter",
+            "obj_cgroup",
+        ],
+    },
+    Group {
+        name: "locking/rcu",
+        exact: &[],
+        prefixes: &[
+            "_raw_spin",
+            "raw_spin",
+            "__raw_spin",
+            "queued_spin",
+            "native_queued",
+            "__pv_queued",
+            "_raw_read",
+            "_raw_write",
+            "mutex_",
+            "__mutex",
+            "down_",
+            "up_",
+            "rwsem_",
+            "__rwsem",
+            "rcu_",
+            "__rcu",
+            "call_rcu",
+            "synchronize_rcu",
+            "percpu_ref",
+            "__percpu_ref",
+            "refcount_",
+            "lockref_",
+            "preempt_",
+            "__preempt",
+            "local_bh",
+            "__local_bh",
+        ],
+    },
+    Group {
+        name: "fs/vfs",
+        exact: &[
+            "fput",
+            "fget",
+            "__fget_light",
+            "__fdget",
+            "fdget",
+            "filemap_write_and_wait_range",
+        ],
+        prefixes: &[
+            "vfs_",
+            "do_sys_",
+            "ksys_",
+            "__fput",
+            "fput",
+            "fget",
+            "__fget",
+            "__fdget",
+            "fdget",
+            "file_",
+            "filemap_",
+            "generic_file",
+            "rw_verify",
+            "security_",
+            "fsnotify",
+            "__fsnotify",
+            "path_",
+            "d_",
+            "__d_",
+            "dput",
+            "dget",
+            "inode_",
+            "__inode",
+            "touch_atime",
+            "atime_",
+            "do_filp",
+            "filp_",
+            "alloc_file",
+            "alloc_fd",
+            "close_fd",
+            "__close_fd",
+            "fd_install",
+            "pipe_",
+            "tty_",
+            "n_tty",
+            "uart_",
+            "serial8250",
+            "kernfs_",
+            "sysfs_",
+            "proc_",
+            "seq_",
+            "single_open",
+            "mntput",
+            "mntget",
+            "lookup_",
+            "link_path_walk",
+            "walk_component",
+            "step_into",
+            "terminate_walk",
+            "complete_walk",
+            "getname",
+            "putname",
+            "strncpy_from_user",
+            "simple_",
+            "shmem_",
+            "ramfs_",
+            "generic_perform_write",
+            "generic_write",
+            "iterate_dir",
+            "dcache_",
+            "__dentry",
+            "dentry_",
+            "do_dentry_open",
+            "do_open",
+            "vfs_open",
+            "may_open",
+            "chrdev_open",
+            "blkdev_open",
+            "exec_",
+            "do_execve",
+            "load_elf",
+            "bprm_",
+            "begin_new_exec",
+            "setup_arg_pages",
+        ],
+    },
+    Group {
+        name: "process",
+        exact: &[
+            "do_exit",
+            "do_group_exit",
+            "release_task",
+            "copy_process",
+            "kernel_clone",
+            "wake_up_new_task",
+            "do_wait",
+            "wait_consider_task",
+            "kernel_wait4",
+        ],
+        prefixes: &[
+            "copy_",
+            "dup_",
+            "exit_",
+            "__exit",
+            "mm_release",
+            "exit_mmap",
+            "free_pgtables",
+            "unmap_vmas",
+            "put_task",
+            "__put_task",
+            "free_task",
+            "do_notify",
+            "__send_signal",
+            "send_signal",
+            "signal_",
+            "get_signal",
+            "do_signal",
+            "arch_do_signal",
+            "complete_signal",
+            "__group_send",
+            "kill_",
+            "do_send",
+            "futex_",
+            "__futex",
+            "do_futex",
+        ],
+    },
+];
+
+/// The group of a function (by its base name).
+pub fn group_of(sym: &str) -> &'static str {
+    if sym == OUTSIDE {
+        return "outside kernel text";
+    }
+    let b = base_name(sym);
+    for g in GROUPS {
+        if g.exact.contains(&b) || g.prefixes.iter().any(|p| b.starts_with(p)) {
+            return g.name;
+        }
+    }
+    "other"
+}
+
+/// The function whose entries count as idle entries: each idle period ends
+/// with one call of `schedule_idle` (kernel/sched/core.c, called at the end
+/// of `do_idle`); `do_idle` itself is the fallback for a kernel without it.
+pub const IDLE_SYMBOLS: &[&str] = &["schedule_idle", "do_idle"];
+
+/// A symbolised window: instructions per function (base names) and the
+/// executions of the idle function's entry block.
+#[derive(Debug, Clone, Default)]
+pub struct Profile {
+    pub kernel: u64,
+    pub user: u64,
+    pub per_vcpu: Vec<(u64, u64)>,
+    /// base name → instructions.
+    pub functions: BTreeMap<String, u64>,
+    pub idle_symbol: Option<String>,
+    pub idle_entries: Option<u64>,
+}
+
+pub fn profile(window: &Dump, map: &SymbolMap) -> Profile {
+    let mut functions: BTreeMap<String, u64> = BTreeMap::new();
+    for (addr, (insns, _)) in &window.blocks {
+        *functions
+            .entry(base_name(map.lookup(*addr)).to_string())
+            .or_default() += insns;
+    }
+    let idle = IDLE_SYMBOLS
+        .iter()
+        .find_map(|s| map.address(s).map(|a| (s.to_string(), a)));
+    let (idle_symbol, idle_entries) = match idle {
+        Some((s, a)) => (
+            Some(s),
+            Some(window.blocks.get(&a).map(|b| b.1).unwrap_or(0)),
+        ),
+        None => (None, None),
+    };
+    Profile {
+        kernel: window.kernel(),
+        user: window.user(),
+        per_vcpu: window.vcpus.clone(),
+        functions,
+        idle_symbol,
+        idle_entries,
+    }
+}
+
+/// The `instructions` field of a result record. `ios` is the block layer's
+/// IO count of the window (per-IO fields are null without it) and
+/// `context_switches` the guest's `/proc/stat` delta.
+pub fn record(p: &Profile, ios: Option<f64>, context_switches: Option<f64>, how: &Value) -> Value {
+    let per = |v: f64| ios.filter(|n| *n > 0.0).map(|n| v / n);
+    let mut groups: BTreeMap<&str, u64> = BTreeMap::new();
+    for (f, n) in &p.functions {
+        *groups.entry(group_of(f)).or_default() += n;
+    }
+    let total = p.kernel + p.user;
+    let mut funcs: Vec<(&String, &u64)> = p.functions.iter().collect();
+    funcs.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    let functions: Map<String, Value> = funcs
+        .iter()
+        .map(|(f, n)| ((*f).clone(), json!(per(**n as f64))))
+        .collect();
+    let function_insns: Map<String, Value> = funcs
+        .iter()
+        .map(|(f, n)| ((*f).clone(), json!(n)))
+        .collect();
+    json!({
+        "window": how,
+        "ios": ios,
+        "total": total,
+        "kernel": p.kernel,
+        "user": p.user,
+        "per_vcpu": p.per_vcpu.iter().map(|(k, u)| json!({"kernel": k, "user": u})).collect::<Vec<_>>(),
+        "per_io": per(total as f64),
+        "kernel_per_io": per(p.kernel as f64),
+        "user_per_io": per(p.user as f64),
+        "idle_symbol": p.idle_symbol,
+        "idle_entries": p.idle_entries,
+        "idle_entries_per_io": p.idle_entries.and_then(|n| per(n as f64)),
+        "context_switches_per_io": context_switches.and_then(per),
+        "groups": groups.iter().map(|(g, n)| (g.to_string(), json!(per(*n as f64)))).collect::<Map<String, Value>>(),
+        "group_insns": groups.iter().map(|(g, n)| (g.to_string(), json!(n))).collect::<Map<String, Value>>(),
+        "functions": functions,
+        "function_insns": function_insns,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAP: &str = "\
+ffffffff81000000 T _stext
+ffffffff81000100 t blk_mq_flush_plug_list
+ffffffff81000200 T virtio_queue_rqs
+ffffffff81000300 t foo.constprop.0
+ffffffff81000400 D some_data
+ffffffff81000500 T schedule_idle
+ffffffff81000600 T _etext
+";
+
+    #[test]
+    fn lookup_and_groups() {
+        let m = SymbolMap::parse(MAP, Path::new("System.map")).unwrap();
+        assert_eq!(m.lookup(0xffffffff81000100), "blk_mq_flush_plug_list");
+        assert_eq!(m.lookup(0xffffffff811001ff), OUTSIDE);
+        assert_eq!(m.lookup(0xffffffff810001ff), "blk_mq_flush_plug_list");
+        assert_eq!(m.lookup(0xffffffff81000450), "foo.constprop.0");
+        assert_eq!(m.lookup(0xffffffff80000000), OUTSIDE);
+        assert_eq!(group_of("blk_mq_flush_plug_list"), "block");
+        assert_eq!(group_of("virtio_queue_rqs"), "virtio");
+        assert_eq!(group_of("virtblk_add_req_batch"), "virtio");
+        assert_eq!(group_of("__submit_bio"), "block");
+        assert_eq!(group_of("dd_insert_requests"), "block");
+        assert_eq!(group_of("schedule_idle"), "idle");
+        assert_eq!(group_of("__schedule"), "scheduler");
+        assert_eq!(group_of("hrtimer_interrupt"), "timer");
+        assert_eq!(group_of("aio_read"), "aio/io_uring/direct-io");
+        assert_eq!(group_of("zzz_unknown"), "other");
+        assert_eq!(base_name("foo.constprop.0"), "foo");
+    }
+
+    #[test]
+    fn dumps_difference_and_profile() {
+        let a = Dump::parse(
+            "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 100 user 50\ntb ffffffff81000100 40 4\nend\n",
+            Path::new("a"),
+        )
+        .unwrap();
+        let b = Dump::parse(
+            "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 300 user 60\ntb ffffffff81000100 60 6\n\
+             tb ffffffff81000500 30 3\ntb ffffffff81000310 7 1\nend\n",
+            Path::new("b"),
+        )
+        .unwrap();
+        let w = b.since(&a);
+        assert_eq!(w.kernel(), 200);
+        assert_eq!(w.user(), 10);
+        let m = SymbolMap::parse(MAP, Path::new("System.map")).unwrap();
+        let p = profile(&w, &m);
+        assert_eq!(p.functions["blk_mq_flush_plug_list"], 20);
+        assert_eq!(p.functions["foo"], 7);
+        assert_eq!(p.idle_entries, Some(3));
+        let r = record(&p, Some(2.0), Some(4.0), &json!("test"));
+        assert_eq!(r["per_io"], 105.0);
+        assert_eq!(r["functions"]["blk_mq_flush_plug_list"], 10.0);
+        assert_eq!(r["groups"]["block"], 10.0);
+        assert_eq!(r["idle_entries_per_io"], 1.5);
+        assert_eq!(r["context_switches_per_io"], 2.0);
+        assert!(Dump::parse("blklab-insns 1\nvcpus 1\n", Path::new("t")).is_err());
+        assert!(Dump::parse("junk\n", Path::new("t")).is_err());
+    }
+}

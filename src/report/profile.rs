@@ -1,0 +1,384 @@
+//! The differential instruction profile of an A/B comparison: for each
+//! scenario row whose records carry `instructions` (`blklab run
+//! --count-insns`), the guest kernel's instructions per IO by symbol group
+//! and by function on each side (mean and sd over the iterations), and the
+//! functions ranked by |mean(B) − mean(A)|. "The plug path costs 150
+//! instructions per IO, and here is where" in one table.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::report::stats;
+
+/// Functions shown per row unless asked otherwise.
+pub const DEFAULT_TOP: usize = 15;
+
+/// One side's samples of one quantity, summarised.
+#[derive(Debug, Clone, Serialize)]
+pub struct SideValue {
+    pub mean: f64,
+    pub sd: f64,
+    pub n: usize,
+    pub min: f64,
+    pub max: f64,
+}
+
+fn side_value(v: &[f64]) -> SideValue {
+    let s = stats::summarize(v);
+    SideValue {
+        mean: s.mean,
+        sd: if s.n < 2 { 0.0 } else { s.sd },
+        n: s.n,
+        min: s.min,
+        max: s.max,
+    }
+}
+
+/// One line of a profile: a function or a group.
+#[derive(Debug, Clone, Serialize)]
+pub struct Entry {
+    pub name: String,
+    /// The function's symbol group (for functions); the group itself for groups.
+    pub group: String,
+    pub a: SideValue,
+    pub b: SideValue,
+    /// mean(B) − mean(A), instructions per IO.
+    pub diff: f64,
+}
+
+/// The profile of one (scenario, variant) row.
+#[derive(Debug, Clone, Serialize)]
+pub struct RowProfile {
+    pub scenario: String,
+    pub variant: String,
+    /// kernel, user, total instructions per IO, idle entries and context
+    /// switches per IO: the quantities that explain the totals' scatter.
+    pub totals: Vec<Entry>,
+    /// Every group, largest |diff| first.
+    pub groups: Vec<Entry>,
+    /// The `top` functions by |diff|.
+    pub functions: Vec<Entry>,
+    /// Functions with a difference that were left out of `functions`.
+    pub more_functions: usize,
+    /// Sum of every function's diff (= the kernel's per-IO difference as far
+    /// as blocks were attributed).
+    pub functions_diff_sum: f64,
+}
+
+fn has_insns(r: &Value) -> bool {
+    r["instructions"]["functions"].is_object()
+}
+
+/// Per-IO values of `field` (an object name → per IO) over `records`; a
+/// name missing from a record that has the field counts as 0.
+fn per_name(records: &[&Value], field: &str) -> BTreeMap<String, Vec<f64>> {
+    let names: BTreeSet<String> = records
+        .iter()
+        .filter_map(|r| r["instructions"][field].as_object())
+        .flat_map(|o| o.keys().cloned())
+        .collect();
+    names
+        .into_iter()
+        .map(|n| {
+            let v = records
+                .iter()
+                .filter_map(|r| r["instructions"][field].as_object())
+                .map(|o| o.get(&n).and_then(Value::as_f64).unwrap_or(0.0))
+                .collect();
+            (n, v)
+        })
+        .collect()
+}
+
+fn entries(
+    a: &BTreeMap<String, Vec<f64>>,
+    b: &BTreeMap<String, Vec<f64>>,
+    na: usize,
+    nb: usize,
+    group: impl Fn(&str) -> String,
+) -> Vec<Entry> {
+    let names: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    let mut out: Vec<Entry> = names
+        .into_iter()
+        .map(|n| {
+            let va = a.get(n).cloned().unwrap_or_else(|| vec![0.0; na]);
+            let vb = b.get(n).cloned().unwrap_or_else(|| vec![0.0; nb]);
+            let (sa, sb) = (side_value(&va), side_value(&vb));
+            Entry {
+                name: n.clone(),
+                group: group(n),
+                diff: sb.mean - sa.mean,
+                a: sa,
+                b: sb,
+            }
+        })
+        .collect();
+    out.sort_by(|x, y| {
+        y.diff
+            .abs()
+            .partial_cmp(&x.diff.abs())
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(
+                y.a.mean
+                    .max(y.b.mean)
+                    .partial_cmp(&x.a.mean.max(x.b.mean))
+                    .unwrap_or(std::cmp::Ordering::Equal),
+            )
+            .then(x.name.cmp(&y.name))
+    });
+    out
+}
+
+/// The profile of one row from each side's (ok) records; `None` when a
+/// side has no instruction counts.
+pub fn row_profile(
+    scenario: &str,
+    variant: &str,
+    ra: &[&Value],
+    rb: &[&Value],
+    top: usize,
+) -> Option<RowProfile> {
+    let ra: Vec<&Value> = ra.iter().copied().filter(|r| has_insns(r)).collect();
+    let rb: Vec<&Value> = rb.iter().copied().filter(|r| has_insns(r)).collect();
+    if ra.is_empty() || rb.is_empty() {
+        return None;
+    }
+    let scalar = |rs: &[&Value], key: &str| -> Vec<f64> {
+        rs.iter()
+            .filter_map(|r| r["instructions"][key].as_f64())
+            .collect()
+    };
+    let mut totals = Vec::new();
+    for (key, name) in [
+        ("kernel_per_io", "kernel instructions"),
+        ("user_per_io", "user instructions"),
+        ("per_io", "all instructions"),
+        ("idle_entries_per_io", "idle entries"),
+        ("context_switches_per_io", "context switches"),
+    ] {
+        let (va, vb) = (scalar(&ra, key), scalar(&rb, key));
+        if va.is_empty() || vb.is_empty() {
+            continue;
+        }
+        let (sa, sb) = (side_value(&va), side_value(&vb));
+        totals.push(Entry {
+            name: name.to_string(),
+            group: String::new(),
+            diff: sb.mean - sa.mean,
+            a: sa,
+            b: sb,
+        });
+    }
+    let groups = entries(
+        &per_name(&ra, "groups"),
+        &per_name(&rb, "groups"),
+        ra.len(),
+        rb.len(),
+        |g| g.to_string(),
+    );
+    let all = entries(
+        &per_name(&ra, "functions"),
+        &per_name(&rb, "functions"),
+        ra.len(),
+        rb.len(),
+        |f| crate::lab::insns::group_of(f).to_string(),
+    );
+    let functions_diff_sum = all.iter().map(|e| e.diff).sum();
+    let nonzero = all.iter().filter(|e| e.diff != 0.0).count();
+    let functions: Vec<Entry> = all.into_iter().take(top).collect();
+    Some(RowProfile {
+        scenario: scenario.to_string(),
+        variant: variant.to_string(),
+        totals,
+        groups,
+        more_functions: nonzero.saturating_sub(functions.len()),
+        functions,
+        functions_diff_sum,
+    })
+}
+
+/// Text (or Markdown) of the profiles.
+pub fn render(profiles: &[RowProfile], a: &str, b: &str, markdown: bool) -> String {
+    let mut out = String::new();
+    if profiles.is_empty() {
+        return out;
+    }
+    let head = format!(
+        "differential profile: guest instructions per IO, B - A, mean ± sd over iterations \
+         (A = {a}, B = {b}; kernel functions from System.map, grouped by name)"
+    );
+    if markdown {
+        out.push_str(&format!("**{head}**\n\n"));
+    } else {
+        out.push_str(&head);
+        out.push('\n');
+    }
+    let ms = |v: &SideValue| {
+        if v.sd == 0.0 {
+            format!("{} ± 0", crate::report::render::num(v.mean))
+        } else {
+            format!(
+                "{} ± {}",
+                crate::report::render::num(v.mean),
+                crate::report::render::num(v.sd)
+            )
+        }
+    };
+    for p in profiles {
+        let title = format!("{}/{}", p.scenario, p.variant);
+        let mut sections: Vec<(&str, &Vec<Entry>)> = vec![("per IO", &p.totals)];
+        sections.push(("group", &p.groups));
+        sections.push(("function", &p.functions));
+        if markdown {
+            out.push_str(&format!("*{title}*\n\n"));
+        } else {
+            out.push_str(&format!("{title}\n"));
+        }
+        for (what, list) in sections {
+            let mut cells: Vec<Vec<String>> = vec![vec![
+                what.to_string(),
+                if what == "function" {
+                    "group".into()
+                } else {
+                    String::new()
+                },
+                format!("A {a}"),
+                format!("B {b}"),
+                "B - A".into(),
+            ]];
+            for e in list {
+                cells.push(vec![
+                    e.name.clone(),
+                    if what == "function" {
+                        e.group.clone()
+                    } else {
+                        String::new()
+                    },
+                    ms(&e.a),
+                    ms(&e.b),
+                    format!("{:+.1}", e.diff),
+                ]);
+            }
+            if what == "function" && p.more_functions > 0 {
+                cells.push(vec![
+                    format!("({} more functions differ)", p.more_functions),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                    format!("{:+.1} all", p.functions_diff_sum),
+                ]);
+            }
+            let keep_group = what == "function";
+            let cells: Vec<Vec<String>> = cells
+                .into_iter()
+                .map(|mut l| {
+                    if !keep_group {
+                        l.remove(1);
+                    }
+                    l
+                })
+                .collect();
+            out.push_str(&table(&cells, markdown));
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn table(cells: &[Vec<String>], markdown: bool) -> String {
+    let mut out = String::new();
+    if markdown {
+        for (i, l) in cells.iter().enumerate() {
+            let esc: Vec<String> = l.iter().map(|c| c.replace('|', "\\|")).collect();
+            out.push_str(&format!("| {} |\n", esc.join(" | ")));
+            if i == 0 {
+                let al: Vec<&str> = (0..l.len())
+                    .map(|j| {
+                        if j == 0 || (l.len() == 5 && j == 1) {
+                            "---"
+                        } else {
+                            "---:"
+                        }
+                    })
+                    .collect();
+                out.push_str(&format!("|{}|\n", al.join("|")));
+            }
+        }
+        return out;
+    }
+    let w: Vec<usize> = (0..cells[0].len())
+        .map(|i| {
+            cells
+                .iter()
+                .map(|l| l[i].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for l in cells {
+        let line: Vec<String> = l
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let text_col = i == 0 || (l.len() == 5 && i == 1);
+                if text_col {
+                    format!("  {c:<w$}", w = w[i])
+                } else {
+                    format!("{c:>w$}", w = w[i])
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rec(f: &[(&str, f64)], kernel: f64) -> Value {
+        let functions: serde_json::Map<String, Value> =
+            f.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
+        json!({"instructions": {"kernel_per_io": kernel, "user_per_io": 10.0, "per_io": kernel + 10.0,
+               "idle_entries_per_io": 0.1, "context_switches_per_io": 0.2,
+               "groups": {"block": kernel}, "functions": functions}})
+    }
+
+    #[test]
+    fn ranks_by_difference() {
+        let a1 = rec(
+            &[("blk_mq_flush_plug_list", 50.0), ("common", 100.0)],
+            150.0,
+        );
+        let a2 = rec(
+            &[("blk_mq_flush_plug_list", 50.0), ("common", 102.0)],
+            152.0,
+        );
+        let b1 = rec(
+            &[("blk_mq_try_issue_directly", 20.0), ("common", 101.0)],
+            121.0,
+        );
+        let b2 = rec(
+            &[("blk_mq_try_issue_directly", 20.0), ("common", 101.0)],
+            121.0,
+        );
+        let p = row_profile("s", "v", &[&a1, &a2], &[&b1, &b2], 2).unwrap();
+        assert_eq!(p.functions[0].name, "blk_mq_flush_plug_list");
+        assert_eq!(p.functions[0].diff, -50.0);
+        assert_eq!(p.functions[0].a.sd, 0.0);
+        assert_eq!(p.functions[1].name, "blk_mq_try_issue_directly");
+        assert_eq!(p.functions[1].group, "block");
+        assert_eq!(p.more_functions, 0);
+        assert!((p.functions_diff_sum - (-50.0 + 20.0 + 0.0)).abs() < 1e-9);
+        assert_eq!(p.totals[0].name, "kernel instructions");
+        let t = render(&[p], "A", "B", false);
+        assert!(t.contains("blk_mq_flush_plug_list"), "{t}");
+        assert!(t.contains("-50.0"), "{t}");
+        assert!(row_profile("s", "v", &[&json!({})], &[&b1], 2).is_none());
+    }
+}
