@@ -121,6 +121,17 @@ const fn blklab_profile_top() -> usize {
     crate::report::profile::DEFAULT_TOP
 }
 
+/// `blklab run --count-insns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CountInsns {
+    /// Count whenever the run ends up under TCG.
+    Auto,
+    /// Always count (forces TCG).
+    On,
+    /// Never count.
+    Off,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum CompareFormat {
     Table,
@@ -213,9 +224,13 @@ pub struct RunArgs {
     /// Count executed guest instructions with blklab's TCG plugin (built for
     /// the installed QEMU on first use): kernel and user per IO, idle
     /// entries, per-function and per-group profiles of each variant's
-    /// window. Needs TCG (`auto` becomes TCG); boots with `nokaslr`.
-    #[arg(long)]
-    pub count_insns: bool,
+    /// window; boots with `nokaslr`. `auto` (the default) counts whenever
+    /// the run is under TCG and every kernel has a System.map, and goes on
+    /// without counts if the plugin cannot be built; `on` (or the bare
+    /// flag) forces TCG and fails without the plugin; `off` never counts.
+    #[arg(long, value_enum, value_name = "auto|on|off", default_value = "auto",
+          num_args = 0..=1, default_missing_value = "on")]
+    pub count_insns: CountInsns,
     /// Deterministic TCG: `-icount shift=0` with single-threaded TCG (one
     /// instruction = 1 ns of guest time). Needs TCG.
     #[arg(long)]

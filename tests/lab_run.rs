@@ -185,11 +185,17 @@ fn default_run_builds_the_pair_and_reports() {
         .flat_map(|i| labels.iter().map(move |l| (l.clone(), i)))
         .collect();
     assert_eq!(order, expect);
-    // TCG here (nested KVM fails its probe), with the reason recorded.
+    // TCG here (nested KVM fails its probe), with the reason recorded, and
+    // so instruction counts by default (--count-insns auto).
     assert!(
         run["accel_reason"].as_str().unwrap().contains("probe"),
         "{}",
         run["accel_reason"]
+    );
+    assert!(
+        run["count_insns"]["plugin"].is_string(),
+        "{}",
+        run["count_insns"]
     );
     // The two kernels come from one source and config, one with the patch.
     let km = |i: usize| &run["kernels"][i]["manifests"]["kernel"];
@@ -208,11 +214,26 @@ fn default_run_builds_the_pair_and_reports() {
                 let p = out_dir
                     .path()
                     .join(format!("{l}.seed002-quick.{v}.{i:02}.json"));
-                check_record(&format!("{l}/{v}/{i}"), &read_json(&p), 2);
+                let r = read_json(&p);
+                check_record(&format!("{l}/{v}/{i}"), &r, 2);
+                let ins = &r["instructions"];
+                assert!(
+                    f(ins, "/kernel_per_io") > 0.0,
+                    "{l}/{v}/{i}: {}",
+                    short(ins)
+                );
+                assert!(f(ins, "/user_per_io") > 0.0, "{l}/{v}/{i}");
+                assert!(
+                    f(ins, "/groups/block") > 0.0,
+                    "{l}/{v}/{i}: {}",
+                    ins["groups"]
+                );
             }
         }
     }
-    // The A/B report: printed, and written with its plots.
+    // The A/B report: printed, and written with its plots, including the
+    // differential instruction profile.
+    assert!(stdout.contains("instructions"), "{stdout}");
     assert!(
         stdout.contains("A 6.12") && stdout.contains("B 6.12-noplug"),
         "{stdout}"
@@ -230,6 +251,11 @@ fn default_run_builds_the_pair_and_reports() {
     ] {
         assert!(cmp.join(f).is_file(), "{f} missing in {}", cmp.display());
     }
+    let report = read_json(&cmp.join("report.json"));
+    assert!(
+        !report["profiles"].as_array().map_or(true, |p| p.is_empty()),
+        "no differential profile in report.json"
+    );
     let svg = std::fs::read_to_string(cmp.join("plots/metric-guest_busy_pct.svg")).unwrap();
     assert!(svg.contains("A 6.12") && svg.contains("B 6.12-noplug"));
     assert!(out_dir.path().join("summary.json").is_file());
@@ -254,6 +280,8 @@ fn a_kernel_against_itself_shows_no_significant_row() {
         "1",
         "--accel",
         "tcg",
+        "--count-insns",
+        "off",
         "--out",
         out_dir.path().to_str().unwrap(),
     ]);

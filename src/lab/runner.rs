@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use thiserror::Error;
 
 use crate::backend::Disk;
-use crate::cli::RunArgs;
+use crate::cli::{CountInsns, RunArgs};
 use crate::control;
 use crate::disk::{DiskArgs, DiskConfig};
 use crate::lab::console::{parse_line, Event, Phase};
@@ -431,7 +431,8 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     info!("preparing {} guest image(s)", specs.len());
     let guests = images::prepare(&lab_dir, args.cache.as_deref(), &specs)?;
     let names = labels(&guests);
-    let needs_tcg = match (args.count_insns, args.deterministic) {
+    let forced = args.count_insns == CountInsns::On;
+    let needs_tcg = match (forced, args.deterministic) {
         (true, true) => Some("--count-insns and --deterministic"),
         (true, false) => Some("--count-insns"),
         (false, true) => Some("--deterministic"),
@@ -452,20 +453,33 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
             args.kvm_probe_timeout,
         ),
     };
-    let plugin = if args.count_insns {
+    // Under TCG, instruction counts are the deterministic CPU-cost answer:
+    // `auto` takes them whenever it can.
+    let mut count_insns = match args.count_insns {
+        CountInsns::On => true,
+        CountInsns::Off => false,
+        CountInsns::Auto => {
+            accel == Accel::Tcg && guests.iter().all(|g| system_map(&g.kernel).is_some())
+        }
+    };
+    let plugin = if count_insns {
         info!("building the instruction-count plugin for {qemu_bin}");
-        Some(insns::build_plugin(
-            &lab_dir,
-            args.cache.as_deref(),
-            &qemu_bin,
-        )?)
+        match insns::build_plugin(&lab_dir, args.cache.as_deref(), &qemu_bin) {
+            Ok(p) => Some(p),
+            Err(e) if !forced => {
+                warn!("no instruction counts (--count-insns auto): {e}");
+                count_insns = false;
+                None
+            }
+            Err(e) => return Err(e.into()),
+        }
     } else {
         None
     };
     // Symbolisation needs each kernel's System.map, checked before booting.
     let mut maps: Vec<Option<Arc<SymbolMap>>> = Vec::new();
     for g in &guests {
-        maps.push(if args.count_insns {
+        maps.push(if count_insns {
             let p = system_map(&g.kernel).ok_or_else(|| {
                 RunError::Config(format!(
                     "--count-insns: no System.map next to {} (symbolisation needs the kernel's \
