@@ -14,25 +14,14 @@
 //!
 //! Run: `cargo test --test images -- --nocapture`
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// `${BLKLAB_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images}`,
-/// the same as tests/qemu_e2e.rs.
-fn image_cache() -> PathBuf {
-    if let Some(p) = std::env::var_os("BLKLAB_IMAGE_CACHE") {
-        return PathBuf::from(p);
-    }
-    let base = match std::env::var_os("XDG_CACHE_HOME") {
-        Some(x) if !x.is_empty() => PathBuf::from(x),
-        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache"),
-    };
-    base.join("blklab").join("images")
 }
 
 /// Run `images/prepare.sh ARGS…` (stdin closed); returns its output and how
@@ -232,7 +221,7 @@ fn check_prepared(p: &Prepared) -> serde_json::Value {
 
 #[test]
 fn prepare_builds_plain_and_noplug_kernels_then_hits_the_cache() {
-    let cache = image_cache();
+    let cache = common::image_cache();
     let specs = ["build:6.12", "build:6.12+noplug"];
     let mut args: Vec<&std::ffi::OsStr> = vec!["--cache".as_ref(), cache.as_os_str()];
     args.extend(specs.iter().map(|s| std::ffi::OsStr::new(*s)));

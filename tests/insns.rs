@@ -201,17 +201,6 @@ fn differential_profile_ranks_the_plug_path() {
     assert!(md.contains("| function | group |"), "{md}");
 }
 
-fn image_cache() -> PathBuf {
-    if let Some(p) = std::env::var_os("BLKLAB_IMAGE_CACHE") {
-        return PathBuf::from(p);
-    }
-    let base = match std::env::var_os("XDG_CACHE_HOME") {
-        Some(x) if !x.is_empty() => PathBuf::from(x),
-        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache"),
-    };
-    base.join("blklab/images")
-}
-
 fn read_json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
@@ -224,7 +213,7 @@ fn guest_counts_are_nonzero_and_block_layer_counts_repeat() {
     let out = Command::new(common::blklab_bin())
         .arg("run")
         .arg("--cache")
-        .arg(image_cache())
+        .arg(common::image_cache())
         .args([
             "--no-progress",
             "--kernel",

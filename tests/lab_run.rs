@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -18,20 +18,9 @@ use serde_json::Value;
 /// The tests share the image cache and two CPUs: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn image_cache() -> PathBuf {
-    if let Some(p) = std::env::var_os("BLKLAB_IMAGE_CACHE") {
-        return PathBuf::from(p);
-    }
-    let base = match std::env::var_os("XDG_CACHE_HOME") {
-        Some(x) if !x.is_empty() => PathBuf::from(x),
-        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache"),
-    };
-    base.join("blklab/images")
-}
-
 fn blklab_run(args: &[&str]) -> (Output, Duration) {
     let start = Instant::now();
-    let cache = image_cache();
+    let cache = common::image_cache();
     let out = Command::new(common::blklab_bin())
         .arg("run")
         .arg("--cache")

@@ -34,18 +34,6 @@ fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `${BLKLAB_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images}`
-fn image_cache() -> PathBuf {
-    if let Some(p) = std::env::var_os("BLKLAB_IMAGE_CACHE") {
-        return PathBuf::from(p);
-    }
-    let base = match std::env::var_os("XDG_CACHE_HOME") {
-        Some(x) if !x.is_empty() => PathBuf::from(x),
-        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache"),
-    };
-    base.join("blklab").join("images")
-}
-
 /// A bootable guest: kernel + initramfs built by the `images/` recipes.
 struct GuestImage {
     kernel: PathBuf,
@@ -79,7 +67,7 @@ fn run_recipe(script: &str, args: &[&std::ffi::OsStr]) -> Duration {
 /// Fetch Debian's kernel for `series` ("6.1" or "6.12") and build the
 /// initramfs for it, both into the image cache.
 fn prepare_guest(series: &str) -> GuestImage {
-    let cache = image_cache();
+    let cache = common::image_cache();
     std::fs::create_dir_all(&cache).expect("create image cache dir");
     let kdir = cache.join(format!("kernel-{series}"));
     let initrd = cache.join(format!("initramfs-{series}.cpio.gz"));

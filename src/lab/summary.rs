@@ -23,17 +23,7 @@ pub const METRICS: &[(&str, &str)] = &[
 pub fn metrics(r: &Value) -> BTreeMap<&'static str, f64> {
     let mut m = BTreeMap::new();
     let g = &r["guest"];
-    let fio_iops: Option<f64> = g["fio"]["jobs"].as_array().map(|jobs| {
-        jobs.iter()
-            .map(|j| {
-                ["read", "write", "trim"]
-                    .iter()
-                    .filter_map(|d| j[*d]["iops"].as_f64())
-                    .sum::<f64>()
-            })
-            .sum()
-    });
-    if let Some(v) = fio_iops {
+    if let Some(v) = crate::report::metrics::iops(r) {
         m.insert("iops", v);
     }
     let f = |p: &str| g.pointer(p).and_then(Value::as_f64);
@@ -207,29 +197,10 @@ pub fn table(records: &[Value]) -> String {
         line.extend(METRICS.iter().map(|(k, _)| fmt(r.metrics.get(*k))));
         cells.push(line);
     }
-    let widths: Vec<usize> = (0..cells[0].len())
-        .map(|i| {
-            cells
-                .iter()
-                .map(|l| l[i].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
+    let (lines, widths) = crate::report::render::aligned_lines(&cells, |_, i| i < 2);
     let mut out = String::new();
-    for (n, l) in cells.iter().enumerate() {
-        let line: Vec<String> = l
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                if i < 2 {
-                    format!("{c:<w$}", w = widths[i])
-                } else {
-                    format!("{c:>w$}", w = widths[i])
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
+    for (n, line) in lines.iter().enumerate() {
+        out.push_str(line);
         out.push('\n');
         if n == 0 {
             out.push_str(&"-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1)));

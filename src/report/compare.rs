@@ -101,8 +101,8 @@ pub fn load_dir(dir: &Path) -> Result<(Value, Vec<Value>), ReportError> {
     Ok((run, records))
 }
 
-/// Kernels of a run, in run order.
-fn kernels(run: &Value, records: &[Value]) -> Vec<String> {
+/// Kernels of a run that have records, in run order.
+pub fn kernels(run: &Value, records: &[Value]) -> Vec<String> {
     let mut k: Vec<String> = run["kernels"]
         .as_array()
         .map(|a| {

@@ -62,7 +62,7 @@ fn per_io(v: Option<f64>, r: &Value) -> Option<f64> {
 }
 
 /// fio's IOPS, all directions.
-fn iops(r: &Value) -> Option<f64> {
+pub fn iops(r: &Value) -> Option<f64> {
     let jobs = r["guest"]["fio"]["jobs"].as_array()?;
     Some(
         jobs.iter()

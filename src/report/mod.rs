@@ -47,15 +47,7 @@ pub fn run_comparisons(
     metrics: &[String],
 ) -> Result<Vec<(compare::Report, compare::Side, compare::Side)>, compare::ReportError> {
     let (run, records) = compare::load_dir(out_dir)?;
-    let kernels: Vec<String> = run["kernels"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|k| k["label"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    let _ = records;
+    let kernels = compare::kernels(&run, &records);
     let mut out = Vec::new();
     for k in kernels.iter().skip(1) {
         let a = compare::load_side(&format!("{}:{}", out_dir.display(), kernels[0]))?;

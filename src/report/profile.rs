@@ -308,29 +308,12 @@ fn table(cells: &[Vec<String>], markdown: bool) -> String {
         }
         return out;
     }
-    let w: Vec<usize> = (0..cells[0].len())
-        .map(|i| {
-            cells
-                .iter()
-                .map(|l| l[i].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    for l in cells {
-        let line: Vec<String> = l
-            .iter()
-            .enumerate()
-            .map(|(i, c)| {
-                let text_col = i == 0 || (l.len() == 5 && i == 1);
-                if text_col {
-                    format!("  {c:<w$}", w = w[i])
-                } else {
-                    format!("{c:>w$}", w = w[i])
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
+    // Indented under the row's heading.
+    let (lines, _) =
+        crate::report::render::aligned_lines(cells, |l, i| i == 0 || (l.len() == 5 && i == 1));
+    for line in lines {
+        out.push_str("  ");
+        out.push_str(&line);
         out.push('\n');
     }
     out

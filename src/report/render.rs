@@ -4,6 +4,45 @@ use crate::report::compare::{Report, Row};
 use crate::report::metrics;
 use crate::report::stats::{Comparison, Method};
 
+/// Lines of an aligned plain-text table: each column as wide as its widest
+/// cell, two blanks between columns, left-aligned where `left(row,
+/// column)` says so, right-aligned elsewhere; trailing blanks trimmed.
+/// Also returns the column widths.
+pub fn aligned_lines(
+    cells: &[Vec<String>],
+    left: impl Fn(&[String], usize) -> bool,
+) -> (Vec<String>, Vec<usize>) {
+    let ncols = cells.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..ncols)
+        .map(|i| {
+            cells
+                .iter()
+                .filter_map(|l| l.get(i).map(|c| c.chars().count()))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let lines = cells
+        .iter()
+        .map(|l| {
+            l.iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    if left(l, i) {
+                        format!("{c:<w$}", w = widths[i])
+                    } else {
+                        format!("{c:>w$}", w = widths[i])
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("  ")
+                .trim_end()
+                .to_string()
+        })
+        .collect();
+    (lines, widths)
+}
+
 /// Numbers with a precision that suits their size.
 pub fn num(v: f64) -> String {
     if !v.is_finite() {
@@ -154,28 +193,9 @@ pub fn table(report: &Report) -> String {
         }
         out.push_str(&title);
         out.push('\n');
-        let widths: Vec<usize> = (0..cells[0].len())
-            .map(|i| {
-                cells
-                    .iter()
-                    .map(|l| l[i].chars().count())
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        for l in &cells {
-            let line: Vec<String> = l
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    if i == 0 || i == 1 || i == l.len() - 1 {
-                        format!("{c:<w$}", w = widths[i])
-                    } else {
-                        format!("{c:>w$}", w = widths[i])
-                    }
-                })
-                .collect();
-            out.push_str(line.join("  ").trim_end());
+        let (lines, _) = aligned_lines(&cells, |l, i| i <= 1 || i == l.len() - 1);
+        for line in lines {
+            out.push_str(&line);
             out.push('\n');
         }
         out.push('\n');

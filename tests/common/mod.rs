@@ -14,6 +14,20 @@ pub fn blklab_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_blklab"))
 }
 
+/// The image cache the QEMU tests share:
+/// `${BLKLAB_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images}`
+/// (what `images/prepare.sh` uses by default).
+pub fn image_cache() -> PathBuf {
+    if let Some(p) = std::env::var_os("BLKLAB_IMAGE_CACHE") {
+        return PathBuf::from(p);
+    }
+    let base = match std::env::var_os("XDG_CACHE_HOME") {
+        Some(x) if !x.is_empty() => PathBuf::from(x),
+        _ => PathBuf::from(std::env::var_os("HOME").expect("HOME is not set")).join(".cache"),
+    };
+    base.join("blklab/images")
+}
+
 /// A running `blklab serve` process with its own temporary directory.
 pub struct Daemon {
     pub child: Child,
