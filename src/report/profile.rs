@@ -46,6 +46,14 @@ pub struct Entry {
     pub b: SideValue,
     /// mean(B) − mean(A), instructions per IO.
     pub diff: f64,
+    /// Every run of one side lies beyond every run of the other: a
+    /// difference the runs' scatter cannot explain.
+    pub separated: bool,
+}
+
+/// Do the two sides' ranges not overlap (with a difference)?
+fn separated(a: &SideValue, b: &SideValue) -> bool {
+    a.n > 0 && b.n > 0 && (a.max < b.min || b.max < a.min)
 }
 
 /// The profile of one (scenario, variant) row.
@@ -58,7 +66,7 @@ pub struct RowProfile {
     pub totals: Vec<Entry>,
     /// Every group, largest |diff| first.
     pub groups: Vec<Entry>,
-    /// The `top` functions by |diff|.
+    /// The `top` functions: separated differences first, each by |diff|.
     pub functions: Vec<Entry>,
     /// Functions with a difference that were left out of `functions`.
     pub more_functions: usize,
@@ -110,16 +118,23 @@ fn entries(
                 name: n.clone(),
                 group: group(n),
                 diff: sb.mean - sa.mean,
+                separated: separated(&sa, &sb),
                 a: sa,
                 b: sb,
             }
         })
         .collect();
+    // Separated differences first (the ones every run agrees on: the
+    // plug path's functions, not a spin lock's noise), each by |diff|.
     out.sort_by(|x, y| {
-        y.diff
-            .abs()
-            .partial_cmp(&x.diff.abs())
-            .unwrap_or(std::cmp::Ordering::Equal)
+        y.separated
+            .cmp(&x.separated)
+            .then(
+                y.diff
+                    .abs()
+                    .partial_cmp(&x.diff.abs())
+                    .unwrap_or(std::cmp::Ordering::Equal),
+            )
             .then(
                 y.a.mean
                     .max(y.b.mean)
@@ -167,6 +182,7 @@ pub fn row_profile(
             name: name.to_string(),
             group: String::new(),
             diff: sb.mean - sa.mean,
+            separated: separated(&sa, &sb),
             a: sa,
             b: sb,
         });
@@ -207,7 +223,8 @@ pub fn render(profiles: &[RowProfile], a: &str, b: &str, markdown: bool) -> Stri
     }
     let head = format!(
         "differential profile: guest instructions per IO, B - A, mean ± sd over iterations \
-         (A = {a}, B = {b}; kernel functions from System.map, grouped by name)"
+         (A = {a}, B = {b}; kernel functions from System.map, grouped by name; \
+         = every run of one side beyond every run of the other, listed first)"
     );
     if markdown {
         out.push_str(&format!("**{head}**\n\n"));
@@ -258,7 +275,7 @@ pub fn render(profiles: &[RowProfile], a: &str, b: &str, markdown: bool) -> Stri
                     },
                     ms(&e.a),
                     ms(&e.b),
-                    format!("{:+.1}", e.diff),
+                    format!("{:+.1}{}", e.diff, if e.separated { " =" } else { "" }),
                 ]);
             }
             if what == "function" && p.more_functions > 0 {
@@ -352,6 +369,7 @@ mod tests {
         );
         let p = row_profile("s", "v", &[&a1, &a2], &[&b1, &b2], 2).unwrap();
         assert_eq!(p.functions[0].name, "blk_mq_flush_plug_list");
+        assert!(p.functions[0].separated);
         assert_eq!(p.functions[0].diff, -50.0);
         assert_eq!(p.functions[0].a.sd, 0.0);
         assert_eq!(p.functions[1].name, "blk_mq_try_issue_directly");
