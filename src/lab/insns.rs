@@ -294,7 +294,10 @@ impl SymbolMap {
             return Err(InsnsError::Parse {
                 path: path.to_path_buf(),
                 line: 0,
-                why: "no text symbols (T/t/W/w): not a System.map".into(),
+                why: "no text symbols (T/t/W/w): not a real System.map (Debian's linux-image \
+                      packages ship a placeholder; the real one is in the matching \
+                      linux-image-…-dbg package)"
+                    .into(),
             });
         }
         syms.sort();

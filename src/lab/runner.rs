@@ -459,7 +459,17 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         CountInsns::On => true,
         CountInsns::Off => false,
         CountInsns::Auto => {
-            accel == Accel::Tcg && guests.iter().all(|g| system_map(&g.kernel).is_some())
+            // Every kernel needs a usable System.map (Debian's packages ship
+            // a placeholder one; the real map is in linux-image-…-dbg).
+            let usable = guests
+                .iter()
+                .all(|g| system_map(&g.kernel).is_some_and(|p| SymbolMap::read(&p).is_ok()));
+            if accel == Accel::Tcg && !usable {
+                info!(
+                    "no instruction counts (--count-insns auto): a kernel has no usable System.map"
+                );
+            }
+            accel == Accel::Tcg && usable
         }
     };
     let plugin = if count_insns {
@@ -483,7 +493,8 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
             let p = system_map(&g.kernel).ok_or_else(|| {
                 RunError::Config(format!(
                     "--count-insns: no System.map next to {} (symbolisation needs the kernel's \
-                     System.map; Debian's linux-image packages and self-built kernels have one)",
+                     System.map; self-built kernels have one, Debian's linux-image packages only a \
+                     placeholder: the real one is in linux-image-…-dbg)",
                     g.kernel.display()
                 ))
             })?;
