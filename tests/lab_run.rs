@@ -33,6 +33,21 @@ fn blklab_run(args: &[&str]) -> (Output, Duration) {
     (out, start.elapsed())
 }
 
+/// Every console log of a run, for a failure message (the guest's own
+/// words about a crash are at the start, not in the error's tail).
+fn consoles(out_dir: &Path) -> String {
+    let mut out = String::new();
+    if let Ok(rd) = std::fs::read_dir(out_dir.join("console")) {
+        let mut files: Vec<_> = rd.flatten().map(|e| e.path()).collect();
+        files.sort();
+        for f in files {
+            let t = std::fs::read_to_string(&f).unwrap_or_default();
+            out.push_str(&format!("==== {}\n{t}\n", f.display()));
+        }
+    }
+    out
+}
+
 fn text(o: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -146,7 +161,8 @@ fn default_run_builds_the_pair_and_reports() {
     let (stdout, stderr) = text(&o);
     assert!(
         o.status.success(),
-        "blklab run failed after {took:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        "blklab run failed after {took:?}\nstdout:\n{stdout}\nstderr:\n{stderr}\n{}",
+        consoles(out_dir.path())
     );
     eprintln!("blklab run took {took:?}\n{stdout}");
 
@@ -277,7 +293,8 @@ fn a_kernel_against_itself_shows_no_significant_row() {
     let (stdout, stderr) = text(&o);
     assert!(
         o.status.success(),
-        "blklab run failed after {took:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+        "blklab run failed after {took:?}\nstdout:\n{stdout}\nstderr:\n{stderr}\n{}",
+        consoles(out_dir.path())
     );
     let run = read_json(&out_dir.path().join("run.json"));
     let labels: Vec<String> = run["kernels"]

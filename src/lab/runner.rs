@@ -544,6 +544,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     );
     let mut records = Vec::new();
     let mut failures = Vec::new();
+    let mut retried: Vec<Value> = Vec::new();
     for (seq, boot) in boots.iter().enumerate() {
         let g = &guests[boot.kernel];
         let s = &scenarios[boot.scenario];
@@ -565,12 +566,41 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
             plugin: plugin.as_deref(),
             symbols: maps[boot.kernel].clone(),
         };
-        let (mut recs, mut fails) = run_boot(&ctx).map_err(|why| RunError::Guest {
-            kernel: names[boot.kernel].clone(),
-            scenario: s.name.clone(),
-            iteration: boot.iteration,
-            why,
-        })?;
+        // A boot that does not complete (the guest crashed or hung, QEMU
+        // died) is tried once more; the first attempt's console log is kept
+        // as *.attempt1.log and the retry is listed in summary.json.
+        let position = pb.position();
+        let (mut recs, mut fails) = match run_boot(&ctx) {
+            Ok(r) => r,
+            Err(first) => {
+                let log = console_log_path(&out_dir, &names[boot.kernel], &s.name, boot.iteration);
+                let kept = log.with_extension("attempt1.log");
+                let _ = std::fs::rename(&log, &kept);
+                warn!(
+                    "{} {} #{}: the boot did not complete ({}); booting once more (console: {})",
+                    names[boot.kernel],
+                    s.name,
+                    boot.iteration,
+                    first.lines().next().unwrap_or(""),
+                    kept.display()
+                );
+                retried.push(json!({
+                    "kernel": names[boot.kernel], "scenario": s.name,
+                    "iteration": boot.iteration, "error": first, "console": kept,
+                }));
+                pb.set_position(position);
+                run_boot(&ctx).map_err(|why| RunError::Guest {
+                    kernel: names[boot.kernel].clone(),
+                    scenario: s.name.clone(),
+                    iteration: boot.iteration,
+                    why: format!(
+                        "{why} (second attempt; the first failed too: {first}; consoles: {} and {})",
+                        log.display(),
+                        kept.display()
+                    ),
+                })?
+            }
+        };
         records.append(&mut recs);
         failures.append(&mut fails);
     }
@@ -580,6 +610,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         "schema": "blklab-run-summary/1",
         "finished_unix": unix_now(),
         "failures": failures,
+        "retried_boots": retried,
         "rows": summary::rows(&records),
     });
     write_json(&out_dir.join("summary.json"), &sum_doc)?;
@@ -607,6 +638,13 @@ struct BootCtx<'a> {
     pb: &'a ProgressBar,
     plugin: Option<&'a Path>,
     symbols: Option<Arc<SymbolMap>>,
+}
+
+/// Where a boot's console goes.
+fn console_log_path(out_dir: &Path, label: &str, scenario: &str, iteration: u32) -> PathBuf {
+    out_dir
+        .join("console")
+        .join(format!("{label}.{scenario}.{iteration:02}.log"))
 }
 
 /// Boot one guest, run one scenario, return its records and the failed
@@ -663,10 +701,7 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
     };
     let mut command_line = vec![c.qemu.to_string()];
     command_line.extend(spec.args());
-    let console_log = c.out_dir.join("console").join(format!(
-        "{}.{}.{:02}.log",
-        c.label, c.scenario.name, c.boot.iteration
-    ));
+    let console_log = console_log_path(c.out_dir, c.label, &c.scenario.name, c.boot.iteration);
     let _ = std::fs::remove_file(&console_log);
     let mut guest = Guest::spawn(&spec, Some(&console_log)).map_err(|e| e.to_string())?;
     let qemu_pid = guest.pid();
