@@ -430,20 +430,6 @@ impl BlkBackend {
             popped += d.popped;
             worked |= completed + d.used > 0 || d.popped > 0;
             pollable = d.ring_ok && !d.tag_blocked;
-            if completed + d.used > 0 {
-                match vs.get_queue_mut().needs_notification(&*mem) {
-                    Ok(true) => {
-                        if let Err(e) = vs.signal_used_queue() {
-                            warn!("queue {}: cannot signal the guest: {e}", q.index);
-                        }
-                        st.counters.notifications += 1;
-                    }
-                    Ok(false) => st.counters.notifications_suppressed += 1,
-                    Err(_) => {
-                        self.ring_error(q, &mut st, "cannot read the avail ring's used_event")
-                    }
-                }
-            }
             // A broken ring stays broken until the driver resets it, and a
             // queue without a free slot waits for its pool's wake-up: do
             // not spin on either.
@@ -631,6 +617,27 @@ impl BlkBackend {
         n
     }
 
+    /// Signal the guest if the used entries added since the last check
+    /// cross its `used_event` (always without EVENT_IDX).
+    fn notify_if_needed(
+        &self,
+        q: &mut QueueState,
+        st: &mut QueueStats,
+        vs: &mut vhost_user_backend::VringState<GM>,
+        mem: &GuestMemoryMmap,
+    ) {
+        match vs.get_queue_mut().needs_notification(mem) {
+            Ok(true) => {
+                if let Err(e) = vs.signal_used_queue() {
+                    warn!("queue {}: cannot signal the guest: {e}", q.index);
+                }
+                st.counters.notifications += 1;
+            }
+            Ok(false) => st.counters.notifications_suppressed += 1,
+            Err(_) => self.ring_error(q, st, "cannot read the avail ring's used_event"),
+        }
+    }
+
     /// Put a request on the used ring and give its slot back; its service
     /// time is recorded as ending at `done` (None: the caller records it).
     fn finish(
@@ -654,6 +661,14 @@ impl BlkBackend {
             );
         }
         self.disk.put_tag(q.index, p.tag);
+        // Check the guest's used_event after every entry, as QEMU does: the
+        // driver hears of its first completion while we still serve the
+        // rest, and refills the ring in parallel instead of after the whole
+        // pass (measured: +60-90 % IOPS at QD64 and -20 % backend CPU per
+        // request on the development VM; see README, "What each change
+        // gave"). With EVENT_IDX the check is one read of used_event and
+        // signals at most once per driver update of it.
+        self.notify_if_needed(q, st, vs, mem);
         if let Some(done) = done {
             st.completed(p.op, done.saturating_duration_since(p.popped_at));
         }
@@ -775,6 +790,7 @@ impl BlkBackend {
                     self.ring_error(q, st, &format!("cannot put head {head} on the used ring"));
                 } else {
                     r.used += 1;
+                    self.notify_if_needed(q, st, vs, mem);
                 }
                 continue;
             };

@@ -139,7 +139,7 @@ fn counter_help(field: &str) -> String {
         "poll_hits" => "Poll spins that found a request (--poll).",
         "poll_misses" => "Poll spins that ran out and re-enabled guest notifications (--poll).",
         "notifications_suppressed" => {
-            "Completion batches whose notification EVENT_IDX or NO_INTERRUPT let the backend skip."
+            "Completions put on the used ring without a notification (EVENT_IDX: the driver's used_event did not ask for one)."
         }
         other => return format!("Per-queue counter {other}."),
     };

@@ -22,6 +22,8 @@ use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, Volati
 
 use std::cell::RefCell;
 
+use smallvec::SmallVec;
+
 use crate::disk::DiskConfig;
 use crate::faults::{FaultDecision, FaultState};
 use crate::features::BlkFeature;
@@ -160,6 +162,10 @@ where
     }
 }
 
+/// A request's guest buffers: kept on the stack up to four slices (a 4 KiB
+/// read is one), so the common request allocates nothing.
+type Slices<'m> = SmallVec<[VolatileSlice<'m, ()>; 4]>;
+
 /// Guest memory slices covering `len` bytes starting `skip` bytes into the
 /// readable (`write == false`) or writable segments.
 fn slices<'m>(
@@ -168,8 +174,8 @@ fn slices<'m>(
     write: bool,
     mut skip: u64,
     len: u64,
-) -> Result<Vec<VolatileSlice<'m, ()>>, ()> {
-    let mut out = Vec::with_capacity(segs.len());
+) -> Result<Slices<'m>, ()> {
+    let mut out = Slices::new();
     let mut left = len;
     for s in segs.iter().filter(|s| s.write == write) {
         if left == 0 {
@@ -214,15 +220,16 @@ fn read_bytes(
 /// [`collect_segments`]) and write its status. Never panics on guest input.
 pub fn execute(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> Outcome {
     let status_seg = segs[segs.len() - 1];
-    let status_addr = GuestAddress(status_seg.addr.wrapping_add(u64::from(status_seg.len) - 1));
-    if status_seg
+    // One lookup: the status byte's slice is found before the request runs
+    // (a chain without a writable status byte is dropped untouched) and
+    // written through after.
+    let Some(status_byte) = status_seg
         .addr
         .checked_add(u64::from(status_seg.len) - 1)
-        .is_none()
-        || !GuestMemoryBackend::check_range(mem, status_addr, 1)
-    {
+        .and_then(|a| GuestMemoryBackend::get_slice(mem, GuestAddress(a), 1).ok())
+    else {
         return Outcome::Dropped(DropReason::StatusUnwritable);
-    }
+    };
 
     let (op, status, used_data, bytes, fault) = run(dev, mem, segs);
     let used_len = if status == STATUS_OK {
@@ -230,7 +237,7 @@ pub fn execute(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> Out
     } else {
         1
     };
-    if mem.write_obj::<u8>(status, status_addr).is_err() {
+    if status_byte.write_obj::<u8>(status, 0).is_err() {
         return Outcome::Dropped(DropReason::StatusUnwritable);
     }
     Outcome::Completed {
@@ -287,7 +294,11 @@ fn run_checked(
         return (Op::Other, STATUS_IOERR, 0, 0);
     }
     let mut hdr = [0u8; HEADER_SIZE as usize];
-    if read_bytes(mem, segs, 0, &mut hdr).is_err() {
+    // The header almost always sits whole in the first descriptor: one
+    // guest-memory lookup. Otherwise gather it across descriptors.
+    let whole = segs[0].len as u64 >= HEADER_SIZE
+        && mem.read_slice(&mut hdr, GuestAddress(segs[0].addr)).is_ok();
+    if !whole && read_bytes(mem, segs, 0, &mut hdr).is_err() {
         return (Op::Other, STATUS_IOERR, 0, 0);
     }
     let rtype = u32::from_le_bytes(hdr[0..4].try_into().unwrap_or_default());

@@ -1509,6 +1509,9 @@ fn kicks_counted_exactly() {
     let a = q0(&blklab::control::query(&ctl, "snapshot one-per-kick").unwrap());
     assert_eq!(a["counters"]["requests"], 20, "{a}");
     assert_eq!(a["counters"]["kicks"], 20, "one kick per request: {a}");
+    // EVENT_IDX: each request's used_event asked for its own completion.
+    assert_eq!(a["counters"]["notifications"], 20, "{a}");
+    assert_eq!(a["counters"]["notifications_suppressed"], 0, "{a}");
 
     // Phase 2: 3 rounds of 16 requests published, then a single kick.
     for round in 0..3u64 {
@@ -1532,5 +1535,10 @@ fn kicks_counted_exactly() {
     assert_eq!(b["counters"]["requests"], 48, "{b}");
     assert_eq!(b["counters"]["kicks"], 3, "one kick per 16 requests: {b}");
     assert_eq!(b["requests_per_kick"]["max"], 16, "{b}");
+    // used_event stays at the round's first completion while the driver
+    // publishes: one notification per round, at the first used entry (the
+    // check runs after every entry), and the other 15 entries suppressed.
+    assert_eq!(b["counters"]["notifications"], 3, "{b}");
+    assert_eq!(b["counters"]["notifications_suppressed"], 45, "{b}");
     end(server, c);
 }
