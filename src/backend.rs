@@ -244,6 +244,13 @@ pub struct BlkBackend {
     repoll: Vec<EventFd>,
 }
 
+/// Whether queue `q`'s earliest emulated completion is due within `d`.
+fn due_within(q: &QueueState, now: Instant, d: std::time::Duration) -> bool {
+    q.pending
+        .peek()
+        .is_some_and(|Reverse(p)| p.deadline <= now + d)
+}
+
 /// Longest a worker polls before returning to its epoll loop once.
 const POLL_YIELD: std::time::Duration = std::time::Duration::from_millis(1);
 
@@ -522,7 +529,10 @@ impl BlkBackend {
                 } else {
                     match q.idle_since {
                         None => q.idle_since = Some(now),
-                        Some(since) if now - since >= spin => {
+                        // A request due within the spin is work about to
+                        // happen: keep polling so it completes at its
+                        // deadline, not at a late timer wake-up.
+                        Some(since) if now - since >= spin && !due_within(&q, now, spin) => {
                             if self.rearm(&mut q, vring) {
                                 // Work arrived before the guest saw the
                                 // notifications on (it may not have
@@ -590,7 +600,12 @@ impl BlkBackend {
                 st.counters.poll_misses += 1;
             }
         }
-        let next = q.pending.peek().map(|Reverse(p)| p.deadline);
+        // Wake a little early and spin the rest (see --latency-spin).
+        let spin = self.disk.cfg.latency_spin();
+        let next = q
+            .pending
+            .peek()
+            .map(|Reverse(p)| p.deadline.checked_sub(spin).unwrap_or(p.deadline));
         if let Err(e) = q.timer.set(next) {
             warn!("queue {}: cannot arm the completion timer: {e}", q.index);
         }

@@ -54,13 +54,38 @@ impl Client {
         queue_size: i32,
         read_only: bool,
     ) -> blkio::Result<Client> {
+        Self::connect_opts(socket, num_queues, queue_size, read_only, false)
+    }
+
+    /// Connect with libblkio poll queues: `do_io` busy-waits for
+    /// completions instead of sleeping on the completion eventfd.
+    pub fn connect_polling(socket: &Path, num_queues: usize) -> blkio::Result<Client> {
+        Self::connect_opts(socket, num_queues, 128, false, true)
+    }
+
+    fn connect_opts(
+        socket: &Path,
+        num_queues: usize,
+        queue_size: i32,
+        read_only: bool,
+        poll: bool,
+    ) -> blkio::Result<Client> {
         let mut b = Blkio::new("virtio-blk-vhost-user")?;
         b.set_str("path", socket.to_str().expect("utf-8 path"))?;
         b.set_bool("read-only", read_only)?;
         b.connect()?;
-        b.set_i32("num-queues", num_queues as i32)?;
+        let (nq, npq) = if poll {
+            (0, num_queues)
+        } else {
+            (num_queues, 0)
+        };
+        b.set_i32("num-queues", nq as i32)?;
+        b.set_i32("num-poll-queues", npq as i32)?;
         b.set_i32("queue-size", queue_size)?;
-        let started = b.start()?;
+        let mut started = b.start()?;
+        if poll {
+            started.queues = std::mem::take(&mut started.poll_queues);
+        }
         let align = b.get_u64("mem-region-alignment")? as usize;
         let len = (BUF_PER_QUEUE * num_queues).div_ceil(align) * align;
         let region = b.alloc_mem_region(len)?;
