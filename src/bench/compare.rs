@@ -406,23 +406,61 @@ fn cell(rows: &[RowResult], row: usize, b: Backend) -> Option<&Cell> {
     rows.get(row)?.cells.iter().find(|c| c.backend == b)
 }
 
+/// `num / den - offset` as a verdict, when `den` is positive.
+fn push_ratio(
+    v: &mut Vec<Verdict>,
+    what: String,
+    (num, den, offset): (f64, f64, f64),
+    target: &str,
+    pass: fn(f64) -> bool,
+) {
+    if den > 0.0 {
+        let value = num / den - offset;
+        v.push(Verdict {
+            what,
+            value,
+            target: target.into(),
+            pass: pass(value),
+        });
+    }
+}
+
 /// The targets as ratios within this run.
 fn verdicts(rows: &[RowResult]) -> Vec<Verdict> {
     let mut v = Vec::new();
-    for b in [Backend::Blklab, Backend::BlklabPoll] {
-        if let (Some(q), Some(c)) = (cell(rows, 0, Backend::Qsd), cell(rows, 0, b)) {
-            if q.iops_per_backend_cpu_s > 0.0 {
-                let r = c.iops_per_backend_cpu_s / q.iops_per_backend_cpu_s;
-                v.push(Verdict {
-                    what: format!(
-                        "{}: IOPS per backend CPU-second, {} / qemu-storage-daemon",
-                        rows[0].row.name,
+    let within_3 = |r: f64| r.abs() <= 0.03;
+    // blklab (default and --poll) over qemu-storage-daemon, per row.
+    type Target = (
+        usize,
+        &'static str,
+        fn(&Cell) -> f64,
+        &'static str,
+        fn(f64) -> bool,
+    );
+    let vs_qsd: [Target; 2] = [
+        (
+            0,
+            "IOPS per backend CPU-second",
+            |c| c.iops_per_backend_cpu_s,
+            ">= 2.0",
+            |r| r >= 2.0,
+        ),
+        (1, "round trip p50", |c| c.p50_ns, "<= 0.8", |r| r <= 0.8),
+    ];
+    for (row, metric, get, target, pass) in vs_qsd {
+        for b in [Backend::Blklab, Backend::BlklabPoll] {
+            if let (Some(q), Some(c)) = (cell(rows, row, Backend::Qsd), cell(rows, row, b)) {
+                push_ratio(
+                    &mut v,
+                    format!(
+                        "{}: {metric}, {} / qemu-storage-daemon",
+                        rows[row].row.name,
                         b.label()
                     ),
-                    value: r,
-                    target: ">= 2.0".into(),
-                    pass: r >= 2.0,
-                });
+                    (get(c), get(q), 0.0),
+                    target,
+                    pass,
+                );
             }
         }
     }
@@ -430,44 +468,23 @@ fn verdicts(rows: &[RowResult]) -> Vec<Verdict> {
         cell(rows, 0, Backend::Blklab),
         cell(rows, 0, Backend::BlklabNoStats),
     ) {
-        if n.iops_per_backend_cpu_s > 0.0 {
-            let r = b.iops_per_backend_cpu_s / n.iops_per_backend_cpu_s - 1.0;
-            v.push(Verdict {
-                what: format!(
-                    "{}: statistics on vs --no-stats, IOPS per backend CPU-second",
-                    rows[0].row.name
-                ),
-                value: r,
-                target: "within 3 %".into(),
-                pass: r.abs() <= 0.03,
-            });
-        }
-        if n.iops > 0.0 {
-            let r = b.iops / n.iops - 1.0;
-            v.push(Verdict {
-                what: format!("{}: statistics on vs --no-stats, IOPS", rows[0].row.name),
-                value: r,
-                target: "within 3 %".into(),
-                pass: r.abs() <= 0.03,
-            });
-        }
-    }
-    for b in [Backend::Blklab, Backend::BlklabPoll] {
-        if let (Some(q), Some(c)) = (cell(rows, 1, Backend::Qsd), cell(rows, 1, b)) {
-            if q.p50_ns > 0.0 {
-                let r = c.p50_ns / q.p50_ns;
-                v.push(Verdict {
-                    what: format!(
-                        "{}: round trip p50, {} / qemu-storage-daemon",
-                        rows[1].row.name,
-                        b.label()
-                    ),
-                    value: r,
-                    target: "<= 0.8".into(),
-                    pass: r <= 0.8,
-                });
-            }
-        }
+        push_ratio(
+            &mut v,
+            format!(
+                "{}: statistics on vs --no-stats, IOPS per backend CPU-second",
+                rows[0].row.name
+            ),
+            (b.iops_per_backend_cpu_s, n.iops_per_backend_cpu_s, 1.0),
+            "within 3 %",
+            within_3,
+        );
+        push_ratio(
+            &mut v,
+            format!("{}: statistics on vs --no-stats, IOPS", rows[0].row.name),
+            (b.iops, n.iops, 1.0),
+            "within 3 %",
+            within_3,
+        );
     }
     if let Some(p) = cell(rows, 2, Backend::BlklabPoll) {
         let us = p.p50_ns / 1e3;
