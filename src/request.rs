@@ -614,6 +614,64 @@ mod tests {
     }
 
     #[test]
+    fn header_split_across_descriptors() {
+        // The header's 16 bytes over two readable descriptors (the slow
+        // path of the header read), for a write and a read of sector 3.
+        let e = env(&[]);
+        let split_hdr = |t: u32| {
+            let mut h = [0u8; 16];
+            h[0..4].copy_from_slice(&t.to_le_bytes());
+            h[8..16].copy_from_slice(&3u64.to_le_bytes());
+            e.mem.write_slice(&h[..5], GuestAddress(0x8000)).unwrap();
+            e.mem.write_slice(&h[5..], GuestAddress(0xa000)).unwrap();
+        };
+        e.mem
+            .write_slice(&[0x77; 512], GuestAddress(0x10000))
+            .unwrap();
+        split_hdr(VIRTIO_BLK_T_OUT);
+        let (o, st) = run_chain(
+            &e,
+            &[
+                (0x8000, 5, 0),
+                (0xa000, 11, 0),
+                (0x10000, 512, 0),
+                (0x9000, 1, W),
+            ],
+        );
+        assert_eq!(st, STATUS_OK);
+        assert!(matches!(
+            o,
+            Outcome::Completed {
+                op: Op::Write,
+                bytes: 512,
+                ..
+            }
+        ));
+        split_hdr(VIRTIO_BLK_T_IN);
+        let (o, st) = run_chain(
+            &e,
+            &[
+                (0x8000, 5, 0),
+                (0xa000, 11, 0),
+                (0x20000, 512, W),
+                (0x9000, 1, W),
+            ],
+        );
+        assert_eq!(st, STATUS_OK);
+        assert!(matches!(
+            o,
+            Outcome::Completed {
+                op: Op::Read,
+                used_len: 513,
+                ..
+            }
+        ));
+        let mut b = [0u8; 512];
+        e.mem.read_slice(&mut b, GuestAddress(0x20000)).unwrap();
+        assert!(b.iter().all(|x| *x == 0x77));
+    }
+
+    #[test]
     fn header_and_data_in_one_descriptor_status_with_data() {
         // Any framing is legal: header+data in one readable descriptor,
         // data+status in one writable descriptor.

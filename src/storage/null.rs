@@ -51,3 +51,25 @@ impl Storage for NullStorage {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap};
+
+    #[test]
+    fn reads_zero_exactly_the_buffers() {
+        let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        mem.write_slice(&[0xff; 0x10000], GuestAddress(0)).unwrap();
+        let a = mem.get_slice(GuestAddress(0x1001), 100).unwrap();
+        let b = mem.get_slice(GuestAddress(0x3000), 5000).unwrap();
+        NullStorage::new(1 << 20).read_into(0, &[a, b]).unwrap();
+        let mut all = vec![0u8; 0x10000];
+        mem.read_slice(&mut all, GuestAddress(0)).unwrap();
+        for (i, byte) in all.iter().enumerate() {
+            let inside =
+                (0x1001..0x1001 + 100).contains(&i) || (0x3000..0x3000 + 5000).contains(&i);
+            assert_eq!(*byte, if inside { 0 } else { 0xff }, "byte {i:#x}");
+        }
+    }
+}
