@@ -461,15 +461,7 @@ impl BlkBackend {
             // The poll loop re-arms the timer when it stops polling.
             return (worked, pollable);
         }
-        // Wake a little early and spin the rest (see --latency-spin).
-        let spin = self.disk.cfg.latency_spin();
-        let next = q
-            .pending
-            .peek()
-            .map(|Reverse(p)| p.deadline.checked_sub(spin).unwrap_or(p.deadline));
-        if let Err(e) = q.timer.set(next) {
-            warn!("queue {}: cannot arm the completion timer: {e}", q.index);
-        }
+        self.arm_timer(q);
         (worked, pollable)
     }
 
@@ -600,7 +592,13 @@ impl BlkBackend {
                 st.counters.poll_misses += 1;
             }
         }
-        // Wake a little early and spin the rest (see --latency-spin).
+        self.arm_timer(q);
+    }
+
+    /// Arm queue `q`'s completion timer for its earliest deadline (off when
+    /// nothing is pending), waking a little early to spin the rest (see
+    /// --latency-spin).
+    fn arm_timer(&self, q: &mut QueueState) {
         let spin = self.disk.cfg.latency_spin();
         let next = q
             .pending
