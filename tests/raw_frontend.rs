@@ -1474,27 +1474,40 @@ fn disconnect_and_reconnect() {
 /// and the control socket must report exactly that.
 #[test]
 fn kicks_counted_exactly() {
+    kicks_and_notifications(true);
+}
+
+#[test]
+fn kicks_and_notifications_without_event_idx() {
+    kicks_and_notifications(false);
+}
+
+/// Known submission patterns, then the queue's kick and notification
+/// counters. With EVENT_IDX the backend checks used_event after every
+/// used entry; without it, it signals once per pass over the ring.
+fn kicks_and_notifications(event_idx: bool) {
     if std::env::var("RAW_FRONTEND_BACKEND").as_deref() == Ok("qsd") {
         return; // blklab's control socket only
     }
     let dir = tempfile::tempdir().unwrap();
     let ctl = dir.path().join("ctl.sock");
     let ctl_arg = ctl.to_str().unwrap().to_string();
-    let server = Server::Blklab(common::Daemon::spawn(
-        &[
-            "--disk",
-            "mem",
-            "--size",
-            "64M",
-            "--num-queues",
-            "2",
-            "--queue-size",
-            "64",
-            "--control",
-            &ctl_arg,
-        ],
-        1,
-    ));
+    let mut args = vec![
+        "--disk",
+        "mem",
+        "--size",
+        "64M",
+        "--num-queues",
+        "2",
+        "--queue-size",
+        "64",
+        "--control",
+        &ctl_arg,
+    ];
+    if !event_idx {
+        args.extend_from_slice(&["--disable-features", "event-idx"]);
+    }
+    let server = Server::Blklab(common::Daemon::spawn(&args, 1));
     let mut c = server.connect();
     let settle = || std::thread::sleep(Duration::from_millis(200));
     let q0 = |doc: &serde_json::Value| doc["disks"][0]["queues"][0].clone();
@@ -1509,7 +1522,8 @@ fn kicks_counted_exactly() {
     let a = q0(&blklab::control::query(&ctl, "snapshot one-per-kick").unwrap());
     assert_eq!(a["counters"]["requests"], 20, "{a}");
     assert_eq!(a["counters"]["kicks"], 20, "one kick per request: {a}");
-    // EVENT_IDX: each request's used_event asked for its own completion.
+    // EVENT_IDX: each request's used_event asked for its own completion;
+    // without it, each pass (one request here) signals once.
     assert_eq!(a["counters"]["notifications"], 20, "{a}");
     assert_eq!(a["counters"]["notifications_suppressed"], 0, "{a}");
 
@@ -1535,10 +1549,12 @@ fn kicks_counted_exactly() {
     assert_eq!(b["counters"]["requests"], 48, "{b}");
     assert_eq!(b["counters"]["kicks"], 3, "one kick per 16 requests: {b}");
     assert_eq!(b["requests_per_kick"]["max"], 16, "{b}");
-    // used_event stays at the round's first completion while the driver
-    // publishes: one notification per round, at the first used entry (the
-    // check runs after every entry), and the other 15 entries suppressed.
+    // EVENT_IDX: used_event stays at the round's first completion while
+    // the driver publishes: one notification per round, at the first used
+    // entry (the check runs after every entry), and the other 15 entries
+    // suppressed. Without it: one signal per pass, one pass per kick.
     assert_eq!(b["counters"]["notifications"], 3, "{b}");
-    assert_eq!(b["counters"]["notifications_suppressed"], 45, "{b}");
+    let suppressed = if event_idx { 45 } else { 0 };
+    assert_eq!(b["counters"]["notifications_suppressed"], suppressed, "{b}");
     end(server, c);
 }
