@@ -41,10 +41,12 @@ pub struct QueueCounters {
     pub empty_wakeups: u64,
     /// Used-buffer notifications sent to the guest.
     pub notifications: u64,
-    /// Completions put on the used ring without a notification (EVENT_IDX:
-    /// the driver's used_event did not ask for one). The check runs after
-    /// every used entry, so `notifications + notifications_suppressed` is
-    /// the number of used entries.
+    /// With EVENT_IDX: completions put on the used ring without a
+    /// notification (the driver's used_event did not ask for one). The
+    /// check runs after every used entry, so `notifications +
+    /// notifications_suppressed` is the number of used entries. Without
+    /// EVENT_IDX each pass over the ring signals once and nothing is
+    /// suppressed.
     pub notifications_suppressed: u64,
     /// Times the queue found no free command slot and stopped popping.
     pub tag_waits: u64,
