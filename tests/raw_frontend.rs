@@ -59,6 +59,18 @@ const MSG_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long to wait for a completion that may legitimately never come.
 const MAYBE_WAIT: Duration = Duration::from_millis(500);
 
+/// The disk every blklab test here serves.
+const BLKLAB_DISK: [&str; 8] = [
+    "--disk",
+    "mem",
+    "--size",
+    "64M",
+    "--num-queues",
+    "2",
+    "--queue-size",
+    "64",
+];
+
 // virtio feature bits
 const VIRTIO_BLK_F_SEG_MAX: u64 = 1 << 2;
 const VIRTIO_BLK_F_RO: u64 = 1 << 5;
@@ -119,16 +131,7 @@ impl Server {
         if std::env::var("RAW_FRONTEND_BACKEND").as_deref() == Ok("qsd") {
             return Self::spawn_qsd(read_only);
         }
-        let mut args = vec![
-            "--disk",
-            "mem",
-            "--size",
-            "64M",
-            "--num-queues",
-            "2",
-            "--queue-size",
-            "64",
-        ];
+        let mut args = BLKLAB_DISK.to_vec();
         if read_only {
             args.push("--read-only");
         }
@@ -1492,18 +1495,8 @@ fn kicks_and_notifications(event_idx: bool) {
     let dir = tempfile::tempdir().unwrap();
     let ctl = dir.path().join("ctl.sock");
     let ctl_arg = ctl.to_str().unwrap().to_string();
-    let mut args = vec![
-        "--disk",
-        "mem",
-        "--size",
-        "64M",
-        "--num-queues",
-        "2",
-        "--queue-size",
-        "64",
-        "--control",
-        &ctl_arg,
-    ];
+    let mut args = BLKLAB_DISK.to_vec();
+    args.extend_from_slice(&["--control", &ctl_arg]);
     if !event_idx {
         args.extend_from_slice(&["--disable-features", "event-idx"]);
     }
