@@ -149,22 +149,20 @@ fn differential_profile_ranks_the_plug_path() {
         .iter()
         .map(|e| e["name"].as_str().unwrap())
         .collect();
-    for f in PLUG_FUNCTIONS {
-        let e = none["functions"]
+    let entry = |f: &str| {
+        none["functions"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|e| e["name"] == *f)
-            .unwrap_or_else(|| panic!("{f} not in the top functions {top:?}"));
+            .find(|e| e["name"] == f)
+            .unwrap_or_else(|| panic!("{f} not in the top functions {top:?}"))
+    };
+    for f in PLUG_FUNCTIONS {
+        let e = entry(f);
         assert!(e["diff"].as_f64().unwrap() < -1.0, "{f}: {e}");
     }
     for f in NOPLUG_FUNCTIONS {
-        let e = none["functions"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["name"] == *f)
-            .unwrap_or_else(|| panic!("{f} not in the top functions {top:?}"));
+        let e = entry(f);
         assert!(e["diff"].as_f64().unwrap() > 1.0, "{f}: {e}");
     }
     // The instruction metrics join the default ones.

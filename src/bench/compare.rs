@@ -380,18 +380,13 @@ pub fn run(
             } else {
                 0.0
             };
-            c.p50_ns = c
-                .rounds
-                .iter()
-                .map(|r| r.latency_ns.p50 as f64)
-                .sum::<f64>()
-                / n;
-            c.p99_ns = c
-                .rounds
-                .iter()
-                .map(|r| r.latency_ns.p99 as f64)
-                .sum::<f64>()
-                / n;
+            // Mean over the rounds of a per-round percentile.
+            let mean = |pct: fn(&BenchReport) -> u64| {
+                c.rounds.iter().map(|r| pct(r) as f64).sum::<f64>() / n
+            };
+            let (p50, p99) = (mean(|r| r.latency_ns.p50), mean(|r| r.latency_ns.p99));
+            c.p50_ns = p50;
+            c.p99_ns = p99;
         }
     }
     let verdicts = verdicts(&results);

@@ -202,15 +202,7 @@ pub fn table(report: &Report) -> String {
     }
     out.push_str(&legend(report));
     out.push('\n');
-    if !report.profiles.is_empty() {
-        out.push('\n');
-        out.push_str(&crate::report::profile::render(
-            &report.profiles,
-            &report.a.kernel,
-            &report.b.kernel,
-            false,
-        ));
-    }
+    out.push_str(&profile_block(report, false));
     let d = differences_text(report);
     if !d.is_empty() {
         out.push_str("besides the kernel, the sides differ in:\n");
@@ -228,6 +220,23 @@ pub fn table(report: &Report) -> String {
         out.push_str(&format!("failed runs left out: {}\n", failed.join(", ")));
     }
     out
+}
+
+/// The differential instruction profile after a blank line, when the
+/// report has one.
+fn profile_block(report: &Report, markdown: bool) -> String {
+    if report.profiles.is_empty() {
+        return String::new();
+    }
+    format!(
+        "\n{}",
+        crate::report::profile::render(
+            &report.profiles,
+            &report.a.kernel,
+            &report.b.kernel,
+            markdown,
+        )
+    )
 }
 
 fn md_escape(s: &str) -> String {
@@ -267,15 +276,7 @@ pub fn markdown(report: &Report) -> String {
     }
     out.push_str(&md_escape(&legend(report)));
     out.push('\n');
-    if !report.profiles.is_empty() {
-        out.push('\n');
-        out.push_str(&crate::report::profile::render(
-            &report.profiles,
-            &report.a.kernel,
-            &report.b.kernel,
-            true,
-        ));
-    }
+    out.push_str(&profile_block(report, true));
     let d = differences_text(report);
     if !d.is_empty() {
         out.push_str("\nBesides the kernel, the sides differ in:\n\n");
