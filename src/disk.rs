@@ -86,6 +86,19 @@ pub enum ConfigError {
     },
 }
 
+/// The spin of `--poll[=SPIN]`: a fixed duration of 1us..=100ms.
+pub fn parse_poll_spin(p: &str) -> Result<std::time::Duration, ConfigError> {
+    match p.parse::<LatencySpec>() {
+        Ok(LatencySpec::Fixed(d))
+            if d >= std::time::Duration::from_micros(1)
+                && d <= std::time::Duration::from_millis(100) =>
+        {
+            Ok(d)
+        }
+        _ => Err(ConfigError::Poll(p.to_string())),
+    }
+}
+
 /// How a disk's command slots are limited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -390,15 +403,7 @@ impl DiskArgs {
         };
         let poll_spin_ns = match self.poll.as_deref() {
             None => 0,
-            Some(p) => match p.parse::<LatencySpec>() {
-                Ok(LatencySpec::Fixed(d))
-                    if d >= std::time::Duration::from_micros(1)
-                        && d <= std::time::Duration::from_millis(100) =>
-                {
-                    d.as_nanos() as u64
-                }
-                _ => return Err(ConfigError::Poll(p.to_string())),
-            },
+            Some(p) => parse_poll_spin(p)?.as_nanos() as u64,
         };
         let socket_mode = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
             .ok()

@@ -71,6 +71,28 @@ fn compare_runs_identical_loads_on_both_backends() {
 }
 
 #[test]
+fn compare_refuses_a_bad_poll_spin_before_starting_daemons() {
+    let opts = CompareOpts {
+        blklab_bin: common::blklab_bin(),
+        // No daemon may start: a missing qemu-storage-daemon would fail
+        // differently.
+        qsd_bin: "/nonexistent/qemu-storage-daemon".into(),
+        queues: 1,
+        depth: 16,
+        bs: 4096,
+        rw: RwMode::Randread,
+        time: Duration::from_millis(100),
+        warmup: Duration::from_millis(10),
+        size: 64 << 20,
+        rounds: 1,
+        poll: Some("bogus".into()),
+    };
+    let err = compare::run(&opts, |_| {}).expect_err("a bad --poll is refused");
+    let msg = err.to_string();
+    assert!(msg.contains("invalid --poll \"bogus\""), "{msg}");
+}
+
+#[test]
 fn bench_cli_reports_backend_cpu_and_poll_counters() {
     // blklab serve --poll with a control socket; `blklab bench` with the
     // backend's PID and a polling client; then the poll counters.

@@ -281,6 +281,10 @@ pub fn run(
     opts: &CompareOpts,
     mut progress: impl FnMut(&str),
 ) -> Result<CompareReport, BenchError> {
+    // A bad --poll is refused before any daemon starts.
+    if let Some(p) = &opts.poll {
+        crate::disk::parse_poll_spin(p).map_err(|e| BenchError::Option(e.to_string()))?;
+    }
     let rows = plan(opts);
     let dir = tempfile::Builder::new()
         .prefix("blklab-bench")
