@@ -129,9 +129,16 @@ EOF
     trap 'rm -rf "$WORK"' EXIT
     chmod 755 "$WORK"   # apt-get may drop privileges to _apt
     log "apt-get source --download-only qemu=$WANT (for include/qemu/qemu-plugin.h)"
+    # Only the upstream tarball is needed. Backports' .dsc and
+    # .debian.tar can be missing from a mirror while the .orig.tar (shared
+    # with the release it was backported from) is there: that is enough.
     if ! (cd "$WORK" && apt-get source --download-only -q "qemu=$WANT" >"$WORK/source.log" 2>&1); then
-        cat "$WORK/source.log" >&2
-        die "apt-get source qemu=$WANT failed (apt-get install dpkg-dev; apt-get update)"
+        if ls "$WORK"/qemu_*.orig.tar.* >/dev/null 2>&1; then
+            log "apt-get source qemu=$WANT fetched the upstream tarball but not all of the package (using the tarball)"
+        else
+            cat "$WORK/source.log" >&2
+            die "apt-get source qemu=$WANT failed (apt-get install dpkg-dev; apt-get update)"
+        fi
     fi
     ORIG=$(ls "$WORK"/qemu_*.orig.tar.* 2>/dev/null | head -n1)
     [ -n "$ORIG" ] || die "apt-get source left no qemu_*.orig.tar.* in $WORK"

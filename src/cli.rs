@@ -231,6 +231,10 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "auto|on|off", default_value = "auto",
           num_args = 0..=1, default_missing_value = "on")]
     pub count_insns: CountInsns,
+    /// Extra guest kernel command-line arguments, appended after blklab's
+    /// own (e.g. "mitigations=off"). One string; quote it in the shell.
+    #[arg(long, value_name = "ARGS")]
+    pub append: Option<String>,
     /// Deterministic TCG: `-icount shift=0` with single-threaded TCG (one
     /// instruction = 1 ns of guest time). Needs TCG.
     #[arg(long)]

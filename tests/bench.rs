@@ -16,7 +16,7 @@ fn qsd() -> PathBuf {
     let p = PathBuf::from("/usr/bin/qemu-storage-daemon");
     assert!(
         p.exists(),
-        "qemu-storage-daemon is missing: run .ci/install-deps (Debian package qemu-system-common)"
+        "qemu-storage-daemon is missing: run .ci/install-deps (QEMU 10.0's qemu-utils from bookworm-backports)"
     );
     p
 }
@@ -68,6 +68,17 @@ fn compare_runs_identical_loads_on_both_backends() {
         "{table}"
     );
     assert!(!report.verdicts.is_empty());
+    // Which qemu-storage-daemon was measured, in the table and the JSON.
+    let want = Command::new(qsd()).arg("--version").output().unwrap();
+    let want = String::from_utf8_lossy(&want.stdout);
+    let want = want.lines().next().unwrap().trim();
+    assert_eq!(report.qsd_version, want);
+    assert!(
+        table.contains(&format!("qemu-storage-daemon: {want}")),
+        "{table}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["qsd_version"].as_str(), Some(want));
 }
 
 #[test]

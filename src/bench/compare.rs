@@ -115,7 +115,7 @@ impl Daemon {
                     "cannot start {}: {e}{}",
                     backend.label(),
                     if backend == Backend::Qsd {
-                        " (Debian: apt-get install qemu-system-common)"
+                        " (Debian: .ci/install-deps installs qemu-utils)"
                     } else {
                         ""
                     }
@@ -212,6 +212,8 @@ pub struct Verdict {
 #[derive(Debug, Clone, Serialize)]
 pub struct CompareReport {
     pub machine: String,
+    /// `qemu-storage-daemon --version`'s first line: which QEMU was measured.
+    pub qsd_version: String,
     pub rows: Vec<RowResult>,
     pub verdicts: Vec<Verdict>,
 }
@@ -276,6 +278,31 @@ pub fn machine() -> String {
     )
 }
 
+/// The first line of `BIN --version` (e.g. "qemu-storage-daemon version
+/// 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)").
+pub fn qsd_version(bin: &Path) -> Result<String, BenchError> {
+    let out = Command::new(bin)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| {
+            BenchError::Backend(format!(
+                "cannot run {} --version: {e} (Debian: .ci/install-deps installs qemu-utils)",
+                bin.display()
+            ))
+        })?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.lines().next().map(str::trim) {
+        Some(l) if out.status.success() && !l.is_empty() => Ok(l.to_string()),
+        _ => Err(BenchError::Backend(format!(
+            "{} --version failed ({}): {}",
+            bin.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
 /// Run the comparison. `progress` gets one line per measurement.
 pub fn run(
     opts: &CompareOpts,
@@ -285,6 +312,8 @@ pub fn run(
     if let Some(p) = &opts.poll {
         crate::disk::parse_poll_spin(p).map_err(|e| BenchError::Option(e.to_string()))?;
     }
+    let qsd_version = qsd_version(&opts.qsd_bin)?;
+    progress(&format!("measuring {qsd_version}"));
     let rows = plan(opts);
     let dir = tempfile::Builder::new()
         .prefix("blklab-bench")
@@ -396,6 +425,7 @@ pub fn run(
     let verdicts = verdicts(&results);
     Ok(CompareReport {
         machine,
+        qsd_version,
         rows: results,
         verdicts,
     })
@@ -500,7 +530,10 @@ fn verdicts(rows: &[RowResult]) -> Vec<Verdict> {
 impl CompareReport {
     /// The ratio table.
     pub fn table(&self) -> String {
-        let mut s = format!("machine: {}\n\n", self.machine);
+        let mut s = format!(
+            "machine: {}\nqemu-storage-daemon: {}\n\n",
+            self.machine, self.qsd_version
+        );
         s += &format!(
             "{:<26} {:<20} {:>10} {:>9} {:>9} {:>9} {:>12} {:>7}\n",
             "load", "backend", "IOPS", "p50 us", "p99 us", "CPU s", "IOPS/CPU-s", "errors"
@@ -557,5 +590,144 @@ fn short(b: Backend) -> &'static str {
     match b {
         Backend::Qsd => "qsd",
         other => other.label(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(backend: Backend, iops: f64, per_cpu: f64, p50_ns: f64) -> Cell {
+        Cell {
+            backend,
+            requests: 1,
+            errors: 0,
+            seconds: 1.0,
+            backend_cpu_s: 1.0,
+            iops,
+            iops_per_backend_cpu_s: per_cpu,
+            p50_ns,
+            p99_ns: p50_ns * 2.0,
+            rounds: Vec::new(),
+        }
+    }
+
+    fn row(name: &str, depth: usize, client_poll: bool, cells: Vec<Cell>) -> RowResult {
+        RowResult {
+            row: Row {
+                name: name.into(),
+                depth,
+                client_poll,
+                backends: cells.iter().map(|c| c.backend).collect(),
+            },
+            cells,
+        }
+    }
+
+    fn find<'a>(v: &'a [Verdict], what: &str) -> &'a Verdict {
+        v.iter()
+            .find(|x| x.what.contains(what))
+            .unwrap_or_else(|| panic!("no verdict {what:?} in {v:#?}"))
+    }
+
+    #[test]
+    fn verdicts_are_the_ratios_against_their_targets() {
+        let rows = vec![
+            row(
+                "randread qd64",
+                64,
+                false,
+                vec![
+                    cell(Backend::Qsd, 100.0, 1000.0, 50_000.0),
+                    cell(Backend::Blklab, 150.0, 2100.0, 40_000.0),
+                    cell(Backend::BlklabNoStats, 160.0, 2200.0, 40_000.0),
+                    cell(Backend::BlklabPoll, 200.0, 1900.0, 30_000.0),
+                ],
+            ),
+            row(
+                "randread qd1",
+                1,
+                false,
+                vec![
+                    cell(Backend::Qsd, 10.0, 10.0, 100_000.0),
+                    cell(Backend::Blklab, 10.0, 10.0, 85_000.0),
+                    cell(Backend::BlklabPoll, 10.0, 10.0, 8_000.0),
+                ],
+            ),
+            row(
+                "randread qd1 poll-client",
+                1,
+                true,
+                vec![
+                    cell(Backend::Qsd, 10.0, 10.0, 20_000.0),
+                    cell(Backend::BlklabPoll, 10.0, 10.0, 3_500.0),
+                ],
+            ),
+        ];
+        let v = verdicts(&rows);
+        assert_eq!(v.len(), 7, "{v:#?}");
+        let t = find(&v, "qd64: IOPS per backend CPU-second, blklab / ");
+        assert!((t.value - 2.1).abs() < 1e-9 && t.pass, "{t:?}");
+        let t = find(&v, "qd64: IOPS per backend CPU-second, blklab --poll /");
+        assert!((t.value - 1.9).abs() < 1e-9 && !t.pass, "{t:?}");
+        let t = find(&v, "qd1: round trip p50, blklab / ");
+        assert!((t.value - 0.85).abs() < 1e-9 && !t.pass, "{t:?}");
+        let t = find(&v, "qd1: round trip p50, blklab --poll /");
+        assert!((t.value - 0.08).abs() < 1e-9 && t.pass, "{t:?}");
+        // 2100 / 2200 - 1 = -4.5 %: outside 3 %.
+        let t = find(&v, "statistics on vs --no-stats, IOPS per backend");
+        assert!((t.value - (2100.0 / 2200.0 - 1.0)).abs() < 1e-9 && !t.pass);
+        // 150 / 160 - 1 = -6.25 %.
+        let t = find(&v, "statistics on vs --no-stats, IOPS");
+        assert!(!t.pass);
+        let t = find(&v, "blklab --poll round trip p50, us");
+        assert!((t.value - 3.5).abs() < 1e-9 && !t.pass, "{t:?}");
+    }
+
+    #[test]
+    fn a_missing_or_zero_denominator_gives_no_verdict() {
+        let rows = vec![row(
+            "randread qd64",
+            64,
+            false,
+            vec![
+                cell(Backend::Qsd, 100.0, 0.0, 50_000.0),
+                cell(Backend::Blklab, 150.0, 2100.0, 40_000.0),
+            ],
+        )];
+        let v = verdicts(&rows);
+        assert!(v.is_empty(), "{v:#?}");
+    }
+
+    #[test]
+    fn the_table_names_the_measured_qemu_storage_daemon() {
+        let r = CompareReport {
+            machine: "m".into(),
+            qsd_version: "qemu-storage-daemon version 10.0.2".into(),
+            rows: vec![],
+            verdicts: vec![Verdict {
+                what: "x".into(),
+                value: 0.5,
+                target: ">= 2.0".into(),
+                pass: false,
+            }],
+        };
+        let t = r.table();
+        assert!(
+            t.contains("qemu-storage-daemon: qemu-storage-daemon version 10.0.2"),
+            "{t}"
+        );
+        assert!(t.contains("FAIL"), "{t}");
+    }
+
+    #[test]
+    fn qsd_version_reads_the_first_line_or_says_why_not() {
+        let v =
+            qsd_version(Path::new("qemu-storage-daemon")).expect("installed by .ci/install-deps");
+        assert!(v.starts_with("qemu-storage-daemon version "), "{v}");
+        let e = qsd_version(Path::new("/nonexistent/qsd")).unwrap_err();
+        assert!(e.to_string().contains("/nonexistent/qsd"), "{e}");
+        let e = qsd_version(Path::new("false")).unwrap_err();
+        assert!(e.to_string().contains("--version failed"), "{e}");
     }
 }

@@ -83,6 +83,105 @@ pub fn parse_line(line: &str) -> Option<Event> {
     }
 }
 
+/// The lines that start a guest kernel fault report (after the
+/// `[  12.345678]` timestamp): an oops, a BUG, a WARN splat, a panic, a
+/// lockup or stall, or a bare stack trace. Any of these fails a run: a
+/// crash must be visible, never retried away.
+const FAULT_STARTS: &[&str] = &[
+    "------------[ cut here ]------------",
+    "BUG:",
+    "Oops:",
+    "Oops ",
+    "WARNING: CPU:",
+    "WARNING: at ",
+    "Kernel panic",
+    "general protection fault",
+    "Call Trace:",
+    "watchdog: BUG:",
+    "INFO: task ",
+    "INFO: rcu_",
+    "rcu: INFO: rcu_",
+    "Unable to handle kernel",
+    "kernel BUG at",
+    "UBSAN:",
+    "KASAN:",
+];
+
+/// The line that ends one fault report.
+fn ends_fault(line: &str) -> bool {
+    line.contains("---[ end trace") || line.contains("---[ end Kernel panic")
+}
+
+/// `line` without a leading printk timestamp (`[    4.123456] `).
+fn strip_timestamp(line: &str) -> &str {
+    let t = line.trim_start_matches(['\r', ' ']);
+    if let Some(rest) = t.strip_prefix('[') {
+        if let Some(end) = rest.find(']') {
+            let stamp = &rest[..end];
+            if !stamp.is_empty()
+                && stamp
+                    .chars()
+                    .all(|c| c.is_ascii_digit() || c == '.' || c == ' ')
+            {
+                return rest[end + 1..].trim_start();
+            }
+        }
+    }
+    t
+}
+
+/// Whether `line` starts a guest kernel fault report.
+pub fn starts_fault(line: &str) -> bool {
+    let l = strip_timestamp(line);
+    FAULT_STARTS.iter().any(|p| l.starts_with(p))
+}
+
+/// Collects a guest kernel fault report from the console, whole: from its
+/// first line to `---[ end trace …]---`, or `MAX_LINES`, whichever comes
+/// first (a panic that powers the guest off ends it too: the caller
+/// finishes it when the console closes).
+#[derive(Debug, Default)]
+pub struct FaultScanner {
+    lines: Vec<String>,
+    done: bool,
+}
+
+impl FaultScanner {
+    /// The most lines one report keeps (a stack trace is a few dozen).
+    pub const MAX_LINES: usize = 400;
+
+    /// Feed one console line; true while a fault report is open or done.
+    pub fn feed(&mut self, line: &str) -> bool {
+        if self.done {
+            return true;
+        }
+        if self.lines.is_empty() && !starts_fault(line) {
+            return false;
+        }
+        let l = line.trim_end_matches(['\r', '\n']);
+        self.lines.push(l.to_string());
+        if ends_fault(l) || self.lines.len() >= Self::MAX_LINES {
+            self.done = true;
+        }
+        true
+    }
+
+    /// A fault report has started.
+    pub fn started(&self) -> bool {
+        !self.lines.is_empty()
+    }
+
+    /// The report is complete (its end marker or `MAX_LINES` seen).
+    pub fn complete(&self) -> bool {
+        self.done
+    }
+
+    /// The report's lines so far, joined.
+    pub fn report(&self) -> String {
+        self.lines.join("\n")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,5 +222,71 @@ mod tests {
         );
         assert_eq!(parse_line("[    1.0] virtio_blk virtio1: [vda]"), None);
         assert_eq!(parse_line(""), None);
+    }
+
+    /// A WARN splat as 6.12 prints it (shortened): one report, start to end.
+    const SPLAT: &str = "[    4.210000] ------------[ cut here ]------------
+[    4.210100] WARNING: CPU: 1 PID: 77 at block/blk-mq.c:1234 blk_mq_start_request+0x1/0x2
+[    4.210200] Modules linked in: null_blk
+[    4.210300] CPU: 1 UID: 0 PID: 77 Comm: fio Not tainted 6.12.0 #1
+[    4.210400] RIP: 0010:blk_mq_start_request+0x1/0x2
+[    4.210500] Call Trace:
+[    4.210600]  <TASK>
+[    4.210700]  virtio_queue_rqs+0x10/0x20
+[    4.210800]  __x64_sys_io_submit+0x30/0x40
+[    4.210900]  </TASK>
+[    4.211000] ---[ end trace 0000000000000000 ]---";
+
+    #[test]
+    fn a_fault_report_is_collected_whole() {
+        let mut f = FaultScanner::default();
+        assert!(!f.feed("BLKLAB-INIT kernel=6.12.0 uptime=1.0"));
+        assert!(!f.feed("[    1.0] virtio_blk virtio1: [vda] 131072 512-byte logical blocks"));
+        assert!(!f.started());
+        for l in SPLAT.lines() {
+            assert!(f.feed(l));
+        }
+        assert!(f.complete());
+        assert_eq!(f.report(), SPLAT);
+        // Lines after the end belong to no report.
+        assert!(f.feed("BLKLAB-SYNC 1 end a b"));
+        assert_eq!(f.report(), SPLAT);
+    }
+
+    #[test]
+    fn each_kind_of_fault_is_recognised_and_ordinary_lines_are_not() {
+        for l in [
+            "[   12.5] BUG: kernel NULL pointer dereference, address: 0000000000000008",
+            "[   12.5] Oops: general protection fault, probably for non-canonical address",
+            "Oops: 0000 [#1] PREEMPT SMP",
+            "[    0.9] Kernel panic - not syncing: VFS: Unable to mount root fs",
+            "[   30.0] watchdog: BUG: soft lockup - CPU#0 stuck for 22s! [fio:80]",
+            "[  130.0] INFO: task fio:80 blocked for more than 120 seconds.",
+            "[   12.5] Call Trace:",
+            "[   12.5] kernel BUG at mm/slub.c:100!",
+            "\r[    3.0] WARNING: CPU: 0 PID: 1 at fs/aio.c:1 io_getevents+0x1/0x2",
+        ] {
+            assert!(starts_fault(l), "{l}");
+        }
+        for l in [
+            "[    1.0] virtio_blk virtio1: 2/0/0 default/read/poll queues",
+            "BLKLAB-ERROR fio failed",
+            "fio: BUG in the job file",
+            "[    1.0] random: crng init done",
+            "",
+        ] {
+            assert!(!starts_fault(l), "{l}");
+        }
+    }
+
+    #[test]
+    fn a_report_without_an_end_stops_at_the_limit() {
+        let mut f = FaultScanner::default();
+        f.feed("[ 1.0] Kernel panic - not syncing: Attempted to kill init!");
+        for i in 0..FaultScanner::MAX_LINES + 10 {
+            f.feed(&format!("[ 1.0] line {i}"));
+        }
+        assert!(f.complete());
+        assert_eq!(f.report().lines().count(), FaultScanner::MAX_LINES);
     }
 }

@@ -8,7 +8,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use log::{debug, info, warn};
+use log::{debug, warn};
 use serde::Serialize;
 use thiserror::Error;
 
@@ -385,34 +385,10 @@ pub fn shell_words(args: &[String]) -> String {
         .join(" ")
 }
 
-/// Decide the accelerator. `Auto` probes KVM for real: `/dev/kvm` must open,
-/// and `kernel`+`initramfs` must boot under KVM to the initramfs's first line
-/// within `timeout` (nested KVM often passes every ioctl yet hangs or faults
-/// in early boot). Returns the choice and why.
-pub fn choose_accel(
-    want: Accel,
-    qemu: &str,
-    kernel: &Path,
-    initramfs: &Path,
-    timeout: Duration,
-) -> (Accel, String) {
-    match want {
-        Accel::Kvm => (Accel::Kvm, "forced with --accel kvm".into()),
-        Accel::Tcg => (Accel::Tcg, "forced with --accel tcg".into()),
-        Accel::Auto => match probe_kvm(qemu, kernel, initramfs, timeout) {
-            Ok(secs) => (
-                Accel::Kvm,
-                format!("KVM probe booted the guest in {secs:.1} s"),
-            ),
-            Err(why) => {
-                info!("KVM not usable ({why}); using TCG");
-                (Accel::Tcg, format!("KVM probe failed: {why}"))
-            }
-        },
-    }
-}
-
-/// Boot the guest under KVM until `/init` prints its first line.
+/// The real KVM probe: `/dev/kvm` must open, and `kernel`+`initramfs` must
+/// boot under KVM to the initramfs's first line within `timeout` (nested
+/// KVM often passes every ioctl yet hangs or faults in early boot). Returns
+/// the seconds to `/init`, or why not.
 pub fn probe_kvm(
     qemu: &str,
     kernel: &Path,

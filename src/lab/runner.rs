@@ -17,7 +17,7 @@ use crate::backend::Disk;
 use crate::cli::{CountInsns, RunArgs};
 use crate::control;
 use crate::disk::{DiskArgs, DiskConfig};
-use crate::lab::console::{parse_line, Event, Phase};
+use crate::lab::console::{parse_line, Event, FaultScanner, Phase};
 use crate::lab::hostcpu;
 use crate::lab::images::{self, KernelSpec, PreparedGuest};
 use crate::lab::insns::{self, Dump, SymbolMap};
@@ -46,6 +46,18 @@ pub enum RunError {
     Insns(#[from] insns::InsnsError),
     #[error("cannot serve the disks: {0}")]
     Serve(#[from] crate::server::ServeError),
+    #[error(
+        "guest {kernel}, scenario {scenario}, iteration {iteration}: the guest kernel reported a fault \
+         (console kept: {}); the report, whole:\n{trace}",
+        console.display()
+    )]
+    KernelFault {
+        kernel: String,
+        scenario: String,
+        iteration: u32,
+        console: PathBuf,
+        trace: String,
+    },
     #[error("guest {kernel}, scenario {scenario}, iteration {iteration}: {why}")]
     Guest {
         kernel: String,
@@ -300,6 +312,77 @@ const INSNS_WINDOW: &str = "plugin counters at the variant's BLKLAB-SYNC begin a
      (guest waiting on its console): the variant's fio run including its start-up and exit";
 
 /// The System.map next to a kernel image.
+/// What `blklab run` chose: the accelerator, why, and whether it counts
+/// instructions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccelDecision {
+    pub accel: Accel,
+    pub reason: String,
+    pub count_insns: bool,
+    /// Why `--count-insns auto` takes no counts, when it takes none.
+    pub no_insns_because: Option<String>,
+}
+
+/// Decide the accelerator and instruction counting. `probe` is the real
+/// KVM probe (a boot under KVM, seconds to `/init`, or why not), called
+/// only when `want` is `Auto` and nothing forces TCG; `maps_usable` says
+/// whether every kernel has a usable System.map, asked only when `auto`
+/// could count. Instruction counts and `--deterministic` need TCG
+/// (plugins and -icount do not run under KVM).
+pub fn decide_accel(
+    want: Accel,
+    count: CountInsns,
+    deterministic: bool,
+    probe: impl FnOnce() -> Result<f64, String>,
+    maps_usable: impl FnOnce() -> bool,
+) -> Result<AccelDecision, RunError> {
+    let forced = count == CountInsns::On;
+    let needs_tcg = match (forced, deterministic) {
+        (true, true) => Some("--count-insns and --deterministic"),
+        (true, false) => Some("--count-insns"),
+        (false, true) => Some("--deterministic"),
+        (false, false) => None,
+    };
+    let (accel, reason) = match (needs_tcg, want) {
+        (Some(what), Accel::Kvm) => return Err(RunError::Config(format!(
+            "{what} needs TCG (QEMU's plugins and -icount do not run under KVM); drop --accel kvm"
+        ))),
+        (Some(what), _) => (Accel::Tcg, format!("{what} needs TCG")),
+        (None, Accel::Kvm) => (Accel::Kvm, "forced with --accel kvm".to_string()),
+        (None, Accel::Tcg) => (Accel::Tcg, "forced with --accel tcg".to_string()),
+        (None, Accel::Auto) => match probe() {
+            Ok(secs) => (
+                Accel::Kvm,
+                format!("KVM probe booted the guest in {secs:.1} s"),
+            ),
+            Err(why) => {
+                info!("KVM not usable ({why}); using TCG");
+                (Accel::Tcg, format!("KVM probe failed: {why}"))
+            }
+        },
+    };
+    // Under TCG, instruction counts are the deterministic CPU-cost answer:
+    // `auto` takes them whenever it can.
+    let (count_insns, no_insns_because) = match count {
+        CountInsns::On => (true, None),
+        CountInsns::Off => (false, None),
+        CountInsns::Auto if accel != Accel::Tcg => (
+            false,
+            Some("the guests run under KVM, where QEMU's plugins do not run".to_string()),
+        ),
+        CountInsns::Auto if !maps_usable() => {
+            (false, Some("a kernel has no usable System.map".to_string()))
+        }
+        CountInsns::Auto => (true, None),
+    };
+    Ok(AccelDecision {
+        accel,
+        reason,
+        count_insns,
+        no_insns_because,
+    })
+}
+
 fn system_map(kernel: &Path) -> Option<PathBuf> {
     let p = kernel.parent()?.join("System.map");
     p.is_file().then_some(p)
@@ -432,46 +515,31 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     let guests = images::prepare(&lab_dir, args.cache.as_deref(), &specs)?;
     let names = labels(&guests);
     let forced = args.count_insns == CountInsns::On;
-    let needs_tcg = match (forced, args.deterministic) {
-        (true, true) => Some("--count-insns and --deterministic"),
-        (true, false) => Some("--count-insns"),
-        (false, true) => Some("--deterministic"),
-        (false, false) => None,
-    };
-    let (accel, accel_why) = match (needs_tcg, args.accel) {
-        (Some(what), Accel::Kvm) => {
-            return Err(RunError::Config(format!(
-            "{what} needs TCG (QEMU's plugins and -icount do not run under KVM); drop --accel kvm"
-        )))
-        }
-        (Some(what), _) => (Accel::Tcg, format!("{what} needs TCG")),
-        (None, want) => qemu::choose_accel(
-            want,
-            &qemu_bin,
-            &guests[0].kernel,
-            &guests[0].initramfs,
-            args.kvm_probe_timeout,
-        ),
-    };
-    // Under TCG, instruction counts are the deterministic CPU-cost answer:
-    // `auto` takes them whenever it can.
-    let mut count_insns = match args.count_insns {
-        CountInsns::On => true,
-        CountInsns::Off => false,
-        CountInsns::Auto => {
+    let decision = decide_accel(
+        args.accel,
+        args.count_insns,
+        args.deterministic,
+        || {
+            qemu::probe_kvm(
+                &qemu_bin,
+                &guests[0].kernel,
+                &guests[0].initramfs,
+                args.kvm_probe_timeout,
+            )
+        },
+        || {
             // Every kernel needs a usable System.map (Debian's packages ship
             // a placeholder one; the real map is in linux-image-…-dbg).
-            let usable = guests
+            guests
                 .iter()
-                .all(|g| system_map(&g.kernel).is_some_and(|p| SymbolMap::read(&p).is_ok()));
-            if accel == Accel::Tcg && !usable {
-                info!(
-                    "no instruction counts (--count-insns auto): a kernel has no usable System.map"
-                );
-            }
-            accel == Accel::Tcg && usable
-        }
-    };
+                .all(|g| system_map(&g.kernel).is_some_and(|p| SymbolMap::read(&p).is_ok()))
+        },
+    )?;
+    let (accel, accel_why) = (decision.accel, decision.reason);
+    let mut count_insns = decision.count_insns;
+    if let Some(why) = &decision.no_insns_because {
+        info!("no instruction counts (--count-insns auto): {why}");
+    }
     let plugin = if count_insns {
         info!("building the instruction-count plugin for {qemu_bin}");
         match insns::build_plugin(&lab_dir, args.cache.as_deref(), &qemu_bin) {
@@ -566,18 +634,43 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
             plugin: plugin.as_deref(),
             symbols: maps[boot.kernel].clone(),
         };
-        // A boot that does not complete (the guest crashed or hung, QEMU
-        // died) is tried once more; the first attempt's console log is kept
-        // as *.attempt1.log and the retry is listed in summary.json.
+        // A boot whose console stayed silent (QEMU or the guest never got
+        // going: no kernel output at all) is tried once more; the first
+        // attempt's console log is kept as *.attempt1.log and the retry is
+        // listed in summary.json. Nothing else is retried: a guest kernel
+        // fault (oops, BUG, WARN, panic, call trace) at boot or during fio
+        // fails the run with the report printed whole, and so does any
+        // other failure after the guest spoke.
         let position = pb.position();
+        let console = console_log_path(&out_dir, &names[boot.kernel], &s.name, boot.iteration);
+        let fail = |f: BootFailure, earlier: Option<&str>| match f {
+            BootFailure::KernelFault(trace) => RunError::KernelFault {
+                kernel: names[boot.kernel].clone(),
+                scenario: s.name.clone(),
+                iteration: boot.iteration,
+                console: console.clone(),
+                trace,
+            },
+            BootFailure::Silent(why) | BootFailure::Other(why) => RunError::Guest {
+                kernel: names[boot.kernel].clone(),
+                scenario: s.name.clone(),
+                iteration: boot.iteration,
+                why: match earlier {
+                    Some(first) => format!(
+                        "{why} (second attempt; the first failed too: {first}; console: {})",
+                        console.display()
+                    ),
+                    None => format!("{why} (console: {})", console.display()),
+                },
+            },
+        };
         let (mut recs, mut fails) = match run_boot(&ctx) {
             Ok(r) => r,
-            Err(first) => {
-                let log = console_log_path(&out_dir, &names[boot.kernel], &s.name, boot.iteration);
-                let kept = log.with_extension("attempt1.log");
-                let _ = std::fs::rename(&log, &kept);
+            Err(BootFailure::Silent(first)) => {
+                let kept = console.with_extension("attempt1.log");
+                let _ = std::fs::rename(&console, &kept);
                 warn!(
-                    "{} {} #{}: the boot did not complete ({}); booting once more (console: {})",
+                    "{} {} #{}: the guest printed nothing ({}); booting once more (console: {})",
                     names[boot.kernel],
                     s.name,
                     boot.iteration,
@@ -589,17 +682,9 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
                     "iteration": boot.iteration, "error": first, "console": kept,
                 }));
                 pb.set_position(position);
-                run_boot(&ctx).map_err(|why| RunError::Guest {
-                    kernel: names[boot.kernel].clone(),
-                    scenario: s.name.clone(),
-                    iteration: boot.iteration,
-                    why: format!(
-                        "{why} (second attempt; the first failed too: {first}; consoles: {} and {})",
-                        log.display(),
-                        kept.display()
-                    ),
-                })?
+                run_boot(&ctx).map_err(|f| fail(f, Some(&first)))?
             }
+            Err(f) => return Err(fail(f, None)),
         };
         records.append(&mut recs);
         failures.append(&mut fails);
@@ -650,7 +735,29 @@ fn console_log_path(out_dir: &Path, label: &str, scenario: &str, iteration: u32)
 /// Boot one guest, run one scenario, return its records and the failed
 /// variants. An `Err` is a boot that did not complete (QEMU failed, a wait
 /// timed out).
-fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
+/// Why a boot failed, by what `blklab run` does about it.
+#[derive(Debug)]
+enum BootFailure {
+    /// Nothing at all came from the guest's console (QEMU or the guest never
+    /// got going): the one case worth a second boot.
+    Silent(String),
+    /// The guest kernel reported a fault: the report, whole. Never retried.
+    KernelFault(String),
+    /// Anything else after the guest spoke (or before QEMU started).
+    Other(String),
+}
+
+impl From<String> for BootFailure {
+    fn from(s: String) -> Self {
+        BootFailure::Other(s)
+    }
+}
+
+/// How long to keep reading a fault report after its first line when its
+/// end marker does not come (a hung guest prints no more).
+const FAULT_TAIL: Duration = Duration::from_secs(15);
+
+fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), BootFailure> {
     let sockets = SocketDir::new(c.seq).map_err(|e| e.to_string())?;
     let configs: Vec<DiskConfig> = disk_args(c.args, c.scenario, sockets.0.join("vd.sock"))
         .to_configs()
@@ -658,9 +765,15 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
     let server = Server::start(configs.clone()).map_err(|e| e.to_string())?;
     let disks: Vec<Arc<Disk>> = server.disks();
     let mut append = format!(
-        "console=ttyS0 quiet panic=-1 blklab.run=lab blklab.scenarios={} blklab.sync=1",
+        // loglevel=5: the console shows KERN_WARNING and worse, so a WARN
+        // splat reaches the fault scanner (`quiet` would hide it).
+        "console=ttyS0 loglevel=5 panic=-1 blklab.run=lab blklab.scenarios={} blklab.sync=1",
         c.scenario.name
     );
+    if let Some(extra) = &c.args.append {
+        append.push(' ');
+        append.push_str(extra);
+    }
     if let Some(r) = c.args.runtime {
         append.push_str(&format!(" blklab.runtime={r}"));
     }
@@ -716,12 +829,33 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
     let mut records = Vec::new();
     let mut failures = Vec::new();
     let mut guest_errors: Vec<String> = Vec::new();
+    let mut spoke = false;
+    let mut fault = FaultScanner::default();
     let rc = loop {
         let line = match guest.next_line(deadline, &waiting_for) {
             Ok(Next::Line(l)) => l,
-            Ok(Next::Closed) => return Err(guest.exited_error().to_string()),
-            Err(e) => return Err(e.to_string()),
+            Ok(Next::Closed) | Err(_) if fault.started() => {
+                return Err(BootFailure::KernelFault(fault.report()))
+            }
+            Ok(Next::Closed) if !spoke => {
+                return Err(BootFailure::Silent(guest.exited_error().to_string()))
+            }
+            Ok(Next::Closed) => return Err(guest.exited_error().to_string().into()),
+            Err(e) if !spoke => return Err(BootFailure::Silent(e.to_string())),
+            Err(e) => return Err(e.to_string().into()),
         };
+        spoke = true;
+        if fault.feed(&line) {
+            if fault.complete() {
+                return Err(BootFailure::KernelFault(fault.report()));
+            }
+            if fault.report().lines().count() == 1 {
+                warn!("{}: the guest kernel reports a fault: {line}", c.label);
+                deadline = deadline.min(Instant::now() + FAULT_TAIL);
+                waiting_for = "the rest of the guest kernel's fault report".into();
+            }
+            continue;
+        }
         if let Some((_, _, buf)) = collecting.as_mut() {
             if !line.starts_with("BLKLAB-RESULT-END") {
                 buf.push(line);
@@ -839,7 +973,8 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
                 if (s0.as_str(), v0.as_str()) != (scenario.as_str(), variant.as_str()) {
                     return Err(format!(
                         "result framing mismatch: began {s0}/{v0}, ended {scenario}/{variant}"
-                    ));
+                    )
+                    .into());
                 }
                 let text = lines.join("\n");
                 let guest_doc: Value = match serde_json::from_str(&text) {
@@ -925,7 +1060,9 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
     drop(guest);
     server.shutdown();
     if !booted {
-        return Err("the guest finished without booting".into());
+        return Err(BootFailure::Other(
+            "the guest finished without booting".into(),
+        ));
     }
     let expected = c.scenario.variants.len();
     if records.len() < expected {
@@ -959,6 +1096,72 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), String> {
 
 #[cfg(test)]
 mod tests {
+    use crate::cli::CountInsns;
+    use crate::lab::qemu::Accel;
+
+    fn decide(
+        want: Accel,
+        count: CountInsns,
+        det: bool,
+        probe: Result<f64, String>,
+        maps: bool,
+    ) -> Result<AccelDecision, RunError> {
+        super::decide_accel(want, count, det, move || probe, move || maps)
+    }
+
+    #[test]
+    fn a_kvm_probe_that_boots_chooses_kvm_without_instruction_counts() {
+        let d = decide(Accel::Auto, CountInsns::Auto, false, Ok(1.5), true).unwrap();
+        assert_eq!(d.accel, Accel::Kvm);
+        assert_eq!(d.reason, "KVM probe booted the guest in 1.5 s");
+        assert!(!d.count_insns);
+        assert!(d.no_insns_because.unwrap().contains("KVM"));
+    }
+
+    #[test]
+    fn a_failed_kvm_probe_chooses_tcg_and_counts_when_maps_are_usable() {
+        let d = decide(
+            Accel::Auto,
+            CountInsns::Auto,
+            false,
+            Err("cannot open /dev/kvm: gone".into()),
+            true,
+        )
+        .unwrap();
+        assert_eq!(d.accel, Accel::Tcg);
+        assert_eq!(d.reason, "KVM probe failed: cannot open /dev/kvm: gone");
+        assert!(d.count_insns && d.no_insns_because.is_none());
+        let d = decide(Accel::Auto, CountInsns::Auto, false, Err("x".into()), false).unwrap();
+        assert_eq!(d.accel, Accel::Tcg);
+        assert!(!d.count_insns);
+        assert!(d.no_insns_because.unwrap().contains("System.map"));
+    }
+
+    #[test]
+    fn forced_choices_never_probe() {
+        let no_probe = || -> Result<f64, String> { panic!("probed") };
+        let d = super::decide_accel(Accel::Kvm, CountInsns::Off, false, no_probe, || true).unwrap();
+        assert_eq!((d.accel, d.count_insns), (Accel::Kvm, false));
+        let d = super::decide_accel(Accel::Tcg, CountInsns::Off, false, no_probe, || true).unwrap();
+        assert_eq!((d.accel, d.count_insns), (Accel::Tcg, false));
+        // --count-insns on and --deterministic force TCG, even under auto.
+        let d =
+            super::decide_accel(Accel::Auto, CountInsns::On, false, no_probe, || false).unwrap();
+        assert_eq!((d.accel, d.count_insns), (Accel::Tcg, true));
+        assert_eq!(d.reason, "--count-insns needs TCG");
+        let d =
+            super::decide_accel(Accel::Auto, CountInsns::Auto, true, no_probe, || true).unwrap();
+        assert_eq!((d.accel, d.count_insns), (Accel::Tcg, true));
+        assert_eq!(d.reason, "--deterministic needs TCG");
+        let e =
+            super::decide_accel(Accel::Kvm, CountInsns::On, true, no_probe, || true).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("--count-insns and --deterministic needs TCG"),
+            "{e}"
+        );
+    }
+
     use super::*;
 
     #[test]
