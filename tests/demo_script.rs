@@ -1,6 +1,8 @@
-//! The README's first command, `images/demo.sh`, run for real (short fio
-//! runs) so it stays true: it builds blklab, boots a Debian guest on a
-//! blklab disk, runs fio and must print the result table and exit 0.
+//! `images/demo.sh`, the README's quicker single-guest demo, run for real
+//! (short fio runs) so it stays true: it builds blklab, boots a Debian guest
+//! on a blklab disk, runs fio and must print the result table and exit 0.
+//! (The README's first command, `blklab run`, is tests/lab_run.rs's
+//! `default_run_builds_the_pair_and_reports`.)
 
 use std::process::Command;
 

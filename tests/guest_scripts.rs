@@ -4,46 +4,31 @@
 //! JSON checker, the CPU reduction against sysstat's own mpstat, and the
 //! result document computed from recorded snapshots.
 //!
-//! Every shell test runs under `sh` (dash on Debian) and, when busybox is
-//! installed, under `busybox sh` with `AWK="busybox awk"` -- what the
-//! initramfs has.
+//! Every shell test runs under `sh` (dash on Debian) and under `busybox sh`
+//! with `AWK="busybox awk"` -- what the initramfs has. A missing busybox
+//! fails the test with its install command.
+
+mod common;
 
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn have_busybox() -> bool {
-    Command::new("busybox")
-        .arg("true")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false)
-}
+use common::tools::root;
 
 /// (label, shell argv, AWK value)
 fn shells() -> Vec<(&'static str, Vec<&'static str>, Option<&'static str>)> {
-    let mut v = vec![("sh", vec!["sh"], None)];
-    if have_busybox() {
-        v.push(("busybox sh", vec!["busybox", "sh"], Some("busybox awk")));
-    } else {
-        eprintln!("busybox not installed: testing with sh only");
-    }
-    v
+    common::tools::require_busybox();
+    vec![
+        ("sh", vec!["sh"], None),
+        ("busybox sh", vec!["busybox", "sh"], Some("busybox awk")),
+    ]
 }
 
 fn awks() -> Vec<Vec<&'static str>> {
-    let mut v = vec![vec!["awk"]];
-    if have_busybox() {
-        v.push(vec!["busybox", "awk"]);
-    }
-    v
+    common::tools::require_busybox();
+    vec![vec!["awk"], vec!["busybox", "awk"]]
 }
 
 /// Run SHELL guest-scripts/SCRIPT ARGS in the repository root with a clean

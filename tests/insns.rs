@@ -11,6 +11,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
@@ -21,9 +22,7 @@ use blklab::lab::insns::{self, Dump, SymbolMap};
 /// The guest tests share the image cache and two CPUs: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use common::tools::root;
 
 fn fixture(name: &str) -> PathBuf {
     root().join("tests/fixtures/insns").join(name)
@@ -197,6 +196,78 @@ fn differential_profile_ranks_the_plug_path() {
     );
     let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
     assert!(md.contains("| function | group |"), "{md}");
+}
+
+/// tools/insns-difference.py on the recorded plug/noplug run: per-IO counts
+/// by differencing the 2k and 10k variants, recomputed here from the
+/// records, and the functions ranked by their A/B difference.
+#[test]
+fn insns_difference_tool_differences_the_recorded_run() {
+    common::tools::require(&["python3", "--version"], "apt-get install python3");
+    let dir = fixture("plug-qd1");
+    let out = Command::new("python3")
+        .arg(root().join("tools/insns-difference.py"))
+        .arg(&dir)
+        .args(["--functions", "40"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let t = String::from_utf8_lossy(&out.stdout).into_owned();
+    // Expected kernel instructions per IO for each kernel of none-2k/10k:
+    // the mean over iterations of (k(10k) - k(2k)) / (IOs(10k) - IOs(2k)).
+    let per_io = |kernel: &str| -> f64 {
+        let v: Vec<f64> = (0..2)
+            .map(|i| {
+                let r =
+                    |v: &str| read_json(&dir.join(format!("{kernel}.plug-qd1.{v}.{i:02}.json")));
+                let (a, b) = (r("none-2k"), r("none-10k"));
+                let k = |r: &Value| r["instructions"]["kernel"].as_f64().unwrap();
+                let n = |r: &Value| r["checks"]["guest_block_ios"].as_f64().unwrap();
+                (k(&b) - k(&a)) / (n(&b) - n(&a))
+            })
+            .collect();
+        v.iter().sum::<f64>() / v.len() as f64
+    };
+    let section = t
+        .split("== ")
+        .find(|s| s.starts_with("plug-qd1/none-2k vs none-10k"))
+        .unwrap_or_else(|| panic!("no none section:\n{t}"));
+    for kernel in ["6.12", "6.12-noplug"] {
+        let block = section
+            .split(&format!("\n  {kernel}:\n"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {kernel} block:\n{section}"));
+        let line = block
+            .lines()
+            .find(|l| l.trim_start().starts_with("kernel insns/IO"))
+            .unwrap();
+        let want = format!("{:.1} ±", per_io(kernel));
+        assert!(line.contains(&want), "{kernel}: want {want} in {line:?}");
+    }
+    // The ranked functions: noplug - plug, so the plug path is negative.
+    let ranked = section
+        .split("functions, 6.12-noplug - 6.12")
+        .nth(1)
+        .expect("a ranked function list");
+    let diff = |f: &str| -> f64 {
+        let l = ranked
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(f))
+            .unwrap_or_else(|| panic!("{f} not ranked:\n{ranked}"));
+        l.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    for f in PLUG_FUNCTIONS {
+        assert!(diff(f) < -1.0, "{f}: {}", diff(f));
+    }
+    for f in NOPLUG_FUNCTIONS {
+        assert!(diff(f) > 1.0, "{f}: {}", diff(f));
+    }
+    // No arguments: usage, exit 2.
+    let out = Command::new("python3")
+        .arg(root().join("tools/insns-difference.py"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
 
 fn read_json(p: &Path) -> Value {

@@ -423,6 +423,53 @@ fn missing_kernel_and_missing_qemu_are_clear_errors() {
     assert!(stderr.contains("device options"), "{stderr}");
 }
 
+/// A guest kernel crash is never retried away: a kernel that panics at
+/// boot (rdinit names no file, so the kernel falls back to a root device
+/// the guest does not have) fails the run at once, non-zero, with the
+/// panic report printed whole and the console kept.
+#[test]
+fn a_guest_kernel_panic_fails_the_run_with_its_report() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let out_dir = tempfile::tempdir().unwrap();
+    let (o, took) = blklab_run(&[
+        "--kernel",
+        "build:6.12",
+        "--scenario",
+        "smoke",
+        "--iterations",
+        "1",
+        "--count-insns",
+        "off",
+        "--append",
+        "rdinit=/nonexistent",
+        "--out",
+        out_dir.path().to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = text(&o);
+    assert!(
+        !o.status.success(),
+        "a panicking guest passed after {took:?}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains("the guest kernel reported a fault")
+            && stderr.contains("Kernel panic - not syncing")
+            && stderr.contains("---[ end Kernel panic"),
+        "{stderr}"
+    );
+    // The console is kept, with the panic in it, and the boot was not retried.
+    let console = out_dir.path().join("console");
+    let logs: Vec<_> = std::fs::read_dir(&console)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(logs.len(), 1, "{logs:?}");
+    let log = std::fs::read_to_string(&logs[0]).unwrap();
+    assert!(log.contains("Kernel panic - not syncing"), "{log}");
+    assert!(stderr.contains(&logs[0].display().to_string()), "{stderr}");
+    assert!(!stderr.contains("booting once more"), "{stderr}");
+}
+
 #[test]
 fn qemu_that_fails_to_start_is_reported_without_a_hang() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());

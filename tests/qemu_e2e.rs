@@ -30,9 +30,7 @@ use std::time::{Duration, Instant};
 /// slow each other down.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use common::tools::root as repo_root;
 
 /// A bootable guest: kernel + initramfs built by the `images/` recipes.
 struct GuestImage {
@@ -204,15 +202,19 @@ struct GuestRun {
     to_fio_done: Option<Duration>,
     /// The guest never reached /init (killed by the boot watchdog).
     boot_hang: bool,
+    /// What the guest itself printed on its console (no QEMU stderr).
+    guest_output: String,
 }
 
 /// How long a guest may take to reach /init (normally 5-15 s under TCG).
 const BOOT_WATCHDOG: Duration = Duration::from_secs(120);
 
-/// Run a guest; if it never reaches /init, report what it printed and
-/// what the backend saw, call `before_retry` and boot it once more. Under
-/// TCG on a loaded 2-core machine an early-boot hang has been seen once in
-/// many runs; a second one fails the test.
+/// Run a guest. If it printed nothing at all before the boot watchdog
+/// (QEMU or the guest never got going), report what the backend saw, call
+/// `before_retry` and boot it once more; that is the only retry. A guest
+/// that spoke and then hung, or whose kernel reported a fault (oops, BUG,
+/// WARN, panic, call trace) at boot or during fio, fails the test with
+/// the console.
 fn run_guest_with_retry(
     spec: &QemuSpec,
     control: Option<&std::path::Path>,
@@ -220,14 +222,20 @@ fn run_guest_with_retry(
 ) -> GuestRun {
     let run = run_guest(qemu_command(spec), qemu_timeout());
     if !run.boot_hang {
+        assert_no_kernel_fault(&run);
         return run;
     }
+    assert!(
+        run.guest_output.trim().is_empty(),
+        "the guest did not reach /init within {BOOT_WATCHDOG:?} after printing:\n--- console ---\n{}",
+        run.console
+    );
     let backend = control
         .and_then(|c| blklab::control::query(c, "stats").ok())
         .map(|v| v.to_string())
         .unwrap_or_default();
     eprintln!(
-        "[qemu_e2e] WARNING: the guest did not reach /init within {BOOT_WATCHDOG:?}; booting it once more.\n--- console ---\n{}\n--- backend stats ---\n{backend}",
+        "[qemu_e2e] WARNING: the guest printed nothing within {BOOT_WATCHDOG:?}; booting it once more.\n--- console ---\n{}\n--- backend stats ---\n{backend}",
         run.console
     );
     before_retry();
@@ -238,7 +246,22 @@ fn run_guest_with_retry(
             run.console
         );
     }
+    assert_no_kernel_fault(&run);
     run
+}
+
+/// Fail with the whole console when the guest kernel reported a fault.
+fn assert_no_kernel_fault(run: &GuestRun) {
+    let first = run
+        .guest_output
+        .lines()
+        .find(|l| blklab::lab::console::starts_fault(l));
+    assert!(
+        first.is_none(),
+        "the guest kernel reported a fault: {}\n--- console ---\n{}",
+        first.unwrap_or(""),
+        run.console
+    );
 }
 
 /// Run QEMU to completion, capturing the serial console, killing it after
@@ -300,9 +323,11 @@ fn run_guest(mut cmd: Command, timeout: Duration) -> GuestRun {
             let status = child.wait().expect("wait for qemu");
             let _ = out_reader.join();
             let stderr = err_reader.join().unwrap_or_default();
-            let console = format!("{}\n--- qemu stderr ---\n{stderr}", console.lock().unwrap());
+            let guest_output = console.lock().unwrap().clone();
+            let console = format!("{guest_output}\n--- qemu stderr ---\n{stderr}");
             return GuestRun {
                 console,
+                guest_output,
                 status,
                 total: start.elapsed(),
                 to_begin: None,
@@ -325,7 +350,8 @@ fn run_guest(mut cmd: Command, timeout: Duration) -> GuestRun {
     let total = start.elapsed();
     let _ = out_reader.join();
     let stderr = err_reader.join().unwrap_or_default();
-    let mut text = console.lock().unwrap().clone();
+    let guest_output = console.lock().unwrap().clone();
+    let mut text = guest_output.clone();
     if !stderr.is_empty() {
         text.push_str("\n--- qemu stderr ---\n");
         text.push_str(&stderr);
@@ -338,6 +364,7 @@ fn run_guest(mut cmd: Command, timeout: Duration) -> GuestRun {
         to_begin,
         to_fio_done,
         boot_hang: false,
+        guest_output,
     }
 }
 
@@ -490,7 +517,7 @@ fn boot_e2e(series: &str, daemon_args: &[&str], disks: usize, knobs: &str) -> E2
         kernel: &image.kernel,
         initrd: &image.initrd,
         append: format!(
-            "console=ttyS0 quiet blklab.run=e2e-verify panic=-1 blklab.disks={disks} {knobs}"
+            "console=ttyS0 loglevel=5 blklab.run=e2e-verify panic=-1 blklab.disks={disks} {knobs}"
         ),
         sockets,
         num_queues: 2,
@@ -743,7 +770,7 @@ fn debian_6_12_fio_count_equals_backend_count() {
         kernel: &image.kernel,
         initrd: &image.initrd,
         append: format!(
-            "console=ttyS0 quiet blklab.run=e2e-count panic=-1 blklab.ios={ios_per_job}"
+            "console=ttyS0 loglevel=5 blklab.run=e2e-count panic=-1 blklab.ios={ios_per_job}"
         ),
         sockets: vec![socket],
         num_queues: 2,

@@ -3,14 +3,13 @@
 //! the same document for every shipped scenario and good fixture, the same
 //! `FILE:LINE: message` for every malformed one.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+use common::tools::root;
 use serde_json::Value;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn scn_files(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -63,16 +62,11 @@ fn host_check(file: &Path) -> Result<Value, String> {
         .map_err(|e| e.to_string())
 }
 
+/// dash and busybox sh (the initramfs's shell); a missing busybox fails
+/// the test with its install command.
 fn shells() -> Vec<Vec<&'static str>> {
-    let mut v = vec![vec!["sh"]];
-    if Command::new("busybox")
-        .arg("true")
-        .status()
-        .is_ok_and(|s| s.success())
-    {
-        v.push(vec!["busybox", "sh"]);
-    }
-    v
+    common::tools::require_busybox();
+    vec![vec!["sh"], vec!["busybox", "sh"]]
 }
 
 fn agree(file: &Path) {

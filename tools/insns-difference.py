@@ -33,6 +33,15 @@ def load(run_dir):
     return recs
 
 
+def function_insns(ins):
+    """Instructions per function over the window: `function_insns`, or, in
+    records written before it existed, `functions` (per IO) times `ios`."""
+    if ins.get("function_insns"):
+        return ins["function_insns"]
+    n = ins.get("ios") or 0
+    return {f: v * n for f, v in (ins.get("functions") or {}).items()}
+
+
 def ios(r):
     return r["checks"]["guest_block_ios"]
 
@@ -70,7 +79,7 @@ def main():
                     "window_kernel": ib["kernel_per_io"],
                     "f": {},
                 }
-                fa, fb = ia.get("function_insns") or {}, ib.get("function_insns") or {}
+                fa, fb = function_insns(ia), function_insns(ib)
                 for f in set(fa) | set(fb):
                     row["f"][f] = (fb.get(f, 0) - fa.get(f, 0)) / d
                 rows.append(row)

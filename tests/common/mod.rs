@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod tools;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
