@@ -344,9 +344,11 @@ pub fn decide_accel(
         (false, false) => None,
     };
     let (accel, reason) = match (needs_tcg, want) {
-        (Some(what), Accel::Kvm) => return Err(RunError::Config(format!(
+        (Some(what), Accel::Kvm) => {
+            return Err(RunError::Config(format!(
             "{what} needs TCG (QEMU's plugins and -icount do not run under KVM); drop --accel kvm"
-        ))),
+        )))
+        }
         (Some(what), _) => (Accel::Tcg, format!("{what} needs TCG")),
         (None, Accel::Kvm) => (Accel::Kvm, "forced with --accel kvm".to_string()),
         (None, Accel::Tcg) => (Accel::Tcg, "forced with --accel tcg".to_string()),
