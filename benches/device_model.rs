@@ -17,8 +17,9 @@
 //!    `--no-stats`, eight interleaved runs each (medians), against the 3 %
 //!    target, and the statistics' own work per request in isolation;
 //! 3. tag models: per-queue vs shared depth 4 (with and without
-//!    `--tag-fairness on`) on 2 queues at QD16 with 1 ms latency, with the
-//!    pools' statistics.
+//!    `--tag-fairness on`) on 2 queues at QD16 with 1 ms latency, and a
+//!    host-wide pool of 4 over two disks (`--count 2 --tag-scope host`,
+//!    one queue each), with the pools' statistics.
 //!
 //! A benchmark reports, it does not judge: the exit status is 0 whenever the
 //! measurements ran (PASS/FAIL columns are informational) and non-zero only
@@ -59,15 +60,28 @@ struct Daemon {
 
 impl Daemon {
     fn start(args: &[&str]) -> Result<Daemon> {
+        Self::start_count(args, 1)
+    }
+
+    /// With `count` > 1, `blklab serve --count COUNT`: the sockets are
+    /// `socket_n(0)` … `socket_n(COUNT - 1)`.
+    fn start_count(args: &[&str], count: usize) -> Result<Daemon> {
         let dir = tempfile::tempdir().context("tempdir")?;
         let socket = dir.path().join("vd.sock");
         let ctl = dir.path().join("ctl.sock");
+        let count_s = count.to_string();
+        let count_args: &[&str] = if count > 1 {
+            &["--count", &count_s]
+        } else {
+            &[]
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_blklab"))
             .arg("serve")
             .arg("--socket")
             .arg(&socket)
             .arg("--control")
             .arg(&ctl)
+            .args(count_args)
             .args(args)
             .env(
                 "RUST_LOG",
@@ -82,8 +96,13 @@ impl Daemon {
             socket,
             ctl,
         };
+        let sockets: Vec<PathBuf> = if count > 1 {
+            (0..count).map(|i| d.socket_n(i)).collect()
+        } else {
+            vec![d.socket.clone()]
+        };
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !(d.socket.exists() && d.ctl.exists()) {
+        while !(sockets.iter().all(|s| s.exists()) && d.ctl.exists()) {
             if let Some(st) = d.child.try_wait()? {
                 bail!("blklab serve {args:?} exited early: {st}");
             }
@@ -93,6 +112,13 @@ impl Daemon {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(d)
+    }
+
+    /// Socket of disk `i` with `--count`.
+    fn socket_n(&self, i: usize) -> PathBuf {
+        let mut s = self.socket.clone().into_os_string();
+        s.push(format!("-{i}"));
+        PathBuf::from(s)
     }
 
     fn connect(&self, queues: usize) -> Result<Client> {
@@ -624,6 +650,56 @@ fn part3() -> Result<()> {
         drop(c);
         d.stop()?;
     }
+
+    // One pool of 4 slots for two disks (one queue each): about 4000 IOPS
+    // together, both disks reporting the same pool.
+    let d = Daemon::start_count(
+        &[
+            "--disk",
+            "null",
+            "--size",
+            "1G",
+            "--latency",
+            "1ms",
+            "--tags",
+            "shared",
+            "--depth",
+            "4",
+            "--tag-scope",
+            "host",
+        ],
+        2,
+    )?;
+    let connect = |i: usize| {
+        Client::connect(&d.socket_n(i), 1)
+            .map_err(|e| anyhow::anyhow!("libblkio connect to disk {i}: {e}"))
+    };
+    let (mut a, mut b) = (connect(0)?, connect(1)?);
+    let (ia, ib) = std::thread::scope(|s| {
+        let ha = s.spawn(|| all_queues_iops(&mut a, 16, TAG_RUN));
+        let hb = s.spawn(|| all_queues_iops(&mut b, 16, TAG_RUN));
+        let join = |h: std::thread::ScopedJoinHandle<'_, Result<f64>>| {
+            h.join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("client thread panicked")))
+        };
+        (join(ha), join(hb))
+    });
+    let (ia, ib) = (ia?, ib?);
+    let s = d.query("stats")?;
+    let p0 = &s["disks"][0]["tag_pools"][0];
+    let same = *p0 == s["disks"][1]["tag_pools"][0];
+    println!(
+        "{:<34} {:>7.0} {:>9}  {} / {} / {}{} ({ia:.0} + {ib:.0} IOPS)",
+        "host-wide pool of 4, 2 disks",
+        ia + ib,
+        "~4000",
+        u64_at(p0, &["peak_in_use"])?,
+        u64_at(p0, &["waits"])?,
+        u64_at(p0, &["wakeups_sent"])?,
+        if same { "" } else { " (disks differ!)" },
+    );
+    drop((a, b));
+    d.stop()?;
     Ok(())
 }
 

@@ -608,6 +608,7 @@ impl std::fmt::Debug for TagPool {
 mod tests {
     use super::*;
     use std::collections::HashSet;
+    use std::sync::atomic::AtomicBool;
     use std::sync::Barrier;
     use std::thread;
     use std::time::{Duration, Instant};
@@ -673,16 +674,32 @@ mod tests {
         }
     }
 
-    fn stress(depth: u32, fairness: bool, run: Duration) {
+    /// How long a test waits for something that must happen (generous:
+    /// the point is that it happens, on however loaded a machine).
+    const PATIENCE: Duration = Duration::from_secs(30);
+
+    /// Operations each stress thread does at least.
+    const STRESS_OPS: u64 = 64 * 400;
+
+    /// Four threads take and put tags at random (each holding at most half
+    /// the depth) for at least [`STRESS_OPS`] operations each, and on until
+    /// the pool has been contended (a take refused for lack of slots).
+    fn stress(depth: u32, fairness: bool) {
         let pool = Arc::new(TagPool::new(depth, fairness));
+        let contended = Arc::new(AtomicBool::new(false));
         let holders = Arc::new(AtomicU32::new(0));
         let owners: Arc<Vec<AtomicU32>> = Arc::new((0..depth).map(|_| AtomicU32::new(0)).collect());
         let max_hold = (depth / 2).max(2) as usize;
         let start = Arc::new(Barrier::new(4));
         let handles: Vec<_> = (0..4u32)
             .map(|me| {
-                let (pool, holders, owners, start) =
-                    (pool.clone(), holders.clone(), owners.clone(), start.clone());
+                let (pool, holders, owners, start, contended) = (
+                    pool.clone(),
+                    holders.clone(),
+                    owners.clone(),
+                    start.clone(),
+                    contended.clone(),
+                );
                 thread::spawn(move || {
                     let me = me + 1;
                     let waker = efd();
@@ -692,8 +709,10 @@ mod tests {
                     let mut held: Vec<Tag> = Vec::new();
                     let mut ops = 0u64;
                     start.wait();
-                    let deadline = Instant::now() + run;
-                    while Instant::now() < deadline {
+                    let deadline = Instant::now() + PATIENCE;
+                    while (ops < STRESS_OPS || !contended.load(Ordering::SeqCst))
+                        && Instant::now() < deadline
+                    {
                         for _ in 0..64 {
                             let take =
                                 held.is_empty() || (held.len() < max_hold && rng.next() % 2 == 0);
@@ -708,6 +727,7 @@ mod tests {
                                     );
                                     held.push(t);
                                 } else {
+                                    contended.store(true, Ordering::SeqCst);
                                     signalled(&waker);
                                     thread::yield_now();
                                 }
@@ -732,13 +752,16 @@ mod tests {
             .collect();
         let ops: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
         let s = pool.stats();
-        assert!(ops > 1000, "only {ops} operations");
+        assert!(ops >= 4 * STRESS_OPS, "only {ops} operations");
         assert_eq!(s.in_use, 0);
         assert_eq!(s.gets, s.puts);
         assert!(s.gets > 100);
         assert_eq!(s.bad_puts, 0);
         assert!(s.peak_in_use <= depth);
-        assert!(s.waits > 0, "depth {depth}: never contended");
+        assert!(
+            s.waits > 0,
+            "depth {depth}: never contended in {PATIENCE:?}"
+        );
         // Every queue is idle and no one was left waiting (no lost wake-up).
         assert_eq!(s.active_queues, 0, "{s:?}");
         assert_eq!(s.waiting_queues, 0, "{s:?}");
@@ -747,19 +770,19 @@ mod tests {
 
     #[test]
     fn stress_never_over_allocates_depth_8() {
-        stress(8, false, Duration::from_millis(200));
+        stress(8, false);
     }
 
     #[test]
     fn stress_never_over_allocates_depth_100() {
-        stress(100, false, Duration::from_millis(200));
+        stress(100, false);
     }
 
     #[test]
     fn stress_never_over_allocates_depth_300_and_with_fairness() {
-        stress(300, false, Duration::from_millis(100));
-        stress(8, true, Duration::from_millis(100));
-        stress(100, true, Duration::from_millis(100));
+        stress(300, false);
+        stress(8, true);
+        stress(100, true);
     }
 
     #[test]
@@ -813,9 +836,13 @@ mod tests {
     fn fairness_bound_holds_under_threads() {
         let pool = Arc::new(TagPool::new(16, true));
         let start = Arc::new(Barrier::new(3));
+        // Set once a queue has held its whole share: every thread goes on
+        // until then (at least ITERS steps each).
+        const ITERS: u32 = 20_000;
+        let reached = Arc::new(AtomicBool::new(false));
         let handles: Vec<_> = (0..3u64)
             .map(|me| {
-                let (pool, start) = (pool.clone(), start.clone());
+                let (pool, start, reached) = (pool.clone(), start.clone(), reached.clone());
                 thread::spawn(move || {
                     let waker = efd();
                     let q = pool.register(waker.clone());
@@ -826,13 +853,20 @@ mod tests {
                     let mut rng = XorShift(77 + me);
                     let mut held = vec![];
                     let mut max_seen = 1;
-                    let deadline = Instant::now() + Duration::from_millis(150);
-                    while Instant::now() < deadline {
+                    let deadline = Instant::now() + PATIENCE;
+                    let mut steps = 0;
+                    while (steps < ITERS || !reached.load(Ordering::SeqCst))
+                        && Instant::now() < deadline
+                    {
+                        steps += 1;
                         if rng.next() % 2 == 0 {
                             if let Some(t) = pool.try_get(q, &mut hint) {
                                 held.push(t);
                                 max_seen = max_seen.max(held.len() + 1);
                                 assert!(held.len() < 6, "queue holds {} > 6", held.len() + 1);
+                                if max_seen == 6 {
+                                    reached.store(true, Ordering::SeqCst);
+                                }
                             } else {
                                 signalled(&waker);
                             }
@@ -875,9 +909,9 @@ mod tests {
                                 break t;
                             }
                             waits += 1;
-                            if !wait_readable(&waker, 2000) {
+                            if !wait_readable(&waker, PATIENCE.as_millis() as i32) {
                                 panic!(
-                                    "thread {me} iteration {i}: no wake-up in 2 s, in use {}/{depth}: {:?}",
+                                    "thread {me} iteration {i}: no wake-up in {PATIENCE:?}, in use {}/{depth}: {:?}",
                                     pool.in_use(),
                                     pool.stats()
                                 );

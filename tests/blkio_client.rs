@@ -389,14 +389,9 @@ fn config_file_serves_different_disks() {
             .spawn()
             .unwrap(),
     );
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !(a.exists() && b.exists()) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "sockets did not appear"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    common::wait_until("both sockets of the config file", || {
+        a.exists() && b.exists()
+    });
     let ca = Client::connect(&a, 2).expect("connect a");
     assert_eq!(ca.capacity(), 8 * MB);
     let cb = Client::connect_read_only(&b, 1).expect("connect b");

@@ -1,6 +1,12 @@
 //! The device model against libblkio traffic: command-slot budgets
 //! (per-queue versus shared), emulated latency, and the statistics that
 //! show them.
+//!
+//! Only load-independent facts are checked here: exact counters, peaks,
+//! every slot returned, and lower bounds the model itself sets (a request
+//! never completes before its latency, so N requests through S slots take
+//! at least N / S latencies). How close a run gets to the model's IOPS is
+//! a measurement, in `benches/device_model.rs` (`cargo bench`).
 
 mod common;
 
@@ -10,42 +16,53 @@ use common::client::{Client, Op};
 use common::Daemon;
 use serde_json::Value;
 
-/// Every queue keeps 16 reads in flight (closed loop, batches of 16) for
-/// `run`; returns total IOPS.
-fn qd16_iops(c: &mut Client, run: Duration) -> f64 {
-    let start = Instant::now();
-    let total: u64 = std::thread::scope(|s| {
+/// Batches of 16 reads per queue in the slot tests.
+const BATCHES: u64 = 40;
+
+/// Every queue of `c` reads `batches` batches of 16 (closed loop: 16 in
+/// flight, wait for all, next), each queue in its own thread. Returns the
+/// requests per queue.
+fn qd16_reads(c: &mut Client, batches: u64) -> u64 {
+    std::thread::scope(|s| {
         let handles: Vec<_> = c
             .queues
             .iter_mut()
             .enumerate()
             .map(|(qi, q)| {
                 s.spawn(move || {
-                    let mut n = 0u64;
-                    while start.elapsed() < run {
+                    for _ in 0..batches {
                         let reqs: Vec<(Op, u64)> = (0..16)
                             .map(|i| (Op::Read, (qi as u64 * 64 + i) * 4096))
                             .collect();
                         for (r, _) in q.batch(&reqs, 4096) {
                             assert_eq!(r, 0);
                         }
-                        n += 16;
                     }
-                    n
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).sum()
+        for h in handles {
+            h.join().unwrap();
+        }
     });
-    total as f64 / start.elapsed().as_secs_f64()
+    batches * 16
 }
 
-/// The throughput tests run one at a time: on a small machine, parallel
-/// tests would steal each other's CPU and blur the model's numbers.
-static TIMING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn timing() -> std::sync::MutexGuard<'static, ()> {
-    TIMING.lock().unwrap_or_else(|p| p.into_inner())
+/// The slot budget's bound, whatever the machine's load: each request
+/// holds a slot from before its pop until at least `latency` after it, so
+/// `requests` through `slots` slots take at least `requests / slots`
+/// latencies. Prints the IOPS for information.
+fn assert_slot_bound(what: &str, requests: u64, slots: u64, latency: Duration, took: Duration) {
+    let bound = latency * (requests / slots) as u32;
+    eprintln!(
+        "{what}: {requests} requests in {took:?} ({:.0} IOPS; the model allows at most {:.0})",
+        requests as f64 / took.as_secs_f64(),
+        slots as f64 / latency.as_secs_f64()
+    );
+    assert!(
+        took >= bound,
+        "{what}: {requests} requests through {slots} slots of {latency:?} took {took:?} < {bound:?}"
+    );
 }
 
 fn stats(ctl: &std::path::Path) -> Value {
@@ -64,11 +81,10 @@ fn spawn_with_control(args: &[&str]) -> (Daemon, std::path::PathBuf) {
 
 #[test]
 fn per_queue_tags_vs_shared_tags() {
-    // 2 queues, 1 ms per request. Per-queue depth 4: 2 x 4 / 1 ms = 8000
-    // IOPS. One shared pool of 4: 4000 IOPS. The slot budget is a hard
-    // upper bound; how close a run gets depends on the machine, so the
-    // lower bounds are loose and the ratio is checked too.
-    let _serial = timing();
+    // 2 queues, 1 ms per request, 16 reads in flight per queue. Per-queue
+    // depth 4: each queue has its own 4 slots (at most 8000 IOPS). One
+    // shared pool of 4: both queues together get 4 (at most 4000 IOPS).
+    let latency = Duration::from_millis(1);
     let base = [
         "--disk",
         "null",
@@ -83,16 +99,22 @@ fn per_queue_tags_vs_shared_tags() {
     per_queue.extend_from_slice(&["--tags", "per-queue", "--depth", "4"]);
     let (d, ctl) = spawn_with_control(&per_queue);
     let mut c = Client::connect(&d.socket, 2).unwrap();
-    let iops = qd16_iops(&mut c, Duration::from_secs(2));
-    eprintln!("per-queue depth 4, 2 queues, 1 ms: {iops:.0} IOPS");
-    assert!(
-        (4400.0..=8160.0).contains(&iops),
-        "per-queue: {iops:.0} IOPS, expected about 8000"
+    let start = Instant::now();
+    let n = qd16_reads(&mut c, BATCHES);
+    assert_slot_bound(
+        "per-queue depth 4, one queue",
+        n,
+        4,
+        latency,
+        start.elapsed(),
     );
-    let per_queue_iops = iops;
+    // Every completion seen, so every pass that served one has ended: the
+    // statistics (and the slots, returned before a pass ends) are final.
     let s = stats(&ctl);
     for q in 0..2 {
         let qs = &s["disks"][0]["queues"][q];
+        assert_eq!(qs["counters"]["requests"], n, "{qs}");
+        // 16 available, 4 slots: the queue waited for its own slots.
         assert!(qs["counters"]["tag_waits"].as_u64().unwrap() > 0, "{qs}");
         assert!(
             qs["inflight_at_pop"]["max"].as_u64().unwrap() <= 3,
@@ -102,7 +124,10 @@ fn per_queue_tags_vs_shared_tags() {
     let pools = s["disks"][0]["tag_pools"].as_array().unwrap();
     assert_eq!(pools.len(), 2, "one private pool per queue");
     for p in pools {
-        assert_eq!(p["peak_in_use"], 4);
+        assert_eq!(p["peak_in_use"], 4, "{p}");
+        assert_eq!(p["in_use"], 0, "every slot returned: {p}");
+        assert_eq!(p["gets"], n, "every request took a slot: {p}");
+        assert_eq!(p["puts"], n, "{p}");
     }
     drop(c);
     drop(d);
@@ -111,28 +136,35 @@ fn per_queue_tags_vs_shared_tags() {
     shared.extend_from_slice(&["--tags", "shared", "--depth", "4"]);
     let (d, ctl) = spawn_with_control(&shared);
     let mut c = Client::connect(&d.socket, 2).unwrap();
-    let iops = qd16_iops(&mut c, Duration::from_secs(2));
-    eprintln!("shared depth 4, 2 queues, 1 ms: {iops:.0} IOPS");
-    assert!(
-        (2200.0..=4080.0).contains(&iops),
-        "shared: {iops:.0} IOPS, expected about 4000"
-    );
-    let ratio = per_queue_iops / iops;
-    assert!(
-        (1.5..=2.5).contains(&ratio),
-        "per-queue / shared = {ratio:.2}, expected about 2"
+    let start = Instant::now();
+    let n = qd16_reads(&mut c, BATCHES);
+    assert_slot_bound(
+        "shared depth 4, both queues",
+        2 * n,
+        4,
+        latency,
+        start.elapsed(),
     );
     let s = stats(&ctl);
+    for q in 0..2 {
+        let qs = &s["disks"][0]["queues"][q];
+        assert_eq!(qs["counters"]["requests"], n, "{qs}");
+        assert!(qs["counters"]["tag_waits"].as_u64().unwrap() > 0, "{qs}");
+    }
     let pools = s["disks"][0]["tag_pools"].as_array().unwrap();
     assert_eq!(pools.len(), 1, "one pool for both queues");
-    assert_eq!(pools[0]["peak_in_use"], 4);
-    assert!(pools[0]["wakeups_sent"].as_u64().unwrap() > 0);
-    assert_eq!(pools[0]["in_use"], 0, "every slot returned");
+    let p = &pools[0];
+    assert_eq!(p["queues"].as_array().unwrap().len(), 2, "{p}");
+    assert_eq!(p["peak_in_use"], 4, "{p}");
+    // A waiting queue is woken by a put (wake batch 1 at depth 4).
+    assert!(p["wakeups_sent"].as_u64().unwrap() > 0, "{p}");
+    assert_eq!(p["in_use"], 0, "every slot returned: {p}");
+    assert_eq!(p["gets"], 2 * n, "every request took a slot: {p}");
+    assert_eq!(p["puts"], 2 * n, "{p}");
 }
 
 #[test]
 fn host_wide_pool_spans_disks() {
-    let _serial = timing();
     let dir = tempfile::tempdir().unwrap();
     let ctl = dir.path().join("ctl.sock");
     let ctl_s = ctl.to_str().unwrap().to_string();
@@ -162,27 +194,36 @@ fn host_wide_pool_spans_disks() {
     );
     let mut a = Client::connect(&d.socket_n(0), 1).unwrap();
     let mut b = Client::connect(&d.socket_n(1), 1).unwrap();
-    let run = Duration::from_secs(2);
-    let (ia, ib) = std::thread::scope(|s| {
-        let ha = s.spawn(|| qd16_iops(&mut a, run));
-        let hb = s.spawn(|| qd16_iops(&mut b, run));
+    let start = Instant::now();
+    let (na, nb) = std::thread::scope(|s| {
+        let ha = s.spawn(|| qd16_reads(&mut a, BATCHES));
+        let hb = s.spawn(|| qd16_reads(&mut b, BATCHES));
         (ha.join().unwrap(), hb.join().unwrap())
     });
-    eprintln!("host-wide pool of 4 over 2 disks: {ia:.0} + {ib:.0} IOPS");
-    assert!(
-        (2200.0..=4080.0).contains(&(ia + ib)),
-        "{ia:.0} + {ib:.0}, expected about 4000 together"
+    // One pool of 4 for both disks: at most 4000 IOPS together.
+    assert_slot_bound(
+        "host-wide pool of 4, two disks",
+        na + nb,
+        4,
+        Duration::from_millis(1),
+        start.elapsed(),
     );
     let s = stats(&ctl);
+    for (disk, n) in [(0, na), (1, nb)] {
+        let qs = &s["disks"][disk]["queues"][0];
+        assert_eq!(qs["counters"]["requests"], n, "disk {disk}: {qs}");
+    }
     let p0 = &s["disks"][0]["tag_pools"][0];
     let p1 = &s["disks"][1]["tag_pools"][0];
     assert_eq!(p0, p1, "both disks report the same pool");
     assert_eq!(p0["queues"].as_array().unwrap().len(), 2);
+    assert_eq!(p0["peak_in_use"], 4, "{p0}");
+    assert_eq!(p0["in_use"], 0, "every slot returned: {p0}");
+    assert_eq!(p0["gets"], na + nb, "{p0}");
 }
 
 #[test]
 fn latency_model_qd1() {
-    let _serial = timing();
     let (d, ctl) = spawn_with_control(&[
         "--disk",
         "null",
@@ -193,38 +234,43 @@ fn latency_model_qd1() {
         "--seed",
         "7",
         // Spin for the whole wait: the timer fires at once and the worker
-        // spins to each deadline, so spinning is recorded however late
-        // this busy machine's timer wake-ups are.
+        // spins to each deadline.
         "--latency-spin",
         "1ms",
     ]);
     let mut c = Client::connect(&d.socket, 1).unwrap();
+    // QD1 reads, 50 at a time, until the worker has spun at least once (a
+    // timer wake-up later than the whole 1 ms has nothing left to spin,
+    // which a loaded machine may do for a while) and at least 200 reads.
     let start = Instant::now();
-    let mut n = 0;
-    while start.elapsed() < Duration::from_secs(1) {
-        assert_eq!(c.queues[0].read(0, 4096).0, 0);
-        n += 1;
-    }
-    let iops = n as f64 / start.elapsed().as_secs_f64();
-    eprintln!("QD1 at 1 ms: {iops:.0} IOPS");
-    assert!(
-        (550.0..=1000.0).contains(&iops),
-        "{iops:.0} IOPS at QD1 with 1 ms latency"
+    let mut n = 0u64;
+    let s = common::wait_for("a --latency-spin spin", common::PATIENCE, || {
+        for _ in 0..50 {
+            assert_eq!(c.queues[0].read(0, 4096).0, 0);
+        }
+        n += 50;
+        let s = stats(&ctl);
+        let spun = s["disks"][0]["queues"][0]["counters"]["latency_spin_ns"]
+            .as_u64()
+            .unwrap();
+        (n >= 200 && spun > 0).then_some(s)
+    });
+    let took = start.elapsed();
+    // QD1: one request in service at a time, each at least 1 ms (at most
+    // 1000 IOPS). The accuracy of the latency (p50, p99, IOPS against
+    // 1/latency) is measured by `cargo bench --bench device_model`.
+    eprintln!(
+        "QD1 at 1 ms: {n} reads in {took:?}, {:.0} IOPS",
+        n as f64 / took.as_secs_f64()
     );
-    let s = stats(&ctl);
-    let lat = &s["disks"][0]["queues"][0]["latency_read_ns"];
-    let p50 = lat["p50"].as_u64().unwrap() as f64;
-    assert!(
-        (1_000_000.0..1_300_000.0).contains(&p50),
-        "pop-to-complete p50 {p50} ns"
-    );
+    let bound = Duration::from_millis(n);
+    assert!(took >= bound, "{n} QD1 reads at 1 ms took {took:?}");
+    let q = &s["disks"][0]["queues"][0];
+    assert_eq!(q["counters"]["reads"], n, "{q}");
+    let lat = &q["latency_read_ns"];
+    assert_eq!(lat["count"], n, "{lat}");
     // Never early: every completion waits at least its latency.
     assert!(lat["min"].as_u64().unwrap() >= 999_000, "{lat}");
-    // --latency-spin spun for the last stretch of the waits.
-    let spun = s["disks"][0]["queues"][0]["counters"]["latency_spin_ns"]
-        .as_u64()
-        .unwrap();
-    assert!(spun > 0, "no spin recorded");
     assert_eq!(s["disks"][0]["config"]["latency"]["read"], "1ms");
 }
 
@@ -268,13 +314,13 @@ fn requests_in_service_finish_on_disconnect_and_reconnect() {
         let _ = q.q.do_io(&mut none, 0, Some(&mut no_wait), None);
         drop(c);
     }
-    std::thread::sleep(Duration::from_millis(200));
-    let s = stats(&ctl);
-    assert_eq!(
-        s["disks"][0]["tag_pools"][0]["in_use"], 0,
-        "{}",
-        s["disks"][0]["tag_pools"][0]
-    );
+    // The requests left in service finish and give their slots back.
+    let mut last = Value::Null;
+    common::wait_until("every slot of the shared pool returned", || {
+        last = stats(&ctl)["disks"][0]["tag_pools"][0].clone();
+        last["in_use"] == 0
+    });
+    eprintln!("pool after the disconnects: {last}");
     let mut c = Client::connect(&d.socket, 1).unwrap();
     let (r, data) = c.queues[0].read(3 * 4096, 4096);
     assert_eq!(r, 0);
@@ -327,21 +373,27 @@ fn stall_every_holds_requests() {
     let (d, ctl) =
         spawn_with_control(&["--disk", "null", "--size", "1G", "--stall-every", "3:200ms"]);
     let mut c = Client::connect(&d.socket, 1).unwrap();
-    let mut slow = Vec::new();
+    let stalls = || stats(&ctl)["disks"][0]["queues"][0]["counters"]["injected_stalls"].clone();
+    let mut stalled = Vec::new();
     for i in 1..=6u64 {
+        let before = stalls();
         let t = Instant::now();
         assert_eq!(
             c.queues[0].read(0, 4096).0,
             0,
             "a stalled request still succeeds"
         );
-        if t.elapsed() >= Duration::from_millis(200) {
-            slow.push(i);
+        let took = t.elapsed();
+        // The completion is seen, so the pass that popped (and counted)
+        // the request has ended.
+        if stalls() != before {
+            stalled.push(i);
+            // Held for the whole stall: never early.
+            assert!(took >= Duration::from_millis(200), "request {i}: {took:?}");
         }
     }
-    assert_eq!(slow, vec![3, 6]);
-    let s = stats(&ctl);
-    assert_eq!(s["disks"][0]["queues"][0]["counters"]["injected_stalls"], 2);
+    assert_eq!(stalled, vec![3, 6]);
+    assert_eq!(stalls(), 2);
 }
 
 #[test]
@@ -357,7 +409,7 @@ fn prometheus_metrics_from_the_daemon() {
     for _ in 0..7 {
         assert_eq!(c.queues[0].read(0, 4096).0, 0);
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + common::PATIENCE;
     let body = loop {
         if let Ok(mut s) = std::net::TcpStream::connect(&addr) {
             s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")

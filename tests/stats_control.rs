@@ -41,14 +41,27 @@ fn kicks_counted_exactly_and_snapshots() {
     let mut c = Client::connect(&d.socket, 1).expect("connect");
     let q = &mut c.queues[0];
 
-    // Baseline after the connection's set-up.
-    query(&control, "snapshot setup");
+    // Baseline after the connection's set-up (which submits nothing).
+    let setup = query(&control, "snapshot setup");
+    assert_eq!(queue0(&setup)["counters"]["requests"], 0, "{setup}");
+    assert_eq!(queue0(&setup)["counters"]["kicks"], 0, "{setup}");
 
-    // Unplugged pattern: one request, wait, next. With EVENT_IDX the guest
-    // skips the kick when the worker is still draining (it re-checks the
-    // ring before re-arming), so kicks are at most one per request.
+    // Each request or batch starts once the worker has finished the pass
+    // that served the previous one (a queue's statistics are locked for a
+    // whole pass, so the counters show it) and so has re-armed guest
+    // notifications. With EVENT_IDX, a request submitted while the worker
+    // still drains is legitimately picked up without a kick (seen on a
+    // loaded machine: 1 kick, 1 wake-up, 32 requests), or its kick is
+    // read only after the completion: the counts would depend on timing.
+    let served = |requests: u64, kicks: u64| {
+        common::wait_for_counters(&control, 0, 0, &[("requests", requests), ("kicks", kicks)]);
+    };
+
+    // Unplugged pattern: one request, wait, next: the guest finds the
+    // worker idle with notifications on every time, so one kick each.
     for i in 0..32u64 {
         assert_eq!(q.write(i * 4096, &[7; 4096]), 0);
+        served(i + 1, i + 1);
     }
     let a = query(&control, "snapshot qd1");
     assert_eq!(a["label"], "qd1");
@@ -56,24 +69,20 @@ fn kicks_counted_exactly_and_snapshots() {
     let qa = queue0(&a);
     assert_eq!(qa["counters"]["requests"], 32);
     assert_eq!(qa["counters"]["writes"], 32);
-    let kicks = qa["counters"]["kicks"].as_u64().unwrap();
-    assert!((1..=32).contains(&kicks), "{qa}");
+    assert_eq!(qa["counters"]["kicks"], 32, "one kick per request: {qa}");
+    assert_eq!(qa["requests_per_kick"]["max"], 1, "{qa}");
     // Every wake-up is accounted for, with its kicks.
     assert_eq!(qa["kicks_per_wakeup"]["count"], qa["counters"]["wakeups"]);
 
-    // Plugged pattern: 16 requests added, then one kick; twice. Each batch
-    // starts once the worker has gone idle and re-armed notifications:
-    // with EVENT_IDX a batch submitted while the worker still drains the
-    // previous one is legitimately picked up without a kick (seen on a
-    // loaded machine: 1 kick, 1 wake-up, 32 requests).
+    // Plugged pattern: 16 requests added, then one kick; twice.
     for round in 0..2u64 {
-        std::thread::sleep(std::time::Duration::from_millis(100));
         let reqs: Vec<(Op, u64)> = (0..16)
             .map(|i| (Op::Read, (round * 16 + i) * 4096))
             .collect();
         for (r, _) in q.batch(&reqs, 4096) {
             assert_eq!(r, 0);
         }
+        served(32 + 16 * (round + 1), 32 + round + 1);
     }
     let b = query(&control, "snapshot qd16");
     let qb = queue0(&b);

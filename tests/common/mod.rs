@@ -81,7 +81,7 @@ impl Daemon {
         } else {
             (0..sockets).map(|i| d.socket_n(i)).collect()
         };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + PATIENCE;
         let ready = |p: &PathBuf| {
             std::fs::metadata(p)
                 .is_ok_and(|m| Some((m.ino(), m.ctime(), m.ctime_nsec())) != stale || p != &socket)
@@ -92,7 +92,7 @@ impl Daemon {
             }
             assert!(
                 Instant::now() < deadline,
-                "sockets {paths:?} did not appear"
+                "sockets {paths:?} did not appear within {PATIENCE:?}"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -121,14 +121,14 @@ impl Daemon {
         unsafe {
             libc::kill(self.child.id() as i32, libc::SIGTERM);
         }
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + PATIENCE;
         loop {
             if let Some(st) = self.child.try_wait().expect("wait") {
                 return st;
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
-                panic!("blklab serve did not exit after SIGTERM");
+                panic!("blklab serve did not exit within {PATIENCE:?} of SIGTERM");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -142,4 +142,70 @@ impl Drop for Daemon {
             let _ = self.child.wait();
         }
     }
+}
+
+/// How long a test waits for something that must happen: long enough for
+/// a loaded 2-core machine (the point is that it happens, not how fast).
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Poll `f` until it returns `Some`, for at most `timeout`; `None` on
+/// timeout. Polls quickly at first, then every 20 ms.
+pub fn try_wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_micros(500);
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
+    }
+}
+
+/// Poll `f` until it returns `Some` and return the value; panic with
+/// `what` if that takes longer than `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+    try_wait_for(timeout, f)
+        .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// Wait (up to [`PATIENCE`]) until `cond` holds; panic with `what` if not.
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    wait_for(what, PATIENCE, || cond().then_some(()))
+}
+
+/// The cumulative statistics (`stats` on the control socket `ctl`) once
+/// every `(counter, value)` of queue `queue` of disk `disk` has reached at
+/// least `value`; panics with the last document after [`PATIENCE`].
+///
+/// A queue's statistics are locked for a whole pass of its worker, so a
+/// document that shows a request counted also shows everything that pass
+/// did (its kicks, notifications, returned slots): waiting for the
+/// request count to reach N means waiting until the pass that served
+/// request N has ended and the worker has re-armed guest notifications.
+pub fn wait_for_counters(
+    ctl: &Path,
+    disk: usize,
+    queue: usize,
+    want: &[(&str, u64)],
+) -> serde_json::Value {
+    let mut last = serde_json::Value::Null;
+    let got = try_wait_for(PATIENCE, || {
+        let doc = blklab::control::query(ctl, "stats").expect("control query: stats");
+        let counters = &doc["disks"][disk]["queues"][queue]["counters"];
+        let reached = want
+            .iter()
+            .all(|(name, v)| counters[*name].as_u64().is_some_and(|c| c >= *v));
+        if reached {
+            return Some(doc);
+        }
+        last = counters.clone();
+        None
+    });
+    got.unwrap_or_else(|| {
+        panic!("disk {disk} queue {queue}: counters did not reach {want:?} within {PATIENCE:?}; last: {last}")
+    })
 }
