@@ -320,10 +320,6 @@ fn prepare_builds_plain_and_noplug_kernels_then_hits_the_cache() {
         "[images] second prepare (cache hit): {:.1}s",
         took2.as_secs_f64()
     );
-    assert!(
-        took2 < Duration::from_secs(60),
-        "a cache hit took {took2:?}"
-    );
 }
 
 /// A bad SPEC fails at once, before anything is built, with one
@@ -352,7 +348,6 @@ fn prepare_rejects_bad_specs() {
         (vec![], "no SPEC given"),
     ];
     for (specs, want) in cases {
-        let start = Instant::now();
         let mut args: Vec<&std::ffi::OsStr> = vec!["--cache".as_ref(), cache.as_os_str()];
         args.extend(specs.iter().map(|s| std::ffi::OsStr::new(*s)));
         let (out, _) = prepare(&args);
@@ -373,11 +368,6 @@ fn prepare_rejects_bad_specs() {
         assert!(
             error_line.contains(want),
             "{specs:?}: expected {want:?} in {error_line:?}"
-        );
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{specs:?} took {:?} to fail",
-            start.elapsed()
         );
     }
     assert!(
