@@ -127,7 +127,7 @@ impl Daemon {
     }
 
     fn query(&self, cmd: &str) -> Result<Value> {
-        blklab::control::query(&self.ctl, cmd).with_context(|| format!("control: {cmd}"))
+        blklab::backend::control::query(&self.ctl, cmd).with_context(|| format!("control: {cmd}"))
     }
 
     /// SIGTERM and wait for a clean exit.
@@ -552,14 +552,14 @@ fn part2() -> Result<()> {
     // QueueStats, with and without histograms.
     let per_req = |histograms: bool| {
         const N: u64 = 2_000_000;
-        let mut st = blklab::stats::QueueStats::default();
+        let mut st = blklab::stats::queue::QueueStats::default();
         st.histograms = histograms;
         let t = Instant::now();
         let mut prev = Instant::now();
         for i in 0..N {
             let now = if histograms { Instant::now() } else { prev };
             st.completed(
-                blklab::request::Op::Read,
+                blklab::virtio_blk::request::Op::Read,
                 now.saturating_duration_since(prev),
             );
             st.popped(now, i % 64);

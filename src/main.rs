@@ -3,9 +3,9 @@
 use anyhow::{Context, Result};
 use clap::Parser;
 
+use blklab::backend::server::Server;
 use blklab::cli::{Cli, Command, ServeArgs};
-use blklab::disk::{check_unique_sockets, load_config_file};
-use blklab::server::Server;
+use blklab::device::config::{check_unique_sockets, load_config_file};
 
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
@@ -33,29 +33,32 @@ fn serve(args: ServeArgs) -> Result<()> {
         }
     };
     if args.print_qemu_args {
-        for line in blklab::qemu_args::qemu_args(&disks, &args.guest_memory) {
+        for line in blklab::backend::qemu_args::qemu_args(&disks, &args.guest_memory) {
             println!("{line}");
         }
         return Ok(());
     }
     // Block SIGINT/SIGTERM before any thread starts, so every thread
     // inherits the mask and only sigwait() below receives them.
-    let signals = blklab::server::block_termination_signals().context("cannot block signals")?;
+    let signals =
+        blklab::backend::server::block_termination_signals().context("cannot block signals")?;
     let server = Server::start_with_control(disks, args.control.as_deref())?;
     let served = server.disks();
     let metrics_stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let metrics = match args.metrics {
         Some(addr) => {
             let disks = served.clone();
-            let source = std::sync::Arc::new(move || blklab::control::report(&disks, None));
-            let (bound, thread) = blklab::metrics::serve(addr, source, metrics_stop.clone())
-                .with_context(|| format!("cannot serve --metrics on {addr}"))?;
+            let source =
+                std::sync::Arc::new(move || blklab::backend::control::report(&disks, None));
+            let (bound, thread) =
+                blklab::stats::prometheus::serve(addr, source, metrics_stop.clone())
+                    .with_context(|| format!("cannot serve --metrics on {addr}"))?;
             log::info!("Prometheus metrics on http://{bound}/metrics");
             Some(thread)
         }
         None => None,
     };
-    let sig = blklab::server::wait_for_signal(&signals);
+    let sig = blklab::backend::server::wait_for_signal(&signals);
     log::info!("received {sig}, shutting down");
     server.shutdown();
     metrics_stop.store(true, std::sync::atomic::Ordering::SeqCst);
@@ -63,16 +66,16 @@ fn serve(args: ServeArgs) -> Result<()> {
         let _ = t.join();
     }
     if let Some(path) = &args.stats_out {
-        blklab::control::write_stats_file(path, &served)
+        blklab::backend::control::write_stats_file(path, &served)
             .with_context(|| format!("cannot write --stats-out {}", path.display()))?;
     }
     Ok(())
 }
 
-fn run(args: &blklab::cli::RunArgs) -> Result<()> {
+fn run(args: &blklab::lab::options::RunArgs) -> Result<()> {
     let outcome = blklab::lab::runner::run(args).context("blklab run")?;
     print!("{}", blklab::lab::summary::table(&outcome.records));
-    let metrics = blklab::report::metrics::default_metrics(&outcome.records);
+    let metrics = blklab::record::metrics::default_metrics(&outcome.records);
     match blklab::report::run_comparisons(&outcome.out_dir, &metrics) {
         Ok(reports) => {
             for (report, a, b) in reports {
@@ -104,7 +107,7 @@ fn run(args: &blklab::cli::RunArgs) -> Result<()> {
 
 fn bench(args: &blklab::cli::BenchArgs) -> Result<()> {
     use blklab::bench;
-    let bs = blklab::size::parse_size(&args.bs).context("--bs")?;
+    let bs = blklab::util::units::parse_size(&args.bs).context("--bs")?;
     if args.compare {
         let opts = bench::compare::CompareOpts {
             blklab_bin: std::env::current_exe().context("cannot find the blklab binary")?,
@@ -115,7 +118,7 @@ fn bench(args: &blklab::cli::BenchArgs) -> Result<()> {
             rw: args.rw,
             time: args.time,
             warmup: std::time::Duration::from_millis(500),
-            size: blklab::size::parse_size(&args.size).context("--size")?,
+            size: blklab::util::units::parse_size(&args.size).context("--size")?,
             rounds: args.rounds,
             poll: (args.poll != "off").then(|| args.poll.clone()),
         };
@@ -160,7 +163,8 @@ fn bench(args: &blklab::cli::BenchArgs) -> Result<()> {
 
 fn compare(args: &blklab::cli::CompareArgs) -> Result<()> {
     use blklab::cli::CompareFormat;
-    use blklab::report::{compare, metrics, render};
+    use blklab::record::metrics;
+    use blklab::report::{compare, render};
     if !(args.confidence > 0.5 && args.confidence < 1.0) {
         anyhow::bail!("--confidence must be between 0.5 and 1 (e.g. 0.95)");
     }

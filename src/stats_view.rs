@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use crate::backend::control::query;
 use crate::cli::{StatsArgs, StatsFormat};
-use crate::control::query;
 
 fn num(v: &Value, path: &[&str]) -> f64 {
     let mut cur = v;

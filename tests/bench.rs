@@ -151,7 +151,7 @@ fn bench_cli_reports_backend_cpu_and_poll_counters() {
     assert!(v["iops"].as_f64().unwrap() > 0.0);
     assert!(v["backend_cpu_s"].as_f64().is_some(), "{v}");
     assert!(v["latency_ns"]["p50"].as_u64().unwrap() > 0);
-    let s = blklab::control::query(&ctl, "stats").unwrap();
+    let s = blklab::backend::control::query(&ctl, "stats").unwrap();
     let c = &s["disks"][0]["queues"][0]["counters"];
     let writes = c["writes"].as_u64().unwrap();
     assert!(writes >= v["requests"].as_u64().unwrap(), "{c}");
@@ -161,7 +161,7 @@ fn bench_cli_reports_backend_cpu_and_poll_counters() {
         "{c}"
     );
     assert!(c["poll_spin_ns"].as_u64().is_some());
-    let prom = blklab::control::query(&ctl, "prom").unwrap();
+    let prom = blklab::backend::control::query(&ctl, "prom").unwrap();
     assert!(prom["prometheus"]
         .as_str()
         .unwrap()

@@ -66,7 +66,7 @@ fn assert_slot_bound(what: &str, requests: u64, slots: u64, latency: Duration, t
 }
 
 fn stats(ctl: &std::path::Path) -> Value {
-    blklab::control::query(ctl, "stats").expect("stats")
+    blklab::backend::control::query(ctl, "stats").expect("stats")
 }
 
 fn spawn_with_control(args: &[&str]) -> (Daemon, std::path::PathBuf) {

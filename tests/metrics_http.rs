@@ -1,4 +1,4 @@
-//! The Prometheus endpoint over real TCP, in-process: `blklab::metrics::serve`
+//! The Prometheus endpoint over real TCP, in-process: `blklab::stats::prometheus::serve`
 //! on an ephemeral loopback port with a fixed stats document, raw HTTP
 //! requests, the exposition text parsed, and a clean shutdown.
 
@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blklab::disk::DiskArgs;
-use blklab::histogram::HistSummary;
-use blklab::metrics;
-use blklab::stats::{DiskReport, QueueCounters, QueueStats, StatsDocument};
+use blklab::device::config::DiskArgs;
+use blklab::stats::histogram::HistSummary;
+use blklab::stats::prometheus as metrics;
+use blklab::stats::queue::{DiskReport, QueueCounters, QueueStats, StatsDocument};
 
 fn document() -> StatsDocument {
     let config =

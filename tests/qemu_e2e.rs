@@ -231,7 +231,7 @@ fn run_guest_with_retry(
         run.console
     );
     let backend = control
-        .and_then(|c| blklab::control::query(c, "stats").ok())
+        .and_then(|c| blklab::backend::control::query(c, "stats").ok())
         .map(|v| v.to_string())
         .unwrap_or_default();
     eprintln!(
@@ -779,7 +779,7 @@ fn debian_6_12_fio_count_equals_backend_count() {
     };
     // A retry boots a fresh guest: count from zero again.
     let run = run_guest_with_retry(&spec, Some(&ctl), || {
-        blklab::control::query(&ctl, "reset").expect("reset the backend's statistics");
+        blklab::backend::control::query(&ctl, "reset").expect("reset the backend's statistics");
     });
     let console = run.console.as_str();
     for l in console
@@ -799,7 +799,7 @@ fn debian_6_12_fio_count_equals_backend_count() {
     assert!(daemon.alive(), "blklab serve died during the guest run");
 
     // QEMU is gone: the counters are final. Read them live, then at exit.
-    let live = blklab::control::query(&ctl, "stats").expect("query the control socket");
+    let live = blklab::backend::control::query(&ctl, "stats").expect("query the control socket");
     let status = daemon.terminate();
     assert!(
         status.success() || is_sigterm(&status),

@@ -1538,7 +1538,7 @@ fn kicks_and_notifications(event_idx: bool) {
     let mut c = server.connect();
     let q0 = |doc: &serde_json::Value| doc["disks"][0]["queues"][0].clone();
     // Nothing has been submitted yet: the baseline is all zeroes.
-    let base = blklab::control::query(&ctl, "snapshot start").unwrap();
+    let base = blklab::backend::control::query(&ctl, "snapshot start").unwrap();
     assert_eq!(q0(&base)["counters"]["requests"], 0, "{base}");
     assert_eq!(q0(&base)["counters"]["kicks"], 0, "{base}");
 
@@ -1557,7 +1557,7 @@ fn kicks_and_notifications(event_idx: bool) {
         c.write_ok(0, 8 * i, &pattern(4096, i));
         served(i + 1, i + 1);
     }
-    let a = q0(&blklab::control::query(&ctl, "snapshot one-per-kick").unwrap());
+    let a = q0(&blklab::backend::control::query(&ctl, "snapshot one-per-kick").unwrap());
     assert_eq!(a["counters"]["requests"], 20, "{a}");
     assert_eq!(a["counters"]["kicks"], 20, "one kick per request: {a}");
     // EVENT_IDX: each request's used_event asked for its own completion;
@@ -1583,7 +1583,7 @@ fn kicks_and_notifications(event_idx: bool) {
         }
         served(20 + 16 * (round + 1), 20 + round + 1);
     }
-    let b = q0(&blklab::control::query(&ctl, "snapshot sixteen-per-kick").unwrap());
+    let b = q0(&blklab::backend::control::query(&ctl, "snapshot sixteen-per-kick").unwrap());
     assert_eq!(b["counters"]["requests"], 48, "{b}");
     assert_eq!(b["counters"]["kicks"], 3, "one kick per 16 requests: {b}");
     assert_eq!(b["requests_per_kick"]["max"], 16, "{b}");

@@ -11,7 +11,7 @@ use common::{blklab_bin, Daemon};
 use serde_json::Value;
 
 fn query(sock: &std::path::Path, cmd: &str) -> Value {
-    blklab::control::query(sock, cmd).expect("control query")
+    blklab::backend::control::query(sock, cmd).expect("control query")
 }
 
 fn queue0(doc: &Value) -> &Value {

@@ -310,7 +310,7 @@ pub fn run(
 ) -> Result<CompareReport, BenchError> {
     // A bad --poll is refused before any daemon starts.
     if let Some(p) = &opts.poll {
-        crate::disk::parse_poll_spin(p).map_err(|e| BenchError::Option(e.to_string()))?;
+        crate::device::config::parse_poll_spin(p).map_err(|e| BenchError::Option(e.to_string()))?;
     }
     let qsd_version = qsd_version(&opts.qsd_bin)?;
     progress(&format!("measuring {qsd_version}"));

@@ -21,7 +21,7 @@ use blkio::{Blkio, Blkioq, Completion, ReqFlags};
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::histogram::{Hist, HistSummary};
+use crate::stats::histogram::{Hist, HistSummary};
 
 #[derive(Debug, Error)]
 pub enum BenchError {
@@ -108,7 +108,7 @@ impl Load {
         format!(
             "{} {} q{} qd{}{}",
             self.rw,
-            crate::size::format_size(self.bs as u64).to_lowercase(),
+            crate::util::units::format_size(self.bs as u64).to_lowercase(),
             self.queues,
             self.depth,
             if self.client_poll { " poll-client" } else { "" }
@@ -179,7 +179,7 @@ impl BenchReport {
 /// `/proc/PID/stat` (clock-tick resolution; includes exited threads).
 pub fn process_cpu_s(pid: i32) -> Option<f64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, utime, stime) = crate::lab::hostcpu::parse_stat(&text)?;
+    let (_, utime, stime) = crate::util::hostcpu::parse_stat(&text)?;
     // SAFETY: sysconf has no memory effects.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     let hz = if hz > 0 { hz as f64 } else { 100.0 };

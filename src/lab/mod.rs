@@ -12,9 +12,9 @@
 //! The contract between the parts is docs/lab-protocol.md.
 
 pub mod console;
-pub mod hostcpu;
 pub mod images;
 pub mod insns;
+pub mod options;
 pub mod qemu;
 pub mod runner;
 pub mod scenario;

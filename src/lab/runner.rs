@@ -13,19 +13,19 @@ use log::{info, warn};
 use serde_json::{json, Value};
 use thiserror::Error;
 
+use crate::backend::control;
+use crate::backend::server::Server;
 use crate::backend::Disk;
-use crate::cli::{CountInsns, RunArgs};
-use crate::control;
-use crate::disk::{DiskArgs, DiskConfig};
+use crate::device::config::{DiskArgs, DiskConfig};
 use crate::lab::console::{parse_line, Event, FaultScanner, Phase};
-use crate::lab::hostcpu;
 use crate::lab::images::{self, KernelSpec, PreparedGuest};
 use crate::lab::insns::{self, Dump, SymbolMap};
+use crate::lab::options::{CountInsns, RunArgs};
 use crate::lab::qemu::{self, Accel, Guest, Next, QemuDisk, QemuSpec};
 use crate::lab::scenario::{self, Scenario};
 use crate::lab::summary;
-use crate::server::Server;
-use crate::stats::QueueStats;
+use crate::stats::queue::QueueStats;
+use crate::util::hostcpu;
 
 #[derive(Debug, Error)]
 pub enum RunError {
@@ -45,7 +45,7 @@ pub enum RunError {
     #[error(transparent)]
     Insns(#[from] insns::InsnsError),
     #[error("cannot serve the disks: {0}")]
-    Serve(#[from] crate::server::ServeError),
+    Serve(#[from] crate::backend::server::ServeError),
     #[error(
         "guest {kernel}, scenario {scenario}, iteration {iteration}: the guest kernel reported a fault \
          (console kept: {}); the report, whole:\n{trace}",
@@ -584,7 +584,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         "schema": "blklab-run/1",
         "started_unix": unix_now(),
         "blklab_version": env!("CARGO_PKG_VERSION"),
-        "git_commit": crate::stats::GIT_COMMIT,
+        "git_commit": crate::stats::queue::GIT_COMMIT,
         "command_line": std::env::args().collect::<Vec<_>>(),
         "accel": accel, "accel_reason": accel_why,
         "deterministic": args.deterministic,
@@ -1033,7 +1033,7 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), BootFailure> {
                 let mut record = record;
                 if let (Some(w), Some(map)) = (window, &c.symbols) {
                     let p = insns::profile(&w, map);
-                    let ios = crate::report::metrics::ios(&record);
+                    let ios = crate::record::metrics::ios(&record);
                     let cs = record["guest"]["context_switches"].as_f64();
                     record["instructions"] = insns::record(
                         &p,
@@ -1098,7 +1098,7 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), BootFailure> {
 
 #[cfg(test)]
 mod tests {
-    use crate::cli::CountInsns;
+    use crate::lab::options::CountInsns;
     use crate::lab::qemu::Accel;
 
     fn decide(

@@ -23,7 +23,7 @@ pub const METRICS: &[(&str, &str)] = &[
 pub fn metrics(r: &Value) -> BTreeMap<&'static str, f64> {
     let mut m = BTreeMap::new();
     let g = &r["guest"];
-    if let Some(v) = crate::report::metrics::iops(r) {
+    if let Some(v) = crate::record::metrics::iops(r) {
         m.insert("iops", v);
     }
     let f = |p: &str| g.pointer(p).and_then(Value::as_f64);
@@ -36,7 +36,7 @@ pub fn metrics(r: &Value) -> BTreeMap<&'static str, f64> {
     if let Some(v) = f("/cpu/all/soft") {
         m.insert("guest_soft_pct", v);
     }
-    let ios = crate::report::metrics::ios(r);
+    let ios = crate::record::metrics::ios(r);
     if let (Some(cs), Some(n)) = (f("/context_switches"), ios) {
         m.insert("ctxsw_per_io", cs / n);
     }
@@ -197,7 +197,7 @@ pub fn table(records: &[Value]) -> String {
         line.extend(METRICS.iter().map(|(k, _)| fmt(r.metrics.get(*k))));
         cells.push(line);
     }
-    let (lines, widths) = crate::report::render::aligned_lines(&cells, |_, i| i < 2);
+    let (lines, widths) = crate::util::text::aligned_lines(&cells, |_, i| i < 2);
     let mut out = String::new();
     for (n, line) in lines.iter().enumerate() {
         out.push_str(line);

@@ -7,9 +7,9 @@ use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::report::metrics::{self, RowLabels};
+use crate::record::metrics::{self, RowLabels};
+use crate::report::inference::{self, Comparison};
 use crate::report::profile;
-use crate::report::stats::{self, Comparison};
 
 #[derive(Debug, Error)]
 pub enum ReportError {
@@ -538,7 +538,10 @@ pub fn build_with_top(
                 if xa.is_empty() || xb.is_empty() {
                     continue;
                 }
-                m.insert(metric.key.to_string(), stats::compare(&xa, &xb, confidence));
+                m.insert(
+                    metric.key.to_string(),
+                    inference::compare(&xa, &xb, confidence),
+                );
                 samples.insert(metric.key.to_string(), (xa, xb));
             }
             let labels = ra
@@ -568,7 +571,7 @@ pub fn build_with_top(
                     .map(|(_, c)| c)
             })
             .collect();
-        stats::holm(&mut shown, confidence);
+        inference::holm(&mut shown, confidence);
     }
     let info = |s: &Side| SideInfo {
         dir: s.dir.clone(),

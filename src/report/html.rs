@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
 
+use crate::record::metrics;
 use crate::report::compare::{Report, Side};
-use crate::report::metrics;
+use crate::report::inference;
 use crate::report::render;
-use crate::report::stats;
 
 const A_COLOR: RGBColor = RGBColor(31, 119, 180);
 const B_COLOR: RGBColor = RGBColor(255, 127, 14);
@@ -25,11 +25,11 @@ fn plot_err<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> std::io::Error + '_
 
 /// Half-width of the 95 % interval of a mean (0 with one sample).
 fn half_width(v: &[f64]) -> f64 {
-    let s = stats::summarize(v);
+    let s = inference::summarize(v);
     if s.n < 2 {
         return 0.0;
     }
-    stats::t_quantile(0.95, (s.n - 1) as f64) * s.sd / (s.n as f64).sqrt()
+    inference::t_quantile(0.95, (s.n - 1) as f64) * s.sd / (s.n as f64).sqrt()
 }
 
 fn file_safe(s: &str) -> String {
@@ -62,7 +62,7 @@ fn bars(report: &Report, key: &str, path: &Path) -> std::io::Result<bool> {
     let mut ymax: f64 = 0.0;
     for (_, a, b) in &rows {
         for v in [a, b] {
-            let s = stats::summarize(v);
+            let s = inference::summarize(v);
             ymax = ymax.max(s.mean + half_width(v)).max(s.max);
         }
     }
@@ -101,7 +101,7 @@ fn bars(report: &Report, key: &str, path: &Path) -> std::io::Result<bool> {
         let mut first = true;
         for (i, (_, a, b)) in rows.iter().enumerate() {
             let v = if side == 0 { *a } else { *b };
-            let s = stats::summarize(v);
+            let s = inference::summarize(v);
             let x0 = i as f64 + offset;
             let x1 = x0 + 0.33;
             let series = chart

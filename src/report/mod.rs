@@ -9,10 +9,9 @@
 
 pub mod compare;
 pub mod html;
-pub mod metrics;
+pub mod inference;
 pub mod profile;
 pub mod render;
-pub mod stats;
 
 use std::path::{Path, PathBuf};
 

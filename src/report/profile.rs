@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::report::stats;
+use crate::report::inference;
 
 /// Functions shown per row unless asked otherwise.
 pub const DEFAULT_TOP: usize = 15;
@@ -26,7 +26,7 @@ pub struct SideValue {
 }
 
 fn side_value(v: &[f64]) -> SideValue {
-    let s = stats::summarize(v);
+    let s = inference::summarize(v);
     SideValue {
         mean: s.mean,
         sd: if s.n < 2 { 0.0 } else { s.sd },
@@ -234,12 +234,12 @@ pub fn render(profiles: &[RowProfile], a: &str, b: &str, markdown: bool) -> Stri
     }
     let ms = |v: &SideValue| {
         if v.sd == 0.0 {
-            format!("{} ± 0", crate::report::render::num(v.mean))
+            format!("{} ± 0", crate::util::text::num(v.mean))
         } else {
             format!(
                 "{} ± {}",
-                crate::report::render::num(v.mean),
-                crate::report::render::num(v.sd)
+                crate::util::text::num(v.mean),
+                crate::util::text::num(v.sd)
             )
         }
     };
@@ -327,7 +327,7 @@ fn table(cells: &[Vec<String>], markdown: bool) -> String {
     }
     // Indented under the row's heading.
     let (lines, _) =
-        crate::report::render::aligned_lines(cells, |l, i| i == 0 || (l.len() == 5 && i == 1));
+        crate::util::text::aligned_lines(cells, |l, i| i == 0 || (l.len() == 5 && i == 1));
     for line in lines {
         out.push_str("  ");
         out.push_str(&line);

@@ -1,64 +1,10 @@
 //! A comparison as a terminal table, Markdown, CSV or JSON.
 
+use crate::record::metrics;
 use crate::report::compare::{Report, Row};
-use crate::report::metrics;
-use crate::report::stats::{Comparison, Method};
+use crate::report::inference::{Comparison, Method};
 
-/// Lines of an aligned plain-text table: each column as wide as its widest
-/// cell, two blanks between columns, left-aligned where `left(row,
-/// column)` says so, right-aligned elsewhere; trailing blanks trimmed.
-/// Also returns the column widths.
-pub fn aligned_lines(
-    cells: &[Vec<String>],
-    left: impl Fn(&[String], usize) -> bool,
-) -> (Vec<String>, Vec<usize>) {
-    let ncols = cells.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..ncols)
-        .map(|i| {
-            cells
-                .iter()
-                .filter_map(|l| l.get(i).map(|c| c.chars().count()))
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let lines = cells
-        .iter()
-        .map(|l| {
-            l.iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    if left(l, i) {
-                        format!("{c:<w$}", w = widths[i])
-                    } else {
-                        format!("{c:>w$}", w = widths[i])
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join("  ")
-                .trim_end()
-                .to_string()
-        })
-        .collect();
-    (lines, widths)
-}
-
-/// Numbers with a precision that suits their size.
-pub fn num(v: f64) -> String {
-    if !v.is_finite() {
-        return "-".into();
-    }
-    let a = v.abs();
-    if a >= 1000.0 {
-        format!("{v:.0}")
-    } else if a >= 100.0 {
-        format!("{v:.1}")
-    } else if a >= 1.0 {
-        format!("{v:.2}")
-    } else {
-        format!("{v:.3}")
-    }
-}
+use crate::util::text::{aligned_lines, num};
 
 fn pct(v: f64) -> String {
     if v.is_finite() {
@@ -71,8 +17,8 @@ fn pct(v: f64) -> String {
 /// The significance mark: `*` significant, `~` noise exceeds the delta,
 /// `n<3` too few samples to say.
 pub fn mark(c: &Comparison) -> &'static str {
-    if c.a.n < crate::report::stats::MIN_SAMPLES_FOR_SIGNIFICANCE
-        || c.b.n < crate::report::stats::MIN_SAMPLES_FOR_SIGNIFICANCE
+    if c.a.n < crate::report::inference::MIN_SAMPLES_FOR_SIGNIFICANCE
+        || c.b.n < crate::report::inference::MIN_SAMPLES_FOR_SIGNIFICANCE
     {
         "n<3"
     } else if c.significant {

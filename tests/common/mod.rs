@@ -194,7 +194,7 @@ pub fn wait_for_counters(
 ) -> serde_json::Value {
     let mut last = serde_json::Value::Null;
     let got = try_wait_for(PATIENCE, || {
-        let doc = blklab::control::query(ctl, "stats").expect("control query: stats");
+        let doc = blklab::backend::control::query(ctl, "stats").expect("control query: stats");
         let counters = &doc["disks"][disk]["queues"][queue]["counters"];
         let reached = want
             .iter()

@@ -16,7 +16,7 @@ pub use file::FileStorage;
 pub use mem::MemStorage;
 pub use null::NullStorage;
 
-use crate::disk::{DiskConfig, StorageSpec};
+use crate::device::config::{DiskConfig, StorageSpec};
 
 /// A guest buffer: a slice of mapped guest memory.
 pub type GuestBuf<'a> = VolatileSlice<'a, ()>;

@@ -30,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use log::{debug, warn};
 
-use crate::histogram::HistSummary;
-use crate::stats::{QueueCounters, QueueReport, StatsDocument};
+use crate::stats::histogram::HistSummary;
+use crate::stats::queue::{QueueCounters, QueueReport, StatsDocument};
 
 /// The address `--metrics` binds when given no other: loopback only.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9188";
@@ -445,18 +445,6 @@ pub fn serve(
     Ok((bound, handle))
 }
 
-/// Wait up to `timeout_ms` for `fd` to become readable.
-fn wait_readable(fd: i32, timeout_ms: i32) -> bool {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd, for the duration of the call.
-    let n = unsafe { libc::poll(&mut p, 1, timeout_ms) };
-    n > 0
-}
-
 fn accept_loop(
     listener: TcpListener,
     source: Arc<dyn Fn() -> StatsDocument + Send + Sync>,
@@ -464,7 +452,7 @@ fn accept_loop(
 ) {
     let fd = listener.as_raw_fd();
     while !shutdown.load(Ordering::SeqCst) {
-        if !wait_readable(fd, POLL_INTERVAL_MS) {
+        if !crate::util::fd::readable_within(fd, POLL_INTERVAL_MS) {
             continue;
         }
         match listener.accept() {
@@ -712,8 +700,8 @@ fn handle_connection(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::disk::DiskArgs;
-    use crate::stats::{DiskReport, QueueStats, ThreadCpu};
+    use crate::device::config::DiskArgs;
+    use crate::stats::queue::{DiskReport, QueueStats, ThreadCpu};
     use std::collections::{BTreeMap, HashMap, HashSet};
 
     /// One sample line.

@@ -5,6 +5,12 @@
 //! [`BlkBackend`] is created per vhost-user connection and shares the disk,
 //! so data survives reconnects while ring state starts fresh.
 
+pub mod control;
+pub mod deadline;
+pub mod kick_vring;
+pub mod qemu_args;
+pub mod server;
+
 use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -26,20 +32,20 @@ use vmm_sys_util::event::{
 };
 use vmm_sys_util::eventfd::EventFd;
 
-use crate::config_space;
-use crate::deadline::DeadlineTimer;
-use crate::disk::{DiskConfig, TagMode, TagScope};
-use crate::faults::{FaultDecision, FaultState};
-use crate::features::BlkFeature;
-use crate::kick_vring::KickCountingVring;
-use crate::latency::{LatOp, LatencySampler};
-use crate::request::{
-    collect_segments, execute, Device, DropReason, Op, Outcome, Segment, STATUS_IOERR, STATUS_OK,
-    STATUS_UNSUPP,
+use crate::backend::deadline::DeadlineTimer;
+use crate::backend::kick_vring::KickCountingVring;
+use crate::device::config::{DiskConfig, TagMode, TagScope};
+use crate::device::config_space;
+use crate::device::execute::{execute, Device, Outcome};
+use crate::device::faults::{FaultDecision, FaultState};
+use crate::device::latency::{LatOp, LatencySampler};
+use crate::device::storage::{self, Storage, StorageError};
+use crate::device::tags::{PoolStats, QueueId, Tag, TagPool};
+use crate::stats::queue::{current_tid, QueueCounters, QueueStats};
+use crate::virtio_blk::features::BlkFeature;
+use crate::virtio_blk::request::{
+    collect_segments, DropReason, Op, Segment, STATUS_IOERR, STATUS_OK, STATUS_UNSUPP,
 };
-use crate::stats::{current_tid, QueueCounters, QueueStats};
-use crate::storage::{self, Storage, StorageError};
-use crate::tags::{PoolStats, QueueId, Tag, TagPool};
 
 type GM = GuestMemoryAtomic<GuestMemoryMmap>;
 
@@ -1167,7 +1173,7 @@ impl VhostUserBackend for BlkBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::disk::DiskArgs;
+    use crate::device::config::DiskArgs;
 
     fn backend(extra: &[&str]) -> BlkBackend {
         let mut a = vec!["--socket", "/tmp/b.sock", "--disk", "null", "--size", "1G"];

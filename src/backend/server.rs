@@ -4,7 +4,7 @@
 
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::os::unix::io::{AsRawFd, RawFd};
+use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,9 +19,10 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::backend::{BlkBackend, Disk};
-use crate::disk::{DiskConfig, TagMode, TagScope};
-use crate::storage::StorageError;
-use crate::tags::TagPool;
+use crate::device::config::{DiskConfig, TagMode, TagScope};
+use crate::device::storage::StorageError;
+use crate::device::tags::TagPool;
+use crate::util::fd;
 
 #[derive(Debug, Error)]
 pub enum ServeError {
@@ -177,12 +178,11 @@ impl Server {
         let control = match control_listener {
             Some((path, l)) => {
                 let disks = served.iter().map(|s| s.disk.clone()).collect();
-                let t = crate::control::spawn(l, disks, shutdown.clone(), wake.clone()).map_err(
-                    |source| ServeError::Thread {
+                let t = crate::backend::control::spawn(l, disks, shutdown.clone(), wake.clone())
+                    .map_err(|source| ServeError::Thread {
                         path: path.clone(),
                         source,
-                    },
-                )?;
+                    })?;
                 info!("control socket {}", path.display());
                 Some((path, t))
             }
@@ -255,7 +255,7 @@ fn serve_disk(
     let mut listener = Listener::from(listener);
     let mut connections = 0u64;
     while !shutdown.load(Ordering::SeqCst) {
-        match wait_readable(listen_fd, wake.as_raw_fd()) {
+        match fd::listener_or_wake(listen_fd, wake.as_raw_fd()) {
             Ok(true) => {}
             Ok(false) => break,
             Err(e) => {
@@ -319,47 +319,6 @@ fn serve_disk(
         // Dropping the daemon stops and joins its queue worker threads.
         drop(daemon);
         backend.log_summary();
-    }
-}
-
-/// Wait until `listen_fd` has a connection (true) or `wake_fd` is
-/// readable (false). A queued Unix connection makes accept() return at
-/// once, so the accept that follows never blocks.
-pub fn wait_readable(listen_fd: RawFd, wake_fd: RawFd) -> io::Result<bool> {
-    let mut fds = [
-        libc::pollfd {
-            fd: listen_fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: wake_fd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    loop {
-        // SAFETY: `fds` is a valid array of two pollfd for the call.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if fds[1].revents != 0 {
-            return Ok(false);
-        }
-        if fds[0].revents & libc::POLLIN != 0 {
-            return Ok(true);
-        }
-        if fds[0].revents != 0 {
-            return Err(io::Error::other(format!(
-                "listening socket poll events {:#x}",
-                fds[0].revents
-            )));
-        }
     }
 }
 

@@ -1,11 +1,11 @@
-//! Parsing and executing one virtio-blk request (virtio 1.2, 5.2.6).
+//! Executing one virtio-blk request (virtio 1.2, 5.2.6) against a disk.
 //!
-//! A request is a descriptor chain: device-readable bytes (a 16-byte header
-//! `{le32 type, le32 reserved, le64 sector}` then data for writes, discard
-//! and write-zeroes ranges) followed by device-writable bytes (data for
-//! reads and GET_ID, then the one-byte status at the very end). Drivers may
-//! frame these bytes over descriptors any way they like, so we never assume
-//! one descriptor per part.
+//! A request is a descriptor chain (walked by
+//! [`crate::virtio_blk::request::collect_segments`]): device-readable bytes
+//! (a 16-byte header `{le32 type, le32 reserved, le64 sector}` then data for
+//! writes, discard and write-zeroes ranges) followed by device-writable
+//! bytes (data for reads and GET_ID, then the one-byte status at the very
+//! end).
 //!
 //! Everything here treats the guest as hostile: every guest address goes
 //! through vm-memory's bounds-checked accessors, the chain walker refuses
@@ -16,71 +16,20 @@
 use std::io;
 
 use virtio_bindings::virtio_blk::*;
-use virtio_queue::desc::split::Descriptor;
-use virtio_queue::DescriptorChain;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
 use std::cell::RefCell;
 
 use smallvec::SmallVec;
 
-use crate::disk::DiskConfig;
-use crate::faults::{FaultDecision, FaultState};
-use crate::features::BlkFeature;
-use crate::storage::Storage;
-
-pub const SECTOR_SIZE: u64 = 512;
-pub const HEADER_SIZE: u64 = 16;
-/// Size of one discard / write-zeroes range.
-pub const RANGE_SIZE: u64 = 16;
-
-pub const STATUS_OK: u8 = VIRTIO_BLK_S_OK as u8;
-pub const STATUS_IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
-pub const STATUS_UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
-
-/// Request kinds, for statistics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Op {
-    Read,
-    Write,
-    Flush,
-    GetId,
-    Discard,
-    WriteZeroes,
-    /// A type we do not implement, or a request whose header is unreadable.
-    Other,
-}
-
-impl Op {
-    pub fn from_type(t: u32) -> Op {
-        match t {
-            VIRTIO_BLK_T_IN => Op::Read,
-            VIRTIO_BLK_T_OUT => Op::Write,
-            VIRTIO_BLK_T_FLUSH => Op::Flush,
-            VIRTIO_BLK_T_GET_ID => Op::GetId,
-            VIRTIO_BLK_T_DISCARD => Op::Discard,
-            VIRTIO_BLK_T_WRITE_ZEROES => Op::WriteZeroes,
-            _ => Op::Other,
-        }
-    }
-}
-
-/// Why a chain could not be answered with a status byte.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropReason {
-    /// No descriptor could be read at the head.
-    Empty,
-    /// The chain loops, is longer than the queue allows, has a next index
-    /// outside the table, a descriptor outside guest memory, or an invalid
-    /// indirect table.
-    Truncated,
-    /// The last descriptor is not device-writable (no status byte).
-    NoStatus,
-    /// The last descriptor is device-writable but empty.
-    EmptyStatus,
-    /// The status byte's address is outside guest memory.
-    StatusUnwritable,
-}
+use crate::device::config::DiskConfig;
+use crate::device::faults::{FaultDecision, FaultState};
+use crate::device::storage::Storage;
+use crate::virtio_blk::features::BlkFeature;
+use crate::virtio_blk::request::{
+    DropReason, Op, Segment, HEADER_SIZE, RANGE_SIZE, SECTOR_SIZE, STATUS_IOERR, STATUS_OK,
+    STATUS_UNSUPP,
+};
 
 /// What happened to one chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,14 +47,6 @@ pub enum Outcome {
     },
     /// The chain was malformed beyond answering.
     Dropped(DropReason),
-}
-
-/// One descriptor's buffer.
-#[derive(Debug, Clone, Copy)]
-pub struct Segment {
-    pub addr: u64,
-    pub len: u32,
-    pub write: bool,
 }
 
 /// The parts of a disk a request needs.
@@ -128,37 +69,6 @@ impl Device<'_> {
             Some(f) => f.borrow_mut().decide(op, ranges),
             None => FaultDecision::None,
         }
-    }
-}
-
-/// Walk a chain into `segs` (cleared first). Returns the drop reason when
-/// the chain is unusable.
-pub fn collect_segments<M>(
-    chain: DescriptorChain<M>,
-    segs: &mut Vec<Segment>,
-) -> Result<(), DropReason>
-where
-    M: std::ops::Deref,
-    M::Target: vm_memory::GuestMemory,
-{
-    segs.clear();
-    let mut last: Option<Descriptor> = None;
-    for d in chain {
-        segs.push(Segment {
-            addr: d.addr().0,
-            len: d.len(),
-            write: d.is_write_only(),
-        });
-        last = Some(d);
-    }
-    match last {
-        None => Err(DropReason::Empty),
-        // The walk ended on a descriptor that says more follow: virtio-queue
-        // stopped early (loop, TTL, bad index, unreadable descriptor).
-        Some(d) if d.has_next() => Err(DropReason::Truncated),
-        Some(d) if !d.is_write_only() => Err(DropReason::NoStatus),
-        Some(d) if d.len() == 0 => Err(DropReason::EmptyStatus),
-        Some(_) => Ok(()),
     }
 }
 
@@ -483,11 +393,13 @@ fn discard_or_zero(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::disk::DiskArgs;
-    use crate::storage::MemStorage;
+    use crate::device::config::DiskArgs;
+    use crate::device::storage::MemStorage;
+    use crate::virtio_blk::request::collect_segments;
     use virtio_bindings::virtio_ring::{
         VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
     };
+    use virtio_queue::desc::split::Descriptor;
     use virtio_queue::desc::RawDescriptor;
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueOwnedT, QueueT};

@@ -96,13 +96,7 @@ mod tests {
     use std::time::Duration;
 
     fn readable(t: &DeadlineTimer, timeout_ms: i32) -> bool {
-        let mut p = libc::pollfd {
-            fd: t.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(&mut p, 1, timeout_ms) == 1 }
+        crate::util::fd::readable_within(t.as_raw_fd(), timeout_ms)
     }
 
     /// How long to wait for an expiry that must come (generous: the point

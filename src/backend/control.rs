@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::backend::Disk;
-use crate::stats::{DiskReport, QueueStats, StatsDocument};
+use crate::stats::queue::{DiskReport, QueueStats, StatsDocument};
 
 /// A stats document for `disks`, as deltas against `base` when given.
 pub fn report(disks: &[Arc<Disk>], base: Option<&[Vec<QueueStats>]>) -> StatsDocument {
@@ -93,7 +93,9 @@ impl Control {
                 *snap = (Instant::now(), baselines(&self.disks));
                 json!({"ok": true})
             }
-            "prom" => json!({"prometheus": crate::metrics::render(&report(&self.disks, None))}),
+            "prom" => {
+                json!({"prometheus": crate::stats::prometheus::render(&report(&self.disks, None))})
+            }
             "config" => {
                 let doc = StatsDocument::new(Vec::new());
                 json!({
@@ -157,7 +159,7 @@ pub fn spawn(
         .spawn(move || {
             let fd = listener.as_raw_fd();
             loop {
-                match crate::server::wait_readable(fd, wake.as_raw_fd()) {
+                match crate::util::fd::listener_or_wake(fd, wake.as_raw_fd()) {
                     Ok(true) => {}
                     _ => return,
                 }

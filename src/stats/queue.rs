@@ -6,9 +6,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use crate::disk::DiskConfig;
-use crate::histogram::{Hist, HistSummary};
-use crate::request::Op;
+use crate::device::config::DiskConfig;
+use crate::stats::histogram::{Hist, HistSummary};
+use crate::virtio_blk::request::Op;
 
 /// Largest value the count histograms (requests per wake-up, …) resolve.
 const COUNT_MAX: u64 = 1 << 16;
@@ -343,7 +343,7 @@ pub struct DiskReport {
     pub config: DiskConfig,
     pub queues: Vec<QueueReport>,
     /// The command-slot pools the disk's queues draw from (cumulative).
-    pub tag_pools: Vec<crate::tags::PoolStats>,
+    pub tag_pools: Vec<crate::device::tags::PoolStats>,
 }
 
 /// A complete stats document: what, when, from which build.

@@ -50,8 +50,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::latency::LatencySpec;
-use crate::request::Op;
+use crate::device::latency::LatencySpec;
+use crate::virtio_blk::request::Op;
 
 /// The op a `--fail-every` rule counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]

@@ -40,14 +40,9 @@ impl<M: GuestAddressSpace + 'static> KickCountingVring<M> {
     pub fn collect_kicks(&self) {
         let state = self.inner.get_ref();
         let Some(kick) = state.get_kick() else { return };
-        let mut pfd = libc::pollfd {
-            fd: kick.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd, zero timeout. The kick fd may be in
-        // blocking mode (it is the frontend's), so never read it unpolled.
-        let ready = unsafe { libc::poll(&mut pfd, 1, 0) } == 1 && pfd.revents & libc::POLLIN != 0;
+        // The kick fd may be in blocking mode (it is the frontend's), so
+        // never read it unpolled.
+        let ready = crate::util::fd::readable_within(kick.as_raw_fd(), 0);
         if ready {
             if let Ok(n) = read_eventfd(kick) {
                 self.kicks.fetch_add(n, Ordering::Relaxed);

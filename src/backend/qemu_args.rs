@@ -1,6 +1,6 @@
 //! The QEMU options that attach served disks to a guest.
 
-use crate::disk::DiskConfig;
+use crate::device::config::DiskConfig;
 
 /// QEMU options for a guest using `disks`, one option per line, ready to
 /// paste into a command line. `memory` is the guest RAM size as QEMU writes
@@ -26,7 +26,7 @@ pub fn qemu_args(disks: &[DiskConfig], memory: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::disk::DiskArgs;
+    use crate::device::config::DiskArgs;
 
     #[test]
     fn two_disks() {

@@ -12,10 +12,10 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::faults::FaultConfig;
-use crate::features::{BlkFeature, FeatureSet};
-use crate::latency::{LatencySpec, OpLatency};
-use crate::size::{format_size, parse_size, SizeError};
+use crate::device::faults::FaultConfig;
+use crate::device::latency::{LatencySpec, OpLatency};
+use crate::util::units::{format_size, parse_size, SizeError};
+use crate::virtio_blk::features::{BlkFeature, FeatureSet};
 
 /// Most queues one disk may have: vhost-user-backend maps queues to worker
 /// threads with 64-bit masks.
@@ -50,7 +50,7 @@ pub enum ConfigError {
     #[error("invalid --queues-per-thread: {0}")]
     QueuesPerThread(String),
     #[error("invalid --disable-features: {0}")]
-    Feature(#[from] crate::features::UnknownFeature),
+    Feature(#[from] crate::virtio_blk::features::UnknownFeature),
     #[error("invalid --socket-mode {0:?}: expected an octal mode such as 0600")]
     SocketMode(String),
     #[error("--size-max must be at least 4096, got {0}")]
@@ -63,9 +63,9 @@ pub enum ConfigError {
     DuplicateSocket(PathBuf),
     #[error("invalid --tags {0:?}: expected none, per-queue or shared")]
     Tags(String),
-    #[error("--tags {0} needs --depth N (1..={max})", max = crate::tags::MAX_DEPTH)]
+    #[error("--tags {0} needs --depth N (1..={max})", max = crate::device::tags::MAX_DEPTH)]
     NoDepth(String),
-    #[error("--depth must be 1..={max}, got {0}", max = crate::tags::MAX_DEPTH)]
+    #[error("--depth must be 1..={max}, got {0}", max = crate::device::tags::MAX_DEPTH)]
     Depth(u32),
     #[error("--depth is only meaningful with --tags per-queue or shared")]
     DepthWithoutTags,
@@ -74,7 +74,7 @@ pub enum ConfigError {
     #[error("invalid --tag-fairness {0:?}: expected on or off")]
     TagFairness(String),
     #[error("invalid fault injection option: {0}")]
-    Fault(#[from] crate::faults::FaultParseError),
+    Fault(#[from] crate::device::faults::FaultParseError),
     #[error("invalid --poll {0:?}: expected a duration of 1us..=100ms, e.g. --poll=50us")]
     Poll(String),
     #[error("invalid --latency-spin {0:?}: expected 0 or a duration of at most 1ms, e.g. 50us")]
@@ -82,7 +82,7 @@ pub enum ConfigError {
     #[error("invalid --{flag}: {source}")]
     Latency {
         flag: &'static str,
-        source: crate::latency::LatencyParseError,
+        source: crate::device::latency::LatencyParseError,
     },
 }
 
@@ -481,7 +481,7 @@ impl DiskArgs {
             (TagMode::None, None) => 0,
             (TagMode::None, Some(_)) => return Err(ConfigError::DepthWithoutTags),
             (_, None) => return Err(ConfigError::NoDepth(self.tags.clone())),
-            (_, Some(d)) if d == 0 || d > crate::tags::MAX_DEPTH => {
+            (_, Some(d)) if d == 0 || d > crate::device::tags::MAX_DEPTH => {
                 return Err(ConfigError::Depth(d))
             }
             (_, Some(d)) => d,

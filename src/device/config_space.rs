@@ -18,8 +18,8 @@
 //! Frontends read the whole structure or single fields through GET_CONFIG;
 //! only `writeback` is writable (with CONFIG_WCE).
 
-use crate::disk::DiskConfig;
-use crate::features::BlkFeature;
+use crate::device::config::DiskConfig;
+use crate::virtio_blk::features::BlkFeature;
 
 /// Size of the structure we expose (through the zoned characteristics).
 pub const CONFIG_SPACE_SIZE: usize = 96;
@@ -75,7 +75,7 @@ pub fn read(space: &[u8; CONFIG_SPACE_SIZE], offset: u32, size: u32) -> Option<V
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::disk::DiskArgs;
+    use crate::device::config::DiskArgs;
 
     fn cfg(extra: &[&str]) -> DiskConfig {
         let mut args = vec!["--socket", "/tmp/x.sock", "--disk", "mem", "--size", "4G"];

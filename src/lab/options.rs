@@ -1,0 +1,152 @@
+//! `blklab run`'s options: what a lab run is asked to do. The command line
+//! (`crate::cli`) embeds them; the runner reads them.
+
+use std::path::PathBuf;
+
+/// `blklab run --count-insns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum CountInsns {
+    /// Count whenever the run ends up under TCG.
+    Auto,
+    /// Always count (forces TCG).
+    On,
+    /// Never count.
+    Off,
+}
+
+/// `blklab run`: see docs/lab-protocol.md and docs/user-guide.md.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Guest kernel, repeatable: debian-6.1, debian-6.12, build:6.12,
+    /// build:6.12+PATCH (images/patches/PATCH.patch) or
+    /// path:FILE[,modules=DIR][,name=LABEL].
+    #[arg(long, value_name = "SPEC", default_values_t = ["build:6.12".to_string(), "build:6.12+noplug".to_string()])]
+    pub kernel: Vec<String>,
+    /// Scenario name (guest-scripts/scenarios/NAME.scn), repeatable.
+    #[arg(long, value_name = "NAME", default_values_t = ["seed002-quick".to_string()])]
+    pub scenario: Vec<String>,
+    /// Boots per (kernel, scenario); kernels alternate within an iteration.
+    /// A report calls nothing significant below 3.
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub iterations: u32,
+    /// Override every variant's fio runtime, seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub runtime: Option<u64>,
+    /// Override every variant's fio ramp time, seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub ramp: Option<u64>,
+    /// Run only these variants (comma-separated).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub variants: Option<Vec<String>>,
+    /// Disks to serve (default: the scenario's `disks`).
+    #[arg(long, value_name = "N")]
+    pub disks: Option<u32>,
+    /// Virtqueues per disk (default: the scenario's `queues`, else --vcpus).
+    #[arg(long, value_name = "N")]
+    pub num_queues: Option<u16>,
+    /// Virtqueue size.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    pub queue_size: u16,
+    /// Storage of every disk: null or mem.
+    #[arg(long, value_name = "null|mem", default_value = "null", value_parser = ["null", "mem"])]
+    pub disk: String,
+    /// Capacity of every disk.
+    #[arg(long, value_name = "SIZE", default_value = "4G")]
+    pub size: String,
+    /// Device command slots: none, per-queue or shared (see `serve --help`).
+    #[arg(long, value_name = "none|per-queue|shared", default_value = "none")]
+    pub tags: String,
+    /// Slots per queue (per-queue) or in the pool (shared).
+    #[arg(long, value_name = "N")]
+    pub depth: Option<u32>,
+    /// What a shared pool spans: disk, or host (all disks).
+    #[arg(long, value_name = "disk|host", default_value = "disk")]
+    pub tag_scope: String,
+    /// blk-mq-style fair sharing of a shared pool.
+    #[arg(long, value_name = "on|off", default_value = "off")]
+    pub tag_fairness: String,
+    /// Emulated completion latency (0, 50us, uniform:..., normal:..., lognormal:...).
+    #[arg(long, value_name = "SPEC")]
+    pub latency: Option<String>,
+    #[arg(long, value_name = "SPEC")]
+    pub read_latency: Option<String>,
+    #[arg(long, value_name = "SPEC")]
+    pub write_latency: Option<String>,
+    #[arg(long, value_name = "SPEC")]
+    pub flush_latency: Option<String>,
+    /// Seed of the latency sequences.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub seed: u64,
+    /// Spin this long before emulated completions (see `serve --help`).
+    #[arg(long, value_name = "DURATION", default_value = "0")]
+    pub latency_spin: String,
+    /// Busy-poll queues with this idle spin (see `serve --help`).
+    #[arg(long, value_name = "SPIN", num_args = 0..=1, default_missing_value = "50us", require_equals = true)]
+    pub poll: Option<String>,
+    /// Guest vCPUs.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub vcpus: u32,
+    /// Guest memory (QEMU syntax: 1G, 2048M).
+    #[arg(long, value_name = "SIZE", default_value = "1G")]
+    pub memory: String,
+    /// Accelerator: auto probes KVM by booting the guest under it.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub accel: crate::lab::qemu::Accel,
+    /// QEMU binary.
+    #[arg(long, value_name = "PATH", default_value = "qemu-system-x86_64")]
+    pub qemu: String,
+    /// Count executed guest instructions with blklab's TCG plugin (built for
+    /// the installed QEMU on first use): kernel and user per IO, idle
+    /// entries, per-function and per-group profiles of each variant's
+    /// window; boots with `nokaslr`. `auto` (the default) counts whenever
+    /// the run is under TCG and every kernel has a System.map, and goes on
+    /// without counts if the plugin cannot be built; `on` (or the bare
+    /// flag) forces TCG and fails without the plugin; `off` never counts.
+    #[arg(long, value_enum, value_name = "auto|on|off", default_value = "auto",
+          num_args = 0..=1, default_missing_value = "on")]
+    pub count_insns: CountInsns,
+    /// Extra guest kernel command-line arguments, appended after blklab's
+    /// own (e.g. "mitigations=off"). One string; quote it in the shell.
+    #[arg(long, value_name = "ARGS")]
+    pub append: Option<String>,
+    /// Deterministic TCG: `-icount shift=0` with single-threaded TCG (one
+    /// instruction = 1 ns of guest time). Needs TCG.
+    #[arg(long)]
+    pub deterministic: bool,
+    /// Output directory (default blklab-results/YYYYmmdd-HHMMSS).
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    /// Image cache (default $XDG_CACHE_HOME/blklab/images).
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<PathBuf>,
+    /// The blklab source tree holding images/ and guest-scripts/ (default:
+    /// $BLKLAB_LAB_DIR, else the tree this binary was built from).
+    #[arg(long, value_name = "DIR")]
+    pub lab_dir: Option<PathBuf>,
+    /// Longest wait for a guest to boot.
+    #[arg(long, value_name = "DURATION", default_value = "180s", value_parser = parse_interval)]
+    pub boot_timeout: std::time::Duration,
+    /// Longest wait between two guest steps, beyond a variant's runtime.
+    #[arg(long, value_name = "DURATION", default_value = "300s", value_parser = parse_interval)]
+    pub step_timeout: std::time::Duration,
+    /// Longest wait for the KVM probe guest.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_interval)]
+    pub kvm_probe_timeout: std::time::Duration,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// An interval such as `1s`, `500ms`, `2.5s`.
+pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    match s.parse::<crate::device::latency::LatencySpec>() {
+        Ok(crate::device::latency::LatencySpec::Fixed(d))
+            if d >= std::time::Duration::from_millis(10) =>
+        {
+            Ok(d)
+        }
+        _ => Err(format!(
+            "invalid interval {s:?}: expected a duration of at least 10ms, e.g. 1s or 500ms"
+        )),
+    }
+}

@@ -1,0 +1,7 @@
+//! Layer 4, instrumentation: per-queue counters and histograms, the
+//! statistics document, Prometheus rendering and its HTTP endpoint. Knows
+//! the device's configuration and request kinds, nothing of vhost-user.
+
+pub mod histogram;
+pub mod prometheus;
+pub mod queue;

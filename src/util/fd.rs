@@ -1,0 +1,98 @@
+//! One `poll(2)` helper for every wait on a file descriptor.
+
+use std::io;
+use std::os::fd::RawFd;
+
+/// What [`poll_readable`] saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ready {
+    /// `fds[i]` is readable (the first such, in order).
+    Readable(usize),
+    /// The timeout passed with nothing readable.
+    Timeout,
+}
+
+/// Wait up to `timeout_ms` (-1: for ever, 0: not at all) until one of `fds`
+/// is readable; interrupted waits are resumed. An fd that reports an error
+/// or hang-up without data is an error naming its events.
+pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<Ready> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: `p` is a valid, exclusively borrowed array of `p.len()`
+        // pollfd for the duration of the call.
+        let rc = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if rc == 0 {
+            return Ok(Ready::Timeout);
+        }
+        if let Some(i) = p.iter().position(|x| x.revents & libc::POLLIN != 0) {
+            return Ok(Ready::Readable(i));
+        }
+        if let Some(x) = p.iter().find(|x| x.revents != 0) {
+            return Err(io::Error::other(format!(
+                "fd {} poll events {:#x}",
+                x.fd, x.revents
+            )));
+        }
+    }
+}
+
+/// Whether `fd` becomes readable within `timeout_ms` (errors count as not).
+pub fn readable_within(fd: RawFd, timeout_ms: i32) -> bool {
+    matches!(poll_readable(&[fd], timeout_ms), Ok(Ready::Readable(_)))
+}
+
+/// Wait until `listen_fd` has a connection (true) or `wake_fd` is
+/// readable (false: time to stop). A queued Unix connection makes accept()
+/// return at once, so the accept that follows never blocks.
+pub fn listener_or_wake(listen_fd: RawFd, wake_fd: RawFd) -> io::Result<bool> {
+    loop {
+        match poll_readable(&[wake_fd, listen_fd], -1)? {
+            Ready::Readable(0) => return Ok(false),
+            Ready::Readable(_) => return Ok(true),
+            Ready::Timeout => continue,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+    use vmm_sys_util::eventfd::EventFd;
+
+    #[test]
+    fn readable_timeout_and_order() {
+        let a = EventFd::new(0).unwrap();
+        let b = EventFd::new(0).unwrap();
+        assert_eq!(
+            poll_readable(&[a.as_raw_fd(), b.as_raw_fd()], 0).unwrap(),
+            Ready::Timeout
+        );
+        assert!(!readable_within(a.as_raw_fd(), 0));
+        b.write(1).unwrap();
+        assert_eq!(
+            poll_readable(&[a.as_raw_fd(), b.as_raw_fd()], -1).unwrap(),
+            Ready::Readable(1)
+        );
+        a.write(1).unwrap();
+        assert_eq!(
+            poll_readable(&[a.as_raw_fd(), b.as_raw_fd()], -1).unwrap(),
+            Ready::Readable(0)
+        );
+        assert!(readable_within(a.as_raw_fd(), 0));
+    }
+}
