@@ -11,7 +11,6 @@
 # Exit status: the worst of the run.sh statuses (0 ok, 1 a variant failed,
 # 2 scenario or usage error); 2 when a scenario is unknown or none is given.
 
-# shellcheck disable=SC2012  # scenario names are plain
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUTDIR=${BLKLAB_OUTDIR:-}
 while [ $# -gt 0 ]; do
@@ -44,6 +43,7 @@ for s in $BLKLAB_SCENARIOS; do
     if [ -f "$(scn_path "$s")" ]; then
         known="$known $s"
     else
+        # shellcheck disable=SC2012  # scenario names are plain
         have=$(ls "$HERE/scenarios" 2>/dev/null | sed -n 's/\.scn$//p' | tr '\n' ' ')
         echo "BLKLAB-ERROR lab: unknown scenario '$s' (have: ${have% })"
         worst=2

@@ -26,7 +26,6 @@
 # `read -t` is used only where the shell has it (busybox, bash), else
 # timeout(1); sysfs names are plain, so `ls` output is safe to split (and
 # pathname expansion is off for everything the scenario supplies).
-# shellcheck disable=SC2016,SC2317,SC2045,SC2010,SC2012,SC3045,SC2162,SC2153
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 LIB=$HERE/lib
@@ -104,6 +103,7 @@ TMPD=$(mktemp -d "${TMPDIR:-/tmp}/blklab-run.XXXXXX") || { echo "BLKLAB-ERROR $S
 
 # --- tty and cleanup -----------------------------------------------------------
 STTY_SAVED=""
+# shellcheck disable=SC2317  # run by the traps below
 cleanup() {
     if [ -n "$STTY_SAVED" ]; then
         stty "$STTY_SAVED" 2>/dev/null
@@ -134,6 +134,7 @@ is_in_use() {
     _iu_d=$1
     _iu_names=$_iu_d
     _iu_devs=$(cat "/sys/block/$_iu_d/dev" 2>/dev/null)
+    # shellcheck disable=SC2045  # sysfs names are plain
     for _iu_p in $(ls "/sys/block/$_iu_d" 2>/dev/null); do
         if [ -f "/sys/block/$_iu_d/$_iu_p/partition" ]; then
             _iu_names="$_iu_names $_iu_p"
@@ -144,6 +145,7 @@ is_in_use() {
         if [ -n "$(ls "/sys/class/block/$_iu_n/holders" 2>/dev/null)" ]; then return 0; fi
     done
     # /proc/self/mountinfo field 3 is MAJ:MIN; /proc/mounts and /proc/swaps name /dev/X
+    # shellcheck disable=SC2016  # an awk program
     $AWK -v names="$_iu_names" -v devs="$_iu_devs" '
         BEGIN { n = split(names, a, " "); for (i = 1; i <= n; i++) nm["/dev/" a[i]] = 1
                 n = split(devs, b, " "); for (i = 1; i <= n; i++) dv[b[i]] = 1 }
@@ -154,15 +156,18 @@ is_in_use() {
 
 # sorted like the kernel names them: vda..vdz, vdaa..
 sort_devs() {
+    # shellcheck disable=SC2016  # awk programs
     $AWK '{ printf "%d %s\n", length($0), $0 }' | sort -k1,1n -k2,2 | $AWK '{ print $2 }'
 }
 
 list_vd() {
+    # shellcheck disable=SC2010  # sysfs names are plain
     ls /sys/block 2>/dev/null | grep '^vd[a-z]*$' | sort_devs
 }
 
 # --- SYNC handshake -----------------------------------------------------------
-if (echo x | read -t 1 _x) 2>/dev/null; then HAVE_READ_T=1; else HAVE_READ_T=0; fi
+# shellcheck disable=SC3045  # probing whether this shell has read -t
+if (echo x | read -r -t 1 _x) 2>/dev/null; then HAVE_READ_T=1; else HAVE_READ_T=0; fi
 
 next_seq() {    # per-boot counter shared by every run.sh of this boot
     _ns_boot=$(cat /proc/sys/kernel/random/boot_id 2>/dev/null)
@@ -185,9 +190,11 @@ read_line() {
     LINE=""
     _rl_t0=$(uptime_cs)
     if [ "$HAVE_READ_T" = 1 ]; then
+        # shellcheck disable=SC3045  # only where the shell has read -t
         IFS= read -r -t "$1" LINE && return 0
         _rl_rc=$?
     elif command -v timeout >/dev/null 2>&1; then
+        # shellcheck disable=SC2016  # a script for the inner sh
         LINE=$(timeout "$1" sh -c 'IFS= read -r l && printf "%s." "$l"')
         _rl_rc=$?
         case $LINE in *.) LINE=${LINE%.}; return 0 ;; esac
@@ -354,6 +361,7 @@ load_module() {     # load_module MOD PARAMS -> DEVS, MOD_LOADED; fail on error
     esac
     _lm_end=$(( $(uptime_cs) + DISK_WAIT * 100 ))
     while :; do
+        # shellcheck disable=SC2012  # sysfs names are plain
         DEVS=$(ls /sys/block | while read -r _lm_b; do
             case "
 $_lm_before
@@ -454,6 +462,7 @@ queue_json() {      # what the devices really have, read back
     for _qj_d in $DEVS; do
         _qj_q=/sys/block/$_qj_d/queue
         _qj_s=$(cur_sched "$_qj_d")
+        # shellcheck disable=SC2012  # sysfs names are plain
         _qj_hw=$(ls "/sys/block/$_qj_d/mq" 2>/dev/null | wc -l)
         _qj_o="$_qj_o$_qj_sep\"$_qj_d\": {\"scheduler\": $( [ -n "$_qj_s" ] && echo "\"$_qj_s\"" || echo null ), \"nr_requests\": $(jnum "$(cat "$_qj_q/nr_requests" 2>/dev/null)"), \"hw_queues\": $(jnum "$_qj_hw"), \"device_queue_depth\": $(jnum "$(cat "/sys/block/$_qj_d/device/queue_depth" 2>/dev/null)")}"
         _qj_sep=", "
@@ -475,6 +484,7 @@ snapshot() {        # snapshot FILE: the files the result document is computed f
 json_ok() { [ -s "$1" ] && $AWK -f "$LIB/jsoncheck.awk" "$1" >/dev/null 2>&1; }
 
 # --- one variant ----------------------------------------------------------------
+# shellcheck disable=SC2153  # the V* variables are set by the evals below
 run_variant() {     # run_variant INDEX
     eval "VNAME=\$SCN_V$1_NAME VKIND=\$SCN_V$1_KIND VPARAMS=\$SCN_V$1_PARAMS VSCHED=\$SCN_V$1_SCHED"
     eval "VNR=\$SCN_V$1_NR VRUNTIME=\$SCN_V$1_RUNTIME VRAMP=\$SCN_V$1_RAMP VFIO=\$SCN_V$1_FIO"

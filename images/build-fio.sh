@@ -14,120 +14,66 @@
 #                        arguments, engines checked, libraries, sha256)
 #
 # Needs a deb-src entry: when `apt-cache showsrc fio` finds nothing, this adds
-# /etc/apt/sources.list.d/blklab-deb-src.sources (bookworm main) and runs
-# `apt-get update`. Missing build dependencies (gcc make pkg-config libaio-dev
-# zlib1g-dev dpkg-dev) are installed with apt-get when running as root.
+# /etc/apt/sources.list.d/blklab-deb-src.sources (bookworm and
+# bookworm-updates main; images/lib.sh) and runs `apt-get update`. Missing
+# build dependencies (gcc make pkg-config libaio-dev zlib1g-dev dpkg-dev) are
+# installed with apt-get when running as root.
 #
-# Cached: when DIR/manifest.json records the same inputs hash (this script,
-# the source version, the versions of the compiler and libraries) and the
-# sha256 of DIR/fio matches, nothing is done ("cached").
+# Cached: when DIR/manifest.json records the same inputs hash (this script
+# and images/lib.sh, the source version, the versions of the compiler and
+# libraries) and the sha256 of DIR/fio matches, nothing is done ("cached").
 set -eu
 
-log() { echo "build-fio: $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-usage() { echo "usage: $0 --out DIR" >&2; exit 2; }
+LOG_NAME=build-fio
+USAGE="$0 --out DIR"
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=images/lib.sh
+. "$HERE/lib.sh"
 
 OUT=""
 while [ $# -gt 0 ]; do
     case "$1" in
-    --out) [ $# -ge 2 ] || usage; OUT=$2; shift 2 ;;
-    --out=*) OUT=${1#*=}; shift ;;
+    --out|--out=*) opt_value "$@"; OUT=$OPT_VALUE; shift "$OPT_SHIFT" ;;
     -h|--help) usage ;;
-    *) log "ERROR: unknown argument: $1"; usage ;;
+    *) unknown_arg "$1" ;;
     esac
 done
 [ -n "$OUT" ] || usage
-PATH=$PATH:/usr/sbin:/sbin
-export PATH
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-SELF="$HERE/$(basename "$0")"
-sha256() { sha256sum "$1" | cut -d' ' -f1; }
-json_field() { sed -n "s/.*\"$2\": *\"\([^\"]*\)\".*/\1/p" "$1" 2>/dev/null | head -n1; }
-
-for tool in apt-get apt-cache dpkg-query sha256sum ldd; do
-    command -v "$tool" >/dev/null 2>&1 || die "$tool not found (this needs a Debian/apt system)"
-done
+need_tools "this needs a Debian/apt system" apt-get apt-cache dpkg-query sha256sum ldd
 
 # --- build dependencies -------------------------------------------------------------
-BUILD_DEPS="gcc make pkg-config libaio-dev zlib1g-dev dpkg-dev binutils"
-installed() { [ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null)" = "install ok installed" ]; }
-missing=""
-for p in $BUILD_DEPS; do
-    installed "$p" || missing="$missing $p"
-done
-if [ -n "$missing" ]; then
-    if [ "$(id -u)" -eq 0 ]; then
-        log "installing build dependencies:$missing"
-        if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >&2; then
-            log "apt-get install failed; running apt-get update and retrying"
-            apt-get update -qq >&2 || die "apt-get update failed"
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >&2 \
-                || die "apt-get install$missing failed"
-        fi
-    else
-        die "missing build dependencies; run as root: apt-get install --no-install-recommends$missing"
-    fi
-fi
+install_build_deps gcc make pkg-config libaio-dev zlib1g-dev dpkg-dev binutils
 
 # --- source package version (needs deb-src) -------------------------------------------
-src_version() {
-    apt-cache showsrc fio 2>/dev/null | sed -n 's/^Version: *//p' | sort -V | tail -n1
-}
-SRCVER=$(src_version)
-if [ -z "$SRCVER" ]; then
-    DEBSRC=/etc/apt/sources.list.d/blklab-deb-src.sources
-    if [ ! -f "$DEBSRC" ]; then
-        [ "$(id -u)" -eq 0 ] || die "apt has no deb-src entry for fio; as root, add one (see $SELF) or run this script as root"
-        log "adding a deb-src entry: $DEBSRC"
-        cat > "$DEBSRC" <<'EOF'
-# Added by blklab images/build-fio.sh: source packages (apt-get source fio).
-Types: deb-src
-URIs: http://deb.debian.org/debian
-Suites: bookworm
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
-    fi
-    log "running apt-get update (source lists)"
-    apt-get update -qq >&2 || die "apt-get update failed (check the network and $DEBSRC)"
-    SRCVER=$(src_version)
-    [ -n "$SRCVER" ] || die "apt-cache showsrc fio finds nothing even with $DEBSRC; check /etc/apt/sources.list.d"
-fi
+ensure_deb_src fio
+SRCVER=$(src_version fio)
+[ -n "$SRCVER" ] || die "apt-cache showsrc fio finds nothing even with $DEBSRC; check /etc/apt/sources.list.d"
 
 # --- inputs hash / cache ----------------------------------------------------------------------
-pkgver() { dpkg-query -W -f='${Version}' "$1" 2>/dev/null || echo none; }
 inputs() {
     echo "format 1"
-    echo "script $(sha256 "$SELF")"
+    code_inputs
     echo "source fio $SRCVER"
-    for p in gcc libaio-dev zlib1g-dev libc6-dev; do echo "dep $p $(pkgver "$p")"; done
+    dep_versions gcc libaio-dev zlib1g-dev libc6-dev
 }
-HASH=$(inputs | sha256sum | cut -d' ' -f1)
-if [ -f "$OUT/manifest.json" ] && [ -x "$OUT/fio" ] \
-   && [ "$(json_field "$OUT/manifest.json" inputs_hash)" = "$HASH" ] \
-   && [ "$(json_field "$OUT/manifest.json" sha256)" = "$(sha256 "$OUT/fio")" ]; then
+HASH=$(inputs | sha256)
+if [ -x "$OUT/fio" ] && output_matches "$OUT" fio sha256 "$HASH"; then
     log "cached: $OUT/fio ($(json_field "$OUT/manifest.json" version))"
     exit 0
 fi
-if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ] && [ ! -e "$OUT/manifest.json" ] && [ ! -e "$OUT/fio" ]; then
-    die "$OUT is not empty and was not made by this script; refusing to overwrite it (choose another --out)"
-fi
+refuse_foreign "$OUT" fio "choose another --out"
 
 # --- fetch and unpack ----------------------------------------------------------------------------
 T0=$(date +%s)
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/blklab-fio.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-chmod 755 "$WORK"   # apt-get source may drop privileges to _apt
+apt_work fio
 log "apt-get source fio=$SRCVER"
 if ! (cd "$WORK" && apt-get source -q "fio=$SRCVER" >"$WORK/source.log" 2>&1); then
     cat "$WORK/source.log" >&2
     die "apt-get source fio=$SRCVER failed (apt-get install dpkg-dev; and apt-get update if the version is gone)"
 fi
-SRC=$(ls -d "$WORK"/fio-*/ 2>/dev/null | head -n1)
-[ -n "$SRC" ] && [ -x "$SRC/configure" ] || die "apt-get source fio left no fio-*/configure in $WORK"
+SRC=$(first "$WORK"/fio-*/)
+{ [ -n "$SRC" ] && [ -x "$SRC/configure" ]; } || die "apt-get source fio left no fio-*/configure in $WORK"
 SRC=${SRC%/}
 
 # --- configure --------------------------------------------------------------------------------------
@@ -136,7 +82,7 @@ SRC=${SRC%/}
 WANT="--disable-native --disable-numa --disable-rdma --disable-rados --disable-rbd --disable-http
       --disable-gfapi --disable-libnfs --disable-pmem --disable-xnvme --disable-libzbc
       --disable-tcmalloc --disable-dfs --disable-lex"
-HELP=$(cd "$SRC" && ./configure --help 2>&1 || true)
+HELP=$(cd "$SRC" && ./configure --help 2>&1) || true
 ARGS=""
 for a in $WANT; do
     if printf '%s\n' "$HELP" | grep -q -- "^$a\([ =]\|$\)"; then
@@ -147,7 +93,7 @@ for a in $WANT; do
 done
 ARGS="--prefix=/usr$ARGS"
 log "./configure $ARGS"
-# shellcheck disable=SC2086
+# shellcheck disable=SC2086  # ARGS: the configure switches, split on purpose
 if ! (cd "$SRC" && ./configure $ARGS >"$WORK/configure.log" 2>&1); then
     tail -n 30 "$WORK/configure.log" >&2
     die "fio's configure failed (see above)"
@@ -178,7 +124,7 @@ ENGINES=$("$BIN" --enghelp 2>/dev/null) || die "the new fio does not run (--engh
 for e in libaio io_uring psync; do
     printf '%s\n' "$ENGINES" | grep -qx "[[:space:]]*$e" || die "the new fio has no $e engine (fio --enghelp)"
 done
-LIBS=$(ldd "$BIN" | awk '/=>/ {print $1; next} /^[ \t]*\// {print $1}' | sed 's,.*/,,' | LC_ALL=C sort -u)
+LIBS=$(ldd_names "$BIN")
 bad=""
 for l in $LIBS; do
     case "$l" in
@@ -193,10 +139,9 @@ mkdir -p "$OUT"
 cp "$BIN" "$OUT/fio.tmp"
 mv "$OUT/fio.tmp" "$OUT/fio"
 SHA=$(sha256 "$OUT/fio")
-json_list() { printf '%s\n' "$@" | awk 'NF {printf "%s\"%s\"", (n++ ? ", " : ""), $1}'; }
-ENG_JSON=$(json_list $(printf '%s\n' "$ENGINES" | sed -n 's/^[[:space:]]\{1,\}\([A-Za-z0-9_.-]*\)$/\1/p'))
-LIB_JSON=$(json_list $LIBS)
-ARGS_JSON=$(json_list $ARGS)
+ENG_JSON=$(printf '%s\n' "$ENGINES" | sed -n 's/^[[:space:]]\{1,\}\([A-Za-z0-9_.-]*\)$/\1/p' | json_list)
+LIB_JSON=$(printf '%s\n' "$LIBS" | json_list)
+ARGS_JSON=$(printf '%s\n' "$ARGS" | json_list)
 cat > "$OUT/manifest.json.tmp" <<EOF
 {
   "kind": "fio",
@@ -209,10 +154,10 @@ cat > "$OUT/manifest.json.tmp" <<EOF
   "size": $(wc -c < "$OUT/fio"),
   "sha256": "$SHA",
   "inputs_hash": "$HASH",
-  "built_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
+  "built_at": "$(utc_now)",
   "make_seconds": $MAKE_SECS,
   "build_seconds": $(( $(date +%s) - T0 ))
 }
 EOF
 mv "$OUT/manifest.json.tmp" "$OUT/manifest.json"
-log "done: $OUT/fio ($VERSION, $(du -h "$OUT/fio" | cut -f1), links:$(echo $LIBS | sed 's/^/ /'); $(( $(date +%s) - T0 ))s)"
+log "done: $OUT/fio ($VERSION, $(du -h "$OUT/fio" | cut -f1), links:$(printf '%s\n' "$LIBS" | awk '{printf " %s", $0}'); $(( $(date +%s) - T0 ))s)"

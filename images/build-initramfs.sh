@@ -29,43 +29,33 @@
 # size of FILE, kernel version, fio version, mpstat, modules).
 #
 # Cached: when FILE exists and FILE.inputs-hash matches the hash of the inputs
-# (this script, /init, images/guest, the extra dir, the guest-scripts dir, the
-# kernel manifest, the fio, mpstat and busybox binaries), nothing is done.
+# (this script and images/lib.sh, /init, images/guest, the extra dir, the
+# guest-scripts dir, the kernel manifest, the fio, mpstat and busybox
+# binaries), nothing is done.
 set -eu
 
-log() { echo "build-initramfs: $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-usage() {
-    echo "usage: $0 --kernel-dir DIR --out FILE.cpio.gz [--extra-dir DIR] [--fio PATH] [--mpstat PATH] [--guest-scripts DIR]" >&2
-    exit 2
-}
-need_arg() { [ "$1" -ge 2 ] || { log "ERROR: $2 needs a value"; usage; }; }
+LOG_NAME=build-initramfs
+USAGE="$0 --kernel-dir DIR --out FILE.cpio.gz [--extra-dir DIR] [--fio PATH] [--mpstat PATH] [--guest-scripts DIR]"
+ARG_MISSING=error
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=images/lib.sh
+. "$HERE/lib.sh"
 
 KDIR=""; OUT=""; EXTRA=""; FIO=${FIO:-/usr/bin/fio}; MPSTAT=""; GSCRIPTS=""
 while [ $# -gt 0 ]; do
     case "$1" in
-    --kernel-dir) need_arg $# "$1"; KDIR=$2; shift 2 ;;
-    --kernel-dir=*) KDIR=${1#*=}; shift ;;
-    --out) need_arg $# "$1"; OUT=$2; shift 2 ;;
-    --out=*) OUT=${1#*=}; shift ;;
-    --extra-dir) need_arg $# "$1"; EXTRA=$2; shift 2 ;;
-    --extra-dir=*) EXTRA=${1#*=}; shift ;;
-    --fio) need_arg $# "$1"; FIO=$2; shift 2 ;;
-    --fio=*) FIO=${1#*=}; shift ;;
-    --mpstat) need_arg $# "$1"; MPSTAT=$2; shift 2 ;;
-    --mpstat=*) MPSTAT=${1#*=}; shift ;;
-    --guest-scripts) need_arg $# "$1"; GSCRIPTS=$2; shift 2 ;;
-    --guest-scripts=*) GSCRIPTS=${1#*=}; shift ;;
+    --kernel-dir|--kernel-dir=*) opt_value "$@"; KDIR=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --out|--out=*) opt_value "$@"; OUT=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --extra-dir|--extra-dir=*) opt_value "$@"; EXTRA=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --fio|--fio=*) opt_value "$@"; FIO=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --mpstat|--mpstat=*) opt_value "$@"; MPSTAT=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --guest-scripts|--guest-scripts=*) opt_value "$@"; GSCRIPTS=$OPT_VALUE; shift "$OPT_SHIFT" ;;
     -h|--help) usage ;;
-    *) log "ERROR: unknown argument: $1"; usage ;;
+    *) unknown_arg "$1" ;;
     esac
 done
-[ -n "$KDIR" ] && [ -n "$OUT" ] || usage
-PATH=$PATH:/usr/sbin:/sbin
-export PATH
+{ [ -n "$KDIR" ] && [ -n "$OUT" ]; } || usage
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-SELF="$HERE/$(basename "$0")"
 INIT="$HERE/initramfs/init"
 GUEST="$HERE/guest"
 BUSYBOX=${BUSYBOX:-/bin/busybox}
@@ -79,7 +69,7 @@ companions() { case "$1" in scsi_debug) echo sd_mod ;; esac; }
 
 [ -f "$KDIR/manifest.json" ] || die "$KDIR/manifest.json missing (run fetch-debian-kernel.sh or build-kernel.sh first)"
 [ -f "$INIT" ] || die "$INIT missing"
-[ -f "$FIO" ] && [ -x "$FIO" ] || die "fio not found at $FIO (apt-get install fio, or --fio PATH to a fio binary, e.g. from images/build-fio.sh)"
+{ [ -f "$FIO" ] && [ -x "$FIO" ]; } || die "fio not found at $FIO (apt-get install fio, or --fio PATH to a fio binary, e.g. from images/build-fio.sh)"
 [ -z "$MPSTAT" ] || { [ -f "$MPSTAT" ] && [ -x "$MPSTAT" ]; } \
     || die "--mpstat $MPSTAT is not an executable file (images/fetch-sysstat.sh makes one)"
 [ -x "$BUSYBOX" ] || die "busybox not found at $BUSYBOX (apt-get install busybox-static)"
@@ -89,18 +79,12 @@ fi
 if ldd "$BUSYBOX" >/dev/null 2>&1; then
     die "$BUSYBOX is dynamically linked (need busybox-static: apt-get install busybox-static)"
 fi
-for tool in cpio gzip ldd sha256sum find readelf; do
-    command -v "$tool" >/dev/null 2>&1 || die "$tool not found (apt-get install cpio gzip libc-bin binutils findutils)"
-done
+need_tools "apt-get install cpio gzip libc-bin binutils findutils" cpio gzip ldd sha256sum find readelf
 [ -z "$EXTRA" ] || [ -d "$EXTRA" ] || die "--extra-dir $EXTRA is not a directory"
 if [ -n "$GSCRIPTS" ]; then
     [ -d "$GSCRIPTS" ] || die "--guest-scripts $GSCRIPTS is not a directory"
     [ -f "$GSCRIPTS/lab.sh" ] || log "WARNING: $GSCRIPTS has no lab.sh: /blklab/lab will fail in the guest"
 fi
-
-sha256() { sha256sum "$1" | cut -d' ' -f1; }
-json_field() { sed -n "s/.*\"$2\": *\"\([^\"]*\)\".*/\1/p" "$1" 2>/dev/null | head -n1; }
-jstr() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }   # JSON string body
 
 # --- inputs hash --------------------------------------------------------------
 hash_dir() {  # content hash and mode of every file below $1, path-relative, sorted
@@ -110,7 +94,7 @@ hash_dir() {  # content hash and mode of every file below $1, path-relative, sor
 }
 inputs() {
     echo "format 2"
-    echo "script $(sha256 "$SELF")"
+    code_inputs
     echo "init $(sha256 "$INIT")"
     [ -d "$GUEST" ] && hash_dir "$GUEST" | sed 's/^/guest /'
     [ -n "$EXTRA" ] && hash_dir "$EXTRA" | sed 's/^/extra /'
@@ -122,7 +106,7 @@ inputs() {
     echo "modules $MODULES"
     echo "extra-modules $EXTRA_MODULES"
 }
-HASH=$(inputs | sha256sum | cut -d' ' -f1)
+HASH=$(inputs | sha256)
 if [ -f "$OUT" ] && [ -f "$OUT.inputs-hash" ] && [ -f "$OUT.manifest.json" ] \
    && [ "$(cat "$OUT.inputs-hash")" = "$HASH" ] \
    && [ "$(json_field "$OUT.manifest.json" sha256)" = "$(sha256 "$OUT")" ]; then
@@ -131,10 +115,8 @@ if [ -f "$OUT" ] && [ -f "$OUT.inputs-hash" ] && [ -f "$OUT.manifest.json" ] \
 fi
 
 # --- staging ------------------------------------------------------------------
-STAGE=$(mktemp -d "${TMPDIR:-/tmp}/blklab-initramfs.XXXXXX")
-trap 'rm -rf "$STAGE"' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+work_dir initramfs
+STAGE=$WORK
 R="$STAGE/root"
 mkdir -p "$R"
 for d in bin sbin usr/bin usr/sbin lib lib64 proc sys dev tmp run root etc \
@@ -186,7 +168,7 @@ printf 'root:x:0:0:root:/root:/bin/sh\n' > "$R/etc/passwd"
 printf 'root:x:0:\n' > "$R/etc/group"
 
 # --- kernel modules -------------------------------------------------------------
-MODROOT=$(ls -d "$KDIR"/lib/modules/* 2>/dev/null | head -n1 || true)
+MODROOT=$(first "$KDIR"/lib/modules/*)
 if [ -n "$MODROOT" ]; then
     KVER=${MODROOT##*/}
     MODROOT="$MODROOT/"   # (it may be a symlink)
@@ -321,7 +303,6 @@ mkdir -p "$(dirname "$OUT")"
 (cd "$R" && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) | gzip -n -6 > "$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
 SIZE=$(wc -c < "$OUT")
-json_list() { for x in "$@"; do printf '%s\n' "$x"; done | awk 'NF {printf "%s\"%s\"", (n++ ? ", " : ""), $1}'; }
 AVAIL_JSON=$(awk -F': *' 'NF {
         n = split($2, d, " "); s = ""
         for (i = 1; i <= n; i++) s = s (i > 1 ? ", " : "") "\"" d[i] "\""
@@ -342,9 +323,9 @@ cat > "$OUT.manifest.json.tmp" <<EOF
   "mpstat": $( [ -n "$MPSTAT" ] && echo true || echo false ),
   "mpstat_sha256": $MPSTAT_SHA,
   "guest_scripts": $( [ -n "$GSCRIPTS" ] && echo true || echo false ),
-  "boot_modules": [$(json_list $(cat "$R/blklab/modules"))],
+  "boot_modules": [$(json_list < "$R/blklab/modules")],
   "modules_available": {$AVAIL_JSON},
-  "built_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  "built_at": "$(utc_now)"
 }
 EOF
 mv "$OUT.manifest.json.tmp" "$OUT.manifest.json"

@@ -24,53 +24,42 @@
 # was applied is undone by the next run. A lock (flock on
 # DIR/linux-source-SERIES.lock) serialises builds using the tree.
 #
-# Cached: when DIR/manifest.json records the same inputs hash (this script,
-# guest.config, the patch, the source package version) and the sha256 of
-# DIR/vmlinuz matches, nothing is done ("cached").
+# Cached: when DIR/manifest.json records the same inputs hash (this script
+# and images/lib.sh, guest.config, the patch, the source package version)
+# and the sha256 of DIR/vmlinuz matches, nothing is done ("cached").
 #
 # Nothing is installed: the package is fetched with `apt-get download` and
 # unpacked with `dpkg -x` into the cache. Progress goes to stderr.
 set -eu
 
-log() { echo "build-kernel: $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-usage() {
-    echo "usage: $0 --series SERIES [--patch NAME] --out DIR [--cache DIR]" >&2
-    echo "  SERIES: a Debian linux-source-SERIES package (Debian 12: 6.1, 6.12)" >&2
-    echo "  NAME:   images/patches/NAME.patch" >&2
-    exit 2
-}
-need_arg() { [ "$1" -ge 2 ] || { log "ERROR: $2 needs a value"; usage; }; }
+LOG_NAME=build-kernel
+USAGE="$0 --series SERIES [--patch NAME] --out DIR [--cache DIR]
+  SERIES: a Debian linux-source-SERIES package (Debian 12: 6.1, 6.12)
+  NAME:   images/patches/NAME.patch"
+ARG_MISSING=error
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=images/lib.sh
+. "$HERE/lib.sh"
 
 SERIES=""; PATCH_NAME=""; OUT=""; CACHE=""
 while [ $# -gt 0 ]; do
     case "$1" in
-    --series) need_arg $# "$1"; SERIES=$2; shift 2 ;;
-    --series=*) SERIES=${1#*=}; shift ;;
-    --patch) need_arg $# "$1"; PATCH_NAME=$2; shift 2 ;;
-    --patch=*) PATCH_NAME=${1#*=}; shift ;;
-    --out) need_arg $# "$1"; OUT=$2; shift 2 ;;
-    --out=*) OUT=${1#*=}; shift ;;
-    --cache) need_arg $# "$1"; CACHE=$2; shift 2 ;;
-    --cache=*) CACHE=${1#*=}; shift ;;
+    --series|--series=*) opt_value "$@"; SERIES=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --patch|--patch=*) opt_value "$@"; PATCH_NAME=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --out|--out=*) opt_value "$@"; OUT=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --cache|--cache=*) opt_value "$@"; CACHE=$OPT_VALUE; shift "$OPT_SHIFT" ;;
     -h|--help) usage ;;
-    *) log "ERROR: unknown argument: $1"; usage ;;
+    *) unknown_arg "$1" ;;
     esac
 done
 [ -n "$SERIES" ] || { log "ERROR: --series is required"; usage; }
 [ -n "$OUT" ] || { log "ERROR: --out is required"; usage; }
 expr "x$SERIES" : 'x[0-9][0-9]*\.[0-9][0-9]*$' >/dev/null \
     || die "--series '$SERIES' is not a kernel series like 6.12"
-PATH=$PATH:/usr/sbin:/sbin
-export PATH
 
-HERE=$(cd "$(dirname "$0")" && pwd)
-SELF="$HERE/$(basename "$0")"
 FRAGMENT="$HERE/kernel/guest.config"
 [ -f "$FRAGMENT" ] || die "$FRAGMENT missing (the kernel configuration fragment)"
-if [ -z "$CACHE" ]; then
-    CACHE=${BLKLAB_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images}/kernel-src
-fi
+[ -n "$CACHE" ] || CACHE=$(image_cache)/kernel-src
 
 PATCH_FILE=""; PATCH_SHA=""
 if [ -n "$PATCH_NAME" ]; then
@@ -79,10 +68,10 @@ if [ -n "$PATCH_NAME" ]; then
     esac
     PATCH_FILE="$HERE/patches/$PATCH_NAME.patch"
     if [ ! -f "$PATCH_FILE" ]; then
-        avail=$(cd "$HERE/patches" 2>/dev/null && ls -- *.patch 2>/dev/null | sed 's/\.patch$//' | tr '\n' ' ' | sed 's/ $//')
+        avail=$(patch_names)
         die "no patch $PATCH_FILE (available: ${avail:-none})"
     fi
-    PATCH_SHA=$(sha256sum "$PATCH_FILE" | cut -d' ' -f1)
+    PATCH_SHA=$(sha256 "$PATCH_FILE")
 fi
 
 # --- tools -------------------------------------------------------------------------
@@ -98,40 +87,30 @@ if ! echo '#include <gelf.h>' | gcc -E -x c - >/dev/null 2>&1; then
     die "libelf headers (gelf.h) missing (run: apt-get install libelf-dev)"
 fi
 
-sha256() { sha256sum "$1" | cut -d' ' -f1; }
-json_field() {  # json_field FILE KEY: the string value of "KEY": "..." in FILE
-    sed -n "s/.*\"$2\": *\"\([^\"]*\)\".*/\1/p" "$1" 2>/dev/null | head -n1
-}
-
 # --- the source package --------------------------------------------------------------
 SRCPKG="linux-source-$SERIES"
-lists_present() { [ -n "$(apt-cache search --names-only '^linux-source-[0-9.]*$' 2>/dev/null | head -n1)" ]; }
-if ! lists_present; then
+if [ -z "$(source_series)" ]; then
     log "apt lists missing; running apt-get update"
     apt-get update -qq >&2 || die "apt-get update failed (check the network and /etc/apt/sources.list.d)"
 fi
-candidate() { apt-cache policy "$SRCPKG" 2>/dev/null | sed -n 's/^ *Candidate: *//p' | head -n1; }
-SRCVER=$(candidate)
-if [ -z "$SRCVER" ] || [ "$SRCVER" = "(none)" ]; then
-    avail=$(apt-cache search --names-only '^linux-source-[0-9.]*$' 2>/dev/null | cut -d' ' -f1 \
-        | sed 's/^linux-source-//' | sort -V | tr '\n' ' ' | sed 's/ $//')
+SRCVER=$(candidate "$SRCPKG")
+if ! have_version "$SRCVER"; then
+    avail=$(source_series)
     die "no package $SRCPKG in the apt lists (series available here: ${avail:-none}; Debian 12 has 6.1 in bookworm and 6.12 in bookworm-security)"
 fi
 
 # --- inputs hash and the output cache -----------------------------------------------
 inputs() {
     echo "format 1"
-    echo "script $(sha256 "$SELF")"
+    code_inputs
     echo "fragment $(sha256 "$FRAGMENT")"
     echo "series $SERIES"
     echo "source $SRCPKG $SRCVER"
     echo "patch ${PATCH_NAME:-none} ${PATCH_SHA:-}"
 }
-HASH=$(inputs | sha256sum | cut -d' ' -f1)
+HASH=$(inputs | sha256)
 output_cached() {
-    [ -f "$OUT/manifest.json" ] && [ -f "$OUT/vmlinuz" ] || return 1
-    [ "$(json_field "$OUT/manifest.json" inputs_hash)" = "$HASH" ] || return 1
-    [ "$(json_field "$OUT/manifest.json" vmlinuz_sha256)" = "$(sha256 "$OUT/vmlinuz")" ] || return 1
+    output_matches "$OUT" vmlinuz vmlinuz_sha256 "$HASH" || return 1
     kv=$(json_field "$OUT/manifest.json" kernel_version)
     [ -n "$kv" ] && [ -d "$OUT/lib/modules/$kv" ]
 }
@@ -139,10 +118,7 @@ if output_cached; then
     log "cached: $OUT ($(json_field "$OUT/manifest.json" kernel_version)${PATCH_NAME:+ +$PATCH_NAME})"
     exit 0
 fi
-if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT" 2>/dev/null)" ] \
-   && [ ! -e "$OUT/manifest.json" ] && [ ! -e "$OUT/vmlinuz" ]; then
-    die "$OUT is not empty and was not made by this script; refusing to overwrite it (choose another --out)"
-fi
+refuse_foreign "$OUT" vmlinuz "choose another --out"
 
 # --- lock the source tree --------------------------------------------------------------
 mkdir -p "$CACHE" || die "cannot create the cache dir $CACHE"
@@ -220,38 +196,33 @@ cleanup() {
     [ -z "$WORK" ] || rm -rf "$WORK"
     [ -z "${STAGE:-}" ] || rm -rf "$STAGE"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+on_exit cleanup
 
 unpack_tree() {
     rm -rf "$TREE"
     WORK=$(mktemp -d "$CACHE/unpack.XXXXXX")
     chmod 755 "$WORK"   # apt-get download may drop privileges to _apt
     log "downloading $SRCPKG=$SRCVER"
-    ( cd "$WORK" && apt-get download -q "$SRCPKG=$SRCVER" 2>&1 | grep -v 'unsandboxed as root' >&2 ) || true
-    deb=$(ls "$WORK"/*.deb 2>/dev/null | head -n1)
+    deb=$(apt_download "$WORK" "$SRCPKG=$SRCVER")
     if [ -z "$deb" ]; then
         # Old lists can name a version the mirror no longer has.
-        log "download failed; running apt-get update and retrying"
-        apt-get update -qq >&2 || die "apt-get update failed"
-        SRCVER=$(candidate)
-        [ -n "$SRCVER" ] && [ "$SRCVER" != "(none)" ] || die "no package $SRCPKG after apt-get update"
-        ( cd "$WORK" && apt-get download -q "$SRCPKG=$SRCVER" 2>&1 | grep -v 'unsandboxed as root' >&2 ) || true
-        deb=$(ls "$WORK"/*.deb 2>/dev/null | head -n1)
+        update_and_retry download
+        SRCVER=$(candidate "$SRCPKG")
+        have_version "$SRCVER" || die "no package $SRCPKG after apt-get update"
+        deb=$(apt_download "$WORK" "$SRCPKG=$SRCVER")
         [ -n "$deb" ] || die "apt-get download $SRCPKG=$SRCVER produced no .deb (check the network / apt sources)"
         # The inputs hash names the version: a new one is a new build.
-        HASH=$(inputs | sha256sum | cut -d' ' -f1)
+        HASH=$(inputs | sha256)
     fi
     log "unpacking $(basename "$deb")"
     dpkg -x "$deb" "$WORK/pkg" || die "dpkg -x $deb failed"
-    tarball=$(ls "$WORK"/pkg/usr/src/linux-source-*.tar.* 2>/dev/null | head -n1)
+    tarball=$(first "$WORK"/pkg/usr/src/linux-source-*.tar.*)
     [ -n "$tarball" ] || die "$deb has no usr/src/linux-source-*.tar.*"
     mkdir "$WORK/src"
     tar -xf "$tarball" -C "$WORK/src" || die "cannot unpack $tarball (apt-get install xz-utils)"
-    top=$(ls "$WORK/src" | head -n1)
-    [ -n "$top" ] && [ -f "$WORK/src/$top/Makefile" ] || die "$tarball has no kernel tree"
-    mv "$WORK/src/$top" "$TREE"
+    top=$(first "$WORK"/src/*)
+    { [ -n "$top" ] && [ -f "$top/Makefile" ]; } || die "$tarball has no kernel tree"
+    mv "$top" "$TREE"
     rm -rf "$WORK"; WORK=""
     mkdir -p "$TREE/.blklab"
     { echo "source_version=$SRCVER"; echo "config="; echo "patch=none"; } > "$STATE"
@@ -446,7 +417,7 @@ cat > "$STAGE/manifest.json" <<EOF
   "patch": $PATCH_JSON,
   "vmlinuz_sha256": "$VMLINUZ_SHA",
   "inputs_hash": "$HASH",
-  "built_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)",
+  "built_at": "$(utc_now)",
   "make_seconds": $MAKE_SECS,
   "build_seconds": $(( $(date +%s) - T0 ))
 }

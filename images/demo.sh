@@ -3,6 +3,14 @@
 # fio in it and print the results. See `images/demo.sh --help`.
 set -euo pipefail
 
+LOG_NAME=demo
+ARG_MISSING=die
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+HERE=$REPO/images
+# shellcheck source=images/lib.sh
+. "$HERE/lib.sh"
+
+# (--help prints this on stdout, unlike the usage of lib.sh)
 usage() {
     cat <<'EOF'
 usage: images/demo.sh [options]
@@ -37,9 +45,6 @@ the guest script fails, fio reports errors or the verify pass fails.
 EOF
 }
 
-die() { echo "demo: ERROR: $*" >&2; exit 1; }
-log() { echo "demo: $*" >&2; }
-
 KERNEL=6.12
 RUNTIME=5
 DISK=mem
@@ -48,16 +53,11 @@ NUM_QUEUES=2
 KEEP=0
 while [ $# -gt 0 ]; do
     case "$1" in
-    --kernel) [ $# -ge 2 ] || die "--kernel needs a value"; KERNEL=$2; shift 2 ;;
-    --kernel=*) KERNEL=${1#*=}; shift ;;
-    --runtime) [ $# -ge 2 ] || die "--runtime needs a value"; RUNTIME=$2; shift 2 ;;
-    --runtime=*) RUNTIME=${1#*=}; shift ;;
-    --disk) [ $# -ge 2 ] || die "--disk needs a value"; DISK=$2; shift 2 ;;
-    --disk=*) DISK=${1#*=}; shift ;;
-    --size) [ $# -ge 2 ] || die "--size needs a value"; SIZE=$2; shift 2 ;;
-    --size=*) SIZE=${1#*=}; shift ;;
-    --num-queues) [ $# -ge 2 ] || die "--num-queues needs a value"; NUM_QUEUES=$2; shift 2 ;;
-    --num-queues=*) NUM_QUEUES=${1#*=}; shift ;;
+    --kernel|--kernel=*) opt_value "$@"; KERNEL=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --runtime|--runtime=*) opt_value "$@"; RUNTIME=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --disk|--disk=*) opt_value "$@"; DISK=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --size|--size=*) opt_value "$@"; SIZE=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --num-queues|--num-queues=*) opt_value "$@"; NUM_QUEUES=$OPT_VALUE; shift "$OPT_SHIFT" ;;
     --keep) KEEP=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
@@ -68,8 +68,6 @@ case "$KERNEL" in 6.1|6.12) ;; *) die "--kernel must be 6.1 or 6.12, not '$KERNE
 [[ "$NUM_QUEUES" =~ ^[1-9][0-9]*$ ]] || die "--num-queues must be a positive integer"
 case "$DISK" in mem|null|file:?*) ;; *) die "--disk must be mem, null or file:PATH" ;; esac
 
-REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-
 # --- 1. host packages --------------------------------------------------------------
 missing=()
 for tool in qemu-system-x86_64 fio busybox cpio xz insmod; do
@@ -78,7 +76,7 @@ done
 # build-initramfs.sh needs the static busybox at /bin/busybox.
 [ -x /bin/busybox ] || missing+=(/bin/busybox)
 if [ ${#missing[@]} -gt 0 ]; then
-    if [ "$(id -u)" -eq 0 ]; then
+    if is_root; then
         log "installing packages (missing: ${missing[*]})"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
@@ -99,7 +97,7 @@ BLKLAB=$REPO/target/release/blklab
 [ -x "$BLKLAB" ] || die "$BLKLAB missing after the build"
 
 # --- 3. guest image (same paths as tests/qemu_e2e.rs prepare_guest) -------------------
-CACHE=${BLKLAB_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images}
+CACHE=$(image_cache)
 mkdir -p "$CACHE"
 KDIR=$CACHE/kernel-$KERNEL
 INITRD=$CACHE/initramfs-$KERNEL.cpio.gz
@@ -127,9 +125,7 @@ cleanup() {
         rm -rf "$TMP"
     fi
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+on_exit cleanup
 
 SOCK=$TMP/vd.sock
 DISK_ARGS=(--socket "$SOCK" --disk "$DISK" --num-queues "$NUM_QUEUES" --queue-size 256)

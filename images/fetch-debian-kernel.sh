@@ -13,29 +13,28 @@
 # matches the one recorded there, nothing is done.
 set -eu
 
-usage() { echo "usage: $0 6.1|6.12 OUTDIR" >&2; exit 2; }
+LOG_NAME=fetch-debian-kernel
+USAGE="$0 6.1|6.12 OUTDIR"
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=images/lib.sh
+. "$HERE/lib.sh"
+
 [ $# -eq 2 ] || usage
 SERIES=$1
 OUTDIR=$2
 case "$SERIES" in 6.1|6.12) ;; *) usage ;; esac
 
-log() { echo "fetch-debian-kernel: $*" >&2; }
-die() { log "ERROR: $*"; exit 1; }
-
 # --- cache check ------------------------------------------------------------
 if [ -f "$OUTDIR/manifest.json" ] && [ -f "$OUTDIR/vmlinuz" ]; then
-    want=$(sed -n 's/.*"vmlinuz_sha256": *"\([0-9a-f]*\)".*/\1/p' "$OUTDIR/manifest.json")
-    have=$(sha256sum "$OUTDIR/vmlinuz" | cut -d' ' -f1)
-    if [ -n "$want" ] && [ "$want" = "$have" ]; then
-        log "cached: $OUTDIR ($(sed -n 's/.*"kernel_version": *"\([^"]*\)".*/\1/p' "$OUTDIR/manifest.json"))"
+    want=$(json_field "$OUTDIR/manifest.json" vmlinuz_sha256)
+    if [ -n "$want" ] && [ "$want" = "$(sha256 "$OUTDIR/vmlinuz")" ]; then
+        log "cached: $OUTDIR ($(json_field "$OUTDIR/manifest.json" kernel_version))"
         exit 0
     fi
     log "cache in $OUTDIR is stale or incomplete; refetching"
 fi
 
-for tool in apt-get apt-cache dpkg dpkg-deb sha256sum; do
-    command -v "$tool" >/dev/null 2>&1 || die "$tool not found (this needs a Debian/apt system)"
-done
+need_tools "this needs a Debian/apt system" apt-get apt-cache dpkg dpkg-deb sha256sum
 
 # --- make sure the package lists exist --------------------------------------
 if ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then
@@ -66,15 +65,9 @@ find_pkg() {
 PKG=$(find_pkg || true)
 if [ -z "$PKG" ] && [ "$SERIES" = 6.12 ]; then
     # Not in the Debian 12 lists: try bookworm-backports.
-    if ! apt-cache policy 2>/dev/null | grep -q 'bookworm-backports'; then
+    if ! has_suite bookworm-backports; then
         log "adding bookworm-backports to /etc/apt/sources.list.d"
-        cat >/etc/apt/sources.list.d/blklab-bookworm-backports.sources <<'EOF'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bookworm-backports
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
+        add_backports
     fi
     apt-get update -qq || die "apt-get update failed"
     PKG=$(find_pkg || true)
@@ -85,8 +78,8 @@ if [ -z "$PKG" ]; then
     PKG=$(find_pkg || true)
 fi
 [ -n "$PKG" ] || die "no linux-image package found for series $SERIES"
-PKGVER=$(apt-cache policy "$PKG" | sed -n 's/^ *Candidate: *//p')
-[ -n "$PKGVER" ] && [ "$PKGVER" != "(none)" ] || die "no candidate version for $PKG"
+PKGVER=$(candidate "$PKG")
+have_version "$PKGVER" || die "no candidate version for $PKG"
 log "package: $PKG $PKGVER"
 
 # --- download and unpack ----------------------------------------------------
@@ -94,36 +87,24 @@ mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 [ "$OUTDIR" != / ] || die "refusing OUTDIR=/"
 # Only ever replace an empty directory or one this script filled before.
-if [ -n "$(ls -A "$OUTDIR")" ] && [ ! -e "$OUTDIR/manifest.json" ] && [ ! -e "$OUTDIR/vmlinuz" ]; then
-    die "$OUTDIR is not empty and was not made by this script; refusing to overwrite it"
-fi
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/blklab-kernel.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT INT TERM
-chmod 755 "$WORK"   # apt-get download may drop privileges to _apt
-download() {
-    (
-        cd "$WORK"
-        apt-get download -q "$PKG=$PKGVER" 2>&1 | grep -v 'unsandboxed as root' >&2 || true
-    )
-    ls "$WORK"/*.deb 2>/dev/null | head -n1
-}
-DEB=$(download)
+refuse_foreign "$OUTDIR" vmlinuz
+apt_work kernel
+DEB=$(apt_download "$WORK" "$PKG=$PKGVER")
 if [ -z "$DEB" ]; then
     # Old lists can name a version the mirror no longer has.
-    log "download failed; running apt-get update and retrying"
-    apt-get update -qq || die "apt-get update failed"
+    update_and_retry download
     PKG=$(find_pkg || true)
     [ -n "$PKG" ] || die "no linux-image package found for series $SERIES"
-    PKGVER=$(apt-cache policy "$PKG" | sed -n 's/^ *Candidate: *//p')
+    PKGVER=$(candidate "$PKG")
     log "package: $PKG $PKGVER"
-    DEB=$(download)
+    DEB=$(apt_download "$WORK" "$PKG=$PKGVER")
 fi
-[ -n "$DEB" ] && [ -f "$DEB" ] || die "apt-get download $PKG=$PKGVER produced no .deb"
-DEB_SHA=$(sha256sum "$DEB" | cut -d' ' -f1)
+{ [ -n "$DEB" ] && [ -f "$DEB" ]; } || die "apt-get download $PKG=$PKGVER produced no .deb"
+DEB_SHA=$(sha256 "$DEB")
 log "unpacking $(basename "$DEB")"
 dpkg -x "$DEB" "$WORK/root"
 
-VMLINUZ=$(ls "$WORK"/root/boot/vmlinuz-* 2>/dev/null | head -n1)
+VMLINUZ=$(first "$WORK"/root/boot/vmlinuz-*)
 [ -n "$VMLINUZ" ] || die "no boot/vmlinuz-* in $PKG"
 KVER=${VMLINUZ##*/vmlinuz-}
 MODSRC=""
@@ -141,7 +122,7 @@ cp "$WORK/root/boot/System.map-$KVER" "$OUTDIR/System.map"
 cp "$WORK/root/boot/config-$KVER" "$OUTDIR/config"
 mv "$MODSRC" "$OUTDIR/lib/modules/$KVER"
 
-SHA=$(sha256sum "$OUTDIR/vmlinuz" | cut -d' ' -f1)
+SHA=$(sha256 "$OUTDIR/vmlinuz")
 cat >"$OUTDIR/manifest.json.tmp" <<EOF
 {
   "series": "$SERIES",

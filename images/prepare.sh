@@ -30,22 +30,19 @@
 # on any failure.
 set -eu
 
-log() { echo "prepare: $*" >&2; }
-die() { echo "prepare: ERROR: $*" >&2; exit 1; }
-usage() {
-    cat >&2 <<'EOF'
-usage: images/prepare.sh [--cache DIR] SPEC...
+LOG_NAME=prepare
+USAGE="images/prepare.sh [--cache DIR] SPEC...
   SPEC: debian-6.1 | debian-6.12 | build:SERIES[+PATCH] | path:FILE[,modules=DIR][,name=LABEL]
-  stdout: one JSON line per SPEC: spec, name, kernel, initramfs, kernel_manifest, initramfs_manifest
-EOF
-    exit 2
-}
+  stdout: one JSON line per SPEC: spec, name, kernel, initramfs, kernel_manifest, initramfs_manifest"
+ARG_MISSING=error
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=images/lib.sh
+. "$HERE/lib.sh"
 
 CACHE=""
 while [ $# -gt 0 ]; do
     case "$1" in
-    --cache) [ $# -ge 2 ] || { log "ERROR: --cache needs a value"; usage; }; CACHE=$2; shift 2 ;;
-    --cache=*) CACHE=${1#*=}; shift ;;
+    --cache|--cache=*) opt_value "$@"; CACHE=$OPT_VALUE; shift "$OPT_SHIFT" ;;
     -h|--help) usage ;;
     --) shift; break ;;
     -*) log "ERROR: unknown option: $1"; usage ;;
@@ -53,21 +50,13 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ $# -gt 0 ] || { log "ERROR: no SPEC given"; usage; }
-PATH=$PATH:/usr/sbin:/sbin
-export PATH
 
-HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 GSCRIPTS="$REPO/guest-scripts"
-CACHE=${CACHE:-${BLKLAB_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images}}
+CACHE=${CACHE:-$(image_cache)}
 
-for tool in sh sha256sum od dd flock mktemp tee; do
-    command -v "$tool" >/dev/null 2>&1 || die "$tool not found (apt-get install coreutils util-linux)"
-done
+need_tools "apt-get install coreutils util-linux" sh sha256sum od dd flock mktemp tee
 
-sha256() { sha256sum "$1" | cut -d' ' -f1; }
-jstr() { printf '%s' "$1" | sed 's/\\/\\\\/g; s/"/\\"/g'; }   # JSON string body
-json_field() { sed -n "s/.*\"$2\": *\"\([^\"]*\)\".*/\1/p" "$1" 2>/dev/null | head -n1; }
 abspath() {  # abspath PATH: absolute path (the file need not exist; its dir must)
     case "$1" in
     /*) p=$1 ;;
@@ -107,7 +96,7 @@ parse_spec() {
             case "$PATCHN" in
             ''|*[!A-Za-z0-9_-]*) die "$1: PATCH must name images/patches/PATCH.patch (letters, digits, _ -)" ;;
             esac
-            [ -f "$HERE/patches/$PATCHN.patch" ] || die "$1: no patch images/patches/$PATCHN.patch (available: $(cd "$HERE/patches" 2>/dev/null && ls -- *.patch 2>/dev/null | sed 's/\.patch$//' | tr '\n' ' ' | sed 's/ $//'))"
+            [ -f "$HERE/patches/$PATCHN.patch" ] || die "$1: no patch images/patches/$PATCHN.patch (available: $(patch_names))"
             NAME="$SERIES-$PATCHN"
         fi
         ;;
@@ -154,16 +143,16 @@ for spec in "$@"; do
     NAMES="$NAMES$NAME "
     if [ "$KIND" = build ] && command -v apt-cache >/dev/null 2>&1; then
         # Fail fast on a series Debian does not ship.
-        avail=$(apt-cache search --names-only '^linux-source-[0-9.]*$' 2>/dev/null | cut -d' ' -f1 | sed 's/^linux-source-//' | sort -V | tr '\n' ' ')
-        if [ -z "$avail" ] && [ "$(id -u)" -eq 0 ]; then
+        avail=$(source_series)
+        if [ -z "$avail" ] && is_root; then
             log "apt lists missing; running apt-get update"
             apt-get update -qq >&2 || die "apt-get update failed (check the network and /etc/apt/sources.list.d)"
-            avail=$(apt-cache search --names-only '^linux-source-[0-9.]*$' 2>/dev/null | cut -d' ' -f1 | sed 's/^linux-source-//' | sort -V | tr '\n' ' ')
+            avail=$(source_series)
         fi
         if [ -n "$avail" ]; then
             case " $avail " in
             *" $SERIES "*) ;;
-            *) die "$spec: Debian has no linux-source-$SERIES here (series available: ${avail% }); use e.g. build:6.12" ;;
+            *) die "$spec: Debian has no linux-source-$SERIES here (series available: $avail); use e.g. build:6.12" ;;
             esac
         fi
     fi
@@ -186,10 +175,7 @@ fi
 
 mkdir -p "$CACHE" || die "cannot create the cache directory $CACHE (choose another with --cache DIR)"
 CACHE=$(cd "$CACHE" && pwd)
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/blklab-prepare.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+work_dir prepare
 
 # One prepare.sh at a time per cache: the steps share output paths.
 exec 8>"$CACHE/.prepare.lock"
@@ -264,7 +250,7 @@ prepare_path_kernel() {
   "config_sha256": null,
   "patch": null,
   "vmlinuz_sha256": "$ksha",
-  "prepared_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  "prepared_at": "$(utc_now)"
 }
 EOF
     log "path kernel $src -> $KDIR (kernel ${kver:-unknown}${mods_abs:+, modules $mods_abs})"
@@ -294,7 +280,7 @@ for spec in "$@"; do
         prepare_path_kernel
         ;;
     esac
-    [ -f "$KDIR/vmlinuz" ] && [ -f "$KDIR/manifest.json" ] || die "$spec: $KDIR has no vmlinuz/manifest.json after preparing it"
+    { [ -f "$KDIR/vmlinuz" ] && [ -f "$KDIR/manifest.json" ]; } || die "$spec: $KDIR has no vmlinuz/manifest.json after preparing it"
     INITRD="$CACHE/initramfs/$(basename "$KDIR").cpio.gz"
     if [ -n "$GSCRIPTS" ]; then
         run_step "$spec: initramfs" sh "$HERE/build-initramfs.sh" --kernel-dir "$KDIR" --out "$INITRD" \
