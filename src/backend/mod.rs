@@ -36,16 +36,14 @@ use crate::backend::deadline::DeadlineTimer;
 use crate::backend::kick_vring::KickCountingVring;
 use crate::device::config::{DiskConfig, TagMode, TagScope};
 use crate::device::config_space;
-use crate::device::execute::{execute, Device, Outcome};
+use crate::device::execute::{serve_chain, Device, Outcome};
 use crate::device::faults::{FaultDecision, FaultState};
 use crate::device::latency::{LatOp, LatencySampler};
 use crate::device::storage::{self, Storage, StorageError};
 use crate::device::tags::{PoolStats, QueueId, Tag, TagPool};
 use crate::stats::queue::{current_tid, QueueCounters, QueueStats};
 use crate::virtio_blk::features::BlkFeature;
-use crate::virtio_blk::request::{
-    collect_segments, DropReason, Op, Segment, STATUS_IOERR, STATUS_OK, STATUS_UNSUPP,
-};
+use crate::virtio_blk::request::{Op, Segment, STATUS_IOERR, STATUS_OK, STATUS_UNSUPP};
 
 type GM = GuestMemoryAtomic<GuestMemoryMmap>;
 
@@ -806,19 +804,14 @@ impl BlkBackend {
             }
             st.popped(popped_at, q.pending.len() as u64);
             r.popped += 1;
-            let outcome = match collect_segments(chain, &mut q.segs) {
-                Ok(()) => {
-                    let dev = Device {
-                        storage: self.disk.storage.as_ref(),
-                        cfg: &self.disk.cfg,
-                        capacity: self.disk.cfg.size,
-                        writeback: self.writeback(),
-                        faults: q.faults.as_ref(),
-                    };
-                    execute(&dev, mem, &q.segs)
-                }
-                Err(reason) => Outcome::Dropped(reason),
+            let dev = Device {
+                storage: self.disk.storage.as_ref(),
+                cfg: &self.disk.cfg,
+                capacity: self.disk.cfg.size,
+                writeback: self.writeback(),
+                faults: q.faults.as_ref(),
             };
+            let outcome = serve_chain(&dev, chain, &mut q.segs, mem);
             let used_len = self.account(q, st, outcome);
             let Outcome::Completed { op, fault, .. } = outcome else {
                 // Malformed: returned at once, no emulated service time.
@@ -903,7 +896,7 @@ impl BlkBackend {
                         "{} queue {}: dropped a malformed descriptor chain ({}); further drops are only counted",
                         self.disk.cfg.socket.display(),
                         q.index,
-                        describe_drop(reason)
+                        reason.describe()
                     );
                 }
                 0
@@ -962,18 +955,6 @@ fn lat_op(op: Op) -> LatOp {
         Op::Write => LatOp::Write,
         Op::Flush => LatOp::Flush,
         _ => LatOp::Other,
-    }
-}
-
-fn describe_drop(r: DropReason) -> &'static str {
-    match r {
-        DropReason::Empty => "no readable descriptor at the head",
-        DropReason::Truncated => {
-            "chain loops, is longer than the queue, or has an invalid descriptor"
-        }
-        DropReason::NoStatus => "last descriptor is not device-writable, no status byte",
-        DropReason::EmptyStatus => "status descriptor has length 0",
-        DropReason::StatusUnwritable => "status byte outside guest memory",
     }
 }
 
