@@ -242,22 +242,22 @@ impl<'m> Request<'m> {
             .ok_or(ParseError::Drop(DropReason::StatusUnwritable))?;
         let malformed = |why| ParseError::Malformed { status, why };
 
-        // Device-readable descriptors must all precede device-writable ones.
-        if let Some(first_w) = segs.iter().position(|s| s.write) {
-            if segs[first_w..].iter().any(|s| !s.write) {
-                return Err(malformed(Malformed::ReadableAfterWritable));
+        // One pass: the readable and writable byte counts, and whether
+        // every device-readable descriptor precedes the writable ones.
+        let (mut readable, mut writable) = (0u64, 0u64);
+        let (mut seen_write, mut out_of_order) = (false, false);
+        for s in segs {
+            if s.write {
+                writable += u64::from(s.len);
+                seen_write = true;
+            } else {
+                out_of_order |= seen_write;
+                readable += u64::from(s.len);
             }
         }
-        let readable: u64 = segs
-            .iter()
-            .filter(|s| !s.write)
-            .map(|s| u64::from(s.len))
-            .sum();
-        let writable: u64 = segs
-            .iter()
-            .filter(|s| s.write)
-            .map(|s| u64::from(s.len))
-            .sum();
+        if out_of_order {
+            return Err(malformed(Malformed::ReadableAfterWritable));
+        }
         if readable < HEADER_SIZE {
             return Err(malformed(Malformed::ShortHeader));
         }
