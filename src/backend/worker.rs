@@ -236,7 +236,7 @@ impl<R: UsedRing> Pass<'_, R> {
     /// of its first completion while we still serve the rest, and refills
     /// the ring in parallel instead of after the whole pass (measured: +60-90
     /// % IOPS at QD64 and -20 % backend CPU per request on the development
-    /// VM; see README, "What the profile showed"). The check is one read of
+    /// VM; see docs/benchmarks.md, "What the profile showed"). The check is one read of
     /// used_event and signals at most once per driver update of it. Without
     /// EVENT_IDX every check would signal, so the pass signals once at its
     /// end instead.
@@ -485,8 +485,8 @@ impl<R: UsedRing> Pass<'_, R> {
 impl BlkBackend {
     /// Serve one queue: complete requests whose time has come, pop and
     /// execute what the guest made available (as far as command slots
-    /// allow), notify the guest, and re-arm the completion timer. `kicks`
-    /// are the guest kicks that woke us (0 for timer and slot wake-ups).
+    /// allow), notify the guest, and re-arm the completion timer.
+    /// `woken_by_kick`: a guest kick woke us (not a timer or slot wake-up).
     ///
     /// `poll`: one pass only, leaving guest notifications off (the worker
     /// goes on polling the ring, see [`BlkBackend::poll_loop`]). Returns
