@@ -1,35 +1,34 @@
 //! Executing one virtio-blk request (virtio 1.2, 5.2.6) against a disk.
 //!
-//! A request is a descriptor chain (walked by
-//! [`crate::virtio_blk::request::collect_segments`]): device-readable bytes
-//! (a 16-byte header `{le32 type, le32 reserved, le64 sector}` then data for
-//! writes, discard and write-zeroes ranges) followed by device-writable
-//! bytes (data for reads and GET_ID, then the one-byte status at the very
-//! end).
+//! A chain is parsed by [`Request::parse`] (the wire format, in
+//! [`crate::virtio_blk::request`]), executed here by [`execute`], and
+//! answered by [`answer`]: [`ExecuteError::status`] is the one place an
+//! error becomes a virtio status, and a chain with no status byte to write
+//! is dropped with its [`DropReason`] for the caller to count.
 //!
 //! Everything here treats the guest as hostile: every guest address goes
-//! through vm-memory's bounds-checked accessors, the chain walker refuses
-//! loops and over-long chains (virtio-queue's TTL; we detect the truncation),
-//! and every failure becomes either an error status or, when no status byte
-//! can be written, a dropped chain the caller counts.
-
-use std::io;
-
-use virtio_bindings::virtio_blk::*;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
+//! through vm-memory's bounds-checked accessors, every length and sector is
+//! checked before storage is touched, and every failure becomes either an
+//! error status or a dropped chain. Nothing on the path of a read, write or
+//! flush allocates.
 
 use std::cell::RefCell;
+use std::io;
 
 use smallvec::SmallVec;
+use virtio_bindings::virtio_blk::*;
+use virtio_queue::DescriptorChain;
+use vm_memory::GuestMemoryMmap;
 
 use crate::device::config::DiskConfig;
 use crate::device::faults::{FaultDecision, FaultState};
 use crate::device::storage::Storage;
 use crate::virtio_blk::features::BlkFeature;
 use crate::virtio_blk::request::{
-    DropReason, Op, Segment, HEADER_SIZE, RANGE_SIZE, SECTOR_SIZE, STATUS_IOERR, STATUS_OK,
+    DropReason, Malformed, Op, ParseError, Request, Segment, RANGE_SIZE, STATUS_IOERR, STATUS_OK,
     STATUS_UNSUPP,
 };
+use crate::virtio_blk::sector::{sectors_in, ByteOffset, Sector, SECTOR_SIZE};
 
 /// What happened to one chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,6 +48,69 @@ pub enum Outcome {
     Dropped(DropReason),
 }
 
+/// A request that ran to completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// Data bytes written into the chain (reads, GET_ID), the status byte
+    /// not included.
+    pub written: u32,
+    /// Data bytes transferred (reads and writes) or covered (discard,
+    /// write-zeroes).
+    pub bytes: u64,
+}
+
+/// Why a request (or a malformed chain with a status byte) failed. Every
+/// failure is answered: [`ExecuteError::status`] says with what.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecuteError {
+    #[error("malformed chain: {0}")]
+    Malformed(Malformed),
+    #[error("unsupported request type {0}")]
+    UnsupportedType(u32),
+    #[error("{0} is not offered")]
+    NotOffered(BlkFeature),
+    #[error("range flags {0:#x} not supported")]
+    UnsupportedFlags(u32),
+    #[error("the disk is read-only")]
+    ReadOnly,
+    #[error("{len} bytes at {sector}: misaligned, or beyond the disk")]
+    OutOfRange { sector: Sector, len: u64 },
+    #[error("{num} sectors in one range, over the limit of {max}")]
+    RangeTooLong { num: u32, max: u32 },
+    #[error("{len} bytes of ranges: not a positive multiple of 16 up to {max} ranges")]
+    BadRanges { len: u64, max: u32 },
+    #[error("data buffers too short, or outside guest memory")]
+    Buffers,
+    #[error("injected failure")]
+    Injected,
+    #[error("{op:?} at {sector} failed: {source}")]
+    Io {
+        op: Op,
+        sector: Sector,
+        source: io::Error,
+    },
+}
+
+impl ExecuteError {
+    /// The virtio status that answers this error: UNSUPP for what the
+    /// device does not implement or offer, IOERR for everything else.
+    pub fn status(&self) -> u8 {
+        match self {
+            ExecuteError::UnsupportedType(_)
+            | ExecuteError::NotOffered(_)
+            | ExecuteError::UnsupportedFlags(_) => STATUS_UNSUPP,
+            ExecuteError::Malformed(_)
+            | ExecuteError::ReadOnly
+            | ExecuteError::OutOfRange { .. }
+            | ExecuteError::RangeTooLong { .. }
+            | ExecuteError::BadRanges { .. }
+            | ExecuteError::Buffers
+            | ExecuteError::Injected
+            | ExecuteError::Io { .. } => STATUS_IOERR,
+        }
+    }
+}
+
 /// The parts of a disk a request needs.
 pub struct Device<'a> {
     pub storage: &'a dyn Storage,
@@ -63,91 +125,78 @@ pub struct Device<'a> {
 }
 
 impl Device<'_> {
-    /// Ask fault injection about a valid request about to touch storage.
-    fn fault(&self, op: Op, ranges: &[(u64, u64)]) -> FaultDecision {
-        match self.faults {
+    /// Ask fault injection about a valid request about to touch storage,
+    /// recording its decision in `fault`: injected failures fail the
+    /// request (storage untouched); a stall only delays its completion.
+    fn inject(
+        &self,
+        op: Op,
+        ranges: &[(u64, u64)],
+        fault: &mut FaultDecision,
+    ) -> Result<(), ExecuteError> {
+        *fault = match self.faults {
             Some(f) => f.borrow_mut().decide(op, ranges),
             None => FaultDecision::None,
+        };
+        match fault {
+            FaultDecision::FailEvery | FaultDecision::FailRange => Err(ExecuteError::Injected),
+            FaultDecision::None | FaultDecision::Stall(_) => Ok(()),
+        }
+    }
+
+    /// The byte offset of `len` bytes at `sector`, if they are whole
+    /// logical blocks inside the disk.
+    fn extent(&self, sector: Sector, len: u64) -> Result<ByteOffset, ExecuteError> {
+        let lbs = u64::from(self.cfg.block_size);
+        match sector.to_bytes() {
+            Some(offset)
+                if len % lbs == 0
+                    && offset.is_aligned(lbs)
+                    && offset.extent_within(len, self.capacity) =>
+            {
+                Ok(offset)
+            }
+            _ => Err(ExecuteError::OutOfRange { sector, len }),
         }
     }
 }
 
-/// A request's guest buffers: kept on the stack up to four slices (a 4 KiB
-/// read is one), so the common request allocates nothing.
-type Slices<'m> = SmallVec<[VolatileSlice<'m, ()>; 4]>;
-
-/// Guest memory slices covering `len` bytes starting `skip` bytes into the
-/// readable (`write == false`) or writable segments.
-fn slices<'m>(
-    mem: &'m GuestMemoryMmap,
-    segs: &[Segment],
-    write: bool,
-    mut skip: u64,
-    len: u64,
-) -> Result<Slices<'m>, ()> {
-    let mut out = Slices::new();
-    let mut left = len;
-    for s in segs.iter().filter(|s| s.write == write) {
-        if left == 0 {
-            break;
-        }
-        let slen = u64::from(s.len);
-        if skip >= slen {
-            skip -= slen;
-            continue;
-        }
-        let take = (slen - skip).min(left);
-        let addr = s.addr.checked_add(skip).ok_or(())?;
-        for sl in GuestMemoryBackend::get_slices(mem, GuestAddress(addr), take as usize) {
-            out.push(sl.map_err(|_| ())?);
-        }
-        left -= take;
-        skip = 0;
-    }
-    if left != 0 {
-        return Err(());
-    }
-    Ok(out)
-}
-
-/// Copy `out.len()` readable bytes starting `skip` bytes in.
-fn read_bytes(
+/// Serve one chain: walk it into the scratch list `segs`, parse, execute
+/// and answer it. Never panics on guest input.
+pub fn serve_chain<M>(
+    dev: &Device<'_>,
+    chain: DescriptorChain<M>,
+    segs: &mut Vec<Segment>,
     mem: &GuestMemoryMmap,
-    segs: &[Segment],
-    skip: u64,
-    out: &mut [u8],
-) -> Result<(), ()> {
-    let sl = slices(mem, segs, false, skip, out.len() as u64)?;
-    let mut p = 0;
-    for s in sl {
-        s.copy_to(&mut out[p..p + s.len()]);
-        p += s.len();
-    }
-    Ok(())
+) -> Outcome
+where
+    M: std::ops::Deref,
+    M::Target: vm_memory::GuestMemory,
+{
+    answer(dev, Request::parse(chain, segs, mem))
 }
 
-/// Execute the request whose segments are `segs` (as produced by
-/// [`collect_segments`]) and write its status. Never panics on guest input.
-pub fn execute(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> Outcome {
-    let status_seg = segs[segs.len() - 1];
-    // One lookup: the status byte's slice is found before the request runs
-    // (a chain without a writable status byte is dropped untouched) and
-    // written through after.
-    let Some(status_byte) = status_seg
-        .addr
-        .checked_add(u64::from(status_seg.len) - 1)
-        .and_then(|a| GuestMemoryBackend::get_slice(mem, GuestAddress(a), 1).ok())
-    else {
-        return Outcome::Dropped(DropReason::StatusUnwritable);
+/// Execute a parsed chain and write its status: OK for a completion, the
+/// error's [`ExecuteError::status`] otherwise.
+pub fn answer(dev: &Device<'_>, parsed: Result<Request<'_>, ParseError<'_>>) -> Outcome {
+    let mut fault = FaultDecision::None;
+    let (op, status_byte, result) = match parsed {
+        Err(ParseError::Drop(reason)) => return Outcome::Dropped(reason),
+        Err(ParseError::Malformed { status, why }) => {
+            (Op::Other, status, Err(ExecuteError::Malformed(why)))
+        }
+        Ok(req) => (req.op, req.status, execute(dev, &req, &mut fault)),
     };
-
-    let (op, status, used_data, bytes, fault) = run(dev, mem, segs);
-    let used_len = if status == STATUS_OK {
-        used_data + 1
-    } else {
-        1
+    let (status, used_len, bytes) = match result {
+        Ok(c) => (STATUS_OK, c.written.saturating_add(1), c.bytes),
+        Err(e) => {
+            if let ExecuteError::Io { .. } = e {
+                log::warn!("{e}");
+            }
+            (e.status(), 1, 0)
+        }
     };
-    if status_byte.write_obj::<u8>(status, 0).is_err() {
+    if status_byte.write(status).is_err() {
         return Outcome::Dropped(DropReason::StatusUnwritable);
     }
     Outcome::Completed {
@@ -159,158 +208,92 @@ pub fn execute(dev: &Device<'_>, mem: &GuestMemoryMmap, segs: &[Segment]) -> Out
     }
 }
 
-/// Returns (op, status, data bytes written into the chain, bytes
-/// transferred, injected fault).
-fn run(
+/// Execute `req` against the disk. `fault` is set to the fault injected
+/// into it, also when the request then fails.
+pub fn execute(
     dev: &Device<'_>,
-    mem: &GuestMemoryMmap,
-    segs: &[Segment],
-) -> (Op, u8, u32, u64, FaultDecision) {
-    let mut fault = FaultDecision::None;
-    let (op, status, used, bytes) = run_checked(dev, mem, segs, &mut fault);
-    (op, status, used, bytes, fault)
-}
-
-/// A valid request's fault decision: IOERR for injected failures (storage
-/// untouched), otherwise go on (a stall only delays the completion).
-fn injected(dev: &Device<'_>, op: Op, ranges: &[(u64, u64)], fault: &mut FaultDecision) -> bool {
-    *fault = dev.fault(op, ranges);
-    matches!(fault, FaultDecision::FailEvery | FaultDecision::FailRange)
-}
-
-fn run_checked(
-    dev: &Device<'_>,
-    mem: &GuestMemoryMmap,
-    segs: &[Segment],
+    req: &Request<'_>,
     fault: &mut FaultDecision,
-) -> (Op, u8, u32, u64) {
-    // Device-readable descriptors must all precede device-writable ones.
-    if let Some(first_w) = segs.iter().position(|s| s.write) {
-        if segs[first_w..].iter().any(|s| !s.write) {
-            return (Op::Other, STATUS_IOERR, 0, 0);
-        }
-    }
-    let readable: u64 = segs
-        .iter()
-        .filter(|s| !s.write)
-        .map(|s| u64::from(s.len))
-        .sum();
-    let writable: u64 = segs
-        .iter()
-        .filter(|s| s.write)
-        .map(|s| u64::from(s.len))
-        .sum();
-    if readable < HEADER_SIZE {
-        return (Op::Other, STATUS_IOERR, 0, 0);
-    }
-    let mut hdr = [0u8; HEADER_SIZE as usize];
-    // The header almost always sits whole in the first descriptor: one
-    // guest-memory lookup. Otherwise gather it across descriptors.
-    let whole = segs[0].len as u64 >= HEADER_SIZE
-        && mem.read_slice(&mut hdr, GuestAddress(segs[0].addr)).is_ok();
-    if !whole && read_bytes(mem, segs, 0, &mut hdr).is_err() {
-        return (Op::Other, STATUS_IOERR, 0, 0);
-    }
-    let rtype = u32::from_le_bytes(hdr[0..4].try_into().unwrap_or_default());
-    let sector = u64::from_le_bytes(hdr[8..16].try_into().unwrap_or_default());
-    let op = Op::from_type(rtype);
-    let out_len = readable - HEADER_SIZE; // data after the header
-    let in_len = writable - 1; // data before the status byte
-    let cfg = dev.cfg;
-
-    let range_ok = |len: u64| -> bool {
-        let lbs = u64::from(cfg.block_size);
-        let Some(offset) = sector.checked_mul(SECTOR_SIZE) else {
-            return false;
-        };
-        len % lbs == 0
-            && offset % lbs == 0
-            && offset
-                .checked_add(len)
-                .is_some_and(|end| end <= dev.capacity)
-    };
-
+) -> Result<Completion, ExecuteError> {
+    let (op, sector) = (req.op, req.sector);
+    let io = |source| ExecuteError::Io { op, sector, source };
     match op {
         Op::Read => {
-            if !range_ok(in_len) {
-                return (op, STATUS_IOERR, 0, 0);
-            }
-            if injected(dev, op, &[(sector, in_len / SECTOR_SIZE)], fault) {
-                return (op, STATUS_IOERR, 0, 0);
-            }
-            let Ok(bufs) = slices(mem, segs, true, 0, in_len) else {
-                return (op, STATUS_IOERR, 0, 0);
-            };
-            match dev.storage.read_into(sector * SECTOR_SIZE, &bufs) {
-                Ok(()) => (op, STATUS_OK, in_len as u32, in_len),
-                Err(e) => io_error(op, "read", sector, &e),
-            }
+            let len = req.in_len;
+            let offset = dev.extent(sector, len)?;
+            dev.inject(op, &[(sector.get(), sectors_in(len))], fault)?;
+            let bufs = req.data_in(len).map_err(|_| ExecuteError::Buffers)?;
+            dev.storage.read_into(offset.get(), &bufs).map_err(io)?;
+            Ok(Completion {
+                // A used length counts at most 4 GiB.
+                written: u32::try_from(len).unwrap_or(u32::MAX),
+                bytes: len,
+            })
         }
         Op::Write => {
-            if cfg.read_only || !range_ok(out_len) {
-                return (op, STATUS_IOERR, 0, 0);
+            let len = req.out_len;
+            if dev.cfg.read_only {
+                return Err(ExecuteError::ReadOnly);
             }
-            if injected(dev, op, &[(sector, out_len / SECTOR_SIZE)], fault) {
-                return (op, STATUS_IOERR, 0, 0);
+            let offset = dev.extent(sector, len)?;
+            dev.inject(op, &[(sector.get(), sectors_in(len))], fault)?;
+            let bufs = req.data_out(0, len).map_err(|_| ExecuteError::Buffers)?;
+            dev.storage.write_from(offset.get(), &bufs).map_err(io)?;
+            if !dev.writeback {
+                dev.storage.flush().map_err(io)?;
             }
-            let Ok(bufs) = slices(mem, segs, false, HEADER_SIZE, out_len) else {
-                return (op, STATUS_IOERR, 0, 0);
-            };
-            let r = dev
-                .storage
-                .write_from(sector * SECTOR_SIZE, &bufs)
-                .and_then(|()| {
-                    if dev.writeback {
-                        Ok(())
-                    } else {
-                        dev.storage.flush()
-                    }
-                });
-            match r {
-                Ok(()) => (op, STATUS_OK, 0, out_len),
-                Err(e) => io_error(op, "write", sector, &e),
-            }
+            Ok(Completion {
+                written: 0,
+                bytes: len,
+            })
         }
-        Op::Flush if injected(dev, op, &[], fault) => (op, STATUS_IOERR, 0, 0),
-        Op::Flush => match dev.storage.flush() {
-            Ok(()) => (op, STATUS_OK, 0, 0),
-            Err(e) => io_error(op, "flush", sector, &e),
-        },
+        Op::Flush => {
+            dev.inject(op, &[], fault)?;
+            dev.storage.flush().map_err(io)?;
+            Ok(Completion {
+                written: 0,
+                bytes: 0,
+            })
+        }
         Op::GetId => {
             let mut id = [0u8; VIRTIO_BLK_ID_BYTES as usize];
-            let s = cfg.serial.as_bytes();
+            let s = dev.cfg.serial.as_bytes();
             let n = s.len().min(id.len());
             id[..n].copy_from_slice(&s[..n]);
-            let n = in_len.min(id.len() as u64);
-            let Ok(bufs) = slices(mem, segs, true, 0, n) else {
-                return (op, STATUS_IOERR, 0, 0);
-            };
+            let n = req.in_len.min(id.len() as u64);
+            let bufs = req.data_in(n).map_err(|_| ExecuteError::Buffers)?;
             let mut p = 0;
             for b in bufs {
                 b.copy_from(&id[p..p + b.len()]);
                 p += b.len();
             }
-            (op, STATUS_OK, n as u32, 0)
+            Ok(Completion {
+                written: n as u32,
+                bytes: 0,
+            })
         }
-        Op::Discard | Op::WriteZeroes => discard_or_zero(dev, mem, segs, op, out_len, fault),
-        Op::Other => (op, STATUS_UNSUPP, 0, 0),
+        Op::Discard | Op::WriteZeroes => discard_or_zero(dev, req, fault),
+        Op::Other => Err(ExecuteError::UnsupportedType(req.request_type)),
     }
 }
 
-fn io_error(op: Op, what: &str, sector: u64, e: &io::Error) -> (Op, u8, u32, u64) {
-    log::warn!("{what} at sector {sector} failed: {e}");
-    (op, STATUS_IOERR, 0, 0)
+/// One validated discard / write-zeroes range.
+#[derive(Clone, Copy)]
+struct Range {
+    offset: ByteOffset,
+    len: u64,
+    unmap: bool,
 }
+
+/// Ranges per request kept on the stack (the default limit is 32).
+const INLINE_RANGES: usize = 32;
 
 fn discard_or_zero(
     dev: &Device<'_>,
-    mem: &GuestMemoryMmap,
-    segs: &[Segment],
-    op: Op,
-    len: u64,
+    req: &Request<'_>,
     fault: &mut FaultDecision,
-) -> (Op, u8, u32, u64) {
-    let cfg = dev.cfg;
+) -> Result<Completion, ExecuteError> {
+    let (cfg, op) = (dev.cfg, req.op);
     let (feature, max_seg, max_sectors) = if op == Op::Discard {
         (
             BlkFeature::Discard,
@@ -325,69 +308,78 @@ fn discard_or_zero(
         )
     };
     if !cfg.features.has(feature) {
-        return (op, STATUS_UNSUPP, 0, 0);
+        return Err(ExecuteError::NotOffered(feature));
     }
     if cfg.read_only {
-        return (op, STATUS_IOERR, 0, 0);
+        return Err(ExecuteError::ReadOnly);
     }
+    let len = req.out_len;
     if len == 0 || len % RANGE_SIZE != 0 || len / RANGE_SIZE > u64::from(max_seg) {
-        return (op, STATUS_IOERR, 0, 0);
+        return Err(ExecuteError::BadRanges { len, max: max_seg });
     }
-    let mut raw = vec![0u8; len as usize];
-    if read_bytes(mem, segs, HEADER_SIZE, &mut raw).is_err() {
-        return (op, STATUS_IOERR, 0, 0);
-    }
+    let mut raw: SmallVec<[u8; INLINE_RANGES * RANGE_SIZE as usize]> =
+        SmallVec::from_elem(0, len as usize);
+    req.read_out(0, &mut raw)
+        .map_err(|_| ExecuteError::Buffers)?;
+    let allowed = if op == Op::WriteZeroes {
+        VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP
+    } else {
+        0
+    };
     // Validate every range before touching the storage.
-    let mut ranges = Vec::with_capacity(raw.len() / RANGE_SIZE as usize);
+    let mut ranges: SmallVec<[Range; INLINE_RANGES]> = SmallVec::new();
+    let mut sectors: SmallVec<[(u64, u64); INLINE_RANGES]> = SmallVec::new();
     let lbs = u64::from(cfg.block_size);
     for r in raw.chunks_exact(RANGE_SIZE as usize) {
-        let sector = u64::from_le_bytes(r[0..8].try_into().unwrap_or_default());
-        let num = u32::from_le_bytes(r[8..12].try_into().unwrap_or_default());
-        let flags = u32::from_le_bytes(r[12..16].try_into().unwrap_or_default());
-        let allowed = if op == Op::WriteZeroes {
-            VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP
-        } else {
-            0
-        };
+        let le32 = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let sector = Sector::new(u64::from_le_bytes([
+            r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7],
+        ]));
+        let num = le32(&r[8..12]);
+        let flags = le32(&r[12..16]);
         if flags & !allowed != 0 {
-            return (op, STATUS_UNSUPP, 0, 0);
+            return Err(ExecuteError::UnsupportedFlags(flags));
         }
         let bytes = u64::from(num) * SECTOR_SIZE;
-        let Some(offset) = sector.checked_mul(SECTOR_SIZE) else {
-            return (op, STATUS_IOERR, 0, 0);
+        let Some(offset) = sector.to_bytes() else {
+            return Err(ExecuteError::OutOfRange { sector, len: bytes });
         };
-        let in_range = offset
-            .checked_add(bytes)
-            .is_some_and(|end| end <= dev.capacity);
-        if num > max_sectors || !in_range || offset % lbs != 0 || bytes % lbs != 0 {
-            return (op, STATUS_IOERR, 0, 0);
+        if num > max_sectors {
+            return Err(ExecuteError::RangeTooLong {
+                num,
+                max: max_sectors,
+            });
         }
-        ranges.push((
+        if !offset.extent_within(bytes, dev.capacity) || !offset.is_aligned(lbs) || bytes % lbs != 0
+        {
+            return Err(ExecuteError::OutOfRange { sector, len: bytes });
+        }
+        ranges.push(Range {
             offset,
-            bytes,
-            flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0,
-        ));
+            len: bytes,
+            unmap: flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0,
+        });
+        sectors.push((sector.get(), u64::from(num)));
     }
-    let sectors: Vec<(u64, u64)> = ranges
-        .iter()
-        .map(|(o, b, _)| (o / SECTOR_SIZE, b / SECTOR_SIZE))
-        .collect();
-    if injected(dev, op, &sectors, fault) {
-        return (op, STATUS_IOERR, 0, 0);
-    }
+    dev.inject(op, &sectors, fault)?;
     let mut total = 0;
-    for (offset, bytes, unmap) in ranges {
-        let r = if op == Op::Discard {
-            dev.storage.discard(offset, bytes)
+    for r in ranges {
+        let done = if op == Op::Discard {
+            dev.storage.discard(r.offset.get(), r.len)
         } else {
-            dev.storage.write_zeroes(offset, bytes, unmap)
+            dev.storage.write_zeroes(r.offset.get(), r.len, r.unmap)
         };
-        if let Err(e) = r {
-            return io_error(op, "discard/write-zeroes", offset / SECTOR_SIZE, &e);
-        }
-        total += bytes;
+        done.map_err(|source| ExecuteError::Io {
+            op,
+            sector: r.offset.sector(),
+            source,
+        })?;
+        total += r.len;
     }
-    (op, STATUS_OK, 0, total)
+    Ok(Completion {
+        written: 0,
+        bytes: total,
+    })
 }
 
 #[cfg(test)]
@@ -403,6 +395,7 @@ mod tests {
     use virtio_queue::desc::RawDescriptor;
     use virtio_queue::mock::MockSplitQueue;
     use virtio_queue::{Queue, QueueOwnedT, QueueT};
+    use vm_memory::{Bytes, GuestAddress};
 
     const W: u16 = VRING_DESC_F_WRITE as u16;
     const N: u16 = VRING_DESC_F_NEXT as u16;
@@ -456,19 +449,14 @@ mod tests {
         let mut q: Queue = vq.create_queue().unwrap();
         let chain = q.iter(&e.mem).unwrap().next().unwrap();
         let mut segs = Vec::new();
-        let out = match collect_segments(chain, &mut segs) {
-            Ok(()) => {
-                let dev = Device {
-                    storage: &e.storage,
-                    cfg: &e.cfg,
-                    capacity: e.cfg.size,
-                    writeback: true,
-                    faults: None,
-                };
-                execute(&dev, &e.mem, &segs)
-            }
-            Err(r) => Outcome::Dropped(r),
+        let dev = Device {
+            storage: &e.storage,
+            cfg: &e.cfg,
+            capacity: e.cfg.size,
+            writeback: true,
+            faults: None,
         };
+        let out = serve_chain(&dev, chain, &mut segs, &e.mem);
         let last = descs.last().unwrap();
         let st = e
             .mem
@@ -948,5 +936,119 @@ mod tests {
         let mut q: Queue = vq.create_queue().unwrap();
         assert!(q.iter(&e.mem).is_err());
         let _ = q.size();
+    }
+
+    #[test]
+    fn each_error_has_one_status() {
+        use ExecuteError as E;
+        let io = || io::Error::other("x");
+        let sector = Sector::new(1);
+        for (e, st) in [
+            (E::Malformed(Malformed::ShortHeader), STATUS_IOERR),
+            (E::UnsupportedType(0x55), STATUS_UNSUPP),
+            (E::NotOffered(BlkFeature::Discard), STATUS_UNSUPP),
+            (E::UnsupportedFlags(0x80), STATUS_UNSUPP),
+            (E::ReadOnly, STATUS_IOERR),
+            (E::OutOfRange { sector, len: 512 }, STATUS_IOERR),
+            (E::RangeTooLong { num: 9, max: 8 }, STATUS_IOERR),
+            (E::BadRanges { len: 10, max: 1 }, STATUS_IOERR),
+            (E::Buffers, STATUS_IOERR),
+            (E::Injected, STATUS_IOERR),
+            (
+                E::Io {
+                    op: Op::Read,
+                    sector,
+                    source: io(),
+                },
+                STATUS_IOERR,
+            ),
+        ] {
+            assert_eq!(e.status(), st, "{e}");
+        }
+    }
+
+    /// Storage whose every operation fails.
+    struct Broken;
+
+    impl Storage for Broken {
+        fn size(&self) -> u64 {
+            1 << 20
+        }
+        fn read_into(&self, _: u64, _: &[crate::device::storage::GuestBuf<'_>]) -> io::Result<()> {
+            Err(io::Error::other("broken"))
+        }
+        fn write_from(&self, _: u64, _: &[crate::device::storage::GuestBuf<'_>]) -> io::Result<()> {
+            Err(io::Error::other("broken"))
+        }
+        fn flush(&self) -> io::Result<()> {
+            Err(io::Error::other("broken"))
+        }
+        fn discard(&self, _: u64, _: u64) -> io::Result<()> {
+            Err(io::Error::other("broken"))
+        }
+        fn write_zeroes(&self, _: u64, _: u64, _: bool) -> io::Result<()> {
+            Err(io::Error::other("broken"))
+        }
+    }
+
+    #[test]
+    fn storage_errors_are_ioerr_and_keep_the_injected_fault() {
+        // Every request stalled; the storage then fails: IOERR, and the
+        // stall is still reported (it is counted and delays the answer).
+        let e = env(&["--stall-every", "1:1ms"]);
+        let faults = RefCell::new(FaultState::new(&e.cfg.faults));
+        let dev = Device {
+            storage: &Broken,
+            cfg: &e.cfg,
+            capacity: e.cfg.size,
+            writeback: false,
+            faults: Some(&faults),
+        };
+        let stall = FaultDecision::Stall(std::time::Duration::from_millis(1));
+        hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 0);
+        let segs = [
+            Segment {
+                addr: 0x8000,
+                len: 16,
+                write: false,
+            },
+            Segment {
+                addr: 0x20000,
+                len: 512,
+                write: true,
+            },
+            Segment {
+                addr: 0x9000,
+                len: 1,
+                write: true,
+            },
+        ];
+        let o = answer(&dev, Request::from_segments(&segs, &e.mem));
+        assert_eq!(
+            o,
+            Outcome::Completed {
+                op: Op::Read,
+                status: STATUS_IOERR,
+                used_len: 1,
+                bytes: 0,
+                fault: stall,
+            }
+        );
+        assert_eq!(
+            e.mem.read_obj::<u8>(GuestAddress(0x9000)).unwrap(),
+            STATUS_IOERR
+        );
+        // A write-through write fails at its write, before the flush.
+        hdr(&e, 0x8000, VIRTIO_BLK_T_OUT, 0);
+        let mut w = segs;
+        w[1].write = false;
+        let mut fault = FaultDecision::None;
+        let r = execute(
+            &dev,
+            &Request::from_segments(&w, &e.mem).unwrap(),
+            &mut fault,
+        );
+        assert!(matches!(r, Err(ExecuteError::Io { op: Op::Write, .. })));
+        assert_eq!(fault, stall);
     }
 }

@@ -1,5 +1,7 @@
 //! Layer 2, the virtio-blk wire format: feature bits, request types, status
-//! values and the chain walk. Knows nothing of how a request is served.
+//! values, sectors and byte offsets, and the parse of a chain into a
+//! request. Knows nothing of how a request is served.
 
 pub mod features;
 pub mod request;
+pub mod sector;

@@ -1,0 +1,132 @@
+//! The served disk: configuration, contents, per-queue statistics and
+//! command-slot pools, shared by every connection for the life of the
+//! process.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use vmm_sys_util::eventfd::EventFd;
+
+use crate::device::config::{DiskConfig, TagMode, TagScope};
+use crate::device::config_space;
+use crate::device::storage::{self, Storage, StorageError};
+use crate::device::tags::{PoolStats, QueueId, Tag, TagPool};
+use crate::stats::queue::QueueStats;
+
+/// A served disk: its configuration and contents, shared by every
+/// connection for the life of the process.
+pub struct Disk {
+    pub cfg: DiskConfig,
+    pub storage: Box<dyn Storage>,
+    /// Per-queue statistics, for the life of the process. Each is locked by
+    /// its queue's worker once per wake-up, and by readers.
+    pub stats: Vec<Mutex<QueueStats>>,
+    /// The guest-visible `writeback` config byte (CONFIG_WCE).
+    pub(super) writeback: AtomicBool,
+    /// Each queue's command-slot pool and its id in it (none without
+    /// `--tags`). Per-queue pools are private; a shared pool is the same
+    /// `Arc` for every queue of the disk (or of the host).
+    pub(super) tag_slots: Vec<Option<(Arc<TagPool>, QueueId)>>,
+    /// Each queue's wake-up eventfd, written by its pool when slots free.
+    pub(super) tag_wakers: Vec<Arc<EventFd>>,
+}
+
+impl Disk {
+    /// Open the disk's storage (file disks without a size take the image's).
+    pub fn open(cfg: DiskConfig) -> Result<Disk, StorageError> {
+        Self::open_with_host_pool(cfg, None)
+    }
+
+    /// As [`Disk::open`]; `host_pool` is the process-wide pool used when the
+    /// disk's tags are shared with host scope.
+    pub fn open_with_host_pool(
+        mut cfg: DiskConfig,
+        host_pool: Option<Arc<TagPool>>,
+    ) -> Result<Disk, StorageError> {
+        let storage = storage::open(&mut cfg)?;
+        let n = usize::from(cfg.num_queues);
+        let stats = (0..n)
+            .map(|_| {
+                let mut st = QueueStats::default();
+                st.histograms = !cfg.no_stats;
+                Mutex::new(st)
+            })
+            .collect();
+        let mut tag_wakers = Vec::with_capacity(n);
+        for _ in 0..n {
+            let efd = EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(|e| {
+                StorageError::Alloc {
+                    size: 0,
+                    msg: format!("cannot create a tag wake-up eventfd: {e}"),
+                }
+            })?;
+            tag_wakers.push(Arc::new(efd));
+        }
+        let p = cfg.tags;
+        let tag_slots = match p.mode {
+            TagMode::None => vec![None; n],
+            TagMode::PerQueue => tag_wakers
+                .iter()
+                .map(|w| {
+                    let pool = Arc::new(TagPool::new(p.depth, false));
+                    let id = pool.register(w.clone());
+                    Some((pool, id))
+                })
+                .collect(),
+            TagMode::Shared => {
+                let pool = match (p.scope, host_pool) {
+                    (TagScope::Host, Some(h)) => h,
+                    _ => Arc::new(TagPool::new(p.depth, p.fairness)),
+                };
+                tag_wakers
+                    .iter()
+                    .map(|w| Some((pool.clone(), pool.register(w.clone()))))
+                    .collect()
+            }
+        };
+        Ok(Disk {
+            cfg,
+            storage,
+            stats,
+            writeback: AtomicBool::new(true),
+            tag_slots,
+            tag_wakers,
+        })
+    }
+
+    /// The pools this disk's queues draw from (one entry per distinct pool).
+    pub fn tag_pool_stats(&self) -> Vec<PoolStats> {
+        let mut seen: Vec<*const TagPool> = Vec::new();
+        let mut out = Vec::new();
+        for (pool, _) in self.tag_slots.iter().flatten() {
+            let ptr = Arc::as_ptr(pool);
+            if !seen.contains(&ptr) {
+                seen.push(ptr);
+                out.push(pool.stats());
+            }
+        }
+        out
+    }
+
+    /// Return a command slot taken by queue `q` to its pool.
+    pub(super) fn put_tag(&self, q: usize, tag: Option<Tag>) {
+        if let (Some(t), Some((pool, id))) = (tag, &self.tag_slots[q]) {
+            pool.put(*id, t);
+        }
+    }
+
+    /// The eventfd that wakes queue `q` when a slot frees.
+    pub fn tag_waker(&self, q: usize) -> &Arc<EventFd> {
+        &self.tag_wakers[q]
+    }
+
+    /// Lock one queue's statistics.
+    pub fn queue_stats(&self, q: usize) -> MutexGuard<'_, QueueStats> {
+        self.stats[q].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The configuration space as the guest would read it now.
+    pub fn config_space(&self) -> [u8; config_space::CONFIG_SPACE_SIZE] {
+        config_space::build(&self.cfg, self.writeback.load(Ordering::Relaxed))
+    }
+}
