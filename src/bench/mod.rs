@@ -178,12 +178,7 @@ impl BenchReport {
 /// CPU seconds (user + system) of process `pid` so far, from
 /// `/proc/PID/stat` (clock-tick resolution; includes exited threads).
 pub fn process_cpu_s(pid: i32) -> Option<f64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, utime, stime) = crate::util::hostcpu::parse_stat(&text)?;
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let hz = if hz > 0 { hz as f64 } else { 100.0 };
-    Some((utime + stime) as f64 / hz)
+    crate::util::procfs::process(pid).map(|s| s.cpu_s())
 }
 
 /// CPU seconds of this process (every thread), from getrusage.
