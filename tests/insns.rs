@@ -23,7 +23,7 @@ use blklab::record::symbol_groups::{self, group_of};
 /// The guest tests share the image cache and two CPUs: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-use common::tools::root;
+use common::{read_json, root};
 
 fn fixture(name: &str) -> PathBuf {
     root().join("tests/fixtures/insns").join(name)
@@ -269,10 +269,6 @@ fn insns_difference_tool_differences_the_recorded_run() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-}
-
-fn read_json(p: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
 #[test]

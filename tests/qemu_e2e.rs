@@ -32,7 +32,7 @@ use blklab::backend::qemu_args::{self, QemuDisk};
 /// slow each other down.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-use common::tools::root as repo_root;
+use common::root;
 
 /// A bootable guest: kernel + initramfs built by the `images/` recipes.
 struct GuestImage {
@@ -44,7 +44,7 @@ struct GuestImage {
 
 /// Run one of the `images/` recipes; panic with its output when it fails.
 fn run_recipe(script: &str, args: &[&std::ffi::OsStr]) -> Duration {
-    let path = repo_root().join("images").join(script);
+    let path = root().join("images").join(script);
     let start = Instant::now();
     let out = Command::new("sh")
         .arg(&path)
@@ -529,7 +529,7 @@ fn boot_e2e(series: &str, daemon_args: &[&str], disks: usize, knobs: &str) -> E2
     let daemon_status = if daemon.alive() {
         Some(daemon.terminate())
     } else {
-        daemon.child.try_wait().ok().flatten()
+        daemon.exited()
     };
 
     let show = std::env::var("BLKLAB_E2E_CONSOLE").is_ok_and(|v| v == "1");
