@@ -36,9 +36,10 @@ pub struct QueueSetup {
 
 /// A started device with its queues.
 pub struct Connection {
-    pub blkio: Blkio,
-    /// The queues, in order, each with its part of the buffer region.
+    /// The queues, in order, each with its part of the buffer region
+    /// (declared first: dropped before the device).
     pub queues: Vec<Queue>,
+    pub blkio: Blkio,
 }
 
 /// One queue and its part of the connection's buffer region.
@@ -109,7 +110,7 @@ impl Connected {
                 len: setup.buf_per_queue,
             })
             .collect();
-        Ok(Connection { blkio: b, queues })
+        Ok(Connection { queues, blkio: b })
     }
 }
 

@@ -9,7 +9,9 @@
 //! over the same interval from `/proc/PID/stat`.
 //!
 //! [`compare`] runs identical loads against qemu-storage-daemon and
-//! `blklab serve` in one run and prints their ratios.
+//! `blklab serve` in one run and prints their ratios. [`client`] is the
+//! libblkio connection and [`daemon`] the backend spawner; the tests and
+//! benches (`tests/common`) use both.
 
 pub mod client;
 pub mod compare;

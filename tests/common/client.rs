@@ -14,10 +14,10 @@ use blklab::bench::BenchError;
 /// Bytes of request buffers per queue.
 pub const BUF_PER_QUEUE: usize = 1 << 20;
 
-/// A connected disk with its queues.
+/// A connected disk with its queues (dropped before the device).
 pub struct Client {
-    pub blkio: Blkio,
     pub queues: Vec<ClientQueue>,
+    pub blkio: Blkio,
 }
 
 /// One queue and its [`BUF_PER_QUEUE`] bytes of buffers (the library's
@@ -76,8 +76,8 @@ impl Client {
         };
         let c = Connection::open(socket, read_only, setup)?;
         Ok(Client {
-            blkio: c.blkio,
             queues: c.queues.into_iter().map(ClientQueue).collect(),
+            blkio: c.blkio,
         })
     }
 
