@@ -25,19 +25,19 @@
 //! measurements ran (PASS/FAIL columns are informational) and non-zero only
 //! when something failed to run (daemon did not start, I/O error, …).
 
-#[path = "../tests/common/client.rs"]
-mod client;
+#[path = "../tests/common/mod.rs"]
+mod common;
 
 use std::mem::MaybeUninit;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use blkio::{Completion, ReqFlags};
 use serde_json::Value;
 
-use client::{Client, ClientQueue};
+use common::client::{Client, ClientQueue};
+use common::Daemon;
 
 /// Length of one latency-accuracy measurement.
 const LAT_RUN: Duration = Duration::from_secs(2);
@@ -50,115 +50,18 @@ const TAG_RUN: Duration = Duration::from_millis(2500);
 /// Unmeasured warm-up before each measurement.
 const WARMUP: Duration = Duration::from_millis(300);
 
-/// A running `blklab serve` with its control socket.
-struct Daemon {
-    child: Child,
-    _dir: tempfile::TempDir,
-    socket: PathBuf,
-    ctl: PathBuf,
+fn connect(socket: &Path, queues: usize) -> Result<Client> {
+    Client::connect(socket, queues)
+        .map_err(|e| anyhow::anyhow!("libblkio connect to {}: {e}", socket.display()))
 }
 
-impl Daemon {
-    fn start(args: &[&str]) -> Result<Daemon> {
-        Self::start_count(args, 1)
+/// SIGTERM and wait for a clean exit.
+fn stop(mut d: Daemon) -> Result<()> {
+    let st = d.terminate();
+    if !st.success() {
+        bail!("blklab serve exited with {st}");
     }
-
-    /// With `count` > 1, `blklab serve --count COUNT`: the sockets are
-    /// `socket_n(0)` … `socket_n(COUNT - 1)`.
-    fn start_count(args: &[&str], count: usize) -> Result<Daemon> {
-        let dir = tempfile::tempdir().context("tempdir")?;
-        let socket = dir.path().join("vd.sock");
-        let ctl = dir.path().join("ctl.sock");
-        let count_s = count.to_string();
-        let count_args: &[&str] = if count > 1 {
-            &["--count", &count_s]
-        } else {
-            &[]
-        };
-        let child = Command::new(env!("CARGO_BIN_EXE_blklab"))
-            .arg("serve")
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--control")
-            .arg(&ctl)
-            .args(count_args)
-            .args(args)
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            )
-            .stdin(Stdio::null())
-            .spawn()
-            .context("start blklab serve")?;
-        let mut d = Daemon {
-            child,
-            _dir: dir,
-            socket,
-            ctl,
-        };
-        let sockets: Vec<PathBuf> = if count > 1 {
-            (0..count).map(|i| d.socket_n(i)).collect()
-        } else {
-            vec![d.socket.clone()]
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !(sockets.iter().all(|s| s.exists()) && d.ctl.exists()) {
-            if let Some(st) = d.child.try_wait()? {
-                bail!("blklab serve {args:?} exited early: {st}");
-            }
-            if Instant::now() > deadline {
-                bail!("blklab serve {args:?}: sockets did not appear within 20 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(d)
-    }
-
-    /// Socket of disk `i` with `--count`.
-    fn socket_n(&self, i: usize) -> PathBuf {
-        let mut s = self.socket.clone().into_os_string();
-        s.push(format!("-{i}"));
-        PathBuf::from(s)
-    }
-
-    fn connect(&self, queues: usize) -> Result<Client> {
-        Client::connect(&self.socket, queues)
-            .map_err(|e| anyhow::anyhow!("libblkio connect to {}: {e}", self.socket.display()))
-    }
-
-    fn query(&self, cmd: &str) -> Result<Value> {
-        blklab::backend::control::query(&self.ctl, cmd).with_context(|| format!("control: {cmd}"))
-    }
-
-    /// SIGTERM and wait for a clean exit.
-    fn stop(mut self) -> Result<()> {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(st) = self.child.try_wait()? {
-                if !st.success() {
-                    bail!("blklab serve exited with {st}");
-                }
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!("blklab serve did not exit after SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+    Ok(())
 }
 
 /// Closed loop on one queue: submit `qd` 4 KiB reads, wait for all `qd`,
@@ -246,23 +149,8 @@ fn u64_at(v: &Value, path: &[&str]) -> Result<u64> {
 }
 
 fn machine() {
-    let nproc = std::thread::available_parallelism().map_or(0, |n| n.get());
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, m)| m.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into());
-    println!(
-        "machine: nproc {nproc}, kernel {}, CPU {cpu}",
-        kernel.trim()
-    );
+    println!("machine: {}", blklab::bench::compare::machine());
     println!("binary:  {}", env!("CARGO_BIN_EXE_blklab"));
-    loadavg("start");
 }
 
 /// The load average: the numbers below are only as quiet as the machine.
@@ -321,21 +209,21 @@ fn qd1_latency(spec: &str, wait: Wait) -> Result<(f64, f64, f64)> {
     if wait == Wait::Poll {
         args.push(poll);
     }
-    let d = Daemon::start(&args)?;
+    let d = Daemon::with_control(&args, 1);
     let mut c = match wait {
-        Wait::Timer => d.connect(1)?,
+        Wait::Timer => connect(&d.socket, 1)?,
         Wait::Poll => Client::connect_polling(&d.socket, 1)
             .map_err(|e| anyhow::anyhow!("libblkio connect (poll queues): {e}"))?,
     };
     closed_loop(&mut c.queues[0], 1, 0, WARMUP)?;
-    d.query("snapshot warmup")?;
+    d.query("snapshot warmup");
     let (n, secs) = closed_loop(&mut c.queues[0], 1, 0, LAT_RUN)?;
-    let snap = d.query("snapshot qd1")?;
+    let snap = d.query("snapshot qd1");
     let q = &snap["disks"][0]["queues"][0];
     let p50 = u64_at(q, &["latency_read_ns", "p50"])? as f64;
     let p99 = u64_at(q, &["latency_read_ns", "p99"])? as f64;
     drop(c);
-    d.stop()?;
+    stop(d)?;
     Ok((p50, p99, n as f64 / secs))
 }
 
@@ -483,22 +371,22 @@ fn part2() -> Result<()> {
             if no_stats {
                 args.push("--no-stats");
             }
-            let d = Daemon::start(&args)?;
-            let mut c = d.connect(1)?;
+            let d = Daemon::with_control(&args, 1);
+            let mut c = connect(&d.socket, 1)?;
             all_queues_iops(&mut c, 16, WARMUP)?;
-            d.query("snapshot warm")?;
+            d.query("snapshot warm");
             let iops = all_queues_iops(&mut c, 16, STATS_RUN)?;
             // The backend's own CPU per request over the measured interval:
             // what statistics add to the worker, less disturbed by client
             // scheduling than IOPS.
-            let snap = d.query("snapshot run")?;
+            let snap = d.query("snapshot run");
             let q = &snap["disks"][0]["queues"][0];
             let reqs = q["counters"]["requests"].as_f64().unwrap_or(0.0);
             let cpu = q["worker_cpu"]["user_s"].as_f64().unwrap_or(0.0)
                 + q["worker_cpu"]["sys_s"].as_f64().unwrap_or(0.0);
             let us_per_req = if reqs > 0.0 { cpu / reqs * 1e6 } else { 0.0 };
             drop(c);
-            d.stop()?;
+            stop(d)?;
             let label = if no_stats { "--no-stats" } else { "stats" };
             println!("  round {} {label:<10} {iops:>9.0} IOPS  backend worker {us_per_req:.3} us CPU/request", round + 1);
             if no_stats {
@@ -626,10 +514,10 @@ fn part3() -> Result<()> {
             "1ms",
         ];
         args.extend_from_slice(extra);
-        let d = Daemon::start(&args)?;
-        let mut c = d.connect(2)?;
+        let d = Daemon::with_control(&args, 1);
+        let mut c = connect(&d.socket, 2)?;
         let iops = all_queues_iops(&mut c, 16, TAG_RUN)?;
-        let s = d.query("stats")?;
+        let s = d.query("stats");
         let pools = s["disks"][0]["tag_pools"]
             .as_array()
             .context("no tag_pools in stats")?;
@@ -648,13 +536,15 @@ fn part3() -> Result<()> {
             desc.join("; ")
         );
         drop(c);
-        d.stop()?;
+        stop(d)?;
     }
 
     // One pool of 4 slots for two disks (one queue each): about 4000 IOPS
     // together, both disks reporting the same pool.
-    let d = Daemon::start_count(
+    let d = Daemon::with_control(
         &[
+            "--count",
+            "2",
             "--disk",
             "null",
             "--size",
@@ -669,12 +559,8 @@ fn part3() -> Result<()> {
             "host",
         ],
         2,
-    )?;
-    let connect = |i: usize| {
-        Client::connect(&d.socket_n(i), 1)
-            .map_err(|e| anyhow::anyhow!("libblkio connect to disk {i}: {e}"))
-    };
-    let (mut a, mut b) = (connect(0)?, connect(1)?);
+    );
+    let (mut a, mut b) = (connect(&d.socket_n(0), 1)?, connect(&d.socket_n(1), 1)?);
     let (ia, ib) = std::thread::scope(|s| {
         let ha = s.spawn(|| all_queues_iops(&mut a, 16, TAG_RUN));
         let hb = s.spawn(|| all_queues_iops(&mut b, 16, TAG_RUN));
@@ -685,7 +571,7 @@ fn part3() -> Result<()> {
         (join(ha), join(hb))
     });
     let (ia, ib) = (ia?, ib?);
-    let s = d.query("stats")?;
+    let s = d.query("stats");
     let p0 = &s["disks"][0]["tag_pools"][0];
     let same = *p0 == s["disks"][1]["tag_pools"][0];
     println!(
@@ -699,12 +585,16 @@ fn part3() -> Result<()> {
         if same { "" } else { " (disks differ!)" },
     );
     drop((a, b));
-    d.stop()?;
+    stop(d)?;
     Ok(())
 }
 
 fn run() -> Result<()> {
     println!("blklab device-model benchmark");
+    // blklab serve's own log: warnings only, unless RUST_LOG says otherwise.
+    if std::env::var_os("RUST_LOG").is_none() {
+        std::env::set_var("RUST_LOG", "warn");
+    }
     machine();
     // Fail early and clearly if the daemon cannot be started at all.
     if !Path::new(env!("CARGO_BIN_EXE_blklab")).exists() {

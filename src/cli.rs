@@ -165,7 +165,7 @@ pub struct ServeArgs {
     pub control: Option<PathBuf>,
     /// Serve Prometheus metrics over HTTP at ADDR (GET /metrics), e.g.
     /// 9188 or 127.0.0.1:9188 (loopback unless an address says otherwise).
-    #[arg(long, value_name = "ADDR", value_parser = crate::stats::prometheus::parse_addr)]
+    #[arg(long, value_name = "ADDR", value_parser = crate::stats::http::parse_addr)]
     pub metrics: Option<std::net::SocketAddr>,
     /// Write the final statistics (JSON) to FILE at exit.
     #[arg(long, value_name = "FILE")]

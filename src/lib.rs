@@ -4,18 +4,19 @@
 //! folder imports only from the folders listed before it (checked by
 //! tests/architecture.rs):
 //!
-//! 1. [`util`]: sizes and durations, host CPU time from `/proc`;
+//! 1. [`util`]: sizes and durations, `/proc/PID/stat` and host CPU time;
 //! 2. [`virtio_blk`]: the virtio-blk wire format;
 //! 3. [`device`]: the device model (configuration, requests, storage,
 //!    faults, latency, tags);
-//! 4. [`stats`]: counters, histograms, Prometheus;
+//! 4. [`stats`]: counters, histograms, Prometheus and its HTTP endpoint;
 //! 5. [`backend`]: the vhost-user backend, queue workers, the server and
 //!    its control socket;
 //! 6. [`record`]: the typed documents the lab writes and the report reads;
 //! 7. [`lab`]: guest images, QEMU and `blklab run`;
 //! 8. [`report`]: `blklab compare`, statistics over runs and rendering;
 //! 9. [`bench`]: `blklab bench`, a libblkio load generator, and the
-//!    comparison with qemu-storage-daemon;
+//!    comparison with qemu-storage-daemon (its client and daemon spawner
+//!    also serve the tests);
 //! 10. [`cli`] and [`stats_view`]: the command line (`main.rs` dispatches).
 
 pub mod backend;

@@ -50,9 +50,8 @@ fn serve(args: ServeArgs) -> Result<()> {
             let disks = served.clone();
             let source =
                 std::sync::Arc::new(move || blklab::backend::control::report(&disks, None));
-            let (bound, thread) =
-                blklab::stats::prometheus::serve(addr, source, metrics_stop.clone())
-                    .with_context(|| format!("cannot serve --metrics on {addr}"))?;
+            let (bound, thread) = blklab::stats::http::serve(addr, source, metrics_stop.clone())
+                .with_context(|| format!("cannot serve --metrics on {addr}"))?;
             log::info!("Prometheus metrics on http://{bound}/metrics");
             Some(thread)
         }

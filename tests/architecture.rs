@@ -4,6 +4,8 @@
 //! (docs/ARCHITECTURE.md names the layers; `src/lib.rs` lists them in
 //! order).
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -113,7 +115,7 @@ fn imports(text: &str, me: &[String], modules: &BTreeSet<Vec<String>>) -> BTreeS
 
 #[test]
 fn layers_import_only_downward_and_files_form_no_cycle() {
-    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = common::root().join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     let modules: BTreeSet<Vec<String>> = files.iter().map(|f| module_path(&src, f)).collect();

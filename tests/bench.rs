@@ -123,7 +123,7 @@ fn bench_cli_reports_backend_cpu_and_poll_counters() {
         ],
         1,
     );
-    let pid = d.child.id().to_string();
+    let pid = d.pid().to_string();
     let out = Command::new(common::blklab_bin())
         .args(["bench", "--socket"])
         .arg(&d.socket)
@@ -178,7 +178,7 @@ fn library_load_against_plain_blklab() {
     load.rw = RwMode::Randrw;
     load.time = Duration::from_millis(400);
     load.warmup = Duration::from_millis(50);
-    load.backend_pid = Some(d.child.id() as i32);
+    load.backend_pid = Some(d.pid());
     let r = bench::run(&load).expect("bench runs");
     assert!(r.requests > 0 && r.iops > 0.0);
     assert_eq!(r.errors, 0);

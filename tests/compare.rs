@@ -19,9 +19,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/runs")
-        .join(name)
+    common::root().join("tests/fixtures/runs").join(name)
 }
 
 fn compare(args: &[&str]) -> Output {
@@ -48,8 +46,7 @@ fn err_text(o: &Output) -> String {
 
 /// The two kernel labels of the A/A fixture.
 fn aa_labels() -> (String, String) {
-    let run: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture("aa/run.json")).unwrap()).unwrap();
+    let run = common::read_json(&fixture("aa/run.json"));
     let k = run["kernels"].as_array().unwrap();
     (
         k[0]["label"].as_str().unwrap().to_string(),

@@ -4,15 +4,17 @@
 //! (The README's first command, `blklab run`, is tests/lab_run.rs's
 //! `default_run_builds_the_pair_and_reports`.)
 
+mod common;
+
 use std::process::Command;
 
 #[test]
 fn readme_demo_runs() {
-    let root = env!("CARGO_MANIFEST_DIR");
+    let root = common::root();
     let out = Command::new("bash")
-        .arg(format!("{root}/images/demo.sh"))
+        .arg(root.join("images/demo.sh"))
         .args(["--runtime", "1"])
-        .current_dir(root)
+        .current_dir(&root)
         .output()
         .expect("run images/demo.sh");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -65,20 +65,6 @@ fn assert_slot_bound(what: &str, requests: u64, slots: u64, latency: Duration, t
     );
 }
 
-fn stats(ctl: &std::path::Path) -> Value {
-    blklab::backend::control::query(ctl, "stats").expect("stats")
-}
-
-fn spawn_with_control(args: &[&str]) -> (Daemon, std::path::PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let ctl = dir.path().join("ctl.sock");
-    let mut a: Vec<&str> = args.to_vec();
-    let ctl_s = ctl.to_str().unwrap().to_string();
-    a.extend_from_slice(&["--control", &ctl_s]);
-    let sock = dir.path().join("vd.sock");
-    (Daemon::spawn_at(dir, sock, &a, 1), ctl)
-}
-
 #[test]
 fn per_queue_tags_vs_shared_tags() {
     // 2 queues, 1 ms per request, 16 reads in flight per queue. Per-queue
@@ -97,7 +83,7 @@ fn per_queue_tags_vs_shared_tags() {
     ];
     let mut per_queue = base.to_vec();
     per_queue.extend_from_slice(&["--tags", "per-queue", "--depth", "4"]);
-    let (d, ctl) = spawn_with_control(&per_queue);
+    let d = Daemon::with_control(&per_queue, 1);
     let mut c = Client::connect(&d.socket, 2).unwrap();
     let start = Instant::now();
     let n = qd16_reads(&mut c, BATCHES);
@@ -110,7 +96,7 @@ fn per_queue_tags_vs_shared_tags() {
     );
     // Every completion seen, so every pass that served one has ended: the
     // statistics (and the slots, returned before a pass ends) are final.
-    let s = stats(&ctl);
+    let s = d.query("stats");
     for q in 0..2 {
         let qs = &s["disks"][0]["queues"][q];
         assert_eq!(qs["counters"]["requests"], n, "{qs}");
@@ -134,7 +120,7 @@ fn per_queue_tags_vs_shared_tags() {
 
     let mut shared = base.to_vec();
     shared.extend_from_slice(&["--tags", "shared", "--depth", "4"]);
-    let (d, ctl) = spawn_with_control(&shared);
+    let d = Daemon::with_control(&shared, 1);
     let mut c = Client::connect(&d.socket, 2).unwrap();
     let start = Instant::now();
     let n = qd16_reads(&mut c, BATCHES);
@@ -145,7 +131,7 @@ fn per_queue_tags_vs_shared_tags() {
         latency,
         start.elapsed(),
     );
-    let s = stats(&ctl);
+    let s = d.query("stats");
     for q in 0..2 {
         let qs = &s["disks"][0]["queues"][q];
         assert_eq!(qs["counters"]["requests"], n, "{qs}");
@@ -165,13 +151,7 @@ fn per_queue_tags_vs_shared_tags() {
 
 #[test]
 fn host_wide_pool_spans_disks() {
-    let dir = tempfile::tempdir().unwrap();
-    let ctl = dir.path().join("ctl.sock");
-    let ctl_s = ctl.to_str().unwrap().to_string();
-    let sock = dir.path().join("vd.sock");
-    let d = Daemon::spawn_at(
-        dir,
-        sock,
+    let d = Daemon::with_control(
         &[
             "--disk",
             "null",
@@ -187,8 +167,6 @@ fn host_wide_pool_spans_disks() {
             "4",
             "--tag-scope",
             "host",
-            "--control",
-            &ctl_s,
         ],
         2,
     );
@@ -208,7 +186,7 @@ fn host_wide_pool_spans_disks() {
         Duration::from_millis(1),
         start.elapsed(),
     );
-    let s = stats(&ctl);
+    let s = d.query("stats");
     for (disk, n) in [(0, na), (1, nb)] {
         let qs = &s["disks"][disk]["queues"][0];
         assert_eq!(qs["counters"]["requests"], n, "disk {disk}: {qs}");
@@ -224,20 +202,23 @@ fn host_wide_pool_spans_disks() {
 
 #[test]
 fn latency_model_qd1() {
-    let (d, ctl) = spawn_with_control(&[
-        "--disk",
-        "null",
-        "--size",
-        "1G",
-        "--latency",
-        "1ms",
-        "--seed",
-        "7",
-        // Spin for the whole wait: the timer fires at once and the worker
-        // spins to each deadline.
-        "--latency-spin",
-        "1ms",
-    ]);
+    let d = Daemon::with_control(
+        &[
+            "--disk",
+            "null",
+            "--size",
+            "1G",
+            "--latency",
+            "1ms",
+            "--seed",
+            "7",
+            // Spin for the whole wait: the timer fires at once and the worker
+            // spins to each deadline.
+            "--latency-spin",
+            "1ms",
+        ],
+        1,
+    );
     let mut c = Client::connect(&d.socket, 1).unwrap();
     // QD1 reads, 50 at a time, until the worker has spun at least once (a
     // timer wake-up later than the whole 1 ms has nothing left to spin,
@@ -249,7 +230,7 @@ fn latency_model_qd1() {
             assert_eq!(c.queues[0].read(0, 4096).0, 0);
         }
         n += 50;
-        let s = stats(&ctl);
+        let s = d.query("stats");
         let spun = s["disks"][0]["queues"][0]["counters"]["latency_spin_ns"]
             .as_u64()
             .unwrap();
@@ -278,18 +259,21 @@ fn latency_model_qd1() {
 fn requests_in_service_finish_on_disconnect_and_reconnect() {
     // Slow completions outstanding when the client goes away must not leak
     // slots of a shared pool: the next connection gets the full depth.
-    let (d, ctl) = spawn_with_control(&[
-        "--disk",
-        "mem",
-        "--size",
-        "64M",
-        "--latency",
-        "50ms",
-        "--tags",
-        "shared",
-        "--depth",
-        "2",
-    ]);
+    let d = Daemon::with_control(
+        &[
+            "--disk",
+            "mem",
+            "--size",
+            "64M",
+            "--latency",
+            "50ms",
+            "--tags",
+            "shared",
+            "--depth",
+            "2",
+        ],
+        1,
+    );
     for round in 0..3 {
         let mut c = Client::connect(&d.socket, 1).unwrap();
         let reqs: Vec<(Op, u64)> = (0..4).map(|i| (Op::Write(round + 1), i * 4096)).collect();
@@ -317,7 +301,7 @@ fn requests_in_service_finish_on_disconnect_and_reconnect() {
     // The requests left in service finish and give their slots back.
     let mut last = Value::Null;
     common::wait_until("every slot of the shared pool returned", || {
-        last = stats(&ctl)["disks"][0]["tag_pools"][0].clone();
+        last = d.query("stats")["disks"][0]["tag_pools"][0].clone();
         last["in_use"] == 0
     });
     eprintln!("pool after the disconnects: {last}");
@@ -330,16 +314,19 @@ fn requests_in_service_finish_on_disconnect_and_reconnect() {
 #[test]
 fn fault_injection_exact_errors() {
     // Every 5th write of the queue fails; sectors 1000..1008 always fail.
-    let (d, ctl) = spawn_with_control(&[
-        "--disk",
-        "mem",
-        "--size",
-        "16M",
-        "--fail-every",
-        "5:write",
-        "--fail-range",
-        "1000..1008",
-    ]);
+    let d = Daemon::with_control(
+        &[
+            "--disk",
+            "mem",
+            "--size",
+            "16M",
+            "--fail-every",
+            "5:write",
+            "--fail-range",
+            "1000..1008",
+        ],
+        1,
+    );
     let mut c = Client::connect(&d.socket, 1).unwrap();
     let q = &mut c.queues[0];
     let mut failed = Vec::new();
@@ -357,7 +344,7 @@ fn fault_injection_exact_errors() {
     assert_ne!(q.read(996 * 512, 4096).0, 0, "overlapping its start");
     assert_eq!(q.read(1008 * 512, 4096).0, 0, "END is excluded");
     assert_eq!(q.read(992 * 512, 4096).0, 0, "ends exactly at START");
-    let s = stats(&ctl);
+    let s = d.query("stats");
     let c0 = &s["disks"][0]["queues"][0]["counters"];
     assert_eq!(c0["injected_fail_every"], 4);
     assert_eq!(c0["injected_fail_range"], 2);
@@ -370,10 +357,13 @@ fn fault_injection_exact_errors() {
 
 #[test]
 fn stall_every_holds_requests() {
-    let (d, ctl) =
-        spawn_with_control(&["--disk", "null", "--size", "1G", "--stall-every", "3:200ms"]);
+    let d = Daemon::with_control(
+        &["--disk", "null", "--size", "1G", "--stall-every", "3:200ms"],
+        1,
+    );
     let mut c = Client::connect(&d.socket, 1).unwrap();
-    let stalls = || stats(&ctl)["disks"][0]["queues"][0]["counters"]["injected_stalls"].clone();
+    let stalls =
+        || d.query("stats")["disks"][0]["queues"][0]["counters"]["injected_stalls"].clone();
     let mut stalled = Vec::new();
     for i in 1..=6u64 {
         let before = stalls();
@@ -404,7 +394,7 @@ fn prometheus_metrics_from_the_daemon() {
         l.local_addr().unwrap().port()
     };
     let addr = format!("127.0.0.1:{port}");
-    let (d, ctl) = spawn_with_control(&["--disk", "null", "--size", "1G", "--metrics", &addr]);
+    let d = Daemon::with_control(&["--disk", "null", "--size", "1G", "--metrics", &addr], 1);
     let mut c = Client::connect(&d.socket, 1).unwrap();
     for _ in 0..7 {
         assert_eq!(c.queues[0].read(0, 4096).0, 0);
@@ -446,7 +436,7 @@ fn prometheus_metrics_from_the_daemon() {
     // The same text through the control socket and `blklab stats --format prom`.
     let out = std::process::Command::new(common::blklab_bin())
         .args(["stats", "--format", "prom", "--control"])
-        .arg(&ctl)
+        .arg(d.control())
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("blklab_reads_total{"));

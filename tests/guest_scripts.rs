@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::tools::root;
+use common::root;
 
 /// (label, shell argv, AWK value)
 fn shells() -> Vec<(&'static str, Vec<&'static str>, Option<&'static str>)> {

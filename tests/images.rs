@@ -16,20 +16,18 @@
 
 mod common;
 
+use common::{read_json, root};
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// Run `images/prepare.sh ARGS…` (stdin closed); returns its output and how
 /// long it took. With `live`, its stderr (progress: a kernel build takes
 /// minutes) goes straight to ours and `Output::stderr` is empty; otherwise
 /// it is captured and echoed afterwards (shown with `--nocapture`).
 fn prepare_with(args: &[&std::ffi::OsStr], live: bool) -> (Output, Duration) {
-    let script = repo_root().join("images/prepare.sh");
+    let script = root().join("images/prepare.sh");
     let start = Instant::now();
     let out = Command::new("sh")
         .arg(&script)
@@ -63,12 +61,6 @@ fn sha256_file(path: &Path) -> String {
         .next()
         .expect("sha256sum output")
         .to_string()
-}
-
-fn read_json(path: &Path) -> serde_json::Value {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
 }
 
 /// A line of prepare.sh's stdout.
@@ -250,7 +242,7 @@ fn prepare_builds_plain_and_noplug_kernels_then_hits_the_cache() {
         plain["patch"].is_null(),
         "plain kernel has a patch: {plain}"
     );
-    let patch_file = repo_root().join("images/patches/noplug.patch");
+    let patch_file = root().join("images/patches/noplug.patch");
     assert_eq!(noplug["patch"]["name"], "noplug", "{noplug}");
     assert_eq!(
         noplug["patch"]["sha256"].as_str(),

@@ -18,11 +18,12 @@ use std::sync::Mutex;
 use serde_json::Value;
 
 use blklab::lab::insns::{self, Dump, SymbolMap};
+use blklab::record::symbol_groups::{self, group_of};
 
 /// The guest tests share the image cache and two CPUs: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-use common::tools::root;
+use common::{read_json, root};
 
 fn fixture(name: &str) -> PathBuf {
     root().join("tests/fixtures/insns").join(name)
@@ -94,7 +95,7 @@ fn symbolisation_against_a_known_system_map() {
     assert_eq!(p.functions["blk_mq_flush_plug_list"], 100 + 60);
     assert_eq!(p.functions["virtblk_add_req_batch"], 50);
     assert_eq!(p.functions["__intel_pmu_enable_all"], 30);
-    assert_eq!(p.functions[insns::OUTSIDE], 7);
+    assert_eq!(p.functions[symbol_groups::OUTSIDE], 7);
     assert_eq!(p.functions["schedule_idle"], 8);
     assert_eq!(p.idle_symbol.as_deref(), Some("schedule_idle"));
     assert_eq!(p.idle_entries, Some(4));
@@ -270,10 +271,6 @@ fn insns_difference_tool_differences_the_recorded_run() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
 
-fn read_json(p: &Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
-}
-
 #[test]
 fn guest_counts_are_nonzero_and_block_layer_counts_repeat() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -333,7 +330,7 @@ fn guest_counts_are_nonzero_and_block_layer_counts_repeat() {
             .as_object()
             .unwrap()
             .iter()
-            .filter(|(f, _)| insns::group_of(f) == "block")
+            .filter(|(f, _)| group_of(f) == "block")
             .map(|(f, n)| (f.clone(), n.as_u64().unwrap()))
             .collect()
     };

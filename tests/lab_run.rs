@@ -13,6 +13,7 @@ use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::read_json;
 use serde_json::Value;
 
 /// The tests share the image cache and two CPUs: one at a time.
@@ -53,11 +54,6 @@ fn text(o: &Output) -> (String, String) {
         String::from_utf8_lossy(&o.stdout).into_owned(),
         String::from_utf8_lossy(&o.stderr).into_owned(),
     )
-}
-
-fn read_json(p: &Path) -> Value {
-    let t = std::fs::read_to_string(p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
-    serde_json::from_str(&t).unwrap_or_else(|e| panic!("{} is not JSON: {e}", p.display()))
 }
 
 fn f(v: &Value, ptr: &str) -> f64 {

@@ -1,4 +1,4 @@
-//! The Prometheus endpoint over real TCP, in-process: `blklab::stats::prometheus::serve`
+//! The Prometheus endpoint over real TCP, in-process: `blklab::stats::http::serve`
 //! on an ephemeral loopback port with a fixed stats document, raw HTTP
 //! requests, the exposition text parsed, and a clean shutdown.
 
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use blklab::device::config::DiskArgs;
 use blklab::stats::histogram::HistSummary;
-use blklab::stats::prometheus as metrics;
+use blklab::stats::http;
 use blklab::stats::queue::{DiskReport, QueueCounters, QueueStats, StatsDocument};
 
 fn document() -> StatsDocument {
@@ -183,8 +183,8 @@ fn metrics_over_http() {
         document()
     });
     let shutdown = Arc::new(AtomicBool::new(false));
-    let (addr, handle) = metrics::serve(
-        metrics::parse_addr("127.0.0.1:0").unwrap(),
+    let (addr, handle) = http::serve(
+        http::parse_addr("127.0.0.1:0").unwrap(),
         source,
         shutdown.clone(),
     )

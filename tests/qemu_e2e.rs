@@ -25,12 +25,14 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use blklab::backend::qemu_args::{self, QemuDisk};
+
 /// Image preparation and guest boots run one at a time: the recipes share an
 /// apt lock and a cache directory, and two TCG guests on a small machine just
 /// slow each other down.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-use common::tools::root as repo_root;
+use common::root;
 
 /// A bootable guest: kernel + initramfs built by the `images/` recipes.
 struct GuestImage {
@@ -42,7 +44,7 @@ struct GuestImage {
 
 /// Run one of the `images/` recipes; panic with its output when it fails.
 fn run_recipe(script: &str, args: &[&std::ffi::OsStr]) -> Duration {
-    let path = repo_root().join("images").join(script);
+    let path = root().join("images").join(script);
     let start = Instant::now();
     let out = Command::new("sh")
         .arg(&path)
@@ -145,7 +147,7 @@ struct QemuSpec<'a> {
     initrd: &'a Path,
     append: String,
     sockets: Vec<PathBuf>,
-    num_queues: u32,
+    num_queues: u16,
     smp: u32,
     mem_mib: u32,
 }
@@ -163,31 +165,27 @@ fn qemu_command(spec: &QemuSpec) -> Command {
         "-m",
         &format!("{}M", spec.mem_mib),
     ]);
-    cmd.args([
-        "-object",
-        &format!(
-            "memory-backend-memfd,id=mem,size={}M,share=on",
-            spec.mem_mib
-        ),
-        "-machine",
-        "q35,memory-backend=mem",
-    ]);
     cmd.args(["-nographic", "-no-reboot", "-nic", "none"]);
     cmd.arg("-kernel").arg(spec.kernel);
     cmd.arg("-initrd").arg(spec.initrd);
     cmd.arg("-append").arg(&spec.append);
-    for (i, sock) in spec.sockets.iter().enumerate() {
-        let mut chardev = std::ffi::OsString::from(format!("socket,id=vd{i},path="));
-        chardev.push(sock);
-        cmd.arg("-chardev").arg(chardev);
-        cmd.args([
-            "-device",
-            &format!(
-                "vhost-user-blk-pci,chardev=vd{i},num-queues={}",
-                spec.num_queues
-            ),
-        ]);
-    }
+    // Guest RAM shared with the backend and one vhost-user-blk disk per
+    // socket, as `blklab serve --print-qemu-args` and the lab write them.
+    // 128 entries per queue: QEMU's own default.
+    let disks: Vec<QemuDisk> = spec
+        .sockets
+        .iter()
+        .map(|socket| QemuDisk {
+            socket: socket.clone(),
+            num_queues: spec.num_queues,
+            queue_size: 128,
+        })
+        .collect();
+    cmd.args(qemu_args::guest_args(
+        &format!("{}M", spec.mem_mib),
+        Some("q35"),
+        &disks,
+    ));
     cmd
 }
 
@@ -531,7 +529,7 @@ fn boot_e2e(series: &str, daemon_args: &[&str], disks: usize, knobs: &str) -> E2
     let daemon_status = if daemon.alive() {
         Some(daemon.terminate())
     } else {
-        daemon.child.try_wait().ok().flatten()
+        daemon.exited()
     };
 
     let show = std::env::var("BLKLAB_E2E_CONSOLE").is_ok_and(|v| v == "1");

@@ -18,10 +18,10 @@ use std::fs::File;
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
+use blklab::bench::compare::qsd_command;
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
@@ -122,7 +122,7 @@ const VIRTIO_BLK_CONFIG_SIZE: u32 = 60;
 enum Server {
     Blklab(common::Daemon),
     Qsd {
-        child: Child,
+        daemon: blklab::bench::daemon::Daemon,
         _dir: tempfile::TempDir,
         socket: PathBuf,
     },
@@ -149,34 +149,24 @@ impl Server {
             .and_then(|f| f.set_len(DISK_SIZE))
             .expect("create disk image");
         let socket = dir.path().join("qsd.sock");
-        let child = Command::new("qemu-storage-daemon")
-            .arg("--blockdev")
-            .arg(format!(
-                "driver=file,filename={},node-name=n0",
-                img.display()
-            ))
-            .arg("--export")
-            .arg(format!(
-                "type=vhost-user-blk,id=e0,node-name=n0,addr.type=unix,addr.path={},\
-                 writable={},num-queues={NUM_QUEUES}",
-                socket.display(),
-                if read_only { "off" } else { "on" }
-            ))
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start qemu-storage-daemon");
-        let mut s = Server::Qsd {
-            child,
+        let daemon = blklab::bench::daemon::Daemon::start(
+            "qemu-storage-daemon",
+            &mut qsd_command(
+                Path::new("qemu-storage-daemon"),
+                &format!("driver=file,filename={},node-name=n0", img.display()),
+                &socket,
+                !read_only,
+                NUM_QUEUES,
+            ),
+            std::slice::from_ref(&socket),
+            common::PATIENCE,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        Server::Qsd {
+            daemon,
             _dir: dir,
-            socket: socket.clone(),
-        };
-        let deadline = Instant::now() + common::PATIENCE;
-        while !socket.exists() {
-            assert!(s.alive(), "qemu-storage-daemon exited early");
-            assert!(Instant::now() < deadline, "qsd socket did not appear");
-            std::thread::sleep(Duration::from_millis(20));
+            socket,
         }
-        s
     }
 
     fn socket(&self) -> &Path {
@@ -189,7 +179,7 @@ impl Server {
     fn alive(&mut self) -> bool {
         match self {
             Server::Blklab(d) => d.alive(),
-            Server::Qsd { child, .. } => matches!(child.try_wait(), Ok(None)),
+            Server::Qsd { daemon, .. } => daemon.alive(),
         }
     }
 
@@ -205,15 +195,6 @@ impl Server {
         if let Server::Blklab(d) = &mut self {
             let st = d.terminate();
             eprintln!("blklab serve exited with {st}");
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Server::Qsd { child, .. } = self {
-            let _ = child.kill();
-            let _ = child.wait();
         }
     }
 }

@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use common::tools::root;
+use common::root;
 use serde_json::Value;
 
 fn scn_files(dir: &Path) -> Vec<PathBuf> {

@@ -133,7 +133,7 @@ fn kicks_counted_exactly_and_snapshots() {
     assert_eq!(q.write(0, &[1; 4096]), 0);
     drop(c);
     assert!(d.terminate().success());
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let doc: Value = common::read_json(&out);
     assert_eq!(queue0(&doc)["counters"]["writes"], 1);
     assert!(!control.exists(), "control socket removed at exit");
 }

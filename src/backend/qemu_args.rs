@@ -1,26 +1,99 @@
-//! The QEMU options that attach served disks to a guest.
+//! The QEMU options that attach served disks to a guest: the one builder
+//! behind `blklab serve --print-qemu-args` (and so `images/demo.sh`), the
+//! lab's guests (`lab::qemu`) and the QEMU tests.
+//!
+//! A vhost-user backend maps the guest's RAM, so the RAM is a memfd shared
+//! with it (`-object memory-backend-memfd,…,share=on`, made the machine's
+//! RAM by `-machine memory-backend=mem`), and each disk is a
+//! `-chardev socket` on the backend's socket plus a `-device
+//! vhost-user-blk-pci` on that chardev.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
 
 use crate::device::config::DiskConfig;
 
-/// QEMU options for a guest using `disks`, one option per line, ready to
-/// paste into a command line. `memory` is the guest RAM size as QEMU writes
-/// it (`1G`); vhost-user needs it shared.
-pub fn qemu_args(disks: &[DiskConfig], memory: &str) -> Vec<String> {
-    let mut out = vec![
-        format!("-object memory-backend-memfd,id=mem,size={memory},share=on"),
-        "-machine memory-backend=mem".to_string(),
-    ];
+/// One vhost-user-blk disk on a QEMU command line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QemuDisk {
+    /// The backend's vhost-user socket.
+    pub socket: PathBuf,
+    pub num_queues: u16,
+    /// Entries per virtqueue (QEMU's own default is 128).
+    pub queue_size: u16,
+}
+
+impl From<&DiskConfig> for QemuDisk {
+    fn from(d: &DiskConfig) -> QemuDisk {
+        QemuDisk {
+            socket: d.socket.clone(),
+            num_queues: d.num_queues,
+            queue_size: d.queue_size,
+        }
+    }
+}
+
+/// A value inside a QEMU `key=value,…` option: commas doubled.
+fn opt_value(v: &str) -> String {
+    v.replace(',', ",,")
+}
+
+/// Guest RAM of `memory` (QEMU size syntax: `1G`, `1024M`) as a memfd
+/// shared with the backends, as an argument vector (each option and its
+/// value separate): `-object memory-backend-memfd,id=mem,size=MEMORY,share=on
+/// -machine [MACHINE,]memory-backend=mem`. `machine` names the machine type
+/// (`q35`) in the same `-machine` option; `None` leaves it to another
+/// `-machine` option of the caller's (QEMU merges them).
+pub fn shared_memory(memory: &str, machine: Option<&str>) -> Vec<String> {
+    vec![
+        "-object".into(),
+        format!("memory-backend-memfd,id=mem,size={memory},share=on"),
+        "-machine".into(),
+        match machine {
+            Some(m) => format!("{m},memory-backend=mem"),
+            None => "memory-backend=mem".into(),
+        },
+    ]
+}
+
+/// The `-chardev socket,id=blklabI,path=SOCKET -device
+/// vhost-user-blk-pci,chardev=blklabI,num-queues=N,queue-size=S` pair of
+/// each disk, in order (the guest's vda, vdb, …), as an argument vector.
+pub fn disks(disks: &[QemuDisk]) -> Vec<String> {
+    let mut out = Vec::with_capacity(4 * disks.len());
     for (i, d) in disks.iter().enumerate() {
+        out.push("-chardev".into());
         out.push(format!(
-            "-chardev socket,id=blklab{i},path={}",
-            d.socket.display()
+            "socket,id=blklab{i},path={}",
+            opt_value(&d.socket.display().to_string())
         ));
+        out.push("-device".into());
         out.push(format!(
-            "-device vhost-user-blk-pci,chardev=blklab{i},num-queues={},queue-size={}",
+            "vhost-user-blk-pci,chardev=blklab{i},num-queues={},queue-size={}",
             d.num_queues, d.queue_size
         ));
     }
     out
+}
+
+/// [`shared_memory`] and then [`disks`]: every option a guest needs to use
+/// `disks`, as an argument vector.
+pub fn guest_args(memory: &str, machine: Option<&str>, disks: &[QemuDisk]) -> Vec<String> {
+    let mut out = shared_memory(memory, machine);
+    out.extend(self::disks(disks));
+    out
+}
+
+/// `blklab serve --print-qemu-args`: [`guest_args`] for the served disks,
+/// one `OPTION VALUE` line per option, ready to paste into a command line
+/// that names its own machine type.
+pub fn qemu_args(configs: &[DiskConfig], memory: &str) -> Vec<String> {
+    let disks: Vec<QemuDisk> = configs.iter().map(QemuDisk::from).collect();
+    guest_args(memory, None, &disks)
+        .chunks(2)
+        .map(|pair| pair.join(" "))
+        .collect()
 }
 
 #[cfg(test)]
@@ -45,12 +118,39 @@ mod tests {
         .to_configs()
         .unwrap();
         let a = qemu_args(&d, "2G");
-        assert_eq!(a[0], "-object memory-backend-memfd,id=mem,size=2G,share=on");
-        assert_eq!(a[2], "-chardev socket,id=blklab0,path=/tmp/vd.sock-0");
         assert_eq!(
-            a[3],
-            "-device vhost-user-blk-pci,chardev=blklab0,num-queues=4,queue-size=256"
+            a,
+            [
+                "-object memory-backend-memfd,id=mem,size=2G,share=on",
+                "-machine memory-backend=mem",
+                "-chardev socket,id=blklab0,path=/tmp/vd.sock-0",
+                "-device vhost-user-blk-pci,chardev=blklab0,num-queues=4,queue-size=256",
+                "-chardev socket,id=blklab1,path=/tmp/vd.sock-1",
+                "-device vhost-user-blk-pci,chardev=blklab1,num-queues=4,queue-size=256",
+            ]
         );
-        assert_eq!(a[4], "-chardev socket,id=blklab1,path=/tmp/vd.sock-1");
+    }
+
+    #[test]
+    fn argument_vector_with_a_machine_type_and_a_comma_in_a_path() {
+        let disk = QemuDisk {
+            socket: "/tmp/a,b/vd.sock".into(),
+            num_queues: 2,
+            queue_size: 128,
+        };
+        assert_eq!(
+            guest_args("1024M", Some("q35"), &[disk]),
+            [
+                "-object",
+                "memory-backend-memfd,id=mem,size=1024M,share=on",
+                "-machine",
+                "q35,memory-backend=mem",
+                "-chardev",
+                "socket,id=blklab0,path=/tmp/a,,b/vd.sock",
+                "-device",
+                "vhost-user-blk-pci,chardev=blklab0,num-queues=2,queue-size=128",
+            ]
+        );
+        assert!(disks(&[]).is_empty());
     }
 }

@@ -10,11 +10,12 @@
 //! drift on a shared machine hits every side.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use serde::Serialize;
 
+use super::daemon::Daemon;
 use super::{BenchError, BenchReport, Load, RwMode};
 
 /// The backends a comparison can start.
@@ -58,32 +59,46 @@ pub struct CompareOpts {
     pub poll: Option<String>,
 }
 
+/// The qemu-storage-daemon command that exports `blockdev` (a `--blockdev`
+/// option whose node is `n0`) as a vhost-user-blk socket at `socket` with
+/// `num_queues` queues.
+pub fn qsd_command(
+    qsd_bin: &Path,
+    blockdev: &str,
+    socket: &Path,
+    writable: bool,
+    num_queues: usize,
+) -> Command {
+    let mut c = Command::new(qsd_bin);
+    c.arg("--blockdev").arg(blockdev).arg("--export").arg(format!(
+        "type=vhost-user-blk,id=e0,node-name=n0,addr.type=unix,addr.path={},writable={},num-queues={num_queues}",
+        socket.display(),
+        if writable { "on" } else { "off" }
+    ));
+    c
+}
+
 /// A running backend daemon.
-struct Daemon {
+struct Running {
     backend: Backend,
-    child: Child,
+    daemon: Daemon,
     socket: PathBuf,
 }
 
-impl Daemon {
-    fn start(backend: Backend, opts: &CompareOpts, dir: &Path) -> Result<Daemon, BenchError> {
+impl Running {
+    fn start(backend: Backend, opts: &CompareOpts, dir: &Path) -> Result<Running, BenchError> {
         let socket = dir.join(format!("{backend:?}.sock").to_lowercase());
         let mut cmd = match backend {
-            Backend::Qsd => {
-                let mut c = Command::new(&opts.qsd_bin);
-                c.arg("--blockdev")
-                    .arg(format!(
-                        "driver=null-co,node-name=n0,size={},read-zeroes=on",
-                        opts.size
-                    ))
-                    .arg("--export")
-                    .arg(format!(
-                        "type=vhost-user-blk,id=e0,node-name=n0,addr.type=unix,addr.path={},writable=on,num-queues={}",
-                        socket.display(),
-                        opts.queues
-                    ));
-                c
-            }
+            Backend::Qsd => qsd_command(
+                &opts.qsd_bin,
+                &format!(
+                    "driver=null-co,node-name=n0,size={},read-zeroes=on",
+                    opts.size
+                ),
+                &socket,
+                true,
+                opts.queues,
+            ),
             _ => {
                 let mut c = Command::new(&opts.blklab_bin);
                 c.arg("serve")
@@ -106,66 +121,24 @@ impl Daemon {
                 c
             }
         };
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .map_err(|e| {
-                BenchError::Backend(format!(
-                    "cannot start {}: {e}{}",
-                    backend.label(),
-                    if backend == Backend::Qsd {
-                        " (Debian: .ci/install-deps installs qemu-utils)"
-                    } else {
-                        ""
-                    }
-                ))
-            })?;
-        let mut d = Daemon {
+        cmd.stdout(Stdio::null());
+        let daemon = Daemon::start(
+            backend.label(),
+            &mut cmd,
+            std::slice::from_ref(&socket),
+            Duration::from_secs(20),
+        )
+        .map_err(|e| match e {
+            BenchError::Start { .. } if backend == Backend::Qsd => BenchError::Backend(format!(
+                "{e} (Debian: .ci/install-deps installs qemu-utils)"
+            )),
+            e => e,
+        })?;
+        Ok(Running {
             backend,
-            child,
+            daemon,
             socket,
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !d.socket.exists() {
-            if let Ok(Some(st)) = d.child.try_wait() {
-                return Err(BenchError::Backend(format!(
-                    "{} exited early: {st}",
-                    backend.label()
-                )));
-            }
-            if Instant::now() > deadline {
-                return Err(BenchError::Backend(format!(
-                    "{}: socket {} did not appear within 20 s",
-                    backend.label(),
-                    d.socket.display()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(d)
-    }
-
-    fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child's pid.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        })
     }
 }
 
@@ -329,7 +302,7 @@ pub fn run(
     }
     let mut daemons = Vec::new();
     for b in wanted {
-        daemons.push(Daemon::start(b, opts, dir.path())?);
+        daemons.push(Running::start(b, opts, dir.path())?);
     }
     let machine = machine();
     let mut results: Vec<RowResult> = rows
@@ -366,7 +339,7 @@ pub fn run(
                     .iter_mut()
                     .find(|d| d.backend == backend)
                     .ok_or_else(|| BenchError::Backend("daemon missing".into()))?;
-                if !d.alive() {
+                if !d.daemon.alive() {
                     return Err(BenchError::Backend(format!(
                         "{} exited during the comparison",
                         backend.label()
@@ -381,7 +354,7 @@ pub fn run(
                     time: opts.time,
                     warmup: opts.warmup,
                     client_poll: rr.row.client_poll,
-                    backend_pid: Some(d.child.id() as i32),
+                    backend_pid: Some(d.daemon.pid()),
                     seed: round as u64 + 1,
                 };
                 let rep = super::run(&load)

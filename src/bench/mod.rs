@@ -9,19 +9,24 @@
 //! over the same interval from `/proc/PID/stat`.
 //!
 //! [`compare`] runs identical loads against qemu-storage-daemon and
-//! `blklab serve` in one run and prints their ratios.
+//! `blklab serve` in one run and prints their ratios. [`client`] is the
+//! libblkio connection and [`daemon`] the backend spawner; the tests and
+//! benches (`tests/common`) use both.
 
+pub mod client;
 pub mod compare;
+pub mod daemon;
 
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use blkio::{Blkio, Blkioq, Completion, ReqFlags};
+use blkio::{Completion, ReqFlags};
 use serde::Serialize;
 use thiserror::Error;
 
 use crate::stats::histogram::{Hist, HistSummary};
+use client::{Connected, Queue, QueueSetup};
 
 #[derive(Debug, Error)]
 pub enum BenchError {
@@ -29,6 +34,11 @@ pub enum BenchError {
     Blkio { what: &'static str, msg: String },
     #[error("invalid benchmark option: {0}")]
     Option(String),
+    #[error("cannot start {name}: {source}")]
+    Start {
+        name: String,
+        source: std::io::Error,
+    },
     #[error("client thread {0} panicked")]
     Panicked(usize),
     #[error("cannot start the client thread: {0}")]
@@ -178,12 +188,7 @@ impl BenchReport {
 /// CPU seconds (user + system) of process `pid` so far, from
 /// `/proc/PID/stat` (clock-tick resolution; includes exited threads).
 pub fn process_cpu_s(pid: i32) -> Option<f64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, utime, stime) = crate::util::hostcpu::parse_stat(&text)?;
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let hz = if hz > 0 { hz as f64 } else { 100.0 };
-    Some((utime + stime) as f64 / hz)
+    crate::util::procfs::process(pid).map(|s| s.cpu_s())
 }
 
 /// CPU seconds of this process (every thread), from getrusage.
@@ -228,15 +233,6 @@ struct Phases {
     end: Instant,
 }
 
-/// One queue's buffers: `depth` slots of `bs` bytes.
-struct QueueBufs {
-    base: *mut u8,
-}
-
-// SAFETY: each queue's buffer is a disjoint part of a memory region that
-// the caller keeps mapped until every client thread has been joined.
-unsafe impl Send for QueueBufs {}
-
 /// Run one load and report it.
 pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
     if load.queues == 0 || load.depth == 0 || load.bs == 0 || load.bs % 512 != 0 {
@@ -245,14 +241,12 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
             load.queues, load.depth, load.bs
         )));
     }
-    let socket = load
-        .socket
-        .to_str()
-        .ok_or_else(|| BenchError::Option("the socket path must be UTF-8".into()))?;
-    let mut b = Blkio::new("virtio-blk-vhost-user").map_err(blkio_err("create"))?;
-    b.set_str("path", socket).map_err(blkio_err("path"))?;
-    b.connect().map_err(blkio_err("connect"))?;
-    let max_qs = b.get_i32("max-queue-size").unwrap_or(256).max(2);
+    let connected = Connected::connect(&load.socket, false)?;
+    let max_qs = connected
+        .blkio()
+        .get_i32("max-queue-size")
+        .unwrap_or(256)
+        .max(2);
     // At least 64 entries: a request takes three descriptors, and a ring
     // too small for one without indirect descriptors hangs some backends
     // (qemu-storage-daemon never completes on a 2-entry ring).
@@ -263,19 +257,17 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
             load.depth
         )));
     }
-    let (nq, npq) = if load.client_poll {
-        (0, load.queues as i32)
-    } else {
-        (load.queues as i32, 0)
-    };
-    b.set_i32("num-queues", nq)
-        .map_err(blkio_err("num-queues"))?;
-    b.set_i32("num-poll-queues", npq)
-        .map_err(blkio_err("num-poll-queues"))?;
-    b.set_i32("queue-size", queue_size)
-        .map_err(blkio_err("queue-size"))?;
-    let started = b.start().map_err(blkio_err("start"))?;
-    let capacity = b.get_u64("capacity").map_err(blkio_err("capacity"))?;
+    // Each queue's buffers: `depth` slots of `bs` bytes.
+    let conn = connected.start(QueueSetup {
+        queues: load.queues,
+        queue_size,
+        poll: load.client_poll,
+        buf_per_queue: load.depth * load.bs,
+    })?;
+    let capacity = conn
+        .blkio
+        .get_u64("capacity")
+        .map_err(blkio_err("capacity"))?;
     let bs = load.bs as u64;
     let blocks = capacity / bs;
     if blocks == 0 {
@@ -283,19 +275,6 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
             "the disk ({capacity} bytes) is smaller than one {bs}-byte request"
         )));
     }
-    let align = b.get_u64("mem-region-alignment").unwrap_or(4096).max(1) as usize;
-    let per_queue = load.depth * load.bs;
-    let len = (per_queue * load.queues).div_ceil(align) * align;
-    let region = b.alloc_mem_region(len).map_err(blkio_err("alloc"))?;
-    if let Err(e) = b.map_mem_region(&region) {
-        b.free_mem_region(&region);
-        return Err(blkio_err("map")(e));
-    }
-    let queues: Vec<Blkioq> = if load.client_poll {
-        started.poll_queues
-    } else {
-        started.queues
-    };
     let start = Instant::now() + Duration::from_millis(20);
     let phases = Phases {
         measure_from: start + load.warmup,
@@ -304,15 +283,11 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
     let cpu_before = std::sync::Mutex::new(None::<(Option<f64>, f64, Instant)>);
     let results = std::thread::scope(|s| {
         let mut handles = Vec::new();
-        for (i, q) in queues.into_iter().enumerate() {
-            let bufs = QueueBufs {
-                // The region is `len` >= queues * per_queue bytes long.
-                base: (region.addr + i * per_queue) as *mut u8,
-            };
+        for (i, q) in conn.queues.into_iter().enumerate() {
             let seed = load.seed.wrapping_mul(1000).wrapping_add(i as u64);
             let h = std::thread::Builder::new()
                 .name(format!("bench-q{i}"))
-                .spawn_scoped(s, move || queue_loop(q, bufs, load, blocks, seed, phases))
+                .spawn_scoped(s, move || queue_loop(q, load, blocks, seed, phases))
                 .map_err(BenchError::Thread)?;
             handles.push(h);
         }
@@ -344,8 +319,6 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
         }
         Ok((out, after))
     });
-    b.unmap_mem_region(&region);
-    b.free_mem_region(&region);
     let (results, after) = results?;
     let before = cpu_before
         .into_inner()
@@ -390,8 +363,7 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
 /// One queue's closed loop: keep `depth` requests in flight until the end,
 /// then collect the stragglers.
 fn queue_loop(
-    mut q: Blkioq,
-    bufs: QueueBufs,
+    mut queue: Queue,
     load: &Load,
     blocks: u64,
     seed: u64,
@@ -409,20 +381,19 @@ fn queue_loop(
     };
     let mut comps: Vec<MaybeUninit<Completion>> =
         (0..depth).map(|_| MaybeUninit::uninit()).collect();
-    let submit = |q: &mut Blkioq, slot: usize, rng: &mut Rng| {
+    let submit = |queue: &mut Queue, slot: usize, rng: &mut Rng| {
         let off = (rng.next() % blocks) * bs as u64;
         let write = match load.rw {
             RwMode::Randread => false,
             RwMode::Randwrite => true,
             RwMode::Randrw => rng.next() & 1 == 1,
         };
-        // SAFETY: slot < depth, so the buffer is inside this queue's part
-        // of the mapped region.
-        let buf = unsafe { bufs.base.add(slot * bs) };
+        // slot < depth: inside this queue's `depth * bs` bytes.
+        let buf = queue.ptr(slot * bs, bs);
         if write {
-            q.write(off, buf, bs, slot, ReqFlags::empty());
+            queue.q.write(off, buf, bs, slot, ReqFlags::empty());
         } else {
-            q.read(off, buf, bs, slot, ReqFlags::empty());
+            queue.q.read(off, buf, bs, slot, ReqFlags::empty());
         }
     };
     // Wait for the start line so every queue begins together.
@@ -437,13 +408,14 @@ fn queue_loop(
     let now = Instant::now();
     for (slot, t) in issued_at.iter_mut().enumerate() {
         *t = now;
-        submit(&mut q, slot, &mut rng);
+        submit(&mut queue, slot, &mut rng);
     }
     let mut outstanding = depth;
     let mut ending = false;
     while outstanding > 0 {
         let mut timeout = Duration::from_secs(30);
-        let got = q
+        let got = queue
+            .q
             .do_io(&mut comps, 1, Some(&mut timeout), None)
             .map_err(blkio_err("do_io"))?;
         if got == 0 {
@@ -476,7 +448,7 @@ fn queue_loop(
                 outstanding -= 1;
             } else {
                 issued_at[slot] = now;
-                submit(&mut q, slot, &mut rng);
+                submit(&mut queue, slot, &mut rng);
             }
         }
     }

@@ -12,6 +12,8 @@ use log::{debug, warn};
 use serde::Serialize;
 use thiserror::Error;
 
+use crate::backend::qemu_args;
+
 #[derive(Debug, Error)]
 pub enum QemuError {
     #[error(
@@ -50,12 +52,7 @@ pub enum Accel {
 }
 
 /// One vhost-user disk on the QEMU command line.
-#[derive(Debug, Clone, Serialize)]
-pub struct QemuDisk {
-    pub socket: PathBuf,
-    pub num_queues: u16,
-    pub queue_size: u16,
-}
+pub use crate::backend::qemu_args::QemuDisk;
 
 /// Everything that makes up one guest's QEMU command line.
 #[derive(Debug, Clone, Serialize)]
@@ -93,12 +90,6 @@ impl QemuSpec {
         push(&["-name", "blklab,debug-threads=on"]);
         push(&["-smp", &self.vcpus.to_string(), "-m", &self.memory]);
         push(&[
-            "-object",
-            &format!("memory-backend-memfd,id=mem,size={},share=on", self.memory),
-            "-machine",
-            "q35,memory-backend=mem",
-        ]);
-        push(&[
             "-display",
             "none",
             "-serial",
@@ -112,17 +103,12 @@ impl QemuSpec {
         push(&["-kernel", &self.kernel.display().to_string()]);
         push(&["-initrd", &self.initramfs.display().to_string()]);
         push(&["-append", &self.append]);
-        for (i, d) in self.disks.iter().enumerate() {
-            push(&[
-                "-chardev",
-                &format!("socket,id=blklab{i},path={}", d.socket.display()),
-                "-device",
-                &format!(
-                    "vhost-user-blk-pci,chardev=blklab{i},num-queues={},queue-size={}",
-                    d.num_queues, d.queue_size
-                ),
-            ]);
-        }
+        // Guest RAM shared with the backend, and the disks.
+        a.extend(qemu_args::guest_args(
+            &self.memory,
+            Some("q35"),
+            &self.disks,
+        ));
         a
     }
 }

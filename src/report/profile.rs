@@ -199,7 +199,7 @@ pub fn row_profile(
         &per_name(&rb, "functions"),
         ra.len(),
         rb.len(),
-        |f| crate::lab::insns::group_of(f).to_string(),
+        |f| crate::record::symbol_groups::group_of(f).to_string(),
     );
     let functions_diff_sum = all.iter().map(|e| e.diff).sum();
     let nonzero = all.iter().filter(|e| e.diff != 0.0).count();

@@ -3,5 +3,6 @@
 //! the device's configuration and request kinds, nothing of vhost-user.
 
 pub mod histogram;
+pub mod http;
 pub mod prometheus;
 pub mod queue;

@@ -294,18 +294,10 @@ pub struct ThreadCpu {
 /// CPU time of thread `tid` of this process, from /proc (no cost to the
 /// thread itself).
 pub fn thread_cpu(tid: i32) -> Option<ThreadCpu> {
-    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
-    // Fields after the command name, which is in parentheses and may
-    // contain spaces.
-    let rest = &text[text.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of stat(5); f[0] is field 3.
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let st = crate::util::procfs::thread(None, tid)?;
     Some(ThreadCpu {
-        user_s: ticks(11)? / hz,
-        sys_s: ticks(12)? / hz,
+        user_s: st.user_s(),
+        sys_s: st.sys_s(),
     })
 }
 

@@ -1,4 +1,5 @@
-//! Host-side CPU time per thread of a process, from `/proc/PID/task`.
+//! Host-side CPU time per thread of a process, from `/proc/PID/task`
+//! (read by [`crate::util::procfs`]).
 //!
 //! The lab samples the QEMU process (vCPU threads are named `CPU n/KVM` or
 //! `CPU n/TCG` with `-name …,debug-threads=on`; everything else is device
@@ -8,6 +9,8 @@
 use std::collections::BTreeMap;
 
 use serde::Serialize;
+
+use crate::util::procfs;
 
 /// Cumulative CPU ticks of one thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,53 +29,19 @@ pub struct ProcessSample {
     pub threads: Vec<ThreadSample>,
 }
 
-fn clk_tck() -> f64 {
-    // SAFETY: sysconf has no memory effects.
-    let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if v > 0 {
-        v as f64
-    } else {
-        100.0
-    }
-}
-
-/// Parse one `/proc/PID/task/TID/stat` line: (name, utime, stime).
-pub fn parse_stat(text: &str) -> Option<(String, u64, u64)> {
-    let open = text.find('(')?;
-    let close = text.rfind(')')?;
-    let name = text.get(open + 1..close)?.to_string();
-    let rest: Vec<&str> = text.get(close + 2..)?.split_whitespace().collect();
-    // rest[0] is field 3 (state); utime/stime are fields 14/15.
-    Some((
-        name,
-        rest.get(11)?.parse().ok()?,
-        rest.get(12)?.parse().ok()?,
-    ))
-}
-
 /// Sample every thread of `pid`. Threads that exit while we read are skipped;
 /// `None` when the process itself is gone.
 pub fn sample(pid: i32) -> Option<ProcessSample> {
     let at = std::time::Instant::now();
-    let dir = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut threads = Vec::new();
-    for entry in dir.flatten() {
-        let Ok(tid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        let Ok(text) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        if let Some((name, utime, stime)) = parse_stat(&text) {
-            threads.push(ThreadSample {
-                tid,
-                name,
-                utime,
-                stime,
-            });
-        }
-    }
-    threads.sort_by_key(|t| t.tid);
+    let threads = procfs::threads(pid)?
+        .into_iter()
+        .map(|(tid, st)| ThreadSample {
+            tid,
+            name: st.comm,
+            utime: st.utime,
+            stime: st.stime,
+        })
+        .collect();
     Some(ProcessSample { pid, at, threads })
 }
 
@@ -142,7 +111,7 @@ pub fn classify(role: &str, name: &str) -> String {
 /// The CPU each thread used between `a` and `b` (threads in `b`; a thread
 /// born in between counts from zero).
 pub fn delta(role: &str, a: &ProcessSample, b: &ProcessSample) -> ProcessCpu {
-    let hz = clk_tck();
+    let hz = procfs::clk_tck();
     let wall_s = b.at.duration_since(a.at).as_secs_f64();
     let before: BTreeMap<i32, &ThreadSample> = a.threads.iter().map(|t| (t.tid, t)).collect();
     let mut groups: BTreeMap<String, CpuSeconds> = BTreeMap::new();
@@ -191,16 +160,6 @@ pub fn delta(role: &str, a: &ProcessSample, b: &ProcessSample) -> ProcessCpu {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_names_with_spaces_and_parens() {
-        let line = "1234 (CPU 0/TCG) S 1 2 3 4 5 6 7 8 9 10 250 31 0 0 20 0 9 0 100 0 0";
-        let (n, u, s) = parse_stat(line).unwrap();
-        assert_eq!((n.as_str(), u, s), ("CPU 0/TCG", 250, 31));
-        let line = "7 (a) b) R 1 2 3 4 5 6 7 8 9 10 11 12 0 0";
-        assert_eq!(parse_stat(line).unwrap(), ("a) b".to_string(), 11, 12));
-        assert!(parse_stat("garbage").is_none());
-    }
 
     #[test]
     fn classifies_qemu_threads() {

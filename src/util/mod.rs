@@ -1,7 +1,9 @@
 //! Layer 1, utilities that know nothing of virtio, devices or the lab:
-//! sizes and durations with units, and host CPU time from `/proc`.
+//! sizes and durations with units, `/proc/PID/stat` (procfs) and host CPU
+//! time per thread from it (hostcpu).
 
 pub mod fd;
 pub mod hostcpu;
+pub mod procfs;
 pub mod text;
 pub mod units;

@@ -1,18 +1,24 @@
-//! Shared helpers for integration tests: start the real `blklab` binary on a
-//! real Unix socket and stop it cleanly.
+//! Shared helpers for the integration tests and the benches (which include
+//! this module with `#[path = "../tests/common/mod.rs"] mod common;`):
+//! paths, JSON files, and the real `blklab` binary started on a real Unix
+//! socket and stopped cleanly.
 #![allow(dead_code)]
 
 pub mod client;
 pub mod tools;
 
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 /// Path of the `blklab` binary cargo built for this test run.
 pub fn blklab_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_blklab"))
+}
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// The image cache the QEMU tests share:
@@ -29,13 +35,27 @@ pub fn image_cache() -> PathBuf {
     base.join("blklab/images")
 }
 
-/// A running `blklab serve` process with its own temporary directory.
+/// The JSON document in file `path`; panics naming the file if it cannot
+/// be read or is not JSON.
+pub fn read_json(path: &Path) -> serde_json::Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+/// A running `blklab serve` process with its own temporary directory
+/// (started and stopped by the library's [`blklab::bench::daemon::Daemon`]).
 pub struct Daemon {
-    pub child: Child,
+    /// The process; declared before `dir`, so it is stopped before its
+    /// directory is removed.
+    pub process: blklab::bench::daemon::Daemon,
     pub dir: tempfile::TempDir,
     /// The `--socket` argument given to the daemon (with `--count N` the
     /// sockets are `socket-0` … `socket-(N-1)`).
     pub socket: PathBuf,
+    /// The `--control` socket, when started with one by
+    /// [`Daemon::with_control`].
+    pub control: Option<PathBuf>,
 }
 
 impl Daemon {
@@ -48,100 +68,109 @@ impl Daemon {
         Self::spawn_at(dir, socket, args, sockets)
     }
 
+    /// [`Daemon::spawn`] with a control socket, `--control DIR/ctl.sock`
+    /// ([`Daemon::control`]), waited for too.
+    pub fn with_control(args: &[&str], sockets: usize) -> Daemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("vd.sock");
+        let control = dir.path().join("ctl.sock");
+        Self::start(dir, socket, Some(control), args, sockets)
+    }
+
+    /// [`Daemon::spawn`] with the socket at `socket` (a stale socket already
+    /// there must be replaced, not mistaken for the new one) and `dir` as
+    /// the daemon's directory.
     pub fn spawn_at(
         dir: tempfile::TempDir,
         socket: PathBuf,
         args: &[&str],
         sockets: usize,
     ) -> Daemon {
-        // A stale socket already at the path must be replaced, not mistaken
-        // for the new one: remember its inode.
-        let stale = std::fs::metadata(&socket)
-            .ok()
-            .map(|m| (m.ino(), m.ctime(), m.ctime_nsec()));
-        let child = Command::new(blklab_bin())
-            .arg("serve")
-            .arg("--socket")
-            .arg(&socket)
-            .args(args)
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("start blklab serve");
-        let mut d = Daemon {
-            child,
-            dir,
-            socket: socket.clone(),
-        };
-        let paths: Vec<PathBuf> = if sockets == 1 && !args.contains(&"--count") {
-            vec![d.socket.clone()]
-        } else {
-            (0..sockets).map(|i| d.socket_n(i)).collect()
-        };
-        let deadline = Instant::now() + PATIENCE;
-        let ready = |p: &PathBuf| {
-            std::fs::metadata(p)
-                .is_ok_and(|m| Some((m.ino(), m.ctime(), m.ctime_nsec())) != stale || p != &socket)
-        };
-        while !paths.iter().all(ready) {
-            if let Ok(Some(status)) = d.child.try_wait() {
-                panic!("blklab serve exited early: {status}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "sockets {paths:?} did not appear within {PATIENCE:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
+        Self::start(dir, socket, None, args, sockets)
+    }
+
+    fn start(
+        dir: tempfile::TempDir,
+        socket: PathBuf,
+        control: Option<PathBuf>,
+        args: &[&str],
+        sockets: usize,
+    ) -> Daemon {
+        let mut cmd = Command::new(blklab_bin());
+        cmd.arg("serve").arg("--socket").arg(&socket);
+        if let Some(c) = &control {
+            cmd.arg("--control").arg(c);
         }
-        d
+        cmd.args(args).env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        );
+        let mut ready: Vec<PathBuf> = if sockets == 1 && !args.contains(&"--count") {
+            vec![socket.clone()]
+        } else {
+            (0..sockets).map(|i| socket_n(&socket, i)).collect()
+        };
+        ready.extend(control.clone());
+        let process =
+            blklab::bench::daemon::Daemon::start("blklab serve", &mut cmd, &ready, PATIENCE)
+                .unwrap_or_else(|e| panic!("blklab serve {args:?}: {e}"));
+        Daemon {
+            process,
+            dir,
+            socket,
+            control,
+        }
     }
 
     /// Socket of disk `i` when started with `--count`.
     pub fn socket_n(&self, i: usize) -> PathBuf {
-        let mut s = self.socket.clone().into_os_string();
-        s.push(format!("-{i}"));
-        PathBuf::from(s)
+        socket_n(&self.socket, i)
     }
 
     pub fn path(&self) -> &Path {
         self.dir.path()
     }
 
+    /// The control socket ([`Daemon::with_control`]).
+    pub fn control(&self) -> &Path {
+        self.control
+            .as_deref()
+            .expect("a daemon started with_control")
+    }
+
+    /// `blklab::backend::control::query` on the control socket.
+    pub fn query(&self, cmd: &str) -> serde_json::Value {
+        blklab::backend::control::query(self.control(), cmd)
+            .unwrap_or_else(|e| panic!("control query {cmd:?}: {e}"))
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.process.pid()
+    }
+
     /// True while the process is still running.
     pub fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        self.process.alive()
+    }
+
+    /// The exit status once the process has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.process.exited()
     }
 
     /// Send SIGTERM and wait for a clean exit; returns the exit status.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
-        // SAFETY: kill(2) on a pid we own; no memory is involved.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some(st) = self.child.try_wait().expect("wait") {
-                return st;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!("blklab serve did not exit within {PATIENCE:?} of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
+    pub fn terminate(&mut self) -> ExitStatus {
+        self.process
+            .terminate(PATIENCE)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 }
 
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// `SOCKET-i`: the socket of disk `i` of `blklab serve --count`.
+fn socket_n(socket: &Path, i: usize) -> PathBuf {
+    let mut s = socket.to_path_buf().into_os_string();
+    s.push(format!("-{i}"));
+    PathBuf::from(s)
 }
 
 /// How long a test waits for something that must happen: long enough for

@@ -24,8 +24,3 @@ pub fn require(argv: &[&str], install: &str) {
 pub fn require_busybox() {
     require(&["busybox", "true"], "apt-get install busybox-static");
 }
-
-/// The repository root.
-pub fn root() -> std::path::PathBuf {
-    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
