@@ -261,8 +261,8 @@ pub fn render(doc: &StatsDocument) -> String {
         out,
         "blklab_info{} 1",
         labels(&[
-            ("version", doc.blklab_version),
-            ("git_commit", doc.git_commit)
+            ("version", &doc.blklab_version),
+            ("git_commit", &doc.git_commit)
         ])
     );
 
@@ -270,12 +270,7 @@ pub fn render(doc: &StatsDocument) -> String {
     let disks: Vec<(String, &[QueueReport])> = doc
         .disks
         .iter()
-        .map(|d| {
-            (
-                d.config.socket.to_string_lossy().into_owned(),
-                &d.queues[..],
-            )
-        })
+        .map(|d| (d.socket(), &d.queues[..]))
         .collect();
     let queues = || {
         disks.iter().flat_map(|(disk, qs)| {
@@ -291,7 +286,9 @@ pub fn render(doc: &StatsDocument) -> String {
         "gauge",
     );
     for (d, (disk, _)) in doc.disks.iter().zip(&disks) {
-        let c = &d.config;
+        let Some(c) = &d.config else {
+            continue;
+        };
         let _ = writeln!(
             out,
             "blklab_disk_info{} 1",
@@ -962,7 +959,7 @@ mod tests {
                 .unwrap()
                 .remove(0);
         DiskReport {
-            config,
+            config: Some(config),
             queues: (0..queues)
                 .map(|q| queue(q, 1000 * (q as u64 + 1)))
                 .collect(),
@@ -1031,7 +1028,7 @@ mod tests {
             assert!(names.contains(&f), "{f} missing from {names:?}");
         }
         for d in &doc.disks {
-            let sock = d.config.socket.to_string_lossy().into_owned();
+            let sock = d.socket();
             for q in &d.queues {
                 let qi = q.index.to_string();
                 for (k, v) in counter_fields(&q.counters) {
@@ -1169,8 +1166,8 @@ mod tests {
                 &e,
                 "blklab_info",
                 &[
-                    ("version", doc.blklab_version),
-                    ("git_commit", doc.git_commit)
+                    ("version", &doc.blklab_version),
+                    ("git_commit", &doc.git_commit)
                 ]
             ),
             1.0

@@ -3,5 +3,6 @@
 
 pub mod fd;
 pub mod hostcpu;
+pub mod schema;
 pub mod text;
 pub mod units;
