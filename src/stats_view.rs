@@ -7,24 +7,12 @@ use std::fmt::Write as _;
 use std::io;
 use std::time::Instant;
 
-use serde_json::Value;
-
-use crate::backend::control::query;
+use crate::backend::control::{query, query_stats, stats_answer};
 use crate::cli::{StatsArgs, StatsFormat};
-
-fn num(v: &Value, path: &[&str]) -> f64 {
-    let mut cur = v;
-    for p in path {
-        match cur.get(p) {
-            Some(next) => cur = next,
-            None => return 0.0,
-        }
-    }
-    cur.as_f64().unwrap_or(0.0)
-}
+use crate::stats::queue::StatsDocument;
 
 /// Render a stats document; `prev` (with the seconds since it) adds rates.
-pub fn table(doc: &Value, prev: Option<(&Value, f64)>) -> String {
+pub fn table(doc: &StatsDocument, prev: Option<(&StatsDocument, f64)>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -42,37 +30,30 @@ pub fn table(doc: &Value, prev: Option<(&Value, f64)>) -> String {
         "wr p99us",
         "cpu s"
     );
-    let mut before: HashMap<(String, u64), f64> = HashMap::new();
+    let mut before: HashMap<(String, usize), u64> = HashMap::new();
     if let Some((p, _)) = prev {
-        for d in p["disks"].as_array().into_iter().flatten() {
-            let sock = d["config"]["socket"].as_str().unwrap_or("").to_string();
-            for q in d["queues"].as_array().into_iter().flatten() {
-                before.insert(
-                    (sock.clone(), num(q, &["index"]) as u64),
-                    num(q, &["counters", "requests"]),
-                );
+        for d in &p.disks {
+            for q in &d.queues {
+                before.insert((d.socket(), q.index), q.counters.requests);
             }
         }
     }
-    for d in doc["disks"].as_array().into_iter().flatten() {
-        let sock = d["config"]["socket"].as_str().unwrap_or("?").to_string();
-        for q in d["queues"].as_array().into_iter().flatten() {
-            let idx = num(q, &["index"]) as u64;
-            let req = num(q, &["counters", "requests"]);
-            let kicks = num(q, &["counters", "kicks"]);
+    for d in &doc.disks {
+        let sock = d.socket();
+        for q in &d.queues {
+            let c = &q.counters;
+            let req = c.requests;
             let iops = match prev {
                 Some((_, secs)) if secs > 0.0 => {
-                    let b = before.get(&(sock.clone(), idx)).copied().unwrap_or(0.0);
-                    format!("{:.0}", (req - b).max(0.0) / secs)
+                    let b = before.get(&(sock.clone(), q.index)).copied().unwrap_or(0);
+                    format!("{:.0}", req.saturating_sub(b) as f64 / secs)
                 }
                 _ => "-".into(),
             };
-            let errors = num(q, &["counters", "status_ioerr"])
-                + num(q, &["counters", "status_unsupp"])
-                + num(q, &["counters", "dropped"]);
-            let cpu = num(q, &["worker_cpu", "user_s"]) + num(q, &["worker_cpu", "sys_s"]);
-            let per_kick = if kicks > 0.0 {
-                format!("{:.2}", req / kicks)
+            let errors = c.status_ioerr + c.status_unsupp + c.dropped;
+            let cpu = q.worker_cpu.map_or(0.0, |w| w.user_s + w.sys_s);
+            let per_kick = if c.kicks > 0 {
+                format!("{:.2}", req as f64 / c.kicks as f64)
             } else {
                 "-".into()
             };
@@ -85,32 +66,27 @@ pub fn table(doc: &Value, prev: Option<(&Value, f64)>) -> String {
                 out,
                 "{:<28} {:>3} {:>10} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>8.2}",
                 name,
-                idx,
-                req as u64,
+                q.index,
+                req,
                 iops,
-                kicks as u64,
+                c.kicks,
                 per_kick,
-                errors as u64,
-                num(q, &["counters", "notifications"]) as u64,
-                num(q, &["latency_read_ns", "p50"]) / 1000.0,
-                num(q, &["latency_read_ns", "p99"]) / 1000.0,
-                num(q, &["latency_write_ns", "p99"]) / 1000.0,
+                errors,
+                c.notifications,
+                q.latency_read_ns.p50 as f64 / 1000.0,
+                q.latency_read_ns.p99 as f64 / 1000.0,
+                q.latency_write_ns.p99 as f64 / 1000.0,
                 cpu
             );
-            let (spin, hits, misses) = (
-                num(q, &["counters", "poll_spin_ns"]),
-                num(q, &["counters", "poll_hits"]),
-                num(q, &["counters", "poll_misses"]),
-            );
-            if hits + misses > 0.0 {
+            if c.poll_hits + c.poll_misses > 0 {
                 let _ = writeln!(
                     out,
                     "{:<28} {:>3} poll: spin {:.3} s, {} hits, {} misses",
                     "",
-                    idx,
-                    spin / 1e9,
-                    hits as u64,
-                    misses as u64
+                    q.index,
+                    c.poll_spin_ns as f64 / 1e9,
+                    c.poll_hits,
+                    c.poll_misses
                 );
             }
         }
@@ -118,29 +94,36 @@ pub fn table(doc: &Value, prev: Option<(&Value, f64)>) -> String {
     out
 }
 
+fn cannot_query(args: &StatsArgs, e: io::Error) -> io::Error {
+    io::Error::new(
+        e.kind(),
+        format!("cannot query {}: {e}", args.control.display()),
+    )
+}
+
 /// Run `blklab stats`.
 pub fn run(args: &StatsArgs) -> io::Result<()> {
-    let mut prev: Option<(Value, Instant)> = None;
+    let mut prev: Option<(StatsDocument, Instant)> = None;
     loop {
-        let command = if args.format == StatsFormat::Prom {
-            "prom"
-        } else {
-            "stats"
-        };
-        let doc = query(&args.control, command).map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("cannot query {}: {e}", args.control.display()),
-            )
-        })?;
-        if let Some(err) = doc.get("error") {
-            return Err(io::Error::other(format!("daemon answered: {err}")));
-        }
-        let now = Instant::now();
         match args.format {
-            StatsFormat::Json => println!("{doc}"),
-            StatsFormat::Prom => print!("{}", doc["prometheus"].as_str().unwrap_or("")),
+            StatsFormat::Prom => {
+                let answer = query(&args.control, "prom").map_err(|e| cannot_query(args, e))?;
+                if let Some(err) = answer.get("error") {
+                    return Err(io::Error::other(format!("daemon answered: {err}")));
+                }
+                print!("{}", answer["prometheus"].as_str().unwrap_or(""));
+            }
+            StatsFormat::Json => {
+                // Read as a stats document (its schema version checked),
+                // printed as the daemon wrote it, fields newer than this
+                // blklab included.
+                let answer = query(&args.control, "stats").map_err(|e| cannot_query(args, e))?;
+                stats_answer(&answer, "stats").map_err(|e| cannot_query(args, e))?;
+                println!("{answer}");
+            }
             StatsFormat::Table => {
+                let doc = query_stats(&args.control, "stats").map_err(|e| cannot_query(args, e))?;
+                let now = Instant::now();
                 let p = prev
                     .as_ref()
                     .map(|(v, t)| (v, now.duration_since(*t).as_secs_f64()));
@@ -148,12 +131,12 @@ pub fn run(args: &StatsArgs) -> io::Result<()> {
                 if args.watch.is_some() {
                     println!();
                 }
+                prev = Some((doc, now));
             }
         }
         let Some(interval) = args.watch else {
             return Ok(());
         };
-        prev = Some((doc, now));
         std::thread::sleep(interval);
     }
 }

@@ -900,6 +900,20 @@ fn stat_value(sec: &BTreeMap<String, Vec<String>>, key: &str) -> u64 {
         .unwrap()
 }
 
+/// `v` without its null object members (null and absent read alike).
+fn without_nulls(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .filter(|(_, x)| !x.is_null())
+                .map(|(k, x)| (k, without_nulls(x)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(without_nulls).collect()),
+        other => other,
+    }
+}
+
 #[test]
 fn result_document_from_recorded_snapshots() {
     let dir = root().join("tests/fixtures/result");
@@ -948,6 +962,19 @@ fn result_document_from_recorded_snapshots() {
         let doc: Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("{awk:?}: not JSON: {e}\n{}", text(&out.stdout)));
         assert_eq!(doc["schema"], "blklab-guest-result/1");
+        // The host reads the same document as its type, and writes it
+        // back whole.
+        let typed: blklab::record::guest::GuestResult =
+            serde_json::from_value(doc.clone()).expect("a GuestResult");
+        assert_eq!(typed.settings.as_ref().unwrap().target, "null_blk");
+        assert!(typed.block.as_ref().unwrap()["loop0"].ios() > 1000);
+        assert!(typed.cpu.is_some() && typed.interrupts.is_some());
+        // (A field this test's abbreviated queue settings leave out comes
+        // back as null.)
+        assert_eq!(
+            without_nulls(serde_json::to_value(&typed).unwrap()),
+            without_nulls(doc.clone())
+        );
         assert_eq!(doc["ok"], false);
         assert_eq!(doc["error"], err);
         assert_eq!(doc["fio_log"], "note: a \"quoted\" \\ line\n\ttabbed");
@@ -1070,6 +1097,13 @@ fn result_document_from_recorded_snapshots() {
         }
         let out = awk_run(&awk, &["json.awk", "cpu.awk", "result.awk"], &[], &env2);
         let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON without snapshots");
+        let typed: blklab::record::guest::GuestResult =
+            serde_json::from_value(doc.clone()).expect("a GuestResult without snapshots");
+        assert!(typed.cpu.is_none() && typed.fio.is_none());
+        assert_eq!(
+            without_nulls(serde_json::to_value(&typed).unwrap()),
+            without_nulls(doc.clone())
+        );
         for k in [
             "cpu",
             "block",

@@ -99,7 +99,13 @@ fn symbolisation_against_a_known_system_map() {
     assert_eq!(p.functions["schedule_idle"], 8);
     assert_eq!(p.idle_symbol.as_deref(), Some("schedule_idle"));
     assert_eq!(p.idle_entries, Some(4));
-    let r = insns::record(&p, Some(10.0), Some(20.0), &Value::Null);
+    let r = serde_json::to_value(insns::record(
+        &p,
+        Some(10.0),
+        Some(20.0),
+        &Default::default(),
+    ))
+    .unwrap();
     assert_eq!(r["functions"]["blk_mq_flush_plug_list"], 16.0);
     assert_eq!(r["groups"]["block"], 16.0);
     assert_eq!(r["groups"]["other"], 3.0);

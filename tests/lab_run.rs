@@ -324,6 +324,7 @@ fn a_kernel_against_itself_shows_no_significant_row() {
             }
         }
     }
+    documents_match_their_types_and_schemas(out_dir.path());
     // Every metric at 99 %, Holm-corrected over all of them.
     let out = Command::new(common::blklab_bin())
         .args(["compare", out_dir.path().to_str().unwrap()])
@@ -347,6 +348,59 @@ fn a_kernel_against_itself_shows_no_significant_row() {
             assert_eq!(c["a"]["n"], 3);
         }
     }
+}
+
+/// Every document a run wrote reads as its type (blklab::record) and
+/// validates against its JSON Schema in docs/schema/ (tests/schema.rs
+/// checks those files are the types' own).
+fn documents_match_their_types_and_schemas(out: &Path) {
+    use blklab::record::{self, Document};
+    fn check<T: Document>(p: &Path) -> T {
+        let schema = read_json(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("docs/schema/{}.schema.json", T::NAME)),
+        );
+        let v = jsonschema::validator_for(&schema).unwrap();
+        let doc = read_json(p);
+        let errors: Vec<String> = v
+            .iter_errors(&doc)
+            .map(|e| format!("{e} at {}", e.instance_path))
+            .collect();
+        assert!(errors.is_empty(), "{}:\n{}", p.display(), errors.join("\n"));
+        record::read(p).unwrap_or_else(|e| panic!("{e}"))
+    }
+    let run: record::run::RunDocument = check(&out.join("run.json"));
+    let summary: record::summary::SummaryDocument = check(&out.join("summary.json"));
+    let mut records = 0;
+    for e in std::fs::read_dir(out).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".json") && name != "run.json" && name != "summary.json" {
+            let r: record::result::ResultRecord = check(&p);
+            assert!(
+                r.backend.is_some() && r.host.is_some(),
+                "{name}: a measured window"
+            );
+            records += 1;
+        }
+    }
+    let expected: usize = run
+        .order
+        .iter()
+        .map(|b| {
+            run.scenarios
+                .iter()
+                .find(|s| s.name == b.scenario)
+                .unwrap()
+                .variants
+                .len()
+        })
+        .sum();
+    assert_eq!(records, expected);
+    assert_eq!(
+        summary.rows.iter().map(|r| r.iterations).sum::<usize>(),
+        records
+    );
 }
 
 /// A run refused up front wrote no plan and booted no guest.

@@ -43,7 +43,7 @@ fn document() -> StatsDocument {
     q.latency_read_ns = lat;
     q.latency_write_ns = lat;
     StatsDocument::new(vec![DiskReport {
-        config,
+        config: Some(config),
         queues: vec![q],
         tag_pools: Vec::new(),
     }])

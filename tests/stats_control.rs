@@ -6,6 +6,7 @@ mod common;
 
 use std::process::Command;
 
+use blklab::stats::queue::{QueueReport, StatsDocument, STATS_SCHEMA};
 use common::client::{Client, Op};
 use common::{blklab_bin, Daemon};
 use serde_json::Value;
@@ -14,8 +15,13 @@ fn query(sock: &std::path::Path, cmd: &str) -> Value {
     blklab::backend::control::query(sock, cmd).expect("control query")
 }
 
-fn queue0(doc: &Value) -> &Value {
-    &doc["disks"][0]["queues"][0]
+/// A stats or snapshot answer, typed.
+fn stats(sock: &std::path::Path, cmd: &str) -> StatsDocument {
+    blklab::backend::control::query_stats(sock, cmd).expect("control query")
+}
+
+fn queue0(doc: &StatsDocument) -> &QueueReport {
+    &doc.disks[0].queues[0]
 }
 
 #[test]
@@ -42,9 +48,9 @@ fn kicks_counted_exactly_and_snapshots() {
     let q = &mut c.queues[0];
 
     // Baseline after the connection's set-up (which submits nothing).
-    let setup = query(&control, "snapshot setup");
-    assert_eq!(queue0(&setup)["counters"]["requests"], 0, "{setup}");
-    assert_eq!(queue0(&setup)["counters"]["kicks"], 0, "{setup}");
+    let setup = stats(&control, "snapshot setup");
+    assert_eq!(queue0(&setup).counters.requests, 0, "{setup:?}");
+    assert_eq!(queue0(&setup).counters.kicks, 0, "{setup:?}");
 
     // Each request or batch starts once the worker has finished the pass
     // that served the previous one (a queue's statistics are locked for a
@@ -63,16 +69,16 @@ fn kicks_counted_exactly_and_snapshots() {
         assert_eq!(q.write(i * 4096, &[7; 4096]), 0);
         served(i + 1, i + 1);
     }
-    let a = query(&control, "snapshot qd1");
-    assert_eq!(a["label"], "qd1");
-    assert!(a["interval_s"].as_f64().unwrap() > 0.0);
+    let a = stats(&control, "snapshot qd1");
+    assert_eq!(a.label.as_deref(), Some("qd1"));
+    assert!(a.interval_s.unwrap() > 0.0);
     let qa = queue0(&a);
-    assert_eq!(qa["counters"]["requests"], 32);
-    assert_eq!(qa["counters"]["writes"], 32);
-    assert_eq!(qa["counters"]["kicks"], 32, "one kick per request: {qa}");
-    assert_eq!(qa["requests_per_kick"]["max"], 1, "{qa}");
+    assert_eq!(qa.counters.requests, 32);
+    assert_eq!(qa.counters.writes, 32);
+    assert_eq!(qa.counters.kicks, 32, "one kick per request: {qa:?}");
+    assert_eq!(qa.requests_per_kick.max, 1, "{qa:?}");
     // Every wake-up is accounted for, with its kicks.
-    assert_eq!(qa["kicks_per_wakeup"]["count"], qa["counters"]["wakeups"]);
+    assert_eq!(qa.kicks_per_wakeup.count, qa.counters.wakeups);
 
     // Plugged pattern: 16 requests added, then one kick; twice.
     for round in 0..2u64 {
@@ -84,21 +90,22 @@ fn kicks_counted_exactly_and_snapshots() {
         }
         served(32 + 16 * (round + 1), 32 + round + 1);
     }
-    let b = query(&control, "snapshot qd16");
+    let b = stats(&control, "snapshot qd16");
     let qb = queue0(&b);
-    assert_eq!(qb["counters"]["requests"], 32);
-    assert_eq!(qb["counters"]["reads"], 32);
-    assert_eq!(qb["counters"]["kicks"], 2, "one kick per 16 requests: {qb}");
-    assert_eq!(qb["requests_per_kick"]["max"], 16);
-    assert_eq!(qb["counters"]["bytes_read"], 32 * 4096);
-    assert!(qb["latency_read_ns"]["count"].as_u64().unwrap() == 32);
+    assert_eq!(qb.counters.requests, 32);
+    assert_eq!(qb.counters.reads, 32);
+    assert_eq!(qb.counters.kicks, 2, "one kick per 16 requests: {qb:?}");
+    assert_eq!(qb.requests_per_kick.max, 16);
+    assert_eq!(qb.counters.bytes_read, 32 * 4096);
+    assert_eq!(qb.latency_read_ns.count, 32);
 
     // Cumulative stats cover both phases and carry the configuration.
-    let all = query(&control, "stats");
-    assert!(queue0(&all)["counters"]["requests"].as_u64().unwrap() >= 64);
-    assert_eq!(all["disks"][0]["config"]["size"], 16 << 20);
-    assert_eq!(all["blklab_version"], env!("CARGO_PKG_VERSION"));
-    let commit = all["git_commit"].as_str().unwrap();
+    let all = stats(&control, "stats");
+    assert!(queue0(&all).counters.requests >= 64);
+    assert_eq!(all.disks[0].config.as_ref().unwrap().size, 16 << 20);
+    assert_eq!(all.schema, STATS_SCHEMA);
+    assert_eq!(all.blklab_version, env!("CARGO_PKG_VERSION"));
+    let commit = &all.git_commit;
     assert!(commit.len() >= 40 || commit == "unknown", "{commit}");
 
     // The table view.
@@ -116,12 +123,12 @@ fn kicks_counted_exactly_and_snapshots() {
         .args(["stats", "--control", &ctl, "--format", "json"])
         .output()
         .unwrap();
-    let v: Value = serde_json::from_slice(&json.stdout).unwrap();
-    assert!(v["disks"][0]["queues"].is_array());
+    let v: StatsDocument = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v.disks[0].queues.len(), 1);
 
     // Reset, config, errors.
     assert_eq!(query(&control, "reset")["ok"], true);
-    assert_eq!(queue0(&query(&control, "stats"))["counters"]["requests"], 0);
+    assert_eq!(queue0(&stats(&control, "stats")).counters.requests, 0);
     let cfg = query(&control, r#"{"cmd":"config"}"#);
     assert_eq!(cfg["disks"][0]["num_queues"], 1);
     assert!(query(&control, "frobnicate")["error"]
@@ -133,8 +140,8 @@ fn kicks_counted_exactly_and_snapshots() {
     assert_eq!(q.write(0, &[1; 4096]), 0);
     drop(c);
     assert!(d.terminate().success());
-    let doc: Value = common::read_json(&out);
-    assert_eq!(queue0(&doc)["counters"]["writes"], 1);
+    let doc = StatsDocument::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(queue0(&doc).counters.writes, 1);
     assert!(!control.exists(), "control socket removed at exit");
 }
 

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use log::{info, warn};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -32,7 +33,7 @@ pub fn report(disks: &[Arc<Disk>], base: Option<&[Vec<QueueStats>]>) -> StatsDoc
         .iter()
         .enumerate()
         .map(|(d, disk)| DiskReport {
-            config: disk.cfg.clone(),
+            config: Some(disk.cfg.clone()),
             queues: (0..disk.stats.len())
                 .map(|q| {
                     let st = disk.queue_stats(q);
@@ -213,6 +214,28 @@ pub fn query(path: &Path, command: &str) -> std::io::Result<Value> {
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line)?;
     serde_json::from_str(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// Ask a running daemon for a stats document (`stats` or `snapshot
+/// LABEL`), typed: an `{"error": …}` answer, a document that is not a
+/// stats document or one of another major schema version is an error.
+pub fn query_stats(path: &Path, command: &str) -> std::io::Result<StatsDocument> {
+    stats_answer(&query(path, command)?, command)
+}
+
+/// The stats document in a daemon's answer to `command` (see
+/// [`query_stats`]).
+pub fn stats_answer(answer: &Value, command: &str) -> std::io::Result<StatsDocument> {
+    if let Some(err) = answer.get("error") {
+        let err = err.as_str().map_or_else(|| err.to_string(), str::to_string);
+        return Err(std::io::Error::other(format!("the daemon answered: {err}")));
+    }
+    StatsDocument::deserialize(answer).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("the answer to {command:?} is not a stats document: {e}"),
+        )
+    })
 }
 
 /// Write the final statistics document to `path`.

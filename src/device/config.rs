@@ -100,7 +100,7 @@ pub fn parse_poll_spin(p: &str) -> Result<std::time::Duration, ConfigError> {
 }
 
 /// How a disk's command slots are limited.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum TagMode {
     /// Only the virtqueue size limits requests in service.
@@ -112,7 +112,7 @@ pub enum TagMode {
 }
 
 /// What a shared pool spans.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum TagScope {
     Disk,
@@ -120,7 +120,7 @@ pub enum TagScope {
 }
 
 /// The tag (command slot) model of a disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct TagPolicy {
     pub mode: TagMode,
     pub depth: u32,
@@ -129,7 +129,7 @@ pub struct TagPolicy {
 }
 
 /// What backs the disk's contents.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", content = "path", rename_all = "lowercase")]
 pub enum StorageSpec {
     /// Reads return zeros, writes are dropped.
@@ -591,7 +591,7 @@ pub fn parse_thread_masks(masks: &[String], num_queues: u16) -> Result<Vec<u64>,
 }
 
 /// The validated configuration of one served disk.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct DiskConfig {
     pub socket: PathBuf,
     pub storage: StorageSpec,

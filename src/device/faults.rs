@@ -327,13 +327,26 @@ macro_rules! serde_as_string {
                 s.parse().map_err(serde::de::Error::custom)
             }
         }
+
+        impl schemars::JsonSchema for $t {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($t).into()
+            }
+
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({
+                    "type": "string",
+                    "description": "The command line's form of the option."
+                })
+            }
+        }
     )*};
 }
 
 serde_as_string!(FaultOp, FailEvery, FailRange, StallEvery);
 
 /// All fault rules of one disk.
-#[derive(Default, Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Default, Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FaultConfig {
     #[serde(alias = "fail_every")]

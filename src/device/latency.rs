@@ -326,6 +326,19 @@ impl<'de> Deserialize<'de> for LatencySpec {
     }
 }
 
+impl schemars::JsonSchema for LatencySpec {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "LatencySpec".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "description": "A latency spec as on the command line: `0`, `100us`, `uniform:50us..150us`, `normal:100us,15us`, `lognormal:100us,0.5`."
+        })
+    }
+}
+
 /// splitmix64's output function: a bijective 64-bit mixer.
 fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -446,7 +459,7 @@ impl LatOp {
 ///
 /// Serde: a map with `read`, `write`, `flush`, `other`, each a spec string;
 /// missing kinds are `0`.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct OpLatency {
     pub read: LatencySpec,

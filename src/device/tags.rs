@@ -62,7 +62,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use vmm_sys_util::eventfd::EventFd;
 
 /// A slot index, `0..depth`.
@@ -115,7 +115,8 @@ struct QueueSlot {
 }
 
 /// Counters of one registered queue.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default)]
 pub struct QueueStats {
     /// Tags held now.
     pub held: u32,
@@ -136,7 +137,8 @@ pub struct QueueStats {
 }
 
 /// A snapshot of a pool's counters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(default)]
 pub struct PoolStats {
     pub depth: u32,
     pub fairness: bool,

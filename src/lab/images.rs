@@ -9,6 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use thiserror::Error;
 
+use crate::record::run::Manifests;
+
 #[derive(Debug, Error)]
 pub enum ImageError {
     #[error("invalid --kernel {spec:?}: {why}")]
@@ -192,17 +194,17 @@ pub struct PreparedGuest {
 
 impl PreparedGuest {
     /// Both manifests' contents (null when absent or unreadable).
-    pub fn manifests(&self) -> Value {
+    pub fn manifests(&self) -> Manifests {
         let read = |p: &Option<PathBuf>| {
             p.as_ref()
                 .and_then(|p| std::fs::read_to_string(p).ok())
                 .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-                .unwrap_or(Value::Null)
+                .filter(|v| !v.is_null())
         };
-        serde_json::json!({
-            "kernel": read(&self.kernel_manifest),
-            "initramfs": read(&self.initramfs_manifest),
-        })
+        Manifests {
+            kernel: read(&self.kernel_manifest),
+            initramfs: read(&self.initramfs_manifest),
+        }
     }
 }
 

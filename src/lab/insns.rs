@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::{json, Map, Value};
 use thiserror::Error;
 
+pub use crate::record::instructions::{InsnsWindow, Instructions, VcpuInsns};
 use crate::record::symbol_groups::{base_name, group_of, OUTSIDE};
 
 #[derive(Debug, Error)]
@@ -366,42 +366,48 @@ pub fn profile(window: &Dump, map: &SymbolMap) -> Profile {
 /// The `instructions` field of a result record. `ios` is the block layer's
 /// IO count of the window (per-IO fields are null without it) and
 /// `context_switches` the guest's `/proc/stat` delta.
-pub fn record(p: &Profile, ios: Option<f64>, context_switches: Option<f64>, how: &Value) -> Value {
+pub fn record(
+    p: &Profile,
+    ios: Option<f64>,
+    context_switches: Option<f64>,
+    window: &InsnsWindow,
+) -> Instructions {
     let per = |v: f64| ios.filter(|n| *n > 0.0).map(|n| v / n);
     let mut groups: BTreeMap<&str, u64> = BTreeMap::new();
     for (f, n) in &p.functions {
         *groups.entry(group_of(f)).or_default() += n;
     }
     let total = p.kernel + p.user;
-    let mut funcs: Vec<(&String, &u64)> = p.functions.iter().collect();
-    funcs.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-    let functions: Map<String, Value> = funcs
-        .iter()
-        .map(|(f, n)| ((*f).clone(), json!(per(**n as f64))))
-        .collect();
-    let function_insns: Map<String, Value> = funcs
-        .iter()
-        .map(|(f, n)| ((*f).clone(), json!(n)))
-        .collect();
-    json!({
-        "window": how,
-        "ios": ios,
-        "total": total,
-        "kernel": p.kernel,
-        "user": p.user,
-        "per_vcpu": p.per_vcpu.iter().map(|(k, u)| json!({"kernel": k, "user": u})).collect::<Vec<_>>(),
-        "per_io": per(total as f64),
-        "kernel_per_io": per(p.kernel as f64),
-        "user_per_io": per(p.user as f64),
-        "idle_symbol": p.idle_symbol,
-        "idle_entries": p.idle_entries,
-        "idle_entries_per_io": p.idle_entries.and_then(|n| per(n as f64)),
-        "context_switches_per_io": context_switches.and_then(per),
-        "groups": groups.iter().map(|(g, n)| (g.to_string(), json!(per(*n as f64)))).collect::<Map<String, Value>>(),
-        "group_insns": groups.iter().map(|(g, n)| (g.to_string(), json!(n))).collect::<Map<String, Value>>(),
-        "functions": functions,
-        "function_insns": function_insns,
-    })
+    Instructions {
+        window: window.clone(),
+        ios,
+        total,
+        kernel: p.kernel,
+        user: p.user,
+        per_vcpu: p
+            .per_vcpu
+            .iter()
+            .map(|&(kernel, user)| VcpuInsns { kernel, user })
+            .collect(),
+        per_io: per(total as f64),
+        kernel_per_io: per(p.kernel as f64),
+        user_per_io: per(p.user as f64),
+        idle_symbol: p.idle_symbol.clone(),
+        idle_entries: p.idle_entries,
+        idle_entries_per_io: p.idle_entries.and_then(|n| per(n as f64)),
+        context_switches_per_io: context_switches.and_then(per),
+        groups: groups
+            .iter()
+            .map(|(g, n)| (g.to_string(), per(*n as f64)))
+            .collect(),
+        group_insns: groups.iter().map(|(g, n)| (g.to_string(), *n)).collect(),
+        functions: p
+            .functions
+            .iter()
+            .map(|(f, n)| (f.clone(), per(*n as f64)))
+            .collect(),
+        function_insns: p.functions.clone(),
+    }
 }
 
 #[cfg(test)]
@@ -449,12 +455,12 @@ ffffffff81000600 T _etext
         assert_eq!(p.functions["blk_mq_flush_plug_list"], 20);
         assert_eq!(p.functions["foo"], 7);
         assert_eq!(p.idle_entries, Some(3));
-        let r = record(&p, Some(2.0), Some(4.0), &json!("test"));
-        assert_eq!(r["per_io"], 105.0);
-        assert_eq!(r["functions"]["blk_mq_flush_plug_list"], 10.0);
-        assert_eq!(r["groups"]["block"], 10.0);
-        assert_eq!(r["idle_entries_per_io"], 1.5);
-        assert_eq!(r["context_switches_per_io"], 2.0);
+        let r = record(&p, Some(2.0), Some(4.0), &InsnsWindow::default());
+        assert_eq!(r.per_io, Some(105.0));
+        assert_eq!(r.functions["blk_mq_flush_plug_list"], Some(10.0));
+        assert_eq!(r.groups["block"], Some(10.0));
+        assert_eq!(r.idle_entries_per_io, Some(1.5));
+        assert_eq!(r.context_switches_per_io, Some(2.0));
         assert!(Dump::parse("blklab-insns 1\nvcpus 1\n", Path::new("t")).is_err());
         assert!(Dump::parse("junk\n", Path::new("t")).is_err());
     }

@@ -41,15 +41,7 @@ pub enum QemuError {
     Console(std::io::Error),
 }
 
-/// The accelerator QEMU runs the guest with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Accel {
-    /// KVM when a real probe boots a guest under it, else TCG.
-    Auto,
-    Kvm,
-    Tcg,
-}
+pub use crate::record::run::Accel;
 
 /// One vhost-user disk on the QEMU command line.
 pub use crate::backend::qemu_args::QemuDisk;

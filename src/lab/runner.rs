@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use log::{info, warn};
-use serde_json::{json, Value};
+use serde::Deserialize;
+use serde_json::Value;
 use thiserror::Error;
 
 use crate::backend::control;
@@ -19,12 +20,19 @@ use crate::backend::Disk;
 use crate::device::config::{DiskArgs, DiskConfig};
 use crate::lab::console::{parse_line, Event, FaultScanner, Phase};
 use crate::lab::images::{self, KernelSpec, PreparedGuest};
-use crate::lab::insns::{self, Dump, SymbolMap};
+use crate::lab::insns::{self, Dump, InsnsWindow, SymbolMap};
 use crate::lab::options::{CountInsns, RunArgs};
 use crate::lab::qemu::{self, Accel, Guest, Next, QemuDisk, QemuSpec};
 use crate::lab::scenario::{self, Scenario};
 use crate::lab::summary;
-use crate::stats::queue::QueueStats;
+use crate::record::guest::{GuestResult, GUEST_SCHEMA};
+use crate::record::result::{Checks, HostWindow, ResultRecord, RESULT_SCHEMA};
+use crate::record::run::{
+    BootOrder, HostInfo, InsnsSetup, KernelEntry, QemuInfo, RunDocument, RUN_SCHEMA,
+};
+use crate::record::summary::{RetriedBoot, SummaryDocument, SUMMARY_SCHEMA};
+use crate::record::RecordError;
+use crate::stats::queue::{QueueStats, StatsDocument};
 use crate::util::hostcpu;
 
 #[derive(Debug, Error)]
@@ -44,6 +52,8 @@ pub enum RunError {
     },
     #[error(transparent)]
     Insns(#[from] insns::InsnsError),
+    #[error(transparent)]
+    Record(#[from] RecordError),
     #[error("cannot serve the disks: {0}")]
     Serve(#[from] crate::backend::server::ServeError),
     #[error(
@@ -219,92 +229,12 @@ struct Begin {
 }
 
 /// What the host measured over one variant's window.
-struct HostSide {
-    backend: Value,
-    host: Value,
+struct Measured {
+    /// The backend's snapshot delta.
+    backend: StatsDocument,
+    host: HostWindow,
     /// The plugin's counters over the window (with --count-insns).
     insns: Option<Dump>,
-}
-
-/// Sum `key` over the fio JSON's jobs, for reads, writes and trims.
-fn fio_total_ios(fio: &Value) -> Option<u64> {
-    let jobs = fio.get("jobs")?.as_array()?;
-    let mut n = 0;
-    for j in jobs {
-        for dir in ["read", "write", "trim"] {
-            n += j
-                .get(dir)
-                .and_then(|d| d.get("total_ios"))
-                .and_then(Value::as_u64)
-                .unwrap_or(0);
-        }
-    }
-    Some(n)
-}
-
-/// Consistency of one record: fio's IO count against the guest block
-/// layer's and the backend's, and the guest CPU percentages' sum.
-pub fn checks(guest: &Value, backend: &Value) -> Value {
-    let fio_ios = guest.get("fio").and_then(fio_total_ios);
-    let target_virtio = guest
-        .pointer("/settings/target")
-        .and_then(Value::as_str)
-        .map(|t| t == "virtio")
-        .unwrap_or(true);
-    let block_ios = guest.get("block").and_then(Value::as_object).map(|m| {
-        m.values()
-            .map(|d| {
-                ["read_ios", "write_ios", "discard_ios"]
-                    .iter()
-                    .filter_map(|k| d.get(*k).and_then(Value::as_u64))
-                    .sum::<u64>()
-            })
-            .sum::<u64>()
-    });
-    let backend_ios = backend.get("disks").and_then(Value::as_array).map(|disks| {
-        disks
-            .iter()
-            .flat_map(|d| {
-                d.get("queues")
-                    .and_then(Value::as_array)
-                    .cloned()
-                    .unwrap_or_default()
-            })
-            .map(|q| {
-                ["reads", "writes", "discards", "write_zeroes"]
-                    .iter()
-                    .filter_map(|k| q.pointer(&format!("/counters/{k}")).and_then(Value::as_u64))
-                    .sum::<u64>()
-            })
-            .sum::<u64>()
-    });
-    let cpu_sum = guest
-        .pointer("/cpu/all")
-        .and_then(Value::as_object)
-        .map(|m| {
-            [
-                "usr", "nice", "sys", "iowait", "irq", "soft", "steal", "guest", "gnice", "idle",
-            ]
-            .iter()
-            .filter_map(|k| m.get(*k).and_then(Value::as_f64))
-            .sum::<f64>()
-        });
-    // With a ramp, fio leaves the ramp's IOs out of its counts while the
-    // block layer and the backend see them: the counts are not comparable.
-    let ramp = guest
-        .pointer("/settings/ramp")
-        .and_then(Value::as_u64)
-        .unwrap_or(0);
-    let fio_ios = fio_ios.filter(|_| ramp == 0);
-    json!({
-        "fio_ios": fio_ios,
-        "guest_block_ios": block_ios,
-        "backend_ios": if target_virtio { json!(backend_ios) } else { Value::Null },
-        "fio_equals_guest_block": match (fio_ios, block_ios) { (Some(a), Some(b)) => json!(a == b), _ => Value::Null },
-        "fio_equals_backend": match (target_virtio, fio_ios, backend_ios) { (true, Some(a), Some(b)) => json!(a == b), _ => Value::Null },
-        "guest_block_equals_backend": match (target_virtio, block_ios, backend_ios) { (true, Some(a), Some(b)) => json!(a == b), _ => Value::Null },
-        "guest_cpu_percent_sum": cpu_sum,
-    })
 }
 
 /// How `instructions` windows are taken (recorded in run.json and records).
@@ -421,7 +351,7 @@ fn utc_stamp() -> String {
 
 /// What the host is: name, CPUs, kernel, CPU model (for the report's
 /// "what differs besides the kernel").
-fn host_info() -> Value {
+fn host_info() -> HostInfo {
     let read = |p: &str| {
         std::fs::read_to_string(p)
             .ok()
@@ -432,26 +362,18 @@ fn host_info() -> Value {
             .find_map(|l| l.strip_prefix("model name"))
             .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
     });
-    json!({
-        "hostname": read("/proc/sys/kernel/hostname"),
-        "kernel": read("/proc/sys/kernel/osrelease"),
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).ok(),
-        "cpu_model": cpu_model,
-    })
-}
-
-fn write_json(path: &Path, v: &Value) -> Result<(), RunError> {
-    let text = serde_json::to_string_pretty(v).expect("JSON values serialize");
-    std::fs::write(path, text + "\n").map_err(|source| RunError::Write {
-        path: path.to_path_buf(),
-        source,
-    })
+    HostInfo {
+        hostname: read("/proc/sys/kernel/hostname"),
+        kernel: read("/proc/sys/kernel/osrelease"),
+        cpus: std::thread::available_parallelism().map(|n| n.get()).ok(),
+        cpu_model,
+    }
 }
 
 /// Everything `blklab run` produced.
 pub struct RunOutcome {
     pub out_dir: PathBuf,
-    pub records: Vec<Value>,
+    pub records: Vec<ResultRecord>,
     pub failures: Vec<String>,
 }
 
@@ -580,27 +502,47 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         .iter()
         .map(|b| scenarios[b.scenario].variants.len() as u64)
         .sum();
-    let run_doc = json!({
-        "schema": "blklab-run/1",
-        "started_unix": unix_now(),
-        "blklab_version": env!("CARGO_PKG_VERSION"),
-        "git_commit": crate::stats::queue::GIT_COMMIT,
-        "command_line": std::env::args().collect::<Vec<_>>(),
-        "accel": accel, "accel_reason": accel_why,
-        "deterministic": args.deterministic,
-        "count_insns": plugin.as_ref().map(|p| json!({"plugin": p, "window": INSNS_WINDOW})),
-        "host": host_info(),
-        "qemu": {"path": qemu_bin, "version": qemu::version(&qemu_bin)},
-        "kernels": guests.iter().zip(&names).map(|(g, n)| json!({
-            "label": n, "spec": g.spec, "kernel": g.kernel, "initramfs": g.initramfs,
-            "manifests": g.manifests()})).collect::<Vec<_>>(),
-        "scenarios": scenarios,
-        "iterations": args.iterations,
-        "order": boots.iter().map(|b| json!({
-            "kernel": names[b.kernel], "scenario": scenarios[b.scenario].name, "iteration": b.iteration
-        })).collect::<Vec<_>>(),
-    });
-    write_json(&out_dir.join("run.json"), &run_doc)?;
+    let run_doc = RunDocument {
+        schema: RUN_SCHEMA.to_string(),
+        started_unix: unix_now(),
+        blklab_version: env!("CARGO_PKG_VERSION").to_string(),
+        git_commit: crate::stats::queue::GIT_COMMIT.to_string(),
+        command_line: std::env::args().collect(),
+        accel,
+        accel_reason: accel_why.clone(),
+        deterministic: args.deterministic,
+        count_insns: plugin.as_ref().map(|p| InsnsSetup {
+            plugin: p.clone(),
+            window: INSNS_WINDOW.to_string(),
+        }),
+        host: host_info(),
+        qemu: QemuInfo {
+            path: qemu_bin.clone(),
+            version: qemu::version(&qemu_bin),
+        },
+        kernels: guests
+            .iter()
+            .zip(&names)
+            .map(|(g, n)| KernelEntry {
+                label: n.clone(),
+                spec: g.spec.clone(),
+                kernel: g.kernel.clone(),
+                initramfs: g.initramfs.clone(),
+                manifests: g.manifests(),
+            })
+            .collect(),
+        scenarios: scenarios.clone(),
+        iterations: args.iterations,
+        order: boots
+            .iter()
+            .map(|b| BootOrder {
+                kernel: names[b.kernel].clone(),
+                scenario: scenarios[b.scenario].name.clone(),
+                iteration: b.iteration,
+            })
+            .collect(),
+    };
+    crate::record::write(&out_dir.join("run.json"), &run_doc)?;
 
     let pb = if args.no_progress {
         ProgressBar::hidden()
@@ -614,7 +556,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     );
     let mut records = Vec::new();
     let mut failures = Vec::new();
-    let mut retried: Vec<Value> = Vec::new();
+    let mut retried: Vec<RetriedBoot> = Vec::new();
     for (seq, boot) in boots.iter().enumerate() {
         let g = &guests[boot.kernel];
         let s = &scenarios[boot.scenario];
@@ -679,10 +621,13 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
                     first.lines().next().unwrap_or(""),
                     kept.display()
                 );
-                retried.push(json!({
-                    "kernel": names[boot.kernel], "scenario": s.name,
-                    "iteration": boot.iteration, "error": first, "console": kept,
-                }));
+                retried.push(RetriedBoot {
+                    kernel: names[boot.kernel].clone(),
+                    scenario: s.name.clone(),
+                    iteration: boot.iteration,
+                    error: first.clone(),
+                    console: kept,
+                });
                 pb.set_position(position);
                 run_boot(&ctx).map_err(|f| fail(f, Some(&first)))?
             }
@@ -693,14 +638,14 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     }
     pb.finish_and_clear();
     let table = summary::table(&records);
-    let sum_doc = json!({
-        "schema": "blklab-run-summary/1",
-        "finished_unix": unix_now(),
-        "failures": failures,
-        "retried_boots": retried,
-        "rows": summary::rows(&records),
-    });
-    write_json(&out_dir.join("summary.json"), &sum_doc)?;
+    let sum_doc = SummaryDocument {
+        schema: SUMMARY_SCHEMA.to_string(),
+        finished_unix: unix_now(),
+        failures: failures.clone(),
+        retried_boots: retried,
+        rows: summary::rows(&records),
+    };
+    crate::record::write(&out_dir.join("summary.json"), &sum_doc)?;
     std::fs::write(out_dir.join("summary.txt"), &table).map_err(|source| RunError::Write {
         path: out_dir.join("summary.txt"),
         source,
@@ -734,9 +679,6 @@ fn console_log_path(out_dir: &Path, label: &str, scenario: &str, iteration: u32)
         .join(format!("{label}.{scenario}.{iteration:02}.log"))
 }
 
-/// Boot one guest, run one scenario, return its records and the failed
-/// variants. An `Err` is a boot that did not complete (QEMU failed, a wait
-/// timed out).
 /// Why a boot failed, by what `blklab run` does about it.
 #[derive(Debug)]
 enum BootFailure {
@@ -759,13 +701,66 @@ impl From<String> for BootFailure {
 /// end marker does not come (a hung guest prints no more).
 const FAULT_TAIL: Duration = Duration::from_secs(15);
 
-fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), BootFailure> {
-    let sockets = SocketDir::new(c.seq).map_err(|e| e.to_string())?;
-    let configs: Vec<DiskConfig> = disk_args(c.args, c.scenario, sockets.0.join("vd.sock"))
-        .to_configs()
-        .map_err(|e| format!("device options: {e}"))?;
-    let server = Server::start(configs.clone()).map_err(|e| e.to_string())?;
-    let disks: Vec<Arc<Disk>> = server.disks();
+/// Boot one guest, run one scenario, return its records and the failed
+/// variants. An `Err` is a boot that did not complete (QEMU failed, a wait
+/// timed out, the guest kernel faulted).
+fn run_boot(c: &BootCtx) -> Result<(Vec<ResultRecord>, Vec<String>), BootFailure> {
+    let disks = BootDisks::start(c)?;
+    let plugin = c
+        .plugin
+        .map(|_| insns::Control::new(disks.sockets.0.join("insns.sock")));
+    let spec = qemu_spec(c, &disks.configs, plugin.as_ref());
+    let mut command_line = vec![c.qemu.to_string()];
+    command_line.extend(spec.args());
+    let console_log = console_log_path(c.out_dir, c.label, &c.scenario.name, c.boot.iteration);
+    let _ = std::fs::remove_file(&console_log);
+    let guest = Guest::spawn(&spec, Some(&console_log)).map_err(|e| e.to_string())?;
+    let mut session = Session::new(c, guest, plugin, disks, command_line);
+    let rc = loop {
+        let line = session.next_line()?;
+        if session.scan_fault(&line)? || session.collect(&line) {
+            continue;
+        }
+        let Some(ev) = parse_line(&line) else {
+            continue;
+        };
+        if let Some(rc) = session.on_event(ev)? {
+            break rc;
+        }
+    };
+    session.finish(rc)
+}
+
+/// The disks one boot serves in-process, on sockets in a directory of
+/// their own. (Fields drop in order: the server stops before its sockets'
+/// directory goes.)
+struct BootDisks {
+    server: Server,
+    disks: Vec<Arc<Disk>>,
+    configs: Vec<DiskConfig>,
+    sockets: SocketDir,
+}
+
+impl BootDisks {
+    /// Start serving the scenario's disks.
+    fn start(c: &BootCtx) -> Result<BootDisks, BootFailure> {
+        let sockets = SocketDir::new(c.seq).map_err(|e| e.to_string())?;
+        let configs: Vec<DiskConfig> = disk_args(c.args, c.scenario, sockets.0.join("vd.sock"))
+            .to_configs()
+            .map_err(|e| format!("device options: {e}"))?;
+        let server = Server::start(configs.clone()).map_err(|e| e.to_string())?;
+        let disks = server.disks();
+        Ok(BootDisks {
+            server,
+            disks,
+            configs,
+            sockets,
+        })
+    }
+}
+
+/// The guest kernel's command line for one boot.
+fn kernel_append(c: &BootCtx) -> String {
     let mut append = format!(
         // loglevel=5: the console shows KERN_WARNING and worse, so a WARN
         // splat reaches the fault scanner (`quiet` would hide it).
@@ -789,17 +784,20 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), BootFailure> {
     if c.plugin.is_some() {
         append.push_str(" nokaslr");
     }
-    let control = c
-        .plugin
-        .map(|_| insns::Control::new(sockets.0.join("insns.sock")));
-    let spec = QemuSpec {
+    append
+}
+
+/// What QEMU runs for one boot: the guest, its disks and, with
+/// `--count-insns`, the plugin with its control socket.
+fn qemu_spec(c: &BootCtx, configs: &[DiskConfig], plugin: Option<&insns::Control>) -> QemuSpec {
+    QemuSpec {
         qemu: c.qemu.to_string(),
         accel: c.accel,
         vcpus: c.args.vcpus,
         memory: c.args.memory.clone(),
         kernel: c.guest.kernel.clone(),
         initramfs: c.guest.initramfs.clone(),
-        append,
+        append: kernel_append(c),
         disks: configs
             .iter()
             .map(|d| QemuDisk {
@@ -809,75 +807,142 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), BootFailure> {
             })
             .collect(),
         deterministic: c.args.deterministic,
-        plugin: match (c.plugin, &control) {
+        plugin: match (c.plugin, plugin) {
             (Some(p), Some(ctl)) => Some(format!("{},ctl={}", p.display(), ctl.path().display())),
             _ => None,
         },
-    };
-    let mut command_line = vec![c.qemu.to_string()];
-    command_line.extend(spec.args());
-    let console_log = console_log_path(c.out_dir, c.label, &c.scenario.name, c.boot.iteration);
-    let _ = std::fs::remove_file(&console_log);
-    let mut guest = Guest::spawn(&spec, Some(&console_log)).map_err(|e| e.to_string())?;
-    let qemu_pid = guest.pid();
-    let my_pid = std::process::id() as i32;
+    }
+}
 
-    let mut deadline = Instant::now() + c.args.boot_timeout;
-    let mut waiting_for = "the guest to boot (BLKLAB-INIT)".to_string();
-    let mut booted = false;
-    let mut begin: Option<Begin> = None;
-    let mut measured: BTreeMap<(String, String), HostSide> = BTreeMap::new();
-    let mut collecting: Option<(String, String, Vec<String>)> = None;
-    let mut records = Vec::new();
-    let mut failures = Vec::new();
-    let mut guest_errors: Vec<String> = Vec::new();
-    let mut spoke = false;
-    let mut fault = FaultScanner::default();
-    let rc = loop {
-        let line = match guest.next_line(deadline, &waiting_for) {
+/// One boot in progress: the guest, what it has said and what the host
+/// measured. (Fields drop in order: QEMU goes before the disks it uses.)
+struct Session<'a> {
+    guest: Guest,
+    /// The instruction-count plugin's control socket (--count-insns).
+    plugin: Option<insns::Control>,
+    disks: BootDisks,
+    c: &'a BootCtx<'a>,
+    command_line: Vec<String>,
+    qemu_pid: i32,
+    my_pid: i32,
+    /// When the next console line is due, and what it is waited for.
+    deadline: Instant,
+    waiting_for: String,
+    booted: bool,
+    /// Anything at all came from the console.
+    spoke: bool,
+    fault: FaultScanner,
+    /// The open variant window.
+    begin: Option<Begin>,
+    /// Closed windows whose result has not come yet, by (scenario, variant).
+    measured: BTreeMap<(String, String), Measured>,
+    /// The result document being read: (scenario, variant, lines).
+    collecting: Option<(String, String, Vec<String>)>,
+    records: Vec<ResultRecord>,
+    failures: Vec<String>,
+    guest_errors: Vec<String>,
+}
+
+impl<'a> Session<'a> {
+    /// A session for a guest just started, waiting for it to boot.
+    fn new(
+        c: &'a BootCtx<'a>,
+        guest: Guest,
+        plugin: Option<insns::Control>,
+        disks: BootDisks,
+        command_line: Vec<String>,
+    ) -> Session<'a> {
+        Session {
+            qemu_pid: guest.pid(),
+            my_pid: std::process::id() as i32,
+            guest,
+            plugin,
+            disks,
+            c,
+            command_line,
+            deadline: Instant::now() + c.args.boot_timeout,
+            waiting_for: "the guest to boot (BLKLAB-INIT)".to_string(),
+            booted: false,
+            spoke: false,
+            fault: FaultScanner::default(),
+            begin: None,
+            measured: BTreeMap::new(),
+            collecting: None,
+            records: Vec::new(),
+            failures: Vec::new(),
+            guest_errors: Vec::new(),
+        }
+    }
+
+    /// Wait for `what` until `deadline` from now on.
+    fn expect(&mut self, within: Duration, what: String) {
+        self.deadline = Instant::now() + within;
+        self.waiting_for = what;
+    }
+
+    /// The next console line, or why none comes: a fault report already
+    /// begun, a silent guest (worth a second boot), or anything else.
+    fn next_line(&mut self) -> Result<String, BootFailure> {
+        let line = match self.guest.next_line(self.deadline, &self.waiting_for) {
             Ok(Next::Line(l)) => l,
-            Ok(Next::Closed) | Err(_) if fault.started() => {
-                return Err(BootFailure::KernelFault(fault.report()))
+            Ok(Next::Closed) | Err(_) if self.fault.started() => {
+                return Err(BootFailure::KernelFault(self.fault.report()))
             }
-            Ok(Next::Closed) if !spoke => {
-                return Err(BootFailure::Silent(guest.exited_error().to_string()))
+            Ok(Next::Closed) if !self.spoke => {
+                return Err(BootFailure::Silent(self.guest.exited_error().to_string()))
             }
-            Ok(Next::Closed) => return Err(guest.exited_error().to_string().into()),
-            Err(e) if !spoke => return Err(BootFailure::Silent(e.to_string())),
+            Ok(Next::Closed) => return Err(self.guest.exited_error().to_string().into()),
+            Err(e) if !self.spoke => return Err(BootFailure::Silent(e.to_string())),
             Err(e) => return Err(e.to_string().into()),
         };
-        spoke = true;
-        if fault.feed(&line) {
-            if fault.complete() {
-                return Err(BootFailure::KernelFault(fault.report()));
-            }
-            if fault.report().lines().count() == 1 {
-                warn!("{}: the guest kernel reports a fault: {line}", c.label);
-                deadline = deadline.min(Instant::now() + FAULT_TAIL);
-                waiting_for = "the rest of the guest kernel's fault report".into();
-            }
-            continue;
+        self.spoke = true;
+        Ok(line)
+    }
+
+    /// Feed the fault scanner: true when the line is part of a kernel fault
+    /// report (whose end fails the boot; its first line shortens the wait).
+    fn scan_fault(&mut self, line: &str) -> Result<bool, BootFailure> {
+        if !self.fault.feed(line) {
+            return Ok(false);
         }
-        if let Some((_, _, buf)) = collecting.as_mut() {
-            if !line.starts_with("BLKLAB-RESULT-END") {
-                buf.push(line);
-                continue;
-            }
+        if self.fault.complete() {
+            return Err(BootFailure::KernelFault(self.fault.report()));
         }
-        let Some(ev) = parse_line(&line) else {
-            continue;
-        };
+        if self.fault.report().lines().count() == 1 {
+            warn!("{}: the guest kernel reports a fault: {line}", self.c.label);
+            self.deadline = self.deadline.min(Instant::now() + FAULT_TAIL);
+            self.waiting_for = "the rest of the guest kernel's fault report".into();
+        }
+        Ok(true)
+    }
+
+    /// Inside a result document: keep the line (true), unless it ends it.
+    fn collect(&mut self, line: &str) -> bool {
+        match self.collecting.as_mut() {
+            Some((_, _, buf)) if !line.starts_with("BLKLAB-RESULT-END") => {
+                buf.push(line.to_string());
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Act on one console event; the guest scripts' exit status at the end.
+    fn on_event(&mut self, ev: Event) -> Result<Option<i32>, BootFailure> {
+        let c = self.c;
         match ev {
             Event::Init { kernel } => {
-                booted = true;
+                self.booted = true;
                 info!("{} booted ({kernel})", c.label);
-                deadline = Instant::now() + c.args.step_timeout;
-                waiting_for = "the guest to start the scenario".into();
+                self.expect(
+                    c.args.step_timeout,
+                    "the guest to start the scenario".into(),
+                );
             }
-            Event::ModuleFail(m) => guest_errors.push(format!("module {m} failed to load")),
+            Event::ModuleFail(m) => self.guest_errors.push(format!("module {m} failed to load")),
             Event::Error(m) => {
                 warn!("{} {}: guest: {m}", c.label, c.scenario.name);
-                guest_errors.push(m);
+                self.guest_errors.push(m);
             }
             Event::Sync {
                 n,
@@ -886,214 +951,274 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<Value>, Vec<String>), BootFailure> {
                 variant,
             } => {
                 match phase {
-                    Phase::Begin => {
-                        c.pb.set_message(format!(
-                            "{} {}/{} #{}",
-                            c.label, scenario, variant, c.boot.iteration
-                        ));
-                        let dump = match &control {
-                            Some(ctl) => Some(
-                                ctl.dump(&sockets.0.join("begin.insns"))
-                                    .map_err(|e| format!("{scenario}/{variant} begin: {e}"))?,
-                            ),
-                            None => None,
-                        };
-                        begin = Some(Begin {
-                            insns: dump,
-                            backend: control::baselines(&disks),
-                            qemu: hostcpu::sample(qemu_pid),
-                            me: hostcpu::sample(my_pid),
-                            at: Instant::now(),
-                            scenario: scenario.clone(),
-                            variant: variant.clone(),
-                        });
-                        let (rt, ramp) = c
-                            .scenario
-                            .variants
-                            .iter()
-                            .find(|v| v.name == variant)
-                            .map(|v| (v.runtime, v.ramp))
-                            .unwrap_or((0, 0));
-                        deadline =
-                            Instant::now() + Duration::from_secs(rt + ramp) + c.args.step_timeout;
-                        waiting_for = format!("variant {variant} to finish");
-                    }
-                    Phase::End => {
-                        let b = begin
-                            .take()
-                            .filter(|b| b.scenario == scenario && b.variant == variant);
-                        if let Some(b) = b {
-                            let insns_window = match (&control, &b.insns) {
-                                (Some(ctl), Some(first)) => Some(
-                                    ctl.dump(&sockets.0.join("end.insns"))
-                                        .map_err(|e| format!("{scenario}/{variant} end: {e}"))?
-                                        .since(first),
-                                ),
-                                _ => None,
-                            };
-                            let mut doc = control::report(&disks, Some(&b.backend));
-                            doc.label = Some(format!("{scenario}/{variant}"));
-                            doc.interval_s = Some(b.at.elapsed().as_secs_f64());
-                            let qemu_now = hostcpu::sample(qemu_pid);
-                            let me_now = hostcpu::sample(my_pid);
-                            let host = json!({
-                                "wall_s": b.at.elapsed().as_secs_f64(),
-                                "qemu": match (&b.qemu, &qemu_now) {
-                                    (Some(a), Some(z)) => json!(hostcpu::delta("qemu", a, z)),
-                                    _ => Value::Null,
-                                },
-                                "blklab": match (&b.me, &me_now) {
-                                    (Some(a), Some(z)) => json!(hostcpu::delta("backend", a, z)),
-                                    _ => Value::Null,
-                                },
-                                "loadavg": std::fs::read_to_string("/proc/loadavg").ok().map(|s| s.trim().to_string()),
-                            });
-                            measured.insert(
-                                (scenario.clone(), variant.clone()),
-                                HostSide {
-                                    backend: serde_json::to_value(&doc).unwrap_or(Value::Null),
-                                    host,
-                                    insns: insns_window,
-                                },
-                            );
-                        } else {
-                            warn!("end SYNC for {scenario}/{variant} without its begin");
-                        }
-                        deadline = Instant::now() + c.args.step_timeout;
-                        waiting_for = format!("the result of {variant}");
-                    }
+                    Phase::Begin => self.begin_window(scenario, variant)?,
+                    Phase::End => self.end_window(scenario, variant)?,
                 }
-                guest.answer(&n.to_string()).map_err(|e| e.to_string())?;
+                self.guest
+                    .answer(&n.to_string())
+                    .map_err(|e| e.to_string())?;
             }
             Event::ResultBegin { scenario, variant } => {
-                collecting = Some((scenario, variant, Vec::new()));
+                self.collecting = Some((scenario, variant, Vec::new()));
             }
             Event::ResultEnd { scenario, variant } => {
-                let Some((s0, v0, lines)) = collecting.take() else {
-                    continue;
-                };
-                if (s0.as_str(), v0.as_str()) != (scenario.as_str(), variant.as_str()) {
-                    return Err(format!(
-                        "result framing mismatch: began {s0}/{v0}, ended {scenario}/{variant}"
-                    )
-                    .into());
-                }
-                let text = lines.join("\n");
-                let guest_doc: Value = match serde_json::from_str(&text) {
-                    Ok(v) => v,
-                    Err(e) => {
-                        failures.push(format!(
-                            "{} {scenario}/{variant} #{}: the guest's result is not JSON ({e})",
-                            c.label, c.boot.iteration
-                        ));
-                        json!({"ok": false, "error": format!("unparsable result: {e}"), "raw": text})
+                if let Some((s0, v0, lines)) = self.collecting.take() {
+                    if (s0.as_str(), v0.as_str()) != (scenario.as_str(), variant.as_str()) {
+                        return Err(format!(
+                            "result framing mismatch: began {s0}/{v0}, ended {scenario}/{variant}"
+                        )
+                        .into());
                     }
-                };
-                let host_side = measured.remove(&(scenario.clone(), variant.clone()));
-                let ok = guest_doc
-                    .get("ok")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false);
-                if !ok {
-                    failures.push(format!(
-                        "{} {scenario}/{variant} #{}: {}",
-                        c.label,
-                        c.boot.iteration,
-                        guest_doc
-                            .get("error")
-                            .and_then(Value::as_str)
-                            .unwrap_or("failed")
-                    ));
+                    self.on_result(scenario, variant, &lines.join("\n"))?;
                 }
-                let backend = host_side
-                    .as_ref()
-                    .map(|h| h.backend.clone())
-                    .unwrap_or(Value::Null);
-                let window = host_side.as_ref().and_then(|h| h.insns.clone());
-                let record = json!({
-                    "schema": "blklab-run-result/1",
-                    "kernel": c.label,
-                    "kernel_spec": c.guest.spec,
-                    "scenario": scenario,
-                    "variant": variant,
-                    "iteration": c.boot.iteration,
-                    "boot_seq": c.seq,
-                    "ok": ok,
-                    "finished_unix": unix_now(),
-                    "accel": c.accel,
-                    "qemu_command_line": command_line,
-                    "manifests": c.guest.manifests(),
-                    "device": configs,
-                    "scenario_definition": c.scenario.variants.iter().find(|v| v.name == variant),
-                    "checks": checks(&guest_doc, &backend),
-                    "guest": guest_doc,
-                    "backend": backend,
-                    "host": host_side.map(|h| h.host).unwrap_or(Value::Null),
-                });
-                let mut record = record;
-                if let (Some(w), Some(map)) = (window, &c.symbols) {
-                    let p = insns::profile(&w, map);
-                    let ios = crate::record::metrics::ios(&record);
-                    let cs = record["guest"]["context_switches"].as_f64();
-                    record["instructions"] = insns::record(
-                        &p,
-                        ios,
-                        cs,
-                        &json!({
-                            "method": INSNS_WINDOW,
-                            "deterministic": c.args.deterministic,
-                        }),
-                    );
-                }
-                let file = c.out_dir.join(format!(
-                    "{}.{}.{}.{:02}.json",
-                    c.label, scenario, variant, c.boot.iteration
-                ));
-                write_json(&file, &record).map_err(|e| e.to_string())?;
-                records.push(record);
-                c.pb.inc(1);
-                deadline = Instant::now() + c.args.step_timeout;
-                waiting_for = "the next variant".into();
             }
-            Event::End { rc } => break rc,
+            Event::End { rc } => return Ok(Some(rc)),
         }
+        Ok(None)
+    }
+
+    /// A variant's begin SYNC: the plugin's counters, the backend's
+    /// baselines and the host's CPU, before the guest goes on.
+    fn begin_window(&mut self, scenario: String, variant: String) -> Result<(), BootFailure> {
+        let c = self.c;
+        c.pb.set_message(format!(
+            "{} {}/{} #{}",
+            c.label, scenario, variant, c.boot.iteration
+        ));
+        let dump = match &self.plugin {
+            Some(ctl) => Some(
+                ctl.dump(&self.disks.sockets.0.join("begin.insns"))
+                    .map_err(|e| format!("{scenario}/{variant} begin: {e}"))?,
+            ),
+            None => None,
+        };
+        self.begin = Some(Begin {
+            insns: dump,
+            backend: control::baselines(&self.disks.disks),
+            qemu: hostcpu::sample(self.qemu_pid),
+            me: hostcpu::sample(self.my_pid),
+            at: Instant::now(),
+            scenario,
+            variant: variant.clone(),
+        });
+        let (rt, ramp) = c
+            .scenario
+            .variant(&variant)
+            .map(|v| (v.runtime, v.ramp))
+            .unwrap_or((0, 0));
+        self.expect(
+            Duration::from_secs(rt + ramp) + c.args.step_timeout,
+            format!("variant {variant} to finish"),
+        );
+        Ok(())
+    }
+
+    /// A variant's end SYNC: what the backend, the host and the plugin
+    /// counted since its begin.
+    fn end_window(&mut self, scenario: String, variant: String) -> Result<(), BootFailure> {
+        let b = self
+            .begin
+            .take()
+            .filter(|b| b.scenario == scenario && b.variant == variant);
+        if let Some(b) = b {
+            let insns_window = match (&self.plugin, &b.insns) {
+                (Some(ctl), Some(first)) => Some(
+                    ctl.dump(&self.disks.sockets.0.join("end.insns"))
+                        .map_err(|e| format!("{scenario}/{variant} end: {e}"))?
+                        .since(first),
+                ),
+                _ => None,
+            };
+            let mut doc = control::report(&self.disks.disks, Some(&b.backend));
+            doc.label = Some(format!("{scenario}/{variant}"));
+            doc.interval_s = Some(b.at.elapsed().as_secs_f64());
+            let qemu_now = hostcpu::sample(self.qemu_pid);
+            let me_now = hostcpu::sample(self.my_pid);
+            let delta = |role: &str, a: &Option<hostcpu::ProcessSample>, z| match (a, z) {
+                (Some(a), Some(z)) => Some(hostcpu::delta(role, a, z)),
+                _ => None,
+            };
+            let host = HostWindow {
+                wall_s: Some(b.at.elapsed().as_secs_f64()),
+                qemu: delta("qemu", &b.qemu, qemu_now.as_ref()),
+                blklab: delta("backend", &b.me, me_now.as_ref()),
+                loadavg: std::fs::read_to_string("/proc/loadavg")
+                    .ok()
+                    .map(|s| s.trim().to_string()),
+            };
+            self.measured.insert(
+                (scenario, variant.clone()),
+                Measured {
+                    backend: doc,
+                    host,
+                    insns: insns_window,
+                },
+            );
+        } else {
+            warn!("end SYNC for {scenario}/{variant} without its begin");
+        }
+        self.expect(self.c.args.step_timeout, format!("the result of {variant}"));
+        Ok(())
+    }
+
+    /// A variant's result document: its record, written.
+    fn on_result(
+        &mut self,
+        scenario: String,
+        variant: String,
+        text: &str,
+    ) -> Result<(), BootFailure> {
+        let c = self.c;
+        let guest = match guest_result(text) {
+            Ok(g) => g,
+            Err((what, e)) => {
+                self.failures.push(format!(
+                    "{} {scenario}/{variant} #{}: the guest's result is not {what} ({e})",
+                    c.label, c.boot.iteration
+                ));
+                GuestResult::unparsable(format!("unparsable result: {e}"), text.to_string())
+            }
+        };
+        if !guest.ok {
+            self.failures.push(format!(
+                "{} {scenario}/{variant} #{}: {}",
+                c.label,
+                c.boot.iteration,
+                guest.error.as_deref().unwrap_or("failed")
+            ));
+        }
+        let measured = self.measured.remove(&(scenario.clone(), variant.clone()));
+        let record = assemble_record(
+            c,
+            &self.command_line,
+            &self.disks.configs,
+            scenario,
+            variant,
+            guest,
+            measured,
+        );
+        let file = c.out_dir.join(format!(
+            "{}.{}.{}.{:02}.json",
+            c.label, record.scenario, record.variant, c.boot.iteration
+        ));
+        crate::record::write(&file, &record).map_err(|e| e.to_string())?;
+        self.records.push(record);
+        c.pb.inc(1);
+        self.expect(c.args.step_timeout, "the next variant".into());
+        Ok(())
+    }
+
+    /// The guest scripts ended with `rc`: wait for QEMU, stop the disks,
+    /// and count what is missing as failures.
+    fn finish(self, rc: i32) -> Result<(Vec<ResultRecord>, Vec<String>), BootFailure> {
+        let Session {
+            mut guest,
+            disks,
+            c,
+            booted,
+            records,
+            mut failures,
+            guest_errors,
+            ..
+        } = self;
+        let status = guest.wait_exit(Duration::from_secs(30));
+        drop(guest);
+        disks.server.shutdown();
+        if !booted {
+            return Err(BootFailure::Other(
+                "the guest finished without booting".into(),
+            ));
+        }
+        let expected = c.scenario.variants.len();
+        if records.len() < expected {
+            failures.push(format!(
+                "{} {} #{}: {} of {expected} variants produced a result (guest rc={rc}, QEMU {status}){}",
+                c.label,
+                c.scenario.name,
+                c.boot.iteration,
+                records.len(),
+                if guest_errors.is_empty() {
+                    String::new()
+                } else {
+                    format!("; guest errors: {}", guest_errors.join("; "))
+                }
+            ));
+        } else if rc != 0 && failures.is_empty() {
+            failures.push(format!(
+                "{} {} #{}: guest scripts exited with rc={rc}{}",
+                c.label,
+                c.scenario.name,
+                c.boot.iteration,
+                if guest_errors.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", guest_errors.join("; "))
+                }
+            ));
+        }
+        Ok((records, failures))
+    }
+}
+
+/// The guest's result document from its text, or what it is not (JSON, a
+/// guest result of the supported schema) and why.
+fn guest_result(text: &str) -> Result<GuestResult, (&'static str, String)> {
+    let v: Value = serde_json::from_str(text).map_err(|e| ("JSON", e.to_string()))?;
+    let what = "a blklab-guest-result/1 document";
+    if let Some(s) = crate::record::schema_of(&v) {
+        crate::util::schema::check(s, GUEST_SCHEMA).map_err(|e| (what, e.to_string()))?;
+    }
+    GuestResult::deserialize(&v).map_err(|e| (what, e.to_string()))
+}
+
+/// One variant's record: the guest's document with what the host measured
+/// over its window (none when the window was not measured) and, with
+/// `--count-insns`, the symbolised instruction profile.
+fn assemble_record(
+    c: &BootCtx,
+    command_line: &[String],
+    configs: &[DiskConfig],
+    scenario: String,
+    variant: String,
+    guest: GuestResult,
+    measured: Option<Measured>,
+) -> ResultRecord {
+    let (backend, host, window) = match measured {
+        Some(m) => (Some(m.backend), Some(m.host), m.insns),
+        None => (None, None, None),
     };
-    let status = guest.wait_exit(Duration::from_secs(30));
-    drop(guest);
-    server.shutdown();
-    if !booted {
-        return Err(BootFailure::Other(
-            "the guest finished without booting".into(),
-        ));
+    let mut record = ResultRecord {
+        schema: RESULT_SCHEMA.to_string(),
+        kernel: c.label.to_string(),
+        kernel_spec: c.guest.spec.clone(),
+        scenario_definition: c.scenario.variant(&variant).cloned(),
+        scenario,
+        variant,
+        iteration: c.boot.iteration,
+        boot_seq: c.seq,
+        ok: guest.ok,
+        finished_unix: Some(unix_now()),
+        accel: c.accel,
+        qemu_command_line: command_line.to_vec(),
+        manifests: c.guest.manifests(),
+        device: configs.to_vec(),
+        checks: Checks::of(&guest, backend.as_ref()),
+        guest,
+        backend,
+        host,
+        instructions: None,
+    };
+    if let (Some(w), Some(map)) = (window, &c.symbols) {
+        let p = insns::profile(&w, map);
+        let ios = crate::record::metrics::ios(&record);
+        let cs = record.guest.context_switches.map(|n| n as f64);
+        let how = InsnsWindow {
+            method: INSNS_WINDOW.to_string(),
+            deterministic: c.args.deterministic,
+        };
+        record.instructions = Some(insns::record(&p, ios, cs, &how));
     }
-    let expected = c.scenario.variants.len();
-    if records.len() < expected {
-        failures.push(format!(
-            "{} {} #{}: {} of {expected} variants produced a result (guest rc={rc}, QEMU {status}){}",
-            c.label,
-            c.scenario.name,
-            c.boot.iteration,
-            records.len(),
-            if guest_errors.is_empty() {
-                String::new()
-            } else {
-                format!("; guest errors: {}", guest_errors.join("; "))
-            }
-        ));
-    } else if rc != 0 && failures.is_empty() {
-        failures.push(format!(
-            "{} {} #{}: guest scripts exited with rc={rc}{}",
-            c.label,
-            c.scenario.name,
-            c.boot.iteration,
-            if guest_errors.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", guest_errors.join("; "))
-            }
-        ));
-    }
-    Ok((records, failures))
+    record
 }
 
 #[cfg(test)]
@@ -1183,27 +1308,6 @@ mod tests {
         let s = utc_stamp();
         assert_eq!(s.len(), 15, "{s}");
         assert!(s.starts_with("20"), "{s}");
-    }
-
-    #[test]
-    fn checks_compare_counts() {
-        let guest = json!({
-            "settings": {"target": "virtio"},
-            "fio": {"jobs": [{"read": {"total_ios": 10}, "write": {"total_ios": 5}, "trim": {"total_ios": 0}}]},
-            "block": {"vda": {"read_ios": 10, "write_ios": 5}},
-            "cpu": {"all": {"usr": 10.0, "nice": 0.0, "sys": 20.0, "iowait": 0.0, "irq": 0.0,
-                             "soft": 5.0, "steal": 0.0, "guest": 0.0, "gnice": 0.0, "idle": 65.0}},
-        });
-        let backend = json!({"disks": [{"queues": [
-            {"counters": {"reads": 6, "writes": 5}}, {"counters": {"reads": 4, "writes": 0}}]}]});
-        let c = checks(&guest, &backend);
-        assert_eq!(c["fio_ios"], 15);
-        assert_eq!(c["backend_ios"], 15);
-        assert_eq!(c["fio_equals_backend"], true);
-        assert_eq!(c["guest_block_equals_backend"], true);
-        assert_eq!(c["guest_cpu_percent_sum"], 100.0);
-        let backend = json!({"disks": [{"queues": [{"counters": {"reads": 1, "writes": 0}}]}]});
-        assert_eq!(checks(&guest, &backend)["fio_equals_backend"], false);
     }
 
     #[test]

@@ -9,7 +9,6 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -33,45 +32,7 @@ pub enum ScenarioError {
     },
 }
 
-/// Where a variant's IO goes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Target {
-    /// `virtio`, `scsi_debug` or `null_blk`.
-    pub kind: String,
-    /// Module parameters (`NAME=VALUE`), for the module targets.
-    pub params: Vec<String>,
-}
-
-/// One measured case of a scenario, with the globals folded in.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Variant {
-    pub name: String,
-    pub target: Target,
-    pub sched: Option<String>,
-    pub nr_requests: Option<u64>,
-    pub runtime: u64,
-    pub ramp: u64,
-    pub fio_args: Vec<String>,
-}
-
-/// A parsed scenario file.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Scenario {
-    pub name: String,
-    pub description: Option<String>,
-    /// Disks the host serves (default 1).
-    pub disks: u32,
-    /// Virtqueues per disk, when the scenario fixes it.
-    pub queues: Option<u16>,
-    pub variants: Vec<Variant>,
-}
-
-impl Scenario {
-    /// Does any variant use the host's virtio disks?
-    pub fn uses_virtio(&self) -> bool {
-        self.variants.iter().any(|v| v.target.kind == "virtio")
-    }
-}
+pub use crate::record::scenario::{Scenario, Target, Variant};
 
 /// Settings that may appear globally or per variant.
 #[derive(Debug, Clone, Default)]

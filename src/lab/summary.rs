@@ -3,10 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
-use serde_json::Value;
+use crate::record::result::ResultRecord;
+pub use crate::record::summary::{Row, Stat};
 
-/// The metrics of the summary, in column order: (key, header, how to get it).
+/// The metrics of the summary, in column order: (key, header).
 pub const METRICS: &[(&str, &str)] = &[
     ("iops", "IOPS"),
     ("guest_busy_pct", "guest busy%"),
@@ -20,65 +20,44 @@ pub const METRICS: &[(&str, &str)] = &[
 ];
 
 /// One record's metrics (missing ones are left out).
-pub fn metrics(r: &Value) -> BTreeMap<&'static str, f64> {
+pub fn metrics(r: &ResultRecord) -> BTreeMap<&'static str, f64> {
     let mut m = BTreeMap::new();
-    let g = &r["guest"];
+    let g = &r.guest;
     if let Some(v) = crate::record::metrics::iops(r) {
         m.insert("iops", v);
     }
-    let f = |p: &str| g.pointer(p).and_then(Value::as_f64);
-    if let Some(v) = f("/cpu/all/busy") {
-        m.insert("guest_busy_pct", v);
-    }
-    if let Some(v) = f("/cpu/all/sys") {
-        m.insert("guest_sys_pct", v);
-    }
-    if let Some(v) = f("/cpu/all/soft") {
-        m.insert("guest_soft_pct", v);
+    if let Some(cpu) = &g.cpu {
+        m.insert("guest_busy_pct", cpu.all.busy);
+        m.insert("guest_sys_pct", cpu.all.sys);
+        m.insert("guest_soft_pct", cpu.all.soft);
     }
     let ios = crate::record::metrics::ios(r);
-    if let (Some(cs), Some(n)) = (f("/context_switches"), ios) {
-        m.insert("ctxsw_per_io", cs / n);
+    if let (Some(cs), Some(n)) = (g.context_switches, ios) {
+        m.insert("ctxsw_per_io", cs as f64 / n);
     }
-    if let (Some(irq), Some(n)) = (f("/interrupts/total"), ios) {
-        m.insert("irqs_per_io", irq / n);
+    if let (Some(irq), Some(n)) = (&g.interrupts, ios) {
+        m.insert("irqs_per_io", irq.total as f64 / n);
     }
-    if let Some(disks) = r["backend"]["disks"].as_array() {
-        let (mut req, mut kicks) = (0.0, 0.0);
-        for q in disks
-            .iter()
-            .flat_map(|d| d["queues"].as_array().into_iter().flatten())
+    if let Some(b) = &r.backend {
+        let (req, kicks) = (b.sum(|c| c.requests), b.sum(|c| c.kicks));
+        if kicks > 0 {
+            m.insert("requests_per_kick", req as f64 / kicks as f64);
+        }
+    }
+    if let Some(h) = &r.host {
+        if let Some(v) = h
+            .qemu
+            .as_ref()
+            .and_then(|q| q.groups.get("vcpu"))
+            .map(|g| g.percent_of_one_cpu)
         {
-            req += q["counters"]["requests"].as_f64().unwrap_or(0.0);
-            kicks += q["counters"]["kicks"].as_f64().unwrap_or(0.0);
+            m.insert("host_vcpu_pct", v);
         }
-        if kicks > 0.0 {
-            m.insert("requests_per_kick", req / kicks);
+        if let Some(v) = h.group_sum("blklab", "backend", |g| g.percent_of_one_cpu) {
+            m.insert("host_backend_pct", v);
         }
-    }
-    if let Some(v) = r
-        .pointer("/host/qemu/groups/vcpu/percent_of_one_cpu")
-        .and_then(Value::as_f64)
-    {
-        m.insert("host_vcpu_pct", v);
-    }
-    if let Some(groups) = r.pointer("/host/blklab/groups").and_then(Value::as_object) {
-        let v: f64 = groups
-            .iter()
-            .filter(|(k, _)| k.starts_with("backend"))
-            .filter_map(|(_, g)| g["percent_of_one_cpu"].as_f64())
-            .sum();
-        m.insert("host_backend_pct", v);
     }
     m
-}
-
-/// Mean and sample standard deviation of one metric.
-#[derive(Debug, Clone, Serialize)]
-pub struct Stat {
-    pub n: usize,
-    pub mean: f64,
-    pub sd: f64,
 }
 
 fn stat(v: &[f64]) -> Stat {
@@ -92,27 +71,12 @@ fn stat(v: &[f64]) -> Stat {
     Stat { n, mean, sd }
 }
 
-/// One (scenario, variant, kernel) row.
-#[derive(Debug, Clone, Serialize)]
-pub struct Row {
-    pub scenario: String,
-    pub variant: String,
-    pub kernel: String,
-    pub iterations: usize,
-    pub failed: usize,
-    pub metrics: BTreeMap<String, Stat>,
-}
-
 /// Rows in first-seen order of (scenario, variant), kernels in run order.
-pub fn rows(records: &[Value]) -> Vec<Row> {
+pub fn rows(records: &[ResultRecord]) -> Vec<Row> {
     let mut order: Vec<(String, String, String)> = Vec::new();
-    let mut groups: BTreeMap<(String, String, String), Vec<&Value>> = BTreeMap::new();
+    let mut groups: BTreeMap<(String, String, String), Vec<&ResultRecord>> = BTreeMap::new();
     for r in records {
-        let key = (
-            r["scenario"].as_str().unwrap_or("?").to_string(),
-            r["variant"].as_str().unwrap_or("?").to_string(),
-            r["kernel"].as_str().unwrap_or("?").to_string(),
-        );
+        let key = (r.scenario.clone(), r.variant.clone(), r.kernel.clone());
         if !groups.contains_key(&key) {
             order.push(key.clone());
         }
@@ -132,10 +96,7 @@ pub fn rows(records: &[Value]) -> Vec<Row> {
         .into_iter()
         .map(|k| {
             let recs = &groups[&k];
-            let ok: Vec<&&Value> = recs
-                .iter()
-                .filter(|r| r["ok"].as_bool() == Some(true))
-                .collect();
+            let ok: Vec<&&ResultRecord> = recs.iter().filter(|r| r.ok).collect();
             let mut metrics = BTreeMap::new();
             for (key, _) in METRICS {
                 let v: Vec<f64> = ok
@@ -179,7 +140,7 @@ fn fmt(s: Option<&Stat>) -> String {
 }
 
 /// The plain-text table (mean±sd over iterations).
-pub fn table(records: &[Value]) -> String {
+pub fn table(records: &[ResultRecord]) -> String {
     let rows = rows(records);
     let mut header = vec!["scenario/variant".to_string(), "kernel".into(), "n".into()];
     header.extend(METRICS.iter().map(|(_, h)| h.to_string()));
@@ -216,19 +177,20 @@ pub fn table(records: &[Value]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::result::{test_cpu_all, test_record};
     use serde_json::json;
 
-    fn rec(kernel: &str, busy: f64, iops: f64) -> Value {
-        json!({
+    fn rec(kernel: &str, busy: f64, iops: f64) -> ResultRecord {
+        test_record(json!({
             "kernel": kernel, "scenario": "s", "variant": "v", "ok": true,
             "checks": {"fio_ios": 1000},
             "guest": {"fio": {"jobs": [{"read": {"iops": iops}, "write": {"iops": 0.0}}]},
-                      "cpu": {"all": {"busy": busy, "sys": 1.0, "soft": 0.5}},
+                      "cpu": {"all": test_cpu_all(busy, 1.0, 0.5)},
                       "context_switches": 2000, "interrupts": {"total": 500}},
             "backend": {"disks": [{"queues": [{"counters": {"requests": 1000, "kicks": 250}}]}]},
             "host": {"qemu": {"groups": {"vcpu": {"percent_of_one_cpu": 150.0}}},
                      "blklab": {"groups": {"backend-queues": {"percent_of_one_cpu": 20.0}, "lab": {"percent_of_one_cpu": 1.0}}}}
-        })
+        }))
     }
 
     #[test]

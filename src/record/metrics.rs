@@ -2,7 +2,7 @@
 //! (`blklab-run-result/1`), and the linux-block-style row labels (I/O type,
 //! queue depth, jobs, read mix) from the variant's fio arguments.
 
-use serde_json::Value;
+use crate::record::result::ResultRecord;
 
 /// Which direction is better, for the reader (a delta is never hidden).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -18,92 +18,74 @@ pub struct Metric {
     pub title: &'static str,
     pub unit: &'static str,
     pub better: Better,
-    pub get: fn(&Value) -> Option<f64>,
+    pub get: fn(&ResultRecord) -> Option<f64>,
 }
 
 /// USER_HZ: the unit of /proc/stat on every Linux architecture blklab runs.
 const USER_HZ: f64 = 100.0;
 
-/// Requests the backend completed in the window (all ops).
-fn backend_requests(r: &Value) -> Option<f64> {
-    let disks = r["backend"]["disks"].as_array()?;
-    Some(
-        disks
-            .iter()
-            .flat_map(|d| d["queues"].as_array().into_iter().flatten())
-            .map(|q| q["counters"]["requests"].as_f64().unwrap_or(0.0))
-            .sum(),
-    )
+/// The sum of one backend counter over the window (all disks and queues).
+fn backend_counter(
+    r: &ResultRecord,
+    counter: fn(&crate::stats::queue::QueueCounters) -> u64,
+) -> Option<f64> {
+    Some(r.backend.as_ref()?.sum(counter) as f64)
 }
 
-fn backend_counter(r: &Value, key: &str) -> Option<f64> {
-    let disks = r["backend"]["disks"].as_array()?;
-    Some(
-        disks
-            .iter()
-            .flat_map(|d| d["queues"].as_array().into_iter().flatten())
-            .map(|q| q["counters"][key].as_f64().unwrap_or(0.0))
-            .sum(),
-    )
+/// Requests the backend completed in the window (all ops).
+fn backend_requests(r: &ResultRecord) -> Option<f64> {
+    backend_counter(r, |c| c.requests)
 }
 
 /// IOs in the window (what every per-IO metric divides by): the block
 /// layer's count of the target devices (it covers the same window as the
 /// CPU counters, ramp included), else fio's.
-pub fn ios(r: &Value) -> Option<f64> {
-    r["checks"]["guest_block_ios"]
-        .as_f64()
-        .or_else(|| r["checks"]["fio_ios"].as_f64())
+pub fn ios(r: &ResultRecord) -> Option<f64> {
+    r.checks
+        .guest_block_ios
+        .or(r.checks.fio_ios)
+        .map(|n| n as f64)
         .filter(|n| *n > 0.0)
 }
 
-fn per_io(v: Option<f64>, r: &Value) -> Option<f64> {
+fn per_io(v: Option<f64>, r: &ResultRecord) -> Option<f64> {
     Some(v? / ios(r)?)
 }
 
 /// fio's IOPS, all directions.
-pub fn iops(r: &Value) -> Option<f64> {
-    let jobs = r["guest"]["fio"]["jobs"].as_array()?;
-    Some(
-        jobs.iter()
-            .map(|j| {
-                ["read", "write", "trim"]
-                    .iter()
-                    .filter_map(|d| j[*d]["iops"].as_f64())
-                    .sum::<f64>()
-            })
-            .sum(),
-    )
+pub fn iops(r: &ResultRecord) -> Option<f64> {
+    Some(r.guest.fio.as_ref()?.iops())
+}
+
+/// Guest CPU busy percent (all CPUs).
+pub fn guest_busy(r: &ResultRecord) -> Option<f64> {
+    Some(r.guest.cpu.as_ref()?.all.busy)
 }
 
 /// Guest CPU seconds (all CPUs, busy = not idle) in the window.
-fn guest_cpu_seconds(r: &Value) -> Option<f64> {
-    let busy = r["guest"]["cpu"]["all"]["busy"].as_f64()?;
-    let ticks = r["guest"]["cpu"]["ticks"].as_f64()?;
-    Some(busy / 100.0 * ticks / USER_HZ)
+fn guest_cpu_seconds(r: &ResultRecord) -> Option<f64> {
+    let cpu = r.guest.cpu.as_ref()?;
+    Some(cpu.all.busy / 100.0 * cpu.ticks? as f64 / USER_HZ)
 }
 
 /// fio completion-latency percentile (µs) of the direction with most IOs.
-fn fio_clat_us(r: &Value, pct: &str) -> Option<f64> {
-    let jobs = r["guest"]["fio"]["jobs"].as_array()?;
-    let job = jobs.first()?;
-    let dir = ["read", "write", "trim"]
-        .iter()
-        .max_by_key(|d| job[**d]["total_ios"].as_u64().unwrap_or(0))?;
-    job[*dir]["clat_ns"]["percentile"][pct]
-        .as_f64()
-        .map(|ns| ns / 1000.0)
+fn fio_clat_us(r: &ResultRecord, pct: &str) -> Option<f64> {
+    let job = r.guest.fio.as_ref()?.jobs.first()?;
+    job.busiest()?.clat_percentile_ns(pct).map(|ns| ns / 1000.0)
 }
 
-fn host_group_seconds(r: &Value, process: &str, prefix: &str) -> Option<f64> {
-    let groups = r["host"][process]["groups"].as_object()?;
-    Some(
-        groups
-            .iter()
-            .filter(|(k, _)| k.starts_with(prefix))
-            .filter_map(|(_, g)| g["total_s"].as_f64())
-            .sum(),
-    )
+/// CPU seconds of a host process's thread groups whose name starts with
+/// `prefix` (`process`: `qemu` or `blklab`).
+fn host_group_seconds(r: &ResultRecord, process: &str, prefix: &str) -> Option<f64> {
+    r.host.as_ref()?.group_sum(process, prefix, |g| g.total_s)
+}
+
+/// A field of the instruction profile.
+fn insns(
+    r: &ResultRecord,
+    f: fn(&crate::record::instructions::Instructions) -> Option<f64>,
+) -> Option<f64> {
+    f(r.instructions.as_ref()?)
 }
 
 /// Every metric, in report order.
@@ -113,7 +95,7 @@ pub const METRICS: &[Metric] = &[
         title: "guest busy",
         unit: "%",
         better: Better::Lower,
-        get: |r| r["guest"]["cpu"]["all"]["busy"].as_f64(),
+        get: guest_busy,
     },
     Metric {
         key: "guest_cpu_us_per_io",
@@ -160,14 +142,14 @@ pub const METRICS: &[Metric] = &[
         title: "kicks per IO",
         unit: "",
         better: Better::Lower,
-        get: |r| Some(backend_counter(r, "kicks")? / backend_requests(r).filter(|n| *n > 0.0)?),
+        get: |r| Some(backend_counter(r, |c| c.kicks)? / backend_requests(r).filter(|n| *n > 0.0)?),
     },
     Metric {
         key: "requests_per_kick",
         title: "requests per kick",
         unit: "",
         better: Better::Higher,
-        get: |r| Some(backend_requests(r)? / backend_counter(r, "kicks").filter(|n| *n > 0.0)?),
+        get: |r| Some(backend_requests(r)? / backend_counter(r, |c| c.kicks).filter(|n| *n > 0.0)?),
     },
     Metric {
         key: "notifications_per_io",
@@ -175,7 +157,10 @@ pub const METRICS: &[Metric] = &[
         unit: "",
         better: Better::Lower,
         get: |r| {
-            Some(backend_counter(r, "notifications")? / backend_requests(r).filter(|n| *n > 0.0)?)
+            Some(
+                backend_counter(r, |c| c.notifications)?
+                    / backend_requests(r).filter(|n| *n > 0.0)?,
+            )
         },
     },
     Metric {
@@ -183,14 +168,14 @@ pub const METRICS: &[Metric] = &[
         title: "context switches per IO",
         unit: "",
         better: Better::Lower,
-        get: |r| per_io(r["guest"]["context_switches"].as_f64(), r),
+        get: |r| per_io(r.guest.context_switches.map(|n| n as f64), r),
     },
     Metric {
         key: "irqs_per_io",
         title: "interrupts per IO",
         unit: "",
         better: Better::Lower,
-        get: |r| per_io(r["guest"]["interrupts"]["total"].as_f64(), r),
+        get: |r| per_io(r.guest.interrupts.as_ref().map(|i| i.total as f64), r),
     },
     Metric {
         key: "lat_p50_us",
@@ -211,32 +196,28 @@ pub const METRICS: &[Metric] = &[
         title: "guest instructions per IO",
         unit: "",
         better: Better::Lower,
-        get: |r| {
-            r["instructions"]["per_io"]
-                .as_f64()
-                .or_else(|| per_io(r["instructions"]["total"].as_f64(), r))
-        },
+        get: |r| insns(r, |i| i.per_io).or_else(|| per_io(insns(r, |i| Some(i.total as f64)), r)),
     },
     Metric {
         key: "kernel_instructions_per_io",
         title: "guest kernel instructions per IO",
         unit: "",
         better: Better::Lower,
-        get: |r| r["instructions"]["kernel_per_io"].as_f64(),
+        get: |r| insns(r, |i| i.kernel_per_io),
     },
     Metric {
         key: "user_instructions_per_io",
         title: "guest user instructions per IO",
         unit: "",
         better: Better::Lower,
-        get: |r| r["instructions"]["user_per_io"].as_f64(),
+        get: |r| insns(r, |i| i.user_per_io),
     },
     Metric {
         key: "idle_entries_per_io",
         title: "guest idle entries per IO",
         unit: "",
         better: Better::Lower,
-        get: |r| r["instructions"]["idle_entries_per_io"].as_f64(),
+        get: |r| insns(r, |i| i.idle_entries_per_io),
     },
 ];
 
@@ -253,11 +234,11 @@ pub const INSTRUCTION_METRICS: &[&str] = &[
 
 /// The default metrics for `records`: [`DEFAULT_METRICS`], plus
 /// [`INSTRUCTION_METRICS`] when any record has instruction counts.
-pub fn default_metrics<'a>(records: impl IntoIterator<Item = &'a Value>) -> Vec<String> {
+pub fn default_metrics<'a>(records: impl IntoIterator<Item = &'a ResultRecord>) -> Vec<String> {
     let mut v: Vec<String> = DEFAULT_METRICS.iter().map(|s| s.to_string()).collect();
     if records
         .into_iter()
-        .any(|r| r["instructions"]["per_io"].is_number())
+        .any(|r| insns(r, |i| i.per_io).is_some())
     {
         v.extend(INSTRUCTION_METRICS.iter().map(|s| s.to_string()));
     }
@@ -287,10 +268,11 @@ pub struct RowLabels {
 
 /// Labels from the fio arguments the variant ran with (the last of a
 /// repeated argument wins, as in fio).
-pub fn row_labels(r: &Value) -> RowLabels {
-    let args: Vec<&str> = r["scenario_definition"]["fio_args"]
-        .as_array()
-        .map(|a| a.iter().filter_map(Value::as_str).collect())
+pub fn row_labels(r: &ResultRecord) -> RowLabels {
+    let args: Vec<&str> = r
+        .scenario_definition
+        .as_ref()
+        .map(|v| v.fio_args.iter().map(String::as_str).collect())
         .unwrap_or_default();
     let get = |name: &str| {
         args.iter()
@@ -316,14 +298,17 @@ pub fn row_labels(r: &Value) -> RowLabels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::result::{test_cpu_all, test_record};
     use serde_json::json;
 
-    fn rec() -> Value {
-        json!({
+    fn rec() -> ResultRecord {
+        test_record(json!({
             "checks": {"fio_ios": 2000},
-            "scenario_definition": {"fio_args": ["--rw=randrw", "--iodepth=1", "--numjobs=2", "--numjobs=4", "--rwmixread=70"]},
+            "scenario_definition": {"name": "v", "target": {"kind": "virtio", "params": []},
+                "sched": null, "nr_requests": null, "runtime": 1, "ramp": 0,
+                "fio_args": ["--rw=randrw", "--iodepth=1", "--numjobs=2", "--numjobs=4", "--rwmixread=70"]},
             "guest": {
-                "cpu": {"all": {"busy": 25.0}, "ticks": 800},
+                "cpu": {"all": test_cpu_all(25.0, 10.0, 1.0), "ticks": 800},
                 "context_switches": 3000, "interrupts": {"total": 1000},
                 "fio": {"jobs": [{"read": {"iops": 300.0, "total_ios": 1400, "clat_ns": {"percentile": {"50.000000": 150000, "99.000000": 900000}}},
                                   "write": {"iops": 100.0, "total_ios": 600}}]}
@@ -333,9 +318,8 @@ mod tests {
                 {"counters": {"requests": 500, "kicks": 500, "notifications": 400}}]}]},
             "host": {"qemu": {"groups": {"vcpu": {"total_s": 2.0}, "other": {"total_s": 0.5}}},
                      "blklab": {"groups": {"backend-queues": {"total_s": 0.2}, "backend-protocol": {"total_s": 0.0}, "lab": {"total_s": 9.0}}}}
-        })
+        }))
     }
-
     #[test]
     fn derives_every_metric() {
         let r = rec();

@@ -8,6 +8,9 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::record::metrics::{self, RowLabels};
+use crate::record::result::{ResultRecord, RESULT_SCHEMA};
+use crate::record::run::RunDocument;
+use crate::record::RecordError;
 use crate::report::inference::{self, Comparison};
 use crate::report::profile;
 
@@ -17,6 +20,8 @@ pub enum ReportError {
     NotARun(PathBuf),
     #[error("cannot read {path}: {why}")]
     Read { path: PathBuf, why: String },
+    #[error(transparent)]
+    Record(#[from] RecordError),
     #[error("{dir} has no results (no *.json records of blklab-run-result/1)")]
     Empty { dir: PathBuf },
     #[error("{dir} has no kernel {kernel:?} (it has: {have})")]
@@ -52,27 +57,28 @@ pub enum ReportError {
 pub struct Side {
     pub dir: PathBuf,
     pub kernel: String,
-    pub run: Value,
-    pub records: Vec<Value>,
+    pub run: RunDocument,
+    pub records: Vec<ResultRecord>,
 }
 
-/// A run directory: run.json and every record in it.
-pub fn load_dir(dir: &Path) -> Result<(Value, Vec<Value>), ReportError> {
+/// Is this document's `schema` a result record's (of any version)?
+fn is_result(schema: &str) -> bool {
+    let name = |s: &str| {
+        s.rsplit_once('/')
+            .map_or(s.to_string(), |(n, _)| n.to_string())
+    };
+    name(schema) == name(RESULT_SCHEMA)
+}
+
+/// A run directory: run.json and every record in it (files of other
+/// documents are left alone; a record or run.json of a schema version this
+/// blklab does not read is an error).
+pub fn load_dir(dir: &Path) -> Result<(RunDocument, Vec<ResultRecord>), ReportError> {
     let run_path = dir.join("run.json");
     if !run_path.is_file() {
         return Err(ReportError::NotARun(dir.to_path_buf()));
     }
-    let read = |p: &Path| -> Result<Value, ReportError> {
-        let t = std::fs::read_to_string(p).map_err(|e| ReportError::Read {
-            path: p.to_path_buf(),
-            why: e.to_string(),
-        })?;
-        serde_json::from_str(&t).map_err(|e| ReportError::Read {
-            path: p.to_path_buf(),
-            why: e.to_string(),
-        })
-    };
-    let run = read(&run_path)?;
+    let run: RunDocument = crate::record::read(&run_path)?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| ReportError::Read {
             path: dir.to_path_buf(),
@@ -88,9 +94,9 @@ pub fn load_dir(dir: &Path) -> Result<(Value, Vec<Value>), ReportError> {
         if name == "run.json" || name == "summary.json" {
             continue;
         }
-        let v = read(&f)?;
-        if v["schema"] == "blklab-run-result/1" {
-            records.push(v);
+        let v = crate::record::read_value(&f)?;
+        if crate::record::schema_of(&v).is_some_and(is_result) {
+            records.push(crate::record::from_value(&f, &v)?);
         }
     }
     if records.is_empty() {
@@ -102,34 +108,25 @@ pub fn load_dir(dir: &Path) -> Result<(Value, Vec<Value>), ReportError> {
 }
 
 /// Kernels of a run that have records, in run order.
-pub fn kernels(run: &Value, records: &[Value]) -> Vec<String> {
-    let mut k: Vec<String> = run["kernels"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|k| k["label"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
+pub fn kernels(run: &RunDocument, records: &[ResultRecord]) -> Vec<String> {
+    let mut k: Vec<String> = run.kernels.iter().map(|k| k.label.clone()).collect();
     for r in records {
-        if let Some(l) = r["kernel"].as_str() {
-            if !k.iter().any(|x| x == l) {
-                k.push(l.to_string());
-            }
+        if !k.contains(&r.kernel) {
+            k.push(r.kernel.clone());
         }
     }
-    k.retain(|l| records.iter().any(|r| r["kernel"] == l.as_str()));
+    k.retain(|l| records.iter().any(|r| &r.kernel == l));
     k
 }
 
-fn side_of(dir: &Path, run: &Value, records: &[Value], kernel: &str) -> Side {
+fn side_of(dir: &Path, run: &RunDocument, records: &[ResultRecord], kernel: &str) -> Side {
     Side {
         dir: dir.to_path_buf(),
         kernel: kernel.to_string(),
         run: run.clone(),
         records: records
             .iter()
-            .filter(|r| r["kernel"] == kernel)
+            .filter(|r| r.kernel == kernel)
             .cloned()
             .collect(),
     }
@@ -243,9 +240,10 @@ pub struct Report {
     pub profiles: Vec<profile::RowProfile>,
 }
 
-/// What a record's device configuration is, without the per-boot socket.
-fn device_identity(r: &Value) -> Value {
-    let mut d = r["device"].clone();
+/// What a record's device configuration is, without the per-boot socket,
+/// as JSON (to name the fields that differ).
+fn device_identity(r: &ResultRecord) -> Value {
+    let mut d = serde_json::to_value(&r.device).unwrap_or(Value::Null);
     if let Some(a) = d.as_array_mut() {
         for disk in a {
             if let Some(o) = disk.as_object_mut() {
@@ -258,15 +256,8 @@ fn device_identity(r: &Value) -> Value {
 }
 
 /// The QEMU command line with what is per kernel or per boot replaced.
-fn qemu_identity(r: &Value) -> String {
-    let args: Vec<String> = r["qemu_command_line"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|s| s.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
+fn qemu_identity(r: &ResultRecord) -> String {
+    let args = &r.qemu_command_line;
     let mut out = Vec::new();
     let mut skip_next = false;
     for (i, a) in args.iter().enumerate() {
@@ -291,7 +282,13 @@ fn qemu_identity(r: &Value) -> String {
     out.join(" ")
 }
 
-fn first_str(s: &Side, f: impl Fn(&Value) -> String) -> String {
+/// A value as JSON text (objects with their keys sorted), for showing
+/// what differs.
+fn json_text<T: Serialize>(v: &T) -> String {
+    serde_json::to_value(v).unwrap_or(Value::Null).to_string()
+}
+
+fn first_str(s: &Side, f: impl Fn(&ResultRecord) -> String) -> String {
     s.records.first().map(f).unwrap_or_default()
 }
 
@@ -370,26 +367,26 @@ fn differences(a: &Side, b: &Side) -> Vec<Difference> {
     );
     check(
         "QEMU version",
-        a.run["qemu"]["version"].to_string(),
-        b.run["qemu"]["version"].to_string(),
+        json_text(&a.run.qemu.version),
+        json_text(&b.run.qemu.version),
         false,
     );
     check(
         "accelerator",
-        a.run["accel"].to_string(),
-        b.run["accel"].to_string(),
+        json_text(&a.run.accel),
+        json_text(&b.run.accel),
         false,
     );
     check(
         "host",
-        a.run["host"].to_string(),
-        b.run["host"].to_string(),
+        json_text(&a.run.host),
+        json_text(&b.run.host),
         false,
     );
     check(
         "blklab commit",
-        a.run["git_commit"].to_string(),
-        b.run["git_commit"].to_string(),
+        json_text(&a.run.git_commit),
+        json_text(&b.run.git_commit),
         false,
     );
     d
@@ -432,10 +429,7 @@ pub fn build_with_top(
     let keys = |s: &Side| {
         let mut v: Vec<(String, String)> = Vec::new();
         for r in &s.records {
-            let k = (
-                r["scenario"].as_str().unwrap_or("?").to_string(),
-                r["variant"].as_str().unwrap_or("?").to_string(),
-            );
+            let k = (r.scenario.clone(), r.variant.clone());
             if !v.contains(&k) {
                 v.push(k);
             }
@@ -462,17 +456,18 @@ pub fn build_with_top(
     let mut common: Vec<(String, String)> = ka.into_iter().filter(|k| kb.contains(k)).collect();
     // Rows in the order the scenarios define their variants.
     let position = |(s, v): &(String, String)| -> (usize, usize) {
-        let scenarios = a.run["scenarios"].as_array();
-        scenarios
-            .and_then(|list| {
-                list.iter().enumerate().find_map(|(i, sc)| {
-                    (sc["name"] == s.as_str()).then(|| {
-                        let j = sc["variants"]
-                            .as_array()
-                            .and_then(|vs| vs.iter().position(|x| x["name"] == v.as_str()))
-                            .unwrap_or(usize::MAX);
-                        (i, j)
-                    })
+        a.run
+            .scenarios
+            .iter()
+            .enumerate()
+            .find_map(|(i, sc)| {
+                (&sc.name == s).then(|| {
+                    let j = sc
+                        .variants
+                        .iter()
+                        .position(|x| &x.name == v)
+                        .unwrap_or(usize::MAX);
+                    (i, j)
                 })
             })
             .unwrap_or((usize::MAX, usize::MAX))
@@ -487,8 +482,8 @@ pub fn build_with_top(
         let def = |side: &Side| {
             side.records
                 .iter()
-                .find(|r| r["scenario"] == s.as_str() && r["variant"] == v.as_str())
-                .map(|r| r["scenario_definition"].to_string())
+                .find(|r| &r.scenario == s && &r.variant == v)
+                .map(|r| json_text(&r.scenario_definition))
                 .unwrap_or_default()
         };
         let (da, db) = (def(a), def(b));
@@ -515,13 +510,13 @@ pub fn build_with_top(
     let mut rows: Vec<Row> = common
         .iter()
         .map(|(s, v)| {
-            fn pick<'a>(side: &'a Side, s: &str, v: &str) -> (Vec<&'a Value>, usize) {
-                let all: Vec<&Value> = side
+            fn pick<'a>(side: &'a Side, s: &str, v: &str) -> (Vec<&'a ResultRecord>, usize) {
+                let all: Vec<&ResultRecord> = side
                     .records
                     .iter()
-                    .filter(|r| r["scenario"] == s && r["variant"] == v)
+                    .filter(|r| r.scenario == s && r.variant == v)
                     .collect();
-                let ok: Vec<&Value> = all.iter().copied().filter(|r| r["ok"] == true).collect();
+                let ok: Vec<&ResultRecord> = all.iter().copied().filter(|r| r.ok).collect();
                 let failed = all.len() - ok.len();
                 (ok, failed)
             }
@@ -579,9 +574,8 @@ pub fn build_with_top(
         kernel_spec: s
             .records
             .first()
-            .and_then(|r| r["kernel_spec"].as_str())
-            .unwrap_or("")
-            .to_string(),
+            .map(|r| r.kernel_spec.clone())
+            .unwrap_or_default(),
         records: s.records.len(),
     };
     Ok(Report {

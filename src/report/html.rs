@@ -154,19 +154,16 @@ fn latency_curve(side: &Side, scenario: &str, variant: &str) -> Vec<(f64, f64)> 
     for r in side
         .records
         .iter()
-        .filter(|r| r["scenario"] == scenario && r["variant"] == variant && r["ok"] == true)
+        .filter(|r| r.scenario == scenario && r.variant == variant && r.ok)
     {
-        let Some(job) = r["guest"]["fio"]["jobs"].as_array().and_then(|j| j.first()) else {
+        let Some(job) = r.guest.fio.as_ref().and_then(|f| f.jobs.first()) else {
             continue;
         };
-        let Some(dir) = ["read", "write", "trim"]
-            .iter()
-            .max_by_key(|d| job[**d]["total_ios"].as_u64().unwrap_or(0))
-        else {
+        let Some(dir) = job.busiest() else {
             continue;
         };
-        if let Some(p) = job[*dir]["clat_ns"]["percentile"].as_object() {
-            for (k, v) in p {
+        if let Some(c) = &dir.clat_ns {
+            for (k, v) in &c.percentile {
                 if let Some(ns) = v.as_f64() {
                     let e = acc.entry(k.clone()).or_insert((0.0, 0));
                     e.0 += ns / 1000.0;
@@ -190,22 +187,11 @@ fn kick_distribution(side: &Side, scenario: &str, variant: &str) -> Vec<(f64, f6
     for r in side
         .records
         .iter()
-        .filter(|r| r["scenario"] == scenario && r["variant"] == variant && r["ok"] == true)
+        .filter(|r| r.scenario == scenario && r.variant == variant && r.ok)
     {
-        for q in r["backend"]["disks"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|d| d["queues"].as_array().into_iter().flatten())
-        {
-            for pair in q["requests_per_kick_values"]
-                .as_array()
-                .into_iter()
-                .flatten()
-            {
-                if let (Some(v), Some(n)) = (pair[0].as_u64(), pair[1].as_u64()) {
-                    *counts.entry(v).or_default() += n;
-                }
+        for q in r.backend.iter().flat_map(|b| b.queues()) {
+            for &(v, n) in &q.requests_per_kick_values {
+                *counts.entry(v).or_default() += n;
             }
         }
     }

@@ -8,8 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
-use serde_json::Value;
 
+use crate::record::instructions::Instructions;
+use crate::record::result::ResultRecord;
 use crate::report::inference;
 
 /// Functions shown per row unless asked otherwise.
@@ -75,25 +76,26 @@ pub struct RowProfile {
     pub functions_diff_sum: f64,
 }
 
-fn has_insns(r: &Value) -> bool {
-    r["instructions"]["functions"].is_object()
-}
+/// Name → instructions per IO, of one record's profile.
+type PerName = fn(&Instructions) -> &BTreeMap<String, Option<f64>>;
 
-/// Per-IO values of `field` (an object name → per IO) over `records`; a
-/// name missing from a record that has the field counts as 0.
-fn per_name(records: &[&Value], field: &str) -> BTreeMap<String, Vec<f64>> {
+/// One per-IO quantity of a record's profile.
+type Scalar = fn(&Instructions) -> Option<f64>;
+
+/// Per-IO values of `field` (name → per IO) over `records` (which all have
+/// instruction counts); a name missing from a record, or null there,
+/// counts as 0.
+fn per_name(records: &[&Instructions], field: PerName) -> BTreeMap<String, Vec<f64>> {
     let names: BTreeSet<String> = records
         .iter()
-        .filter_map(|r| r["instructions"][field].as_object())
-        .flat_map(|o| o.keys().cloned())
+        .flat_map(|i| field(i).keys().cloned())
         .collect();
     names
         .into_iter()
         .map(|n| {
             let v = records
                 .iter()
-                .filter_map(|r| r["instructions"][field].as_object())
-                .map(|o| o.get(&n).and_then(Value::as_f64).unwrap_or(0.0))
+                .map(|i| field(i).get(&n).copied().flatten().unwrap_or(0.0))
                 .collect();
             (n, v)
         })
@@ -151,28 +153,27 @@ fn entries(
 pub fn row_profile(
     scenario: &str,
     variant: &str,
-    ra: &[&Value],
-    rb: &[&Value],
+    ra: &[&ResultRecord],
+    rb: &[&ResultRecord],
     top: usize,
 ) -> Option<RowProfile> {
-    let ra: Vec<&Value> = ra.iter().copied().filter(|r| has_insns(r)).collect();
-    let rb: Vec<&Value> = rb.iter().copied().filter(|r| has_insns(r)).collect();
+    let ra: Vec<&Instructions> = ra.iter().filter_map(|r| r.instructions.as_ref()).collect();
+    let rb: Vec<&Instructions> = rb.iter().filter_map(|r| r.instructions.as_ref()).collect();
     if ra.is_empty() || rb.is_empty() {
         return None;
     }
-    let scalar = |rs: &[&Value], key: &str| -> Vec<f64> {
-        rs.iter()
-            .filter_map(|r| r["instructions"][key].as_f64())
-            .collect()
+    let scalar = |rs: &[&Instructions], key: Scalar| -> Vec<f64> {
+        rs.iter().filter_map(|i| key(i)).collect()
     };
     let mut totals = Vec::new();
-    for (key, name) in [
-        ("kernel_per_io", "kernel instructions"),
-        ("user_per_io", "user instructions"),
-        ("per_io", "all instructions"),
-        ("idle_entries_per_io", "idle entries"),
-        ("context_switches_per_io", "context switches"),
-    ] {
+    let quantities: [(Scalar, &str); 5] = [
+        (|i| i.kernel_per_io, "kernel instructions"),
+        (|i| i.user_per_io, "user instructions"),
+        (|i| i.per_io, "all instructions"),
+        (|i| i.idle_entries_per_io, "idle entries"),
+        (|i| i.context_switches_per_io, "context switches"),
+    ];
+    for (key, name) in quantities {
         let (va, vb) = (scalar(&ra, key), scalar(&rb, key));
         if va.is_empty() || vb.is_empty() {
             continue;
@@ -188,15 +189,15 @@ pub fn row_profile(
         });
     }
     let groups = entries(
-        &per_name(&ra, "groups"),
-        &per_name(&rb, "groups"),
+        &per_name(&ra, |i| &i.groups),
+        &per_name(&rb, |i| &i.groups),
         ra.len(),
         rb.len(),
         |g| g.to_string(),
     );
     let all = entries(
-        &per_name(&ra, "functions"),
-        &per_name(&rb, "functions"),
+        &per_name(&ra, |i| &i.functions),
+        &per_name(&rb, |i| &i.functions),
         ra.len(),
         rb.len(),
         |f| crate::record::symbol_groups::group_of(f).to_string(),
@@ -339,14 +340,18 @@ fn table(cells: &[Vec<String>], markdown: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::result::test_record;
     use serde_json::json;
 
-    fn rec(f: &[(&str, f64)], kernel: f64) -> Value {
-        let functions: serde_json::Map<String, Value> =
-            f.iter().map(|(k, v)| (k.to_string(), json!(v))).collect();
-        json!({"instructions": {"kernel_per_io": kernel, "user_per_io": 10.0, "per_io": kernel + 10.0,
-               "idle_entries_per_io": 0.1, "context_switches_per_io": 0.2,
-               "groups": {"block": kernel}, "functions": functions}})
+    fn rec(f: &[(&str, f64)], kernel: f64) -> ResultRecord {
+        let functions: BTreeMap<String, f64> = f.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        test_record(json!({"instructions": {
+            "window": {"method": "test", "deterministic": true}, "ios": 1.0,
+            "total": 0, "kernel": 0, "user": 0, "per_vcpu": [],
+            "kernel_per_io": kernel, "user_per_io": 10.0, "per_io": kernel + 10.0,
+            "idle_symbol": null, "idle_entries": null,
+            "idle_entries_per_io": 0.1, "context_switches_per_io": 0.2,
+            "groups": {"block": kernel}, "group_insns": {}, "functions": functions}}))
     }
 
     #[test]
@@ -380,6 +385,6 @@ mod tests {
         let t = render(&[p], "A", "B", false);
         assert!(t.contains("blk_mq_flush_plug_list"), "{t}");
         assert!(t.contains("-50.0"), "{t}");
-        assert!(row_profile("s", "v", &[&json!({})], &[&b1], 2).is_none());
+        assert!(row_profile("s", "v", &[&test_record(json!({}))], &[&b1], 2).is_none());
     }
 }

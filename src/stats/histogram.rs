@@ -54,7 +54,7 @@ pub struct Hist {
 ///
 /// All values are in the unit that was recorded (nanoseconds for latency
 /// histograms). An empty histogram gives all zeros.
-#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct HistSummary {
     pub count: u64,
     pub min: u64,

@@ -229,8 +229,8 @@ pub fn render(doc: &StatsDocument) -> String {
         out,
         "blklab_info{} 1",
         labels(&[
-            ("version", doc.blklab_version),
-            ("git_commit", doc.git_commit)
+            ("version", &doc.blklab_version),
+            ("git_commit", &doc.git_commit)
         ])
     );
 
@@ -238,12 +238,7 @@ pub fn render(doc: &StatsDocument) -> String {
     let disks: Vec<(String, &[QueueReport])> = doc
         .disks
         .iter()
-        .map(|d| {
-            (
-                d.config.socket.to_string_lossy().into_owned(),
-                &d.queues[..],
-            )
-        })
+        .map(|d| (d.socket(), &d.queues[..]))
         .collect();
     let queues = || {
         disks.iter().flat_map(|(disk, qs)| {
@@ -259,7 +254,9 @@ pub fn render(doc: &StatsDocument) -> String {
         "gauge",
     );
     for (d, (disk, _)) in doc.disks.iter().zip(&disks) {
-        let c = &d.config;
+        let Some(c) = &d.config else {
+            continue;
+        };
         let _ = writeln!(
             out,
             "blklab_disk_info{} 1",
@@ -594,7 +591,7 @@ mod tests {
                 .unwrap()
                 .remove(0);
         DiskReport {
-            config,
+            config: Some(config),
             queues: (0..queues)
                 .map(|q| queue(q, 1000 * (q as u64 + 1)))
                 .collect(),
@@ -663,7 +660,7 @@ mod tests {
             assert!(names.contains(&f), "{f} missing from {names:?}");
         }
         for d in &doc.disks {
-            let sock = d.config.socket.to_string_lossy().into_owned();
+            let sock = d.socket();
             for q in &d.queues {
                 let qi = q.index.to_string();
                 for (k, v) in counter_fields(&q.counters) {
@@ -801,8 +798,8 @@ mod tests {
                 &e,
                 "blklab_info",
                 &[
-                    ("version", doc.blklab_version),
-                    ("git_commit", doc.git_commit)
+                    ("version", &doc.blklab_version),
+                    ("git_commit", &doc.git_commit)
                 ]
             ),
             1.0

@@ -1,10 +1,18 @@
 //! Per-queue statistics: exact counters and log-bucket histograms, owned by
 //! each queue's worker thread (behind a per-queue lock that only the worker
 //! and an occasional reader take), and the JSON documents built from them.
+//!
+//! The stats document ([`StatsDocument`], schema [`STATS_SCHEMA`]) is a
+//! contract: the control socket answers it, `--stats-out` writes it, `blklab
+//! run` embeds it in every record as `backend`, and `blklab stats` and the
+//! report read it back through these types. Fields are added without a new
+//! major version (readers ignore what they do not know); everything that
+//! old recordings may lack reads as its default.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::device::config::DiskConfig;
 use crate::stats::histogram::{Hist, HistSummary};
@@ -14,7 +22,8 @@ use crate::virtio_blk::request::Op;
 const COUNT_MAX: u64 = 1 << 16;
 
 /// Exact event counts of one queue.
-#[derive(Debug, Default, Clone, Serialize)]
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(default)]
 pub struct QueueCounters {
     pub requests: u64,
     pub reads: u64,
@@ -285,7 +294,7 @@ impl QueueStats {
 }
 
 /// User and system CPU seconds of one thread.
-#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq)]
 pub struct ThreadCpu {
     pub user_s: f64,
     pub sys_s: f64,
@@ -308,21 +317,42 @@ pub fn current_tid() -> i32 {
 }
 
 /// One queue in a stats document.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct QueueReport {
+    /// The virtqueue's index in its disk.
+    #[serde(default)]
     pub index: usize,
     pub counters: QueueCounters,
+    /// Requests popped per wake-up.
+    #[serde(default)]
     pub requests_per_wakeup: HistSummary,
+    /// Requests popped per kick, per wake-up that had kicks (rounded).
+    #[serde(default)]
     pub requests_per_kick: HistSummary,
     /// The requests-per-kick distribution: (requests, kicks) pairs.
+    #[serde(default)]
     pub requests_per_kick_values: Vec<(u64, u64)>,
+    #[serde(default)]
     pub kicks_per_wakeup: HistSummary,
+    /// Service time, pop to used, ns, by op.
+    #[serde(default)]
     pub latency_read_ns: HistSummary,
+    #[serde(default)]
     pub latency_write_ns: HistSummary,
+    #[serde(default)]
     pub latency_other_ns: HistSummary,
+    /// Time between consecutive pops, ns.
+    #[serde(default)]
     pub inter_arrival_ns: HistSummary,
+    /// Requests in service when a request is popped.
+    #[serde(default)]
     pub inflight_at_pop: HistSummary,
+    /// How long the queue waited for a command slot, ns.
+    #[serde(default)]
     pub tag_wait_ns: HistSummary,
+    /// The worker thread's CPU time over the document's span (null when
+    /// the queue has not been served yet).
+    #[serde(default)]
     pub worker_cpu: Option<ThreadCpu>,
 }
 
@@ -330,25 +360,64 @@ pub struct QueueReport {
 pub const GIT_COMMIT: &str = env!("BLKLAB_GIT_COMMIT");
 
 /// One disk in a stats document.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DiskReport {
-    pub config: DiskConfig,
+    /// The disk's complete configuration. Always written; absent only
+    /// from trimmed recordings (tests/fixtures/runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<DiskConfig>,
     pub queues: Vec<QueueReport>,
     /// The command-slot pools the disk's queues draw from (cumulative).
+    #[serde(default)]
     pub tag_pools: Vec<crate::device::tags::PoolStats>,
 }
 
+impl DiskReport {
+    /// The disk's socket path as text (`?` when the document has no
+    /// configuration).
+    pub fn socket(&self) -> String {
+        self.config
+            .as_ref()
+            .map_or_else(|| "?".to_string(), |c| c.socket.display().to_string())
+    }
+}
+
+/// The schema version of [`StatsDocument`].
+pub const STATS_SCHEMA: &str = "blklab-stats/1";
+
+fn stats_schema() -> String {
+    STATS_SCHEMA.to_string()
+}
+
+fn stats_schema_pattern() -> String {
+    crate::util::schema::pattern(STATS_SCHEMA)
+}
+
+fn check_stats_schema<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    crate::util::schema::deserialize(d, STATS_SCHEMA)
+}
+
 /// A complete stats document: what, when, from which build.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(title = "blklab stats document")]
 pub struct StatsDocument {
-    pub blklab_version: &'static str,
-    pub git_commit: &'static str,
+    /// [`STATS_SCHEMA`]. Documents written before it existed have none and
+    /// read as version 1; another major version does not read.
+    #[serde(default = "stats_schema", deserialize_with = "check_stats_schema")]
+    #[schemars(pattern(stats_schema_pattern()))]
+    pub schema: String,
+    #[serde(default)]
+    pub blklab_version: String,
+    /// The git commit blklab was built from.
+    #[serde(default)]
+    pub git_commit: String,
     /// Wall-clock time of the document, ns since the Unix epoch.
+    #[serde(default)]
     pub time_unix_ns: u128,
     /// For snapshots: the label and the seconds the delta covers.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval_s: Option<f64>,
     pub disks: Vec<DiskReport>,
 }
@@ -356,8 +425,9 @@ pub struct StatsDocument {
 impl StatsDocument {
     pub fn new(disks: Vec<DiskReport>) -> StatsDocument {
         StatsDocument {
-            blklab_version: env!("CARGO_PKG_VERSION"),
-            git_commit: GIT_COMMIT,
+            schema: stats_schema(),
+            blklab_version: env!("CARGO_PKG_VERSION").to_string(),
+            git_commit: GIT_COMMIT.to_string(),
             time_unix_ns: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map(|d| d.as_nanos())
@@ -366,6 +436,22 @@ impl StatsDocument {
             interval_s: None,
             disks,
         }
+    }
+
+    /// Every queue of every disk.
+    pub fn queues(&self) -> impl Iterator<Item = &QueueReport> {
+        self.disks.iter().flat_map(|d| d.queues.iter())
+    }
+
+    /// The sum of one counter over every queue of every disk.
+    pub fn sum(&self, counter: impl Fn(&QueueCounters) -> u64) -> u64 {
+        self.queues().map(|q| counter(&q.counters)).sum()
+    }
+
+    /// Read a document from JSON text: a document of another major schema
+    /// version is an error naming both versions.
+    pub fn from_json(text: &str) -> Result<StatsDocument, serde_json::Error> {
+        serde_json::from_str(text)
     }
 }
 
@@ -425,6 +511,34 @@ mod tests {
         let r = s.report(0, None);
         assert_eq!(r.inter_arrival_ns.count, 2);
         assert_eq!(r.inflight_at_pop.max, 2);
+    }
+
+    #[test]
+    fn documents_read_back_and_check_their_schema() {
+        let mut s = QueueStats::default();
+        s.wakeup(1, 3);
+        s.completed(Op::Read, Duration::from_micros(20));
+        let mut doc = StatsDocument::new(vec![DiskReport {
+            config: None,
+            queues: vec![s.report(0, None)],
+            tag_pools: Vec::new(),
+        }]);
+        doc.label = Some("x".into());
+        let text = serde_json::to_string(&doc).unwrap();
+        assert!(text.starts_with(r#"{"schema":"blklab-stats/1","#), "{text}");
+        assert_eq!(StatsDocument::from_json(&text).unwrap(), doc);
+        // Before the schema field: version 1; unknown fields are ignored.
+        let old = r#"{"disks":[{"queues":[{"counters":{"kicks":2}}]}],"new":1}"#;
+        let d = StatsDocument::from_json(old).unwrap();
+        assert_eq!(d.schema, STATS_SCHEMA);
+        assert_eq!(d.sum(|c| c.kicks), 2);
+        let e = StatsDocument::from_json(r#"{"schema":"blklab-stats/2","disks":[]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("\"blklab-stats/2\"") && e.contains("reads \"blklab-stats/1\""),
+            "{e}"
+        );
     }
 
     #[test]

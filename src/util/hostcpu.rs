@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::util::procfs;
 
@@ -46,7 +46,8 @@ pub fn sample(pid: i32) -> Option<ProcessSample> {
 }
 
 /// CPU seconds of one group of threads over an interval.
-#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
+#[serde(default)]
 pub struct CpuSeconds {
     pub user_s: f64,
     pub sys_s: f64,
@@ -56,7 +57,7 @@ pub struct CpuSeconds {
 }
 
 /// One thread's CPU over an interval.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 pub struct ThreadCpuDelta {
     pub tid: i32,
     pub name: String,
@@ -64,8 +65,10 @@ pub struct ThreadCpuDelta {
     pub sys_s: f64,
 }
 
-/// A process's CPU over an interval, grouped.
-#[derive(Debug, Clone, Serialize)]
+/// A process's CPU over an interval, grouped. (Every field reads as its
+/// default when absent: trimmed recordings keep only `groups`.)
+#[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
+#[serde(default)]
 pub struct ProcessCpu {
     pub pid: i32,
     pub wall_s: f64,

@@ -5,5 +5,6 @@
 pub mod fd;
 pub mod hostcpu;
 pub mod procfs;
+pub mod schema;
 pub mod text;
 pub mod units;

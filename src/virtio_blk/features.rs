@@ -115,7 +115,7 @@ impl FromStr for BlkFeature {
 }
 
 /// The set of device features offered, as chosen on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct FeatureSet {
     bits: u64,
 }

@@ -1,0 +1,372 @@
+//! The guest's result document of one variant (`blklab-guest-result/1`,
+//! written by guest-scripts/lib/result.awk; docs/lab-protocol.md §3), as a
+//! record's `guest` field.
+//!
+//! What blklab reads is typed. What it only carries is kept as the guest
+//! wrote it: mpstat's and fio's own JSON beyond the fields the report uses
+//! (`other` maps and [`GuestResult::mpstat`]), and any field a newer guest
+//! adds (`other`), so a record holds the guest's document whole.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::{Number, Value};
+
+/// The schema version the guest scripts write.
+pub const GUEST_SCHEMA: &str = "blklab-guest-result/1";
+
+/// Fields this blklab does not model, kept as written.
+pub type Other = BTreeMap<String, Value>;
+
+/// The guest's document.
+///
+/// Measurement fields are null when the variant failed before its window
+/// closed; trimmed recordings (tests/fixtures) keep only what the report
+/// reads, so everything but `ok` may be absent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GuestResult {
+    /// [`GUEST_SCHEMA`]; absent when the lab stood in for a document that
+    /// did not parse (see `raw`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<String>,
+    #[serde(default)]
+    pub scenario: Option<String>,
+    #[serde(default)]
+    pub variant: Option<String>,
+    #[serde(default)]
+    pub ok: bool,
+    /// Every error of the variant, joined by `; `.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// `uname -r`.
+    #[serde(default)]
+    pub kernel: Option<String>,
+    /// Online CPUs.
+    #[serde(default)]
+    pub nr_cpus: Option<u32>,
+    #[serde(default)]
+    pub settings: Option<GuestSettings>,
+    /// fio's command line (null when fio did not run).
+    #[serde(default)]
+    pub fio_cmdline: Option<Vec<String>>,
+    /// The target devices.
+    #[serde(default)]
+    pub devices: Option<Vec<String>>,
+    /// Queue settings read back before fio, by device.
+    #[serde(default)]
+    pub queue: Option<BTreeMap<String, QueueSettings>>,
+    /// From /proc/uptime, before → after snapshot.
+    #[serde(default)]
+    pub wall_seconds: Option<f64>,
+    #[serde(default)]
+    pub cpu: Option<GuestCpu>,
+    /// /proc/stat `ctxt` delta.
+    #[serde(default)]
+    pub context_switches: Option<i64>,
+    /// /proc/stat `processes` delta.
+    #[serde(default)]
+    pub processes: Option<i64>,
+    #[serde(default)]
+    pub interrupts: Option<Interrupts>,
+    /// /proc/softirqs deltas, summed over CPUs.
+    #[serde(default)]
+    pub softirqs: Option<BTreeMap<String, i64>>,
+    /// /sys/block/X/stat deltas, by device.
+    #[serde(default)]
+    pub block: Option<BTreeMap<String, BlockDelta>>,
+    /// `mpstat -P ALL -o JSON` over the window, as mpstat printed it (or
+    /// null): carried for people, read by nothing.
+    #[serde(default)]
+    pub mpstat: Option<Value>,
+    #[serde(default)]
+    pub fio_rc: Option<i64>,
+    /// fio's stdout/stderr and notes before its JSON, or null.
+    #[serde(default)]
+    pub fio_log: Option<String>,
+    /// fio's JSON output (null when fio wrote none that parsed).
+    #[serde(default)]
+    pub fio: Option<FioOutput>,
+    /// The lab's stand-in for a document that did not parse: its text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<String>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+impl GuestResult {
+    /// The lab's stand-in for a result whose text did not parse.
+    pub fn unparsable(error: String, raw: String) -> GuestResult {
+        GuestResult {
+            ok: false,
+            error: Some(error),
+            raw: Some(raw),
+            ..GuestResult::default()
+        }
+    }
+
+    /// Did the variant run on the host's virtio disks (true when the
+    /// document does not say)?
+    pub fn target_virtio(&self) -> bool {
+        self.settings
+            .as_ref()
+            .map_or(true, |s| s.target == "virtio")
+    }
+}
+
+/// The settings a variant ran with: overrides applied, `@NCPU@` replaced.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GuestSettings {
+    /// `virtio`, `scsi_debug` or `null_blk`.
+    pub target: String,
+    #[serde(default)]
+    pub target_params: Vec<String>,
+    #[serde(default)]
+    pub sched: Option<String>,
+    #[serde(default)]
+    pub nr_requests: Option<u64>,
+    #[serde(default)]
+    pub runtime: Option<u64>,
+    #[serde(default)]
+    pub ramp: Option<u64>,
+    #[serde(default)]
+    pub fio_args: Vec<String>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// One device's queue settings, read back before fio.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct QueueSettings {
+    #[serde(default)]
+    pub scheduler: Option<String>,
+    #[serde(default)]
+    pub nr_requests: Option<u64>,
+    #[serde(default)]
+    pub hw_queues: Option<u64>,
+    /// SCSI: device/queue_depth.
+    #[serde(default)]
+    pub device_queue_depth: Option<u64>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// mpstat's reduction of /proc/stat deltas, in percent (two decimals).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CpuPercent {
+    pub usr: f64,
+    pub nice: f64,
+    pub sys: f64,
+    pub iowait: f64,
+    pub irq: f64,
+    pub soft: f64,
+    pub steal: f64,
+    pub guest: f64,
+    pub gnice: f64,
+    pub idle: f64,
+    /// 100 − idle.
+    pub busy: f64,
+}
+
+impl CpuPercent {
+    /// The ten components (all but `busy`): 100 within rounding.
+    pub fn components(&self) -> [f64; 10] {
+        [
+            self.usr,
+            self.nice,
+            self.sys,
+            self.iowait,
+            self.irq,
+            self.soft,
+            self.steal,
+            self.guest,
+            self.gnice,
+            self.idle,
+        ]
+    }
+}
+
+/// One CPU's row.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct CpuRow {
+    pub cpu: u32,
+    #[serde(flatten)]
+    pub percent: CpuPercent,
+}
+
+/// Guest CPU over the window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct GuestCpu {
+    /// The CPUs present in both samples, summed.
+    pub all: CpuPercent,
+    #[serde(default)]
+    pub per_cpu: Vec<CpuRow>,
+    /// Total jiffies over all CPUs in the window.
+    #[serde(default)]
+    pub ticks: Option<u64>,
+}
+
+/// Interrupt deltas.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Interrupts {
+    /// /proc/stat `intr` first field delta.
+    pub total: i64,
+    /// Numbered lines whose text contains "virtio", "scsi" or "nullb".
+    #[serde(default)]
+    pub lines: Vec<IrqLine>,
+    /// The named lines (IPIs, timer, …), summed over CPUs.
+    #[serde(default)]
+    pub arch: BTreeMap<String, i64>,
+}
+
+/// One numbered interrupt line, summed over CPUs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct IrqLine {
+    pub irq: String,
+    /// The line's last word.
+    pub name: String,
+    pub count: i64,
+}
+
+/// One device's /sys/block/X/stat deltas (`in_flight`: the after value);
+/// only the fields the kernel has.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BlockDelta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_ios: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_merges: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_sectors: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_ticks: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_ios: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_merges: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_sectors: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write_ticks: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io_ticks: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_in_queue: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discard_ios: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discard_merges: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discard_sectors: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discard_ticks: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_ios: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_ticks: Option<i64>,
+}
+
+impl BlockDelta {
+    /// Reads, writes and discards completed (the IOs a per-IO cost divides
+    /// by; counters that went backwards count as absent).
+    pub fn ios(&self) -> u64 {
+        [self.read_ios, self.write_ios, self.discard_ios]
+            .into_iter()
+            .flatten()
+            .filter_map(|n| u64::try_from(n).ok())
+            .sum()
+    }
+}
+
+/// fio's JSON output: the jobs' per-direction results are typed, the rest
+/// is kept as fio wrote it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FioOutput {
+    #[serde(default)]
+    pub jobs: Vec<FioJob>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+impl FioOutput {
+    /// Total IOs over the jobs, reads, writes and trims.
+    pub fn total_ios(&self) -> u64 {
+        self.jobs
+            .iter()
+            .flat_map(FioJob::directions)
+            .filter_map(|d| d.total_ios)
+            .sum()
+    }
+
+    /// IOPS over the jobs, all directions.
+    pub fn iops(&self) -> f64 {
+        self.jobs
+            .iter()
+            .flat_map(FioJob::directions)
+            .filter_map(|d| d.iops)
+            .sum()
+    }
+}
+
+/// One fio job (with `--group_reporting`, the group).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FioJob {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read: Option<FioDirection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub write: Option<FioDirection>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trim: Option<FioDirection>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+impl FioJob {
+    /// The directions the job has: read, write, trim.
+    pub fn directions(&self) -> impl Iterator<Item = &FioDirection> {
+        [&self.read, &self.write, &self.trim].into_iter().flatten()
+    }
+
+    /// The direction with most IOs (the last of read, write, trim on a tie;
+    /// one without a count counts 0).
+    pub fn busiest(&self) -> Option<&FioDirection> {
+        [&self.read, &self.write, &self.trim]
+            .into_iter()
+            .max_by_key(|d| d.as_ref().and_then(|d| d.total_ios).unwrap_or(0))?
+            .as_ref()
+    }
+}
+
+/// One direction of a fio job.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FioDirection {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_ios: Option<u64>,
+    /// Completion latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clat_ns: Option<FioLatency>,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+impl FioDirection {
+    /// The completion-latency percentile `pct` (fio's key, e.g.
+    /// `"99.000000"`), ns.
+    pub fn clat_percentile_ns(&self, pct: &str) -> Option<f64> {
+        self.clat_ns.as_ref()?.percentile.get(pct)?.as_f64()
+    }
+}
+
+/// A fio latency distribution.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FioLatency {
+    /// Percentile (fio's key, e.g. `"50.000000"`) → value, ns.
+    #[serde(default)]
+    pub percentile: BTreeMap<String, Number>,
+    #[serde(flatten)]
+    pub other: Other,
+}

@@ -1,0 +1,130 @@
+//! `run.json`: what one `blklab run` was (schema [`RUN_SCHEMA`]): the
+//! build, the command line, the accelerator and why, the host, QEMU, the
+//! kernels, the scenarios as run and the boot order.
+
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+use crate::record::scenario::Scenario;
+use crate::record::Document;
+
+/// The schema version of [`RunDocument`].
+pub const RUN_SCHEMA: &str = "blklab-run/1";
+
+/// The accelerator QEMU runs the guest with (`--accel`; a record holds
+/// `kvm` or `tcg`, never `auto`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    /// KVM when a real probe boots a guest under it, else TCG.
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+/// The image recipes' `manifest.json` files of a guest (docs/lab-protocol.md
+/// §1), as images/ wrote them (null when absent or unreadable). blklab reads
+/// nothing in them: they are the images' contract, recorded for people.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Manifests {
+    #[serde(default)]
+    pub kernel: Option<Value>,
+    #[serde(default)]
+    pub initramfs: Option<Value>,
+}
+
+/// What the host is (for the report's "what differs besides the kernel").
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HostInfo {
+    pub hostname: Option<String>,
+    /// The host kernel's release.
+    pub kernel: Option<String>,
+    pub cpus: Option<usize>,
+    pub cpu_model: Option<String>,
+}
+
+/// The QEMU binary.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct QemuInfo {
+    pub path: String,
+    /// The first line of `qemu --version`.
+    pub version: Option<String>,
+}
+
+/// One kernel of the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct KernelEntry {
+    /// The label records and reports use (unique in the run).
+    pub label: String,
+    /// The `--kernel` SPEC.
+    pub spec: String,
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+    #[serde(default)]
+    pub manifests: Manifests,
+}
+
+/// One boot, in the order they ran.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BootOrder {
+    pub kernel: String,
+    pub scenario: String,
+    pub iteration: u32,
+}
+
+/// Instruction counting (`--count-insns`): the TCG plugin and how windows
+/// are taken.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct InsnsSetup {
+    pub plugin: PathBuf,
+    pub window: String,
+}
+
+fn run_schema_pattern() -> String {
+    crate::util::schema::pattern(RUN_SCHEMA)
+}
+
+fn check_run_schema<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    crate::util::schema::deserialize(d, RUN_SCHEMA)
+}
+
+/// `run.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(title = "blklab run document (run.json)")]
+pub struct RunDocument {
+    /// [`RUN_SCHEMA`].
+    #[serde(deserialize_with = "check_run_schema")]
+    #[schemars(pattern(run_schema_pattern()))]
+    pub schema: String,
+    /// Seconds since the Unix epoch.
+    pub started_unix: f64,
+    pub blklab_version: String,
+    /// The git commit blklab was built from.
+    pub git_commit: String,
+    pub command_line: Vec<String>,
+    pub accel: Accel,
+    /// Why this accelerator.
+    pub accel_reason: String,
+    /// `--deterministic` (absent from runs older than the option: false).
+    #[serde(default)]
+    pub deterministic: bool,
+    /// Null without instruction counts.
+    #[serde(default)]
+    pub count_insns: Option<InsnsSetup>,
+    pub host: HostInfo,
+    pub qemu: QemuInfo,
+    pub kernels: Vec<KernelEntry>,
+    pub scenarios: Vec<Scenario>,
+    pub iterations: u32,
+    pub order: Vec<BootOrder>,
+}
+
+impl Document for RunDocument {
+    const SCHEMA: &'static str = RUN_SCHEMA;
+    const NAME: &'static str = "run";
+}

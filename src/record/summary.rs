@@ -1,0 +1,78 @@
+//! `summary.json` (schema [`SUMMARY_SCHEMA`]): the failures of a run, the
+//! boots tried twice and, per (scenario, variant, kernel), the mean and
+//! spread of the headline metrics over iterations (`lab::summary` computes
+//! them; `summary.txt` is the same as a table).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::record::Document;
+
+/// The schema version of [`SummaryDocument`].
+pub const SUMMARY_SCHEMA: &str = "blklab-run-summary/1";
+
+/// Mean and sample standard deviation of one metric.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Stat {
+    pub n: usize,
+    pub mean: f64,
+    pub sd: f64,
+}
+
+/// One (scenario, variant, kernel) row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Row {
+    pub scenario: String,
+    pub variant: String,
+    pub kernel: String,
+    /// Records of the row, failed ones included.
+    pub iterations: usize,
+    pub failed: usize,
+    /// Metric key → its statistic over the ok records.
+    pub metrics: BTreeMap<String, Stat>,
+}
+
+/// A boot whose console stayed silent and that was tried once more.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RetriedBoot {
+    pub kernel: String,
+    pub scenario: String,
+    pub iteration: u32,
+    /// Why the first attempt failed.
+    pub error: String,
+    /// The first attempt's console log.
+    pub console: PathBuf,
+}
+
+fn summary_schema_pattern() -> String {
+    crate::util::schema::pattern(SUMMARY_SCHEMA)
+}
+
+fn check_summary_schema<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    crate::util::schema::deserialize(d, SUMMARY_SCHEMA)
+}
+
+/// `summary.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[schemars(title = "blklab run summary (summary.json)")]
+pub struct SummaryDocument {
+    /// [`SUMMARY_SCHEMA`].
+    #[serde(deserialize_with = "check_summary_schema")]
+    #[schemars(pattern(summary_schema_pattern()))]
+    pub schema: String,
+    /// Seconds since the Unix epoch.
+    pub finished_unix: f64,
+    /// One line per failed variant or boot.
+    pub failures: Vec<String>,
+    #[serde(default)]
+    pub retried_boots: Vec<RetriedBoot>,
+    pub rows: Vec<Row>,
+}
+
+impl Document for SummaryDocument {
+    const SCHEMA: &'static str = SUMMARY_SCHEMA;
+    const NAME: &'static str = "summary";
+}
