@@ -208,8 +208,9 @@ struct GuestRun {
 const BOOT_WATCHDOG: Duration = Duration::from_secs(120);
 
 /// Run a guest. If it printed nothing at all before the boot watchdog
-/// (QEMU or the guest never got going), report what the backend saw, call
-/// `before_retry` and boot it once more; that is the only retry. A guest
+/// (QEMU or the guest never got going), or QEMU aborted on a known emulator
+/// bug before /init, report it, call `before_retry` and boot it once more;
+/// those are the only retries. A guest
 /// that spoke and then hung, or whose kernel reported a fault (oops, BUG,
 /// WARN, panic, call trace) at boot or during fio, fails the test with
 /// the console.
@@ -219,6 +220,23 @@ fn run_guest_with_retry(
     mut before_retry: impl FnMut(),
 ) -> GuestRun {
     let run = run_guest(qemu_command(spec), qemu_timeout());
+    // QEMU itself aborting on a known emulator bug before /init (not the
+    // guest, not the backend) is worth a second boot, as in `blklab run`.
+    let emulator_bug = (!run.boot_hang && run.to_begin.is_none() && !run.status.success())
+        .then(|| blklab::lab::qemu::known_emulator_bug(&run.console))
+        .flatten();
+    if let Some(bug) = emulator_bug {
+        assert_no_kernel_fault(&run);
+        eprintln!(
+            "[qemu_e2e] WARNING: QEMU aborted on a known emulator bug ({bug}) before /init; booting once more.\n--- console ---\n{}",
+            run.console
+        );
+        before_retry();
+        let run = run_guest(qemu_command(spec), qemu_timeout());
+        assert!(!run.boot_hang, "the guest did not reach /init\n--- console ---\n{}", run.console);
+        assert_no_kernel_fault(&run);
+        return run;
+    }
     if !run.boot_hang {
         assert_no_kernel_fault(&run);
         return run;

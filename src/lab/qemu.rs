@@ -421,6 +421,27 @@ pub fn probe_kvm(
     }
 }
 
+/// QEMU's own crashes that are known bugs of the emulator, not of the
+/// guest or the backend: (what its stderr says, what it is).
+///
+/// - `iotlb_to_section: Assertion` in system/physmem.c: multi-threaded TCG
+///   races a memory-map update while the guest's firmware and early kernel
+///   program the PCI devices (QEMU issue 1921: "after Probing EDD…, with
+///   higher -smp"). Seen here once with QEMU 10.0, 1.25 s into a Debian
+///   6.12 boot, before the kernel had found any disk.
+pub const KNOWN_EMULATOR_BUGS: &[(&str, &str)] = &[(
+    "iotlb_to_section: Assertion",
+    "QEMU's multi-threaded TCG memory-map race in early boot (QEMU issue 1921)",
+)];
+
+/// Which known QEMU bug `stderr` shows, if any.
+pub fn known_emulator_bug(stderr: &str) -> Option<&'static str> {
+    KNOWN_EMULATOR_BUGS
+        .iter()
+        .find(|(sig, _)| stderr.contains(sig))
+        .map(|(_, what)| *what)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -486,5 +507,15 @@ mod tests {
             Duration::from_secs(10),
         );
         assert!(r.is_err());
+    }
+
+    #[test]
+    fn known_emulator_bugs_are_recognised_by_their_assertion() {
+        let stderr = "qemu-system-x86_64: system/physmem.c:2678: iotlb_to_section: Assertion `section_index < d->map.sections_nb' failed.";
+        assert!(known_emulator_bug(stderr).unwrap().contains("1921"));
+        assert_eq!(
+            known_emulator_bug("qemu-system-x86_64: -m 1Q: invalid"),
+            None
+        );
     }
 }

@@ -579,9 +579,11 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
             symbols: maps[boot.kernel].clone(),
         };
         // A boot whose console stayed silent (QEMU or the guest never got
-        // going: no kernel output at all) is tried once more; the first
-        // attempt's console log is kept as *.attempt1.log and the retry is
-        // listed in summary.json. Nothing else is retried: a guest kernel
+        // going: no kernel output at all), or whose QEMU aborted on a known
+        // emulator bug before /init (qemu::KNOWN_EMULATOR_BUGS), is tried
+        // once more; the first attempt's console log is kept as
+        // *.attempt1.log and the retry is listed in summary.json. Nothing
+        // else is retried: a guest kernel
         // fault (oops, BUG, WARN, panic, call trace) at boot or during fio
         // fails the run with the report printed whole, and so does any
         // other failure after the guest spoke.
@@ -595,26 +597,28 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
                 console: console.clone(),
                 trace,
             },
-            BootFailure::Silent(why) | BootFailure::Other(why) => RunError::Guest {
-                kernel: names[boot.kernel].clone(),
-                scenario: s.name.clone(),
-                iteration: boot.iteration,
-                why: match earlier {
-                    Some(first) => format!(
-                        "{why} (second attempt; the first failed too: {first}; console: {})",
-                        console.display()
-                    ),
-                    None => format!("{why} (console: {})", console.display()),
-                },
-            },
+            BootFailure::Silent(why) | BootFailure::EmulatorBug(why) | BootFailure::Other(why) => {
+                RunError::Guest {
+                    kernel: names[boot.kernel].clone(),
+                    scenario: s.name.clone(),
+                    iteration: boot.iteration,
+                    why: match earlier {
+                        Some(first) => format!(
+                            "{why} (second attempt; the first failed too: {first}; console: {})",
+                            console.display()
+                        ),
+                        None => format!("{why} (console: {})", console.display()),
+                    },
+                }
+            }
         };
         let (mut recs, mut fails) = match run_boot(&ctx) {
             Ok(r) => r,
-            Err(BootFailure::Silent(first)) => {
+            Err(BootFailure::Silent(first) | BootFailure::EmulatorBug(first)) => {
                 let kept = console.with_extension("attempt1.log");
                 let _ = std::fs::rename(&console, &kept);
                 warn!(
-                    "{} {} #{}: the guest printed nothing ({}); booting once more (console: {})",
+                    "{} {} #{}: the boot did not get going ({}); booting once more (console: {})",
                     names[boot.kernel],
                     s.name,
                     boot.iteration,
@@ -683,8 +687,12 @@ fn console_log_path(out_dir: &Path, label: &str, scenario: &str, iteration: u32)
 #[derive(Debug)]
 enum BootFailure {
     /// Nothing at all came from the guest's console (QEMU or the guest never
-    /// got going): the one case worth a second boot.
+    /// got going): worth a second boot.
     Silent(String),
+    /// QEMU itself aborted on a known emulator bug
+    /// ([`qemu::KNOWN_EMULATOR_BUGS`]) before the guest reached `/init`,
+    /// with no guest kernel fault on the console: worth a second boot too.
+    EmulatorBug(String),
     /// The guest kernel reported a fault: the report, whole. Never retried.
     KernelFault(String),
     /// Anything else after the guest spoke (or before QEMU started).
@@ -891,7 +899,13 @@ impl<'a> Session<'a> {
             Ok(Next::Closed) if !self.spoke => {
                 return Err(BootFailure::Silent(self.guest.exited_error().to_string()))
             }
-            Ok(Next::Closed) => return Err(self.guest.exited_error().to_string().into()),
+            Ok(Next::Closed) => {
+                let why = self.guest.exited_error().to_string();
+                return Err(match qemu::known_emulator_bug(&self.guest.stderr_text()) {
+                    Some(bug) if !self.booted => BootFailure::EmulatorBug(format!("{bug}: {why}")),
+                    _ => why.into(),
+                });
+            }
             Err(e) if !self.spoke => return Err(BootFailure::Silent(e.to_string())),
             Err(e) => return Err(e.to_string().into()),
         };
