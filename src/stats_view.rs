@@ -12,7 +12,7 @@ use crate::cli::{StatsArgs, StatsFormat};
 use crate::stats::queue::StatsDocument;
 
 /// Render a stats document; `prev` (with the seconds since it) adds rates.
-pub fn table(doc: &StatsDocument, prev: Option<(&StatsDocument, f64)>) -> String {
+pub(crate) fn table(doc: &StatsDocument, prev: Option<(&StatsDocument, f64)>) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,

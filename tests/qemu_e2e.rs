@@ -233,7 +233,11 @@ fn run_guest_with_retry(
         );
         before_retry();
         let run = run_guest(qemu_command(spec), qemu_timeout());
-        assert!(!run.boot_hang, "the guest did not reach /init\n--- console ---\n{}", run.console);
+        assert!(
+            !run.boot_hang,
+            "the guest did not reach /init\n--- console ---\n{}",
+            run.console
+        );
         assert_no_kernel_fault(&run);
         return run;
     }

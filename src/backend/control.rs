@@ -47,7 +47,7 @@ pub fn report(disks: &[Arc<Disk>], base: Option<&[Vec<QueueStats>]>) -> StatsDoc
 }
 
 /// Baselines of every queue of every disk, for later deltas.
-pub fn baselines(disks: &[Arc<Disk>]) -> Vec<Vec<QueueStats>> {
+pub(crate) fn baselines(disks: &[Arc<Disk>]) -> Vec<Vec<QueueStats>> {
     disks
         .iter()
         .map(|disk| {
@@ -59,7 +59,7 @@ pub fn baselines(disks: &[Arc<Disk>]) -> Vec<Vec<QueueStats>> {
 }
 
 /// Zero every statistic.
-pub fn reset(disks: &[Arc<Disk>]) {
+pub(crate) fn reset(disks: &[Arc<Disk>]) {
     for disk in disks {
         for q in 0..disk.stats.len() {
             disk.queue_stats(q).reset();
@@ -145,7 +145,7 @@ fn parse_command(line: &str) -> (String, Option<String>) {
 
 /// Serve the control socket on its own thread until `shutdown` is set and
 /// `wake` becomes readable.
-pub fn spawn(
+pub(crate) fn spawn(
     listener: UnixListener,
     disks: Vec<Arc<Disk>>,
     shutdown: Arc<AtomicBool>,

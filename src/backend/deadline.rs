@@ -7,13 +7,13 @@ use std::os::unix::io::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Instant;
 
 /// A CLOCK_MONOTONIC timerfd armed for one deadline at a time.
-pub struct DeadlineTimer {
+pub(crate) struct DeadlineTimer {
     fd: OwnedFd,
     armed_for: Option<Instant>,
 }
 
 impl DeadlineTimer {
-    pub fn new() -> io::Result<DeadlineTimer> {
+    pub(crate) fn new() -> io::Result<DeadlineTimer> {
         // SAFETY: timerfd_create has no memory effects; the result is checked.
         let fd = unsafe {
             libc::timerfd_create(
@@ -33,7 +33,7 @@ impl DeadlineTimer {
     }
 
     /// Fire at `deadline` (now, if it has passed); `None` disarms.
-    pub fn set(&mut self, deadline: Option<Instant>) -> io::Result<()> {
+    pub(crate) fn set(&mut self, deadline: Option<Instant>) -> io::Result<()> {
         if self.armed_for == deadline {
             return Ok(());
         }
@@ -66,7 +66,7 @@ impl DeadlineTimer {
     }
 
     /// Clear a pending expiry (never blocks). Returns true if it had fired.
-    pub fn acknowledge(&mut self) -> bool {
+    pub(crate) fn acknowledge(&mut self) -> bool {
         let mut buf = [0u8; 8];
         // SAFETY: reading 8 bytes into our buffer from our non-blocking fd.
         let n = unsafe {

@@ -39,7 +39,7 @@ impl Disk {
 
     /// As [`Disk::open`]; `host_pool` is the process-wide pool used when the
     /// disk's tags are shared with host scope.
-    pub fn open_with_host_pool(
+    pub(crate) fn open_with_host_pool(
         mut cfg: DiskConfig,
         host_pool: Option<Arc<TagPool>>,
     ) -> Result<Disk, StorageError> {
@@ -95,7 +95,7 @@ impl Disk {
     }
 
     /// The pools this disk's queues draw from (one entry per distinct pool).
-    pub fn tag_pool_stats(&self) -> Vec<PoolStats> {
+    pub(crate) fn tag_pool_stats(&self) -> Vec<PoolStats> {
         let mut seen: Vec<*const TagPool> = Vec::new();
         let mut out = Vec::new();
         for (pool, _) in self.tag_slots.iter().flatten() {
@@ -121,12 +121,12 @@ impl Disk {
     }
 
     /// Lock one queue's statistics.
-    pub fn queue_stats(&self, q: usize) -> MutexGuard<'_, QueueStats> {
+    pub(crate) fn queue_stats(&self, q: usize) -> MutexGuard<'_, QueueStats> {
         self.stats[q].lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The configuration space as the guest would read it now.
-    pub fn config_space(&self) -> [u8; config_space::CONFIG_SPACE_SIZE] {
+    pub(crate) fn config_space(&self) -> [u8; config_space::CONFIG_SPACE_SIZE] {
         config_space::build(&self.cfg, self.writeback.load(Ordering::Relaxed))
     }
 }

@@ -16,7 +16,7 @@
 
 /// One event of a worker thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// A guest kick on the thread's vring at this thread-local index.
     Kick(usize),
     /// Queue `q`'s completion timer fired.
@@ -29,17 +29,17 @@ pub enum Event {
 
 /// The event-id scheme of a device with `queues` queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct EventIds {
+pub(crate) struct EventIds {
     queues: usize,
 }
 
 impl EventIds {
-    pub fn new(queues: usize) -> EventIds {
+    pub(crate) fn new(queues: usize) -> EventIds {
         EventIds { queues }
     }
 
     /// The id to register `e` with.
-    pub fn encode(self, e: Event) -> u64 {
+    pub(crate) fn encode(self, e: Event) -> u64 {
         let n = self.queues as u64;
         match e {
             Event::Kick(i) => i as u64,
@@ -51,7 +51,7 @@ impl EventIds {
 
     /// The event behind `id` on a worker thread serving `vrings` vrings;
     /// `None` for ids that are not ours (vhost-user-backend's own).
-    pub fn decode(self, id: u16, vrings: usize) -> Option<Event> {
+    pub(crate) fn decode(self, id: u16, vrings: usize) -> Option<Event> {
         let (n, id) = (self.queues, usize::from(id));
         if id < vrings.min(n) {
             return Some(Event::Kick(id));

@@ -20,7 +20,7 @@ use vm_memory::GuestAddressSpace;
 
 /// [`VringRwLock`] plus an exact kick counter.
 #[derive(Clone)]
-pub struct KickCountingVring<M: GuestAddressSpace> {
+pub(crate) struct KickCountingVring<M: GuestAddressSpace> {
     inner: VringRwLock<M>,
     /// Kicks read from the eventfd and not yet taken by the worker. Only
     /// the queue's own worker thread touches it on the hot path.
@@ -29,7 +29,7 @@ pub struct KickCountingVring<M: GuestAddressSpace> {
 
 impl<M: GuestAddressSpace + 'static> KickCountingVring<M> {
     /// Kicks counted since the last call.
-    pub fn take_kicks(&self) -> u64 {
+    pub(crate) fn take_kicks(&self) -> u64 {
         self.kicks.swap(0, Ordering::Relaxed)
     }
 
@@ -37,7 +37,7 @@ impl<M: GuestAddressSpace + 'static> KickCountingVring<M> {
     /// counted with the requests they announced. Call it only before
     /// looking at the avail ring again: a kick consumed after the last look
     /// would be a lost wake-up.
-    pub fn collect_kicks(&self) {
+    pub(crate) fn collect_kicks(&self) {
         let state = self.inner.get_ref();
         let Some(kick) = state.get_kick() else { return };
         // The kick fd may be in blocking mode (it is the frontend's), so

@@ -40,7 +40,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
-pub use crate::backend::disk::Disk;
+pub(crate) use crate::backend::disk::Disk;
 use crate::backend::events::{Event, EventIds};
 use crate::backend::worker::QueueState;
 use crate::stats::queue::QueueCounters;
@@ -48,7 +48,7 @@ use crate::stats::queue::QueueCounters;
 type GM = GuestMemoryAtomic<GuestMemoryMmap>;
 
 /// One connection's device.
-pub struct BlkBackend {
+pub(crate) struct BlkBackend {
     disk: Arc<Disk>,
     queues: Vec<Mutex<QueueState>>,
     /// For each worker thread, the queue index of each of its vrings.
@@ -65,7 +65,7 @@ pub struct BlkBackend {
 }
 
 impl BlkBackend {
-    pub fn new(disk: Arc<Disk>) -> io::Result<BlkBackend> {
+    pub(crate) fn new(disk: Arc<Disk>) -> io::Result<BlkBackend> {
         let n = usize::from(disk.cfg.num_queues);
         let queues = (0..n)
             .map(|index| QueueState::new(index, &disk).map(Mutex::new))
@@ -96,7 +96,7 @@ impl BlkBackend {
 
     /// Register each queue's completion timer and tag wake-up with the
     /// epoll loop of the worker thread serving the queue.
-    pub fn register_events(
+    pub(crate) fn register_events(
         &self,
         handlers: &[Arc<VringEpollHandler<Arc<BlkBackend>>>],
     ) -> io::Result<()> {
@@ -127,10 +127,6 @@ impl BlkBackend {
         Ok(())
     }
 
-    pub fn disk(&self) -> &Arc<Disk> {
-        &self.disk
-    }
-
     fn lock_queue(&self, q: usize) -> MutexGuard<'_, QueueState> {
         // A poisoned lock means a worker panicked; its counters are still
         // meaningful, so keep going.
@@ -143,7 +139,7 @@ impl BlkBackend {
     }
 
     /// Log each queue's totals since the daemon started (or the last reset).
-    pub fn log_summary(&self) {
+    pub(crate) fn log_summary(&self) {
         for i in 0..self.queues.len() {
             let c: QueueCounters = self.disk.queue_stats(i).counters.clone();
             if c.requests + c.dropped + c.ring_errors == 0 {

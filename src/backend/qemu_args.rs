@@ -45,7 +45,7 @@ fn opt_value(v: &str) -> String {
 /// -machine [MACHINE,]memory-backend=mem`. `machine` names the machine type
 /// (`q35`) in the same `-machine` option; `None` leaves it to another
 /// `-machine` option of the caller's (QEMU merges them).
-pub fn shared_memory(memory: &str, machine: Option<&str>) -> Vec<String> {
+pub(crate) fn shared_memory(memory: &str, machine: Option<&str>) -> Vec<String> {
     vec![
         "-object".into(),
         format!("memory-backend-memfd,id=mem,size={memory},share=on"),
@@ -60,7 +60,7 @@ pub fn shared_memory(memory: &str, machine: Option<&str>) -> Vec<String> {
 /// The `-chardev socket,id=blklabI,path=SOCKET -device
 /// vhost-user-blk-pci,chardev=blklabI,num-queues=N,queue-size=S` pair of
 /// each disk, in order (the guest's vda, vdb, …), as an argument vector.
-pub fn disks(disks: &[QemuDisk]) -> Vec<String> {
+pub(crate) fn disks(disks: &[QemuDisk]) -> Vec<String> {
     let mut out = Vec::with_capacity(4 * disks.len());
     for (i, d) in disks.iter().enumerate() {
         out.push("-chardev".into());

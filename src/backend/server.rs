@@ -40,7 +40,7 @@ pub enum ServeError {
 
 /// Bind `path` as a listening socket with file mode `mode`. A stale socket
 /// (nobody listening) is replaced; anything else at the path is refused.
-pub fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
+pub(crate) fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             return Err(ServeError::NotASocket { path: path.into() });
@@ -103,7 +103,7 @@ pub struct Server {
 impl Server {
     /// Open every disk and bind every socket (all or nothing), then start
     /// serving each on its own thread.
-    pub fn start(configs: Vec<DiskConfig>) -> Result<Server, ServeError> {
+    pub(crate) fn start(configs: Vec<DiskConfig>) -> Result<Server, ServeError> {
         Self::start_with_control(configs, None)
     }
 

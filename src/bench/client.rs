@@ -17,7 +17,7 @@ use super::{blkio_err, BenchError};
 
 /// A connected, not yet started device: its properties can be read (e.g.
 /// `max-queue-size`) before the queues are chosen.
-pub struct Connected {
+pub(crate) struct Connected {
     blkio: Blkio,
 }
 
@@ -57,7 +57,7 @@ unsafe impl Send for Queue {}
 impl Connected {
     /// Connect to `socket` (read-only: libblkio refuses to open a read-only
     /// device read-write).
-    pub fn connect(socket: &Path, read_only: bool) -> Result<Connected, BenchError> {
+    pub(crate) fn connect(socket: &Path, read_only: bool) -> Result<Connected, BenchError> {
         let path = socket
             .to_str()
             .ok_or_else(|| BenchError::Option("the socket path must be UTF-8".into()))?;
@@ -71,13 +71,13 @@ impl Connected {
     }
 
     /// The connected device, for its properties.
-    pub fn blkio(&self) -> &Blkio {
+    pub(crate) fn blkio(&self) -> &Blkio {
         &self.blkio
     }
 
     /// Start `setup.queues` queues of `setup.queue_size` entries and map
     /// `setup.buf_per_queue` bytes of buffers for each.
-    pub fn start(self, setup: QueueSetup) -> Result<Connection, BenchError> {
+    pub(crate) fn start(self, setup: QueueSetup) -> Result<Connection, BenchError> {
         let mut b = self.blkio;
         let n = setup.queues as i32;
         let (nq, npq) = if setup.poll { (0, n) } else { (n, 0) };

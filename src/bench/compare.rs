@@ -193,7 +193,7 @@ pub struct CompareReport {
 
 /// The rows: throughput at `depth`, QD1 round trip, and (with `poll`) QD1
 /// with a polling client against qemu-storage-daemon and `blklab --poll`.
-pub fn plan(opts: &CompareOpts) -> Vec<Row> {
+pub(crate) fn plan(opts: &CompareOpts) -> Vec<Row> {
     // With --poll, the polling blklab joins the throughput and QD1 rows
     // too: the same loads, with the backend spinning instead of sleeping.
     let poll = |mut v: Vec<Backend>| {
@@ -253,7 +253,7 @@ pub fn machine() -> String {
 
 /// The first line of `BIN --version` (e.g. "qemu-storage-daemon version
 /// 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)").
-pub fn qsd_version(bin: &Path) -> Result<String, BenchError> {
+pub(crate) fn qsd_version(bin: &Path) -> Result<String, BenchError> {
     let out = Command::new(bin)
         .arg("--version")
         .stdin(Stdio::null())

@@ -114,7 +114,7 @@ impl Load {
     }
 
     /// A short description: `randread 4k q1 qd64`.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "{} {} q{} qd{}{}",
             self.rw,
@@ -187,7 +187,7 @@ impl BenchReport {
 
 /// CPU seconds (user + system) of process `pid` so far, from
 /// `/proc/PID/stat` (clock-tick resolution; includes exited threads).
-pub fn process_cpu_s(pid: i32) -> Option<f64> {
+pub(crate) fn process_cpu_s(pid: i32) -> Option<f64> {
     crate::util::procfs::process(pid).map(|s| s.cpu_s())
 }
 

@@ -19,9 +19,9 @@ use crate::virtio_blk::features::{BlkFeature, FeatureSet};
 
 /// Most queues one disk may have: vhost-user-backend maps queues to worker
 /// threads with 64-bit masks.
-pub const MAX_QUEUES: u16 = 64;
+pub(crate) const MAX_QUEUES: u16 = 64;
 /// Largest split virtqueue (virtio 1.2, 2.7).
-pub const MAX_QUEUE_SIZE: u16 = 32768;
+pub(crate) const MAX_QUEUE_SIZE: u16 = 32768;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -87,7 +87,7 @@ pub enum ConfigError {
 }
 
 /// The spin of `--poll[=SPIN]`: a fixed duration of 1us..=100ms.
-pub fn parse_poll_spin(p: &str) -> Result<std::time::Duration, ConfigError> {
+pub(crate) fn parse_poll_spin(p: &str) -> Result<std::time::Duration, ConfigError> {
     match p.parse::<LatencySpec>() {
         Ok(LatencySpec::Fixed(d))
             if d >= std::time::Duration::from_micros(1)
@@ -141,7 +141,7 @@ pub enum StorageSpec {
 }
 
 impl StorageSpec {
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             StorageSpec::Null => "null",
             StorageSpec::Mem => "mem",
@@ -322,7 +322,7 @@ impl DiskArgs {
     }
 
     /// Defaults as clap would fill them, for config-file entries.
-    pub fn with_cli_defaults() -> DiskArgs {
+    pub(crate) fn with_cli_defaults() -> DiskArgs {
         DiskArgs::parse_for_test(&[])
     }
 
@@ -540,7 +540,10 @@ fn default_serial(storage: &StorageSpec, index: Option<u32>) -> String {
 }
 
 /// Parse `--queues-per-thread` masks; empty means one thread per queue.
-pub fn parse_thread_masks(masks: &[String], num_queues: u16) -> Result<Vec<u64>, ConfigError> {
+pub(crate) fn parse_thread_masks(
+    masks: &[String],
+    num_queues: u16,
+) -> Result<Vec<u64>, ConfigError> {
     let all: u64 = if num_queues >= 64 {
         u64::MAX
     } else {
@@ -626,22 +629,22 @@ pub struct DiskConfig {
 impl DiskConfig {
     /// Largest number of data segments per request: the virtqueue size minus
     /// the header and status descriptors, as QEMU does.
-    pub fn seg_max(&self) -> u32 {
+    pub(crate) fn seg_max(&self) -> u32 {
         u32::from(self.queue_size).saturating_sub(2).max(1)
     }
 
     /// See `--latency-spin`.
-    pub fn latency_spin(&self) -> std::time::Duration {
+    pub(crate) fn latency_spin(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.latency_spin_ns)
     }
 
     /// See `--poll`: the idle spin, or `None` when queues are not polled.
-    pub fn poll_spin(&self) -> Option<std::time::Duration> {
+    pub(crate) fn poll_spin(&self) -> Option<std::time::Duration> {
         (self.poll_spin_ns > 0).then(|| std::time::Duration::from_nanos(self.poll_spin_ns))
     }
 
     /// One-line description for logs.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "{} {} {} queues={} queue-size={} block-size={}{} features=[{}]",
             self.socket.display(),

@@ -22,13 +22,13 @@ use crate::device::config::DiskConfig;
 use crate::virtio_blk::features::BlkFeature;
 
 /// Size of the structure we expose (through the zoned characteristics).
-pub const CONFIG_SPACE_SIZE: usize = 96;
+pub(crate) const CONFIG_SPACE_SIZE: usize = 96;
 /// Offset of the `writeback` byte.
-pub const WRITEBACK_OFFSET: usize = 32;
+pub(crate) const WRITEBACK_OFFSET: usize = 32;
 
 /// Build the configuration space for a disk. `writeback` is the current
 /// cache mode (1 = write-back, 0 = write-through).
-pub fn build(cfg: &DiskConfig, writeback: bool) -> [u8; CONFIG_SPACE_SIZE] {
+pub(crate) fn build(cfg: &DiskConfig, writeback: bool) -> [u8; CONFIG_SPACE_SIZE] {
     let mut b = [0u8; CONFIG_SPACE_SIZE];
     let put32 = |b: &mut [u8; CONFIG_SPACE_SIZE], off: usize, v: u32| {
         b[off..off + 4].copy_from_slice(&v.to_le_bytes())
@@ -58,7 +58,7 @@ pub fn build(cfg: &DiskConfig, writeback: bool) -> [u8; CONFIG_SPACE_SIZE] {
 /// Return `size` bytes at `offset` of the configuration space, zero-padded
 /// past our structure; `None` when the range is invalid (vhost-user allows
 /// at most 256 bytes of config space).
-pub fn read(space: &[u8; CONFIG_SPACE_SIZE], offset: u32, size: u32) -> Option<Vec<u8>> {
+pub(crate) fn read(space: &[u8; CONFIG_SPACE_SIZE], offset: u32, size: u32) -> Option<Vec<u8>> {
     let start = offset as usize;
     let end = start.checked_add(size as usize)?;
     if end > 256 {

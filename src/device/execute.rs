@@ -32,7 +32,7 @@ use crate::virtio_blk::sector::{sectors_in, ByteOffset, Sector, SECTOR_SIZE};
 
 /// What happened to one chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// A status was written; `used_len` bytes were written into the chain.
     Completed {
         op: Op,
@@ -50,7 +50,7 @@ pub enum Outcome {
 
 /// A request that ran to completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Completion {
+pub(crate) struct Completion {
     /// Data bytes written into the chain (reads, GET_ID), the status byte
     /// not included.
     pub written: u32,
@@ -62,7 +62,7 @@ pub struct Completion {
 /// Why a request (or a malformed chain with a status byte) failed. Every
 /// failure is answered: [`ExecuteError::status`] says with what.
 #[derive(Debug, thiserror::Error)]
-pub enum ExecuteError {
+pub(crate) enum ExecuteError {
     #[error("malformed chain: {0}")]
     Malformed(Malformed),
     #[error("unsupported request type {0}")]
@@ -94,7 +94,7 @@ pub enum ExecuteError {
 impl ExecuteError {
     /// The virtio status that answers this error: UNSUPP for what the
     /// device does not implement or offer, IOERR for everything else.
-    pub fn status(&self) -> u8 {
+    pub(crate) fn status(&self) -> u8 {
         match self {
             ExecuteError::UnsupportedType(_)
             | ExecuteError::NotOffered(_)
@@ -112,7 +112,7 @@ impl ExecuteError {
 }
 
 /// The parts of a disk a request needs.
-pub struct Device<'a> {
+pub(crate) struct Device<'a> {
     pub storage: &'a dyn Storage,
     pub cfg: &'a DiskConfig,
     /// Capacity in bytes.
@@ -163,7 +163,7 @@ impl Device<'_> {
 
 /// Serve one chain: walk it into the scratch list `segs`, parse, execute
 /// and answer it. Never panics on guest input.
-pub fn serve_chain<M>(
+pub(crate) fn serve_chain<M>(
     dev: &Device<'_>,
     chain: DescriptorChain<M>,
     segs: &mut Vec<Segment>,
@@ -178,7 +178,7 @@ where
 
 /// Execute a parsed chain and write its status: OK for a completion, the
 /// error's [`ExecuteError::status`] otherwise.
-pub fn answer(dev: &Device<'_>, parsed: Result<Request<'_>, ParseError<'_>>) -> Outcome {
+pub(crate) fn answer(dev: &Device<'_>, parsed: Result<Request<'_>, ParseError<'_>>) -> Outcome {
     let mut fault = FaultDecision::None;
     let (op, status_byte, result) = match parsed {
         Err(ParseError::Drop(reason)) => return Outcome::Dropped(reason),
@@ -210,7 +210,7 @@ pub fn answer(dev: &Device<'_>, parsed: Result<Request<'_>, ParseError<'_>>) -> 
 
 /// Execute `req` against the disk. `fault` is set to the fault injected
 /// into it, also when the request then fails.
-pub fn execute(
+pub(crate) fn execute(
     dev: &Device<'_>,
     req: &Request<'_>,
     fault: &mut FaultDecision,

@@ -94,7 +94,7 @@ const STALL_EVERY: &str = "--stall-every";
 impl FaultOp {
     /// The fault op of a request kind; `None` for GetId and unknown
     /// requests, which are never counted or failed.
-    pub fn from_op(op: Op) -> Option<FaultOp> {
+    pub(crate) fn from_op(op: Op) -> Option<FaultOp> {
         match op {
             Op::Read => Some(FaultOp::Read),
             Op::Write => Some(FaultOp::Write),
@@ -106,7 +106,7 @@ impl FaultOp {
     }
 
     /// The CLI name.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             FaultOp::Read => "read",
             FaultOp::Write => "write",
@@ -232,7 +232,7 @@ impl fmt::Display for FailEvery {
 
 impl FailRange {
     /// Whether `[sector, sector + nsectors)` intersects this range.
-    pub fn touches(&self, sector: u64, nsectors: u64) -> bool {
+    pub(crate) fn touches(&self, sector: u64, nsectors: u64) -> bool {
         // Saturating is exact here: start < end <= u64::MAX, so a capped
         // end still compares correctly against `self.start`.
         nsectors > 0 && sector < self.end && sector.saturating_add(nsectors) > self.start
@@ -359,14 +359,14 @@ pub struct FaultConfig {
 
 impl FaultConfig {
     /// Whether no fault is configured (no per-request work is needed).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.fail_every.is_empty() && self.fail_ranges.is_empty() && self.stall_every.is_none()
     }
 }
 
 /// What to do with one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FaultDecision {
+pub(crate) enum FaultDecision {
     /// Execute it normally.
     None,
     /// Complete with IOERR without touching storage (`--fail-every`).
@@ -379,7 +379,7 @@ pub enum FaultDecision {
 
 /// How many faults a [`FaultState`] injected.
 #[derive(Debug, Default, Clone, Serialize)]
-pub struct FaultCounters {
+pub(crate) struct FaultCounters {
     pub injected_fail_every: u64,
     pub injected_fail_range: u64,
     pub injected_stalls: u64,
@@ -388,7 +388,7 @@ pub struct FaultCounters {
 /// Per-queue, deterministic decision state (counters of requests seen per
 /// op); owned by one queue's worker, no atomics.
 #[derive(Debug, Clone)]
-pub struct FaultState {
+pub(crate) struct FaultState {
     cfg: FaultConfig,
     /// Requests seen, indexed by [`FaultOp::index`]; `Any` counts every
     /// data op.
@@ -397,7 +397,7 @@ pub struct FaultState {
 }
 
 impl FaultState {
-    pub fn new(cfg: &FaultConfig) -> FaultState {
+    pub(crate) fn new(cfg: &FaultConfig) -> FaultState {
         FaultState {
             cfg: cfg.clone(),
             seen: [0; 6],
@@ -410,7 +410,7 @@ impl FaultState {
     /// the segments for discard/write-zeroes, none needed for flush).
     /// GetId and unknown requests get [`FaultDecision::None`] and are not
     /// counted.
-    pub fn decide(&mut self, op: Op, ranges: &[(u64, u64)]) -> FaultDecision {
+    pub(crate) fn decide(&mut self, op: Op, ranges: &[(u64, u64)]) -> FaultDecision {
         let Some(fop) = FaultOp::from_op(op) else {
             return FaultDecision::None;
         };
@@ -449,13 +449,12 @@ impl FaultState {
         }
         FaultDecision::None
     }
+}
 
-    pub fn counters(&self) -> &FaultCounters {
+#[cfg(test)]
+impl FaultState {
+    pub(crate) fn counters(&self) -> &FaultCounters {
         &self.counters
-    }
-
-    pub fn config(&self) -> &FaultConfig {
-        &self.cfg
     }
 }
 

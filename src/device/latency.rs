@@ -96,7 +96,7 @@ pub enum LatencyParseError {
 
 impl LatencySpec {
     /// Whether every sample is zero (no delay at all).
-    pub fn is_zero(&self) -> bool {
+    pub(crate) fn is_zero(&self) -> bool {
         match *self {
             LatencySpec::Zero => true,
             LatencySpec::Fixed(d) => d.is_zero(),
@@ -360,7 +360,9 @@ enum Dist {
 /// See the [module documentation](self#reproducibility) for what
 /// "reproducible" covers.
 #[derive(Debug, Clone)]
-pub struct LatencySampler {
+pub(crate) struct LatencySampler {
+    /// What it draws from (the tests check which spec a sampler got).
+    #[cfg(test)]
     spec: LatencySpec,
     dist: Dist,
     rng: StdRng,
@@ -369,7 +371,8 @@ pub struct LatencySampler {
 impl LatencySampler {
     /// A sampler for `spec` seeded with `seed`; the same as
     /// [`for_stream`](Self::for_stream)`(spec, seed, 0)`.
-    pub fn new(spec: LatencySpec, seed: u64) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(spec: LatencySpec, seed: u64) -> Self {
         Self::for_stream(spec, seed, 0)
     }
 
@@ -381,7 +384,7 @@ impl LatencySampler {
     /// a non-finite sigma) are made usable rather than panicking: uniform
     /// bounds are swapped, an invalid normal/log-normal gives the constant
     /// mean/median.
-    pub fn for_stream(spec: LatencySpec, seed: u64, stream: u64) -> Self {
+    pub(crate) fn for_stream(spec: LatencySpec, seed: u64, stream: u64) -> Self {
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let dist = match spec {
             LatencySpec::Zero => Dist::Const(Duration::ZERO),
@@ -402,16 +405,16 @@ impl LatencySampler {
             }
         };
         let rng = StdRng::seed_from_u64(splitmix64(seed ^ splitmix64(stream)));
-        LatencySampler { spec, dist, rng }
-    }
-
-    /// The spec this sampler draws from.
-    pub fn spec(&self) -> &LatencySpec {
-        &self.spec
+        LatencySampler {
+            #[cfg(test)]
+            spec,
+            dist,
+            rng,
+        }
     }
 
     /// The next latency.
-    pub fn sample(&mut self) -> Duration {
+    pub(crate) fn sample(&mut self) -> Duration {
         match &self.dist {
             Dist::Const(d) => *d,
             Dist::Uniform(u) => Duration::from_nanos(u.sample(&mut self.rng)),
@@ -434,7 +437,7 @@ fn nanos_from_f64(ns: f64) -> Duration {
 
 /// The operation kinds that get their own latency.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum LatOp {
+pub(crate) enum LatOp {
     /// VIRTIO_BLK_T_IN.
     Read,
     /// VIRTIO_BLK_T_OUT.
@@ -447,10 +450,10 @@ pub enum LatOp {
 
 impl LatOp {
     /// All kinds, in [`index`](Self::index) order.
-    pub const ALL: [LatOp; 4] = [LatOp::Read, LatOp::Write, LatOp::Flush, LatOp::Other];
+    pub(crate) const ALL: [LatOp; 4] = [LatOp::Read, LatOp::Write, LatOp::Flush, LatOp::Other];
 
     /// 0 ..= 3, in declaration order.
-    pub fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         self as usize
     }
 }
@@ -470,7 +473,7 @@ pub struct OpLatency {
 
 impl OpLatency {
     /// The same spec for every kind.
-    pub fn all(spec: LatencySpec) -> Self {
+    pub(crate) fn all(spec: LatencySpec) -> Self {
         OpLatency {
             read: spec,
             write: spec,
@@ -482,7 +485,7 @@ impl OpLatency {
     /// From the CLI flags: `--latency` (`all`) sets every kind, then
     /// `--read-latency`, `--write-latency`, `--flush-latency` override
     /// their kind. Unset kinds are [`LatencySpec::Zero`].
-    pub fn from_flags(
+    pub(crate) fn from_flags(
         all: Option<LatencySpec>,
         read: Option<LatencySpec>,
         write: Option<LatencySpec>,
@@ -502,7 +505,7 @@ impl OpLatency {
     }
 
     /// The spec for `op`.
-    pub fn get(&self, op: LatOp) -> &LatencySpec {
+    pub(crate) fn get(&self, op: LatOp) -> &LatencySpec {
         match op {
             LatOp::Read => &self.read,
             LatOp::Write => &self.write,
@@ -512,7 +515,7 @@ impl OpLatency {
     }
 
     /// Replaces the spec for `op`.
-    pub fn set(&mut self, op: LatOp, spec: LatencySpec) {
+    pub(crate) fn set(&mut self, op: LatOp, spec: LatencySpec) {
         match op {
             LatOp::Read => self.read = spec,
             LatOp::Write => self.write = spec,
@@ -522,15 +525,23 @@ impl OpLatency {
     }
 
     /// Whether no kind has any delay.
-    pub fn is_zero(&self) -> bool {
+    pub(crate) fn is_zero(&self) -> bool {
         LatOp::ALL.iter().all(|&op| self.get(op).is_zero())
     }
 
     /// The sampler for `op` on queue `queue`: stream `queue * 4 + op.index()`
     /// of `seed`, so every (queue, kind) has its own reproducible sequence.
-    pub fn sampler(&self, op: LatOp, seed: u64, queue: u64) -> LatencySampler {
+    pub(crate) fn sampler(&self, op: LatOp, seed: u64, queue: u64) -> LatencySampler {
         let stream = queue.wrapping_mul(LatOp::ALL.len() as u64) + op.index() as u64;
         LatencySampler::for_stream(*self.get(op), seed, stream)
+    }
+}
+
+#[cfg(test)]
+impl LatencySampler {
+    /// The spec this sampler draws from.
+    pub(crate) fn spec(&self) -> &LatencySpec {
+        &self.spec
     }
 }
 

@@ -66,25 +66,18 @@ use serde::{Deserialize, Serialize};
 use vmm_sys_util::eventfd::EventFd;
 
 /// A slot index, `0..depth`.
-pub type Tag = u32;
+pub(crate) type Tag = u32;
 
 /// A registered user of a pool (a virtqueue), as returned by
 /// [`TagPool::register`]. Only meaningful for the pool that issued it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct QueueId(u32);
-
-impl QueueId {
-    /// The registration index (0 for the first registered queue).
-    pub fn index(self) -> u32 {
-        self.0
-    }
-}
+pub(crate) struct QueueId(u32);
 
 /// How a waiting queue is woken.
-pub type Waker = Box<dyn Fn() + Send + Sync>;
+pub(crate) type Waker = Box<dyn Fn() + Send + Sync>;
 
 /// Users per pool: 64 chunks of 64 (e.g. 64 disks x 64 queues, host scope).
-pub const MAX_QUEUES: usize = CHUNKS * CHUNK;
+pub(crate) const MAX_QUEUES: usize = CHUNKS * CHUNK;
 const CHUNK: usize = 64;
 const CHUNKS: usize = 64;
 
@@ -94,7 +87,7 @@ const WAITING: u32 = 1 << 31;
 const SHARE: u32 = 1 << 30;
 const HELD: u32 = SHARE - 1;
 /// Largest supported depth (the held count must fit in `HELD`).
-pub const MAX_DEPTH: u32 = HELD;
+pub(crate) const MAX_DEPTH: u32 = HELD;
 
 #[repr(align(64))]
 #[derive(Default)]
@@ -168,7 +161,7 @@ pub struct PoolStats {
 
 /// A pool of `depth` tags shared by registered queues; `Send + Sync`, meant
 /// to be shared through an `Arc`. See the module documentation.
-pub struct TagPool {
+pub(crate) struct TagPool {
     words: Vec<Padded<AtomicU64>>,
     depth: u32,
     shift: u32,
@@ -208,7 +201,7 @@ fn calculate_shift(depth: u32) -> u32 {
 
 impl TagPool {
     /// A pool of `depth` tags (1..=[`MAX_DEPTH`]; panics otherwise).
-    pub fn new(depth: u32, fairness: bool) -> TagPool {
+    pub(crate) fn new(depth: u32, fairness: bool) -> TagPool {
         assert!(
             (1..=MAX_DEPTH).contains(&depth),
             "tag depth {depth} out of range"
@@ -248,7 +241,7 @@ impl TagPool {
 
     /// Register a user (a virtqueue) woken by writing 1 to `waker`.
     /// Panics beyond [`MAX_QUEUES`] users.
-    pub fn register(&self, waker: Arc<EventFd>) -> QueueId {
+    pub(crate) fn register(&self, waker: Arc<EventFd>) -> QueueId {
         self.register_waker(Box::new(move || {
             // EAGAIN only if the counter is saturated: already readable.
             let _ = waker.write(1);
@@ -257,7 +250,7 @@ impl TagPool {
 
     /// Register a user woken by calling `waker` (from the thread doing the
     /// `put`; keep it short and non-blocking).
-    pub fn register_waker(&self, waker: Waker) -> QueueId {
+    pub(crate) fn register_waker(&self, waker: Waker) -> QueueId {
         let _guard = self.register_lock.lock().unwrap_or_else(|e| e.into_inner());
         let i = self.nr_queues.load(Ordering::Relaxed);
         assert!(i < MAX_QUEUES, "more than {MAX_QUEUES} tag pool users");
@@ -270,23 +263,13 @@ impl TagPool {
         QueueId(i as u32)
     }
 
-    /// The number of tags.
-    pub fn depth(&self) -> u32 {
-        self.depth
-    }
-
-    /// Free tags to accumulate before waking waiters.
-    pub fn wake_batch(&self) -> u32 {
-        self.wake_batch
-    }
-
     /// Tags in use now.
-    pub fn in_use(&self) -> u32 {
+    pub(crate) fn in_use(&self) -> u32 {
         self.in_use.0.load(Ordering::Relaxed).min(self.depth)
     }
 
     /// A starting allocation hint for queue `q`, spread over the depth.
-    pub fn initial_hint(&self, q: QueueId) -> u32 {
+    pub(crate) fn initial_hint(&self, q: QueueId) -> u32 {
         let h = u64::from(q.0).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
         ((h * u64::from(self.depth)) >> 32) as u32
     }
@@ -471,7 +454,7 @@ impl TagPool {
     /// updated in place; start with [`TagPool::initial_hint`]). Never
     /// blocks. On `None` the queue is recorded as waiting: it will be woken
     /// (its eventfd written) when it may retry.
-    pub fn try_get(&self, q: QueueId, hint: &mut u32) -> Option<Tag> {
+    pub(crate) fn try_get(&self, q: QueueId, hint: &mut u32) -> Option<Tag> {
         let qs = self.slot(q.0 as usize);
         if let Ok(tag) = self.attempt(qs, hint, true) {
             return Some(tag);
@@ -492,7 +475,7 @@ impl TagPool {
 
     /// Return `tag`, taken by queue `q`, and wake waiters as due. A tag
     /// that is not held is ignored (and asserts in debug builds).
-    pub fn put(&self, q: QueueId, tag: Tag) {
+    pub(crate) fn put(&self, q: QueueId, tag: Tag) {
         let qs = self.slot(q.0 as usize);
         if tag >= self.depth {
             self.bad_puts.fetch_add(1, Ordering::Relaxed);
@@ -553,7 +536,7 @@ impl TagPool {
     }
 
     /// A snapshot of the counters (not atomic as a whole).
-    pub fn stats(&self) -> PoolStats {
+    pub(crate) fn stats(&self) -> PoolStats {
         let n = self.nr_queues.load(Ordering::Acquire);
         let queues: Vec<QueueStats> = (0..n)
             .map(|i| {
@@ -603,6 +586,14 @@ impl std::fmt::Debug for TagPool {
             .field("fairness", &self.fairness)
             .field("in_use", &self.in_use())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+impl TagPool {
+    /// Free tags to accumulate before waking waiters.
+    pub(crate) fn wake_batch(&self) -> u32 {
+        self.wake_batch
     }
 }
 

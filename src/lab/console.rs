@@ -3,14 +3,14 @@
 
 /// Which side of a variant a SYNC line marks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Phase {
+pub(crate) enum Phase {
     Begin,
     End,
 }
 
 /// One meaningful console line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
+pub(crate) enum Event {
     /// `/init` started: `BLKLAB-INIT kernel=… uptime=…`.
     Init { kernel: String },
     /// `BLKLAB-SYNC n begin|end SCENARIO VARIANT`: answer `n`.
@@ -34,7 +34,7 @@ pub enum Event {
 
 /// Parse one console line (carriage returns and surrounding blanks are
 /// ignored). `None` for ordinary output.
-pub fn parse_line(line: &str) -> Option<Event> {
+pub(crate) fn parse_line(line: &str) -> Option<Event> {
     let line = line.trim_matches(|c: char| c == '\r' || c.is_whitespace());
     let mut w = line.split_whitespace();
     let tag = w.next()?;
@@ -141,17 +141,17 @@ pub fn starts_fault(line: &str) -> bool {
 /// first (a panic that powers the guest off ends it too: the caller
 /// finishes it when the console closes).
 #[derive(Debug, Default)]
-pub struct FaultScanner {
+pub(crate) struct FaultScanner {
     lines: Vec<String>,
     done: bool,
 }
 
 impl FaultScanner {
     /// The most lines one report keeps (a stack trace is a few dozen).
-    pub const MAX_LINES: usize = 400;
+    pub(crate) const MAX_LINES: usize = 400;
 
     /// Feed one console line; true while a fault report is open or done.
-    pub fn feed(&mut self, line: &str) -> bool {
+    pub(crate) fn feed(&mut self, line: &str) -> bool {
         if self.done {
             return true;
         }
@@ -167,17 +167,17 @@ impl FaultScanner {
     }
 
     /// A fault report has started.
-    pub fn started(&self) -> bool {
+    pub(crate) fn started(&self) -> bool {
         !self.lines.is_empty()
     }
 
     /// The report is complete (its end marker or `MAX_LINES` seen).
-    pub fn complete(&self) -> bool {
+    pub(crate) fn complete(&self) -> bool {
         self.done
     }
 
     /// The report's lines so far, joined.
-    pub fn report(&self) -> String {
+    pub(crate) fn report(&self) -> String {
         self.lines.join("\n")
     }
 }

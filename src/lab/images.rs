@@ -38,7 +38,7 @@ pub enum ImageError {
 
 /// A guest kernel as the user names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub enum KernelSpec {
+pub(crate) enum KernelSpec {
     /// `debian-6.1`, `debian-6.12`: Debian's prebuilt kernels.
     Debian(String),
     /// `build:6.12` or `build:6.12+noplug`: built from linux-source.
@@ -56,7 +56,7 @@ pub enum KernelSpec {
 
 impl KernelSpec {
     /// The form `images/prepare.sh` takes.
-    pub fn to_prepare_arg(&self) -> String {
+    pub(crate) fn to_prepare_arg(&self) -> String {
         match self {
             KernelSpec::Debian(s) => format!("debian-{s}"),
             KernelSpec::Build { series, patch } => match patch {
@@ -82,7 +82,7 @@ impl KernelSpec {
 
     /// Check what can be checked before anything is built: a path kernel
     /// must exist and be a bzImage.
-    pub fn check(&self) -> Result<(), ImageError> {
+    pub(crate) fn check(&self) -> Result<(), ImageError> {
         if let KernelSpec::Path {
             kernel, modules, ..
         } = self
@@ -182,7 +182,7 @@ impl std::str::FromStr for KernelSpec {
 
 /// A guest ready to boot, as `images/prepare.sh` reports it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PreparedGuest {
+pub(crate) struct PreparedGuest {
     pub spec: String,
     /// Short label for tables and file names.
     pub name: String,
@@ -194,7 +194,7 @@ pub struct PreparedGuest {
 
 impl PreparedGuest {
     /// Both manifests' contents (null when absent or unreadable).
-    pub fn manifests(&self) -> Manifests {
+    pub(crate) fn manifests(&self) -> Manifests {
         let read = |p: &Option<PathBuf>| {
             p.as_ref()
                 .and_then(|p| std::fs::read_to_string(p).ok())
@@ -210,7 +210,7 @@ impl PreparedGuest {
 
 /// The blklab source tree (images/, guest-scripts/): `--lab-dir`, else
 /// `BLKLAB_LAB_DIR`, else the tree this binary was built from.
-pub fn lab_dir(explicit: Option<&Path>) -> Result<PathBuf, ImageError> {
+pub(crate) fn lab_dir(explicit: Option<&Path>) -> Result<PathBuf, ImageError> {
     let dir = match explicit {
         Some(d) => d.to_path_buf(),
         None => match std::env::var_os("BLKLAB_LAB_DIR") {
@@ -227,7 +227,7 @@ pub fn lab_dir(explicit: Option<&Path>) -> Result<PathBuf, ImageError> {
 
 /// Run `images/prepare.sh` for `specs` (its progress goes to our stderr)
 /// and return one prepared guest per spec, in order.
-pub fn prepare(
+pub(crate) fn prepare(
     lab_dir: &Path,
     cache: Option<&Path>,
     specs: &[KernelSpec],

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-pub use crate::record::instructions::{InsnsWindow, Instructions, VcpuInsns};
+pub(crate) use crate::record::instructions::{InsnsWindow, Instructions, VcpuInsns};
 use crate::record::symbol_groups::{base_name, group_of, OUTSIDE};
 
 #[derive(Debug, Error)]
@@ -46,7 +46,7 @@ pub enum InsnsError {
 
 /// Build (or find in the cache) the plugin for `qemu` with
 /// `images/build-qemu-plugin.sh`; returns the shared object's path.
-pub fn build_plugin(
+pub(crate) fn build_plugin(
     lab_dir: &Path,
     cache: Option<&Path>,
     qemu: &str,
@@ -93,21 +93,21 @@ pub fn build_plugin(
 }
 
 /// The control socket of a running plugin.
-pub struct Control {
+pub(crate) struct Control {
     path: PathBuf,
 }
 
 impl Control {
-    pub fn new(path: PathBuf) -> Control {
+    pub(crate) fn new(path: PathBuf) -> Control {
         Control { path }
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// Ask the plugin to write its counters to `file` and wait for it.
-    pub fn dump(&self, file: &Path) -> Result<Dump, InsnsError> {
+    pub(crate) fn dump(&self, file: &Path) -> Result<Dump, InsnsError> {
         let mut s = UnixStream::connect(&self.path).map_err(|source| InsnsError::Connect {
             path: self.path.clone(),
             source,
@@ -302,7 +302,7 @@ impl SymbolMap {
     /// The function holding `addr`: the text symbol at or below it, or
     /// `[outside kernel text]` (modules, trampolines) when it is past
     /// `_etext` or below the first symbol.
-    pub fn lookup(&self, addr: u64) -> &str {
+    pub(crate) fn lookup(&self, addr: u64) -> &str {
         if self.etext.is_some_and(|e| addr >= e) {
             return OUTSIDE;
         }
@@ -313,7 +313,7 @@ impl SymbolMap {
     }
 
     /// The address of a function, by exact name.
-    pub fn address(&self, name: &str) -> Option<u64> {
+    pub(crate) fn address(&self, name: &str) -> Option<u64> {
         self.syms.iter().find(|(_, n)| n == name).map(|(a, _)| *a)
     }
 }
@@ -321,7 +321,7 @@ impl SymbolMap {
 /// The function whose entries count as idle entries: each idle period ends
 /// with one call of `schedule_idle` (kernel/sched/core.c, called at the end
 /// of `do_idle`); `do_idle` itself is the fallback for a kernel without it.
-pub const IDLE_SYMBOLS: &[&str] = &["schedule_idle", "do_idle"];
+pub(crate) const IDLE_SYMBOLS: &[&str] = &["schedule_idle", "do_idle"];
 
 /// A symbolised window: instructions per function (base names) and the
 /// executions of the idle function's entry block.

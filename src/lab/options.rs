@@ -138,7 +138,7 @@ pub struct RunArgs {
 }
 
 /// An interval such as `1s`, `500ms`, `2.5s`.
-pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
     match s.parse::<crate::device::latency::LatencySpec>() {
         Ok(crate::device::latency::LatencySpec::Fixed(d))
             if d >= std::time::Duration::from_millis(10) =>

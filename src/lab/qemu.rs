@@ -41,14 +41,14 @@ pub enum QemuError {
     Console(std::io::Error),
 }
 
-pub use crate::record::run::Accel;
+pub(crate) use crate::record::run::Accel;
 
 /// One vhost-user disk on the QEMU command line.
-pub use crate::backend::qemu_args::QemuDisk;
+pub(crate) use crate::backend::qemu_args::QemuDisk;
 
 /// Everything that makes up one guest's QEMU command line.
 #[derive(Debug, Clone, Serialize)]
-pub struct QemuSpec {
+pub(crate) struct QemuSpec {
     pub qemu: String,
     /// Kvm or Tcg (never Auto here).
     pub accel: Accel,
@@ -68,7 +68,7 @@ pub struct QemuSpec {
 
 impl QemuSpec {
     /// The complete argument vector (without the program).
-    pub fn args(&self) -> Vec<String> {
+    pub(crate) fn args(&self) -> Vec<String> {
         let mut a: Vec<String> = Vec::new();
         let mut push = |s: &[&str]| a.extend(s.iter().map(|x| x.to_string()));
         match self.accel {
@@ -106,7 +106,7 @@ impl QemuSpec {
 }
 
 /// Find `qemu` (a name on PATH or a path).
-pub fn locate(qemu: &str) -> Result<PathBuf, QemuError> {
+pub(crate) fn locate(qemu: &str) -> Result<PathBuf, QemuError> {
     if qemu.contains('/') {
         let p = PathBuf::from(qemu);
         return if p.is_file() {
@@ -124,7 +124,7 @@ pub fn locate(qemu: &str) -> Result<PathBuf, QemuError> {
 }
 
 /// `qemu --version`'s first line.
-pub fn version(qemu: &str) -> Option<String> {
+pub(crate) fn version(qemu: &str) -> Option<String> {
     let out = Command::new(qemu).arg("--version").output().ok()?;
     String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -133,7 +133,7 @@ pub fn version(qemu: &str) -> Option<String> {
 }
 
 /// A running guest: QEMU with its serial console on pipes.
-pub struct Guest {
+pub(crate) struct Guest {
     child: Child,
     stdin: Option<ChildStdin>,
     lines: Receiver<String>,
@@ -144,7 +144,7 @@ pub struct Guest {
 }
 
 /// What [`Guest::next_line`] saw.
-pub enum Next {
+pub(crate) enum Next {
     Line(String),
     /// QEMU closed its console (it exited or is exiting).
     Closed,
@@ -155,7 +155,7 @@ const TAIL_LINES: usize = 40;
 impl Guest {
     /// Start QEMU for `spec`; every console line is also appended to
     /// `console_log` when given.
-    pub fn spawn(spec: &QemuSpec, console_log: Option<&Path>) -> Result<Guest, QemuError> {
+    pub(crate) fn spawn(spec: &QemuSpec, console_log: Option<&Path>) -> Result<Guest, QemuError> {
         let args = spec.args();
         debug!("{} {}", spec.qemu, shell_words(&args));
         let mut child = Command::new(&spec.qemu)
@@ -250,12 +250,12 @@ impl Guest {
         })
     }
 
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.child.id() as i32
     }
 
     /// The next console line, waiting at most until `deadline`.
-    pub fn next_line(&mut self, deadline: Instant, what: &str) -> Result<Next, QemuError> {
+    pub(crate) fn next_line(&mut self, deadline: Instant, what: &str) -> Result<Next, QemuError> {
         let wait = deadline.saturating_duration_since(Instant::now());
         match self.lines.recv_timeout(wait) {
             Ok(l) => Ok(Next::Line(l)),
@@ -269,7 +269,7 @@ impl Guest {
     }
 
     /// Type a line on the guest's console.
-    pub fn answer(&mut self, text: &str) -> Result<(), QemuError> {
+    pub(crate) fn answer(&mut self, text: &str) -> Result<(), QemuError> {
         let stdin = self
             .stdin
             .as_mut()
@@ -280,7 +280,7 @@ impl Guest {
             .map_err(QemuError::Console)
     }
 
-    pub fn console_tail(&self) -> String {
+    pub(crate) fn console_tail(&self) -> String {
         self.tail
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -290,7 +290,7 @@ impl Guest {
             .join("\n")
     }
 
-    pub fn stderr_text(&self) -> String {
+    pub(crate) fn stderr_text(&self) -> String {
         self.stderr
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -300,7 +300,7 @@ impl Guest {
 
     /// Wait for QEMU to exit by itself (the guest powers off) until
     /// `timeout`, then kill it. Returns its exit status text.
-    pub fn wait_exit(&mut self, timeout: Duration) -> String {
+    pub(crate) fn wait_exit(&mut self, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
         loop {
             match self.child.try_wait() {
@@ -321,7 +321,7 @@ impl Guest {
     }
 
     /// The error for a console that closed before the guest finished.
-    pub fn exited_error(&mut self) -> QemuError {
+    pub(crate) fn exited_error(&mut self) -> QemuError {
         let status = self.wait_exit(Duration::from_secs(5));
         // Give the stderr reader a moment to collect the last words.
         std::thread::sleep(Duration::from_millis(100));
@@ -347,7 +347,7 @@ impl Drop for Guest {
 }
 
 /// Quote words for a shell, for logs and the recorded command line.
-pub fn shell_words(args: &[String]) -> String {
+pub(crate) fn shell_words(args: &[String]) -> String {
     args.iter()
         .map(|a| {
             if !a.is_empty()
@@ -367,7 +367,7 @@ pub fn shell_words(args: &[String]) -> String {
 /// boot under KVM to the initramfs's first line within `timeout` (nested
 /// KVM often passes every ioctl yet hangs or faults in early boot). Returns
 /// the seconds to `/init`, or why not.
-pub fn probe_kvm(
+pub(crate) fn probe_kvm(
     qemu: &str,
     kernel: &Path,
     initramfs: &Path,
@@ -429,7 +429,7 @@ pub fn probe_kvm(
 ///   program the PCI devices (QEMU issue 1921: "after Probing EDD…, with
 ///   higher -smp"). Seen here once with QEMU 10.0, 1.25 s into a Debian
 ///   6.12 boot, before the kernel had found any disk.
-pub const KNOWN_EMULATOR_BUGS: &[(&str, &str)] = &[(
+pub(crate) const KNOWN_EMULATOR_BUGS: &[(&str, &str)] = &[(
     "iotlb_to_section: Assertion",
     "QEMU's multi-threaded TCG memory-map race in early boot (QEMU issue 1921)",
 )];

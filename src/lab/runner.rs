@@ -135,7 +135,7 @@ fn apply_overrides(mut s: Scenario, args: &RunArgs) -> Result<Scenario, RunError
 /// Load every `--scenario`, refusing malformed ones and ones the guest
 /// cannot find (they are packed into the initramfs from
 /// guest-scripts/scenarios/).
-pub fn load_scenarios(names: &[String], lab_dir: &Path) -> Result<Vec<Scenario>, RunError> {
+pub(crate) fn load_scenarios(names: &[String], lab_dir: &Path) -> Result<Vec<Scenario>, RunError> {
     let dir = lab_dir.join("guest-scripts/scenarios");
     let mut out: Vec<Scenario> = Vec::new();
     for n in names {
@@ -245,7 +245,7 @@ const INSNS_WINDOW: &str = "plugin counters at the variant's BLKLAB-SYNC begin a
 /// What `blklab run` chose: the accelerator, why, and whether it counts
 /// instructions.
 #[derive(Debug, Clone, PartialEq)]
-pub struct AccelDecision {
+pub(crate) struct AccelDecision {
     pub accel: Accel,
     pub reason: String,
     pub count_insns: bool,
@@ -259,7 +259,7 @@ pub struct AccelDecision {
 /// whether every kernel has a usable System.map, asked only when `auto`
 /// could count. Instruction counts and `--deterministic` need TCG
 /// (plugins and -icount do not run under KVM).
-pub fn decide_accel(
+pub(crate) fn decide_accel(
     want: Accel,
     count: CountInsns,
     deterministic: bool,

@@ -32,7 +32,7 @@ pub enum ScenarioError {
     },
 }
 
-pub use crate::record::scenario::{Scenario, Target, Variant};
+pub(crate) use crate::record::scenario::{Scenario, Target, Variant};
 
 /// Settings that may appear globally or per variant.
 #[derive(Debug, Clone, Default)]
@@ -303,7 +303,7 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioErr
 
 /// Load a scenario by name (from `dir`) or by path (anything with a `/` or
 /// ending in `.scn`).
-pub fn load(name_or_path: &str, dir: &Path) -> Result<(Scenario, PathBuf), ScenarioError> {
+pub(crate) fn load(name_or_path: &str, dir: &Path) -> Result<(Scenario, PathBuf), ScenarioError> {
     let path = if name_or_path.contains('/') || name_or_path.ends_with(".scn") {
         PathBuf::from(name_or_path)
     } else {
@@ -330,7 +330,7 @@ pub fn load(name_or_path: &str, dir: &Path) -> Result<(Scenario, PathBuf), Scena
 }
 
 /// Names of the scenarios in `dir`, sorted.
-pub fn available(dir: &Path) -> Vec<String> {
+pub(crate) fn available(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .map(|rd| {
             rd.filter_map(|e| e.ok())

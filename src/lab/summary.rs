@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use crate::record::result::ResultRecord;
-pub use crate::record::summary::{Row, Stat};
+pub(crate) use crate::record::summary::{Row, Stat};
 
 /// The metrics of the summary, in column order: (key, header).
-pub const METRICS: &[(&str, &str)] = &[
+pub(crate) const METRICS: &[(&str, &str)] = &[
     ("iops", "IOPS"),
     ("guest_busy_pct", "guest busy%"),
     ("guest_sys_pct", "sys%"),
@@ -20,7 +20,7 @@ pub const METRICS: &[(&str, &str)] = &[
 ];
 
 /// One record's metrics (missing ones are left out).
-pub fn metrics(r: &ResultRecord) -> BTreeMap<&'static str, f64> {
+pub(crate) fn metrics(r: &ResultRecord) -> BTreeMap<&'static str, f64> {
     let mut m = BTreeMap::new();
     let g = &r.guest;
     if let Some(v) = crate::record::metrics::iops(r) {

@@ -14,10 +14,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Number, Value};
 
 /// The schema version the guest scripts write.
-pub const GUEST_SCHEMA: &str = "blklab-guest-result/1";
+pub(crate) const GUEST_SCHEMA: &str = "blklab-guest-result/1";
 
 /// Fields this blklab does not model, kept as written.
-pub type Other = BTreeMap<String, Value>;
+pub(crate) type Other = BTreeMap<String, Value>;
 
 /// The guest's document.
 ///
@@ -96,7 +96,7 @@ pub struct GuestResult {
 
 impl GuestResult {
     /// The lab's stand-in for a result whose text did not parse.
-    pub fn unparsable(error: String, raw: String) -> GuestResult {
+    pub(crate) fn unparsable(error: String, raw: String) -> GuestResult {
         GuestResult {
             ok: false,
             error: Some(error),
@@ -107,7 +107,7 @@ impl GuestResult {
 
     /// Did the variant run on the host's virtio disks (true when the
     /// document does not say)?
-    pub fn target_virtio(&self) -> bool {
+    pub(crate) fn target_virtio(&self) -> bool {
         self.settings
             .as_ref()
             .map_or(true, |s| s.target == "virtio")
@@ -170,7 +170,7 @@ pub struct CpuPercent {
 
 impl CpuPercent {
     /// The ten components (all but `busy`): 100 within rounding.
-    pub fn components(&self) -> [f64; 10] {
+    pub(crate) fn components(&self) -> [f64; 10] {
         [
             self.usr,
             self.nice,
@@ -292,7 +292,7 @@ pub struct FioOutput {
 
 impl FioOutput {
     /// Total IOs over the jobs, reads, writes and trims.
-    pub fn total_ios(&self) -> u64 {
+    pub(crate) fn total_ios(&self) -> u64 {
         self.jobs
             .iter()
             .flat_map(FioJob::directions)
@@ -301,7 +301,7 @@ impl FioOutput {
     }
 
     /// IOPS over the jobs, all directions.
-    pub fn iops(&self) -> f64 {
+    pub(crate) fn iops(&self) -> f64 {
         self.jobs
             .iter()
             .flat_map(FioJob::directions)
@@ -325,13 +325,13 @@ pub struct FioJob {
 
 impl FioJob {
     /// The directions the job has: read, write, trim.
-    pub fn directions(&self) -> impl Iterator<Item = &FioDirection> {
+    pub(crate) fn directions(&self) -> impl Iterator<Item = &FioDirection> {
         [&self.read, &self.write, &self.trim].into_iter().flatten()
     }
 
     /// The direction with most IOs (the last of read, write, trim on a tie;
     /// one without a count counts 0).
-    pub fn busiest(&self) -> Option<&FioDirection> {
+    pub(crate) fn busiest(&self) -> Option<&FioDirection> {
         [&self.read, &self.write, &self.trim]
             .into_iter()
             .max_by_key(|d| d.as_ref().and_then(|d| d.total_ios).unwrap_or(0))?
@@ -356,7 +356,7 @@ pub struct FioDirection {
 impl FioDirection {
     /// The completion-latency percentile `pct` (fio's key, e.g.
     /// `"99.000000"`), ns.
-    pub fn clat_percentile_ns(&self, pct: &str) -> Option<f64> {
+    pub(crate) fn clat_percentile_ns(&self, pct: &str) -> Option<f64> {
         self.clat_ns.as_ref()?.percentile.get(pct)?.as_f64()
     }
 }

@@ -40,7 +40,7 @@ fn backend_requests(r: &ResultRecord) -> Option<f64> {
 /// IOs in the window (what every per-IO metric divides by): the block
 /// layer's count of the target devices (it covers the same window as the
 /// CPU counters, ramp included), else fio's.
-pub fn ios(r: &ResultRecord) -> Option<f64> {
+pub(crate) fn ios(r: &ResultRecord) -> Option<f64> {
     r.checks
         .guest_block_ios
         .or(r.checks.fio_ios)
@@ -53,12 +53,12 @@ fn per_io(v: Option<f64>, r: &ResultRecord) -> Option<f64> {
 }
 
 /// fio's IOPS, all directions.
-pub fn iops(r: &ResultRecord) -> Option<f64> {
+pub(crate) fn iops(r: &ResultRecord) -> Option<f64> {
     Some(r.guest.fio.as_ref()?.iops())
 }
 
 /// Guest CPU busy percent (all CPUs).
-pub fn guest_busy(r: &ResultRecord) -> Option<f64> {
+pub(crate) fn guest_busy(r: &ResultRecord) -> Option<f64> {
     Some(r.guest.cpu.as_ref()?.all.busy)
 }
 
@@ -224,7 +224,7 @@ pub const METRICS: &[Metric] = &[
 /// The metrics added to the defaults when records carry instruction counts
 /// (`blklab run --count-insns`): under TCG they are the deterministic CPU
 /// cost, the wall-clock ones are noise.
-pub const INSTRUCTION_METRICS: &[&str] = &[
+pub(crate) const INSTRUCTION_METRICS: &[&str] = &[
     "instructions_per_io",
     "kernel_instructions_per_io",
     "user_instructions_per_io",
@@ -246,14 +246,14 @@ pub fn default_metrics<'a>(records: impl IntoIterator<Item = &'a ResultRecord>) 
 }
 
 /// The metrics shown when none are asked for.
-pub const DEFAULT_METRICS: &[&str] = &[
+pub(crate) const DEFAULT_METRICS: &[&str] = &[
     "guest_busy_pct",
     "guest_cpu_us_per_io",
     "iops",
     "host_vcpu_us_per_io",
 ];
 
-pub fn find(key: &str) -> Option<&'static Metric> {
+pub(crate) fn find(key: &str) -> Option<&'static Metric> {
     METRICS.iter().find(|m| m.key == key)
 }
 
@@ -268,7 +268,7 @@ pub struct RowLabels {
 
 /// Labels from the fio arguments the variant ran with (the last of a
 /// repeated argument wins, as in fio).
-pub fn row_labels(r: &ResultRecord) -> RowLabels {
+pub(crate) fn row_labels(r: &ResultRecord) -> RowLabels {
     let args: Vec<&str> = r
         .scenario_definition
         .as_ref()

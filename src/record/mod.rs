@@ -87,13 +87,13 @@ pub fn read_value(path: &Path) -> Result<Value, RecordError> {
 }
 
 /// The `schema` string of a document, if it has one.
-pub fn schema_of(v: &Value) -> Option<&str> {
+pub(crate) fn schema_of(v: &Value) -> Option<&str> {
     v.get("schema").and_then(Value::as_str)
 }
 
 /// A document of type `T` from `v` (read from `path`): its schema version
 /// checked first, then its fields.
-pub fn from_value<T: Document>(path: &Path, v: &Value) -> Result<T, RecordError> {
+pub(crate) fn from_value<T: Document>(path: &Path, v: &Value) -> Result<T, RecordError> {
     if let Some(found) = schema_of(v) {
         if crate::util::schema::check(found, T::SCHEMA).is_err() {
             return Err(RecordError::Schema {
@@ -116,7 +116,7 @@ pub fn read<T: Document>(path: &Path) -> Result<T, RecordError> {
 }
 
 /// Write a document as indented JSON with a final newline.
-pub fn write<T: Serialize>(path: &Path, doc: &T) -> Result<(), RecordError> {
+pub(crate) fn write<T: Serialize>(path: &Path, doc: &T) -> Result<(), RecordError> {
     let err = |source| RecordError::Write {
         path: path.to_path_buf(),
         source,

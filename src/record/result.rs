@@ -15,7 +15,7 @@ use crate::stats::queue::StatsDocument;
 use crate::util::hostcpu::ProcessCpu;
 
 /// The schema version of [`ResultRecord`].
-pub const RESULT_SCHEMA: &str = "blklab-run-result/1";
+pub(crate) const RESULT_SCHEMA: &str = "blklab-run-result/1";
 
 /// Consistency of one record: fio's IO count against the guest block
 /// layer's and the backend's, and the guest CPU percentages' sum. Null
@@ -43,7 +43,7 @@ pub struct Checks {
 impl Checks {
     /// The checks of a guest document against the backend's document of
     /// the same window.
-    pub fn of(guest: &GuestResult, backend: Option<&StatsDocument>) -> Checks {
+    pub(crate) fn of(guest: &GuestResult, backend: Option<&StatsDocument>) -> Checks {
         let target_virtio = guest.target_virtio();
         let block_ios = guest
             .block
@@ -94,7 +94,7 @@ pub struct HostWindow {
 impl HostWindow {
     /// The process's groups whose name starts with `prefix`: the sum of
     /// `field` (`None` without the process).
-    pub fn group_sum(
+    pub(crate) fn group_sum(
         &self,
         process: &str,
         prefix: &str,

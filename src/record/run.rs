@@ -12,7 +12,7 @@ use crate::record::scenario::Scenario;
 use crate::record::Document;
 
 /// The schema version of [`RunDocument`].
-pub const RUN_SCHEMA: &str = "blklab-run/1";
+pub(crate) const RUN_SCHEMA: &str = "blklab-run/1";
 
 /// The accelerator QEMU runs the guest with (`--accel`; a record holds
 /// `kvm` or `tcg`, never `auto`).

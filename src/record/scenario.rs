@@ -52,7 +52,7 @@ impl Scenario {
     }
 
     /// The variant named `name`.
-    pub fn variant(&self, name: &str) -> Option<&Variant> {
+    pub(crate) fn variant(&self, name: &str) -> Option<&Variant> {
         self.variants.iter().find(|v| v.name == name)
     }
 }

@@ -14,7 +14,7 @@ use crate::stats::queue::StatsDocument;
 pub const REGENERATE: &str = "BLKLAB_WRITE_SCHEMAS=1 cargo test --test schema";
 
 /// The schema of one document type, as a JSON value.
-pub fn of<T: Document>() -> Value {
+pub(crate) fn of<T: Document>() -> Value {
     let mut v = schemars::schema_for!(T).to_value();
     if let Some(o) = v.as_object_mut() {
         o.insert(

@@ -11,14 +11,14 @@ pub const OUTSIDE: &str = "[outside kernel text]";
 /// The name a profile uses: the symbol without the compiler's clone
 /// suffixes (`.constprop.0`, `.isra.0`, `.part.0`, `.cold`), so that a
 /// function is one row whatever the compiler did with it in either kernel.
-pub fn base_name(sym: &str) -> &str {
+pub(crate) fn base_name(sym: &str) -> &str {
     sym.split('.').next().unwrap_or(sym)
 }
 
 /// A documented symbol group: a function belongs to the first group (in
 /// [`GROUPS`] order) one of whose exact names or prefixes matches its base
 /// name; else to `other`.
-pub struct Group {
+pub(crate) struct Group {
     pub name: &'static str,
     pub exact: &'static [&'static str],
     pub prefixes: &'static [&'static str],
@@ -26,7 +26,7 @@ pub struct Group {
 
 /// The groups, in matching order. Names, not source files: System.map has
 /// no file names, so a group is its functions' naming convention.
-pub const GROUPS: &[Group] = &[
+pub(crate) const GROUPS: &[Group] = &[
     Group {
         name: "idle",
         exact: &[

@@ -108,7 +108,7 @@ pub fn load_dir(dir: &Path) -> Result<(RunDocument, Vec<ResultRecord>), ReportEr
 }
 
 /// Kernels of a run that have records, in run order.
-pub fn kernels(run: &RunDocument, records: &[ResultRecord]) -> Vec<String> {
+pub(crate) fn kernels(run: &RunDocument, records: &[ResultRecord]) -> Vec<String> {
     let mut k: Vec<String> = run.kernels.iter().map(|k| k.label.clone()).collect();
     for r in records {
         if !k.contains(&r.kernel) {
@@ -394,7 +394,7 @@ fn differences(a: &Side, b: &Side) -> Vec<Difference> {
 
 /// Build the comparison of `b` against `a` (profiles with
 /// [`profile::DEFAULT_TOP`] functions a row).
-pub fn build(
+pub(crate) fn build(
     a: &Side,
     b: &Side,
     metric_keys: &[String],

@@ -369,7 +369,12 @@ fn profile_bars(p: &crate::report::profile::RowProfile, path: &Path) -> std::io:
     Ok(true)
 }
 
-pub fn write(report: &Report, a: &Side, b: &Side, dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+pub(crate) fn write(
+    report: &Report,
+    a: &Side,
+    b: &Side,
+    dir: &Path,
+) -> std::io::Result<Vec<PathBuf>> {
     let plots = dir.join("plots");
     std::fs::create_dir_all(&plots)?;
     let mut written = Vec::new();
@@ -485,7 +490,7 @@ pub fn write(report: &Report, a: &Side, b: &Side, dir: &Path) -> std::io::Result
 }
 
 /// Latency points as (latency µs, percentile) for plotting.
-pub fn swap(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
+pub(crate) fn swap(points: &[(f64, f64)]) -> Vec<(f64, f64)> {
     points.iter().map(|(p, l)| (*l, *p)).collect()
 }
 

@@ -9,14 +9,14 @@ use serde::Serialize;
 use statrs::distribution::{ContinuousCDF, StudentsT};
 
 /// Fewer samples than this a side are never called significant.
-pub const MIN_SAMPLES_FOR_SIGNIFICANCE: usize = 3;
+pub(crate) const MIN_SAMPLES_FOR_SIGNIFICANCE: usize = 3;
 /// Welch's interval needs this many samples a side and no strong skew;
 /// otherwise the bootstrap is used.
-pub const MIN_SAMPLES_FOR_WELCH: usize = 5;
+pub(crate) const MIN_SAMPLES_FOR_WELCH: usize = 5;
 /// |sample skewness| above this counts as skewed.
-pub const SKEW_LIMIT: f64 = 1.0;
+pub(crate) const SKEW_LIMIT: f64 = 1.0;
 /// Bootstrap resamples (fixed seed: a report is reproducible).
-pub const BOOTSTRAP_RESAMPLES: usize = 10_000;
+pub(crate) const BOOTSTRAP_RESAMPLES: usize = 10_000;
 const BOOTSTRAP_SEED: u64 = 0x626c_6b6c_6162;
 
 /// One side's samples, summarised.
@@ -34,7 +34,7 @@ pub struct Summary {
     pub max: f64,
 }
 
-pub fn summarize(v: &[f64]) -> Summary {
+pub(crate) fn summarize(v: &[f64]) -> Summary {
     let n = v.len();
     if n == 0 {
         return Summary {
@@ -76,7 +76,7 @@ pub fn summarize(v: &[f64]) -> Summary {
 
 /// Welch's t statistic and Welch–Satterthwaite degrees of freedom for
 /// mean(b) − mean(a). `None` with fewer than 2 samples a side.
-pub fn welch_t(a: &[f64], b: &[f64]) -> Option<(f64, f64, f64)> {
+pub(crate) fn welch_t(a: &[f64], b: &[f64]) -> Option<(f64, f64, f64)> {
     let (sa, sb) = (summarize(a), summarize(b));
     if sa.n < 2 || sb.n < 2 {
         return None;
@@ -103,7 +103,7 @@ pub fn welch_t(a: &[f64], b: &[f64]) -> Option<(f64, f64, f64)> {
 }
 
 /// Two-sided Student t quantile (e.g. 0.95 → t_{0.975, df}).
-pub fn t_quantile(confidence: f64, df: f64) -> f64 {
+pub(crate) fn t_quantile(confidence: f64, df: f64) -> f64 {
     if !df.is_finite() {
         // The normal limit.
         return statrs::distribution::Normal::new(0.0, 1.0)
@@ -123,7 +123,7 @@ pub struct Interval {
 }
 
 /// Welch's interval of mean(b) − mean(a).
-pub fn welch_interval(a: &[f64], b: &[f64], confidence: f64) -> Option<Interval> {
+pub(crate) fn welch_interval(a: &[f64], b: &[f64], confidence: f64) -> Option<Interval> {
     let (_, df, se) = welch_t(a, b)?;
     let d = summarize(b).mean - summarize(a).mean;
     let t = t_quantile(confidence, df);
@@ -134,7 +134,7 @@ pub fn welch_interval(a: &[f64], b: &[f64], confidence: f64) -> Option<Interval>
 }
 
 /// Two-sided p-value of Welch's test that the means are equal.
-pub fn welch_p(a: &[f64], b: &[f64]) -> Option<f64> {
+pub(crate) fn welch_p(a: &[f64], b: &[f64]) -> Option<f64> {
     let (t, df, _) = welch_t(a, b)?;
     if !t.is_finite() {
         return Some(if t.is_nan() { 1.0 } else { 0.0 });
@@ -173,7 +173,7 @@ fn bootstrap_diffs(a: &[f64], b: &[f64]) -> Vec<f64> {
 
 /// Two-sided bootstrap p-value: twice the share of resampled differences
 /// on the far side of 0. `None` with fewer than 2 samples a side.
-pub fn bootstrap_p(a: &[f64], b: &[f64]) -> Option<f64> {
+pub(crate) fn bootstrap_p(a: &[f64], b: &[f64]) -> Option<f64> {
     if a.len() < 2 || b.len() < 2 {
         return None;
     }
@@ -187,7 +187,7 @@ pub fn bootstrap_p(a: &[f64], b: &[f64]) -> Option<f64> {
 /// Percentile-bootstrap interval of mean(b) − mean(a): resample each side
 /// with replacement. `None` with fewer than 2 samples a side (one sample
 /// has no spread to resample).
-pub fn bootstrap_interval(a: &[f64], b: &[f64], confidence: f64) -> Option<Interval> {
+pub(crate) fn bootstrap_interval(a: &[f64], b: &[f64], confidence: f64) -> Option<Interval> {
     if a.len() < 2 || b.len() < 2 {
         return None;
     }
@@ -242,7 +242,7 @@ pub struct Comparison {
 }
 
 /// Compare samples `a` and `b` at `confidence` (e.g. 0.95).
-pub fn compare(a: &[f64], b: &[f64], confidence: f64) -> Comparison {
+pub(crate) fn compare(a: &[f64], b: &[f64], confidence: f64) -> Comparison {
     let (sa, sb) = (summarize(a), summarize(b));
     let base = sa.mean.abs();
     let delta_pct = if base > 0.0 {
@@ -315,7 +315,7 @@ pub fn compare(a: &[f64], b: &[f64], confidence: f64) -> Comparison {
 /// family-wise level `1 − confidence` (and it had enough samples and an
 /// interval excluding 0). An A/A report then shows a significant row with
 /// probability at most 1 − confidence, however many rows and metrics it has.
-pub fn holm(comparisons: &mut [&mut Comparison], confidence: f64) {
+pub(crate) fn holm(comparisons: &mut [&mut Comparison], confidence: f64) {
     let alpha = 1.0 - confidence;
     let mut order: Vec<usize> = (0..comparisons.len())
         .filter(|&i| comparisons[i].p_value.is_some())

@@ -14,7 +14,7 @@ use crate::record::result::ResultRecord;
 use crate::report::inference;
 
 /// Functions shown per row unless asked otherwise.
-pub const DEFAULT_TOP: usize = 15;
+pub(crate) const DEFAULT_TOP: usize = 15;
 
 /// One side's samples of one quantity, summarised.
 #[derive(Debug, Clone, Serialize)]
@@ -150,7 +150,7 @@ fn entries(
 
 /// The profile of one row from each side's (ok) records; `None` when a
 /// side has no instruction counts.
-pub fn row_profile(
+pub(crate) fn row_profile(
     scenario: &str,
     variant: &str,
     ra: &[&ResultRecord],
@@ -217,7 +217,7 @@ pub fn row_profile(
 }
 
 /// Text (or Markdown) of the profiles.
-pub fn render(profiles: &[RowProfile], a: &str, b: &str, markdown: bool) -> String {
+pub(crate) fn render(profiles: &[RowProfile], a: &str, b: &str, markdown: bool) -> String {
     let mut out = String::new();
     if profiles.is_empty() {
         return out;

@@ -16,7 +16,7 @@ fn pct(v: f64) -> String {
 
 /// The significance mark: `*` significant, `~` noise exceeds the delta,
 /// `n<3` too few samples to say.
-pub fn mark(c: &Comparison) -> &'static str {
+pub(crate) fn mark(c: &Comparison) -> &'static str {
     if c.a.n < crate::report::inference::MIN_SAMPLES_FOR_SIGNIFICANCE
         || c.b.n < crate::report::inference::MIN_SAMPLES_FOR_SIGNIFICANCE
     {

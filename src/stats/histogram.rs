@@ -36,10 +36,10 @@ use serde::{Deserialize, Serialize};
 /// Significant decimal digits kept by count histograms.
 const SIGFIG: u8 = 3;
 /// Significant decimal digits kept by latency histograms (within 1 %).
-pub const LATENCY_SIGFIG: u8 = 2;
+pub(crate) const LATENCY_SIGFIG: u8 = 2;
 
 /// Largest latency a [`Hist::new_latency`] histogram keeps: 100 s in ns.
-pub const LATENCY_MAX_NS: u64 = 100_000_000_000;
+pub(crate) const LATENCY_MAX_NS: u64 = 100_000_000_000;
 
 /// A histogram of `u64` values: latencies to 2 significant digits, counts
 /// to 3 (exact below 2048).
@@ -70,7 +70,7 @@ impl Hist {
     /// A latency histogram in nanoseconds: 1 ns ..= 100 s ([`LATENCY_MAX_NS`]),
     /// [`LATENCY_SIGFIG`] significant digits. Longer latencies are recorded
     /// as 100 s.
-    pub fn new_latency() -> Self {
+    pub(crate) fn new_latency() -> Self {
         Self::with_bounds(LATENCY_MAX_NS, LATENCY_SIGFIG)
     }
 
@@ -78,7 +78,7 @@ impl Hist {
     /// 0 ..= `max`, exact up to 2047 and 3 significant digits above.
     /// `max` is raised to 2 if smaller (the least range HDR histograms
     /// support). Larger values are recorded as `max`.
-    pub fn new_count(max: u64) -> Self {
+    pub(crate) fn new_count(max: u64) -> Self {
         Self::with_max(max)
     }
 
@@ -100,7 +100,7 @@ impl Hist {
 
     /// Records one value, saturating at [`limit`](Self::limit).
     #[inline]
-    pub fn record(&mut self, v: u64) {
+    pub(crate) fn record(&mut self, v: u64) {
         self.h.saturating_record(v);
     }
 
@@ -111,17 +111,17 @@ impl Hist {
     }
 
     /// Number of recorded values.
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.h.len()
     }
 
     /// Whether nothing has been recorded (since creation or [`reset`](Self::reset)).
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.h.is_empty()
     }
 
     /// Smallest recorded value (to the histogram's precision); 0 when empty.
-    pub fn min(&self) -> u64 {
+    pub(crate) fn min(&self) -> u64 {
         if self.is_empty() {
             return 0;
         }
@@ -130,7 +130,7 @@ impl Hist {
 
     /// Largest recorded value (to the histogram's precision, at most
     /// [`limit`](Self::limit)); 0 when empty.
-    pub fn max(&self) -> u64 {
+    pub(crate) fn max(&self) -> u64 {
         if self.is_empty() {
             return 0;
         }
@@ -139,7 +139,7 @@ impl Hist {
 
     /// Mean of the recorded values (each counted at the middle of its
     /// bucket); 0.0 when empty.
-    pub fn mean(&self) -> f64 {
+    pub(crate) fn mean(&self) -> f64 {
         if self.is_empty() {
             return 0.0;
         }
@@ -151,7 +151,7 @@ impl Hist {
     /// in which `p` % of the recorded values lie, so `percentile(100.0)` is
     /// [`max`](Self::max) and `percentile(0.0)` is [`min`](Self::min) to
     /// within one bucket. 0 when empty.
-    pub fn percentile(&self, p: f64) -> u64 {
+    pub(crate) fn percentile(&self, p: f64) -> u64 {
         if self.is_empty() {
             return 0;
         }
@@ -162,7 +162,7 @@ impl Hist {
     /// Adds every value recorded in `other` to this histogram. Exact when
     /// both were built by the same constructor with the same arguments;
     /// otherwise `other`'s buckets are re-recorded here (saturating).
-    pub fn merge(&mut self, other: &Hist) {
+    pub(crate) fn merge(&mut self, other: &Hist) {
         if self.h.add(&other.h).is_err() {
             for v in other.h.iter_recorded() {
                 self.h
@@ -181,7 +181,7 @@ impl Hist {
     /// recorded in between. Buckets where `earlier` holds more than `self`
     /// (it was not an earlier snapshot, or `self` was reset since) give 0
     /// instead of failing.
-    pub fn delta(&self, earlier: &Hist) -> Hist {
+    pub(crate) fn delta(&self, earlier: &Hist) -> Hist {
         if self.same_layout(earlier) {
             let mut d = self.clone();
             if d.h.subtract(&earlier.h).is_ok() {
@@ -203,7 +203,7 @@ impl Hist {
     }
 
     /// Count, min, max, mean and the 50th, 90th, 99th and 99.9th percentiles.
-    pub fn summary(&self) -> HistSummary {
+    pub(crate) fn summary(&self) -> HistSummary {
         HistSummary {
             count: self.count(),
             min: self.min(),
@@ -219,7 +219,7 @@ impl Hist {
     /// Every recorded value with its count, ascending (exact for values
     /// below 2048; larger ones to the histogram's precision). For small
     /// counts such as requests per kick: the whole distribution.
-    pub fn values(&self) -> Vec<(u64, u64)> {
+    pub(crate) fn values(&self) -> Vec<(u64, u64)> {
         self.h
             .iter_recorded()
             .map(|v| (self.clamp(v.value_iterated_to()), v.count_at_value()))

@@ -14,7 +14,7 @@ use crate::stats::histogram::HistSummary;
 use crate::stats::queue::{QueueCounters, QueueReport, StatsDocument};
 
 /// The `Content-Type` of the exposition text.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Picks one quantile out of a [`HistSummary`].
 type Quantile = fn(&HistSummary) -> u64;
@@ -216,7 +216,7 @@ fn summary(out: &mut String, name: &str, base: &[(&str, &str)], h: &HistSummary,
 /// Deterministic: families in a fixed order, and within a family the
 /// disks and queues in document order. Every family has one `# HELP` and
 /// one `# TYPE` line, written even when it has no samples.
-pub fn render(doc: &StatsDocument) -> String {
+pub(crate) fn render(doc: &StatsDocument) -> String {
     let mut out = String::new();
 
     header(

@@ -188,7 +188,7 @@ impl QueueStats {
     }
 
     /// The queue got a slot after waiting `waited`.
-    pub fn tag_waited(&mut self, waited: Duration) {
+    pub(crate) fn tag_waited(&mut self, waited: Duration) {
         if !self.histograms {
             return;
         }
@@ -214,7 +214,7 @@ impl QueueStats {
     }
 
     /// Forget everything counted so far.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         let tid = self.worker_tid;
         *self = QueueStats {
             worker_tid: tid,
@@ -225,7 +225,7 @@ impl QueueStats {
     }
 
     /// Record which thread serves this queue (first wake-up of a worker).
-    pub fn set_worker(&mut self, tid: i32) {
+    pub(crate) fn set_worker(&mut self, tid: i32) {
         if self.worker_tid != Some(tid) {
             self.worker_tid = Some(tid);
             self.cpu_baseline = thread_cpu(tid);
@@ -234,7 +234,7 @@ impl QueueStats {
 
     /// A copy to diff later reports against (see [`QueueStats::report`]),
     /// with the worker's CPU time as of now.
-    pub fn baseline(&self) -> QueueStats {
+    pub(crate) fn baseline(&self) -> QueueStats {
         let mut b = self.clone();
         b.cpu_baseline = self.worker_tid.and_then(thread_cpu);
         b
@@ -302,7 +302,7 @@ pub struct ThreadCpu {
 
 /// CPU time of thread `tid` of this process, from /proc (no cost to the
 /// thread itself).
-pub fn thread_cpu(tid: i32) -> Option<ThreadCpu> {
+pub(crate) fn thread_cpu(tid: i32) -> Option<ThreadCpu> {
     let st = crate::util::procfs::thread(None, tid)?;
     Some(ThreadCpu {
         user_s: st.user_s(),
@@ -311,7 +311,7 @@ pub fn thread_cpu(tid: i32) -> Option<ThreadCpu> {
 }
 
 /// The kernel thread id of the calling thread.
-pub fn current_tid() -> i32 {
+pub(crate) fn current_tid() -> i32 {
     // SAFETY: gettid has no memory effects.
     unsafe { libc::gettid() }
 }
@@ -357,7 +357,7 @@ pub struct QueueReport {
 }
 
 /// The git commit blklab was built from (`unknown` outside a checkout).
-pub const GIT_COMMIT: &str = env!("BLKLAB_GIT_COMMIT");
+pub(crate) const GIT_COMMIT: &str = env!("BLKLAB_GIT_COMMIT");
 
 /// One disk in a stats document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -375,7 +375,7 @@ pub struct DiskReport {
 impl DiskReport {
     /// The disk's socket path as text (`?` when the document has no
     /// configuration).
-    pub fn socket(&self) -> String {
+    pub(crate) fn socket(&self) -> String {
         self.config
             .as_ref()
             .map_or_else(|| "?".to_string(), |c| c.socket.display().to_string())
@@ -439,7 +439,7 @@ impl StatsDocument {
     }
 
     /// Every queue of every disk.
-    pub fn queues(&self) -> impl Iterator<Item = &QueueReport> {
+    pub(crate) fn queues(&self) -> impl Iterator<Item = &QueueReport> {
         self.disks.iter().flat_map(|d| d.queues.iter())
     }
 

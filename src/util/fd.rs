@@ -5,7 +5,7 @@ use std::os::fd::RawFd;
 
 /// What [`poll_readable`] saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ready {
+pub(crate) enum Ready {
     /// `fds[i]` is readable (the first such, in order).
     Readable(usize),
     /// The timeout passed with nothing readable.
@@ -15,7 +15,7 @@ pub enum Ready {
 /// Wait up to `timeout_ms` (-1: for ever, 0: not at all) until one of `fds`
 /// is readable; interrupted waits are resumed. An fd that reports an error
 /// or hang-up without data is an error naming its events.
-pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<Ready> {
+pub(crate) fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<Ready> {
     let mut p: Vec<libc::pollfd> = fds
         .iter()
         .map(|&fd| libc::pollfd {
@@ -51,14 +51,14 @@ pub fn poll_readable(fds: &[RawFd], timeout_ms: i32) -> io::Result<Ready> {
 }
 
 /// Whether `fd` becomes readable within `timeout_ms` (errors count as not).
-pub fn readable_within(fd: RawFd, timeout_ms: i32) -> bool {
+pub(crate) fn readable_within(fd: RawFd, timeout_ms: i32) -> bool {
     matches!(poll_readable(&[fd], timeout_ms), Ok(Ready::Readable(_)))
 }
 
 /// Wait until `listen_fd` has a connection (true) or `wake_fd` is
 /// readable (false: time to stop). A queued Unix connection makes accept()
 /// return at once, so the accept that follows never blocks.
-pub fn listener_or_wake(listen_fd: RawFd, wake_fd: RawFd) -> io::Result<bool> {
+pub(crate) fn listener_or_wake(listen_fd: RawFd, wake_fd: RawFd) -> io::Result<bool> {
     loop {
         match poll_readable(&[wake_fd, listen_fd], -1)? {
             Ready::Readable(0) => return Ok(false),

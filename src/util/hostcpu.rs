@@ -14,7 +14,7 @@ use crate::util::procfs;
 
 /// Cumulative CPU ticks of one thread.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ThreadSample {
+pub(crate) struct ThreadSample {
     pub tid: i32,
     pub name: String,
     pub utime: u64,
@@ -23,7 +23,7 @@ pub struct ThreadSample {
 
 /// Every thread of a process at one moment.
 #[derive(Debug, Clone)]
-pub struct ProcessSample {
+pub(crate) struct ProcessSample {
     pub pid: i32,
     pub at: std::time::Instant,
     pub threads: Vec<ThreadSample>,
@@ -31,7 +31,7 @@ pub struct ProcessSample {
 
 /// Sample every thread of `pid`. Threads that exit while we read are skipped;
 /// `None` when the process itself is gone.
-pub fn sample(pid: i32) -> Option<ProcessSample> {
+pub(crate) fn sample(pid: i32) -> Option<ProcessSample> {
     let at = std::time::Instant::now();
     let threads = procfs::threads(pid)?
         .into_iter()
@@ -81,7 +81,7 @@ pub struct ProcessCpu {
 
 /// The group a thread belongs to, by its name, for `role` = "qemu" or
 /// "backend".
-pub fn classify(role: &str, name: &str) -> String {
+pub(crate) fn classify(role: &str, name: &str) -> String {
     match role {
         "qemu" => {
             // Single-threaded TCG (--deterministic) runs every vCPU in one
@@ -113,7 +113,7 @@ pub fn classify(role: &str, name: &str) -> String {
 
 /// The CPU each thread used between `a` and `b` (threads in `b`; a thread
 /// born in between counts from zero).
-pub fn delta(role: &str, a: &ProcessSample, b: &ProcessSample) -> ProcessCpu {
+pub(crate) fn delta(role: &str, a: &ProcessSample, b: &ProcessSample) -> ProcessCpu {
     let hz = procfs::clk_tck();
     let wall_s = b.at.duration_since(a.at).as_secs_f64();
     let before: BTreeMap<i32, &ThreadSample> = a.threads.iter().map(|t| (t.tid, t)).collect();

@@ -13,7 +13,7 @@ use std::path::Path;
 
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`, USER_HZ): the unit of
 /// `utime` and `stime`. 100 if sysconf does not say.
-pub fn clk_tck() -> f64 {
+pub(crate) fn clk_tck() -> f64 {
     // SAFETY: sysconf has no memory effects.
     let v = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if v > 0 {
@@ -25,7 +25,7 @@ pub fn clk_tck() -> f64 {
 
 /// What blklab reads of one `stat` line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Stat {
+pub(crate) struct Stat {
     /// The process or thread name (`comm`, field 2), without parentheses.
     pub comm: String,
     /// User CPU time in clock ticks (field 14).
@@ -36,7 +36,7 @@ pub struct Stat {
 
 impl Stat {
     /// Parse one `stat` line; `None` if it is not one.
-    pub fn parse(text: &str) -> Option<Stat> {
+    pub(crate) fn parse(text: &str) -> Option<Stat> {
         let open = text.find('(')?;
         let close = text.rfind(')')?;
         let comm = text.get(open + 1..close)?.to_string();
@@ -51,35 +51,35 @@ impl Stat {
 
     /// Read and parse the `stat` file at `path`; `None` if it is gone
     /// (the thread or process exited) or unreadable.
-    pub fn read(path: &Path) -> Option<Stat> {
+    pub(crate) fn read(path: &Path) -> Option<Stat> {
         Stat::parse(&std::fs::read_to_string(path).ok()?)
     }
 
     /// User CPU seconds.
-    pub fn user_s(&self) -> f64 {
+    pub(crate) fn user_s(&self) -> f64 {
         self.utime as f64 / clk_tck()
     }
 
     /// System CPU seconds.
-    pub fn sys_s(&self) -> f64 {
+    pub(crate) fn sys_s(&self) -> f64 {
         self.stime as f64 / clk_tck()
     }
 
     /// User + system CPU seconds.
-    pub fn cpu_s(&self) -> f64 {
+    pub(crate) fn cpu_s(&self) -> f64 {
         (self.utime + self.stime) as f64 / clk_tck()
     }
 }
 
 /// `/proc/PID/stat`: the whole process (every thread, exited ones
 /// included).
-pub fn process(pid: i32) -> Option<Stat> {
+pub(crate) fn process(pid: i32) -> Option<Stat> {
     Stat::read(Path::new(&format!("/proc/{pid}/stat")))
 }
 
 /// `/proc/PID/task/TID/stat`: one thread of process `pid`; `None` for the
 /// process reading it (`/proc/self/…`).
-pub fn thread(pid: Option<i32>, tid: i32) -> Option<Stat> {
+pub(crate) fn thread(pid: Option<i32>, tid: i32) -> Option<Stat> {
     let path = match pid {
         Some(pid) => format!("/proc/{pid}/task/{tid}/stat"),
         None => format!("/proc/self/task/{tid}/stat"),
@@ -89,7 +89,7 @@ pub fn thread(pid: Option<i32>, tid: i32) -> Option<Stat> {
 
 /// Every thread of process `pid` as (tid, stat), by tid. Threads that exit
 /// while they are read are left out; `None` when the process is gone.
-pub fn threads(pid: i32) -> Option<Vec<(i32, Stat)>> {
+pub(crate) fn threads(pid: i32) -> Option<Vec<(i32, Stat)>> {
     let dir = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
     let mut out: Vec<(i32, Stat)> = dir
         .flatten()

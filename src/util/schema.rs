@@ -12,7 +12,7 @@ use serde::{Deserialize, Deserializer};
 
 /// A document's `schema` is not the one this blklab reads.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SchemaMismatch {
+pub(crate) struct SchemaMismatch {
     /// What the document says.
     pub found: String,
     /// What this blklab reads.
@@ -40,7 +40,7 @@ fn name_and_major(s: &str) -> Option<(&str, &str)> {
 }
 
 /// Accept `found` when it has `supported`'s name and major version.
-pub fn check(found: &str, supported: &'static str) -> Result<(), SchemaMismatch> {
+pub(crate) fn check(found: &str, supported: &'static str) -> Result<(), SchemaMismatch> {
     match (name_and_major(found), name_and_major(supported)) {
         (Some(f), Some(s)) if f == s => Ok(()),
         _ => Err(SchemaMismatch {
@@ -52,7 +52,7 @@ pub fn check(found: &str, supported: &'static str) -> Result<(), SchemaMismatch>
 
 /// The JSON Schema `pattern` of a `schema` field that reads `supported`
 /// (`NAME/MAJOR`): that name and major version, any minor version.
-pub fn pattern(supported: &str) -> String {
+pub(crate) fn pattern(supported: &str) -> String {
     let (name, major) = name_and_major(supported).expect("a NAME/MAJOR schema string");
     let mut escaped = String::new();
     for c in name.chars() {
@@ -66,7 +66,7 @@ pub fn pattern(supported: &str) -> String {
 
 /// Deserialize a `schema` field and [`check`] it against `supported`: a
 /// document of another name or major version fails to read, naming both.
-pub fn deserialize<'de, D: Deserializer<'de>>(
+pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
     d: D,
     supported: &'static str,
 ) -> Result<String, D::Error> {

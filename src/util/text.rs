@@ -4,7 +4,7 @@
 /// cell, two blanks between columns, left-aligned where `left(row,
 /// column)` says so, right-aligned elsewhere; trailing blanks trimmed.
 /// Also returns the column widths.
-pub fn aligned_lines(
+pub(crate) fn aligned_lines(
     cells: &[Vec<String>],
     left: impl Fn(&[String], usize) -> bool,
 ) -> (Vec<String>, Vec<usize>) {
@@ -40,7 +40,7 @@ pub fn aligned_lines(
 }
 
 /// Numbers with a precision that suits their size.
-pub fn num(v: f64) -> String {
+pub(crate) fn num(v: f64) -> String {
     if !v.is_finite() {
         return "-".into();
     }

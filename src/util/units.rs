@@ -54,7 +54,7 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
 }
 
 /// Format a byte count the way [`parse_size`] reads it, exactly.
-pub fn format_size(bytes: u64) -> String {
+pub(crate) fn format_size(bytes: u64) -> String {
     for (shift, unit) in [(40, "T"), (30, "G"), (20, "M"), (10, "K")] {
         if bytes != 0 && bytes % (1u64 << shift) == 0 {
             return format!("{}{}", bytes >> shift, unit);

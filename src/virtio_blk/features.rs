@@ -17,7 +17,7 @@ use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRE
 /// One switchable device feature.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum BlkFeature {
+pub(crate) enum BlkFeature {
     Version1,
     Mq,
     SegMax,
@@ -34,7 +34,7 @@ pub enum BlkFeature {
 }
 
 impl BlkFeature {
-    pub const ALL: [BlkFeature; 13] = [
+    pub(crate) const ALL: [BlkFeature; 13] = [
         BlkFeature::Version1,
         BlkFeature::Mq,
         BlkFeature::SegMax,
@@ -51,7 +51,7 @@ impl BlkFeature {
     ];
 
     /// The virtio feature bit number.
-    pub fn bit(self) -> u32 {
+    pub(crate) fn bit(self) -> u32 {
         match self {
             BlkFeature::Version1 => VIRTIO_F_VERSION_1,
             BlkFeature::Mq => VIRTIO_BLK_F_MQ,
@@ -69,11 +69,11 @@ impl BlkFeature {
         }
     }
 
-    pub fn mask(self) -> u64 {
+    pub(crate) fn mask(self) -> u64 {
         1u64 << self.bit()
     }
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             BlkFeature::Version1 => "version-1",
             BlkFeature::Mq => "mq",
@@ -122,7 +122,7 @@ pub struct FeatureSet {
 
 impl FeatureSet {
     /// All features on except RO.
-    pub fn default_on() -> Self {
+    pub(crate) fn default_on() -> Self {
         let bits = BlkFeature::ALL
             .into_iter()
             .filter(|f| *f != BlkFeature::Ro)
@@ -130,7 +130,7 @@ impl FeatureSet {
         FeatureSet { bits }
     }
 
-    pub fn with(mut self, f: BlkFeature, on: bool) -> Self {
+    pub(crate) fn with(mut self, f: BlkFeature, on: bool) -> Self {
         if on {
             self.bits |= f.mask();
         } else {
@@ -139,17 +139,17 @@ impl FeatureSet {
         self
     }
 
-    pub fn has(&self, f: BlkFeature) -> bool {
+    pub(crate) fn has(&self, f: BlkFeature) -> bool {
         self.bits & f.mask() != 0
     }
 
     /// The virtio feature word (without vhost-user's PROTOCOL_FEATURES bit).
-    pub fn bits(&self) -> u64 {
+    pub(crate) fn bits(&self) -> u64 {
         self.bits
     }
 
     /// The names of the features that are on, in bit order.
-    pub fn names(&self) -> Vec<&'static str> {
+    pub(crate) fn names(&self) -> Vec<&'static str> {
         let mut v: Vec<BlkFeature> = BlkFeature::ALL
             .into_iter()
             .filter(|f| self.has(*f))

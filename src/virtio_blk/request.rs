@@ -23,15 +23,15 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::DescriptorChain;
 use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
 
-pub use crate::virtio_blk::sector::{ByteOffset, Sector, SECTOR_SIZE};
+pub(crate) use crate::virtio_blk::sector::Sector;
 
-pub const HEADER_SIZE: u64 = 16;
+pub(crate) const HEADER_SIZE: u64 = 16;
 /// Size of one discard / write-zeroes range.
-pub const RANGE_SIZE: u64 = 16;
+pub(crate) const RANGE_SIZE: u64 = 16;
 
-pub const STATUS_OK: u8 = VIRTIO_BLK_S_OK as u8;
-pub const STATUS_IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
-pub const STATUS_UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
+pub(crate) const STATUS_OK: u8 = VIRTIO_BLK_S_OK as u8;
+pub(crate) const STATUS_IOERR: u8 = VIRTIO_BLK_S_IOERR as u8;
+pub(crate) const STATUS_UNSUPP: u8 = VIRTIO_BLK_S_UNSUPP as u8;
 
 /// Request kinds, for statistics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -47,7 +47,7 @@ pub enum Op {
 }
 
 impl Op {
-    pub fn from_type(t: u32) -> Op {
+    pub(crate) fn from_type(t: u32) -> Op {
         match t {
             VIRTIO_BLK_T_IN => Op::Read,
             VIRTIO_BLK_T_OUT => Op::Write,
@@ -62,7 +62,7 @@ impl Op {
 
 /// Why a chain could not be answered with a status byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DropReason {
+pub(crate) enum DropReason {
     /// No descriptor could be read at the head.
     Empty,
     /// The chain loops, is longer than the queue allows, has a next index
@@ -79,7 +79,7 @@ pub enum DropReason {
 
 impl DropReason {
     /// For the log.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             DropReason::Empty => "no readable descriptor at the head",
             DropReason::Truncated => {
@@ -95,7 +95,7 @@ impl DropReason {
 /// Why a chain with a status byte holds no usable request (answered with
 /// an error status).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Malformed {
+pub(crate) enum Malformed {
     /// A device-readable descriptor follows a device-writable one.
     ReadableAfterWritable,
     /// Fewer device-readable bytes than a header.
@@ -116,7 +116,7 @@ impl std::fmt::Display for Malformed {
 
 /// One descriptor's buffer.
 #[derive(Debug, Clone, Copy)]
-pub struct Segment {
+pub(crate) struct Segment {
     pub addr: u64,
     pub len: u32,
     pub write: bool,
@@ -124,7 +124,7 @@ pub struct Segment {
 
 /// Walk a chain into `segs` (cleared first). Returns the drop reason when
 /// the chain is unusable.
-pub fn collect_segments<M>(
+pub(crate) fn collect_segments<M>(
     chain: DescriptorChain<M>,
     segs: &mut Vec<Segment>,
 ) -> Result<(), DropReason>
@@ -156,22 +156,22 @@ where
 /// A request's one-byte status in guest memory, looked up once before the
 /// request runs and written through after.
 #[derive(Debug, Clone, Copy)]
-pub struct StatusByte<'m>(VolatileSlice<'m, ()>);
+pub(crate) struct StatusByte<'m>(VolatileSlice<'m, ()>);
 
 impl StatusByte<'_> {
     /// Write the status; an error only if guest memory went away.
-    pub fn write(&self, status: u8) -> Result<(), vm_memory::VolatileMemoryError> {
+    pub(crate) fn write(&self, status: u8) -> Result<(), vm_memory::VolatileMemoryError> {
         self.0.write_obj::<u8>(status, 0)
     }
 }
 
 /// A request's guest buffers: kept on the stack up to four slices (a 4 KiB
 /// read is one), so the common request allocates nothing.
-pub type Slices<'m> = SmallVec<[VolatileSlice<'m, ()>; 4]>;
+pub(crate) type Slices<'m> = SmallVec<[VolatileSlice<'m, ()>; 4]>;
 
 /// Why a chain is not a [`Request`].
 #[derive(Debug, Clone, Copy)]
-pub enum ParseError<'m> {
+pub(crate) enum ParseError<'m> {
     /// No status byte can be written: the chain goes back unanswered.
     Drop(DropReason),
     /// The chain has a status byte but no usable request: answer it with
@@ -187,7 +187,7 @@ pub enum ParseError<'m> {
 /// status goes. Borrows the caller's scratch segment list and the guest
 /// memory; holds no heap memory of its own.
 #[derive(Debug, Clone, Copy)]
-pub struct Request<'m> {
+pub(crate) struct Request<'m> {
     pub op: Op,
     /// The header's type field (`op` is [`Op::Other`] for types we do not
     /// implement).
@@ -206,7 +206,7 @@ pub struct Request<'m> {
 
 impl<'m> Request<'m> {
     /// Walk `chain` into the scratch list `segs` and parse it.
-    pub fn parse<M>(
+    pub(crate) fn parse<M>(
         chain: DescriptorChain<M>,
         segs: &'m mut Vec<Segment>,
         mem: &'m GuestMemoryMmap,
@@ -221,7 +221,7 @@ impl<'m> Request<'m> {
 
     /// Parse a chain already walked by [`collect_segments`] (non-empty,
     /// ending in a non-empty device-writable descriptor).
-    pub fn from_segments(
+    pub(crate) fn from_segments(
         segs: &'m [Segment],
         mem: &'m GuestMemoryMmap,
     ) -> Result<Request<'m>, ParseError<'m>> {
@@ -290,7 +290,7 @@ impl<'m> Request<'m> {
 
     /// Guest slices over `len` bytes of the data the device reads (after
     /// the header), starting `skip` bytes into it.
-    pub fn data_out(&self, skip: u64, len: u64) -> Result<Slices<'m>, BufferError> {
+    pub(crate) fn data_out(&self, skip: u64, len: u64) -> Result<Slices<'m>, BufferError> {
         slices(
             self.mem,
             self.segs,
@@ -302,7 +302,7 @@ impl<'m> Request<'m> {
 
     /// Guest slices over the first `len` bytes the device writes (never
     /// the status byte).
-    pub fn data_in(&self, len: u64) -> Result<Slices<'m>, BufferError> {
+    pub(crate) fn data_in(&self, len: u64) -> Result<Slices<'m>, BufferError> {
         if len > self.in_len {
             return Err(BufferError);
         }
@@ -311,7 +311,7 @@ impl<'m> Request<'m> {
 
     /// Copy `out.len()` bytes of the data the device reads, starting `skip`
     /// bytes after the header.
-    pub fn read_out(&self, skip: u64, out: &mut [u8]) -> Result<(), BufferError> {
+    pub(crate) fn read_out(&self, skip: u64, out: &mut [u8]) -> Result<(), BufferError> {
         self.read_readable(HEADER_SIZE.saturating_add(skip), out)
     }
 
@@ -330,7 +330,7 @@ impl<'m> Request<'m> {
 /// A request's buffers do not hold the bytes asked for, or lie outside
 /// guest memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct BufferError;
+pub(crate) struct BufferError;
 
 /// Guest memory slices covering `len` bytes starting `skip` bytes into the
 /// readable (`write == false`) or writable segments.

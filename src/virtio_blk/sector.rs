@@ -7,26 +7,26 @@
 //! capacity without overflowing either.
 
 /// Bytes per virtio-blk sector.
-pub const SECTOR_SIZE: u64 = 512;
+pub(crate) const SECTOR_SIZE: u64 = 512;
 
 /// A disk position in 512-byte sectors, as the guest wrote it (any value:
 /// range checks come with the conversion to bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Sector(u64);
+pub(crate) struct Sector(u64);
 
 impl Sector {
-    pub const fn new(n: u64) -> Sector {
+    pub(crate) const fn new(n: u64) -> Sector {
         Sector(n)
     }
 
     /// The sector number.
-    pub const fn get(self) -> u64 {
+    pub(crate) const fn get(self) -> u64 {
         self.0
     }
 
     /// The byte offset of this sector; `None` when it does not fit in 64
     /// bits (a hostile sector number).
-    pub const fn to_bytes(self) -> Option<ByteOffset> {
+    pub(crate) const fn to_bytes(self) -> Option<ByteOffset> {
         match self.0.checked_mul(SECTOR_SIZE) {
             Some(b) => Some(ByteOffset(b)),
             None => None,
@@ -42,31 +42,27 @@ impl std::fmt::Display for Sector {
 
 /// A disk position in bytes.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ByteOffset(u64);
+pub(crate) struct ByteOffset(u64);
 
 impl ByteOffset {
-    pub const fn new(b: u64) -> ByteOffset {
-        ByteOffset(b)
-    }
-
     /// The offset in bytes.
-    pub const fn get(self) -> u64 {
+    pub(crate) const fn get(self) -> u64 {
         self.0
     }
 
     /// The sector this byte is in (rounding down).
-    pub const fn sector(self) -> Sector {
+    pub(crate) const fn sector(self) -> Sector {
         Sector(self.0 / SECTOR_SIZE)
     }
 
     /// Whether the offset is a multiple of `align` (false for 0).
-    pub const fn is_aligned(self, align: u64) -> bool {
+    pub(crate) const fn is_aligned(self, align: u64) -> bool {
         align != 0 && self.0 % align == 0
     }
 
     /// Whether `len` bytes from here end at or before `capacity` bytes,
     /// without overflowing.
-    pub const fn extent_within(self, len: u64, capacity: u64) -> bool {
+    pub(crate) const fn extent_within(self, len: u64, capacity: u64) -> bool {
         match self.0.checked_add(len) {
             Some(end) => end <= capacity,
             None => false,
@@ -75,8 +71,15 @@ impl ByteOffset {
 }
 
 /// The number of whole sectors in `len` bytes.
-pub const fn sectors_in(len: u64) -> u64 {
+pub(crate) const fn sectors_in(len: u64) -> u64 {
     len / SECTOR_SIZE
+}
+
+#[cfg(test)]
+impl ByteOffset {
+    pub(crate) const fn new(b: u64) -> ByteOffset {
+        ByteOffset(b)
+    }
 }
 
 #[cfg(test)]

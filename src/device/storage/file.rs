@@ -12,7 +12,7 @@ use std::path::Path;
 use super::null::zero_bufs;
 use super::{total_len, GuestBuf, Storage, StorageError};
 
-pub struct FileStorage {
+pub(crate) struct FileStorage {
     file: File,
     size: u64,
     direct: bool,
@@ -26,7 +26,7 @@ const IOV_MAX: usize = 1024;
 impl FileStorage {
     /// Open `path`; `size` None uses the image's size, a larger size grows
     /// the image (sparsely).
-    pub fn open(
+    pub(crate) fn open(
         path: &Path,
         size: Option<u64>,
         read_only: bool,

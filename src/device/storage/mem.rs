@@ -10,7 +10,7 @@ use vm_memory::{VolatileMemory, VolatileSlice};
 
 use super::{GuestBuf, Storage, StorageError};
 
-pub struct MemStorage {
+pub(crate) struct MemStorage {
     region: MmapRegion<()>,
     size: u64,
 }
@@ -18,7 +18,7 @@ pub struct MemStorage {
 const PAGE: u64 = 4096;
 
 impl MemStorage {
-    pub fn new(size: u64) -> Result<Self, StorageError> {
+    pub(crate) fn new(size: u64) -> Result<Self, StorageError> {
         let len = usize::try_from(size).map_err(|_| StorageError::Alloc {
             size,
             msg: "larger than the address space".into(),

@@ -12,14 +12,14 @@ use std::io;
 use thiserror::Error;
 use vm_memory::VolatileSlice;
 
-pub use file::FileStorage;
-pub use mem::MemStorage;
-pub use null::NullStorage;
+pub(crate) use file::FileStorage;
+pub(crate) use mem::MemStorage;
+pub(crate) use null::NullStorage;
 
 use crate::device::config::{DiskConfig, StorageSpec};
 
 /// A guest buffer: a slice of mapped guest memory.
-pub type GuestBuf<'a> = VolatileSlice<'a, ()>;
+pub(crate) type GuestBuf<'a> = VolatileSlice<'a, ()>;
 
 #[derive(Debug, Error)]
 pub enum StorageError {
@@ -56,7 +56,7 @@ pub trait Storage: Send + Sync {
 
 /// Open the storage a disk configuration names. For file disks with no size
 /// the image's size is used and written back into `cfg.size`.
-pub fn open(cfg: &mut DiskConfig) -> Result<Box<dyn Storage>, StorageError> {
+pub(crate) fn open(cfg: &mut DiskConfig) -> Result<Box<dyn Storage>, StorageError> {
     Ok(match &cfg.storage {
         StorageSpec::Null => Box::new(NullStorage::new(cfg.size)),
         StorageSpec::Mem => Box::new(MemStorage::new(cfg.size)?),
@@ -70,6 +70,6 @@ pub fn open(cfg: &mut DiskConfig) -> Result<Box<dyn Storage>, StorageError> {
 }
 
 /// Total length of a list of guest buffers.
-pub fn total_len(bufs: &[GuestBuf<'_>]) -> u64 {
+pub(crate) fn total_len(bufs: &[GuestBuf<'_>]) -> u64 {
     bufs.iter().map(|b| b.len() as u64).sum()
 }

@@ -4,12 +4,12 @@ use std::io;
 
 use super::{GuestBuf, Storage};
 
-pub struct NullStorage {
+pub(crate) struct NullStorage {
     size: u64,
 }
 
 impl NullStorage {
-    pub fn new(size: u64) -> Self {
+    pub(crate) fn new(size: u64) -> Self {
         NullStorage { size }
     }
 }
