@@ -149,7 +149,7 @@ fn u64_at(v: &Value, path: &[&str]) -> Result<u64> {
 }
 
 fn machine() {
-    println!("machine: {}", blklab::bench::compare::machine());
+    println!("machine: {}", blklab::bench::versus_qsd::machine());
     println!("binary:  {}", env!("CARGO_BIN_EXE_blklab"));
 }
 

@@ -108,7 +108,7 @@ fn bench(args: &blklab::cli::BenchArgs) -> Result<()> {
     use blklab::bench;
     let bs = blklab::util::units::parse_size(&args.bs).context("--bs")?;
     if args.compare {
-        let opts = bench::compare::CompareOpts {
+        let opts = bench::versus_qsd::CompareOpts {
             blklab_bin: std::env::current_exe().context("cannot find the blklab binary")?,
             qsd_bin: args.qsd.clone(),
             queues: args.queues,
@@ -121,7 +121,7 @@ fn bench(args: &blklab::cli::BenchArgs) -> Result<()> {
             rounds: args.rounds,
             poll: (args.poll != "off").then(|| args.poll.clone()),
         };
-        let report = bench::compare::run(&opts, |line| eprintln!("{line}"))
+        let report = bench::versus_qsd::run(&opts, |line| eprintln!("{line}"))
             .context("blklab bench --compare")?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&report)?);

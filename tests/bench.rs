@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use blklab::bench::compare::{self, Backend, CompareOpts};
+use blklab::bench::versus_qsd::{self, Backend, CompareOpts};
 use blklab::bench::{self, Load, RwMode};
 
 fn qsd() -> PathBuf {
@@ -36,7 +36,7 @@ fn compare_runs_identical_loads_on_both_backends() {
         rounds: 1,
         poll: Some("20us".into()),
     };
-    let report = compare::run(&opts, |l| eprintln!("{l}")).expect("comparison runs");
+    let report = versus_qsd::run(&opts, |l| eprintln!("{l}")).expect("comparison runs");
     assert_eq!(report.rows.len(), 3, "throughput, QD1 and poll rows");
     let mut seen = Vec::new();
     for row in &report.rows {
@@ -98,7 +98,7 @@ fn compare_refuses_a_bad_poll_spin_before_starting_daemons() {
         rounds: 1,
         poll: Some("bogus".into()),
     };
-    let err = compare::run(&opts, |_| {}).expect_err("a bad --poll is refused");
+    let err = versus_qsd::run(&opts, |_| {}).expect_err("a bad --poll is refused");
     let msg = err.to_string();
     assert!(msg.contains("invalid --poll \"bogus\""), "{msg}");
 }

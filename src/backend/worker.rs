@@ -387,7 +387,7 @@ impl<R: UsedRing> Pass<'_, R> {
                 }
                 continue;
             };
-            let mut delay = self.q.samplers[lat_op(op).index()].sample();
+            let mut delay = self.q.samplers[LatOp::of(op).index()].sample();
             if let FaultDecision::Stall(d) = fault {
                 delay += d;
             }
@@ -579,16 +579,6 @@ impl BlkBackend {
         if let Err(e) = q.timer.set(next) {
             warn!("queue {}: cannot arm the completion timer: {e}", q.index);
         }
-    }
-}
-
-/// The latency class of a request kind.
-fn lat_op(op: Op) -> LatOp {
-    match op {
-        Op::Read => LatOp::Read,
-        Op::Write => LatOp::Write,
-        Op::Flush => LatOp::Flush,
-        _ => LatOp::Other,
     }
 }
 

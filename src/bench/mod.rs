@@ -8,14 +8,14 @@
 //! it) for `time`, and, given the backend's PID, the backend's CPU seconds
 //! over the same interval from `/proc/PID/stat`.
 //!
-//! [`compare`] runs identical loads against qemu-storage-daemon and
+//! [`versus_qsd`] runs identical loads against qemu-storage-daemon and
 //! `blklab serve` in one run and prints their ratios. [`client`] is the
 //! libblkio connection and [`daemon`] the backend spawner; the tests and
 //! benches (`tests/common`) use both.
 
 pub mod client;
-pub mod compare;
 pub mod daemon;
+pub mod versus_qsd;
 
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};

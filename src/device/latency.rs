@@ -40,6 +40,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::virtio_blk::request::Op;
 use rand::distributions::{Distribution, Uniform};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -449,6 +450,17 @@ pub(crate) enum LatOp {
 }
 
 impl LatOp {
+    /// The latency class of a request kind: the one place an [`Op`] maps to
+    /// its class (as `FaultOp::from_op` is for fault rules).
+    pub(crate) fn of(op: Op) -> LatOp {
+        match op {
+            Op::Read => LatOp::Read,
+            Op::Write => LatOp::Write,
+            Op::Flush => LatOp::Flush,
+            _ => LatOp::Other,
+        }
+    }
+
     /// All kinds, in [`index`](Self::index) order.
     pub(crate) const ALL: [LatOp; 4] = [LatOp::Read, LatOp::Write, LatOp::Flush, LatOp::Other];
 
