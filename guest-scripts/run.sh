@@ -420,36 +420,66 @@ unload_module() {
 # --- queue settings -------------------------------------------------------------
 cur_sched() { sed -n 's/.*\[\(.*\)\].*/\1/p' "/sys/block/$1/queue/scheduler" 2>/dev/null; }
 
-apply_queue() {     # sched, nr_requests on every DEV; remembers the old values
+# set_knob DEV FILE VALUE WHAT: write VALUE to /sys/block/DEV/FILE, read it back
+set_knob() {
+    if [ ! -e "/sys/block/$1/$2" ]; then
+        fail "cannot set $4 $3 on $1: it has no $2"
+        return 1
+    fi
+    echo "$3" > "/sys/block/$1/$2" 2>/dev/null
+    _sk_got=$(cat "/sys/block/$1/$2" 2>/dev/null)
+    if [ "$_sk_got" != "$3" ]; then
+        fail "cannot set $4 $3 on $1 (reads back ${_sk_got:-nothing}; scheduler $(cur_sched "$1"))"
+        return 1
+    fi
+    return 0
+}
+
+# The knobs a variant may set, in the order they are applied (nr_requests
+# after the scheduler, which resets it): FILE under /sys/block/DEV, and the
+# variable holding the variant's value.
+KNOBS="queue/nr_requests:VNR device/queue_depth:VQDEPTH queue/nomerges:VNOMERGES queue/rq_affinity:VRQAFF"
+
+apply_queue() {     # sched and the knobs on every DEV; remembers the old values
     SAVED_Q=""
     for _aq_d in $DEVS; do
-        _aq_q=/sys/block/$_aq_d/queue
-        SAVED_Q="$SAVED_Q $_aq_d:$(cur_sched "$_aq_d"):$(cat "$_aq_q/nr_requests" 2>/dev/null)"
+        # DEV:sched:nr_requests:queue_depth:nomerges:rq_affinity
+        _aq_saved="$_aq_d:$(cur_sched "$_aq_d")"
+        for _aq_k in $KNOBS; do
+            _aq_saved="$_aq_saved:$(cat "/sys/block/$_aq_d/${_aq_k%%:*}" 2>/dev/null)"
+        done
+        SAVED_Q="$SAVED_Q $_aq_saved"
         if [ -n "$VSCHED" ]; then
+            _aq_q=/sys/block/$_aq_d/queue
             if ! echo "$VSCHED" > "$_aq_q/scheduler" 2>/dev/null || [ "$(cur_sched "$_aq_d")" != "$VSCHED" ]; then
                 fail "cannot set scheduler $VSCHED on $_aq_d (queue/scheduler: $(cat "$_aq_q/scheduler" 2>/dev/null))"
                 return 1
             fi
         fi
-        if [ -n "$VNR" ]; then
-            echo "$VNR" > "$_aq_q/nr_requests" 2>/dev/null
-            _aq_got=$(cat "$_aq_q/nr_requests" 2>/dev/null)
-            if [ "$_aq_got" != "$VNR" ]; then
-                fail "cannot set nr_requests $VNR on $_aq_d (reads back ${_aq_got:-nothing}; scheduler $(cur_sched "$_aq_d"))"
-                return 1
-            fi
-        fi
+        for _aq_k in $KNOBS; do
+            _aq_f=${_aq_k%%:*}
+            eval "_aq_v=\$${_aq_k#*:}"
+            [ -n "$_aq_v" ] || continue
+            set_knob "$_aq_d" "$_aq_f" "$_aq_v" "${_aq_f#*/}" || return 1
+        done
     done
     return 0
 }
 
 restore_queue() {
     for _rq_e in $SAVED_Q; do
-        _rq_d=${_rq_e%%:*}; _rq_r=${_rq_e#*:}; _rq_s=${_rq_r%%:*}; _rq_nr=${_rq_r#*:}
-        _rq_q=/sys/block/$_rq_d/queue
-        [ -d "$_rq_q" ] || continue
-        if [ -n "$_rq_s" ] && [ "$(cur_sched "$_rq_d")" != "$_rq_s" ]; then echo "$_rq_s" > "$_rq_q/scheduler" 2>/dev/null; fi
-        if [ -n "$_rq_nr" ] && [ "$(cat "$_rq_q/nr_requests" 2>/dev/null)" != "$_rq_nr" ]; then echo "$_rq_nr" > "$_rq_q/nr_requests" 2>/dev/null; fi
+        _rq_d=${_rq_e%%:*}; _rq_r=${_rq_e#*:}; _rq_s=${_rq_r%%:*}; _rq_r=${_rq_r#*:}
+        [ -d "/sys/block/$_rq_d/queue" ] || continue
+        if [ -n "$_rq_s" ] && [ "$(cur_sched "$_rq_d")" != "$_rq_s" ]; then
+            echo "$_rq_s" > "/sys/block/$_rq_d/queue/scheduler" 2>/dev/null
+        fi
+        for _rq_k in $KNOBS; do
+            _rq_f=/sys/block/$_rq_d/${_rq_k%%:*}
+            _rq_v=${_rq_r%%:*}; _rq_r=${_rq_r#*:}
+            if [ -n "$_rq_v" ] && [ -e "$_rq_f" ] && [ "$(cat "$_rq_f" 2>/dev/null)" != "$_rq_v" ]; then
+                echo "$_rq_v" > "$_rq_f" 2>/dev/null
+            fi
+        done
     done
     SAVED_Q=""
 }
@@ -464,7 +494,7 @@ queue_json() {      # what the devices really have, read back
         _qj_s=$(cur_sched "$_qj_d")
         # shellcheck disable=SC2012  # sysfs names are plain
         _qj_hw=$(ls "/sys/block/$_qj_d/mq" 2>/dev/null | wc -l)
-        _qj_o="$_qj_o$_qj_sep\"$_qj_d\": {\"scheduler\": $( [ -n "$_qj_s" ] && echo "\"$_qj_s\"" || echo null ), \"nr_requests\": $(jnum "$(cat "$_qj_q/nr_requests" 2>/dev/null)"), \"hw_queues\": $(jnum "$_qj_hw"), \"device_queue_depth\": $(jnum "$(cat "/sys/block/$_qj_d/device/queue_depth" 2>/dev/null)")}"
+        _qj_o="$_qj_o$_qj_sep\"$_qj_d\": {\"scheduler\": $( [ -n "$_qj_s" ] && echo "\"$_qj_s\"" || echo null ), \"nr_requests\": $(jnum "$(cat "$_qj_q/nr_requests" 2>/dev/null)"), \"hw_queues\": $(jnum "$_qj_hw"), \"device_queue_depth\": $(jnum "$(cat "/sys/block/$_qj_d/device/queue_depth" 2>/dev/null)"), \"nomerges\": $(jnum "$(cat "$_qj_q/nomerges" 2>/dev/null)"), \"rq_affinity\": $(jnum "$(cat "$_qj_q/rq_affinity" 2>/dev/null)")}"
         _qj_sep=", "
     done
     echo "$_qj_o}"
@@ -488,6 +518,7 @@ json_ok() { [ -s "$1" ] && $AWK -f "$LIB/jsoncheck.awk" "$1" >/dev/null 2>&1; }
 run_variant() {     # run_variant INDEX
     eval "VNAME=\$SCN_V$1_NAME VKIND=\$SCN_V$1_KIND VPARAMS=\$SCN_V$1_PARAMS VSCHED=\$SCN_V$1_SCHED"
     eval "VNR=\$SCN_V$1_NR VRUNTIME=\$SCN_V$1_RUNTIME VRAMP=\$SCN_V$1_RAMP VFIO=\$SCN_V$1_FIO"
+    eval "VQDEPTH=\$SCN_V$1_QDEPTH VNOMERGES=\$SCN_V$1_NOMERGES VRQAFF=\$SCN_V$1_RQAFF VLAYOUT=\$SCN_V$1_LAYOUT"
     ERR=""
     DEVS=""
     SAVED_Q=""
@@ -507,12 +538,11 @@ run_variant() {     # run_variant INDEX
     if [ -z "$ERR" ] && [ -z "$DEVS" ]; then fail "no target devices"; fi
     if [ -z "$ERR" ] && apply_queue; then
         R_QUEUE=$(queue_json)
-        files=""
-        for _d in $DEVS; do files="$files:/dev/$_d"; done
-        files=${files#:}
-        set -- --name="$VNAME" --filename="$files"
-        # A fixed IO count (--number_ios) ends the job; --time_based would
-        # ignore it, so then the runtime is only an upper bound.
+        # The scenario's options and run.sh's go before the first --name:
+        # fio applies them to every job section. A fixed IO count
+        # (--number_ios) ends the job; --time_based would ignore it, so then
+        # the runtime is only an upper bound.
+        set --
         _tb=--time_based
         for _a in $VFIO; do
             set -- "$@" "$_a"
@@ -520,6 +550,14 @@ run_variant() {     # run_variant INDEX
         done
         set -- "$@" --runtime="$VRUNTIME" $_tb --ramp_time="$VRAMP" --group_reporting \
             --output-format=json --output="$W/fio.out"
+        if [ "$VLAYOUT" = per-disk ]; then
+            # one job section per device: numjobs jobs on each
+            for _d in $DEVS; do set -- "$@" --name="$VNAME.$_d" --filename="/dev/$_d"; done
+        else
+            files=""
+            for _d in $DEVS; do files="$files:/dev/$_d"; done
+            set -- "$@" --name="$VNAME" --filename="${files#:}"
+        fi
         fiocmd="fio $*"
 
         # nothing touches the target disks from here to the begin SYNC reply
@@ -568,6 +606,7 @@ run_variant() {     # run_variant INDEX
     if [ -z "$ERR" ]; then R_OK=true; else R_OK=false; fi
     export R_SCENARIO="$SCN_NAME" R_VARIANT="$VNAME" R_OK R_ERROR="$ERR" R_KERNEL="$KERNEL" \
         R_NCPU="$NCPU" R_KIND="$VKIND" R_PARAMS="$VPARAMS" R_SCHED="$VSCHED" R_NR="$VNR" \
+        R_QDEPTH="$VQDEPTH" R_NOMERGES="$VNOMERGES" R_RQAFF="$VRQAFF" R_LAYOUT="$VLAYOUT" \
         R_RUNTIME="$VRUNTIME" R_RAMP="$VRAMP" R_FIOARGS="$VFIO" R_FIOCMD R_DEVICES="$DEVS" \
         R_QUEUE R_BEFORE R_AFTER R_MPSTAT R_FIO R_FIO_RC R_FIO_LOG
     $AWK -f "$LIB/json.awk" -f "$LIB/cpu.awk" -f "$LIB/result.awk" > "$W/result.json"

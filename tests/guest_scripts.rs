@@ -406,6 +406,43 @@ fn malformed_scenarios_fail_with_file_and_line() {
         ),
         ("too-many-arguments", 3, "sched: too many arguments"),
         (
+            "bad-device-setting",
+            2,
+            "device: bad setting 'tags' (want NAME=VALUE)",
+        ),
+        (
+            "unknown-device-setting",
+            2,
+            "device: unknown setting 'speed' (want one of disk, size, tags, depth, tag_scope, \
+             tag_fairness, latency, read_latency, write_latency, flush_latency, latency_spin, \
+             seed, poll)",
+        ),
+        (
+            "bad-memory",
+            1,
+            "memory: bad size '2X' (want a number with an optional K, M, G or T suffix, e.g. 2G)",
+        ),
+        (
+            "bad-queue-size",
+            1,
+            "queue_size: bad number '100' (want a power of two from 1 to 1024)",
+        ),
+        (
+            "bad-layout",
+            2,
+            "layout: unknown layout 'diagonal' (want all or per-disk)",
+        ),
+        (
+            "bad-nomerges",
+            2,
+            "nomerges: bad number '3' (want an integer from 0 to 2)",
+        ),
+        (
+            "vcpus-in-variant",
+            2,
+            "vcpus is only allowed before the first variant",
+        ),
+        (
             "too-many-disks",
             2,
             "disks: bad number '65' (want an integer from 1 to 64)",
@@ -469,18 +506,27 @@ fn good_fixture_parses_to_the_exact_document() {
         "description": "a good scenario",
         "disks": 3,
         "queues": 2,
+        "vcpus": 4,
+        "memory": "2G",
+        "queue_size": 128,
         "variants": [
             {"name": "first",
              "target": {"kind": "null_blk", "params": ["queue_mode=2", "submit_queues=@NCPU@"]},
              "sched": "mq-deadline", "nr_requests": 64, "runtime": 7, "ramp": 1,
+             "queue_depth": 16, "nomerges": 2, "rq_affinity": 1, "layout": "per-disk",
+             "device": ["tags=shared", "depth=64"],
              "fio_args": ["--rw=randread", "--bs=4k", "--iodepth=8"]},
             {"name": "second.v-2_x",
              "target": {"kind": "virtio", "params": []},
              "sched": "none", "nr_requests": 32, "runtime": 3, "ramp": 0,
+             "queue_depth": 16, "nomerges": 0, "rq_affinity": 1, "layout": "all",
+             "device": ["tags=shared", "latency=20us", "depth=16"],
              "fio_args": ["--rw=randread", "--bs=4k", "--iodepth=8", "--numjobs=@NCPU@", "--rwmixread=70"]},
             {"name": "third",
              "target": {"kind": "scsi_debug", "params": []},
              "sched": "mq-deadline", "nr_requests": 64, "runtime": 7, "ramp": 1,
+             "queue_depth": 4, "nomerges": 2, "rq_affinity": 1, "layout": "per-disk",
+             "device": ["tags=shared", "depth=64"],
              "fio_args": ["--rw=randread", "--bs=4k", "--iodepth=8", "\"--name-ish=it's\\fine\""]}
         ]
     });

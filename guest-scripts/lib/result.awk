@@ -6,7 +6,8 @@
 #   R_SCENARIO R_VARIANT     names
 #   R_OK                     "true" or "false";  R_ERROR  message ("" -> null)
 #   R_KERNEL R_NCPU          uname -r, online CPUs
-#   R_KIND R_PARAMS R_SCHED R_NR R_RUNTIME R_RAMP R_FIOARGS   effective settings
+#   R_KIND R_PARAMS R_SCHED R_NR R_QDEPTH R_NOMERGES R_RQAFF R_LAYOUT
+#   R_RUNTIME R_RAMP R_FIOARGS   effective settings
 #   R_FIOCMD                 the whole fio command line (blank-separated words)
 #   R_DEVICES                target device names (blank-separated)
 #   R_QUEUE                  raw JSON object (queue settings read back) or ""
@@ -39,6 +40,8 @@ BEGIN {
     print "  \"nr_cpus\": " jnum_or_null(ENVIRON["R_NCPU"]) ","
     print "  \"settings\": {\"target\": " jstr(ENVIRON["R_KIND"]) ", \"target_params\": " jlist(ENVIRON["R_PARAMS"]) ", " \
           "\"sched\": " jstr_or_null(ENVIRON["R_SCHED"]) ", \"nr_requests\": " jnum_or_null(ENVIRON["R_NR"]) ", " \
+          "\"queue_depth\": " jnum_or_null(ENVIRON["R_QDEPTH"]) ", \"nomerges\": " jnum_or_null(ENVIRON["R_NOMERGES"]) ", " \
+          "\"rq_affinity\": " jnum_or_null(ENVIRON["R_RQAFF"]) ", \"layout\": " jstr_or_null(ENVIRON["R_LAYOUT"]) ", " \
           "\"runtime\": " jnum_or_null(ENVIRON["R_RUNTIME"]) ", \"ramp\": " jnum_or_null(ENVIRON["R_RAMP"]) ","
     print "               \"fio_args\": " jlist(ENVIRON["R_FIOARGS"]) "},"
     print "  \"fio_cmdline\": " (ENVIRON["R_FIOCMD"] == "" ? "null" : jlist(ENVIRON["R_FIOCMD"])) ","

@@ -10,12 +10,15 @@
 #
 #   mode=json  one JSON line, the scenario as written (globals folded into each
 #              variant; no environment overrides, @NCPU@ left as is):
-#              {"name","description","disks","queues","variants":[{"name",
-#               "target":{"kind","params":[...]},"sched","nr_requests",
-#               "runtime","ramp","fio_args":[...]}]}
+#              {"name","description","disks","queues","vcpus","memory",
+#               "queue_size","variants":[{"name","target":{"kind",
+#               "params":[...]},"sched","nr_requests","queue_depth",
+#               "nomerges","rq_affinity","device":[...],"layout","runtime",
+#               "ramp","fio_args":[...]}]}
 #   mode=sh    shell assignments for run.sh to eval: SCN_DESCRIPTION,
 #              SCN_DISKS, SCN_QUEUES, SCN_NV and SCN_V<i>_{NAME,KIND,PARAMS,
-#              SCHED,NR,RUNTIME,RAMP,FIO} for the variants selected by
+#              SCHED,NR,QDEPTH,NOMERGES,RQAFF,LAYOUT,RUNTIME,RAMP,FIO} for
+#              the variants selected by
 #              $BLKLAB_VARIANTS (all when empty), with $BLKLAB_RUNTIME and
 #              $BLKLAB_RAMP applied and @NCPU@ replaced by ncpu in target
 #              parameters and fio arguments. Lists are blank-separated words.
@@ -31,6 +34,15 @@ BEGIN {
     g_desc = ""; g_disks = 1; g_queues = ""
     g_runtime = 10; g_ramp = 0
     g_kind = "virtio"; g_params = ""; g_sched = ""; g_nr = ""; g_fio = ""
+    g_vcpus = ""; g_memory = ""; g_qsize = ""
+    g_qdepth = ""; g_nomerges = ""; g_rqaff = ""; g_layout = ""; g_dev = ""
+    # device settings (values are checked by the host: lab::settings)
+    ndevset = split("disk size tags depth tag_scope tag_fairness latency read_latency write_latency flush_latency latency_spin seed poll", devset_list, " ")
+    devset_names = ""
+    for (i = 1; i <= ndevset; i++) {
+        devset[devset_list[i]] = 1
+        devset_names = devset_names (i > 1 ? ", " : "") devset_list[i]
+    }
     # fio options run.sh sets itself
     reserved["name"] = "the variant name"
     reserved["filename"] = "the target devices"
@@ -68,6 +80,35 @@ function global_only() {
     if (nv > 0) fail($1 " is only allowed before the first variant")
 }
 
+# the NAME of a NAME=VALUE setting
+function setting_name(s) {
+    sub(/=.*/, "", s)
+    return s
+}
+
+# list (blank-separated settings) with s added; an earlier one of s's name goes
+function put_setting(list, s,    n, a, i, out) {
+    n = split(list, a, " ")
+    out = ""
+    for (i = 1; i <= n; i++)
+        if (setting_name(a[i]) != setting_name(s)) out = out (out == "" ? "" : " ") a[i]
+    return out (out == "" ? "" : " ") s
+}
+
+# a variant's device settings: the globals it does not set, then its own
+function merge_settings(global, own,    n, a, m, b, i, j, out, found) {
+    n = split(global, a, " ")
+    m = split(own, b, " ")
+    out = ""
+    for (i = 1; i <= n; i++) {
+        found = 0
+        for (j = 1; j <= m; j++) if (setting_name(b[j]) == setting_name(a[i])) found = 1
+        if (!found) out = out (out == "" ? "" : " ") a[i]
+    }
+    for (j = 1; j <= m; j++) out = out (out == "" ? "" : " ") b[j]
+    return out
+}
+
 function words(from,    i, s) {
     s = ""
     for (i = from; i <= NF; i++) s = s (i > from ? " " : "") $i
@@ -90,6 +131,47 @@ function words(from,    i, s) {
     } else if (d == "queues") {
         global_only(); want_args(1, 1)
         g_queues = number($2, 1, 64)
+    } else if (d == "vcpus") {
+        global_only(); want_args(1, 1)
+        g_vcpus = number($2, 1, 64)
+    } else if (d == "memory") {
+        global_only(); want_args(1, 1)
+        t = $2
+        sub(/[KMGT]$/, "", t)
+        if (t !~ /^[0-9]+$/ || length(t) > 9 || t !~ /[1-9]/)
+            fail("memory: bad size '" $2 "' (want a number with an optional K, M, G or T suffix, e.g. 2G)")
+        g_memory = $2
+    } else if (d == "queue_size") {
+        global_only(); want_args(1, 1)
+        v = number($2, 1, 1024)
+        t = v
+        while (t > 1 && t % 2 == 0) t = t / 2
+        if (t != 1) fail("queue_size: bad number '" $2 "' (want a power of two from 1 to 1024)")
+        g_qsize = v
+    } else if (d == "device") {
+        want_args(1, -1)
+        for (i = 2; i <= NF; i++) {
+            if ($i !~ /^[^=]+=./) fail("device: bad setting '" $i "' (want NAME=VALUE)")
+            if (!(setting_name($i) in devset))
+                fail("device: unknown setting '" setting_name($i) "' (want one of " devset_names ")")
+            if (nv) v_dev[nv] = put_setting(v_dev[nv], $i); else g_dev = put_setting(g_dev, $i)
+        }
+    } else if (d == "queue_depth") {
+        want_args(1, 1)
+        v = number($2, 1)
+        if (nv) v_qdepth[nv] = v; else g_qdepth = v
+    } else if (d == "nomerges") {
+        want_args(1, 1)
+        v = number($2, 0, 2)
+        if (nv) v_nomerges[nv] = v; else g_nomerges = v
+    } else if (d == "rq_affinity") {
+        want_args(1, 1)
+        v = number($2, 0, 2)
+        if (nv) v_rqaff[nv] = v; else g_rqaff = v
+    } else if (d == "layout") {
+        want_args(1, 1)
+        if ($2 != "all" && $2 != "per-disk") fail("layout: unknown layout '" $2 "' (want all or per-disk)")
+        if (nv) v_layout[nv] = $2; else g_layout = $2
     } else if (d == "runtime") {
         want_args(1, 1)
         v = number($2, 1)
@@ -161,6 +243,11 @@ END {
         if (!(i in v_kind)) { v_kind[i] = g_kind; v_params[i] = g_params }
         if (!(i in v_sched)) v_sched[i] = g_sched
         if (!(i in v_nr)) v_nr[i] = g_nr
+        if (!(i in v_qdepth)) v_qdepth[i] = g_qdepth
+        if (!(i in v_nomerges)) v_nomerges[i] = g_nomerges
+        if (!(i in v_rqaff)) v_rqaff[i] = g_rqaff
+        if (!(i in v_layout)) v_layout[i] = (g_layout == "" ? "all" : g_layout)
+        v_dev[i] = merge_settings(g_dev, v_dev[i])
         if (!(i in v_runtime)) v_runtime[i] = g_runtime
         if (!(i in v_ramp)) v_ramp[i] = g_ramp
         f = g_fio
@@ -174,12 +261,18 @@ END {
 
 function print_json(    i, out) {
     out = "{\"name\":" jstr(NAME) ",\"description\":" jstr_or_null(g_desc) \
-          ",\"disks\":" g_disks ",\"queues\":" (g_queues == "" ? "null" : g_queues) ",\"variants\":["
+          ",\"disks\":" g_disks ",\"queues\":" jnum_or_null(g_queues) \
+          ",\"vcpus\":" jnum_or_null(g_vcpus) ",\"memory\":" jstr_or_null(g_memory) \
+          ",\"queue_size\":" jnum_or_null(g_qsize) ",\"variants\":["
     for (i = 1; i <= nv; i++) {
         out = out (i > 1 ? "," : "") "{\"name\":" jstr(v_name[i]) \
               ",\"target\":{\"kind\":" jstr(v_kind[i]) ",\"params\":" jlist(v_params[i]) "}" \
               ",\"sched\":" jstr_or_null(v_sched[i]) \
-              ",\"nr_requests\":" (v_nr[i] == "" ? "null" : v_nr[i]) \
+              ",\"nr_requests\":" jnum_or_null(v_nr[i]) \
+              ",\"queue_depth\":" jnum_or_null(v_qdepth[i]) \
+              ",\"nomerges\":" jnum_or_null(v_nomerges[i]) \
+              ",\"rq_affinity\":" jnum_or_null(v_rqaff[i]) \
+              ",\"device\":" jlist(v_dev[i]) ",\"layout\":" jstr(v_layout[i]) \
               ",\"runtime\":" v_runtime[i] ",\"ramp\":" v_ramp[i] \
               ",\"fio_args\":" jlist(v_fio[i]) "}"
     }
@@ -220,6 +313,10 @@ function print_sh(    rt, rp, filt, want, n, a, i, k, p, f, out) {
         out = out sprintf("SCN_V%d_PARAMS=%s\n", k, shq(p))
         out = out sprintf("SCN_V%d_SCHED=%s\n", k, shq(v_sched[i]))
         out = out sprintf("SCN_V%d_NR=%s\n", k, shq(v_nr[i]))
+        out = out sprintf("SCN_V%d_QDEPTH=%s\n", k, shq(v_qdepth[i]))
+        out = out sprintf("SCN_V%d_NOMERGES=%s\n", k, shq(v_nomerges[i]))
+        out = out sprintf("SCN_V%d_RQAFF=%s\n", k, shq(v_rqaff[i]))
+        out = out sprintf("SCN_V%d_LAYOUT=%s\n", k, shq(v_layout[i]))
         out = out sprintf("SCN_V%d_RUNTIME=%s\n", k, (rt != "" ? rt : v_runtime[i]))
         out = out sprintf("SCN_V%d_RAMP=%s\n", k, (rp != "" ? rp : v_ramp[i]))
         out = out sprintf("SCN_V%d_FIO=%s\n", k, shq(f))

@@ -18,4 +18,5 @@ pub mod options;
 pub mod qemu;
 pub mod runner;
 pub mod scenario;
+pub(crate) mod settings;
 pub mod summary;

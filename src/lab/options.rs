@@ -44,27 +44,31 @@ pub struct RunArgs {
     /// Virtqueues per disk (default: the scenario's `queues`, else --vcpus).
     #[arg(long, value_name = "N")]
     pub num_queues: Option<u16>,
-    /// Virtqueue size.
-    #[arg(long, value_name = "N", default_value_t = 256)]
-    pub queue_size: u16,
-    /// Storage of every disk: null or mem.
-    #[arg(long, value_name = "null|mem", default_value = "null", value_parser = ["null", "mem"])]
-    pub disk: String,
-    /// Capacity of every disk.
-    #[arg(long, value_name = "SIZE", default_value = "4G")]
-    pub size: String,
-    /// Device command slots: none, per-queue or shared (see `serve --help`).
-    #[arg(long, value_name = "none|per-queue|shared", default_value = "none")]
-    pub tags: String,
+    /// Virtqueue size (default: the scenario's `queue_size`, else 256).
+    #[arg(long, value_name = "N")]
+    pub queue_size: Option<u16>,
+    /// Storage of every disk: null or mem (default: the scenario's `device
+    /// disk=`, else null). Every device option below likewise overrides the
+    /// scenario's `device` setting of the same name; the records list each
+    /// override (`overridden`).
+    #[arg(long, value_name = "null|mem", value_parser = ["null", "mem"])]
+    pub disk: Option<String>,
+    /// Capacity of every disk (default 4G).
+    #[arg(long, value_name = "SIZE")]
+    pub size: Option<String>,
+    /// Device command slots: none, per-queue or shared (see `serve --help`;
+    /// default none).
+    #[arg(long, value_name = "none|per-queue|shared")]
+    pub tags: Option<String>,
     /// Slots per queue (per-queue) or in the pool (shared).
     #[arg(long, value_name = "N")]
     pub depth: Option<u32>,
-    /// What a shared pool spans: disk, or host (all disks).
-    #[arg(long, value_name = "disk|host", default_value = "disk")]
-    pub tag_scope: String,
-    /// blk-mq-style fair sharing of a shared pool.
-    #[arg(long, value_name = "on|off", default_value = "off")]
-    pub tag_fairness: String,
+    /// What a shared pool spans: disk, or host (all disks; default disk).
+    #[arg(long, value_name = "disk|host")]
+    pub tag_scope: Option<String>,
+    /// blk-mq-style fair sharing of a shared pool (default off).
+    #[arg(long, value_name = "on|off")]
+    pub tag_fairness: Option<String>,
     /// Emulated completion latency (0, 50us, uniform:..., normal:..., lognormal:...).
     #[arg(long, value_name = "SPEC")]
     pub latency: Option<String>,
@@ -74,21 +78,23 @@ pub struct RunArgs {
     pub write_latency: Option<String>,
     #[arg(long, value_name = "SPEC")]
     pub flush_latency: Option<String>,
-    /// Seed of the latency sequences.
-    #[arg(long, value_name = "N", default_value_t = 1)]
-    pub seed: u64,
-    /// Spin this long before emulated completions (see `serve --help`).
-    #[arg(long, value_name = "DURATION", default_value = "0")]
-    pub latency_spin: String,
+    /// Seed of the latency sequences (default 1).
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// Spin this long before emulated completions (see `serve --help`;
+    /// default 0).
+    #[arg(long, value_name = "DURATION")]
+    pub latency_spin: Option<String>,
     /// Busy-poll queues with this idle spin (see `serve --help`).
     #[arg(long, value_name = "SPIN", num_args = 0..=1, default_missing_value = "50us", require_equals = true)]
     pub poll: Option<String>,
-    /// Guest vCPUs.
-    #[arg(long, value_name = "N", default_value_t = 2)]
-    pub vcpus: u32,
-    /// Guest memory (QEMU syntax: 1G, 2048M).
-    #[arg(long, value_name = "SIZE", default_value = "1G")]
-    pub memory: String,
+    /// Guest vCPUs (default: the scenario's `vcpus`, else 2).
+    #[arg(long, value_name = "N")]
+    pub vcpus: Option<u32>,
+    /// Guest memory, QEMU syntax: 1G, 2048M (default: the scenario's
+    /// `memory`, else 1G).
+    #[arg(long, value_name = "SIZE")]
+    pub memory: Option<String>,
     /// Accelerator: auto probes KVM by booting the guest under it.
     #[arg(long, value_enum, default_value = "auto")]
     pub accel: crate::lab::qemu::Accel,

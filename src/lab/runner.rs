@@ -17,13 +17,14 @@ use thiserror::Error;
 use crate::backend::control;
 use crate::backend::server::Server;
 use crate::backend::Disk;
-use crate::device::config::{DiskArgs, DiskConfig};
+use crate::device::config::DiskConfig;
 use crate::lab::console::{parse_line, Event, FaultScanner, Phase};
 use crate::lab::images::{self, KernelSpec, PreparedGuest};
 use crate::lab::insns::{self, Dump, InsnsWindow, SymbolMap};
 use crate::lab::options::{CountInsns, RunArgs};
 use crate::lab::qemu::{self, Accel, Guest, Next, QemuDisk, QemuSpec};
 use crate::lab::scenario::{self, Scenario};
+use crate::lab::settings::{self, BootSettings};
 use crate::lab::summary;
 use crate::record::guest::{GuestResult, GUEST_SCHEMA};
 use crate::record::result::{Checks, HostWindow, ResultRecord, RESULT_SCHEMA};
@@ -77,30 +78,59 @@ pub enum RunError {
     },
 }
 
-/// One boot: which kernel, scenario and iteration.
+/// One boot: which kernel, boot unit (a scenario's variants that share
+/// device settings: [`Unit`]) and iteration.
 #[derive(Debug, Clone)]
 struct Boot {
     kernel: usize,
-    scenario: usize,
+    unit: usize,
     iteration: u32,
 }
 
-/// The order boots run in: iterations outermost, then scenarios, then
+/// The order boots run in: iterations outermost, then units, then
 /// kernels, so kernels alternate (A B A B …) and drift hits both.
-fn plan(kernels: usize, scenarios: usize, iterations: u32) -> Vec<Boot> {
+fn plan(kernels: usize, units: usize, iterations: u32) -> Vec<Boot> {
     let mut v = Vec::new();
     for iteration in 0..iterations {
-        for scenario in 0..scenarios {
+        for unit in 0..units {
             for kernel in 0..kernels {
                 v.push(Boot {
                     kernel,
-                    scenario,
+                    unit,
                     iteration,
                 });
             }
         }
     }
     v
+}
+
+/// What one boot runs: a scenario's variants that share device settings,
+/// and those settings.
+#[derive(Debug, Clone)]
+struct Unit {
+    scenario: usize,
+    settings: BootSettings,
+    /// Which of the scenario's units (its console log's name needs it when
+    /// the scenario has several).
+    part: Option<usize>,
+}
+
+/// Every scenario's units, in scenario order.
+fn units(scenarios: &[Scenario], args: &RunArgs) -> Vec<Unit> {
+    let mut out = Vec::new();
+    for (i, s) in scenarios.iter().enumerate() {
+        let b = settings::boot_settings(s, args);
+        let several = b.len() > 1;
+        for (k, settings) in b.into_iter().enumerate() {
+            out.push(Unit {
+                scenario: i,
+                settings,
+                part: several.then_some(k + 1),
+            });
+        }
+    }
+    out
 }
 
 /// The scenario a run executes, after `--runtime`/`--variants`.
@@ -159,39 +189,34 @@ pub(crate) fn load_scenarios(names: &[String], lab_dir: &Path) -> Result<Vec<Sce
     Ok(out)
 }
 
-/// The disks one boot serves.
-fn disk_args(args: &RunArgs, s: &Scenario, socket: PathBuf) -> DiskArgs {
-    DiskArgs {
-        socket: Some(socket),
-        disk: Some(args.disk.clone()),
-        size: Some(args.size.clone()),
-        count: args.disks.unwrap_or(s.disks),
-        num_queues: args
-            .num_queues
-            .or(s.queues)
-            .unwrap_or(args.vcpus.min(u32::from(u16::MAX)) as u16),
-        queue_size: args.queue_size,
-        tags: args.tags.clone(),
-        depth: args.depth,
-        tag_scope: args.tag_scope.clone(),
-        tag_fairness: args.tag_fairness.clone(),
-        latency: args.latency.clone(),
-        read_latency: args.read_latency.clone(),
-        write_latency: args.write_latency.clone(),
-        flush_latency: args.flush_latency.clone(),
-        seed: args.seed,
-        latency_spin: args.latency_spin.clone(),
-        poll: args.poll.clone(),
-        ..DiskArgs::default()
-    }
-}
-
-/// Check the device options once, before building or booting anything.
-fn check_device_options(args: &RunArgs, scenarios: &[Scenario]) -> Result<(), RunError> {
-    for s in scenarios {
-        disk_args(args, s, PathBuf::from("/tmp/blklab-check.sock"))
-            .to_configs()
-            .map_err(|e| RunError::Config(format!("device options: {e}")))?;
+/// Check every boot's machine and device settings once, before building
+/// or booting anything.
+fn check_units(scenarios: &[Scenario], units: &[Unit]) -> Result<(), RunError> {
+    for u in units {
+        let s = &scenarios[u.scenario];
+        let names = u
+            .settings
+            .variants
+            .iter()
+            .map(|&i| s.variants[i].name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let vcpus = u.settings.machine.vcpus;
+        if vcpus == 0 || vcpus > 64 {
+            return Err(RunError::Config(format!(
+                "scenario {} ({names}): {vcpus} vCPUs (want 1 to 64)",
+                s.name
+            )));
+        }
+        u.settings
+            .disk_args(PathBuf::from("/tmp/blklab-check.sock"))
+            .and_then(|d| d.to_configs().map_err(|e| e.to_string()))
+            .map_err(|e| {
+                RunError::Config(format!(
+                    "scenario {} ({names}): device settings: {e}",
+                    s.name
+                ))
+            })?;
     }
     Ok(())
 }
@@ -416,7 +441,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     if args.iterations == 0 {
         return Err(RunError::Config("--iterations must be at least 1".into()));
     }
-    if args.vcpus == 0 || args.vcpus > 64 {
+    if args.vcpus.is_some_and(|v| v == 0 || v > 64) {
         return Err(RunError::Config("--vcpus must be 1..=64".into()));
     }
     let lab_dir = images::lab_dir(args.lab_dir.as_deref())?;
@@ -424,7 +449,8 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         .into_iter()
         .map(|s| apply_overrides(s, args))
         .collect::<Result<_, _>>()?;
-    check_device_options(args, &scenarios)?;
+    let units = units(&scenarios, args);
+    check_units(&scenarios, &units)?;
     let qemu_path = qemu::locate(&args.qemu)?;
     let qemu_bin = qemu_path.display().to_string();
     let out_dir = args
@@ -497,10 +523,10 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     }
     info!("accelerator: {accel:?} ({accel_why})");
 
-    let boots = plan(guests.len(), scenarios.len(), args.iterations);
+    let boots = plan(guests.len(), units.len(), args.iterations);
     let total: u64 = boots
         .iter()
-        .map(|b| scenarios[b.scenario].variants.len() as u64)
+        .map(|b| units[b.unit].settings.variants.len() as u64)
         .sum();
     let run_doc = RunDocument {
         schema: RUN_SCHEMA.to_string(),
@@ -535,10 +561,21 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         iterations: args.iterations,
         order: boots
             .iter()
-            .map(|b| BootOrder {
-                kernel: names[b.kernel].clone(),
-                scenario: scenarios[b.scenario].name.clone(),
-                iteration: b.iteration,
+            .map(|b| {
+                let u = &units[b.unit];
+                let s = &scenarios[u.scenario];
+                BootOrder {
+                    kernel: names[b.kernel].clone(),
+                    scenario: s.name.clone(),
+                    iteration: b.iteration,
+                    variants: u
+                        .settings
+                        .variants
+                        .iter()
+                        .map(|&i| s.variants[i].name.clone())
+                        .collect(),
+                    machine: Some(u.settings.machine.clone()),
+                }
             })
             .collect(),
     };
@@ -559,7 +596,8 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     let mut retried: Vec<RetriedBoot> = Vec::new();
     for (seq, boot) in boots.iter().enumerate() {
         let g = &guests[boot.kernel];
-        let s = &scenarios[boot.scenario];
+        let unit = &units[boot.unit];
+        let s = &scenarios[unit.scenario];
         pb.set_message(format!(
             "{} {} #{}: booting",
             names[boot.kernel], s.name, boot.iteration
@@ -571,6 +609,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
             label: &names[boot.kernel],
             guest: g,
             scenario: s,
+            unit,
             accel,
             qemu: &qemu_bin,
             out_dir: &out_dir,
@@ -588,7 +627,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         // fails the run with the report printed whole, and so does any
         // other failure after the guest spoke.
         let position = pb.position();
-        let console = console_log_path(&out_dir, &names[boot.kernel], &s.name, boot.iteration);
+        let console = console_log_path(&out_dir, &names[boot.kernel], s, unit, boot.iteration);
         let fail = |f: BootFailure, earlier: Option<&str>| match f {
             BootFailure::KernelFault(trace) => RunError::KernelFault {
                 kernel: names[boot.kernel].clone(),
@@ -668,6 +707,7 @@ struct BootCtx<'a> {
     label: &'a str,
     guest: &'a PreparedGuest,
     scenario: &'a Scenario,
+    unit: &'a Unit,
     accel: Accel,
     qemu: &'a str,
     out_dir: &'a Path,
@@ -676,11 +716,20 @@ struct BootCtx<'a> {
     symbols: Option<Arc<SymbolMap>>,
 }
 
-/// Where a boot's console goes.
-fn console_log_path(out_dir: &Path, label: &str, scenario: &str, iteration: u32) -> PathBuf {
-    out_dir
-        .join("console")
-        .join(format!("{label}.{scenario}.{iteration:02}.log"))
+/// Where a boot's console goes (`KERNEL.SCENARIO[.pN].NN.log`: `pN` when
+/// the scenario runs in several boots).
+fn console_log_path(
+    out_dir: &Path,
+    label: &str,
+    scenario: &Scenario,
+    unit: &Unit,
+    iteration: u32,
+) -> PathBuf {
+    let part = unit.part.map(|p| format!(".p{p}")).unwrap_or_default();
+    out_dir.join("console").join(format!(
+        "{label}.{}{part}.{iteration:02}.log",
+        scenario.name
+    ))
 }
 
 /// Why a boot failed, by what `blklab run` does about it.
@@ -720,7 +769,7 @@ fn run_boot(c: &BootCtx) -> Result<(Vec<ResultRecord>, Vec<String>), BootFailure
     let spec = qemu_spec(c, &disks.configs, plugin.as_ref());
     let mut command_line = vec![c.qemu.to_string()];
     command_line.extend(spec.args());
-    let console_log = console_log_path(c.out_dir, c.label, &c.scenario.name, c.boot.iteration);
+    let console_log = console_log_path(c.out_dir, c.label, c.scenario, c.unit, c.boot.iteration);
     let _ = std::fs::remove_file(&console_log);
     let guest = Guest::spawn(&spec, Some(&console_log)).map_err(|e| e.to_string())?;
     let mut session = Session::new(c, guest, plugin, disks, command_line);
@@ -753,9 +802,12 @@ impl BootDisks {
     /// Start serving the scenario's disks.
     fn start(c: &BootCtx) -> Result<BootDisks, BootFailure> {
         let sockets = SocketDir::new(c.seq).map_err(|e| e.to_string())?;
-        let configs: Vec<DiskConfig> = disk_args(c.args, c.scenario, sockets.0.join("vd.sock"))
-            .to_configs()
-            .map_err(|e| format!("device options: {e}"))?;
+        let configs: Vec<DiskConfig> = c
+            .unit
+            .settings
+            .disk_args(sockets.0.join("vd.sock"))
+            .and_then(|d| d.to_configs().map_err(|e| e.to_string()))
+            .map_err(|e| format!("device settings: {e}"))?;
         let server = Server::start(configs.clone()).map_err(|e| e.to_string())?;
         let disks = server.disks();
         Ok(BootDisks {
@@ -785,8 +837,17 @@ fn kernel_append(c: &BootCtx) -> String {
     if let Some(r) = c.args.ramp {
         append.push_str(&format!(" blklab.ramp={r}"));
     }
-    if let Some(v) = &c.args.variants {
-        append.push_str(&format!(" blklab.variants={}", v.join(",")));
+    // The unit's variants, when the boot runs fewer than the scenario file
+    // has (--variants, or variants with other device settings).
+    let names: Vec<&str> = c
+        .unit
+        .settings
+        .variants
+        .iter()
+        .map(|&i| c.scenario.variants[i].name.as_str())
+        .collect();
+    if c.args.variants.is_some() || c.unit.part.is_some() {
+        append.push_str(&format!(" blklab.variants={}", names.join(",")));
     }
     // Kernel addresses must be System.map's.
     if c.plugin.is_some() {
@@ -801,8 +862,8 @@ fn qemu_spec(c: &BootCtx, configs: &[DiskConfig], plugin: Option<&insns::Control
     QemuSpec {
         qemu: c.qemu.to_string(),
         accel: c.accel,
-        vcpus: c.args.vcpus,
-        memory: c.args.memory.clone(),
+        vcpus: c.unit.settings.machine.vcpus,
+        memory: c.unit.settings.machine.memory.clone(),
         kernel: c.guest.kernel.clone(),
         initramfs: c.guest.initramfs.clone(),
         append: kernel_append(c),
@@ -1143,7 +1204,7 @@ impl<'a> Session<'a> {
                 "the guest finished without booting".into(),
             ));
         }
-        let expected = c.scenario.variants.len();
+        let expected = c.unit.settings.variants.len();
         if records.len() < expected {
             failures.push(format!(
                 "{} {} #{}: {} of {expected} variants produced a result (guest rc={rc}, QEMU {status}){}",
@@ -1206,6 +1267,8 @@ fn assemble_record(
         kernel: c.label.to_string(),
         kernel_spec: c.guest.spec.clone(),
         scenario_definition: c.scenario.variant(&variant).cloned(),
+        machine: Some(c.unit.settings.machine.clone()),
+        overridden: c.unit.settings.overridden.clone(),
         scenario,
         variant,
         iteration: c.boot.iteration,
@@ -1313,7 +1376,7 @@ mod tests {
         let its: Vec<u32> = p.iter().map(|b| b.iteration).collect();
         assert_eq!(its, vec![0, 0, 1, 1, 2, 2]);
         let p = plan(2, 2, 1);
-        let v: Vec<(usize, usize)> = p.iter().map(|b| (b.scenario, b.kernel)).collect();
+        let v: Vec<(usize, usize)> = p.iter().map(|b| (b.unit, b.kernel)).collect();
         assert_eq!(v, vec![(0, 0), (0, 1), (1, 0), (1, 1)]);
     }
 

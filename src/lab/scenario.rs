@@ -32,7 +32,7 @@ pub enum ScenarioError {
     },
 }
 
-pub(crate) use crate::record::scenario::{Scenario, Target, Variant};
+pub(crate) use crate::record::scenario::{Layout, Scenario, Target, Variant};
 
 /// Settings that may appear globally or per variant.
 #[derive(Debug, Clone, Default)]
@@ -40,9 +40,69 @@ struct Settings {
     target: Option<Target>,
     sched: Option<String>,
     nr_requests: Option<u64>,
+    queue_depth: Option<u64>,
+    nomerges: Option<u64>,
+    rq_affinity: Option<u64>,
+    layout: Option<Layout>,
+    /// `device` settings in the order written (a later one of the same
+    /// name replaces the earlier).
+    device: Vec<String>,
     runtime: Option<u64>,
     ramp: Option<u64>,
     fio_args: Vec<String>,
+}
+
+/// The names a `device NAME=VALUE` setting may have: `blklab run`'s device
+/// options (`--tags` is `tags`, `--tag-scope` is `tag_scope`, …). Their
+/// values are checked by the host (`lab::settings`), not by the parsers.
+pub const DEVICE_SETTINGS: &[&str] = &[
+    "disk",
+    "size",
+    "tags",
+    "depth",
+    "tag_scope",
+    "tag_fairness",
+    "latency",
+    "read_latency",
+    "write_latency",
+    "flush_latency",
+    "latency_spin",
+    "seed",
+    "poll",
+];
+
+/// The name of a `NAME=VALUE` device setting.
+pub(crate) fn setting_name(s: &str) -> &str {
+    s.split_once('=').map_or(s, |(n, _)| n)
+}
+
+/// `list` with `setting` added: an earlier setting of the same name goes.
+fn put_setting(list: &mut Vec<String>, setting: &str) {
+    let name = setting_name(setting);
+    list.retain(|s| setting_name(s) != name);
+    list.push(setting.to_string());
+}
+
+/// A variant's device settings: the globals it does not set, then its own.
+fn merge_settings(global: &[String], own: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = global
+        .iter()
+        .filter(|g| !own.iter().any(|o| setting_name(o) == setting_name(g)))
+        .cloned()
+        .collect();
+    out.extend(own.iter().cloned());
+    out
+}
+
+/// QEMU's memory size syntax as the lab accepts it: digits with an optional
+/// K, M, G or T suffix.
+fn is_memory_size(s: &str) -> bool {
+    let digits = s.trim_end_matches(['K', 'M', 'G', 'T']);
+    s.len() - digits.len() <= 1
+        && !digits.is_empty()
+        && digits.len() <= 9
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && digits.bytes().any(|b| b != b'0')
 }
 
 const DEFAULT_RUNTIME: u64 = 10;
@@ -93,6 +153,9 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioErr
     let mut description: Option<String> = None;
     let mut disks: u32 = 1;
     let mut queues: Option<u16> = None;
+    let mut vcpus: Option<u32> = None;
+    let mut memory: Option<String> = None;
+    let mut queue_size: Option<u16> = None;
     let mut global = Settings::default();
     // (name, line, settings)
     let mut variants: Vec<(String, usize, Settings)> = Vec::new();
@@ -173,6 +236,92 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioErr
                 global_only()?;
                 want(1, Some(1))?;
                 queues = Some(number(args[0], 1, Some(64))? as u16);
+            }
+            "vcpus" => {
+                global_only()?;
+                want(1, Some(1))?;
+                vcpus = Some(number(args[0], 1, Some(64))? as u32);
+            }
+            "memory" => {
+                global_only()?;
+                want(1, Some(1))?;
+                if !is_memory_size(args[0]) {
+                    return Err(err(
+                        lineno,
+                        format!(
+                            "memory: bad size '{}' (want a number with an optional K, M, G or T suffix, e.g. 2G)",
+                            args[0]
+                        ),
+                    ));
+                }
+                memory = Some(args[0].to_string());
+            }
+            "queue_size" => {
+                global_only()?;
+                want(1, Some(1))?;
+                let n = number(args[0], 1, Some(1024))?;
+                if !n.is_power_of_two() {
+                    return Err(err(
+                        lineno,
+                        format!(
+                            "queue_size: bad number '{}' (want a power of two from 1 to 1024)",
+                            args[0]
+                        ),
+                    ));
+                }
+                queue_size = Some(n as u16);
+            }
+            "device" => {
+                want(1, None)?;
+                for a in args {
+                    let Some((n, v)) = a.split_once('=') else {
+                        return Err(err(
+                            lineno,
+                            format!("device: bad setting '{a}' (want NAME=VALUE)"),
+                        ));
+                    };
+                    if n.is_empty() || v.is_empty() {
+                        return Err(err(
+                            lineno,
+                            format!("device: bad setting '{a}' (want NAME=VALUE)"),
+                        ));
+                    }
+                    if !DEVICE_SETTINGS.contains(&n) {
+                        return Err(err(
+                            lineno,
+                            format!(
+                                "device: unknown setting '{n}' (want one of {})",
+                                DEVICE_SETTINGS.join(", ")
+                            ),
+                        ));
+                    }
+                    put_setting(&mut settings.device, a);
+                }
+            }
+            "queue_depth" => {
+                want(1, Some(1))?;
+                settings.queue_depth = Some(number(args[0], 1, None)?);
+            }
+            "nomerges" => {
+                want(1, Some(1))?;
+                settings.nomerges = Some(number(args[0], 0, Some(2))?);
+            }
+            "rq_affinity" => {
+                want(1, Some(1))?;
+                settings.rq_affinity = Some(number(args[0], 0, Some(2))?);
+            }
+            "layout" => {
+                want(1, Some(1))?;
+                settings.layout = Some(match args[0] {
+                    "all" => Layout::All,
+                    "per-disk" => Layout::PerDisk,
+                    other => {
+                        return Err(err(
+                            lineno,
+                            format!("layout: unknown layout '{other}' (want all or per-disk)"),
+                        ))
+                    }
+                });
             }
             "runtime" => {
                 want(1, Some(1))?;
@@ -286,6 +435,11 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioErr
                     }),
                 sched: s.sched.or_else(|| global.sched.clone()),
                 nr_requests: s.nr_requests.or(global.nr_requests),
+                queue_depth: s.queue_depth.or(global.queue_depth),
+                nomerges: s.nomerges.or(global.nomerges),
+                rq_affinity: s.rq_affinity.or(global.rq_affinity),
+                device: merge_settings(&global.device, &s.device),
+                layout: s.layout.or(global.layout).unwrap_or_default(),
                 runtime: s.runtime.or(global.runtime).unwrap_or(DEFAULT_RUNTIME),
                 ramp: s.ramp.or(global.ramp).unwrap_or(0),
                 fio_args,
@@ -297,6 +451,9 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioErr
         description,
         disks,
         queues,
+        vcpus,
+        memory,
+        queue_size,
         variants,
     })
 }

@@ -125,6 +125,16 @@ pub struct GuestSettings {
     pub sched: Option<String>,
     #[serde(default)]
     pub nr_requests: Option<u64>,
+    /// SCSI `device/queue_depth` the variant set.
+    #[serde(default)]
+    pub queue_depth: Option<u64>,
+    #[serde(default)]
+    pub nomerges: Option<u64>,
+    #[serde(default)]
+    pub rq_affinity: Option<u64>,
+    /// fio's job layout: `all` or `per-disk`.
+    #[serde(default)]
+    pub layout: Option<String>,
     #[serde(default)]
     pub runtime: Option<u64>,
     #[serde(default)]
@@ -147,6 +157,10 @@ pub struct QueueSettings {
     /// SCSI: device/queue_depth.
     #[serde(default)]
     pub device_queue_depth: Option<u64>,
+    #[serde(default)]
+    pub nomerges: Option<u64>,
+    #[serde(default)]
+    pub rq_affinity: Option<u64>,
     #[serde(flatten)]
     pub other: Other,
 }

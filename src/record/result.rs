@@ -123,6 +123,32 @@ fn check_result_schema<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Err
     crate::util::schema::deserialize(d, RESULT_SCHEMA)
 }
 
+/// The guest machine and disks a boot had (after the scenario's settings
+/// and the command line's overrides).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Machine {
+    pub vcpus: u32,
+    /// QEMU syntax (1G, 2048M).
+    pub memory: String,
+    pub disks: u32,
+    /// Virtqueues per disk.
+    pub num_queues: u16,
+    pub queue_size: u16,
+}
+
+/// A command-line flag that replaced a value the scenario pinned.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Override {
+    /// `vcpus`, `memory`, `disks`, `queues`, `queue_size` or `device NAME`.
+    pub setting: String,
+    /// The flag, e.g. `--vcpus`.
+    pub flag: String,
+    /// What the scenario (or the variant) says.
+    pub scenario: String,
+    /// What ran.
+    pub used: String,
+}
+
 /// One result record.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[schemars(title = "blklab run result record (KERNEL.SCENARIO.VARIANT.NN.json)")]
@@ -151,6 +177,13 @@ pub struct ResultRecord {
     pub manifests: Manifests,
     /// The served disks' configurations.
     pub device: Vec<DiskConfig>,
+    /// The guest machine (absent from records of blklab before scenarios
+    /// pinned it).
+    #[serde(default)]
+    pub machine: Option<Machine>,
+    /// Settings the command line changed from what the scenario pins.
+    #[serde(default)]
+    pub overridden: Vec<Override>,
     /// The variant as run (null if the guest ran one the host does not
     /// know).
     pub scenario_definition: Option<Variant>,

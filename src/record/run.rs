@@ -75,6 +75,13 @@ pub struct BootOrder {
     pub kernel: String,
     pub scenario: String,
     pub iteration: u32,
+    /// The variants this boot ran (a scenario whose variants differ in
+    /// device settings runs in several boots).
+    #[serde(default)]
+    pub variants: Vec<String>,
+    /// The guest machine and disks of the boot.
+    #[serde(default)]
+    pub machine: Option<crate::record::result::Machine>,
 }
 
 /// Instruction counting (`--count-insns`): the TCG plugin and how windows

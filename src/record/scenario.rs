@@ -16,6 +16,29 @@ pub struct Target {
     pub params: Vec<String>,
 }
 
+/// How fio's jobs cover a variant's target devices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Layout {
+    /// One job section over every device (`--filename=DEV1:DEV2:…`); its
+    /// `numjobs` jobs spread their IO over all of them.
+    #[default]
+    All,
+    /// One job section per device (`--name=VARIANT.DEV --filename=DEV`),
+    /// so `numjobs` is per device (seed 002's jobs per LUN).
+    PerDisk,
+}
+
+impl Layout {
+    /// The name used in scenario files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layout::All => "all",
+            Layout::PerDisk => "per-disk",
+        }
+    }
+}
+
 /// One measured case of a scenario, with the globals folded in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Variant {
@@ -25,6 +48,24 @@ pub struct Variant {
     pub sched: Option<String>,
     /// Written to `queue/nr_requests` (null: left alone).
     pub nr_requests: Option<u64>,
+    /// Written to `device/queue_depth` (SCSI devices; null: left alone).
+    #[serde(default)]
+    pub queue_depth: Option<u64>,
+    /// Written to `queue/nomerges` (0, 1 or 2; null: left alone).
+    #[serde(default)]
+    pub nomerges: Option<u64>,
+    /// Written to `queue/rq_affinity` (0, 1 or 2; null: left alone).
+    #[serde(default)]
+    pub rq_affinity: Option<u64>,
+    /// The backend's device model for this variant (`blklab run`'s device
+    /// options as `NAME=VALUE`, globals first, the variant's replacing
+    /// globals of the same name). Variants whose settings differ run in
+    /// separate boots.
+    #[serde(default)]
+    pub device: Vec<String>,
+    /// fio's job layout over the target devices.
+    #[serde(default)]
+    pub layout: Layout,
     /// fio runtime, seconds.
     pub runtime: u64,
     /// fio ramp_time, seconds.
@@ -42,6 +83,15 @@ pub struct Scenario {
     pub disks: u32,
     /// Virtqueues per disk, when the scenario fixes it.
     pub queues: Option<u16>,
+    /// Guest vCPUs, when the scenario fixes them.
+    #[serde(default)]
+    pub vcpus: Option<u32>,
+    /// Guest memory (QEMU syntax: 1G, 2048M), when the scenario fixes it.
+    #[serde(default)]
+    pub memory: Option<String>,
+    /// Virtqueue size, when the scenario fixes it.
+    #[serde(default)]
+    pub queue_size: Option<u16>,
     pub variants: Vec<Variant>,
 }
 

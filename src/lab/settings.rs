@@ -1,0 +1,349 @@
+//! What one boot of a scenario runs with. A scenario file pins what its
+//! numbers depend on (vCPUs, memory, disks, queues, queue size, the
+//! backend's device model, per variant); `blklab run`'s flags may override
+//! any of it, and every override of a value the scenario pinned is recorded
+//! (`overridden` in each result). Variants whose device settings differ
+//! cannot share the disks of one boot, so a scenario runs in one boot per
+//! group of variants with the same device settings.
+//!
+//! Precedence, lowest first: blklab's defaults, the scenario's global
+//! settings, the variant's, the command line.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::device::config::DiskArgs;
+use crate::lab::options::RunArgs;
+use crate::lab::scenario::{Scenario, DEVICE_SETTINGS};
+use crate::record::result::{Machine, Override};
+
+/// Defaults when neither the scenario nor the command line says.
+pub(crate) const DEFAULT_VCPUS: u32 = 2;
+pub(crate) const DEFAULT_MEMORY: &str = "1G";
+pub(crate) const DEFAULT_QUEUE_SIZE: u16 = 256;
+
+/// Device settings with their defaults (`None`: unset, the device
+/// model's own default applies).
+const DEVICE_DEFAULTS: &[(&str, Option<&str>)] = &[
+    ("disk", Some("null")),
+    ("size", Some("4G")),
+    ("tags", Some("none")),
+    ("depth", None),
+    ("tag_scope", Some("disk")),
+    ("tag_fairness", Some("off")),
+    ("latency", None),
+    ("read_latency", None),
+    ("write_latency", None),
+    ("flush_latency", None),
+    ("latency_spin", Some("0")),
+    ("seed", Some("1")),
+    ("poll", None),
+];
+
+/// A device setting's command-line flag.
+fn flag_of(name: &str) -> String {
+    format!("--{}", name.replace('_', "-"))
+}
+
+/// The command line's value of a device setting, if given.
+fn cli_device_value(args: &RunArgs, name: &str) -> Option<String> {
+    match name {
+        "disk" => args.disk.clone(),
+        "size" => args.size.clone(),
+        "tags" => args.tags.clone(),
+        "depth" => args.depth.map(|d| d.to_string()),
+        "tag_scope" => args.tag_scope.clone(),
+        "tag_fairness" => args.tag_fairness.clone(),
+        "latency" => args.latency.clone(),
+        "read_latency" => args.read_latency.clone(),
+        "write_latency" => args.write_latency.clone(),
+        "flush_latency" => args.flush_latency.clone(),
+        "latency_spin" => args.latency_spin.clone(),
+        "seed" => args.seed.map(|s| s.to_string()),
+        "poll" => args.poll.clone(),
+        _ => None,
+    }
+}
+
+/// One boot's share of a scenario: the variants it runs and what it runs
+/// them with.
+#[derive(Debug, Clone)]
+pub(crate) struct BootSettings {
+    /// Indexes into the scenario's variants, in file order.
+    pub variants: Vec<usize>,
+    pub machine: Machine,
+    /// The device settings in effect, by name (unset ones absent).
+    pub device: BTreeMap<String, String>,
+    /// Flags that replaced a value the scenario pinned.
+    pub overridden: Vec<Override>,
+}
+
+impl BootSettings {
+    /// The disks' options, serving on `socket`.
+    pub(crate) fn disk_args(&self, socket: PathBuf) -> Result<DiskArgs, String> {
+        let get = |n: &str| self.device.get(n).cloned();
+        let number = |n: &str| -> Result<Option<u64>, String> {
+            get(n)
+                .map(|v| {
+                    v.parse::<u64>()
+                        .map_err(|_| format!("device setting {n}={v}: not a number"))
+                })
+                .transpose()
+        };
+        Ok(DiskArgs {
+            socket: Some(socket),
+            disk: get("disk"),
+            size: get("size"),
+            count: self.machine.disks,
+            num_queues: self.machine.num_queues,
+            queue_size: self.machine.queue_size,
+            tags: get("tags").unwrap_or_default(),
+            depth: number("depth")?
+                .map(|d| {
+                    u32::try_from(d).map_err(|_| format!("device setting depth={d}: too large"))
+                })
+                .transpose()?,
+            tag_scope: get("tag_scope").unwrap_or_default(),
+            tag_fairness: get("tag_fairness").unwrap_or_default(),
+            latency: get("latency"),
+            read_latency: get("read_latency"),
+            write_latency: get("write_latency"),
+            flush_latency: get("flush_latency"),
+            seed: number("seed")?.unwrap_or(1),
+            latency_spin: get("latency_spin").unwrap_or_default(),
+            poll: get("poll"),
+            ..DiskArgs::default()
+        })
+    }
+}
+
+/// A variant's device settings as a map (later ones win; the parser has
+/// already merged globals and variant).
+fn variant_device(list: &[String]) -> BTreeMap<String, String> {
+    list.iter()
+        .filter_map(|s| s.split_once('='))
+        .map(|(n, v)| (n.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The boots a scenario needs (one per group of variants with the same
+/// device settings, in the order their first variants appear) and what
+/// each runs with.
+pub(crate) fn boot_settings(s: &Scenario, args: &RunArgs) -> Vec<BootSettings> {
+    let mut groups: Vec<(BTreeMap<String, String>, Vec<usize>)> = Vec::new();
+    for (i, v) in s.variants.iter().enumerate() {
+        let d = variant_device(&v.device);
+        match groups.iter_mut().find(|(g, _)| *g == d) {
+            Some((_, idx)) => idx.push(i),
+            None => groups.push((d, vec![i])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(pinned, variants)| resolve(s, args, &pinned, variants))
+        .collect()
+}
+
+fn resolve(
+    s: &Scenario,
+    args: &RunArgs,
+    pinned: &BTreeMap<String, String>,
+    variants: Vec<usize>,
+) -> BootSettings {
+    let mut overridden = Vec::new();
+    let mut note = |setting: &str, flag: &str, scenario: String, used: String| {
+        if scenario != used {
+            overridden.push(Override {
+                setting: setting.to_string(),
+                flag: flag.to_string(),
+                scenario,
+                used,
+            });
+        }
+    };
+    let vcpus = match (args.vcpus, s.vcpus) {
+        (Some(c), Some(p)) => {
+            note("vcpus", "--vcpus", p.to_string(), c.to_string());
+            c
+        }
+        (Some(c), None) => c,
+        (None, Some(p)) => p,
+        (None, None) => DEFAULT_VCPUS,
+    };
+    let memory = match (&args.memory, &s.memory) {
+        (Some(c), Some(p)) => {
+            note("memory", "--memory", p.clone(), c.clone());
+            c.clone()
+        }
+        (Some(c), None) => c.clone(),
+        (None, Some(p)) => p.clone(),
+        (None, None) => DEFAULT_MEMORY.to_string(),
+    };
+    let queue_size = match (args.queue_size, s.queue_size) {
+        (Some(c), Some(p)) => {
+            note("queue_size", "--queue-size", p.to_string(), c.to_string());
+            c
+        }
+        (Some(c), None) => c,
+        (None, Some(p)) => p,
+        (None, None) => DEFAULT_QUEUE_SIZE,
+    };
+    let disks = match args.disks {
+        Some(c) => {
+            note("disks", "--disks", s.disks.to_string(), c.to_string());
+            c
+        }
+        None => s.disks,
+    };
+    let num_queues = match (args.num_queues, s.queues) {
+        (Some(c), Some(p)) => {
+            note("queues", "--num-queues", p.to_string(), c.to_string());
+            c
+        }
+        (Some(c), None) => c,
+        (None, Some(p)) => p,
+        (None, None) => vcpus.min(u32::from(u16::MAX)) as u16,
+    };
+    let mut device = BTreeMap::new();
+    for (name, default) in DEVICE_DEFAULTS {
+        let value = match (cli_device_value(args, name), pinned.get(*name)) {
+            (Some(c), Some(p)) => {
+                note(
+                    &format!("device {name}"),
+                    &flag_of(name),
+                    p.clone(),
+                    c.clone(),
+                );
+                Some(c)
+            }
+            (Some(c), None) => Some(c),
+            (None, Some(p)) => Some(p.clone()),
+            (None, None) => default.map(str::to_string),
+        };
+        if let Some(v) = value {
+            device.insert(name.to_string(), v);
+        }
+    }
+    debug_assert!(DEVICE_DEFAULTS
+        .iter()
+        .map(|(n, _)| *n)
+        .eq(DEVICE_SETTINGS.iter().copied()));
+    BootSettings {
+        variants,
+        machine: Machine {
+            vcpus,
+            memory,
+            disks,
+            num_queues,
+            queue_size,
+        },
+        device,
+        overridden,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn args(flags: &[&str]) -> RunArgs {
+        let mut v = vec!["blklab"];
+        v.extend_from_slice(flags);
+        Wrap::parse_from(v).run
+    }
+
+    fn scenario(text: &str) -> Scenario {
+        crate::lab::scenario::parse(text, "t.scn", "t").unwrap()
+    }
+
+    #[test]
+    fn defaults_apply_when_nothing_pins() {
+        let s = scenario("variant a\n");
+        let b = boot_settings(&s, &args(&[]));
+        assert_eq!(b.len(), 1);
+        assert_eq!(b[0].machine.vcpus, DEFAULT_VCPUS);
+        assert_eq!(b[0].machine.memory, DEFAULT_MEMORY);
+        assert_eq!(b[0].machine.queue_size, DEFAULT_QUEUE_SIZE);
+        assert_eq!(b[0].machine.num_queues, 2);
+        assert_eq!(b[0].device.get("tags").map(String::as_str), Some("none"));
+        assert!(b[0].overridden.is_empty());
+    }
+
+    #[test]
+    fn the_scenario_pins_and_flags_override_with_a_record() {
+        let s = scenario(
+            "vcpus 8\nmemory 2G\nqueue_size 128\nqueues 4\ndevice tags=shared depth=64 tag_scope=host\nvariant a\n",
+        );
+        let b = boot_settings(&s, &args(&[]));
+        assert_eq!(b[0].machine.vcpus, 8);
+        assert_eq!(b[0].machine.memory, "2G");
+        assert_eq!(b[0].machine.queue_size, 128);
+        assert_eq!(b[0].machine.num_queues, 4);
+        assert_eq!(b[0].device["tags"], "shared");
+        assert_eq!(b[0].device["depth"], "64");
+        assert!(b[0].overridden.is_empty());
+
+        let b = boot_settings(
+            &s,
+            &args(&["--vcpus", "2", "--depth", "32", "--memory", "2G"]),
+        );
+        assert_eq!(b[0].machine.vcpus, 2);
+        assert_eq!(b[0].device["depth"], "32");
+        let o: Vec<(&str, &str, &str, &str)> = b[0]
+            .overridden
+            .iter()
+            .map(|o| {
+                (
+                    o.setting.as_str(),
+                    o.flag.as_str(),
+                    o.scenario.as_str(),
+                    o.used.as_str(),
+                )
+            })
+            .collect();
+        // The same memory on both sides is no override.
+        assert_eq!(
+            o,
+            vec![
+                ("vcpus", "--vcpus", "8", "2"),
+                ("device depth", "--depth", "64", "32")
+            ]
+        );
+        let d = b[0].disk_args(PathBuf::from("/tmp/x.sock")).unwrap();
+        assert_eq!(d.depth, Some(32));
+        assert_eq!(d.tags, "shared");
+        assert_eq!(d.tag_scope, "host");
+        assert_eq!(d.num_queues, 4);
+    }
+
+    #[test]
+    fn variants_with_different_device_settings_boot_apart() {
+        let s = scenario(
+            "device depth=128\nvariant host-tags\ndevice tags=shared tag_scope=host\n\
+             variant per-queue\ndevice tags=per-queue\nvariant host-tags-2\n\
+             device tag_scope=host tags=shared\nvariant plain\n",
+        );
+        let b = boot_settings(&s, &args(&[]));
+        let groups: Vec<Vec<usize>> = b.iter().map(|b| b.variants.clone()).collect();
+        assert_eq!(groups, vec![vec![0, 2], vec![1], vec![3]]);
+        assert_eq!(b[0].device["tags"], "shared");
+        assert_eq!(b[1].device["tags"], "per-queue");
+        assert_eq!(b[2].device["tags"], "none");
+        assert!(b.iter().all(|b| b.device["depth"] == "128"));
+    }
+
+    #[test]
+    fn a_bad_device_value_is_an_error_not_a_panic() {
+        let s = scenario("device depth=many\nvariant a\n");
+        let b = boot_settings(&s, &args(&[]));
+        let e = b[0].disk_args(PathBuf::from("/tmp/x.sock")).unwrap_err();
+        assert!(e.contains("depth=many"), "{e}");
+    }
+}
