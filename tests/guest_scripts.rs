@@ -125,14 +125,38 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
         (
             "seed002-randrw",
             vec![
-                "j20-r100", "j20-r70", "j20-r0", "j40-r100", "j40-r70", "j40-r0",
+                "j20-r100",
+                "j20-r70",
+                "j20-r0",
+                "j40-r100",
+                "j40-r70",
+                "j40-r0",
+                "lun-j2-r100",
+                "lun-j3-r100",
             ],
         ),
         (
             "seed002-quick",
             vec!["j2-r100", "j2-r0", "j4-r100", "j4-r0"],
         ),
-        ("plug-inverse", vec!["mq-deadline", "none"]),
+        (
+            "plug-inverse",
+            vec!["mq-deadline", "none", "null-mq-deadline", "null-none"],
+        ),
+        (
+            "seed000-virtio-tags",
+            vec!["host-tags", "per-queue", "host-tags-none", "per-queue-none"],
+        ),
+        (
+            "seed002-scsi-debug",
+            vec![
+                "lun-j2-r100-dl",
+                "lun-j2-r0-dl",
+                "lun-j2-r100-none",
+                "lun-j2-r0-none",
+                "all-j20-r100-dl",
+            ],
+        ),
         (
             "plug-qd1",
             vec!["none-2k", "none-10k", "mq-deadline-2k", "mq-deadline-10k"],
@@ -213,6 +237,27 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
                     );
                 }
                 assert!(v["runtime"].as_u64().unwrap() >= 1);
+                // Self-contained: the backend's storage is pinned.
+                let device: Vec<&str> = v["device"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_str().unwrap())
+                    .collect();
+                for want in ["disk=", "size="] {
+                    assert!(
+                        device.iter().any(|d| d.starts_with(want)),
+                        "[{label}] {name}: variant {} does not pin device {want}",
+                        v["name"]
+                    );
+                }
+            }
+            // Self-contained: the machine is pinned.
+            for key in ["vcpus", "memory", "queues", "queue_size"] {
+                assert!(
+                    !doc[key].is_null(),
+                    "[{label}] {name}: the scenario does not pin {key}"
+                );
             }
             check_scenario_content(name, &doc);
         }
@@ -259,8 +304,13 @@ fn check_scenario_content(name: &str, doc: &Value) {
                     ],
                 );
                 let n = v["name"].as_str().unwrap();
+                let (per_disk, n) = match n.strip_prefix("lun-") {
+                    Some(rest) => (true, rest),
+                    None => (false, n),
+                };
                 let (j, r) = n[1..].split_once("-r").unwrap();
                 has_args(v, &[&format!("--numjobs={j}"), &format!("--rwmixread={r}")]);
+                assert_eq!(v["layout"], if per_disk { "per-disk" } else { "all" });
                 if name == "seed002-quick" {
                     assert_eq!(v["runtime"], 5);
                 }
@@ -269,6 +319,16 @@ fn check_scenario_content(name: &str, doc: &Value) {
         "plug-inverse" => {
             assert_eq!(doc["queues"], 1);
             for v in vs {
+                let n = v["name"].as_str().unwrap();
+                if let Some(sched) = n.strip_prefix("null-") {
+                    assert_eq!(v["target"]["kind"], "null_blk");
+                    let p = target_params(v);
+                    assert!(p.contains(&"submit_queues=1".into()), "{p:?}");
+                    assert_eq!(v["sched"], sched);
+                } else {
+                    assert_eq!(v["target"]["kind"], "virtio");
+                    assert_eq!(v["sched"], n);
+                }
                 has_args(
                     v,
                     &[
@@ -278,7 +338,76 @@ fn check_scenario_content(name: &str, doc: &Value) {
                         "--numjobs=1",
                     ],
                 );
-                assert_eq!(v["sched"], v["name"]);
+            }
+        }
+        "seed000-virtio-tags" => {
+            for v in vs {
+                has_args(v, SEED000_FIO);
+                assert_eq!(v["target"]["kind"], "virtio");
+                assert_eq!(v["nr_requests"], 128);
+                let n = v["name"].as_str().unwrap();
+                let device: Vec<&str> = v["device"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_str().unwrap())
+                    .collect();
+                if n.starts_with("host-tags") {
+                    for want in ["tags=shared", "tag_scope=host", "depth=128"] {
+                        assert!(device.contains(&want), "{n}: {device:?}");
+                    }
+                } else {
+                    for want in ["tags=per-queue", "depth=64"] {
+                        assert!(device.contains(&want), "{n}: {device:?}");
+                    }
+                }
+                let want_sched = if n.ends_with("-none") {
+                    "none"
+                } else {
+                    "mq-deadline"
+                };
+                assert_eq!(v["sched"], want_sched);
+            }
+        }
+        "seed002-scsi-debug" => {
+            for v in vs {
+                assert_eq!(v["target"]["kind"], "scsi_debug");
+                let p = target_params(v);
+                for want in [
+                    "max_luns=12",
+                    "host_max_queue=128",
+                    "submit_queues=@NCPU@",
+                    "fake_rw=1",
+                ] {
+                    assert!(p.contains(&want.into()), "{p:?}");
+                }
+                has_args(
+                    v,
+                    &[
+                        "--ioengine=libaio",
+                        "--rw=randrw",
+                        "--bs=4k",
+                        "--iodepth=1",
+                        "--direct=1",
+                    ],
+                );
+                let n = v["name"].as_str().unwrap();
+                assert_eq!(
+                    v["layout"],
+                    if n.starts_with("lun-") {
+                        "per-disk"
+                    } else {
+                        "all"
+                    }
+                );
+                assert_eq!(
+                    v["sched"],
+                    if n.ends_with("-dl") {
+                        "mq-deadline"
+                    } else {
+                        "none"
+                    }
+                );
             }
         }
         "seed000-scsi-debug" => {

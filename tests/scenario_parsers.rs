@@ -108,5 +108,10 @@ fn fixtures_parse_or_fail_identically() {
         .iter()
         .filter(|f| f.file_name().unwrap().to_string_lossy().starts_with("good"))
         .count();
-    assert_eq!(failures, files.len() - good, "{failures} of {}", files.len());
+    assert_eq!(
+        failures,
+        files.len() - good,
+        "{failures} of {}",
+        files.len()
+    );
 }
