@@ -289,10 +289,23 @@ for spec in "$@"; do
         run_step "$spec: initramfs" sh "$HERE/build-initramfs.sh" --kernel-dir "$KDIR" --out "$INITRD" \
             --fio "$FIODIR/fio" --mpstat "$SYSSTATDIR/mpstat"
     fi
+    # The caller boots a snapshot named by content, not $INITRD itself: another
+    # prepare.sh (a run from another source tree, with other guest scripts,
+    # sharing this cache) may rebuild $INITRD while the caller's guests still
+    # boot. build-initramfs.sh replaces $INITRD with mv, so a hard link keeps
+    # this content; the manifest is copied.
+    SNAPDIR="$CACHE/initramfs/snapshots"
+    mkdir -p "$SNAPDIR"
+    SNAP="$SNAPDIR/$(basename "$KDIR").$(sha256 "$INITRD" | cut -c1-16).cpio.gz"
+    ln -f "$INITRD" "$SNAP" 2>/dev/null || cp "$INITRD" "$SNAP" || die "cannot write $SNAP"
+    cp "$INITRD.manifest.json" "$SNAP.manifest.json" || die "cannot write $SNAP.manifest.json"
+    touch "$SNAP" "$SNAP.manifest.json"
     printf '{"spec":"%s","name":"%s","kernel":"%s","initramfs":"%s","kernel_manifest":"%s","initramfs_manifest":"%s"}\n' \
-        "$(jstr "$spec")" "$(jstr "$NAME")" "$(jstr "$KDIR/vmlinuz")" "$(jstr "$INITRD")" \
-        "$(jstr "$KDIR/manifest.json")" "$(jstr "$INITRD.manifest.json")" >> "$WORK/out.jsonl"
+        "$(jstr "$spec")" "$(jstr "$NAME")" "$(jstr "$KDIR/vmlinuz")" "$(jstr "$SNAP")" \
+        "$(jstr "$KDIR/manifest.json")" "$(jstr "$SNAP.manifest.json")" >> "$WORK/out.jsonl"
 done
 
+# Snapshots not prepared for a week are no run's any more.
+find "$CACHE/initramfs/snapshots" -type f -mtime +7 -delete 2>/dev/null
 log "ready: $# kernel(s) in $(( $(date +%s) - T0 ))s"
 cat "$WORK/out.jsonl"

@@ -486,7 +486,7 @@ fn missing_kernel_and_missing_qemu_are_clear_errors() {
     let (o, _) = blklab_run(&["--tags", "shared", "--scenario", "smoke"]);
     let (_, stderr) = text(&o);
     assert!(!o.status.success());
-    assert!(stderr.contains("device options"), "{stderr}");
+    assert!(stderr.contains("device settings"), "{stderr}");
 }
 
 /// A guest kernel crash is never retried away: a kernel that panics at
