@@ -954,7 +954,7 @@ pub fn build_with_top(
 /// The labels of a pair's other variant, when they differ from the base's.
 fn other_labels(base: &RowLabels, other: &[&ResultRecord]) -> Option<RowLabels> {
     let o = labels_of(other);
-    (other.first().is_some() && &o != base).then_some(o)
+    (!other.is_empty() && &o != base).then_some(o)
 }
 
 /// Variant against variant on one kernel: for each pair, its other variant

@@ -403,7 +403,7 @@ fn did_point(g: [&[f64]; 4]) -> Option<f64> {
         .iter()
         .map(|v| v.iter().sum::<f64>() / v.len() as f64)
         .collect();
-    if m.iter().any(|x| !(*x > 0.0) || !x.is_finite()) {
+    if m.iter().any(|x| x.is_nan() || *x <= 0.0 || !x.is_finite()) {
         return None;
     }
     Some((m[3] / m[2]).ln() - (m[1] / m[0]).ln())
@@ -514,7 +514,7 @@ pub(crate) fn did(
             ci_excludes_zero: false,
             significant: false,
             noisy: false,
-            note: Some(if n.iter().any(|&k| k == 0) {
+            note: Some(if n.contains(&0) {
                 "a group has no samples".to_string()
             } else {
                 "a group's mean is not positive (no ratio)".to_string()
