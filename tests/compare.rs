@@ -560,6 +560,33 @@ fn the_difference_in_differences_has_the_known_direction() {
         table.contains("A sched=none | B sched=mq-deadline"),
         "{table}"
     );
+    // The HTML page plots the four groups: each kernel's base and other.
+    let html = tempfile::tempdir().unwrap();
+    ok_stdout(&compare(&[
+        arg(&dir),
+        "--pair",
+        "none-10k:mq-deadline-10k",
+        "--metric",
+        "ctxsw_per_io",
+        "--out",
+        arg(html.path()),
+    ]));
+    for e in std::fs::read_dir(html.path().join("plots")).unwrap() {
+        let p = e.unwrap().path();
+        let text = std::fs::read_to_string(&p).unwrap();
+        roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("latency-") {
+            for g in [
+                "A 6.12 none-10k",
+                "A 6.12 mq-deadline-10k",
+                "B 6.12-noplug none-10k",
+                "B 6.12-noplug mq-deadline-10k",
+            ] {
+                assert!(text.contains(g), "{name}: {g}");
+            }
+        }
+    }
     // The CSV has a line per metric with data.
     let csv = ok_stdout(&compare(&[
         arg(&dir),

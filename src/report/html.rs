@@ -457,7 +457,11 @@ pub(crate) fn write(
     if !report.profiles.is_empty() {
         body.push_str("<h2>Differential instruction profile</h2>\n");
         for p in &report.profiles {
-            let f = plots.join(format!("profile-{}.svg", file_safe(&p.title())));
+            let name = match &p.pair {
+                None => format!("{}-{}", p.scenario, p.variant),
+                Some(_) => p.title(),
+            };
+            let f = plots.join(format!("profile-{}.svg", file_safe(&name)));
             if profile_bars(p, &f)? {
                 body.push_str(&format!(
                     "<figure><img src=\"plots/{}\" alt=\"profile\"></figure>\n",
@@ -471,7 +475,10 @@ pub(crate) fn write(
     let sides = [a, b];
     for r in &report.rows {
         let name = r.name();
-        let base = file_safe(&name);
+        let base = match &r.pair {
+            None => file_safe(&format!("{}-{}", r.scenario, r.variant)),
+            Some(_) => file_safe(&name),
+        };
         body.push_str(&format!("<h3>{}</h3>\n", esc(&name)));
         let palette = colors(report);
         let lat = plots.join(format!("latency-{base}.svg"));
