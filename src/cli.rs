@@ -28,7 +28,8 @@ pub enum Command {
     /// guest, backend and host CPU (kernels interleaved A B A B ...).
     Run(Box<RunArgs>),
     /// Compare two sides of `blklab run` output: DIR (a run of one kernel),
-    /// DIR:KERNEL, or one DIR holding exactly two kernels.
+    /// DIR:KERNEL, or one DIR holding exactly two kernels; with --pair,
+    /// variants of one kernel, or their difference in differences on two.
     Compare(CompareArgs),
     /// Drive any vhost-user-blk socket with libblkio (IOPS, bandwidth,
     /// latency, backend CPU), or compare qemu-storage-daemon with blklab.
@@ -85,18 +86,45 @@ pub struct BenchArgs {
 }
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(after_help = "\
+Examples:
+  blklab compare runs/ab                          kernel B against kernel A, row by row
+  blklab compare runs/a runs/b:6.12-noplug        the same, from two runs
+  blklab compare runs/r1:5.10 --pair single-queue:host-tags --pair single-queue-none:host-tags-none
+                                                  on 5.10, host-tags (B) against single-queue (A)
+                                                  in every scenario that has both
+  blklab compare runs/r1 --pair single-queue:host-tags
+                                                  with two kernels: the pair's effect on the second
+                                                  kernel against its effect on the first (DiD)
+
+The difference in differences (DiD) is the ratio of the two kernels' ratios
+mean(OTHER)/mean(BASE), computed in log space, its interval by the delta
+method with Welch-Satterthwaite degrees of freedom (or a bootstrap when
+samples are few or skewed), reported as a relative change.
+
+Sides that differ in backend configuration, accelerator, vCPU count, QEMU
+version, variant definitions or scenario sets are refused unless --force;
+the two variants of a pair differ by design and are only listed.")]
 pub struct CompareArgs {
     /// A and B: run directories (DIR or DIR:KERNEL); one DIR with two kernels
-    /// compares them in run order.
+    /// compares them in run order. With --pair, one side of one kernel
+    /// (DIR of one kernel, or DIR:KERNEL) compares its variants.
     #[arg(value_name = "SIDE", num_args = 1..=2, required = true)]
     pub sides: Vec<String>,
+    /// A variant pair BASE:OTHER (repeatable): OTHER (B) against BASE (A),
+    /// each VARIANT (in every scenario that has both) or SCENARIO/VARIANT.
+    /// With two kernels: each kernel's pair effect and their difference in
+    /// differences.
+    #[arg(long, value_name = "BASE:OTHER", value_parser = parse_pair)]
+    pub pair: Vec<crate::report::compare::PairSpec>,
     /// Metrics to show (comma-separated, repeatable; `all` for every one):
-    /// guest_busy_pct, guest_cpu_us_per_io, iops, host_vcpu_us_per_io,
-    /// host_qemu_other_us_per_io, backend_us_per_io, kicks_per_io,
-    /// requests_per_kick, notifications_per_io, ctxsw_per_io, irqs_per_io,
-    /// lat_p50_us, lat_p99_us, instructions_per_io, kernel_instructions_per_io,
-    /// user_instructions_per_io, idle_entries_per_io. The default adds the
-    /// instruction metrics when the records have them (--count-insns).
+    /// guest_busy_pct, guest_sys_pct, guest_cpu_us_per_io, iops,
+    /// host_vcpu_us_per_io, host_qemu_other_us_per_io, backend_us_per_io,
+    /// kicks_per_io, requests_per_kick, notifications_per_io, ctxsw_per_io,
+    /// irqs_per_io, lat_p50_us, lat_p99_us, instructions_per_io,
+    /// kernel_instructions_per_io, user_instructions_per_io,
+    /// idle_entries_per_io. The default adds the instruction metrics when
+    /// the records have them (--count-insns).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub metric: Vec<String>,
     /// What to print.
@@ -108,14 +136,19 @@ pub struct CompareArgs {
     /// Confidence level of the intervals.
     #[arg(long, value_name = "P", default_value_t = 0.95)]
     pub confidence: f64,
-    /// Compare even when the backend configuration, the scenario
-    /// definitions or the scenario sets differ (the differences are shown).
+    /// Compare even when the backend configuration, the accelerator, the
+    /// vCPU count, the QEMU version, the scenario definitions or the
+    /// scenario sets differ (the differences are shown).
     #[arg(long)]
     pub force: bool,
     /// Functions per row in the differential instruction profile (records
     /// of `blklab run --count-insns`), ranked by |B - A| per IO.
     #[arg(long, value_name = "N", default_value_t = blklab_profile_top())]
     pub top: usize,
+}
+
+fn parse_pair(s: &str) -> Result<crate::report::compare::PairSpec, String> {
+    crate::report::compare::PairSpec::parse(s).map_err(|e| e.to_string())
 }
 
 const fn blklab_profile_top() -> usize {

@@ -162,33 +162,25 @@ fn bench(args: &blklab::cli::BenchArgs) -> Result<()> {
 
 fn compare(args: &blklab::cli::CompareArgs) -> Result<()> {
     use blklab::cli::CompareFormat;
-    use blklab::record::metrics;
     use blklab::report::{compare, render};
-    if !(args.confidence > 0.5 && args.confidence < 1.0) {
-        anyhow::bail!("--confidence must be between 0.5 and 1 (e.g. 0.95)");
-    }
-    let (a, b) = match args.sides.as_slice() {
-        [one] => compare::load_pair(std::path::Path::new(one))?,
-        [x, y] => (compare::load_side(x)?, compare::load_side(y)?),
-        _ => unreachable!("clap allows one or two sides"),
-    };
-    let keys: Vec<String> = if args.metric.is_empty() {
-        metrics::default_metrics(a.records.iter().chain(&b.records))
-    } else if args.metric.iter().any(|m| m == "all") {
-        metrics::METRICS.iter().map(|m| m.key.to_string()).collect()
-    } else {
-        args.metric.clone()
-    };
-    let report = compare::build_with_top(&a, &b, &keys, args.confidence, args.force, args.top)?;
+    let compared = compare::run(&compare::Request {
+        sides: args.sides.clone(),
+        pairs: args.pair.clone(),
+        metrics: args.metric.clone(),
+        confidence: args.confidence,
+        force: args.force,
+        profile_top: args.top,
+    })?;
+    let report = &compared.report;
     let text = match args.format {
-        CompareFormat::Table => render::table(&report),
-        CompareFormat::Markdown => render::markdown(&report),
-        CompareFormat::Csv => render::csv(&report),
-        CompareFormat::Json => render::json(&report),
+        CompareFormat::Table => render::table(report),
+        CompareFormat::Markdown => render::markdown(report),
+        CompareFormat::Csv => render::csv(report),
+        CompareFormat::Json => render::json(report),
     };
     print!("{text}");
     if let Some(dir) = &args.out {
-        let files = blklab::report::write_all(&report, &a, &b, dir)
+        let files = blklab::report::write_all(report, &compared.a, &compared.b, dir)
             .with_context(|| format!("cannot write the report to {}", dir.display()))?;
         eprintln!("wrote {} files to {}", files.len(), dir.display());
     }

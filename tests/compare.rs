@@ -6,10 +6,17 @@
 //!   against itself, interleaved;
 //! - `slow/`: `blklab run --kernel debian-6.12 --scenario smoke
 //!   --iterations 3 --runtime 1 --accel tcg --latency 2ms` — the same
-//!   kernel on a disk with 2 ms emulated latency.
+//!   kernel on a disk with 2 ms emulated latency;
+//! - `pairs/`: `aa/` seen as one kernel with four variants (made by
+//!   tests/fixtures/runs/make-pairs.py): the second label's records become
+//!   the variants `read-again` and `write-again`, defined exactly as `read`
+//!   and `write` — identically defined variants with independent samples;
+//! - `../insns/plug-qd1/` (tests/insns.rs): 6.12 and 6.12-noplug, the
+//!   scheduler pair none/mq-deadline at queue depth 1, with instruction
+//!   profiles.
 //!
-//! The statistics themselves are unit-tested against textbook values in
-//! src/report/stats.rs.
+//! The statistics themselves are unit-tested against textbook and
+//! hand-computed values in src/report/inference.rs.
 
 mod common;
 
@@ -285,4 +292,508 @@ fn mismatched_scenario_sets_and_empty_inputs_are_clear_errors() {
     assert!(e.contains("has no kernel \"nokernel\""), "{e}");
     let e = err_text(&compare(&[arg(&fixture("slow"))]));
     assert!(e.contains("holds 1"), "{e}");
+}
+
+/// Every comparison of a report's rows (pairs on one kernel: `metrics`;
+/// two kernels with pairs: each kernel's effect and the DiD).
+fn all_cells(v: &Value) -> Vec<(String, String, Value)> {
+    let mut out = Vec::new();
+    for row in v["rows"].as_array().unwrap() {
+        let name = format!("{}", row["pair"]);
+        for (k, c) in row["metrics"].as_object().unwrap() {
+            out.push((name.clone(), k.clone(), c.clone()));
+        }
+        if let Some(d) = row["did"].as_object() {
+            for (k, c) in d {
+                for part in ["a", "b", "did"] {
+                    out.push((name.clone(), format!("{k}.{part}"), c[part].clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn variant_pairs_compare_other_against_base_on_one_kernel() {
+    let dir = fixture("pairs");
+    let out = ok_stdout(&compare(&[
+        arg(&dir),
+        "--pair",
+        "read:write",
+        "--format",
+        "json",
+        "--metric",
+        "guest_sys_pct,iops,lat_p50_us",
+    ]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["schema"], "blklab-compare/1");
+    assert_eq!(v["mode"], "variants");
+    assert_eq!(v["pairs"], serde_json::json!(["read:write"]));
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["pair"]["base"], "smoke/read");
+    assert_eq!(rows[0]["pair"]["other"], "smoke/write");
+    assert_eq!(rows[0]["labels_other"]["iotype"], "randwrite");
+    // A is the base variant's records, B the other's: the means are those
+    // of the records, computed here from the fixture files.
+    let mean = |variant: &str, f: &dyn Fn(&Value) -> f64| {
+        let v: Vec<f64> = (0..3)
+            .map(|i| {
+                f(&common::read_json(
+                    &dir.join(format!("debian-6.12.smoke.{variant}.{i:02}.json")),
+                ))
+            })
+            .collect();
+        v.iter().sum::<f64>() / 3.0
+    };
+    let sys = |r: &Value| r["guest"]["cpu"]["all"]["sys"].as_f64().unwrap();
+    let c = &rows[0]["metrics"]["guest_sys_pct"];
+    assert!(
+        (c["a"]["mean"].as_f64().unwrap() - mean("read", &sys)).abs() < 1e-9,
+        "{c}"
+    );
+    assert!(
+        (c["b"]["mean"].as_f64().unwrap() - mean("write", &sys)).abs() < 1e-9,
+        "{c}"
+    );
+    assert_ne!(mean("read", &sys), mean("write", &sys));
+    // The definitions differ by design: listed, not refused.
+    let d = v["differences"].as_array().unwrap();
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(d[0]["what"], "variants smoke/read → write");
+    assert_eq!(d[0]["a"], "fio args: --rw=randread");
+    assert_eq!(d[0]["b"], "fio args: --rw=randwrite");
+    assert_eq!(d[0]["blocking"], false);
+    assert_eq!(d[0]["by_design"], true);
+
+    // The table says which variant is A and which is B.
+    let table = ok_stdout(&compare(&[arg(&dir), "--pair", "read:write"]));
+    assert!(table.contains("smoke/read → write"), "{table}");
+    assert!(
+        table.contains("A = smoke/read on debian-6.12, B = smoke/write on debian-6.12"),
+        "{table}"
+    );
+    assert!(table.contains("randread→randwrite"), "{table}");
+    assert!(
+        table.contains("the variants of each pair differ by design"),
+        "{table}"
+    );
+    // SCENARIO/VARIANT names the same pair; a variant no scenario has is an error.
+    let explicit = ok_stdout(&compare(&[arg(&dir), "--pair", "smoke/read:write"]));
+    assert_eq!(explicit, table);
+    let e = err_text(&compare(&[arg(&dir), "--pair", "read:bogus"]));
+    assert!(
+        e.contains("no scenario of debian-6.12") && e.contains("smoke/read-again"),
+        "{e}"
+    );
+    let e = err_text(&compare(&[arg(&dir), "--pair", "read"]));
+    assert!(e.contains("want BASE:OTHER"), "{e}");
+
+    // CSV: one line per metric with data, A = base, B = other.
+    let csv = ok_stdout(&compare(&[
+        arg(&dir),
+        "--pair",
+        "read:write",
+        "--format",
+        "csv",
+    ]));
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(&header[..3], &["kernel", "base", "other"]);
+    for l in lines {
+        let f: Vec<&str> = l.split(',').collect();
+        assert_eq!(f.len(), header.len(), "{l}");
+        assert_eq!(
+            &f[..3],
+            &["debian-6.12", "smoke/read", "smoke/write"],
+            "{l}"
+        );
+    }
+    // Markdown: a heading that says what is compared, well-formed tables.
+    let md = ok_stdout(&compare(&[
+        arg(&dir),
+        "--pair",
+        "read:write",
+        "--format",
+        "markdown",
+    ]));
+    assert!(
+        md.starts_with("### blklab: variant pairs on debian-6.12"),
+        "{md}"
+    );
+    let tables: Vec<&str> = md.lines().filter(|l| l.starts_with('|')).collect();
+    assert_eq!(tables.len(), 4 * 3, "{md}");
+}
+
+#[test]
+fn an_aa_variant_pair_has_no_significant_row() {
+    // read and read-again (write and write-again) are defined identically;
+    // their samples are independent boots of the same kernel.
+    let dir = fixture("pairs");
+    let out = ok_stdout(&compare(&[
+        arg(&dir),
+        "--pair",
+        "read:read-again",
+        "--pair",
+        "write:write-again",
+        "--metric",
+        "all",
+        "--format",
+        "json",
+    ]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let cells = all_cells(&v);
+    assert!(cells.len() >= 2 * 14, "{} comparisons", cells.len());
+    let mut differ = 0;
+    for (row, k, c) in &cells {
+        assert_eq!(c["significant"], false, "{row}: {k}: {c}");
+        assert_eq!(c["a"]["n"], 3);
+        assert_eq!(c["b"]["n"], 3);
+        if c["a"]["mean"] != c["b"]["mean"] {
+            differ += 1;
+        }
+    }
+    // Independent samples, not the same ones twice.
+    assert!(differ >= cells.len() - 2, "{differ} of {}", cells.len());
+    // Identical definitions: nothing to list.
+    assert_eq!(v["differences"].as_array().unwrap().len(), 0, "{v}");
+    let table = ok_stdout(&compare(&[arg(&dir), "--pair", "read:read-again"]));
+    assert!(
+        !table.lines().any(|l| l.trim_end().ends_with(" *")),
+        "{table}"
+    );
+}
+
+#[test]
+fn the_difference_in_differences_has_the_known_direction() {
+    // background.md, the plug's follow-up: without the plug, a
+    // scheduler-backed single-queue device runs its hardware queue on
+    // kblockd, about one context switch per IO; with `none` nothing
+    // changes. So mq-deadline's effect (against none) on 6.12-noplug
+    // exceeds its effect on 6.12, in context switches and kernel
+    // instructions per IO.
+    let dir = fixture("../insns/plug-qd1");
+    let out = ok_stdout(&compare(&[
+        arg(&dir),
+        "--pair",
+        "none-10k:mq-deadline-10k",
+        "--pair",
+        "none-2k:mq-deadline-2k",
+        "--metric",
+        "ctxsw_per_io,kernel_instructions_per_io",
+        "--format",
+        "json",
+    ]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["mode"], "did");
+    assert_eq!(v["a"]["kernel"], "6.12");
+    assert_eq!(v["b"]["kernel"], "6.12-noplug");
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        assert_eq!(row["metrics"].as_object().unwrap().len(), 0);
+        for (key, floor) in [
+            ("ctxsw_per_io", 100.0),
+            ("kernel_instructions_per_io", 20.0),
+        ] {
+            let c = &row["did"][key];
+            let (ea, eb) = (
+                c["a"]["delta_pct"].as_f64().unwrap(),
+                c["b"]["delta_pct"].as_f64().unwrap(),
+            );
+            let d = c["did"]["delta_pct"].as_f64().unwrap();
+            assert!(eb > ea && d > floor, "{}: {key}: {c}", row["pair"]);
+            // The DiD is the ratio of the two effects' ratios.
+            let want = ((1.0 + eb / 100.0) / (1.0 + ea / 100.0) - 1.0) * 100.0;
+            assert!((d - want).abs() < 1e-6, "{d} vs {want}");
+            assert!(
+                (c["did"]["log_ratio"].as_f64().unwrap() - (1.0 + d / 100.0).ln()).abs() < 1e-9
+            );
+            // Two samples a group: never called.
+            assert_eq!(c["did"]["n"], serde_json::json!([2, 2, 2, 2]));
+            assert_eq!(c["did"]["significant"], false);
+        }
+    }
+    // Swapping the kernels turns the direction round.
+    let swapped = ok_stdout(&compare(&[
+        &format!("{}:6.12-noplug", dir.display()),
+        &format!("{}:6.12", dir.display()),
+        "--pair",
+        "none-10k:mq-deadline-10k",
+        "--metric",
+        "ctxsw_per_io",
+        "--format",
+        "json",
+    ]));
+    let s: Value = serde_json::from_str(&swapped).unwrap();
+    let (x, y) = (
+        rows[0]["did"]["ctxsw_per_io"]["did"]["log_ratio"]
+            .as_f64()
+            .unwrap(),
+        s["rows"][0]["did"]["ctxsw_per_io"]["did"]["log_ratio"]
+            .as_f64()
+            .unwrap(),
+    );
+    assert!((x + y).abs() < 1e-9, "{x} {y}");
+    // The table shows each kernel's effect next to the DiD; the profiles
+    // are each kernel's, other against base.
+    let table = ok_stdout(&compare(&[
+        arg(&dir),
+        "--pair",
+        "none-10k:mq-deadline-10k",
+        "--metric",
+        "ctxsw_per_io",
+        "--top",
+        "5",
+    ]));
+    assert!(
+        table.contains("A 6.12: B/A") && table.contains("B 6.12-noplug: B/A"),
+        "{table}"
+    );
+    assert!(table.contains("DiD"), "{table}");
+    assert!(
+        table.contains("plug-qd1/none-10k → mq-deadline-10k on 6.12-noplug"),
+        "{table}"
+    );
+    assert!(
+        table.contains("A sched=none | B sched=mq-deadline"),
+        "{table}"
+    );
+    // The HTML page plots the four groups: each kernel's base and other.
+    let html = tempfile::tempdir().unwrap();
+    ok_stdout(&compare(&[
+        arg(&dir),
+        "--pair",
+        "none-10k:mq-deadline-10k",
+        "--metric",
+        "ctxsw_per_io",
+        "--out",
+        arg(html.path()),
+    ]));
+    for e in std::fs::read_dir(html.path().join("plots")).unwrap() {
+        let p = e.unwrap().path();
+        let text = std::fs::read_to_string(&p).unwrap();
+        roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("latency-") {
+            for g in [
+                "A 6.12 none-10k",
+                "A 6.12 mq-deadline-10k",
+                "B 6.12-noplug none-10k",
+                "B 6.12-noplug mq-deadline-10k",
+            ] {
+                assert!(text.contains(g), "{name}: {g}");
+            }
+        }
+    }
+    // The CSV has a line per metric with data.
+    let csv = ok_stdout(&compare(&[
+        arg(&dir),
+        "--pair",
+        "none-10k:mq-deadline-10k",
+        "--format",
+        "csv",
+    ]));
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    assert!(header.contains(&"did_pct") && header.contains(&"a_effect_pct"));
+    for l in csv.lines().skip(1) {
+        assert_eq!(l.split(',').count(), header.len(), "{l}");
+    }
+}
+
+#[test]
+fn a_pair_on_one_kernel_has_the_differential_profile_of_other_against_base() {
+    // On 6.12-noplug mq-deadline runs the queue on kblockd: scheduler
+    // instructions and dd_* functions that `none` never executes.
+    let dir = fixture("../insns/plug-qd1");
+    let out = ok_stdout(&compare(&[
+        &format!("{}:6.12-noplug", dir.display()),
+        "--pair",
+        "none-10k:mq-deadline-10k",
+        "--format",
+        "json",
+    ]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["mode"], "variants");
+    // The default metrics add the instruction metrics, as for kernels.
+    assert!(v["metrics"]
+        .as_array()
+        .unwrap()
+        .contains(&Value::from("kernel_instructions_per_io")));
+    let p = &v["profiles"].as_array().unwrap()[0];
+    assert_eq!(p["pair"]["other"], "plug-qd1/mq-deadline-10k");
+    let f = p["functions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "dd_has_work")
+        .expect("dd_has_work in the top functions");
+    assert_eq!(f["a"]["mean"], 0.0);
+    assert!(
+        f["diff"].as_f64().unwrap() > 100.0 && f["separated"] == true,
+        "{f}"
+    );
+    let kernel = p["totals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "kernel instructions")
+        .unwrap();
+    assert!(kernel["diff"].as_f64().unwrap() > 1000.0, "{kernel}");
+    // The HTML page has the profile plot and, per row, both variants' curves.
+    let out = tempfile::tempdir().unwrap();
+    ok_stdout(&compare(&[
+        &format!("{}:6.12-noplug", dir.display()),
+        "--pair",
+        "none-10k:mq-deadline-10k",
+        "--out",
+        arg(out.path()),
+    ]));
+    let plots: Vec<String> = std::fs::read_dir(out.path().join("plots"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(plots.iter().any(|p| p.starts_with("profile-")), "{plots:?}");
+    for p in &plots {
+        let text = std::fs::read_to_string(out.path().join("plots").join(p)).unwrap();
+        roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{p}: {e}"));
+        if p.starts_with("latency-") {
+            assert!(
+                text.contains("A plug-qd1/none-10k") && text.contains("B plug-qd1/mq-deadline-10k"),
+                "{p}"
+            );
+        }
+        if p.starts_with("metric-") {
+            assert!(
+                text.contains("A base on 6.12-noplug") && text.contains("B other on 6.12-noplug"),
+                "{p}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_aa_difference_in_differences_has_no_significant_row() {
+    // aa's two kernels are one kernel image: the pair's effect is the same.
+    let out = ok_stdout(&compare(&[
+        arg(&fixture("aa")),
+        "--pair",
+        "read:write",
+        "--metric",
+        "all",
+        "--format",
+        "json",
+    ]));
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["mode"], "did");
+    let cells = all_cells(&v);
+    assert!(cells.len() >= 3 * 14, "{}", cells.len());
+    // The pair itself has effects (a write is not a read: notifications
+    // per IO differ by some 14 % with a cv of 1.5 %), the same on both
+    // kernels: the DiD calls none of them.
+    let mut effects = 0;
+    for (row, k, c) in &cells {
+        if k.ends_with(".did") {
+            assert_eq!(c["significant"], false, "{row}: {k}: {c}");
+        } else if c["significant"] == true {
+            effects += 1;
+        }
+    }
+    assert!(effects >= 1, "no pair effect on either kernel");
+    // Four groups of 3 in each DiD, plus the pair's definitions listed.
+    let c = &v["rows"][0]["did"]["iops"]["did"];
+    assert_eq!(c["n"], serde_json::json!([3, 3, 3, 3]));
+    assert!(v["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d["by_design"] == true));
+}
+
+/// A copy of `aa/` whose second kernel's run (run.json and its records)
+/// is edited by `edit_run` and `edit_record`; returns (tempdir, side A,
+/// side B).
+fn edited_aa(
+    edit_run: impl Fn(&mut Value),
+    edit_record: impl Fn(&mut Value),
+) -> (tempfile::TempDir, String, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b) = aa_labels();
+    for e in std::fs::read_dir(fixture("aa")).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let mut v = common::read_json(&p);
+        if name == "run.json" {
+            edit_run(&mut v);
+        } else if name.starts_with(&format!("{b}.")) {
+            edit_record(&mut v);
+        } else {
+            continue;
+        }
+        std::fs::write(tmp.path().join(&name), serde_json::to_string(&v).unwrap()).unwrap();
+    }
+    let side_a = format!("{}:{a}", fixture("aa").display());
+    let side_b = format!("{}:{b}", tmp.path().display());
+    (tmp, side_a, side_b)
+}
+
+/// An edit of a JSON document.
+type Edit = dyn Fn(&mut Value);
+
+#[test]
+fn a_different_accelerator_vcpu_count_or_qemu_is_refused_unless_forced() {
+    let cases: Vec<(&str, Box<Edit>, Box<Edit>)> = vec![
+        (
+            "accelerator",
+            Box::new(|r| r["accel"] = "kvm".into()),
+            Box::new(|r| r["accel"] = "kvm".into()),
+        ),
+        (
+            "QEMU version",
+            Box::new(|r| r["qemu"]["version"] = "QEMU emulator version 10.0.2".into()),
+            Box::new(|_| {}),
+        ),
+        (
+            "vCPUs",
+            Box::new(|_| {}),
+            Box::new(|r| {
+                let cl = r["qemu_command_line"].as_array_mut().unwrap();
+                let i = cl.iter().position(|a| a == "-smp").unwrap();
+                cl[i + 1] = "4".into();
+                r["guest"]["nr_cpus"] = 4.into();
+            }),
+        ),
+    ];
+    for (what, edit_run, edit_record) in cases {
+        let (_tmp, a, b) = edited_aa(edit_run, edit_record);
+        for pair in [None, Some("read:write")] {
+            let mut args = vec![a.as_str(), b.as_str()];
+            if let Some(p) = pair {
+                args.extend(["--pair", p]);
+            }
+            let e = err_text(&compare(&args));
+            assert!(
+                e.contains("differ in more than the kernel") && e.contains(what),
+                "{what}: {e}"
+            );
+            args.extend(["--force", "--format", "json", "--metric", "iops"]);
+            let v: Value = serde_json::from_str(&ok_stdout(&compare(&args))).unwrap();
+            assert_eq!(v["forced"], true);
+            let d = v["differences"].as_array().unwrap();
+            assert!(
+                d.iter().any(|d| d["what"] == what && d["blocking"] == true),
+                "{what}: {d:?}"
+            );
+            // Only the edited difference blocks.
+            assert_eq!(
+                d.iter().filter(|d| d["blocking"] == true).count(),
+                1,
+                "{d:?}"
+            );
+        }
+    }
+    // The same copy unedited compares without --force.
+    let (_tmp, a, b) = edited_aa(|_| {}, |_| {});
+    ok_stdout(&compare(&[&a, &b]));
 }

@@ -195,8 +195,8 @@ fn recorded_runs_load_as_their_types_and_validate() {
         let (_, loaded) = blklab::report::compare::load_dir(&dir).unwrap();
         assert_eq!(loaded, records);
     }
-    assert_eq!(runs, 3);
-    assert_eq!(results, 34, "records in the fixtures");
+    assert_eq!(runs, 4);
+    assert_eq!(results, 46, "records in the fixtures");
 }
 
 #[test]

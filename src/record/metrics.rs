@@ -62,6 +62,11 @@ pub(crate) fn guest_busy(r: &ResultRecord) -> Option<f64> {
     Some(r.guest.cpu.as_ref()?.all.busy)
 }
 
+/// Guest system CPU percent (all CPUs, mpstat's %sys).
+pub(crate) fn guest_sys(r: &ResultRecord) -> Option<f64> {
+    Some(r.guest.cpu.as_ref()?.all.sys)
+}
+
 /// Guest CPU seconds (all CPUs, busy = not idle) in the window.
 fn guest_cpu_seconds(r: &ResultRecord) -> Option<f64> {
     let cpu = r.guest.cpu.as_ref()?;
@@ -96,6 +101,13 @@ pub const METRICS: &[Metric] = &[
         unit: "%",
         better: Better::Lower,
         get: guest_busy,
+    },
+    Metric {
+        key: "guest_sys_pct",
+        title: "guest sys",
+        unit: "%",
+        better: Better::Lower,
+        get: guest_sys,
     },
     Metric {
         key: "guest_cpu_us_per_io",
@@ -325,6 +337,7 @@ mod tests {
         let r = rec();
         let v = |k: &str| (find(k).unwrap().get)(&r).unwrap();
         assert_eq!(v("guest_busy_pct"), 25.0);
+        assert_eq!(v("guest_sys_pct"), 10.0);
         // 25 % of 800 ticks = 200 ticks = 2 s over 2000 IOs = 1000 µs.
         assert!((v("guest_cpu_us_per_io") - 1000.0).abs() < 1e-9);
         assert_eq!(v("iops"), 400.0);

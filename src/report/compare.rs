@@ -10,8 +10,9 @@ use thiserror::Error;
 use crate::record::metrics::{self, RowLabels};
 use crate::record::result::{ResultRecord, RESULT_SCHEMA};
 use crate::record::run::RunDocument;
+use crate::record::scenario::Variant;
 use crate::record::RecordError;
-use crate::report::inference::{self, Comparison};
+use crate::report::inference::{self, Comparison, DiffInDiff, Tested};
 use crate::report::profile;
 
 #[derive(Debug, Error)]
@@ -50,6 +51,18 @@ pub enum ReportError {
     NothingInCommon,
     #[error("the two sides differ in more than the kernel: {0} (--force compares anyway)")]
     Differs(String),
+    #[error("bad --pair {0:?}: want BASE:OTHER, each VARIANT or SCENARIO/VARIANT (e.g. single-queue:host-tags)")]
+    BadPair(String),
+    #[error("--pair {pair}: no scenario of {side} has both variants (it has: {have})")]
+    PairNotFound {
+        pair: String,
+        side: String,
+        have: String,
+    },
+    #[error("the pairs match different rows on the two sides: only on A: [{only_a}]; only on B: [{only_b}] (--force compares the common rows)")]
+    PairSets { only_a: String, only_b: String },
+    #[error("{0}")]
+    Usage(String),
 }
 
 /// One side of a comparison: the records of one kernel in one run.
@@ -188,23 +201,157 @@ pub fn load_pair(dir: &Path) -> Result<(Side, Side), ReportError> {
     ))
 }
 
-/// One (scenario, variant) row.
-#[derive(Debug, Clone, Serialize)]
-pub struct Row {
-    pub scenario: String,
-    pub variant: String,
-    pub labels: RowLabels,
-    /// Failed records left out, per side.
-    pub failed_a: usize,
-    pub failed_b: usize,
-    /// metric key → comparison (only metrics with data on both sides).
-    pub metrics: BTreeMap<String, Comparison>,
-    /// metric key → per-side sample values, for plots.
-    #[serde(skip)]
-    pub samples: BTreeMap<String, (Vec<f64>, Vec<f64>)>,
+/// What a report compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Kernel B against kernel A, row by row (scenario, variant).
+    Kernels,
+    /// On one kernel, each pair's other variant (B) against its base (A).
+    Variants,
+    /// On two kernels, each pair's effect on B against its effect on A
+    /// (the difference in differences).
+    Did,
 }
 
-/// Something other than the kernel that differs between the sides.
+/// One variant of a `--pair`: `VARIANT` (in every scenario that has both
+/// variants of the pair) or `SCENARIO/VARIANT`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VariantRef {
+    pub scenario: Option<String>,
+    pub variant: String,
+}
+
+/// A variant pair as asked for: `BASE:OTHER`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PairSpec {
+    pub base: VariantRef,
+    pub other: VariantRef,
+}
+
+impl PairSpec {
+    /// `BASE:OTHER`, each `VARIANT` or `SCENARIO/VARIANT`; a scenario given
+    /// on one side only holds for both.
+    pub fn parse(s: &str) -> Result<PairSpec, ReportError> {
+        let bad = || ReportError::BadPair(s.to_string());
+        let (b, o) = s.split_once(':').ok_or_else(bad)?;
+        let part = |x: &str| -> Result<VariantRef, ReportError> {
+            let (scenario, variant) = match x.rsplit_once('/') {
+                Some((sc, v)) => (Some(sc.to_string()), v.to_string()),
+                None => (None, x.to_string()),
+            };
+            if variant.is_empty()
+                || variant.contains(':')
+                || scenario.as_deref().is_some_and(str::is_empty)
+            {
+                return Err(bad());
+            }
+            Ok(VariantRef { scenario, variant })
+        };
+        let (mut base, mut other) = (part(b)?, part(o)?);
+        if base.scenario.is_none() {
+            base.scenario.clone_from(&other.scenario);
+        }
+        if other.scenario.is_none() {
+            other.scenario.clone_from(&base.scenario);
+        }
+        if base == other {
+            return Err(bad());
+        }
+        Ok(PairSpec { base, other })
+    }
+}
+
+impl std::fmt::Display for PairSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = |r: &VariantRef| match &r.scenario {
+            Some(s) => format!("{s}/{}", r.variant),
+            None => r.variant.clone(),
+        };
+        write!(f, "{}:{}", p(&self.base), p(&self.other))
+    }
+}
+
+pub use crate::report::profile::RowPair;
+
+/// (scenario, variant).
+type Key = (String, String);
+
+/// A pair resolved to one scenario: (base, other).
+type Resolved = (Key, Key);
+
+fn row_pair((b, o): &Resolved) -> RowPair {
+    RowPair {
+        base: format!("{}/{}", b.0, b.1),
+        other: format!("{}/{}", o.0, o.1),
+    }
+}
+
+/// One row: a (scenario, variant) of two kernels, or a variant pair.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    /// The scenario (of the base variant, for pairs).
+    pub scenario: String,
+    /// The variant (the base variant, for pairs).
+    pub variant: String,
+    /// Pairs: the base (A) and other (B) variant of the row.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pair: Option<RowPair>,
+    pub labels: RowLabels,
+    /// Pairs: the other variant's labels, when they differ from the base's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels_other: Option<RowLabels>,
+    /// Failed records left out, per side (for the difference in
+    /// differences, over both variants of each kernel).
+    pub failed_a: usize,
+    pub failed_b: usize,
+    /// metric key → comparison (only metrics with data on both sides);
+    /// empty in a difference-in-differences report (see `did`).
+    pub metrics: BTreeMap<String, Comparison>,
+    /// Difference in differences: metric key → each kernel's pair effect
+    /// and the difference in differences.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub did: BTreeMap<String, DidCell>,
+    /// The row's groups of records with their samples, for plots.
+    #[serde(skip)]
+    pub groups: Vec<Group>,
+}
+
+impl Row {
+    /// `SCENARIO/VARIANT`, or the pair's `SCENARIO/BASE → OTHER`.
+    pub fn name(&self) -> String {
+        match &self.pair {
+            Some(p) => p.name(),
+            None => format!("{}/{}", self.scenario, self.variant),
+        }
+    }
+}
+
+/// One metric of one row of a difference-in-differences report.
+#[derive(Debug, Clone, Serialize)]
+pub struct DidCell {
+    /// The pair's effect on kernel A (A = base, B = other).
+    pub a: Comparison,
+    /// The pair's effect on kernel B.
+    pub b: Comparison,
+    /// B's effect against A's.
+    pub did: DiffInDiff,
+}
+
+/// One group of records of a row (a side's variant), for plots.
+#[derive(Debug, Clone)]
+pub struct Group {
+    /// The legend of its series, e.g. `A debian-6.12` or `B smoke/write`.
+    pub label: String,
+    /// Which side's records: 0 = A, 1 = B.
+    pub side: usize,
+    pub scenario: String,
+    pub variant: String,
+    /// metric key → sample values.
+    pub samples: BTreeMap<String, Vec<f64>>,
+}
+
+/// Something that differs between what a report compares.
 #[derive(Debug, Clone, Serialize)]
 pub struct Difference {
     pub what: String,
@@ -212,6 +359,9 @@ pub struct Difference {
     pub b: String,
     /// Refuses the comparison unless forced.
     pub blocking: bool,
+    /// The two variants of a pair, which differ by design (never blocking).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub by_design: bool,
 }
 
 /// Description of a side in a report.
@@ -227,15 +377,22 @@ pub struct SideInfo {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub schema: &'static str,
+    pub mode: Mode,
+    /// A's kernel (with variant pairs on one kernel, `a` and `b` are the
+    /// same side and each row's `pair` says which variant is A and B).
     pub a: SideInfo,
     pub b: SideInfo,
+    /// The `--pair` arguments, as given.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pairs: Vec<String>,
     pub confidence: f64,
     pub metrics: Vec<String>,
     pub rows: Vec<Row>,
     pub differences: Vec<Difference>,
     pub forced: bool,
     /// The differential instruction profile per row (records with
-    /// `instructions` on both sides only).
+    /// `instructions` on both sides only); with two kernels and pairs, one
+    /// per kernel and row.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub profiles: Vec<profile::RowProfile>,
 }
@@ -282,6 +439,34 @@ fn qemu_identity(r: &ResultRecord) -> String {
     out.join(" ")
 }
 
+/// The guest's vCPU count: QEMU's `-smp` (`N` or `cpus=N`), else the CPUs
+/// the guest saw online.
+pub(crate) fn vcpus(r: &ResultRecord) -> Option<u32> {
+    let smp = r
+        .qemu_command_line
+        .iter()
+        .position(|a| a == "-smp")
+        .and_then(|i| r.qemu_command_line.get(i + 1))
+        .and_then(|v| {
+            v.split(',')
+                .find_map(|p| p.strip_prefix("cpus=").unwrap_or(p).parse::<u32>().ok())
+        });
+    smp.or(r.guest.nr_cpus)
+}
+
+/// A side's distinct vCPU counts (`?` where a record says nothing).
+fn vcpu_counts(s: &Side) -> String {
+    let mut v: Vec<String> = Vec::new();
+    for r in &s.records {
+        let c = vcpus(r).map_or("?".to_string(), |n| n.to_string());
+        if !v.contains(&c) {
+            v.push(c);
+        }
+    }
+    v.sort();
+    v.join(", ")
+}
+
 /// A value as JSON text (objects with their keys sorted), for showing
 /// what differs.
 fn json_text<T: Serialize>(v: &T) -> String {
@@ -301,6 +486,7 @@ fn differences(a: &Side, b: &Side) -> Vec<Difference> {
                 a: va,
                 b: vb,
                 blocking,
+                by_design: false,
             });
         }
     };
@@ -365,18 +551,21 @@ fn differences(a: &Side, b: &Side) -> Vec<Difference> {
         first_str(b, qemu_identity),
         false,
     );
+    // What decides a guest's CPU cost besides its kernel: the emulator, how
+    // it runs the guest and how many vCPUs it has.
     check(
         "QEMU version",
         json_text(&a.run.qemu.version),
         json_text(&b.run.qemu.version),
-        false,
+        true,
     );
     check(
         "accelerator",
         json_text(&a.run.accel),
         json_text(&b.run.accel),
-        false,
+        true,
     );
+    check("vCPUs", vcpu_counts(a), vcpu_counts(b), true);
     check(
         "host",
         json_text(&a.run.host),
@@ -390,6 +579,268 @@ fn differences(a: &Side, b: &Side) -> Vec<Difference> {
         false,
     );
     d
+}
+
+/// A variant's definition as a side recorded it (`None` when no record has
+/// one).
+fn definition<'a>(side: &'a Side, (s, v): &Key) -> Option<&'a Variant> {
+    side.records
+        .iter()
+        .find(|r| &r.scenario == s && &r.variant == v)
+        .and_then(|r| r.scenario_definition.as_ref())
+}
+
+/// How two variants' definitions differ: (A's, B's), the differing fields
+/// only (for argument lists, the arguments only one of them has).
+fn definition_difference(a: &Variant, b: &Variant) -> Option<(String, String)> {
+    let mut pa: Vec<String> = Vec::new();
+    let mut pb: Vec<String> = Vec::new();
+    let mut field = |name: &str, x: String, y: String| {
+        if x != y {
+            pa.push(format!("{name}={x}"));
+            pb.push(format!("{name}={y}"));
+        }
+    };
+    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
+    let optn = |v: &Option<u64>| v.map_or("-".into(), |n| n.to_string());
+    field("target", a.target.kind.clone(), b.target.kind.clone());
+    field("sched", opt(&a.sched), opt(&b.sched));
+    field("nr_requests", optn(&a.nr_requests), optn(&b.nr_requests));
+    field("runtime", a.runtime.to_string(), b.runtime.to_string());
+    field("ramp", a.ramp.to_string(), b.ramp.to_string());
+    let mut list = |name: &str, x: &[String], y: &[String]| {
+        let only = |p: &[String], q: &[String]| -> Vec<String> {
+            p.iter().filter(|e| !q.contains(e)).cloned().collect()
+        };
+        let (ox, oy) = (only(x, y), only(y, x));
+        if !ox.is_empty() || !oy.is_empty() {
+            let show = |v: Vec<String>| {
+                if v.is_empty() {
+                    "-".to_string()
+                } else {
+                    v.join(" ")
+                }
+            };
+            pa.push(format!("{name}: {}", show(ox)));
+            pb.push(format!("{name}: {}", show(oy)));
+        } else if x != y {
+            pa.push(format!("{name} order: {}", x.join(" ")));
+            pb.push(format!("{name} order: {}", y.join(" ")));
+        }
+    };
+    list("target params", &a.target.params, &b.target.params);
+    list("fio args", &a.fio_args, &b.fio_args);
+    (!pa.is_empty()).then(|| (pa.join("; "), pb.join("; ")))
+}
+
+/// Keys (scenario, variant) of a side, in record order.
+fn keys(s: &Side) -> Vec<Key> {
+    let mut v: Vec<Key> = Vec::new();
+    for r in &s.records {
+        let k = (r.scenario.clone(), r.variant.clone());
+        if !v.contains(&k) {
+            v.push(k);
+        }
+    }
+    v
+}
+
+/// Where a (scenario, variant) comes in a run: the scenario's position, then
+/// the variant's in it.
+fn position(run: &RunDocument, (s, v): &Key) -> (usize, usize) {
+    run.scenarios
+        .iter()
+        .enumerate()
+        .find_map(|(i, sc)| {
+            (&sc.name == s).then(|| {
+                let j = sc
+                    .variants
+                    .iter()
+                    .position(|x| &x.name == v)
+                    .unwrap_or(usize::MAX);
+                (i, j)
+            })
+        })
+        .unwrap_or((usize::MAX, usize::MAX))
+}
+
+/// The rows of `pairs` on `side`: each pair in every scenario that has
+/// both of its variants (in run order), pairs in the order given.
+fn resolve_pairs(side: &Side, pairs: &[PairSpec]) -> Result<Vec<Resolved>, ReportError> {
+    let have = keys(side);
+    let mut scenarios: Vec<String> = Vec::new();
+    let mut sorted = have.clone();
+    sorted.sort_by_key(|k| (position(&side.run, k), k.clone()));
+    for (s, _) in &sorted {
+        if !scenarios.contains(s) {
+            scenarios.push(s.clone());
+        }
+    }
+    let mut out: Vec<Resolved> = Vec::new();
+    for p in pairs {
+        let mut found = false;
+        for s in &scenarios {
+            if p.base.scenario.as_ref().is_some_and(|x| x != s) {
+                continue;
+            }
+            let base = (s.clone(), p.base.variant.clone());
+            let other = (
+                p.other.scenario.clone().unwrap_or_else(|| s.clone()),
+                p.other.variant.clone(),
+            );
+            if have.contains(&base) && have.contains(&other) {
+                found = true;
+                if !out.contains(&(base.clone(), other.clone())) {
+                    out.push((base, other));
+                }
+            }
+        }
+        if !found {
+            return Err(ReportError::PairNotFound {
+                pair: p.to_string(),
+                side: format!("{} in {}", side.kernel, side.dir.display()),
+                have: sorted
+                    .iter()
+                    .map(|(s, v)| format!("{s}/{v}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// A side's ok records of one (scenario, variant) and how many failed.
+fn pick<'a>(side: &'a Side, (s, v): &Key) -> (Vec<&'a ResultRecord>, usize) {
+    let all: Vec<&ResultRecord> = side
+        .records
+        .iter()
+        .filter(|r| &r.scenario == s && &r.variant == v)
+        .collect();
+    let ok: Vec<&ResultRecord> = all.iter().copied().filter(|r| r.ok).collect();
+    let failed = all.len() - ok.len();
+    (ok, failed)
+}
+
+/// Every metric's samples over `records` (metrics without data left out).
+fn samples(records: &[&ResultRecord]) -> BTreeMap<String, Vec<f64>> {
+    metrics::METRICS
+        .iter()
+        .filter_map(|m| {
+            let v: Vec<f64> = records.iter().filter_map(|r| (m.get)(r)).collect();
+            (!v.is_empty()).then(|| (m.key.to_string(), v))
+        })
+        .collect()
+}
+
+fn labels_of(records: &[&ResultRecord]) -> RowLabels {
+    records
+        .first()
+        .map(|r| metrics::row_labels(r))
+        .unwrap_or_default()
+}
+
+fn check_metric_keys(metric_keys: &[String]) -> Result<(), ReportError> {
+    for k in metric_keys {
+        if metrics::find(k).is_none() {
+            return Err(ReportError::UnknownMetric(
+                k.clone(),
+                metrics::METRICS
+                    .iter()
+                    .map(|m| m.key)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn refuse_blocking(diffs: &[Difference], force: bool) -> Result<(), ReportError> {
+    let blocking: Vec<&Difference> = diffs.iter().filter(|d| d.blocking).collect();
+    if !blocking.is_empty() && !force {
+        return Err(ReportError::Differs(
+            blocking
+                .iter()
+                .map(|d| format!("{}: A {} / B {}", d.what, d.a, d.b))
+                .collect::<Vec<_>>()
+                .join("; "),
+        ));
+    }
+    Ok(())
+}
+
+/// A variant defined differently on the two sides is not comparable.
+fn definitions_across(a: &Side, b: &Side, keys: &[Key]) -> Vec<Difference> {
+    let mut out = Vec::new();
+    for k in keys {
+        let def = |side: &Side| definition(side, k).map(json_text).unwrap_or_default();
+        let (da, db) = (def(a), def(b));
+        if da != db {
+            out.push(Difference {
+                what: format!("definition of {}/{}", k.0, k.1),
+                a: da,
+                b: db,
+                blocking: true,
+                by_design: false,
+            });
+        }
+    }
+    out
+}
+
+/// How the variants of each pair differ (by design: never blocking).
+fn pair_definitions(side: &Side, rows: &[Resolved]) -> Vec<Difference> {
+    let mut out = Vec::new();
+    for r in rows {
+        let (Some(x), Some(y)) = (definition(side, &r.0), definition(side, &r.1)) else {
+            continue;
+        };
+        if let Some((da, db)) = definition_difference(x, y) {
+            out.push(Difference {
+                what: format!("variants {}", row_pair(r).name()),
+                a: da,
+                b: db,
+                blocking: false,
+                by_design: true,
+            });
+        }
+    }
+    out
+}
+
+fn info(s: &Side) -> SideInfo {
+    SideInfo {
+        dir: s.dir.clone(),
+        kernel: s.kernel.clone(),
+        kernel_spec: s
+            .records
+            .first()
+            .map(|r| r.kernel_spec.clone())
+            .unwrap_or_default(),
+        records: s.records.len(),
+    }
+}
+
+/// Holm over every comparison and difference in differences the report
+/// shows (the metrics asked for).
+fn correct(rows: &mut [Row], metric_keys: &[String], confidence: f64) {
+    let mut shown: Vec<&mut dyn Tested> = Vec::new();
+    for r in rows.iter_mut() {
+        for (k, c) in r.metrics.iter_mut() {
+            if metric_keys.contains(k) {
+                shown.push(c);
+            }
+        }
+        for (k, c) in r.did.iter_mut() {
+            if metric_keys.contains(k) {
+                shown.push(&mut c.a);
+                shown.push(&mut c.b);
+                shown.push(&mut c.did);
+            }
+        }
+    }
+    inference::holm(&mut shown, confidence);
 }
 
 /// Build the comparison of `b` against `a` (profiles with
@@ -414,28 +865,7 @@ pub fn build_with_top(
     force: bool,
     profile_top: usize,
 ) -> Result<Report, ReportError> {
-    for k in metric_keys {
-        if metrics::find(k).is_none() {
-            return Err(ReportError::UnknownMetric(
-                k.clone(),
-                metrics::METRICS
-                    .iter()
-                    .map(|m| m.key)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            ));
-        }
-    }
-    let keys = |s: &Side| {
-        let mut v: Vec<(String, String)> = Vec::new();
-        for r in &s.records {
-            let k = (r.scenario.clone(), r.variant.clone());
-            if !v.contains(&k) {
-                v.push(k);
-            }
-        }
-        v
-    };
+    check_metric_keys(metric_keys)?;
     let (ka, kb) = (keys(a), keys(b));
     let only_a: Vec<String> = ka
         .iter()
@@ -453,135 +883,65 @@ pub fn build_with_top(
             only_b: only_b.join(", "),
         });
     }
-    let mut common: Vec<(String, String)> = ka.into_iter().filter(|k| kb.contains(k)).collect();
+    let mut common: Vec<Key> = ka.into_iter().filter(|k| kb.contains(k)).collect();
     // Rows in the order the scenarios define their variants.
-    let position = |(s, v): &(String, String)| -> (usize, usize) {
-        a.run
-            .scenarios
-            .iter()
-            .enumerate()
-            .find_map(|(i, sc)| {
-                (&sc.name == s).then(|| {
-                    let j = sc
-                        .variants
-                        .iter()
-                        .position(|x| &x.name == v)
-                        .unwrap_or(usize::MAX);
-                    (i, j)
-                })
-            })
-            .unwrap_or((usize::MAX, usize::MAX))
-    };
-    common.sort_by_key(|k| (position(k), k.clone()));
+    common.sort_by_key(|k| (position(&a.run, k), k.clone()));
     if common.is_empty() {
         return Err(ReportError::NothingInCommon);
     }
     let mut diffs = differences(a, b);
-    // A variant defined differently on the two sides is not comparable.
-    for (s, v) in &common {
-        let def = |side: &Side| {
-            side.records
-                .iter()
-                .find(|r| &r.scenario == s && &r.variant == v)
-                .map(|r| json_text(&r.scenario_definition))
-                .unwrap_or_default()
-        };
-        let (da, db) = (def(a), def(b));
-        if da != db {
-            diffs.push(Difference {
-                what: format!("definition of {s}/{v}"),
-                a: da,
-                b: db,
-                blocking: true,
-            });
-        }
-    }
-    let blocking: Vec<&Difference> = diffs.iter().filter(|d| d.blocking).collect();
-    if !blocking.is_empty() && !force {
-        return Err(ReportError::Differs(
-            blocking
-                .iter()
-                .map(|d| format!("{}: A {} / B {}", d.what, d.a, d.b))
-                .collect::<Vec<_>>()
-                .join("; "),
-        ));
-    }
+    diffs.extend(definitions_across(a, b, &common));
+    refuse_blocking(&diffs, force)?;
     let mut profiles = Vec::new();
     let mut rows: Vec<Row> = common
         .iter()
-        .map(|(s, v)| {
-            fn pick<'a>(side: &'a Side, s: &str, v: &str) -> (Vec<&'a ResultRecord>, usize) {
-                let all: Vec<&ResultRecord> = side
-                    .records
-                    .iter()
-                    .filter(|r| r.scenario == s && r.variant == v)
-                    .collect();
-                let ok: Vec<&ResultRecord> = all.iter().copied().filter(|r| r.ok).collect();
-                let failed = all.len() - ok.len();
-                (ok, failed)
-            }
-            let (ra, fa) = pick(a, s, v);
-            let (rb, fb) = pick(b, s, v);
-            if let Some(p) = profile::row_profile(s, v, &ra, &rb, profile_top) {
+        .map(|k| {
+            let (ra, fa) = pick(a, k);
+            let (rb, fb) = pick(b, k);
+            if let Some(mut p) = profile::row_profile(&k.0, &k.1, &ra, &rb, profile_top) {
+                p.a_label.clone_from(&a.kernel);
+                p.b_label.clone_from(&b.kernel);
                 profiles.push(p);
             }
-            let mut m = BTreeMap::new();
-            let mut samples = BTreeMap::new();
-            for metric in metrics::METRICS {
-                let xa: Vec<f64> = ra.iter().filter_map(|r| (metric.get)(r)).collect();
-                let xb: Vec<f64> = rb.iter().filter_map(|r| (metric.get)(r)).collect();
-                if xa.is_empty() || xb.is_empty() {
-                    continue;
-                }
-                m.insert(
-                    metric.key.to_string(),
-                    inference::compare(&xa, &xb, confidence),
-                );
-                samples.insert(metric.key.to_string(), (xa, xb));
-            }
-            let labels = ra
-                .first()
-                .or(rb.first())
-                .map(|r| metrics::row_labels(r))
-                .unwrap_or_default();
+            let (sa, sb) = (samples(&ra), samples(&rb));
+            let m = sa
+                .iter()
+                .filter_map(|(key, xa)| {
+                    let xb = sb.get(key)?;
+                    Some((key.clone(), inference::compare(xa, xb, confidence)))
+                })
+                .collect();
+            let group = |label: String, side: usize, samples| Group {
+                label,
+                side,
+                scenario: k.0.clone(),
+                variant: k.1.clone(),
+                samples,
+            };
             Row {
-                scenario: s.clone(),
-                variant: v.clone(),
-                labels,
+                scenario: k.0.clone(),
+                variant: k.1.clone(),
+                pair: None,
+                labels: labels_of(if ra.is_empty() { &rb } else { &ra }),
+                labels_other: None,
                 failed_a: fa,
                 failed_b: fb,
                 metrics: m,
-                samples,
+                did: BTreeMap::new(),
+                groups: vec![
+                    group(format!("A {}", a.kernel), 0, sa),
+                    group(format!("B {}", b.kernel), 1, sb),
+                ],
             }
         })
         .collect();
-    // Significance is corrected over every comparison the report shows.
-    {
-        let mut shown: Vec<&mut Comparison> = rows
-            .iter_mut()
-            .flat_map(|r| {
-                r.metrics
-                    .iter_mut()
-                    .filter(|(k, _)| metric_keys.contains(k))
-                    .map(|(_, c)| c)
-            })
-            .collect();
-        inference::holm(&mut shown, confidence);
-    }
-    let info = |s: &Side| SideInfo {
-        dir: s.dir.clone(),
-        kernel: s.kernel.clone(),
-        kernel_spec: s
-            .records
-            .first()
-            .map(|r| r.kernel_spec.clone())
-            .unwrap_or_default(),
-        records: s.records.len(),
-    };
+    correct(&mut rows, metric_keys, confidence);
     Ok(Report {
         schema: "blklab-compare/1",
+        mode: Mode::Kernels,
         a: info(a),
         b: info(b),
+        pairs: Vec::new(),
         confidence,
         metrics: metric_keys.to_vec(),
         rows,
@@ -589,4 +949,369 @@ pub fn build_with_top(
         forced: force,
         profiles,
     })
+}
+
+/// The labels of a pair's other variant, when they differ from the base's.
+fn other_labels(base: &RowLabels, other: &[&ResultRecord]) -> Option<RowLabels> {
+    let o = labels_of(other);
+    (!other.is_empty() && &o != base).then_some(o)
+}
+
+/// Variant against variant on one kernel: for each pair, its other variant
+/// (B) against its base (A), in every scenario that has both.
+pub fn build_pairs(
+    side: &Side,
+    pairs: &[PairSpec],
+    metric_keys: &[String],
+    confidence: f64,
+    force: bool,
+    profile_top: usize,
+) -> Result<Report, ReportError> {
+    check_metric_keys(metric_keys)?;
+    let resolved = resolve_pairs(side, pairs)?;
+    let diffs = pair_definitions(side, &resolved);
+    let mut profiles = Vec::new();
+    let mut rows: Vec<Row> = resolved
+        .iter()
+        .map(|rp| {
+            let (base, other) = rp;
+            let (ra, fa) = pick(side, base);
+            let (rb, fb) = pick(side, other);
+            let pair = row_pair(rp);
+            if let Some(mut p) = profile::row_profile(&base.0, &base.1, &ra, &rb, profile_top) {
+                p.a_label.clone_from(&pair.base);
+                p.b_label.clone_from(&pair.other);
+                p.pair = Some(pair.clone());
+                profiles.push(p);
+            }
+            let (sa, sb) = (samples(&ra), samples(&rb));
+            let m = sa
+                .iter()
+                .filter_map(|(key, xa)| {
+                    let xb = sb.get(key)?;
+                    Some((key.clone(), inference::compare(xa, xb, confidence)))
+                })
+                .collect();
+            let labels = labels_of(&ra);
+            Row {
+                scenario: base.0.clone(),
+                variant: base.1.clone(),
+                labels_other: other_labels(&labels, &rb),
+                labels,
+                failed_a: fa,
+                failed_b: fb,
+                metrics: m,
+                did: BTreeMap::new(),
+                groups: vec![
+                    Group {
+                        label: format!("A {}", pair.base),
+                        side: 0,
+                        scenario: base.0.clone(),
+                        variant: base.1.clone(),
+                        samples: sa,
+                    },
+                    Group {
+                        label: format!("B {}", pair.other),
+                        side: 1,
+                        scenario: other.0.clone(),
+                        variant: other.1.clone(),
+                        samples: sb,
+                    },
+                ],
+                pair: Some(pair),
+            }
+        })
+        .collect();
+    correct(&mut rows, metric_keys, confidence);
+    Ok(Report {
+        schema: "blklab-compare/1",
+        mode: Mode::Variants,
+        a: info(side),
+        b: info(side),
+        pairs: pairs.iter().map(|p| p.to_string()).collect(),
+        confidence,
+        metrics: metric_keys.to_vec(),
+        rows,
+        differences: diffs,
+        forced: force,
+        profiles,
+    })
+}
+
+/// The difference in differences: each pair's effect on kernel B against
+/// its effect on kernel A (see [`inference::DiffInDiff`]).
+pub fn build_did(
+    a: &Side,
+    b: &Side,
+    pairs: &[PairSpec],
+    metric_keys: &[String],
+    confidence: f64,
+    force: bool,
+    profile_top: usize,
+) -> Result<Report, ReportError> {
+    check_metric_keys(metric_keys)?;
+    let (pa, pb) = (resolve_pairs(a, pairs)?, resolve_pairs(b, pairs)?);
+    let name = |r: &Resolved| row_pair(r).name();
+    let only_a: Vec<String> = pa.iter().filter(|r| !pb.contains(r)).map(name).collect();
+    let only_b: Vec<String> = pb.iter().filter(|r| !pa.contains(r)).map(name).collect();
+    if (!only_a.is_empty() || !only_b.is_empty()) && !force {
+        return Err(ReportError::PairSets {
+            only_a: only_a.join(", "),
+            only_b: only_b.join(", "),
+        });
+    }
+    let common: Vec<Resolved> = pa.into_iter().filter(|r| pb.contains(r)).collect();
+    if common.is_empty() {
+        return Err(ReportError::NothingInCommon);
+    }
+    let mut used: Vec<Key> = Vec::new();
+    for (x, y) in &common {
+        for k in [x, y] {
+            if !used.contains(k) {
+                used.push(k.clone());
+            }
+        }
+    }
+    let mut diffs = differences(a, b);
+    diffs.extend(definitions_across(a, b, &used));
+    refuse_blocking(&diffs, force)?;
+    diffs.extend(pair_definitions(a, &common));
+    let mut profiles = Vec::new();
+    let mut rows: Vec<Row> = common
+        .iter()
+        .map(|rp| {
+            let (base, other) = rp;
+            let pair = row_pair(rp);
+            let (rab, fab) = pick(a, base);
+            let (rao, fao) = pick(a, other);
+            let (rbb, fbb) = pick(b, base);
+            let (rbo, fbo) = pick(b, other);
+            for (side, rx, ry) in [(a, &rab, &rao), (b, &rbb, &rbo)] {
+                if let Some(mut p) = profile::row_profile(&base.0, &base.1, rx, ry, profile_top) {
+                    p.a_label = format!("{} on {}", pair.base, side.kernel);
+                    p.b_label = format!("{} on {}", pair.other, side.kernel);
+                    p.pair = Some(pair.clone());
+                    p.kernel = Some(side.kernel.clone());
+                    profiles.push(p);
+                }
+            }
+            let s = [samples(&rab), samples(&rao), samples(&rbb), samples(&rbo)];
+            let mut did = BTreeMap::new();
+            for m in metrics::METRICS {
+                let g: Vec<&Vec<f64>> = s.iter().filter_map(|x| x.get(m.key)).collect();
+                let [ab, ao, bb, bo] = g.as_slice() else {
+                    continue;
+                };
+                did.insert(
+                    m.key.to_string(),
+                    DidCell {
+                        a: inference::compare(ab, ao, confidence),
+                        b: inference::compare(bb, bo, confidence),
+                        did: inference::did(ab, ao, bb, bo, confidence),
+                    },
+                );
+            }
+            let labels = labels_of(&rab);
+            let [sab, sao, sbb, sbo] = s;
+            let group = |label: String, side: usize, k: &Key, samples| Group {
+                label,
+                side,
+                scenario: k.0.clone(),
+                variant: k.1.clone(),
+                samples,
+            };
+            Row {
+                scenario: base.0.clone(),
+                variant: base.1.clone(),
+                labels_other: other_labels(&labels, &rao),
+                labels,
+                failed_a: fab + fao,
+                failed_b: fbb + fbo,
+                metrics: BTreeMap::new(),
+                did,
+                groups: vec![
+                    group(format!("A {} {}", a.kernel, base.1), 0, base, sab),
+                    group(format!("A {} {}", a.kernel, other.1), 0, other, sao),
+                    group(format!("B {} {}", b.kernel, base.1), 1, base, sbb),
+                    group(format!("B {} {}", b.kernel, other.1), 1, other, sbo),
+                ],
+                pair: Some(pair),
+            }
+        })
+        .collect();
+    correct(&mut rows, metric_keys, confidence);
+    Ok(Report {
+        schema: "blklab-compare/1",
+        mode: Mode::Did,
+        a: info(a),
+        b: info(b),
+        pairs: pairs.iter().map(|p| p.to_string()).collect(),
+        confidence,
+        metrics: metric_keys.to_vec(),
+        rows,
+        differences: diffs,
+        forced: force,
+        profiles,
+    })
+}
+
+/// What `blklab compare` was asked.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// `DIR`, `DIR:KERNEL`, or two of them.
+    pub sides: Vec<String>,
+    pub pairs: Vec<PairSpec>,
+    /// Empty: the defaults for the records; `all`: every metric.
+    pub metrics: Vec<String>,
+    pub confidence: f64,
+    pub force: bool,
+    pub profile_top: usize,
+}
+
+/// A report and the sides it read (the same side twice for variant pairs
+/// on one kernel).
+pub struct Compared {
+    pub report: Report,
+    pub a: Side,
+    pub b: Side,
+}
+
+/// `blklab compare`: one DIR holding two kernels, or two sides, compare
+/// kernels (with `--pair`, the pairs' difference in differences); one side
+/// of one kernel (`DIR` of one kernel, or `DIR:KERNEL`) with `--pair`
+/// compares the pairs' variants.
+pub fn run(req: &Request) -> Result<Compared, ReportError> {
+    if !(req.confidence > 0.5 && req.confidence < 1.0) {
+        return Err(ReportError::Usage(
+            "--confidence must be between 0.5 and 1 (e.g. 0.95)".into(),
+        ));
+    }
+    let (a, b) = match (req.sides.as_slice(), req.pairs.is_empty()) {
+        ([one], true) => {
+            let (a, b) = load_pair(Path::new(one))?;
+            (a, Some(b))
+        }
+        ([one], false) => {
+            let (dir, kernel) = split_arg(one);
+            if kernel.is_some() {
+                (load_side(one)?, None)
+            } else {
+                let (run, records) = load_dir(&dir)?;
+                let ks = kernels(&run, &records);
+                match ks.as_slice() {
+                    [k] => (side_of(&dir, &run, &records, k), None),
+                    [x, y] => (
+                        side_of(&dir, &run, &records, x),
+                        Some(side_of(&dir, &run, &records, y)),
+                    ),
+                    _ => {
+                        return Err(ReportError::Ambiguous {
+                            n: ks.len(),
+                            have: ks.join(", "),
+                            dir,
+                        })
+                    }
+                }
+            }
+        }
+        ([x, y], _) => (load_side(x)?, Some(load_side(y)?)),
+        _ => {
+            return Err(ReportError::Usage(
+                "give one or two sides (DIR or DIR:KERNEL)".into(),
+            ))
+        }
+    };
+    let keys: Vec<String> = if req.metrics.is_empty() {
+        metrics::default_metrics(a.records.iter().chain(b.iter().flat_map(|b| &b.records)))
+    } else if req.metrics.iter().any(|m| m == "all") {
+        metrics::METRICS.iter().map(|m| m.key.to_string()).collect()
+    } else {
+        req.metrics.clone()
+    };
+    let (c, f, t) = (req.confidence, req.force, req.profile_top);
+    Ok(match b {
+        None => Compared {
+            report: build_pairs(&a, &req.pairs, &keys, c, f, t)?,
+            b: a.clone(),
+            a,
+        },
+        Some(b) if req.pairs.is_empty() => Compared {
+            report: build_with_top(&a, &b, &keys, c, f, t)?,
+            a,
+            b,
+        },
+        Some(b) => Compared {
+            report: build_did(&a, &b, &req.pairs, &keys, c, f, t)?,
+            a,
+            b,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::result::test_record;
+    use serde_json::json;
+
+    #[test]
+    fn pairs_parse() {
+        let p = PairSpec::parse("single-queue:host-tags").unwrap();
+        assert_eq!(p.base.variant, "single-queue");
+        assert_eq!(p.other.variant, "host-tags");
+        assert_eq!(p.base.scenario, None);
+        let p = PairSpec::parse("seed000-scsi-debug/single-queue:host-tags").unwrap();
+        assert_eq!(p.other.scenario.as_deref(), Some("seed000-scsi-debug"));
+        assert_eq!(
+            p.to_string(),
+            "seed000-scsi-debug/single-queue:seed000-scsi-debug/host-tags"
+        );
+        let p = PairSpec::parse("a/x:b/y").unwrap();
+        assert_eq!(
+            row_pair(&(("a".into(), "x".into()), ("b".into(), "y".into()))).name(),
+            "a/x → b/y"
+        );
+        assert_eq!(p.other.scenario.as_deref(), Some("b"));
+        for bad in ["x", "x:", ":y", "x:x", "/x:y", "x:y:z"] {
+            assert!(PairSpec::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn vcpus_come_from_smp_else_the_guest() {
+        let r = |cl: Value, n: Value| {
+            test_record(json!({"qemu_command_line": cl, "guest": {"nr_cpus": n}}))
+        };
+        assert_eq!(vcpus(&r(json!(["q", "-smp", "4"]), json!(2))), Some(4));
+        assert_eq!(
+            vcpus(&r(json!(["q", "-smp", "sockets=1,cpus=8"]), json!(null))),
+            Some(8)
+        );
+        assert_eq!(vcpus(&r(json!(["q"]), json!(2))), Some(2));
+        assert_eq!(vcpus(&r(json!(["q"]), json!(null))), None);
+    }
+
+    #[test]
+    fn definitions_differ_by_field() {
+        let v = |sched: Option<&str>, args: &[&str]| Variant {
+            name: "v".into(),
+            target: crate::record::scenario::Target {
+                kind: "scsi_debug".into(),
+                params: vec!["max_queue=128".into()],
+            },
+            sched: sched.map(str::to_string),
+            nr_requests: None,
+            runtime: 20,
+            ramp: 0,
+            fio_args: args.iter().map(|s| s.to_string()).collect(),
+        };
+        let (a, b) = definition_difference(
+            &v(None, &["--bs=8k", "--iodepth=64"]),
+            &v(Some("mq-deadline"), &["--bs=8k", "--iodepth=16"]),
+        )
+        .unwrap();
+        assert_eq!(a, "sched=-; fio args: --iodepth=64");
+        assert_eq!(b, "sched=mq-deadline; fio args: --iodepth=16");
+        assert!(definition_difference(&v(None, &[]), &v(None, &[])).is_none());
+    }
 }

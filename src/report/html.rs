@@ -12,12 +12,50 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 
 use crate::record::metrics;
-use crate::report::compare::{Report, Side};
+use crate::report::compare::{Mode, Report, Side};
 use crate::report::inference;
 use crate::report::render;
 
 const A_COLOR: RGBColor = RGBColor(31, 119, 180);
 const B_COLOR: RGBColor = RGBColor(255, 127, 14);
+/// One colour per group of a row: A, B; with two kernels and pairs A base,
+/// A other, B base, B other.
+const COLORS: [RGBColor; 4] = [
+    RGBColor(31, 119, 180),
+    RGBColor(174, 199, 232),
+    RGBColor(255, 127, 14),
+    RGBColor(255, 187, 120),
+];
+const PAIR_COLORS: [RGBColor; 4] = [A_COLOR, B_COLOR, A_COLOR, B_COLOR];
+
+fn colors(report: &Report) -> &'static [RGBColor; 4] {
+    if report.mode == Mode::Did {
+        &COLORS
+    } else {
+        &PAIR_COLORS
+    }
+}
+
+/// The legend of the series in a metric's bars: kernels, or with pairs
+/// what A and B are.
+fn series_labels(report: &Report) -> Vec<String> {
+    match report.mode {
+        Mode::Kernels => vec![
+            format!("A {}", report.a.kernel),
+            format!("B {}", report.b.kernel),
+        ],
+        Mode::Variants => vec![
+            format!("A base on {}", report.a.kernel),
+            format!("B other on {}", report.a.kernel),
+        ],
+        Mode::Did => vec![
+            format!("A {} base", report.a.kernel),
+            format!("A {} other", report.a.kernel),
+            format!("B {} base", report.b.kernel),
+            format!("B {} other", report.b.kernel),
+        ],
+    }
+}
 
 fn plot_err<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> std::io::Error + '_ {
     move |e| std::io::Error::other(format!("{what}: {e:?}"))
@@ -44,30 +82,35 @@ fn file_safe(s: &str) -> String {
         .collect()
 }
 
-/// Bars with whiskers for one metric over every row.
+/// Bars with whiskers for one metric over every row: one bar per group
+/// of the row (A and B; with two kernels and pairs, four).
 fn bars(report: &Report, key: &str, path: &Path) -> std::io::Result<bool> {
     let m = metrics::find(key).expect("checked metric");
-    let rows: Vec<(String, &Vec<f64>, &Vec<f64>)> = report
+    let rows: Vec<(String, Vec<Option<&Vec<f64>>>)> = report
         .rows
         .iter()
-        .filter_map(|r| {
-            r.samples
-                .get(key)
-                .map(|(a, b)| (format!("{}/{}", r.scenario, r.variant), a, b))
+        .filter(|r| r.groups.iter().all(|g| g.samples.contains_key(key)))
+        .map(|r| {
+            (
+                r.name(),
+                r.groups.iter().map(|g| g.samples.get(key)).collect(),
+            )
         })
         .collect();
     if rows.is_empty() {
         return Ok(false);
     }
+    let series = series_labels(report);
+    let k = series.len();
     let mut ymax: f64 = 0.0;
-    for (_, a, b) in &rows {
-        for v in [a, b] {
+    for (_, groups) in &rows {
+        for v in groups.iter().flatten() {
             let s = inference::summarize(v);
             ymax = ymax.max(s.mean + half_width(v)).max(s.max);
         }
     }
     let ymax = if ymax > 0.0 { ymax * 1.15 } else { 1.0 };
-    let width = (160 + 90 * rows.len() as u32).max(480);
+    let width = (160 + 45 * (k as u32) * rows.len() as u32).max(480);
     let root = SVGBackend::new(path, (width, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err("fill"))?;
     let title = if m.unit.is_empty() {
@@ -97,26 +140,26 @@ fn bars(report: &Report, key: &str, path: &Path) -> std::io::Result<bool> {
         .y_desc(&title)
         .draw()
         .map_err(plot_err("mesh"))?;
-    for (side, color, offset) in [(0usize, A_COLOR, -0.36), (1, B_COLOR, 0.03)] {
+    // k bars in 0.72 of each slot, centred on the slot.
+    let w = 0.72 / k as f64;
+    for (side, label) in series.iter().enumerate() {
+        let color = colors(report)[side.min(3)];
         let mut first = true;
-        for (i, (_, a, b)) in rows.iter().enumerate() {
-            let v = if side == 0 { *a } else { *b };
+        for (i, (_, groups)) in rows.iter().enumerate() {
+            let Some(v) = groups.get(side).copied().flatten() else {
+                continue;
+            };
             let s = inference::summarize(v);
-            let x0 = i as f64 + offset;
-            let x1 = x0 + 0.33;
-            let series = chart
+            let x0 = i as f64 - 0.36 + side as f64 * w;
+            let x1 = x0 + w * 0.9;
+            let drawn = chart
                 .draw_series(std::iter::once(Rectangle::new(
                     [(x0, 0.0), (x1, s.mean)],
                     color.filled(),
                 )))
                 .map_err(plot_err("bar"))?;
             if first {
-                let label = if side == 0 {
-                    format!("A {}", report.a.kernel)
-                } else {
-                    format!("B {}", report.b.kernel)
-                };
-                series.label(label).legend(move |(x, y)| {
+                drawn.label(label.clone()).legend(move |(x, y)| {
                     Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled())
                 });
                 first = false;
@@ -205,22 +248,22 @@ fn kick_distribution(side: &Side, scenario: &str, variant: &str) -> Vec<(f64, f6
         .collect()
 }
 
-/// Two overlaid curves.
-#[allow(clippy::too_many_arguments)]
+/// One curve of an overlay: its points, colour and legend.
+type Curve<'a> = (Vec<(f64, f64)>, RGBColor, &'a str);
+
+/// Overlaid curves.
 fn overlay(
     path: &Path,
     title: &str,
     x_desc: &str,
     y_desc: &str,
-    a: &[(f64, f64)],
-    b: &[(f64, f64)],
-    labels: (&str, &str),
+    curves: &[Curve],
     log_x: bool,
 ) -> std::io::Result<bool> {
-    if a.is_empty() && b.is_empty() {
+    if curves.iter().all(|c| c.0.is_empty()) {
         return Ok(false);
     }
-    let all = a.iter().chain(b.iter());
+    let all = curves.iter().flat_map(|c| c.0.iter());
     let (mut xmin, mut xmax, mut ymax) = (f64::INFINITY, 0f64, 0f64);
     for (x, y) in all {
         xmin = xmin.min(*x);
@@ -244,7 +287,8 @@ fn overlay(
                 .y_desc(y_desc)
                 .draw()
                 .map_err(plot_err("mesh"))?;
-            for (pts, color, label) in [(a, A_COLOR, labels.0), (b, B_COLOR, labels.1)] {
+            for (pts, color, label) in curves {
+                let color = *color;
                 if pts.is_empty() {
                     continue;
                 }
@@ -313,10 +357,7 @@ fn profile_bars(p: &crate::report::profile::RowProfile, path: &Path) -> std::io:
     let names: Vec<String> = list.iter().map(|e| e.name.clone()).collect();
     let mut chart = ChartBuilder::on(&root)
         .caption(
-            format!(
-                "{}/{}: kernel instructions per IO, B - A",
-                p.scenario, p.variant
-            ),
+            format!("{}: kernel instructions per IO, B - A", p.title()),
             ("sans-serif", 16),
         )
         .margin(10)
@@ -380,17 +421,24 @@ pub(crate) fn write(
     let mut written = Vec::new();
     let mut body = String::new();
     body.push_str(&format!(
-        "<h1>blklab: {} (A) vs {} (B)</h1>\n<p>{}</p>\n",
-        esc(&report.a.kernel),
-        esc(&report.b.kernel),
-        esc(&format!(
-            "A: {} in {}; B: {} in {}; {:.0}% confidence",
-            report.a.kernel_spec,
-            report.a.dir.display(),
-            report.b.kernel_spec,
-            report.b.dir.display(),
-            report.confidence * 100.0
-        ))
+        "<h1>{}</h1>\n<p>{}</p>\n",
+        esc(&render::heading(report)),
+        esc(&match report.mode {
+            Mode::Variants => format!(
+                "A: each pair's base variant, B: its other variant, on {} in {}; {:.0}% confidence",
+                report.a.kernel_spec,
+                report.a.dir.display(),
+                report.confidence * 100.0
+            ),
+            _ => format!(
+                "A: {} in {}; B: {} in {}; {:.0}% confidence",
+                report.a.kernel_spec,
+                report.a.dir.display(),
+                report.b.kernel_spec,
+                report.b.dir.display(),
+                report.confidence * 100.0
+            ),
+        })
     ));
     let table = render::table(report);
     body.push_str(&format!("<pre>{}</pre>\n", esc(&table)));
@@ -409,10 +457,11 @@ pub(crate) fn write(
     if !report.profiles.is_empty() {
         body.push_str("<h2>Differential instruction profile</h2>\n");
         for p in &report.profiles {
-            let f = plots.join(format!(
-                "profile-{}.svg",
-                file_safe(&format!("{}-{}", p.scenario, p.variant))
-            ));
+            let name = match &p.pair {
+                None => format!("{}-{}", p.scenario, p.variant),
+                Some(_) => p.title(),
+            };
+            let f = plots.join(format!("profile-{}.svg", file_safe(&name)));
             if profile_bars(p, &f)? {
                 body.push_str(&format!(
                     "<figure><img src=\"plots/{}\" alt=\"profile\"></figure>\n",
@@ -423,32 +472,31 @@ pub(crate) fn write(
         }
     }
     body.push_str("<h2>Distributions per scenario</h2>\n");
-    let la = format!("A {}", report.a.kernel);
-    let lb = format!("B {}", report.b.kernel);
+    let sides = [a, b];
     for r in &report.rows {
-        let base = file_safe(&format!("{}-{}", r.scenario, r.variant));
-        body.push_str(&format!(
-            "<h3>{}/{}</h3>\n",
-            esc(&r.scenario),
-            esc(&r.variant)
-        ));
+        let name = r.name();
+        let base = match &r.pair {
+            None => file_safe(&format!("{}-{}", r.scenario, r.variant)),
+            Some(_) => file_safe(&name),
+        };
+        body.push_str(&format!("<h3>{}</h3>\n", esc(&name)));
+        let palette = colors(report);
         let lat = plots.join(format!("latency-{base}.svg"));
-        let title = format!("{}/{}: fio completion latency", r.scenario, r.variant);
+        let title = format!("{name}: fio completion latency");
         // Latency on x, percentile on y: the curve reads as a CDF.
-        let (ca, cb) = (
-            swap(&latency_curve(a, &r.scenario, &r.variant)),
-            swap(&latency_curve(b, &r.scenario, &r.variant)),
-        );
-        if overlay(
-            &lat,
-            &title,
-            "latency (µs)",
-            "percentile",
-            &ca,
-            &cb,
-            (&la, &lb),
-            true,
-        )? {
+        let curves: Vec<Curve> = r
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                (
+                    swap(&latency_curve(sides[g.side], &g.scenario, &g.variant)),
+                    palette[i.min(3)],
+                    g.label.as_str(),
+                )
+            })
+            .collect();
+        if overlay(&lat, &title, "latency (µs)", "percentile", &curves, true)? {
             body.push_str(&format!(
                 "<figure><img src=\"plots/{}\" alt=\"latency\"></figure>\n",
                 esc(&lat.file_name().unwrap_or_default().to_string_lossy())
@@ -456,19 +504,25 @@ pub(crate) fn write(
             written.push(lat);
         }
         let kick = plots.join(format!("requests-per-kick-{base}.svg"));
-        let title = format!("{}/{}: requests per kick", r.scenario, r.variant);
-        let (ka, kb) = (
-            kick_distribution(a, &r.scenario, &r.variant),
-            kick_distribution(b, &r.scenario, &r.variant),
-        );
+        let title = format!("{name}: requests per kick");
+        let curves: Vec<Curve> = r
+            .groups
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                (
+                    kick_distribution(sides[g.side], &g.scenario, &g.variant),
+                    palette[i.min(3)],
+                    g.label.as_str(),
+                )
+            })
+            .collect();
         if overlay(
             &kick,
             &title,
             "requests per kick",
             "share of kicks",
-            &ka,
-            &kb,
-            (&la, &lb),
+            &curves,
             false,
         )? {
             body.push_str(&format!(

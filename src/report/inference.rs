@@ -310,33 +310,268 @@ pub(crate) fn compare(a: &[f64], b: &[f64], confidence: f64) -> Comparison {
     }
 }
 
+/// Something a report marks significant or not: a [`Comparison`] or a
+/// [`DiffInDiff`].
+pub(crate) trait Tested {
+    fn p_value(&self) -> Option<f64>;
+    fn significant_mut(&mut self) -> &mut bool;
+}
+
+impl Tested for Comparison {
+    fn p_value(&self) -> Option<f64> {
+        self.p_value
+    }
+    fn significant_mut(&mut self) -> &mut bool {
+        &mut self.significant
+    }
+}
+
+impl Tested for DiffInDiff {
+    fn p_value(&self) -> Option<f64> {
+        self.p_value
+    }
+    fn significant_mut(&mut self) -> &mut bool {
+        &mut self.significant
+    }
+}
+
 /// Holm–Bonferroni over every comparison of a report: a comparison stays
 /// significant only if its p-value passes Holm's step-down threshold at
 /// family-wise level `1 − confidence` (and it had enough samples and an
 /// interval excluding 0). An A/A report then shows a significant row with
 /// probability at most 1 − confidence, however many rows and metrics it has.
-pub(crate) fn holm(comparisons: &mut [&mut Comparison], confidence: f64) {
+pub(crate) fn holm(comparisons: &mut [&mut dyn Tested], confidence: f64) {
     let alpha = 1.0 - confidence;
-    let mut order: Vec<usize> = (0..comparisons.len())
-        .filter(|&i| comparisons[i].p_value.is_some())
-        .collect();
+    let ps: Vec<Option<f64>> = comparisons.iter().map(|c| c.p_value()).collect();
+    let mut order: Vec<usize> = (0..ps.len()).filter(|&i| ps[i].is_some()).collect();
     let m = order.len();
-    order.sort_by(|&x, &y| {
-        comparisons[x]
-            .p_value
-            .unwrap_or(1.0)
-            .total_cmp(&comparisons[y].p_value.unwrap_or(1.0))
-    });
+    order.sort_by(|&x, &y| ps[x].unwrap_or(1.0).total_cmp(&ps[y].unwrap_or(1.0)));
     let mut passed = vec![false; comparisons.len()];
     for (rank, &i) in order.iter().enumerate() {
-        if comparisons[i].p_value.unwrap_or(1.0) <= alpha / (m - rank) as f64 {
+        if ps[i].unwrap_or(1.0) <= alpha / (m - rank) as f64 {
             passed[i] = true;
         } else {
             break;
         }
     }
     for (i, c) in comparisons.iter_mut().enumerate() {
-        c.significant = c.significant && passed[i];
+        let s = c.significant_mut();
+        *s = *s && passed[i];
+    }
+}
+
+/// The difference in differences of one variant pair on two kernels: the
+/// pair's effect on kernel B against the same pair's effect on kernel A, as
+/// a ratio of ratios,
+/// `d = ln(mean(B.other)/mean(B.base)) − ln(mean(A.other)/mean(A.base))`,
+/// reported as the relative change `exp(d) − 1`. Its interval is computed
+/// in log space and chosen as [`compare`] chooses: the delta method
+/// (var ln(mean) ≈ s²/(n·mean²), summed over the four groups, with
+/// Welch–Satterthwaite degrees of freedom and a t quantile) when every
+/// group has at least 5 samples and none is skewed; a percentile bootstrap
+/// resampling each group when skewed; the wider of both (and the larger
+/// p-value) with fewer samples.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiffInDiff {
+    /// Samples of (A.base, A.other, B.base, B.other).
+    pub n: [usize; 4],
+    /// d, in natural-log units.
+    pub log_ratio: f64,
+    /// (exp(d) − 1) × 100: how much larger B's other/base ratio is than A's.
+    pub delta_pct: f64,
+    /// The interval of d, as (exp − 1) × 100.
+    pub ci_pct: Option<Interval>,
+    /// The delta method's standard error of d.
+    pub se: Option<f64>,
+    /// Welch–Satterthwaite degrees of freedom of `se`.
+    pub df: Option<f64>,
+    pub method: Method,
+    pub p_value: Option<f64>,
+    pub ci_excludes_zero: bool,
+    /// As [`Comparison::significant`] (every group with enough samples,
+    /// Holm over the report).
+    pub significant: bool,
+    /// A group's coefficient of variation exceeds |delta|.
+    pub noisy: bool,
+    pub note: Option<String>,
+}
+
+/// ln(mean(bo)/mean(bb)) − ln(mean(ao)/mean(ab)); `None` unless every mean
+/// is positive.
+fn did_point(g: [&[f64]; 4]) -> Option<f64> {
+    let m: Vec<f64> = g
+        .iter()
+        .map(|v| v.iter().sum::<f64>() / v.len() as f64)
+        .collect();
+    if m.iter().any(|x| x.is_nan() || *x <= 0.0 || !x.is_finite()) {
+        return None;
+    }
+    Some((m[3] / m[2]).ln() - (m[1] / m[0]).ln())
+}
+
+/// The delta method: (d, se, df) of the ratio of ratios.
+pub(crate) fn did_delta_method(g: [&[f64]; 4]) -> Option<(f64, f64, f64)> {
+    if g.iter().any(|v| v.len() < 2) {
+        return None;
+    }
+    let d = did_point(g)?;
+    let v: Vec<(f64, f64)> = g
+        .iter()
+        .map(|x| {
+            let s = summarize(x);
+            (s.sd.powi(2) / (s.n as f64 * s.mean.powi(2)), s.n as f64)
+        })
+        .collect();
+    let var: f64 = v.iter().map(|(vi, _)| vi).sum();
+    if var == 0.0 {
+        return Some((d, 0.0, f64::INFINITY));
+    }
+    let df = var.powi(2) / v.iter().map(|(vi, n)| vi.powi(2) / (n - 1.0)).sum::<f64>();
+    Some((d, var.sqrt(), df))
+}
+
+/// Interval and two-sided p-value of d from the delta method.
+fn did_welch(g: [&[f64]; 4], confidence: f64) -> Option<(Interval, f64)> {
+    let (d, se, df) = did_delta_method(g)?;
+    if se == 0.0 {
+        return Some((Interval { lo: d, hi: d }, if d == 0.0 { 1.0 } else { 0.0 }));
+    }
+    let t = t_quantile(confidence, df);
+    let tail = StudentsT::new(0.0, 1.0, df).ok()?.cdf(-(d / se).abs());
+    Some((
+        Interval {
+            lo: d - t * se,
+            hi: d + t * se,
+        },
+        (2.0 * tail).min(1.0),
+    ))
+}
+
+/// Percentile-bootstrap interval and p-value of d: each group resampled
+/// with replacement (resamples with a non-positive mean left out).
+fn did_bootstrap(g: [&[f64]; 4], confidence: f64) -> Option<(Interval, f64)> {
+    if g.iter().any(|v| v.len() < 2) {
+        return None;
+    }
+    let mut rng = StdRng::seed_from_u64(BOOTSTRAP_SEED);
+    let mut ds: Vec<f64> = Vec::with_capacity(BOOTSTRAP_RESAMPLES);
+    let mut buf: [Vec<f64>; 4] = Default::default();
+    for _ in 0..BOOTSTRAP_RESAMPLES {
+        for (k, v) in g.iter().enumerate() {
+            buf[k].clear();
+            buf[k].extend((0..v.len()).map(|_| v[rng.gen_range(0..v.len())]));
+        }
+        if let Some(d) = did_point([&buf[0], &buf[1], &buf[2], &buf[3]]) {
+            ds.push(d);
+        }
+    }
+    if ds.is_empty() {
+        return None;
+    }
+    ds.sort_by(|x, y| x.total_cmp(y));
+    let q = |p: f64| ds[(((ds.len() - 1) as f64 * p).round() as usize).min(ds.len() - 1)];
+    let tail = (1.0 - confidence) / 2.0;
+    let n = ds.len() as f64;
+    let below = ds.iter().filter(|x| **x <= 0.0).count() as f64 / n;
+    let above = ds.iter().filter(|x| **x >= 0.0).count() as f64 / n;
+    Some((
+        Interval {
+            lo: q(tail),
+            hi: q(1.0 - tail),
+        },
+        (2.0 * below.min(above)).min(1.0),
+    ))
+}
+
+/// The difference in differences of the pair (base → other) between kernel
+/// A and kernel B (see [`DiffInDiff`]).
+pub(crate) fn did(
+    a_base: &[f64],
+    a_other: &[f64],
+    b_base: &[f64],
+    b_other: &[f64],
+    confidence: f64,
+) -> DiffInDiff {
+    let g = [a_base, a_other, b_base, b_other];
+    let s: Vec<Summary> = g.iter().map(|v| summarize(v)).collect();
+    let n = [s[0].n, s[1].n, s[2].n, s[3].n];
+    let point = if n.iter().all(|&k| k > 0) {
+        did_point(g)
+    } else {
+        None
+    };
+    let pct = |x: f64| (x.exp() - 1.0) * 100.0;
+    let Some(d) = point else {
+        return DiffInDiff {
+            n,
+            log_ratio: f64::NAN,
+            delta_pct: f64::NAN,
+            ci_pct: None,
+            se: None,
+            df: None,
+            method: Method::None,
+            p_value: None,
+            ci_excludes_zero: false,
+            significant: false,
+            noisy: false,
+            note: Some(if n.contains(&0) {
+                "a group has no samples".to_string()
+            } else {
+                "a group's mean is not positive (no ratio)".to_string()
+            }),
+        };
+    };
+    let skewed = s.iter().any(|x| x.skewness.abs() > SKEW_LIMIT);
+    let many = n.iter().all(|&k| k >= MIN_SAMPLES_FOR_WELCH);
+    let (interval, p_value, method) = if n.iter().any(|&k| k < 2) {
+        (None, None, Method::None)
+    } else if many && !skewed {
+        let w = did_welch(g, confidence);
+        (w.map(|x| x.0), w.map(|x| x.1), Method::Welch)
+    } else if many {
+        let b = did_bootstrap(g, confidence);
+        (b.map(|x| x.0), b.map(|x| x.1), Method::Bootstrap)
+    } else {
+        let (w, b) = (did_welch(g, confidence), did_bootstrap(g, confidence));
+        match (w, b) {
+            (Some(w), Some(b)) => (
+                Some(Interval {
+                    lo: w.0.lo.min(b.0.lo),
+                    hi: w.0.hi.max(b.0.hi),
+                }),
+                Some(w.1.max(b.1)),
+                Method::Conservative,
+            ),
+            (x, y) => {
+                let one = x.or(y);
+                (one.map(|x| x.0), one.map(|x| x.1), Method::Conservative)
+            }
+        }
+    };
+    let (se, df) = match did_delta_method(g) {
+        Some((_, se, df)) => (Some(se), Some(df).filter(|d| d.is_finite())),
+        None => (None, None),
+    };
+    let delta_pct = pct(d);
+    let enough = n.iter().all(|&k| k >= MIN_SAMPLES_FOR_SIGNIFICANCE);
+    let excludes_zero = interval.map(|i| i.lo > 0.0 || i.hi < 0.0).unwrap_or(false);
+    DiffInDiff {
+        n,
+        log_ratio: d,
+        delta_pct,
+        ci_pct: interval.map(|i| Interval {
+            lo: pct(i.lo),
+            hi: pct(i.hi),
+        }),
+        se,
+        df,
+        method,
+        p_value,
+        ci_excludes_zero: excludes_zero,
+        significant: enough && excludes_zero,
+        noisy: s.iter().map(|x| x.cv_pct).fold(0.0, f64::max) > delta_pct.abs(),
+        note: (!enough)
+            .then(|| format!("fewer than {MIN_SAMPLES_FOR_SIGNIFICANCE} samples in a group")),
     }
 }
 
@@ -490,5 +725,94 @@ mod tests {
         let c = compare(&a, &b, 0.95);
         assert!(c.noisy);
         assert!(!c.significant);
+    }
+
+    #[test]
+    fn did_matches_the_hand_computation() {
+        // Kernel A: base mean 12 (sd 2), other mean 20 (sd 2): ratio 5/3.
+        // Kernel B: base mean 10 (sd 1), other mean 25 (sd 5): ratio 5/2.
+        // d = ln(2.5) − ln(5/3) = ln(1.5) = 0.405465: B's effect is 50 %
+        // larger. Delta method: var ln(mean) = s²/(n·mean²) =
+        // 4/432, 4/1200, 1/300, 25/1875; sum 0.0292593, se 0.171053;
+        // Welch–Satterthwaite df = 0.0292593² / Σ(v²/2) = 5.9923
+        // (computed by hand and with Python's statistics module).
+        let (ab, ao, bb, bo) = (
+            [10.0, 12.0, 14.0],
+            [18.0, 20.0, 22.0],
+            [9.0, 10.0, 11.0],
+            [20.0, 25.0, 30.0],
+        );
+        let (d, se, df) = did_delta_method([&ab, &ao, &bb, &bo]).unwrap();
+        assert!(close(d, 1.5f64.ln(), 1e-12), "{d}");
+        assert!(close(se, 0.171_053, 1e-5), "{se}");
+        assert!(close(df, 5.992_32, 1e-4), "{df}");
+        let (i, p) = did_welch([&ab, &ao, &bb, &bo], 0.95).unwrap();
+        // t(0.975, 5.99) lies between t(0.975, 6) = 2.4469 and t(0.975, 5) = 2.5706.
+        let t = (i.hi - d) / se;
+        assert!(t > 2.4469 && t < 2.452, "{t}");
+        assert!(close(d - i.lo, i.hi - d, 1e-12));
+        // |t| = 0.405465 / 0.171053 = 2.370 on 6 df: p = 0.0557.
+        assert!(p > 0.05 && p < 0.06, "{p}");
+        let r = did(&ab, &ao, &bb, &bo, 0.95);
+        assert!(close(r.delta_pct, 50.0, 1e-9));
+        assert_eq!(r.method, Method::Conservative);
+        assert_eq!(r.n, [3, 3, 3, 3]);
+        // Few samples: the wider of Welch and the bootstrap, the larger p.
+        let ci = r.ci_pct.unwrap();
+        assert!(ci.lo <= (i.lo.exp() - 1.0) * 100.0 + 1e-9, "{ci:?}");
+        assert!(ci.hi >= (i.hi.exp() - 1.0) * 100.0 - 1e-9, "{ci:?}");
+        assert!(r.p_value.unwrap() >= p);
+        assert!(!r.significant, "the interval includes 0: {r:?}");
+        // Swapping the kernels negates d; swapping base and other too.
+        let s = did(&bb, &bo, &ab, &ao, 0.95);
+        assert!(close(s.log_ratio, -d, 1e-12));
+        let s = did(&ao, &ab, &bo, &bb, 0.95);
+        assert!(close(s.log_ratio, -d, 1e-12));
+    }
+
+    #[test]
+    fn did_uses_welch_with_many_samples_and_calls_a_clear_difference() {
+        // The pair doubles the metric on A and triples it on B: d = ln 1.5.
+        let ab = [10.0, 10.2, 9.8, 10.1, 9.9];
+        let ao: Vec<f64> = ab.iter().map(|x| x * 2.0).collect();
+        let bb = [5.0, 5.1, 4.9, 5.05, 4.95];
+        let bo: Vec<f64> = bb.iter().map(|x| x * 3.0).collect();
+        let r = did(&ab, &ao, &bb, &bo, 0.95);
+        assert_eq!(r.method, Method::Welch);
+        assert!(close(r.delta_pct, 50.0, 1e-9), "{r:?}");
+        assert!(r.significant && !r.noisy, "{r:?}");
+        let ci = r.ci_pct.unwrap();
+        assert!(ci.lo > 40.0 && ci.hi < 60.0, "{ci:?}");
+        // The same pair effect on both kernels: nothing to call.
+        let r = did(&ab, &ao, &bb, &bb.map(|x| x * 2.0), 0.95);
+        assert!(close(r.delta_pct, 0.0, 1e-9), "{r:?}");
+        assert!(!r.significant && r.ci_pct.unwrap().lo < 0.0, "{r:?}");
+        // No ratio without positive means.
+        let r = did(&[0.0, 0.0, 0.0], &ao, &bb, &bo, 0.95);
+        assert_eq!(r.method, Method::None);
+        assert!(r.note.is_some() && !r.significant);
+    }
+
+    #[test]
+    fn holm_covers_did_and_comparisons_together() {
+        let mut c = compare(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0], 0.95);
+        c.p_value = Some(0.03);
+        c.significant = true;
+        let mut d = did(
+            &[10.0, 10.2, 9.8],
+            &[20.0, 20.4, 19.6],
+            &[5.0, 5.1, 4.9],
+            &[15.0, 15.3, 14.7],
+            0.95,
+        );
+        d.p_value = Some(0.001);
+        d.significant = true;
+        // 0.001 <= 0.05/2, then 0.03 > 0.05/1? No: 0.03 <= 0.05: both pass.
+        holm(&mut [&mut c, &mut d], 0.95);
+        assert!(c.significant && d.significant);
+        c.p_value = Some(0.03);
+        d.p_value = Some(0.04);
+        holm(&mut [&mut c, &mut d], 0.95);
+        assert!(!c.significant && !d.significant);
     }
 }

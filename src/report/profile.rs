@@ -57,11 +57,42 @@ fn separated(a: &SideValue, b: &SideValue) -> bool {
     a.n > 0 && b.n > 0 && (a.max < b.min || b.max < a.min)
 }
 
-/// The profile of one (scenario, variant) row.
+/// The two variants of one row of a pair comparison, as `SCENARIO/VARIANT`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RowPair {
+    pub base: String,
+    pub other: String,
+}
+
+impl RowPair {
+    /// `SCENARIO/BASE → OTHER` (the other's scenario too when it differs).
+    pub fn name(&self) -> String {
+        let (bs, _) = self.base.rsplit_once('/').unwrap_or(("", &self.base));
+        let other = match self.other.rsplit_once('/') {
+            Some((os, ov)) if os == bs => ov.to_string(),
+            _ => self.other.clone(),
+        };
+        format!("{} → {other}", self.base)
+    }
+}
+
+/// The profile of one (scenario, variant) row, or of a variant pair (on
+/// one kernel).
 #[derive(Debug, Clone, Serialize)]
 pub struct RowProfile {
     pub scenario: String,
     pub variant: String,
+    /// Variant pairs: A is the base variant, B the other.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pair: Option<RowPair>,
+    /// Variant pairs on two kernels: the kernel this profile is of.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+    /// What A and B are, for the column headers.
+    #[serde(skip)]
+    pub a_label: String,
+    #[serde(skip)]
+    pub b_label: String,
     /// kernel, user, total instructions per IO, idle entries and context
     /// switches per IO: the quantities that explain the totals' scatter.
     pub totals: Vec<Entry>,
@@ -208,6 +239,10 @@ pub(crate) fn row_profile(
     Some(RowProfile {
         scenario: scenario.to_string(),
         variant: variant.to_string(),
+        pair: None,
+        kernel: None,
+        a_label: "A".into(),
+        b_label: "B".into(),
         totals,
         groups,
         more_functions: nonzero.saturating_sub(functions.len()),
@@ -216,15 +251,27 @@ pub(crate) fn row_profile(
     })
 }
 
-/// Text (or Markdown) of the profiles.
-pub(crate) fn render(profiles: &[RowProfile], a: &str, b: &str, markdown: bool) -> String {
+impl RowProfile {
+    /// The heading of this profile.
+    pub fn title(&self) -> String {
+        match (&self.pair, &self.kernel) {
+            (Some(p), Some(k)) => format!("{} on {k}", p.name()),
+            (Some(p), None) => p.name(),
+            _ => format!("{}/{}", self.scenario, self.variant),
+        }
+    }
+}
+
+/// Text (or Markdown) of the profiles; `sides` says what A and B are
+/// (e.g. `A = 6.12, B = 6.12-noplug`).
+pub(crate) fn render(profiles: &[RowProfile], sides: &str, markdown: bool) -> String {
     let mut out = String::new();
     if profiles.is_empty() {
         return out;
     }
     let head = format!(
         "differential profile: guest instructions per IO, B - A, mean ± sd over iterations \
-         (A = {a}, B = {b}; kernel functions from System.map, grouped by name; \
+         ({sides}; kernel functions from System.map, grouped by name; \
          = every run of one side beyond every run of the other, listed first)"
     );
     if markdown {
@@ -245,7 +292,8 @@ pub(crate) fn render(profiles: &[RowProfile], a: &str, b: &str, markdown: bool) 
         }
     };
     for p in profiles {
-        let title = format!("{}/{}", p.scenario, p.variant);
+        let title = p.title();
+        let (a, b) = (&p.a_label, &p.b_label);
         let mut sections: Vec<(&str, &Vec<Entry>)> = vec![("per IO", &p.totals)];
         sections.push(("group", &p.groups));
         sections.push(("function", &p.functions));
@@ -382,7 +430,7 @@ mod tests {
         assert_eq!(p.more_functions, 0);
         assert!((p.functions_diff_sum - (-50.0 + 20.0 + 0.0)).abs() < 1e-9);
         assert_eq!(p.totals[0].name, "kernel instructions");
-        let t = render(&[p], "A", "B", false);
+        let t = render(&[p], "A = a, B = b", false);
         assert!(t.contains("blk_mq_flush_plug_list"), "{t}");
         assert!(t.contains("-50.0"), "{t}");
         assert!(row_profile("s", "v", &[&test_record(json!({}))], &[&b1], 2).is_none());

@@ -1,8 +1,8 @@
 //! A comparison as a terminal table, Markdown, CSV or JSON.
 
 use crate::record::metrics;
-use crate::report::compare::{Report, Row};
-use crate::report::inference::{Comparison, Method};
+use crate::report::compare::{DidCell, Mode, Report, Row};
+use crate::report::inference::{Comparison, DiffInDiff, Method, MIN_SAMPLES_FOR_SIGNIFICANCE};
 
 use crate::util::text::{aligned_lines, num};
 
@@ -17,9 +17,7 @@ fn pct(v: f64) -> String {
 /// The significance mark: `*` significant, `~` noise exceeds the delta,
 /// `n<3` too few samples to say.
 pub(crate) fn mark(c: &Comparison) -> &'static str {
-    if c.a.n < crate::report::inference::MIN_SAMPLES_FOR_SIGNIFICANCE
-        || c.b.n < crate::report::inference::MIN_SAMPLES_FOR_SIGNIFICANCE
-    {
+    if c.a.n < MIN_SAMPLES_FOR_SIGNIFICANCE || c.b.n < MIN_SAMPLES_FOR_SIGNIFICANCE {
         "n<3"
     } else if c.significant {
         "*"
@@ -30,15 +28,33 @@ pub(crate) fn mark(c: &Comparison) -> &'static str {
     }
 }
 
-fn ci(c: &Comparison) -> String {
-    match c.ci_pct {
+/// The mark of a difference in differences (as [`mark`], over its four
+/// groups).
+pub(crate) fn did_mark(d: &DiffInDiff) -> &'static str {
+    if d.n.iter().any(|&n| n < MIN_SAMPLES_FOR_SIGNIFICANCE) {
+        "n<3"
+    } else if d.significant {
+        "*"
+    } else if d.noisy {
+        "~"
+    } else {
+        ""
+    }
+}
+
+fn ci_text(i: Option<crate::report::inference::Interval>) -> String {
+    match i {
         Some(i) => format!("[{:+.1}%, {:+.1}%]", i.lo, i.hi),
         None => "-".into(),
     }
 }
 
-fn method(c: &Comparison) -> &'static str {
-    match c.method {
+fn ci(c: &Comparison) -> String {
+    ci_text(c.ci_pct)
+}
+
+fn method(m: Method) -> &'static str {
+    match m {
         Method::Welch => "welch",
         Method::Bootstrap => "bootstrap",
         Method::Conservative => "welch+bootstrap",
@@ -47,11 +63,31 @@ fn method(c: &Comparison) -> &'static str {
 }
 
 fn row_name(r: &Row) -> String {
-    format!("{}/{}", r.scenario, r.variant)
+    r.name()
 }
 
-/// Cells of one metric section: header + one line per row.
-fn section(report: &Report, key: &str) -> (String, Vec<Vec<String>>) {
+/// The label cells of a row: iotype, qd, nj, rmix (`base→other` where a
+/// pair's variants differ).
+fn label_cells(r: &Row) -> Vec<String> {
+    let l = &r.labels;
+    let base = [&l.iotype, &l.qd, &l.nj, &l.rmix];
+    match &r.labels_other {
+        None => base.iter().map(|s| s.to_string()).collect(),
+        Some(o) => base
+            .iter()
+            .zip([&o.iotype, &o.qd, &o.nj, &o.rmix])
+            .map(|(b, o)| {
+                if *b == o {
+                    b.to_string()
+                } else {
+                    format!("{b}→{o}")
+                }
+            })
+            .collect(),
+    }
+}
+
+fn title_of(key: &str) -> String {
     let m = metrics::find(key).expect("metrics are checked when the report is built");
     let unit = if m.unit.is_empty() {
         String::new()
@@ -62,16 +98,39 @@ fn section(report: &Report, key: &str) -> (String, Vec<Vec<String>>) {
         metrics::Better::Lower => "lower is better",
         metrics::Better::Higher => "higher is better",
     };
-    let title = format!("{}{unit}, {better}", m.title);
+    format!("{}{unit}, {better}", m.title)
+}
+
+/// The first column's heading.
+fn row_heading(report: &Report) -> String {
+    match report.mode {
+        Mode::Kernels => "scenario/variant".into(),
+        _ => "scenario/base → other".into(),
+    }
+}
+
+/// Cells of one metric section: header + one line per row.
+fn section(report: &Report, key: &str) -> (String, Vec<Vec<String>>) {
+    if report.mode == Mode::Did {
+        return did_section(report, key);
+    }
+    let title = title_of(key);
+    let (ha, hb) = match report.mode {
+        Mode::Variants => ("A base".to_string(), "B other".to_string()),
+        _ => (
+            format!("A {}", report.a.kernel),
+            format!("B {}", report.b.kernel),
+        ),
+    };
     let mut cells = vec![vec![
-        "scenario/variant".to_string(),
+        row_heading(report),
         "iotype".into(),
         "qd".into(),
         "nj".into(),
         "rmix".into(),
-        format!("A {}", report.a.kernel),
+        ha,
         "cv".into(),
-        format!("B {}", report.b.kernel),
+        hb,
         "cv".into(),
         "delta".into(),
         format!("{:.0}% CI", report.confidence * 100.0),
@@ -81,12 +140,9 @@ fn section(report: &Report, key: &str) -> (String, Vec<Vec<String>>) {
         let Some(c) = r.metrics.get(key) else {
             continue;
         };
-        cells.push(vec![
-            row_name(r),
-            r.labels.iotype.clone(),
-            r.labels.qd.clone(),
-            r.labels.nj.clone(),
-            r.labels.rmix.clone(),
+        let mut line = vec![row_name(r)];
+        line.extend(label_cells(r));
+        line.extend([
             format!("{} (n={})", num(c.a.mean), c.a.n),
             format!("{:.1}%", c.a.cv_pct),
             format!("{} (n={})", num(c.b.mean), c.b.n),
@@ -95,38 +151,151 @@ fn section(report: &Report, key: &str) -> (String, Vec<Vec<String>>) {
             ci(c),
             mark(c).to_string(),
         ]);
+        cells.push(line);
     }
     (title, cells)
 }
 
+/// A difference-in-differences section: each kernel's pair effect (with
+/// its interval and mark) and the difference in differences.
+fn did_section(report: &Report, key: &str) -> (String, Vec<Vec<String>>) {
+    let title = title_of(key);
+    let conf = format!("{:.0}% CI", report.confidence * 100.0);
+    let mut cells = vec![vec![
+        row_heading(report),
+        "iotype".into(),
+        "qd".into(),
+        "nj".into(),
+        "rmix".into(),
+        format!("A {}: B/A", report.a.kernel),
+        conf.clone(),
+        "".into(),
+        format!("B {}: B/A", report.b.kernel),
+        conf.clone(),
+        "".into(),
+        "DiD".into(),
+        conf,
+        "".into(),
+    ]];
+    for r in &report.rows {
+        let Some(c) = r.did.get(key) else {
+            continue;
+        };
+        let mut line = vec![row_name(r)];
+        line.extend(label_cells(r));
+        line.extend([
+            pct(c.a.delta_pct),
+            ci(&c.a),
+            mark(&c.a).to_string(),
+            pct(c.b.delta_pct),
+            ci(&c.b),
+            mark(&c.b).to_string(),
+            pct(c.did.delta_pct),
+            ci_text(c.did.ci_pct),
+            did_mark(&c.did).to_string(),
+        ]);
+        cells.push(line);
+    }
+    (title, cells)
+}
+
+/// Which columns of a section are left-aligned.
+fn left_aligned(l: &[String], i: usize) -> bool {
+    i <= 1 || i == l.len() - 1 || (l.len() == 14 && (i == 7 || i == 10))
+}
+
+const MARKS: &str = "* significant after Holm's correction over every row and \
+         metric shown, ~ noise (cv) exceeds the delta, n<3 too few samples to call";
+
 fn legend(report: &Report) -> String {
+    let conf = report.confidence * 100.0;
+    match report.mode {
+        Mode::Kernels => format!(
+            "A = {} ({}), B = {} ({}); delta = (B - A) / A; {conf:.0}% CI of the delta \
+             (Welch's t with >= 5 samples a side and no skew, bootstrap when skewed, the wider of \
+             both with fewer samples); {MARKS}",
+            report.a.kernel,
+            report.a.dir.display(),
+            report.b.kernel,
+            report.b.dir.display(),
+        ),
+        Mode::Variants => {
+            let mut out = String::new();
+            for r in &report.rows {
+                if let Some(p) = &r.pair {
+                    out.push_str(&format!(
+                        "{}: A = {} on {k}, B = {} on {k}\n",
+                        r.name(),
+                        p.base,
+                        p.other,
+                        k = report.a.kernel
+                    ));
+                }
+            }
+            out.push_str(&format!(
+                "(run {}); delta = (B - A) / A; {conf:.0}% CI of the delta \
+                 (Welch's t with >= 5 samples a side and no skew, bootstrap when skewed, the wider of \
+                 both with fewer samples); {MARKS}",
+                report.a.dir.display(),
+            ));
+            out
+        }
+        Mode::Did => format!(
+            "A = kernel {} ({}), B = kernel {} ({}); each row's pair base → other; \
+             \"A: B/A\" is the pair's effect on kernel A, (mean(other) - mean(base)) / mean(base), \
+             \"B: B/A\" on kernel B; DiD = B's ratio against A's, \
+             (mean(B.other)/mean(B.base)) / (mean(A.other)/mean(A.base)) - 1, its {conf:.0}% CI \
+             from log space (delta method, Welch-Satterthwaite df, t) with >= 5 samples per group \
+             and no skew, bootstrap when skewed, the wider of both with fewer samples; \
+             * significant after Holm's correction over every effect and DiD shown, \
+             ~ noise (the largest cv) exceeds the value, n<3 too few samples to call",
+            report.a.kernel,
+            report.a.dir.display(),
+            report.b.kernel,
+            report.b.dir.display(),
+        ),
+    }
+}
+
+fn difference_line(d: &crate::report::compare::Difference) -> String {
     format!(
-        "A = {} ({}), B = {} ({}); delta = (B - A) / A; {:.0}% CI of the delta \
-         (Welch's t with >= 5 samples a side and no skew, bootstrap when skewed, the wider of \
-         both with fewer samples); * significant after Holm's correction over every row and \
-         metric shown, ~ noise (cv) exceeds the delta, n<3 too few samples to call",
-        report.a.kernel,
-        report.a.dir.display(),
-        report.b.kernel,
-        report.b.dir.display(),
-        report.confidence * 100.0
+        "{}{}: A {} | B {}",
+        d.what,
+        if d.blocking { " (forced)" } else { "" },
+        d.a,
+        d.b
     )
 }
 
-fn differences_text(report: &Report) -> Vec<String> {
-    report
+/// (heading, lines) of the differences: what differs besides the kernel,
+/// then how each pair's variants differ by design.
+fn differences_text(report: &Report) -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    let sides: Vec<String> = report
         .differences
         .iter()
-        .map(|d| {
-            format!(
-                "{}{}: A {} | B {}",
-                d.what,
-                if d.blocking { " (forced)" } else { "" },
-                d.a,
-                d.b
-            )
-        })
-        .collect()
+        .filter(|d| !d.by_design)
+        .map(difference_line)
+        .collect();
+    if !sides.is_empty() {
+        out.push((
+            "besides the kernel, the sides differ in:".to_string(),
+            sides,
+        ));
+    }
+    let pairs: Vec<String> = report
+        .differences
+        .iter()
+        .filter(|d| d.by_design)
+        .map(difference_line)
+        .collect();
+    if !pairs.is_empty() {
+        out.push((
+            "the variants of each pair differ by design in (A = base, B = other):".to_string(),
+            pairs,
+        ));
+    }
+    out
 }
 
 /// The terminal table: one section per metric.
@@ -139,7 +308,7 @@ pub fn table(report: &Report) -> String {
         }
         out.push_str(&title);
         out.push('\n');
-        let (lines, _) = aligned_lines(&cells, |l, i| i <= 1 || i == l.len() - 1);
+        let (lines, _) = aligned_lines(&cells, left_aligned);
         for line in lines {
             out.push_str(&line);
             out.push('\n');
@@ -149,10 +318,10 @@ pub fn table(report: &Report) -> String {
     out.push_str(&legend(report));
     out.push('\n');
     out.push_str(&profile_block(report, false));
-    let d = differences_text(report);
-    if !d.is_empty() {
-        out.push_str("besides the kernel, the sides differ in:\n");
-        for l in d {
+    for (heading, lines) in differences_text(report) {
+        out.push_str(&heading);
+        out.push('\n');
+        for l in lines {
             out.push_str(&format!("  {l}\n"));
         }
     }
@@ -174,14 +343,17 @@ fn profile_block(report: &Report, markdown: bool) -> String {
     if report.profiles.is_empty() {
         return String::new();
     }
+    let sides = match report.mode {
+        Mode::Kernels => format!("A = {}, B = {}", report.a.kernel, report.b.kernel),
+        Mode::Variants => format!(
+            "on {}: A = each pair's base variant, B = its other variant",
+            report.a.kernel
+        ),
+        Mode::Did => "per kernel: A = each pair's base variant, B = its other variant".to_string(),
+    };
     format!(
         "\n{}",
-        crate::report::profile::render(
-            &report.profiles,
-            &report.a.kernel,
-            &report.b.kernel,
-            markdown,
-        )
+        crate::report::profile::render(&report.profiles, &sides, markdown)
     )
 }
 
@@ -191,11 +363,7 @@ fn md_escape(s: &str) -> String {
 
 /// Markdown, to paste into a mailing-list reply.
 pub fn markdown(report: &Report) -> String {
-    let mut out = format!(
-        "### blklab: {} (A) vs {} (B)\n\n",
-        md_escape(&report.a.kernel),
-        md_escape(&report.b.kernel)
-    );
+    let mut out = format!("### {}\n\n", md_escape(&heading(report)));
     for key in &report.metrics {
         let (title, cells) = section(report, key);
         if cells.len() == 1 {
@@ -207,13 +375,7 @@ pub fn markdown(report: &Report) -> String {
             out.push_str(&format!("| {} |\n", line.join(" | ")));
             if i == 0 {
                 let align: Vec<&str> = (0..l.len())
-                    .map(|j| {
-                        if j <= 1 || j == l.len() - 1 {
-                            "---"
-                        } else {
-                            "---:"
-                        }
-                    })
+                    .map(|j| if left_aligned(l, j) { "---" } else { "---:" })
                     .collect();
                 out.push_str(&format!("|{}|\n", align.join("|")));
             }
@@ -223,14 +385,30 @@ pub fn markdown(report: &Report) -> String {
     out.push_str(&md_escape(&legend(report)));
     out.push('\n');
     out.push_str(&profile_block(report, true));
-    let d = differences_text(report);
-    if !d.is_empty() {
-        out.push_str("\nBesides the kernel, the sides differ in:\n\n");
-        for l in d {
+    for (heading, lines) in differences_text(report) {
+        let mut h = heading.clone();
+        h[..1].make_ascii_uppercase();
+        out.push_str(&format!("\n{}\n\n", md_escape(&h)));
+        for l in lines {
             out.push_str(&format!("- {}\n", md_escape(&l)));
         }
     }
     out
+}
+
+/// What a report is, in one line (Markdown and HTML headings).
+pub(crate) fn heading(report: &Report) -> String {
+    match report.mode {
+        Mode::Kernels => format!("blklab: {} (A) vs {} (B)", report.a.kernel, report.b.kernel),
+        Mode::Variants => format!(
+            "blklab: variant pairs on {}, other (B) vs base (A)",
+            report.a.kernel
+        ),
+        Mode::Did => format!(
+            "blklab: variant pairs on {} (A) and {} (B), difference in differences",
+            report.a.kernel, report.b.kernel
+        ),
+    }
 }
 
 fn csv_field(s: &str) -> String {
@@ -241,8 +419,48 @@ fn csv_field(s: &str) -> String {
     }
 }
 
-/// CSV: one line per (row, metric), every metric with data.
+fn f(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v}")
+    } else {
+        String::new()
+    }
+}
+
+fn csv_line(fields: &[String]) -> String {
+    let line: Vec<String> = fields.iter().map(|s| csv_field(s)).collect();
+    line.join(",") + "\n"
+}
+
+/// CSV: one line per (row, metric), every metric with data. Kernels:
+/// `scenario,variant,…,a_kernel,…,b_kernel,…`; variant pairs: `kernel,base,other,…`
+/// with A the base and B the other variant; the difference in differences:
+/// each kernel's four means, both pair effects and the DiD.
 pub fn csv(report: &Report) -> String {
+    match report.mode {
+        Mode::Kernels => csv_kernels(report),
+        Mode::Variants => csv_variants(report),
+        Mode::Did => csv_did(report),
+    }
+}
+
+fn comparison_fields(c: &Comparison) -> Vec<String> {
+    vec![
+        f(c.delta_pct),
+        c.ci_pct.map(|i| f(i.lo)).unwrap_or_default(),
+        c.ci_pct.map(|i| f(i.hi)).unwrap_or_default(),
+        method(c.method).to_string(),
+        c.p_value.map(f).unwrap_or_default(),
+        c.significant.to_string(),
+        c.noisy.to_string(),
+    ]
+}
+
+fn labels_fields(r: &Row) -> Vec<String> {
+    label_cells(r)
+}
+
+fn csv_kernels(report: &Report) -> String {
     let mut out = String::from(
         "scenario,variant,iotype,qd,nj,rmix,metric,unit,a_kernel,a_n,a_mean,a_sd,a_cv_pct,\
          b_kernel,b_n,b_mean,b_sd,b_cv_pct,delta_pct,ci_lo_pct,ci_hi_pct,method,p_value,significant,noisy\n",
@@ -252,20 +470,9 @@ pub fn csv(report: &Report) -> String {
             let Some(c) = r.metrics.get(m.key) else {
                 continue;
             };
-            let f = |v: f64| {
-                if v.is_finite() {
-                    format!("{v}")
-                } else {
-                    String::new()
-                }
-            };
-            let fields = [
-                r.scenario.clone(),
-                r.variant.clone(),
-                r.labels.iotype.clone(),
-                r.labels.qd.clone(),
-                r.labels.nj.clone(),
-                r.labels.rmix.clone(),
+            let mut fields = vec![r.scenario.clone(), r.variant.clone()];
+            fields.extend(labels_fields(r));
+            fields.extend([
                 m.key.to_string(),
                 m.unit.to_string(),
                 report.a.kernel.clone(),
@@ -278,17 +485,88 @@ pub fn csv(report: &Report) -> String {
                 f(c.b.mean),
                 f(c.b.sd),
                 f(c.b.cv_pct),
-                f(c.delta_pct),
-                c.ci_pct.map(|i| f(i.lo)).unwrap_or_default(),
-                c.ci_pct.map(|i| f(i.hi)).unwrap_or_default(),
-                method(c).to_string(),
-                c.p_value.map(f).unwrap_or_default(),
-                c.significant.to_string(),
-                c.noisy.to_string(),
-            ];
-            let line: Vec<String> = fields.iter().map(|s| csv_field(s)).collect();
-            out.push_str(&line.join(","));
-            out.push('\n');
+            ]);
+            fields.extend(comparison_fields(c));
+            out.push_str(&csv_line(&fields));
+        }
+    }
+    out
+}
+
+fn csv_variants(report: &Report) -> String {
+    let mut out = String::from(
+        "kernel,base,other,iotype,qd,nj,rmix,metric,unit,a_n,a_mean,a_sd,a_cv_pct,\
+         b_n,b_mean,b_sd,b_cv_pct,delta_pct,ci_lo_pct,ci_hi_pct,method,p_value,significant,noisy\n",
+    );
+    for r in &report.rows {
+        let Some(p) = &r.pair else { continue };
+        for m in metrics::METRICS {
+            let Some(c) = r.metrics.get(m.key) else {
+                continue;
+            };
+            let mut fields = vec![report.a.kernel.clone(), p.base.clone(), p.other.clone()];
+            fields.extend(labels_fields(r));
+            fields.extend([
+                m.key.to_string(),
+                m.unit.to_string(),
+                c.a.n.to_string(),
+                f(c.a.mean),
+                f(c.a.sd),
+                f(c.a.cv_pct),
+                c.b.n.to_string(),
+                f(c.b.mean),
+                f(c.b.sd),
+                f(c.b.cv_pct),
+            ]);
+            fields.extend(comparison_fields(c));
+            out.push_str(&csv_line(&fields));
+        }
+    }
+    out
+}
+
+fn csv_did(report: &Report) -> String {
+    let mut out = String::from(
+        "base,other,iotype,qd,nj,rmix,metric,unit,a_kernel,a_base_n,a_base_mean,a_other_n,a_other_mean,\
+         a_effect_pct,a_ci_lo_pct,a_ci_hi_pct,a_significant,b_kernel,b_base_n,b_base_mean,b_other_n,\
+         b_other_mean,b_effect_pct,b_ci_lo_pct,b_ci_hi_pct,b_significant,did_pct,ci_lo_pct,ci_hi_pct,\
+         log_ratio,se,df,method,p_value,significant,noisy\n",
+    );
+    for r in &report.rows {
+        let Some(p) = &r.pair else { continue };
+        for m in metrics::METRICS {
+            let Some(DidCell { a, b, did }) = r.did.get(m.key) else {
+                continue;
+            };
+            let mut fields = vec![p.base.clone(), p.other.clone()];
+            fields.extend(labels_fields(r));
+            fields.extend([m.key.to_string(), m.unit.to_string()]);
+            for (k, c) in [(&report.a.kernel, a), (&report.b.kernel, b)] {
+                fields.extend([
+                    k.clone(),
+                    c.a.n.to_string(),
+                    f(c.a.mean),
+                    c.b.n.to_string(),
+                    f(c.b.mean),
+                    f(c.delta_pct),
+                    c.ci_pct.map(|i| f(i.lo)).unwrap_or_default(),
+                    c.ci_pct.map(|i| f(i.hi)).unwrap_or_default(),
+                    c.significant.to_string(),
+                ]);
+            }
+            fields.extend([
+                f(did.delta_pct),
+                did.ci_pct.map(|i| f(i.lo)).unwrap_or_default(),
+                did.ci_pct.map(|i| f(i.hi)).unwrap_or_default(),
+                f(did.log_ratio),
+                did.se.map(f).unwrap_or_default(),
+                did.df.map(f).unwrap_or_default(),
+                method(did.method).to_string(),
+                did.p_value.map(f).unwrap_or_default(),
+                did.significant.to_string(),
+                did.noisy.to_string(),
+            ]);
+            out.push_str(&csv_line(&fields));
         }
     }
     out
