@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use crate::device::config::DiskArgs;
 use crate::lab::options::RunArgs;
 use crate::lab::scenario::{Scenario, DEVICE_SETTINGS};
-use crate::record::result::{Machine, Override};
+use crate::record::machine::{Machine, Override};
 
 /// Defaults when neither the scenario nor the command line says.
 pub(crate) const DEFAULT_VCPUS: u32 = 2;

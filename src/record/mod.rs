@@ -17,6 +17,7 @@
 
 pub mod guest;
 pub mod instructions;
+pub mod machine;
 pub mod metrics;
 pub mod result;
 pub mod run;

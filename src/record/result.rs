@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::device::config::DiskConfig;
 use crate::record::guest::GuestResult;
 use crate::record::instructions::Instructions;
+use crate::record::machine::{Machine, Override};
 use crate::record::run::{Accel, Manifests};
 use crate::record::scenario::Variant;
 use crate::record::Document;
@@ -121,32 +122,6 @@ fn result_schema_pattern() -> String {
 
 fn check_result_schema<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     crate::util::schema::deserialize(d, RESULT_SCHEMA)
-}
-
-/// The guest machine and disks a boot had (after the scenario's settings
-/// and the command line's overrides).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct Machine {
-    pub vcpus: u32,
-    /// QEMU syntax (1G, 2048M).
-    pub memory: String,
-    pub disks: u32,
-    /// Virtqueues per disk.
-    pub num_queues: u16,
-    pub queue_size: u16,
-}
-
-/// A command-line flag that replaced a value the scenario pinned.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct Override {
-    /// `vcpus`, `memory`, `disks`, `queues`, `queue_size` or `device NAME`.
-    pub setting: String,
-    /// The flag, e.g. `--vcpus`.
-    pub flag: String,
-    /// What the scenario (or the variant) says.
-    pub scenario: String,
-    /// What ran.
-    pub used: String,
 }
 
 /// One result record.

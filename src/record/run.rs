@@ -81,7 +81,7 @@ pub struct BootOrder {
     pub variants: Vec<String>,
     /// The guest machine and disks of the boot.
     #[serde(default)]
-    pub machine: Option<crate::record::result::Machine>,
+    pub machine: Option<crate::record::machine::Machine>,
 }
 
 /// Instruction counting (`--count-insns`): the TCG plugin and how windows

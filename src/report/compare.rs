@@ -606,6 +606,14 @@ fn definition_difference(a: &Variant, b: &Variant) -> Option<(String, String)> {
     field("target", a.target.kind.clone(), b.target.kind.clone());
     field("sched", opt(&a.sched), opt(&b.sched));
     field("nr_requests", optn(&a.nr_requests), optn(&b.nr_requests));
+    field("queue_depth", optn(&a.queue_depth), optn(&b.queue_depth));
+    field("nomerges", optn(&a.nomerges), optn(&b.nomerges));
+    field("rq_affinity", optn(&a.rq_affinity), optn(&b.rq_affinity));
+    field(
+        "layout",
+        a.layout.as_str().to_string(),
+        b.layout.as_str().to_string(),
+    );
     field("runtime", a.runtime.to_string(), b.runtime.to_string());
     field("ramp", a.ramp.to_string(), b.ramp.to_string());
     let mut list = |name: &str, x: &[String], y: &[String]| {
@@ -629,6 +637,7 @@ fn definition_difference(a: &Variant, b: &Variant) -> Option<(String, String)> {
         }
     };
     list("target params", &a.target.params, &b.target.params);
+    list("device", &a.device, &b.device);
     list("fio args", &a.fio_args, &b.fio_args);
     (!pa.is_empty()).then(|| (pa.join("; "), pb.join("; ")))
 }
@@ -1301,6 +1310,11 @@ mod tests {
             },
             sched: sched.map(str::to_string),
             nr_requests: None,
+            queue_depth: None,
+            nomerges: None,
+            rq_affinity: None,
+            device: vec!["tags=none".into()],
+            layout: Default::default(),
             runtime: 20,
             ramp: 0,
             fio_args: args.iter().map(|s| s.to_string()).collect(),
