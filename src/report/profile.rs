@@ -154,9 +154,9 @@ pub(crate) fn artefact(function: &str) -> Option<(&'static str, &'static str)> {
         | "queued_write_lock_slowpath" => (
             LOCK,
             "vCPUs spin on a contended lock: under TCG a waiting vCPU burns instructions \
-             until the holder's vCPU gets its turn; the count measures the emulation's \
-             scheduling as much as the kernel (fewer jobs than vCPUs, KVM, or compare \
-             the functions below it)",
+             until the holder's vCPU thread runs again (more so on a loaded host), so the \
+             count measures the host's scheduling as much as the kernel; compare the \
+             functions below it, or measure under KVM",
         ),
         _ if f.starts_with("slob_") => (
             ALLOC,
