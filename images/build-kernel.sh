@@ -34,7 +34,8 @@ set -eu
 
 LOG_NAME=build-kernel
 USAGE="$0 --series SERIES [--patch NAME] --out DIR [--cache DIR]
-  SERIES: a Debian linux-source-SERIES package (Debian 12: 6.1, 6.12)
+  SERIES: a Debian linux-source-SERIES package (Debian 12: 6.1, 6.12;
+          5.10 from bullseye-security, which .ci/install-deps adds, pinned)
   NAME:   images/patches/NAME.patch"
 ARG_MISSING=error
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -59,6 +60,10 @@ expr "x$SERIES" : 'x[0-9][0-9]*\.[0-9][0-9]*$' >/dev/null \
 
 FRAGMENT="$HERE/kernel/guest.config"
 [ -f "$FRAGMENT" ] || die "$FRAGMENT missing (the kernel configuration fragment)"
+# What one series needs on top (e.g. guest-5.10.config), merged after
+# FRAGMENT and checked the same way; most series have none.
+SERIES_FRAGMENT="$HERE/kernel/guest-$SERIES.config"
+[ -f "$SERIES_FRAGMENT" ] || SERIES_FRAGMENT=""
 [ -n "$CACHE" ] || CACHE=$(image_cache)/kernel-src
 
 PATCH_FILE=""; PATCH_SHA=""
@@ -96,7 +101,7 @@ fi
 SRCVER=$(candidate "$SRCPKG")
 if ! have_version "$SRCVER"; then
     avail=$(source_series)
-    die "no package $SRCPKG in the apt lists (series available here: ${avail:-none}; Debian 12 has 6.1 in bookworm and 6.12 in bookworm-security)"
+    die "no package $SRCPKG in the apt lists (series available here: ${avail:-none}); $(source_hint "$SERIES")"
 fi
 
 # --- inputs hash and the output cache -----------------------------------------------
@@ -104,6 +109,7 @@ inputs() {
     echo "format 1"
     code_inputs
     echo "fragment $(sha256 "$FRAGMENT")"
+    [ -z "$SERIES_FRAGMENT" ] || echo "series-fragment $(sha256 "$SERIES_FRAGMENT")"
     echo "series $SERIES"
     echo "source $SRCPKG $SRCVER"
     echo "patch ${PATCH_NAME:-none} ${PATCH_SHA:-}"
@@ -259,13 +265,15 @@ kmake() {
         make -C "$TREE" --no-print-directory ARCH=x86_64 "$@"
 }
 LOGDIR="$TREE/.blklab"
-CONFIG_KEY="tinyconfig+fragment-v1 $(sha256 "$FRAGMENT")"
+CONFIG_KEY="tinyconfig+fragment-v1 $(sha256 "$FRAGMENT")${SERIES_FRAGMENT:+ $(sha256 "$SERIES_FRAGMENT")}"
 
-# verify_config: print every option of the fragment whose value in .config
-# differs from the requested one; fail on a line of the fragment that does not
-# parse.
+# verify_config FRAGMENT: print every option of FRAGMENT whose value in
+# .config differs from the requested one, and every line of it that does not
+# parse. An option FRAGMENT wants "not set" that .config does not have at all
+# passes (the kernel has no such option: SLOB on 6.12); one it wants set
+# fails.
 verify_config() {
-    awk -v frag="$FRAGMENT" '
+    awk -v frag="$1" '
         FNR == NR {
             if (match($0, /^CONFIG_[A-Za-z0-9_]+=/)) {
                 have[substr($0, 1, RLENGTH - 1)] = substr($0, RLENGTH + 1)
@@ -298,29 +306,30 @@ verify_config() {
             next
         }
         { printf "  %s:%d: cannot parse: %s\n", frag, FNR, $0 }
-    ' "$TREE/.config" "$FRAGMENT"
+    ' "$TREE/.config" "$1"
 }
 
 if [ "$(state_get config)" != "$CONFIG_KEY" ] || [ ! -f "$TREE/.config" ]; then
-    log "configuring: make tinyconfig + $(basename "$FRAGMENT") + olddefconfig"
+    log "configuring: make tinyconfig + $(basename "$FRAGMENT")${SERIES_FRAGMENT:+ + $(basename "$SERIES_FRAGMENT")} + olddefconfig"
     state_set config ""
     {
         kmake tinyconfig &&
-        (cd "$TREE" && scripts/kconfig/merge_config.sh -m .config "$FRAGMENT") &&
+        (cd "$TREE" && scripts/kconfig/merge_config.sh -m .config "$FRAGMENT" ${SERIES_FRAGMENT:+"$SERIES_FRAGMENT"}) &&
         kmake olddefconfig
     } > "$LOGDIR/config.log" 2>&1 || {
         tail -n 20 "$LOGDIR/config.log" >&2
         die "configuring $TREE failed; full log: $LOGDIR/config.log"
     }
 fi
-bad=$(verify_config)
-if [ -n "$bad" ]; then
+for frag in "$FRAGMENT" ${SERIES_FRAGMENT:+"$SERIES_FRAGMENT"}; do
+    bad=$(verify_config "$frag")
+    [ -n "$bad" ] || continue
     state_set config ""
     n=$(echo "$bad" | wc -l)
-    log "these options of $FRAGMENT did not get the requested value after make olddefconfig:"
+    log "these options of $frag did not get the requested value after make olddefconfig:"
     echo "$bad" >&2
-    die "$n option(s) of images/kernel/guest.config were dropped or changed by Kconfig; add their missing dependencies to images/kernel/guest.config (see each option's 'depends on' in the Kconfig files of $TREE)"
-fi
+    die "$n option(s) of images/kernel/$(basename "$frag") were dropped or changed by Kconfig; add their missing dependencies to images/kernel/$(basename "$frag") (see each option's 'depends on' in the Kconfig files of $TREE), or move an option only $SERIES has to images/kernel/guest-$SERIES.config"
+done
 state_set config "$CONFIG_KEY"
 
 # --- patch ---------------------------------------------------------------------------------
@@ -373,7 +382,9 @@ log "make done in ${MAKE_SECS}s ($(grep -c '^  CC ' "$BUILD_LOG" || true) object
 KVER=$(kmake -s kernelrelease 2>/dev/null | tail -n1)
 [ -n "$KVER" ] || die "make kernelrelease printed nothing"
 [ -f "$TREE/arch/x86/boot/bzImage" ] || die "no arch/x86/boot/bzImage after the build"
-UTSV=$(sed -n 's/^#define UTS_VERSION "\(.*\)"$/\1/p' "$TREE/include/generated/utsversion.h" 2>/dev/null | head -n1)
+# UTS_VERSION: include/generated/utsversion.h since 6.0, compile.h before (5.10).
+UTSV=$(sed -n 's/^#define UTS_VERSION "\(.*\)"$/\1/p' "$TREE/include/generated/utsversion.h" \
+    "$TREE/include/generated/compile.h" 2>/dev/null | head -n1)
 
 # --- lay out the output ---------------------------------------------------------------------
 mkdir -p "$(dirname "$OUT")"
@@ -413,6 +424,7 @@ cat > "$STAGE/manifest.json" <<EOF
   "source_package": "$SRCPKG",
   "source_version": "$SRCVER",
   "config_fragment_sha256": "$(sha256 "$FRAGMENT")",
+  "series_config_fragment_sha256": $(if [ -n "$SERIES_FRAGMENT" ]; then echo "\"$(sha256 "$SERIES_FRAGMENT")\""; else echo null; fi),
   "config_sha256": "$CONFIG_SHA",
   "patch": $PATCH_JSON,
   "vmlinuz_sha256": "$VMLINUZ_SHA",

@@ -11,8 +11,9 @@
 #
 # LOG_NAME prefixes every message ("build-fio: …", "build-fio: ERROR: …"),
 # USAGE follows "usage: " in the usage text, HERE is the script's directory
-# (images/). Sets SELF (the script), LIB (this file), DEBSRC and BACKPORTS
-# (the apt sources files blklab adds), and appends /usr/sbin:/sbin to PATH.
+# (images/). Sets SELF (the script), LIB (this file), DEBSRC, BACKPORTS,
+# BULLSEYE and BULLSEYE_PIN (the apt files blklab adds), and appends
+# /usr/sbin:/sbin to PATH.
 #
 # Every script that hashes its own code into a cache key hashes this file
 # too (code_inputs): a change here rebuilds what it may change.
@@ -180,6 +181,16 @@ source_series() {
     apt-cache search --names-only '^linux-source-[0-9.]*$' 2>/dev/null | cut -d' ' -f1 \
         | sed 's/^linux-source-//' | sort -V | tr '\n' ' ' | sed 's/ $//'
 }
+# source_hint SERIES: where linux-source-SERIES comes from and how to get
+# it, for an error message when apt does not have it.
+source_hint() {
+    case "$1" in
+    5.10) echo "linux-source-5.10 is Debian 11's, from bullseye-security: run .ci/install-deps as root, which adds $BULLSEYE, pinned by $BULLSEYE_PIN so that nothing else comes from bullseye" ;;
+    6.1) echo "linux-source-6.1 is in Debian 12's bookworm: check /etc/apt/sources.list.d and run apt-get update" ;;
+    6.12) echo "linux-source-6.12 is in Debian 12's bookworm-security: check /etc/apt/sources.list.d and run apt-get update" ;;
+    *) echo "Debian 12 has 6.1 in bookworm and 6.12 in bookworm-security; 5.10 comes from bullseye-security (.ci/install-deps adds it, pinned to that one package)" ;;
+    esac
+}
 # src_version PKG: the newest version of source package PKG apt knows
 # (deb-src); nothing when none.
 src_version() { apt-cache showsrc "$1" 2>/dev/null | sed -n 's/^Version: *//p' | sort -V | tail -n1; }
@@ -223,6 +234,10 @@ apt_download() {
 # same).
 DEBSRC=/etc/apt/sources.list.d/blklab-deb-src.sources
 BACKPORTS=/etc/apt/sources.list.d/blklab-backports.sources
+# bullseye-security for linux-source-5.10 and its pin: only .ci/install-deps
+# writes them (named here for the error messages).
+BULLSEYE=/etc/apt/sources.list.d/blklab-bullseye-security.sources
+BULLSEYE_PIN=/etc/apt/preferences.d/blklab-bullseye-security
 
 # ensure_deb_src PKG: when apt knows no source of PKG, add DEBSRC (deb-src
 # of bookworm and bookworm-updates; as root) unless it is there, and run

@@ -129,7 +129,7 @@ parse_spec() {
         fi
         ;;
     *)
-        die "$1: unknown SPEC (expected debian-6.1, debian-6.12, build:6.12[+PATCH] or path:FILE[,modules=DIR][,name=LABEL])"
+        die "$1: unknown SPEC (expected debian-6.1, debian-6.12, build:5.10[+PATCH], build:6.12[+PATCH] or path:FILE[,modules=DIR][,name=LABEL])"
         ;;
     esac
 }
@@ -152,7 +152,7 @@ for spec in "$@"; do
         if [ -n "$avail" ]; then
             case " $avail " in
             *" $SERIES "*) ;;
-            *) die "$spec: Debian has no linux-source-$SERIES here (series available: $avail); use e.g. build:6.12" ;;
+            *) die "$spec: Debian has no linux-source-$SERIES here (series available: $avail); $(source_hint "$SERIES")" ;;
             esac
         fi
     fi

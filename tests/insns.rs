@@ -145,6 +145,17 @@ fn differential_profile_ranks_the_plug_path() {
     assert!(out.status.success(), "{}", text(&out));
     let report: Value = serde_json::from_slice(&out.stdout).unwrap();
     let profiles = report["profiles"].as_array().expect("profiles");
+    // Real 6.12 profiles (TSC clocksource, SLUB): no artefact on top.
+    for p in profiles {
+        assert_eq!(
+            p["warnings"].as_array().map(Vec::len),
+            Some(0),
+            "{}/{}: {}",
+            p["scenario"],
+            p["variant"],
+            p["warnings"]
+        );
+    }
     let none = profiles
         .iter()
         .find(|p| p["variant"] == "none-10k")

@@ -36,12 +36,20 @@ pub enum ImageError {
     Count { got: usize, want: usize },
 }
 
+/// The series `build:SERIES` takes: the Debian `linux-source-SERIES`
+/// packages images/build-kernel.sh builds with images/kernel/guest.config
+/// (5.10 from bullseye-security, which `.ci/install-deps` adds pinned to
+/// that one package: the kernel before the 5.14 shared-tags fix; 6.12 from
+/// bookworm-security).
+pub(crate) const BUILD_SERIES: &[&str] = &["5.10", "6.12"];
+
 /// A guest kernel as the user names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub(crate) enum KernelSpec {
     /// `debian-6.1`, `debian-6.12`: Debian's prebuilt kernels.
     Debian(String),
-    /// `build:6.12` or `build:6.12+noplug`: built from linux-source.
+    /// `build:6.12`, `build:6.12+noplug`, `build:5.10`: built from
+    /// linux-source-SERIES (a series of [`BUILD_SERIES`]).
     Build {
         series: String,
         patch: Option<String>,
@@ -126,8 +134,11 @@ impl std::str::FromStr for KernelSpec {
                 Some((a, b)) => (a, Some(b)),
                 None => (rest, None),
             };
-            if series != "6.12" {
-                return Err(bad("self-built kernels: build:6.12 or build:6.12+PATCH"));
+            if !BUILD_SERIES.contains(&series) {
+                return Err(bad(&format!(
+                    "self-built kernels: build:SERIES or build:SERIES+PATCH, SERIES one of {}",
+                    BUILD_SERIES.join(", ")
+                )));
             }
             if let Some(p) = patch {
                 if p.is_empty()
@@ -146,7 +157,7 @@ impl std::str::FromStr for KernelSpec {
         let body = s.strip_prefix("path:").unwrap_or(s);
         if !(s.starts_with("path:") || s.contains('/')) {
             return Err(bad(
-                "expected debian-6.1, debian-6.12, build:6.12[+PATCH] or path:FILE[,modules=DIR][,name=LABEL]",
+                "expected debian-6.1, debian-6.12, build:5.10[+PATCH], build:6.12[+PATCH] or path:FILE[,modules=DIR][,name=LABEL]",
             ));
         }
         let mut parts = body.split(',');
@@ -317,6 +328,19 @@ mod tests {
                 patch: Some("noplug".into())
             }
         );
+        assert_eq!(
+            "build:5.10".parse::<KernelSpec>().unwrap().to_prepare_arg(),
+            "build:5.10"
+        );
+        assert_eq!(
+            "build:5.10+hosttags".parse::<KernelSpec>().unwrap(),
+            KernelSpec::Build {
+                series: "5.10".into(),
+                patch: Some("hosttags".into())
+            }
+        );
+        let e = "build:5.4".parse::<KernelSpec>().unwrap_err().to_string();
+        assert!(e.contains("5.10, 6.12"), "{e}");
         let p: KernelSpec = "path:/b/bzImage,modules=/m,name=mine".parse().unwrap();
         assert_eq!(p.to_prepare_arg(), "path:/b/bzImage,modules=/m,name=mine");
         let bare: KernelSpec = "./arch/x86/boot/bzImage".parse().unwrap();

@@ -18,8 +18,8 @@ pub enum CountInsns {
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// Guest kernel, repeatable: debian-6.1, debian-6.12, build:6.12,
-    /// build:6.12+PATCH (images/patches/PATCH.patch) or
-    /// path:FILE[,modules=DIR][,name=LABEL].
+    /// build:5.10 (before the 5.14 shared-tags fix), build:SERIES+PATCH
+    /// (images/patches/PATCH.patch) or path:FILE[,modules=DIR][,name=LABEL].
     #[arg(long, value_name = "SPEC", default_values_t = ["build:6.12".to_string(), "build:6.12+noplug".to_string()])]
     pub kernel: Vec<String>,
     /// Scenario name (guest-scripts/scenarios/NAME.scn), repeatable.

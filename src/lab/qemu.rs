@@ -43,6 +43,18 @@ pub enum QemuError {
 
 pub(crate) use crate::record::run::Accel;
 
+/// The clocksource every lab guest boots with, whatever the kernel and the
+/// accelerator: the TSC, trusted as it is. Under TCG with 2 vCPUs, 5.10
+/// left to itself prints "tsc: Marking TSC unstable due to TSCs
+/// unsynchronized" (its boot-time check across CPUs) and switches to the
+/// HPET, and then every clock read (ktime_get, several per IO) is an
+/// emulated MMIO read: `read_hpet` topped its instruction profile. 6.12
+/// keeps the TSC by itself. `tsc=reliable` skips that check and the
+/// clocksource watchdog (on 5.10 it alone is enough: "Switched to
+/// clocksource tsc"); `clocksource=tsc` alone is not (the TSC is already
+/// unstable). A user's `--append` comes later and wins.
+pub(crate) const CLOCKSOURCE_ARGS: &str = "clocksource=tsc tsc=reliable";
+
 /// One vhost-user disk on the QEMU command line.
 pub(crate) use crate::backend::qemu_args::QemuDisk;
 

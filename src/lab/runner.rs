@@ -824,7 +824,8 @@ fn kernel_append(c: &BootCtx) -> String {
     let mut append = format!(
         // loglevel=5: the console shows KERN_WARNING and worse, so a WARN
         // splat reaches the fault scanner (`quiet` would hide it).
-        "console=ttyS0 loglevel=5 panic=-1 blklab.run=lab blklab.scenarios={} blklab.sync=1",
+        "console=ttyS0 loglevel=5 panic=-1 {} blklab.run=lab blklab.scenarios={} blklab.sync=1",
+        crate::lab::qemu::CLOCKSOURCE_ARGS,
         c.scenario.name
     );
     if let Some(extra) = &c.args.append {

@@ -457,6 +457,15 @@ pub(crate) fn write(
     if !report.profiles.is_empty() {
         body.push_str("<h2>Differential instruction profile</h2>\n");
         for p in &report.profiles {
+            for w in &p.warnings {
+                body.push_str(&format!(
+                    "<p class=\"warning\"><strong>{}</strong>: {}</p>\n",
+                    esc(&p.title()),
+                    esc(&crate::report::profile::warning_line(
+                        w, &p.a_label, &p.b_label
+                    ))
+                ));
+            }
             let name = match &p.pair {
                 None => format!("{}-{}", p.scenario, p.variant),
                 Some(_) => p.title(),
@@ -534,7 +543,7 @@ pub(crate) fn write(
     }
     let html = format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>blklab compare</title>\n\
-         <style>body{{font-family:sans-serif;margin:2em}}pre{{font-size:12px}}figure{{display:inline-block;margin:0.5em}}</style>\n\
+         <style>body{{font-family:sans-serif;margin:2em}}pre{{font-size:12px}}figure{{display:inline-block;margin:0.5em}}.warning{{color:#a00}}</style>\n\
          </head><body>\n{body}</body></html>\n"
     );
     let page = dir.join("report.html");

@@ -105,6 +105,147 @@ pub struct RowProfile {
     /// Sum of every function's diff (= the kernel's per-IO difference as far
     /// as blocks were attributed).
     pub functions_diff_sum: f64,
+    /// Measurement artefacts at the top of either side's profile (see
+    /// [`artefacts`]); empty for a clean profile.
+    pub warnings: Vec<ArtefactWarning>,
+}
+
+/// A function near the top of one side's profile that says more about how
+/// the guest was measured than about the block layer: an emulated clock, an
+/// allocator on its slow path, a vCPU spinning on a lock.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArtefactWarning {
+    /// "a" or "b".
+    pub side: &'static str,
+    pub function: String,
+    /// "clock read", "allocator slow path" or "lock spinning".
+    pub kind: &'static str,
+    /// Its rank on that side by instructions per IO (1 = the most).
+    pub rank: usize,
+    /// Mean instructions per IO on that side.
+    pub per_io: f64,
+    /// Its share of that side's kernel instructions per IO, in percent.
+    pub kernel_share_pct: f64,
+    /// What it suggests, and what to check.
+    pub hint: &'static str,
+}
+
+/// A function counts as "top" when it is among the first [`ARTEFACT_RANK`]
+/// of a side by instructions per IO and at least [`ARTEFACT_MIN_PCT`] % of
+/// its kernel instructions, or whatever its rank at [`ARTEFACT_PCT`] % or
+/// more. (In clean 6.12 profiles the largest function is about 3 %, and
+/// every function below is under 1 %.)
+const ARTEFACT_RANK: usize = 5;
+const ARTEFACT_MIN_PCT: f64 = 1.0;
+const ARTEFACT_PCT: f64 = 5.0;
+
+/// The kind of artefact a kernel function is and what it suggests, if it is
+/// one. Compiler suffixes (`.constprop.0`, `.isra.0`, `.part.0`) are
+/// ignored. Paravirtual clock reads (kvm-clock's `pvclock_clocksource_read`)
+/// and `read_tsc` are not listed: they read memory and the TSC, a real cost
+/// a guest pays, not an emulated device.
+pub(crate) fn artefact(function: &str) -> Option<(&'static str, &'static str)> {
+    let f = function.split('.').next().unwrap_or(function);
+    const CLOCK: &str = "clock read";
+    const ALLOC: &str = "allocator slow path";
+    const LOCK: &str = "lock spinning";
+    let hit = match f {
+        "read_hpet" => (
+            CLOCK,
+            "the clocksource is the HPET? every clock read is an emulated MMIO read; \
+             check the kernel's clocksource (boot console 'Switched to clocksource', \
+             /sys/devices/system/clocksource/clocksource0/current_clocksource; \
+             blklab boots with clocksource=tsc tsc=reliable unless --append overrides it)",
+        ),
+        "acpi_pm_read" | "acpi_pm_read_verified" | "acpi_pm_read_slow" => (
+            CLOCK,
+            "the clocksource is the ACPI PM timer? every clock read is an emulated port read; \
+             check the kernel's clocksource (boot console 'Switched to clocksource'; \
+             blklab boots with clocksource=tsc tsc=reliable unless --append overrides it)",
+        ),
+        "i8253_read" | "pit_read" => (
+            CLOCK,
+            "the clocksource is the PIT? every clock read is emulated port IO; \
+             check the kernel's clocksource (boot console 'Switched to clocksource')",
+        ),
+        "___slab_alloc" | "__slab_alloc" | "cache_alloc_refill" => (
+            ALLOC,
+            "the slab allocator keeps taking its slow path: no per-CPU caches? \
+             check the kernel's config (SLUB_TINY, SLUB_CPU_PARTIAL, SLAB)",
+        ),
+        "get_page_from_freelist" | "rmqueue_bulk" => (
+            ALLOC,
+            "the page allocator is this busy per IO: slabs refilled from pages (SLOB, \
+             SLUB_TINY?) or memory pressure; check the kernel's config and the guest's memory",
+        ),
+        "native_queued_spin_lock_slowpath"
+        | "__pv_queued_spin_lock_slowpath"
+        | "queued_spin_lock_slowpath"
+        | "queued_read_lock_slowpath"
+        | "queued_write_lock_slowpath" => (
+            LOCK,
+            "vCPUs spin on a contended lock: under TCG a waiting vCPU burns instructions \
+             until the holder's vCPU thread runs again (more so on a loaded host), so the \
+             count measures the host's scheduling as much as the kernel; compare the \
+             functions below it, or measure under KVM",
+        ),
+        _ if f.starts_with("slob_") => (
+            ALLOC,
+            "the kernel uses the SLOB allocator (tinyconfig before 6.4 picks it): one global \
+             free list walked under a lock; build with CONFIG_SLUB=y (images/kernel/guest.config)",
+        ),
+        _ => return None,
+    };
+    Some(hit)
+}
+
+/// The artefacts at the top of each side's profile: per side, the
+/// functions ranked by mean instructions per IO, their share of the side's
+/// kernel instructions per IO (the sum of its functions when the records
+/// have no kernel total).
+fn artefacts(all: &[Entry], kernel: (Option<f64>, Option<f64>)) -> Vec<ArtefactWarning> {
+    let mut out = Vec::new();
+    for side in ["a", "b"] {
+        let pick = |e: &Entry| if side == "a" { e.a.mean } else { e.b.mean };
+        let mut ranked: Vec<(&Entry, f64)> = all
+            .iter()
+            .map(|e| (e, pick(e)))
+            .filter(|(_, v)| v.is_finite() && *v > 0.0)
+            .collect();
+        ranked.sort_by(|x, y| {
+            y.1.partial_cmp(&x.1)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(x.0.name.cmp(&y.0.name))
+        });
+        let total = match if side == "a" { kernel.0 } else { kernel.1 } {
+            Some(k) if k > 0.0 => k,
+            _ => ranked.iter().map(|(_, v)| v).sum(),
+        };
+        if total <= 0.0 {
+            continue;
+        }
+        for (i, (e, v)) in ranked.iter().enumerate() {
+            let pct = 100.0 * v / total;
+            if i >= ARTEFACT_RANK && pct < ARTEFACT_PCT {
+                break; // ranked: everything below is smaller still
+            }
+            if pct < ARTEFACT_MIN_PCT {
+                continue;
+            }
+            if let Some((kind, hint)) = artefact(&e.name) {
+                out.push(ArtefactWarning {
+                    side,
+                    function: e.name.clone(),
+                    kind,
+                    rank: i + 1,
+                    per_io: *v,
+                    kernel_share_pct: pct,
+                    hint,
+                });
+            }
+        }
+    }
+    out
 }
 
 /// Name → instructions per IO, of one record's profile.
@@ -233,6 +374,11 @@ pub(crate) fn row_profile(
         rb.len(),
         |f| crate::record::symbol_groups::group_of(f).to_string(),
     );
+    let kernel_mean = |rs: &[&Instructions]| {
+        let v = scalar(rs, |i| i.kernel_per_io);
+        (!v.is_empty()).then(|| side_value(&v).mean)
+    };
+    let warnings = artefacts(&all, (kernel_mean(&ra), kernel_mean(&rb)));
     let functions_diff_sum = all.iter().map(|e| e.diff).sum();
     let nonzero = all.iter().filter(|e| e.diff != 0.0).count();
     let functions: Vec<Entry> = all.into_iter().take(top).collect();
@@ -248,6 +394,7 @@ pub(crate) fn row_profile(
         more_functions: nonzero.saturating_sub(functions.len()),
         functions,
         functions_diff_sum,
+        warnings,
     })
 }
 
@@ -260,6 +407,22 @@ impl RowProfile {
             _ => format!("{}/{}", self.scenario, self.variant),
         }
     }
+}
+
+/// One warning as a line of text: which side, the function, its rank,
+/// count and share, and what it suggests.
+pub(crate) fn warning_line(w: &ArtefactWarning, a: &str, b: &str) -> String {
+    let (side, kernel) = if w.side == "a" { ("A", a) } else { ("B", b) };
+    format!(
+        "WARNING: {side} {kernel}: {} is #{} of the profile, {} instructions per IO \
+         ({:.1} % of the kernel's), a measurement artefact ({}): {}",
+        w.function,
+        w.rank,
+        crate::util::text::num(w.per_io),
+        w.kernel_share_pct,
+        w.kind,
+        w.hint
+    )
 }
 
 /// Text (or Markdown) of the profiles; `sides` says what A and B are
@@ -299,8 +462,14 @@ pub(crate) fn render(profiles: &[RowProfile], sides: &str, markdown: bool) -> St
         sections.push(("function", &p.functions));
         if markdown {
             out.push_str(&format!("*{title}*\n\n"));
+            for w in &p.warnings {
+                out.push_str(&format!("> **{}**\n\n", warning_line(w, a, b)));
+            }
         } else {
             out.push_str(&format!("{title}\n"));
+            for w in &p.warnings {
+                out.push_str(&format!("  {}\n", warning_line(w, a, b)));
+            }
         }
         for (what, list) in sections {
             let mut cells: Vec<Vec<String>> = vec![vec![
@@ -434,5 +603,95 @@ mod tests {
         assert!(t.contains("blk_mq_flush_plug_list"), "{t}");
         assert!(t.contains("-50.0"), "{t}");
         assert!(row_profile("s", "v", &[&test_record(json!({}))], &[&b1], 2).is_none());
+        assert!(!t.contains("WARNING"), "{t}");
+    }
+
+    /// A 5.10 built from plain tinyconfig: the HPET clocksource and SLOB on
+    /// top of side B's profile.
+    #[test]
+    fn artefacts_on_top_warn() {
+        let clean = [
+            ("bio_first_folio", 306.0),
+            ("virtqueue_add_split", 302.0),
+            ("gup_fast_fallback", 280.0),
+            ("aio_read_events", 277.0),
+            ("__schedule", 221.0),
+            ("read_tsc", 17.0),
+            ("get_page_from_freelist", 20.0),
+            ("___slab_alloc", 1.0),
+        ];
+        let a = rec(&clean, 10_000.0);
+        let mut dirty = clean.to_vec();
+        dirty.push(("read_hpet", 3000.0));
+        dirty.push(("slob_page_alloc.constprop.0", 900.0));
+        dirty.push(("native_queued_spin_lock_slowpath", 40.0));
+        let b = rec(&dirty, 14_000.0);
+        let p = row_profile("s", "v", &[&a, &a], &[&b, &b], 3).unwrap();
+        let w: Vec<(&str, &str, usize)> = p
+            .warnings
+            .iter()
+            .map(|w| (w.side, w.function.as_str(), w.rank))
+            .collect();
+        assert_eq!(
+            w,
+            vec![
+                ("b", "read_hpet", 1),
+                ("b", "slob_page_alloc.constprop.0", 2)
+            ],
+            "{:?}",
+            p.warnings
+        );
+        let hpet = &p.warnings[0];
+        assert_eq!(hpet.kind, "clock read");
+        assert_eq!(hpet.per_io, 3000.0);
+        assert!((hpet.kernel_share_pct - 100.0 * 3000.0 / 14_000.0).abs() < 1e-9);
+        assert!(hpet.hint.contains("clocksource"), "{}", hpet.hint);
+        assert_eq!(p.warnings[1].kind, "allocator slow path");
+        assert!(p.warnings[1].hint.contains("SLOB"));
+        // The text and Markdown tables carry them, naming side and kernel.
+        let mut p = p;
+        p.a_label = "6.12".into();
+        p.b_label = "5.10".into();
+        let t = render(std::slice::from_ref(&p), "A = 6.12, B = 5.10", false);
+        assert!(
+            t.contains(
+                "WARNING: B 5.10: read_hpet is #1 of the profile, 3000 instructions per IO (21.4 % of the kernel's)"
+            ),
+            "{t}"
+        );
+        assert!(t.contains("the clocksource is the HPET?"), "{t}");
+        let md = render(std::slice::from_ref(&p), "A = 6.12, B = 5.10", true);
+        assert!(md.contains("> **WARNING: B 5.10: read_hpet"), "{md}");
+        // And the JSON.
+        let j = serde_json::to_value(&p).unwrap();
+        assert_eq!(j["warnings"][0]["function"], "read_hpet");
+        assert_eq!(j["warnings"][0]["side"], "b");
+        assert_eq!(j["warnings"][0]["rank"], 1);
+        // The clean side, on its own, has none.
+        let q = row_profile("s", "v", &[&a], &[&a], 3).unwrap();
+        assert!(q.warnings.is_empty(), "{:?}", q.warnings);
+        assert!(!render(&[q], "A, B", false).contains("WARNING"));
+    }
+
+    /// A spinning lock far down the ranks but over 5 % of the kernel's
+    /// instructions still warns; one in the top 5 under 1 % does not.
+    #[test]
+    fn artefact_thresholds() {
+        let mut f: Vec<(String, f64)> = (0..10)
+            .map(|i| (format!("f{i}"), 1000.0 - i as f64))
+            .collect();
+        f.push(("__pv_queued_spin_lock_slowpath".into(), 600.0));
+        let fs: Vec<(&str, f64)> = f.iter().map(|(n, v)| (n.as_str(), *v)).collect();
+        let r = rec(&fs, 10_000.0);
+        let p = row_profile("s", "v", &[&r], &[&r], 3).unwrap();
+        let names: Vec<(&str, usize)> = p.warnings.iter().map(|w| (w.side, w.rank)).collect();
+        assert_eq!(names, vec![("a", 11), ("b", 11)], "{:?}", p.warnings);
+        assert_eq!(p.warnings[0].kind, "lock spinning");
+        let tiny = rec(&[("read_hpet", 50.0), ("x", 40.0)], 10_000.0);
+        let p = row_profile("s", "v", &[&tiny], &[&tiny], 3).unwrap();
+        assert!(p.warnings.is_empty(), "{:?}", p.warnings);
+        assert_eq!(artefact("acpi_pm_read").map(|a| a.0), Some("clock read"));
+        assert_eq!(artefact("pvclock_clocksource_read"), None);
+        assert_eq!(artefact("read_tsc"), None);
     }
 }
