@@ -500,6 +500,36 @@ queue_json() {      # what the devices really have, read back
     echo "$_qj_o}"
 }
 
+# --- blk-mq debugfs ---------------------------------------------------------------
+# Per hardware queue of every target: /sys/kernel/debug/block/DEV/hctxN/ATTR.
+# Which ATTRs exist depends on the kernel (lib/blkmq.awk); a missing one is
+# left out of the snapshot, never an error.
+DEBUGFS=${BLKLAB_DEBUGFS:-/sys/kernel/debug}
+BLKMQ_ATTRS="dispatched queued run dispatch_busy active tags sched_tags"
+BLKMQ_ERR=""
+BLKMQ_DONE=0
+blkmq_prepare() {   # once per run: mount debugfs if it is not
+    [ "$BLKMQ_DONE" = 1 ] && return
+    BLKMQ_DONE=1
+    [ -d "$DEBUGFS/block" ] && return
+    _bp_out=$(mount -t debugfs none "$DEBUGFS" 2>&1 </dev/null)
+    [ -d "$DEBUGFS/block" ] && return
+    BLKMQ_ERR="no $DEBUGFS/block: the kernel has no CONFIG_BLK_DEBUG_FS, or mount -t debugfs none $DEBUGFS failed${_bp_out:+ ($_bp_out)}"
+    say "$BLKMQ_ERR"
+}
+
+blkmq_files() {     # the readable attribute files of every target's hardware queues
+    [ -z "$BLKMQ_ERR" ] || return 0
+    for _bf_d in $DEVS; do
+        # shellcheck disable=SC2010  # debugfs names are plain
+        for _bf_h in $(ls "$DEBUGFS/block/$_bf_d" 2>/dev/null | grep '^hctx[0-9][0-9]*$'); do
+            for _bf_a in $BLKMQ_ATTRS; do
+                [ -r "$DEBUGFS/block/$_bf_d/$_bf_h/$_bf_a" ] && echo "$DEBUGFS/block/$_bf_d/$_bf_h/$_bf_a"
+            done
+        done
+    done
+}
+
 # --- snapshots ------------------------------------------------------------------
 snapshot() {        # snapshot FILE: the files the result document is computed from
     {
@@ -508,6 +538,11 @@ snapshot() {        # snapshot FILE: the files the result document is computed f
         echo "@interrupts"; cat /proc/interrupts
         echo "@softirqs"; cat /proc/softirqs
         for _ss_d in $DEVS; do echo "@block $_ss_d"; cat "/sys/block/$_ss_d/stat"; done
+        # one awk for all debugfs files: "@blkmq DEV HCTX ATTR" and the content
+        # (an empty file, e.g. sched_tags without a scheduler, has no section)
+        _ss_f=$(blkmq_files)
+        # shellcheck disable=SC2016,SC2086  # an awk program; file names split on purpose
+        [ -n "$_ss_f" ] && $AWK 'FNR == 1 { n = split(FILENAME, p, "/"); print "@blkmq " p[n - 2] " " p[n - 1] " " p[n] } { print }' $_ss_f
     } > "$1" 2>/dev/null
 }
 
@@ -560,6 +595,7 @@ run_variant() {     # run_variant INDEX
         fi
         fiocmd="fio $*"
 
+        blkmq_prepare
         # nothing touches the target disks from here to the begin SYNC reply
         snapshot "$W/before"
         R_BEFORE=$W/before
@@ -608,8 +644,8 @@ run_variant() {     # run_variant INDEX
         R_NCPU="$NCPU" R_KIND="$VKIND" R_PARAMS="$VPARAMS" R_SCHED="$VSCHED" R_NR="$VNR" \
         R_QDEPTH="$VQDEPTH" R_NOMERGES="$VNOMERGES" R_RQAFF="$VRQAFF" R_LAYOUT="$VLAYOUT" \
         R_RUNTIME="$VRUNTIME" R_RAMP="$VRAMP" R_FIOARGS="$VFIO" R_FIOCMD R_DEVICES="$DEVS" \
-        R_QUEUE R_BEFORE R_AFTER R_MPSTAT R_FIO R_FIO_RC R_FIO_LOG
-    $AWK -f "$LIB/json.awk" -f "$LIB/cpu.awk" -f "$LIB/result.awk" > "$W/result.json"
+        R_QUEUE R_BEFORE R_AFTER R_MPSTAT R_FIO R_FIO_RC R_FIO_LOG R_BLKMQ_ERROR="$BLKMQ_ERR"
+    $AWK -f "$LIB/json.awk" -f "$LIB/cpu.awk" -f "$LIB/blkmq.awk" -f "$LIB/result.awk" > "$W/result.json"
     echo "BLKLAB-RESULT-BEGIN $SCN_NAME $VNAME"
     cat "$W/result.json"
     echo "BLKLAB-RESULT-END $SCN_NAME $VNAME"

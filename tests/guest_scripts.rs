@@ -1132,7 +1132,12 @@ fn result_document_from_recorded_snapshots() {
             ("R_FIO_RC", "0".into()),
             ("R_FIO_LOG", log.to_string_lossy().into()),
         ];
-        let out = awk_run(&awk, &["json.awk", "cpu.awk", "result.awk"], &[], &env);
+        let out = awk_run(
+            &awk,
+            &["json.awk", "cpu.awk", "blkmq.awk", "result.awk"],
+            &[],
+            &env,
+        );
         assert!(out.status.success(), "{awk:?}: {out:?}");
         let doc: Value = serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("{awk:?}: not JSON: {e}\n{}", text(&out.stdout)));
@@ -1270,7 +1275,12 @@ fn result_document_from_recorded_snapshots() {
                 *v = String::new();
             }
         }
-        let out = awk_run(&awk, &["json.awk", "cpu.awk", "result.awk"], &[], &env2);
+        let out = awk_run(
+            &awk,
+            &["json.awk", "cpu.awk", "blkmq.awk", "result.awk"],
+            &[],
+            &env2,
+        );
         let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON without snapshots");
         let typed: blklab::record::guest::GuestResult =
             serde_json::from_value(doc.clone()).expect("a GuestResult without snapshots");
@@ -1290,6 +1300,214 @@ fn result_document_from_recorded_snapshots() {
         ] {
             assert_eq!(doc[k], Value::Null, "{k}");
         }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// The number of `key=` in a tag set's debugfs text, before the reserved
+/// tags' part.
+fn tag_value(lines: &[String], key: &str) -> Option<i64> {
+    lines
+        .iter()
+        .take_while(|l| l.as_str() != "breserved_tags:")
+        .find_map(|l| l.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.parse().ok())
+}
+
+/// The `blk_mq` section from real debugfs snapshots (run.sh's own, from
+/// booted guests: tests/fixtures/blkmq/KERNEL-SCHED.{before,after}, the
+/// blklab 5.10 and 6.12 kernels, 2 hardware queues, 4k randread qd4 for
+/// 2 s), checked against the raw text.
+#[test]
+fn blk_mq_section_from_debugfs_snapshots() {
+    let dir = root().join("tests/fixtures/blkmq");
+    let tmp = std::env::temp_dir().join(format!("blklab-blkmq-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let doc_of = |awk: &[&str], before: &Path, after: &Path, err: &str| -> Value {
+        let env: Vec<(&str, String)> = vec![
+            ("R_OK", "true".into()),
+            ("R_DEVICES", "vda".into()),
+            ("R_BEFORE", before.to_string_lossy().into()),
+            ("R_AFTER", after.to_string_lossy().into()),
+            ("R_BLKMQ_ERROR", err.into()),
+        ];
+        let out = awk_run(
+            awk,
+            &["json.awk", "cpu.awk", "blkmq.awk", "result.awk"],
+            &[],
+            &env,
+        );
+        assert!(out.status.success(), "{awk:?}: {out:?}");
+        let doc: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{awk:?}: not JSON: {e}\n{}", text(&out.stdout)));
+        let typed: blklab::record::guest::GuestResult =
+            serde_json::from_value(doc.clone()).expect("a GuestResult");
+        assert_eq!(
+            without_nulls(serde_json::to_value(&typed).unwrap()),
+            without_nulls(doc.clone())
+        );
+        doc
+    };
+    for awk in awks() {
+        for (kernel, sched) in [
+            ("5.10", "none"),
+            ("5.10", "mq-deadline"),
+            ("6.12", "none"),
+            ("6.12", "mq-deadline"),
+        ] {
+            let what = format!("{awk:?} {kernel}-{sched}");
+            let before = dir.join(format!("{kernel}-{sched}.before"));
+            let after = dir.join(format!("{kernel}-{sched}.after"));
+            let (sb, sa) = (sections(&before), sections(&after));
+            let doc = doc_of(&awk, &before, &after, "");
+            let bq = &doc["blk_mq"];
+            assert_eq!(bq["error"], Value::Null, "{what}");
+            let hctx = bq["devices"]["vda"]["hctx"].as_array().unwrap();
+            assert_eq!(hctx.len(), 2, "{what}: {bq}");
+            let one = |s: &BTreeMap<String, Vec<String>>, h: usize, a: &str| -> Option<i64> {
+                s.get(&format!("blkmq vda hctx{h} {a}"))
+                    .map(|l| l[0].trim().parse().unwrap())
+            };
+            let mut sum_queued = 0;
+            for (h, x) in hctx.iter().enumerate() {
+                assert_eq!(x["hctx"], h, "{what}");
+                for c in ["queued", "run"] {
+                    match (one(&sb, h, c), one(&sa, h, c)) {
+                        (Some(b), Some(a)) => assert_eq!(x[c], a - b, "{what} hctx{h} {c}"),
+                        _ => assert_eq!(x[c], Value::Null, "{what} hctx{h} {c}"),
+                    }
+                }
+                sum_queued += x["queued"].as_i64().unwrap_or(0);
+                for g in ["dispatch_busy", "active"] {
+                    assert_eq!(x[g]["before"], one(&sb, h, g).unwrap(), "{what} {g}");
+                    assert_eq!(x[g]["after"], one(&sa, h, g).unwrap(), "{what} {g}");
+                }
+                // the dispatched histogram: bucket label -> delta, in the kernel's order
+                let key = format!("blkmq vda hctx{h} dispatched");
+                match (sb.get(&key), sa.get(&key)) {
+                    (Some(b), Some(a)) => {
+                        let d = x["dispatched"].as_object().unwrap();
+                        assert_eq!(d.len(), a.len(), "{what}");
+                        for (lb, la) in b.iter().zip(a) {
+                            let (fb, fa): (Vec<&str>, Vec<&str>) = (
+                                lb.split_whitespace().collect(),
+                                la.split_whitespace().collect(),
+                            );
+                            assert_eq!(fb[0], fa[0]);
+                            let n = fa[1].parse::<i64>().unwrap() - fb[1].parse::<i64>().unwrap();
+                            assert_eq!(d[fa[0]], n, "{what} bucket {}", fa[0]);
+                        }
+                        assert!(d.contains_key("0") && d.contains_key("32+"), "{what}");
+                    }
+                    _ => assert_eq!(x["dispatched"], Value::Null, "{what}"),
+                }
+                for t in ["tags", "sched_tags"] {
+                    let key = format!("blkmq vda hctx{h} {t}");
+                    match (sb.get(&key), sa.get(&key)) {
+                        (Some(b), Some(a)) => {
+                            for k in [
+                                "nr_tags",
+                                "active_queues",
+                                "depth",
+                                "busy",
+                                "wake_batch",
+                                "ws_active",
+                            ] {
+                                assert_eq!(
+                                    x[t]["before"][k],
+                                    tag_value(b, k).unwrap(),
+                                    "{what} {t} {k}"
+                                );
+                                assert_eq!(
+                                    x[t]["after"][k],
+                                    tag_value(a, k).unwrap(),
+                                    "{what} {t} {k}"
+                                );
+                            }
+                        }
+                        _ => assert_eq!(x[t], Value::Null, "{what} {t}"),
+                    }
+                }
+            }
+            // Which attributes each kernel has (from its source, seen here):
+            // 5.10 all, 6.12 none of the counters.
+            let attrs: Vec<&str> = bq["attributes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap())
+                .collect();
+            let counters = ["dispatched", "queued", "run"];
+            if kernel == "5.10" {
+                assert!(
+                    counters.iter().all(|c| attrs.contains(c)),
+                    "{what}: {attrs:?}"
+                );
+                // One request allocated per IO (4k random reads do not merge).
+                let ios = doc["block"]["vda"]["read_ios"].as_i64().unwrap();
+                assert_eq!(bq["sum"]["queued"], sum_queued, "{what}");
+                assert_eq!(sum_queued, ios, "{what}");
+                // With a scheduler every request goes through a queue run and
+                // one dispatch; without one they are issued directly.
+                let run = bq["sum"]["run"].as_i64().unwrap();
+                let ones = bq["sum"]["dispatched"]["1"].as_i64().unwrap();
+                if sched == "none" {
+                    assert!(run < ios / 10 && ones < ios / 10, "{what}: {bq}");
+                } else {
+                    assert!(run >= ios && ones >= ios * 9 / 10, "{what}: {bq}");
+                }
+            } else {
+                assert!(
+                    !counters.iter().any(|c| attrs.contains(c)),
+                    "{what}: {attrs:?}"
+                );
+                for c in counters {
+                    assert_eq!(bq["sum"][c], Value::Null, "{what}");
+                }
+            }
+            assert!(
+                attrs.contains(&"dispatch_busy") && attrs.contains(&"tags"),
+                "{what}"
+            );
+            assert_eq!(attrs.contains(&"sched_tags"), sched != "none", "{what}");
+            assert_eq!(hctx[0]["sched_tags"].is_null(), sched == "none", "{what}");
+
+            // An attribute missing from one snapshot is null, the rest stays.
+            let cut = tmp.join("cut.after");
+            let text = std::fs::read_to_string(&after).unwrap();
+            let mut out = String::new();
+            let mut skip = false;
+            for l in text.lines() {
+                if l.starts_with('@') {
+                    skip = l == "@blkmq vda hctx1 queued" || l == "@blkmq vda hctx1 tags";
+                }
+                if !skip {
+                    out.push_str(l);
+                    out.push('\n');
+                }
+            }
+            std::fs::write(&cut, out).unwrap();
+            let d2 = doc_of(&awk, &before, &cut, "");
+            let h1 = &d2["blk_mq"]["devices"]["vda"]["hctx"][1];
+            assert_eq!(h1["queued"], Value::Null, "{what}");
+            assert_eq!(h1["tags"], Value::Null, "{what}");
+            assert_eq!(h1["dispatch_busy"], hctx[1]["dispatch_busy"], "{what}");
+            assert_eq!(d2["blk_mq"]["sum"]["queued"], hctx[0]["queued"], "{what}");
+        }
+        // No debugfs: the error, no hardware queues, the rest of the document.
+        let plain = tmp.join("plain");
+        let text = std::fs::read_to_string(dir.join("6.12-none.before")).unwrap();
+        let cut = text.split("\n@blkmq").next().unwrap().to_string() + "\n";
+        std::fs::write(&plain, cut).unwrap();
+        let doc = doc_of(&awk, &plain, &plain, "no /sys/kernel/debug/block");
+        assert_eq!(doc["blk_mq"]["error"], "no /sys/kernel/debug/block");
+        assert_eq!(doc["blk_mq"]["attributes"], serde_json::json!([]));
+        assert_eq!(
+            doc["blk_mq"]["devices"]["vda"]["hctx"],
+            serde_json::json!([])
+        );
+        assert_eq!(doc["blk_mq"]["sum"]["queued"], Value::Null);
+        assert!(doc["block"]["vda"].is_object());
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -113,6 +113,13 @@ fn symbolisation_against_a_known_system_map() {
     assert_eq!(r["kernel_per_io"], 60_000.0);
     assert_eq!(r["idle_entries_per_io"], 0.4);
     assert_eq!(r["context_switches_per_io"], 2.0);
+    // Entries: executions of the block at the function's address only (10
+    // of blk_mq_flush_plug_list's entry block, not the 6 of the block 0x10
+    // into it); a mechanism function not in this System.map is null.
+    assert_eq!(r["entries"]["blk_mq_flush_plug_list"], 10);
+    assert_eq!(r["entries_per_io"]["blk_mq_flush_plug_list"], 1.0);
+    assert_eq!(r["entries"]["blk_mq_run_work_fn"], Value::Null);
+    assert_eq!(r["entries_per_io"]["blk_mq_run_work_fn"], Value::Null);
     // Errors name the file and line.
     let e = Dump::parse("blklab-insns 1\ntb zz 1 1\nend\n", Path::new("x.insns"))
         .unwrap_err()

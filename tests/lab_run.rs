@@ -112,6 +112,7 @@ fn check_record(what: &str, r: &Value, disks: usize) {
     let block = g["block"].as_object().unwrap();
     assert_eq!(block.len(), disks, "{what}: {block:?}");
     assert_eq!(g["fio_rc"], 0, "{what}");
+    check_blk_mq(what, r, disks);
     // Backend side: the window's requests, kicks and worker CPU, per disk.
     let bdisks = r["backend"]["disks"].as_array().unwrap();
     assert_eq!(bdisks.len(), disks, "{what}");
@@ -143,6 +144,97 @@ fn check_record(what: &str, r: &Value, disks: usize) {
     );
     assert_eq!(r["device"].as_array().unwrap().len(), disks, "{what}");
     assert_eq!(r["device"][0]["num_queues"], 2, "{what}");
+}
+
+/// The guest's `blk_mq` section: every target's hardware queues, read from
+/// debugfs before and after the window, consistent with the rest of the
+/// record.
+fn check_blk_mq(what: &str, r: &Value, disks: usize) {
+    let g = &r["guest"];
+    let bq = &g["blk_mq"];
+    assert_eq!(bq["error"], Value::Null, "{what}: {}", short(bq));
+    let attrs: Vec<&str> = bq["attributes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{what}: no blk_mq section: {}", short(g)))
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    // Every kernel blklab boots has these (5.10 to 6.12).
+    for a in ["dispatch_busy", "active", "tags"] {
+        assert!(attrs.contains(&a), "{what}: {attrs:?}");
+    }
+    let devices = bq["devices"].as_object().unwrap();
+    assert_eq!(devices.len(), disks, "{what}");
+    for (dev, d) in devices {
+        let hctx = d["hctx"].as_array().unwrap();
+        // As many hardware queues as the device has (guest's own count).
+        assert_eq!(
+            hctx.len() as u64,
+            g["queue"][dev]["hw_queues"].as_u64().unwrap(),
+            "{what} {dev}"
+        );
+        for (i, h) in hctx.iter().enumerate() {
+            assert_eq!(h["hctx"], i, "{what} {dev}");
+            let tags = &h["tags"]["after"];
+            assert!(tags["nr_tags"].as_u64().unwrap() > 0, "{what}: {h}");
+            // fio has exited: no driver tag is in use.
+            assert_eq!(tags["busy"], 0, "{what} {dev}: {h}");
+            assert!(h["dispatch_busy"]["after"].is_u64(), "{what}: {h}");
+        }
+    }
+    // Where the kernel still counts requests (5.10), every IO was one.
+    if attrs.contains(&"queued") {
+        let queued = bq["sum"]["queued"].as_u64().unwrap();
+        let ios = r["checks"]["guest_block_ios"].as_u64().unwrap();
+        assert!(queued >= ios, "{what}: queued {queued} < {ios} IOs");
+    } else {
+        assert_eq!(bq["sum"]["queued"], Value::Null, "{what}");
+    }
+}
+
+/// Under TCG: the entries of the block layer's mechanism functions, of a
+/// kernel with (`plug`) or without the per-bio plug.
+fn check_entries(what: &str, ins: &Value, plug: bool) {
+    let entries = ins["entries"].as_object().unwrap();
+    let per_io = ins["entries_per_io"].as_object().unwrap();
+    assert_eq!(entries.len(), per_io.len(), "{what}");
+    // In the System.map of every blklab kernel (5.10 and 6.12).
+    for f in [
+        "blk_mq_run_work_fn",
+        "blk_mq_run_hw_queue",
+        "blk_mq_flush_plug_list",
+        "blk_mq_get_tag",
+        "sbitmap_queue_wake_up",
+        "schedule",
+    ] {
+        assert!(entries[f].is_u64(), "{what}: {f}: {entries:?}");
+    }
+    // Every request gets a tag and frees it.
+    let ios = f(ins, "/ios");
+    for f in ["blk_mq_get_tag", "sbitmap_queue_wake_up"] {
+        assert!(entries[f].as_u64().unwrap() > 0, "{what}: {f}: {entries:?}");
+    }
+    // The mechanism of Case 2: at iodepth 1 libaio does not plug (io_submit
+    // plugs from 3 IOs on), so only the per-bio plug in __submit_bio
+    // flushes a plug, once per IO; 6.12-noplug issues directly.
+    let flushes = entries["blk_mq_flush_plug_list"].as_f64().unwrap();
+    if plug {
+        assert!(flushes >= ios, "{what}: {flushes} plug flushes < {ios} IOs");
+    } else {
+        assert!(
+            flushes < ios / 10.0,
+            "{what}: {flushes} plug flushes, {ios} IOs"
+        );
+    }
+    for (k, n) in entries {
+        match n.as_f64() {
+            Some(n) => assert!(
+                (per_io[k].as_f64().unwrap() - n / ios).abs() < 1e-9,
+                "{what}: {k}"
+            ),
+            None => assert!(per_io[k].is_null(), "{what}: {k}"),
+        }
+    }
 }
 
 /// The README's main job: `blklab run` with no arguments builds the
@@ -243,6 +335,7 @@ fn default_run_builds_the_pair_and_reports() {
                     "{l}/{v}/{i}: {}",
                     ins["groups"]
                 );
+                check_entries(&format!("{l}/{v}/{i}"), ins, l == "6.12");
             }
         }
     }

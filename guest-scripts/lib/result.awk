@@ -1,6 +1,6 @@
 # result.awk - the guest result document (docs/lab-protocol.md, section 3).
 #
-#   awk -f json.awk -f cpu.awk -f result.awk      (no input files; all from ENVIRON)
+#   awk -f json.awk -f cpu.awk -f blkmq.awk -f result.awk   (no input files; all from ENVIRON)
 #
 # ENVIRON:
 #   R_SCENARIO R_VARIANT     names
@@ -12,6 +12,7 @@
 #   R_DEVICES                target device names (blank-separated)
 #   R_QUEUE                  raw JSON object (queue settings read back) or ""
 #   R_BEFORE R_AFTER         snapshot files written by run.sh ("" -> no data)
+#   R_BLKMQ_ERROR            why blk-mq's debugfs could not be read ("" -> none)
 #   R_MPSTAT R_FIO           files with valid JSON to embed ("" -> null)
 #   R_FIO_RC                 fio's exit status ("" -> null)
 #   R_FIO_LOG                file with fio's stdout/stderr ("" or empty -> null)
@@ -19,7 +20,8 @@
 # A snapshot file is a sequence of sections, each introduced by a line
 # "@NAME": @uptime, @stat, @interrupts, @softirqs, and "@block DEV" per device
 # (/proc/uptime, /proc/stat, /proc/interrupts, /proc/softirqs,
-# /sys/block/DEV/stat), each followed by the file's content.
+# /sys/block/DEV/stat), each followed by the file's content, and
+# "@blkmq DEV HCTX ATTR" per blk-mq debugfs attribute (blkmq.awk).
 # POSIX awk only.
 
 BEGIN {
@@ -54,9 +56,10 @@ BEGIN {
         print "  \"interrupts\": " interrupts_json() ","
         print "  \"softirqs\": " softirqs_json() ","
         print "  \"block\": " block_json() ","
+        print "  \"blk_mq\": " blkmq_json(ENVIRON["R_DEVICES"], ENVIRON["R_BLKMQ_ERROR"]) ","
     } else {
         print "  \"wall_seconds\": null, \"cpu\": null, \"context_switches\": null, \"processes\": null,"
-        print "  \"interrupts\": null, \"softirqs\": null, \"block\": null,"
+        print "  \"interrupts\": null, \"softirqs\": null, \"block\": null, \"blk_mq\": null,"
     }
     printf "  \"mpstat\": "; embed(ENVIRON["R_MPSTAT"]); print ","
     print "  \"fio_rc\": " jnum_or_null(ENVIRON["R_FIO_RC"]) ","
@@ -75,9 +78,11 @@ function load(file, side,    line, sec, f, n, i, nc, label, sum, words, dev) {
         if (line ~ /^@/) {
             sec = substr(line, 2)
             if (sec ~ /^block /) { dev = substr(sec, 7); sec = "block" }
+            if (sec ~ /^blkmq /) { blkmq_section(side, sec); sec = "blkmq" }
             if (sec == "interrupts" || sec == "softirqs") hdr = 1
             continue
         }
+        if (sec == "blkmq") { blkmq_line(side, line); continue }
         nf = split(line, f, " ")
         if (sec == "uptime") {
             UP[side] = f[1] + 0

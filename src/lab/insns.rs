@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-pub(crate) use crate::record::instructions::{InsnsWindow, Instructions, VcpuInsns};
+pub(crate) use crate::record::instructions::{
+    InsnsWindow, Instructions, VcpuInsns, ENTRY_FUNCTIONS,
+};
 use crate::record::symbol_groups::{base_name, group_of, OUTSIDE};
 
 #[derive(Debug, Error)]
@@ -316,6 +318,24 @@ impl SymbolMap {
     pub(crate) fn address(&self, name: &str) -> Option<u64> {
         self.syms.iter().find(|(_, n)| n == name).map(|(a, _)| *a)
     }
+
+    /// Where `name` is entered: its exact symbol, else its full compiler
+    /// clones (`name.isra.0`, `name.constprop.1`, …), each entered by a
+    /// call. Never a `.cold` part (jumped to) or a `.part` (the tail of a
+    /// partly inlined function, whose head runs in its callers). Empty when
+    /// it is absent (inlined, renamed, not in this version).
+    pub(crate) fn entry_addresses(&self, name: &str) -> Vec<u64> {
+        if let Some(a) = self.address(name) {
+            return vec![a];
+        }
+        self.syms
+            .iter()
+            .filter(|(_, n)| {
+                base_name(n) == name && n != name && !n.contains(".cold") && !n.contains(".part")
+            })
+            .map(|(a, _)| *a)
+            .collect()
+    }
 }
 
 /// The function whose entries count as idle entries: each idle period ends
@@ -334,6 +354,14 @@ pub struct Profile {
     pub functions: BTreeMap<String, u64>,
     pub idle_symbol: Option<String>,
     pub idle_entries: Option<u64>,
+    /// [`ENTRY_FUNCTIONS`] → entries (None: not in the System.map).
+    pub entries: BTreeMap<String, Option<u64>>,
+}
+
+/// Executions of the translation block starting at `addr`: the entries of
+/// the function there.
+fn entries_at(window: &Dump, addr: u64) -> u64 {
+    window.blocks.get(&addr).map_or(0, |b| b.1)
 }
 
 pub fn profile(window: &Dump, map: &SymbolMap) -> Profile {
@@ -347,12 +375,17 @@ pub fn profile(window: &Dump, map: &SymbolMap) -> Profile {
         .iter()
         .find_map(|s| map.address(s).map(|a| (s.to_string(), a)));
     let (idle_symbol, idle_entries) = match idle {
-        Some((s, a)) => (
-            Some(s),
-            Some(window.blocks.get(&a).map(|b| b.1).unwrap_or(0)),
-        ),
+        Some((s, a)) => (Some(s), Some(entries_at(window, a))),
         None => (None, None),
     };
+    let entries = ENTRY_FUNCTIONS
+        .iter()
+        .map(|(f, _)| {
+            let at = map.entry_addresses(f);
+            let n = (!at.is_empty()).then(|| at.iter().map(|a| entries_at(window, *a)).sum());
+            (f.to_string(), n)
+        })
+        .collect();
     Profile {
         kernel: window.kernel(),
         user: window.user(),
@@ -360,6 +393,7 @@ pub fn profile(window: &Dump, map: &SymbolMap) -> Profile {
         functions,
         idle_symbol,
         idle_entries,
+        entries,
     }
 }
 
@@ -396,6 +430,12 @@ pub fn record(
         idle_entries: p.idle_entries,
         idle_entries_per_io: p.idle_entries.and_then(|n| per(n as f64)),
         context_switches_per_io: context_switches.and_then(per),
+        entries: p.entries.clone(),
+        entries_per_io: p
+            .entries
+            .iter()
+            .map(|(f, n)| (f.clone(), n.and_then(|n| per(n as f64))))
+            .collect(),
         groups: groups
             .iter()
             .map(|(g, n)| (g.to_string(), per(*n as f64)))
@@ -435,6 +475,47 @@ ffffffff81000600 T _etext
     }
 
     #[test]
+    fn entries_count_executions_of_the_block_at_the_function() {
+        // blk_mq_run_work_fn at ..100 (its first block ran 5 times, a later
+        // block of it 9 times), sbitmap_queue_wake_up only as two full
+        // clones, blk_mq_get_tag only as a .part (not an entry), schedule
+        // mapped but never run.
+        let map = "\
+ffffffff81000000 T _stext
+ffffffff81000100 t blk_mq_run_work_fn
+ffffffff81000200 t sbitmap_queue_wake_up.isra.0
+ffffffff81000300 t sbitmap_queue_wake_up.constprop.0
+ffffffff81000380 t sbitmap_queue_wake_up.cold
+ffffffff81000400 t blk_mq_get_tag.part.0
+ffffffff81000500 T schedule
+ffffffff81000600 T _etext
+";
+        let m = SymbolMap::parse(map, Path::new("System.map")).unwrap();
+        let w = Dump::parse(
+            "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 10 user 0\n\
+             tb ffffffff81000100 50 5\ntb ffffffff81000120 90 9\n\
+             tb ffffffff81000200 4 2\ntb ffffffff81000300 6 3\ntb ffffffff81000380 1 1\n\
+             tb ffffffff81000400 7 7\nend\n",
+            Path::new("w"),
+        )
+        .unwrap();
+        let p = profile(&w, &m);
+        assert_eq!(p.entries["blk_mq_run_work_fn"], Some(5));
+        assert_eq!(p.entries["sbitmap_queue_wake_up"], Some(5));
+        assert_eq!(p.entries["blk_mq_get_tag"], None);
+        assert_eq!(p.entries["schedule"], Some(0));
+        assert_eq!(p.entries["blk_mq_tag_wakeup_all"], None);
+        let r = record(&p, Some(10.0), None, &InsnsWindow::default());
+        assert_eq!(r.entries_per_io["blk_mq_run_work_fn"], Some(0.5));
+        assert_eq!(r.entries_per_io["schedule"], Some(0.0));
+        assert_eq!(r.entries_per_io["blk_mq_get_tag"], None);
+        // Without an IO count the counts stay, the per-IO values are null.
+        let r = record(&p, None, None, &InsnsWindow::default());
+        assert_eq!(r.entries["blk_mq_run_work_fn"], Some(5));
+        assert_eq!(r.entries_per_io["blk_mq_run_work_fn"], None);
+    }
+
+    #[test]
     fn dumps_difference_and_profile() {
         let a = Dump::parse(
             "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 100 user 50\ntb ffffffff81000100 40 4\nend\n",
@@ -461,6 +542,14 @@ ffffffff81000600 T _etext
         assert_eq!(r.groups["block"], Some(10.0));
         assert_eq!(r.idle_entries_per_io, Some(1.5));
         assert_eq!(r.context_switches_per_io, Some(2.0));
+        // The mechanism's entries: blk_mq_flush_plug_list's block ran 2 times
+        // in the window; schedule_idle is not in the list; the rest are not
+        // in this map.
+        assert_eq!(r.entries["blk_mq_flush_plug_list"], Some(2));
+        assert_eq!(r.entries_per_io["blk_mq_flush_plug_list"], Some(1.0));
+        assert_eq!(r.entries["blk_mq_run_work_fn"], None);
+        assert_eq!(r.entries_per_io["blk_mq_run_work_fn"], None);
+        assert_eq!(r.entries.len(), ENTRY_FUNCTIONS.len());
         assert!(Dump::parse("blklab-insns 1\nvcpus 1\n", Path::new("t")).is_err());
         assert!(Dump::parse("junk\n", Path::new("t")).is_err());
     }

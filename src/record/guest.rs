@@ -75,6 +75,10 @@ pub struct GuestResult {
     /// /sys/block/X/stat deltas, by device.
     #[serde(default)]
     pub block: Option<BTreeMap<String, BlockDelta>>,
+    /// blk-mq's debugfs attributes per hardware queue (absent from
+    /// documents of guest scripts older than the section).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blk_mq: Option<BlkMq>,
     /// `mpstat -P ALL -o JSON` over the window, as mpstat printed it (or
     /// null): carried for people, read by nothing.
     #[serde(default)]
@@ -292,6 +296,127 @@ impl BlockDelta {
             .filter_map(|n| u64::try_from(n).ok())
             .sum()
     }
+}
+
+/// blk-mq's debugfs view of the target devices' hardware queues
+/// (`/sys/kernel/debug/block/DEV/hctxN/`), before and after the window:
+/// counters as deltas, gauges as both values. Which attributes a kernel has
+/// differs (`attributes`); a missing one is null.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BlkMq {
+    /// Why debugfs could not be read (no CONFIG_BLK_DEBUG_FS, mount failed).
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The attributes blklab reads that this kernel has (of `dispatched`,
+    /// `queued`, `run`, `dispatch_busy`, `active`, `tags`, `sched_tags`).
+    #[serde(default)]
+    pub attributes: Vec<String>,
+    /// By device.
+    #[serde(default)]
+    pub devices: BTreeMap<String, BlkMqDevice>,
+    /// The counters summed over every device's hardware queues.
+    #[serde(default)]
+    pub sum: BlkMqCounters,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// One device's hardware queues.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BlkMqDevice {
+    /// The hardware queues present in both snapshots, by number.
+    #[serde(default)]
+    pub hctx: Vec<Hctx>,
+    /// The counters summed over the device's hardware queues.
+    #[serde(default)]
+    pub sum: BlkMqCounters,
+    #[serde(flatten)]
+    pub other: Other,
+}
+
+/// blk-mq's per-hardware-queue counters over the window (deltas; null
+/// where the kernel has no such attribute). 5.10 has all three, 6.1 only
+/// `run`, 6.12 none.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BlkMqCounters {
+    /// `queued`: requests allocated on the hardware queue
+    /// (`blk_mq_rq_ctx_init`).
+    #[serde(default)]
+    pub queued: Option<i64>,
+    /// `run`: hardware queue runs that reached dispatch
+    /// (`blk_mq_sched_dispatch_requests` calls), inline and from kblockd.
+    #[serde(default)]
+    pub run: Option<i64>,
+    /// `dispatched`: `blk_mq_dispatch_rq_list` calls by how many requests
+    /// each queued to the driver; the kernel's bucket label (`"0"`, `"1"`,
+    /// `"2"`, `"4"`, … `"32+"`) → calls.
+    #[serde(default)]
+    pub dispatched: Option<BTreeMap<String, i64>>,
+}
+
+impl BlkMqCounters {
+    /// `blk_mq_dispatch_rq_list` calls (all buckets).
+    pub(crate) fn dispatch_calls(&self) -> Option<i64> {
+        Some(self.dispatched.as_ref()?.values().sum())
+    }
+}
+
+/// A gauge read before and after the window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Gauge {
+    pub before: i64,
+    pub after: i64,
+}
+
+/// One hardware queue.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Hctx {
+    /// N of `hctxN`.
+    pub hctx: u32,
+    #[serde(flatten)]
+    pub counters: BlkMqCounters,
+    /// `dispatch_busy`: the EWMA of "the driver was busy" over dispatches
+    /// (0 … 16; not a count).
+    #[serde(default)]
+    pub dispatch_busy: Option<Gauge>,
+    /// `active`: requests in flight counted for tag fairness (shared tag
+    /// sets only; 0 otherwise).
+    #[serde(default)]
+    pub active: Option<Gauge>,
+    /// `tags`: the driver tag set.
+    #[serde(default)]
+    pub tags: Option<TagsGauge>,
+    /// `sched_tags`: the scheduler's tag set (null without a scheduler).
+    #[serde(default)]
+    pub sched_tags: Option<TagsGauge>,
+}
+
+/// A tag set's state before and after the window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TagsGauge {
+    pub before: TagState,
+    pub after: TagState,
+}
+
+/// A tag set as debugfs shows it: the set's `nr_tags`, `nr_reserved_tags`,
+/// `active_queues`, and its sbitmap queue's `depth`, `busy` (tags in use),
+/// `wake_batch`, `ws_active` (waiters for a tag).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TagState {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nr_tags: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nr_reserved_tags: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_queues: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub depth: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_batch: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ws_active: Option<i64>,
 }
 
 /// fio's JSON output: the jobs' per-direction results are typed, the rest

@@ -8,6 +8,62 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+/// The block layer's mechanism functions whose *entries* a record counts
+/// (`Instructions::entries`), each with what one entry means. An entry is
+/// one execution of the translation block that starts at the function's
+/// address: a call, or (rarely, for these functions) a loop jumping back
+/// to the function's first instruction. Calls the compiler inlined into a
+/// caller are not entries. A function missing from the kernel's System.map
+/// (renamed, inlined everywhere, or not in that version) is null.
+pub(crate) const ENTRY_FUNCTIONS: &[(&str, &str)] = &[
+    (
+        "blk_mq_run_work_fn",
+        "hardware queue runs executed by kblockd (the hctx's run_work)",
+    ),
+    (
+        "kblockd_mod_delayed_work_on",
+        "work queued on kblockd: async queue runs, requeues (a pending work is not queued twice)",
+    ),
+    (
+        "blk_mq_run_hw_queue",
+        "requests to run a hardware queue, sync or async",
+    ),
+    (
+        "blk_mq_sched_dispatch_requests",
+        "hardware queue runs that reached dispatch (what 5.10/6.1's debugfs run counts)",
+    ),
+    (
+        "__blk_mq_sched_dispatch_requests",
+        "dispatch passes of a queue run",
+    ),
+    (
+        "blk_mq_dispatch_rq_list",
+        "batches handed to the driver from a queue run (what 5.10's debugfs dispatched counts)",
+    ),
+    ("blk_mq_flush_plug_list", "plug flushes"),
+    (
+        "blk_mq_dispatch_plug_list",
+        "per-queue batches of a plug flush that go through insert + run",
+    ),
+    (
+        "blk_finish_plug",
+        "calls of the out-of-line blk_finish_plug (blk-core.c's own callers, __submit_bio among them, may get an inlined copy that is not counted)",
+    ),
+    (
+        "blk_mq_get_tag",
+        "single tag allocations for new requests (scheduler or driver tags; batched ones use blk_mq_get_tags)",
+    ),
+    (
+        "blk_mq_tag_wakeup_all",
+        "wake-ups of all of a tag set's waiters (a queue of a shared tag set went idle, or the queue is quiesced)",
+    ),
+    (
+        "sbitmap_queue_wake_up",
+        "tag frees that looked for waiters to wake",
+    ),
+    ("schedule", "calls of schedule() (sleeps and preemption points)"),
+];
+
 /// How the window was taken.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct InsnsWindow {
@@ -45,6 +101,13 @@ pub struct Instructions {
     pub idle_entries: Option<u64>,
     pub idle_entries_per_io: Option<f64>,
     pub context_switches_per_io: Option<f64>,
+    /// [`ENTRY_FUNCTIONS`] → entries in the window (null: not in the
+    /// System.map). Absent from records older than the field.
+    #[serde(default)]
+    pub entries: BTreeMap<String, Option<u64>>,
+    /// [`ENTRY_FUNCTIONS`] → entries per IO.
+    #[serde(default)]
+    pub entries_per_io: BTreeMap<String, Option<f64>>,
     /// Symbol group → kernel instructions per IO.
     pub groups: BTreeMap<String, Option<f64>>,
     /// Symbol group → kernel instructions.

@@ -93,6 +93,43 @@ fn insns(
     f(r.instructions.as_ref()?)
 }
 
+// --- the block layer's mechanism (issue 14) --------------------------------
+// Counts per IO of what the two regressions are made of: hardware queue
+// runs, kblockd work, plug flushes, tag waits. From blk-mq's debugfs (the
+// kernels that still have the counter: `run` 5.10/6.1, `queued` and
+// `dispatched` 5.10) and, under TCG, from the entries of the functions of
+// `record::instructions::ENTRY_FUNCTIONS`. Not in the defaults: ask with
+// `--metric KEY` or `--metric all`.
+
+/// A blk-mq debugfs counter summed over the target devices' hardware
+/// queues, per IO (None when this kernel has no such counter).
+fn blk_mq_per_io(
+    r: &ResultRecord,
+    f: fn(&crate::record::guest::BlkMqCounters) -> Option<i64>,
+) -> Option<f64> {
+    per_io(f(&r.guest.blk_mq.as_ref()?.sum).map(|n| n as f64), r)
+}
+
+/// Entries of `function` (one of `ENTRY_FUNCTIONS`) per IO, under TCG.
+fn entries_per_io(r: &ResultRecord, function: &str) -> Option<f64> {
+    *r.instructions.as_ref()?.entries_per_io.get(function)?
+}
+
+/// A per-IO metric (lower is better).
+const fn mech(
+    key: &'static str,
+    title: &'static str,
+    get: fn(&ResultRecord) -> Option<f64>,
+) -> Metric {
+    Metric {
+        key,
+        title,
+        unit: "",
+        better: Better::Lower,
+        get,
+    }
+}
+
 /// Every metric, in report order.
 pub const METRICS: &[Metric] = &[
     Metric {
@@ -231,6 +268,78 @@ pub const METRICS: &[Metric] = &[
         better: Better::Lower,
         get: |r| insns(r, |i| i.idle_entries_per_io),
     },
+    // --- the block layer's mechanism (see `mech`) ---
+    mech(
+        "hctx_runs_per_io",
+        "hardware queue runs per IO (debugfs run)",
+        |r| blk_mq_per_io(r, |c| c.run),
+    ),
+    mech(
+        "hctx_queued_per_io",
+        "requests allocated per IO (debugfs queued)",
+        |r| blk_mq_per_io(r, |c| c.queued),
+    ),
+    mech(
+        "hctx_dispatches_per_io",
+        "driver dispatch batches per IO (debugfs dispatched)",
+        |r| blk_mq_per_io(r, |c| c.dispatch_calls()),
+    ),
+    mech(
+        "hctx_empty_dispatches_per_io",
+        "dispatch batches that queued nothing per IO (debugfs dispatched 0)",
+        |r| blk_mq_per_io(r, |c| c.dispatched.as_ref()?.get("0").copied()),
+    ),
+    mech(
+        "kblockd_runs_per_io",
+        "kblockd queue runs per IO (blk_mq_run_work_fn entries)",
+        |r| entries_per_io(r, "blk_mq_run_work_fn"),
+    ),
+    mech(
+        "kblockd_queued_per_io",
+        "kblockd work queued per IO (kblockd_mod_delayed_work_on entries)",
+        |r| entries_per_io(r, "kblockd_mod_delayed_work_on"),
+    ),
+    mech(
+        "run_hw_queue_per_io",
+        "run-queue requests per IO (blk_mq_run_hw_queue entries)",
+        |r| entries_per_io(r, "blk_mq_run_hw_queue"),
+    ),
+    mech(
+        "sched_dispatch_per_io",
+        "queue runs reaching dispatch per IO (blk_mq_sched_dispatch_requests entries)",
+        |r| entries_per_io(r, "blk_mq_sched_dispatch_requests"),
+    ),
+    mech(
+        "dispatch_rq_list_per_io",
+        "driver dispatch batches per IO (blk_mq_dispatch_rq_list entries)",
+        |r| entries_per_io(r, "blk_mq_dispatch_rq_list"),
+    ),
+    mech(
+        "flush_plug_per_io",
+        "plug flushes per IO (blk_mq_flush_plug_list entries)",
+        |r| entries_per_io(r, "blk_mq_flush_plug_list"),
+    ),
+    mech(
+        "dispatch_plug_list_per_io",
+        "plug batches inserted and run per IO (blk_mq_dispatch_plug_list entries)",
+        |r| entries_per_io(r, "blk_mq_dispatch_plug_list"),
+    ),
+    mech(
+        "get_tag_per_io",
+        "tag allocations per IO (blk_mq_get_tag entries)",
+        |r| entries_per_io(r, "blk_mq_get_tag"),
+    ),
+    mech(
+        "tag_wakeups_per_io",
+        "wake-ups of all tag waiters per IO (blk_mq_tag_wakeup_all entries)",
+        |r| entries_per_io(r, "blk_mq_tag_wakeup_all"),
+    ),
+    mech(
+        "sbitmap_wakeups_per_io",
+        "tag frees looking for waiters per IO (sbitmap_queue_wake_up entries)",
+        |r| entries_per_io(r, "sbitmap_queue_wake_up"),
+    ),
+    // --- end of the mechanism metrics ---
 ];
 
 /// The metrics added to the defaults when records carry instruction counts
@@ -363,6 +472,65 @@ mod tests {
         );
         for k in DEFAULT_METRICS {
             assert!(find(k).is_some());
+        }
+        // No blk_mq section and no instruction counts: no mechanism metric.
+        for k in [
+            "hctx_runs_per_io",
+            "kblockd_runs_per_io",
+            "flush_plug_per_io",
+        ] {
+            assert!((find(k).unwrap().get)(&r).is_none(), "{k}");
+        }
+    }
+
+    #[test]
+    fn mechanism_metrics() {
+        // A 5.10-like kernel: debugfs has run, queued and dispatched; 2000 IOs.
+        let hctx = |run: i64| {
+            json!({"hctx": 0, "queued": 1000, "run": run, "dispatched": {"0": 100, "1": 700, "2": 100, "32+": 0},
+                   "dispatch_busy": {"before": 0, "after": 0}, "active": null, "tags": null, "sched_tags": null})
+        };
+        let r = test_record(json!({
+            "checks": {"guest_block_ios": 2000},
+            "guest": {"blk_mq": {"error": null, "attributes": ["dispatched", "queued", "run"],
+                "devices": {"vda": {"hctx": [hctx(500), hctx(700)],
+                                    "sum": {"queued": 2000, "run": 1200, "dispatched": {"0": 200, "1": 1400, "2": 200, "32+": 0}}}},
+                "sum": {"queued": 2000, "run": 1200, "dispatched": {"0": 200, "1": 1400, "2": 200, "32+": 0}}}},
+            "instructions": {"window": {"method": "m", "deterministic": false}, "ios": 2000.0,
+                "total": 0, "kernel": 0, "user": 0, "per_vcpu": [], "per_io": null, "kernel_per_io": null,
+                "user_per_io": null, "idle_symbol": null, "idle_entries": null, "idle_entries_per_io": null,
+                "context_switches_per_io": null, "groups": {}, "group_insns": {}, "functions": {},
+                "entries": {"blk_mq_run_work_fn": 500, "blk_mq_dispatch_plug_list": null},
+                "entries_per_io": {"blk_mq_run_work_fn": 0.25, "blk_mq_dispatch_plug_list": null}}
+        }));
+        let v = |k: &str| (find(k).unwrap_or_else(|| panic!("{k}")).get)(&r);
+        assert_eq!(v("hctx_runs_per_io"), Some(0.6));
+        assert_eq!(v("hctx_queued_per_io"), Some(1.0));
+        assert_eq!(v("hctx_dispatches_per_io"), Some(0.9));
+        assert_eq!(v("hctx_empty_dispatches_per_io"), Some(0.1));
+        assert_eq!(v("kblockd_runs_per_io"), Some(0.25));
+        // Not in the System.map, or not in the record: no value.
+        assert_eq!(v("dispatch_plug_list_per_io"), None);
+        assert_eq!(v("tag_wakeups_per_io"), None);
+        // A 6.12 kernel: the counters are gone, the metrics are absent (not 0).
+        let mut r612 = r.clone();
+        r612.guest.blk_mq.as_mut().unwrap().sum = Default::default();
+        assert_eq!((find("hctx_runs_per_io").unwrap().get)(&r612), None);
+        assert_eq!((find("hctx_dispatches_per_io").unwrap().get)(&r612), None);
+        // Every entry function has its metric or is documented as left out.
+        for (f, _) in crate::record::instructions::ENTRY_FUNCTIONS {
+            let has = METRICS
+                .iter()
+                .any(|m| m.title.contains(&format!("({f} entries)")));
+            assert!(
+                has || [
+                    "__blk_mq_sched_dispatch_requests",
+                    "blk_finish_plug",
+                    "schedule"
+                ]
+                .contains(f),
+                "{f}"
+            );
         }
     }
 }
