@@ -148,6 +148,10 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
             vec!["host-tags", "per-queue", "host-tags-none", "per-queue-none"],
         ),
         (
+            "seed002-scsi-debug-wide",
+            vec!["j6-r100-dl", "j6-r100-none"],
+        ),
+        (
             "seed002-scsi-debug",
             vec![
                 "lun-j2-r100-dl",
@@ -367,6 +371,26 @@ fn check_scenario_content(name: &str, doc: &Value) {
                     "mq-deadline"
                 };
                 assert_eq!(v["sched"], want_sched);
+            }
+        }
+        "seed002-scsi-debug-wide" => {
+            assert_eq!(doc["vcpus"], 8);
+            for v in vs {
+                assert_eq!(v["target"]["kind"], "scsi_debug");
+                let p = target_params(v);
+                for want in ["max_luns=12", "host_max_queue=128", "submit_queues=@NCPU@"] {
+                    assert!(p.contains(&want.into()), "{p:?}");
+                }
+                has_args(v, &["--iodepth=1", "--numjobs=6", "--rw=randrw"]);
+                let n = v["name"].as_str().unwrap();
+                assert_eq!(
+                    v["sched"],
+                    if n.ends_with("-dl") {
+                        "mq-deadline"
+                    } else {
+                        "none"
+                    }
+                );
             }
         }
         "seed002-scsi-debug" => {
