@@ -172,6 +172,10 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
                 "single-queue",
                 "host-tags-none",
                 "single-queue-none",
+                "host-tags-1ms",
+                "single-queue-1ms",
+                "host-tags-1ms-none",
+                "single-queue-1ms-none",
             ],
         ),
         (
@@ -448,6 +452,13 @@ fn check_scenario_content(name: &str, doc: &Value) {
                     assert!(p.contains(&"submit_queues=1".into()), "{p:?}");
                 }
                 assert!(p.contains(&"fake_rw=1".into()), "RAM-less: {p:?}");
+                // A command takes 10 us, or 1 ms (the reporter's one jiffy).
+                let ndelay = if n.contains("-1ms") {
+                    "ndelay=1000000"
+                } else {
+                    "ndelay=10000"
+                };
+                assert!(p.contains(&ndelay.into()), "{n}: {p:?}");
                 let want_sched = if n.ends_with("-none") {
                     "none"
                 } else {
