@@ -176,6 +176,8 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
                 "single-queue-1ms",
                 "host-tags-1ms-none",
                 "single-queue-1ms-none",
+                "host-tags-jiffy",
+                "single-queue-jiffy",
             ],
         ),
         (
