@@ -455,12 +455,17 @@ fn check_scenario_content(name: &str, doc: &Value) {
                 }
                 assert!(p.contains(&"fake_rw=1".into()), "RAM-less: {p:?}");
                 // A command takes 10 us, or 1 ms (the reporter's one jiffy).
-                let ndelay = if n.contains("-1ms") {
-                    "ndelay=1000000"
+                // (-jiffy: scsi_debug's default delay, no parameter.)
+                if n.ends_with("-jiffy") {
+                    assert!(!p.iter().any(|x| x.contains("delay=")), "{n}: {p:?}");
                 } else {
-                    "ndelay=10000"
-                };
-                assert!(p.contains(&ndelay.into()), "{n}: {p:?}");
+                    let ndelay = if n.contains("-1ms") {
+                        "ndelay=1000000"
+                    } else {
+                        "ndelay=10000"
+                    };
+                    assert!(p.contains(&ndelay.into()), "{n}: {p:?}");
+                }
                 let want_sched = if n.ends_with("-none") {
                     "none"
                 } else {
