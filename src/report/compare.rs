@@ -351,6 +351,19 @@ pub struct Group {
     pub samples: BTreeMap<String, Vec<f64>>,
 }
 
+impl Group {
+    /// The samples of one side's records of one (scenario, variant).
+    fn new(label: String, side: usize, key: &Key, samples: BTreeMap<String, Vec<f64>>) -> Group {
+        Group {
+            label,
+            side,
+            scenario: key.0.clone(),
+            variant: key.1.clone(),
+            samples,
+        }
+    }
+}
+
 /// Something that differs between what a report compares.
 #[derive(Debug, Clone, Serialize)]
 pub struct Difference {
@@ -920,13 +933,6 @@ pub fn build_with_top(
                     Some((key.clone(), inference::compare(xa, xb, confidence)))
                 })
                 .collect();
-            let group = |label: String, side: usize, samples| Group {
-                label,
-                side,
-                scenario: k.0.clone(),
-                variant: k.1.clone(),
-                samples,
-            };
             Row {
                 scenario: k.0.clone(),
                 variant: k.1.clone(),
@@ -938,8 +944,8 @@ pub fn build_with_top(
                 metrics: m,
                 did: BTreeMap::new(),
                 groups: vec![
-                    group(format!("A {}", a.kernel), 0, sa),
-                    group(format!("B {}", b.kernel), 1, sb),
+                    Group::new(format!("A {}", a.kernel), 0, k, sa),
+                    Group::new(format!("B {}", b.kernel), 1, k, sb),
                 ],
             }
         })
@@ -1012,20 +1018,8 @@ pub fn build_pairs(
                 metrics: m,
                 did: BTreeMap::new(),
                 groups: vec![
-                    Group {
-                        label: format!("A {}", pair.base),
-                        side: 0,
-                        scenario: base.0.clone(),
-                        variant: base.1.clone(),
-                        samples: sa,
-                    },
-                    Group {
-                        label: format!("B {}", pair.other),
-                        side: 1,
-                        scenario: other.0.clone(),
-                        variant: other.1.clone(),
-                        samples: sb,
-                    },
+                    Group::new(format!("A {}", pair.base), 0, base, sa),
+                    Group::new(format!("B {}", pair.other), 1, other, sb),
                 ],
                 pair: Some(pair),
             }
@@ -1122,13 +1116,6 @@ pub fn build_did(
             }
             let labels = labels_of(&rab);
             let [sab, sao, sbb, sbo] = s;
-            let group = |label: String, side: usize, k: &Key, samples| Group {
-                label,
-                side,
-                scenario: k.0.clone(),
-                variant: k.1.clone(),
-                samples,
-            };
             Row {
                 scenario: base.0.clone(),
                 variant: base.1.clone(),
@@ -1139,10 +1126,10 @@ pub fn build_did(
                 metrics: BTreeMap::new(),
                 did,
                 groups: vec![
-                    group(format!("A {} {}", a.kernel, base.1), 0, base, sab),
-                    group(format!("A {} {}", a.kernel, other.1), 0, other, sao),
-                    group(format!("B {} {}", b.kernel, base.1), 1, base, sbb),
-                    group(format!("B {} {}", b.kernel, other.1), 1, other, sbo),
+                    Group::new(format!("A {} {}", a.kernel, base.1), 0, base, sab),
+                    Group::new(format!("A {} {}", a.kernel, other.1), 0, other, sao),
+                    Group::new(format!("B {} {}", b.kernel, base.1), 1, base, sbb),
+                    Group::new(format!("B {} {}", b.kernel, other.1), 1, other, sbo),
                 ],
                 pair: Some(pair),
             }
