@@ -298,6 +298,52 @@ param_value() {     # param_value NAME DEFAULT PARAMS...
     echo "$_pv_pd"
 }
 
+# insmod_closure MOD PARAMS: insmod MOD with PARAMS after the modules it
+# needs (their order from $MODAVAIL; without that file, modprobe). INSERTED:
+# the modules this call inserted (sysfs names, load order). 1 on error.
+insmod_closure() {
+    _ic_mod=$(echo "$1" | tr - _)
+    _ic_params=$2
+    INSERTED=""
+    if [ -f "$MODAVAIL" ]; then
+        _ic_line=$(grep "^$_ic_mod:" "$MODAVAIL" | head -n 1)
+        if [ -z "$_ic_line" ]; then
+            fail "$1 is not in $MODAVAIL (this image has no $1 module)"
+            return 1
+        fi
+        _ic_order=${_ic_line#*:}
+        # the order lists .ko names (scsi_debug, dm-multipath); MOD comes last
+        _ic_last=""
+        for _ic_m in $_ic_order; do _ic_last=$_ic_m; done
+        [ "$(echo "$_ic_last" | tr - _)" = "$_ic_mod" ] || _ic_order="$_ic_order $_ic_mod"
+        for _ic_m in $_ic_order; do
+            _ic_sys=$(echo "$_ic_m" | tr - _)
+            if [ "$_ic_sys" = "$_ic_mod" ]; then
+                # shellcheck disable=SC2086
+                _ic_out=$(insmod "$MODDIR/$_ic_m.ko" $_ic_params 2>&1 </dev/null) || {
+                    fail "insmod $_ic_m.ko $_ic_params failed: $_ic_out $(kmsg_since_mark | tail -n 3 | tr '\n' ' ')"
+                    return 1
+                }
+            else
+                [ -d "/sys/module/$_ic_sys" ] && continue
+                _ic_out=$(insmod "$MODDIR/$_ic_m.ko" 2>&1 </dev/null) || {
+                    fail "insmod $_ic_m.ko (needed by $1) failed: $_ic_out"
+                    return 1
+                }
+            fi
+            INSERTED="$INSERTED $_ic_sys"
+        done
+    else
+        # shellcheck disable=SC2086
+        _ic_out=$(modprobe "$1" $_ic_params 2>&1 </dev/null) || {
+            fail "modprobe $1 $_ic_params failed: $_ic_out $(kmsg_since_mark | tail -n 3 | tr '\n' ' ')"
+            return 1
+        }
+        INSERTED=" $_ic_mod"
+    fi
+    return 0
+}
+
 load_module() {     # load_module MOD PARAMS -> DEVS, MOD_LOADED; fail on error
     _lm_mod=$1
     _lm_params=$2
@@ -311,38 +357,8 @@ load_module() {     # load_module MOD PARAMS -> DEVS, MOD_LOADED; fail on error
         return 1
     fi
     _lm_before=$(ls /sys/block)
-    if [ -f "$MODAVAIL" ]; then
-        _lm_line=$(grep "^$_lm_mod:" "$MODAVAIL" | head -n 1)
-        if [ -z "$_lm_line" ]; then
-            fail "$_lm_mod is not in $MODAVAIL (this image has no $_lm_mod module)"
-            return 1
-        fi
-        _lm_order=${_lm_line#*:}
-        case " $_lm_order " in *" $_lm_mod "*) ;; *) _lm_order="$_lm_order $_lm_mod" ;; esac
-        for _lm_m in $_lm_order; do
-            if [ "$_lm_m" = "$_lm_mod" ]; then
-                kmsg_mark
-                # shellcheck disable=SC2086
-                _lm_out=$(insmod "$MODDIR/$_lm_m.ko" $_lm_params 2>&1 </dev/null) || {
-                    fail "insmod $_lm_m.ko $_lm_params failed: $_lm_out $(kmsg_since_mark | tail -n 3 | tr '\n' ' ')"
-                    return 1
-                }
-            else
-                [ -d "/sys/module/$(echo "$_lm_m" | tr - _)" ] && continue
-                _lm_out=$(insmod "$MODDIR/$_lm_m.ko" 2>&1 </dev/null) || {
-                    fail "insmod $_lm_m.ko (needed by $_lm_mod) failed: $_lm_out"
-                    return 1
-                }
-            fi
-        done
-    else
-        kmsg_mark
-        # shellcheck disable=SC2086
-        _lm_out=$(modprobe "$_lm_mod" $_lm_params 2>&1 </dev/null) || {
-            fail "modprobe $_lm_mod $_lm_params failed: $_lm_out $(kmsg_since_mark | tail -n 3 | tr '\n' ' ')"
-            return 1
-        }
-    fi
+    kmsg_mark
+    insmod_closure "$_lm_mod" "$_lm_params" || return 1
     MOD_LOADED=$_lm_mod
     # The kernel loads a module even when a parameter is unknown to it (it only
     # logs "MOD: unknown parameter 'X' ignored"): a misspelt parameter, or one
@@ -415,6 +431,125 @@ unload_module() {
         sleep 1
     done
     MOD_LOADED=""
+}
+
+# --- dm stacks: `stack multipath` ----------------------------------------------
+# One request-based dm-multipath map per logical unit of the targets: SCSI
+# disks with the same channel:target:lun on different hosts (scsi_debug
+# add_host=2: the hosts share one store, as two HBA ports see one FC LUN)
+# are the paths of one map; any other device is a map of one path. fio then
+# runs on the maps; `path_sched` sets the paths' scheduler. The table is
+# the one multipath-tools loads: no features, no hardware handler, one
+# priority group, the selector with one argument per path (repeat count 1).
+STACK_MAPS=""; STACK_MODS=""; STACK_SAVED=""; PATHDEVS=""
+
+dm_dev_of() {       # dm_dev_of MAP: its /sys/block name
+    for _dd_b in $(ls /sys/block | grep '^dm-[0-9][0-9]*$'); do
+        [ "$(cat "/sys/block/$_dd_b/dm/name" 2>/dev/null)" = "$1" ] && { echo "$_dd_b"; return 0; }
+    done
+    return 1
+}
+
+make_stack() {      # make_stack KIND PARAMS: DEVS (the paths) -> DEVS (the maps), R_PATHS
+    _ms_sel=service-time; _ms_psched=""
+    for _ms_p in $2; do
+        case $_ms_p in
+        selector=*) _ms_sel=${_ms_p#*=} ;;
+        path_sched=*) _ms_psched=${_ms_p#*=} ;;
+        esac
+    done
+    if ! command -v dmsetup >/dev/null 2>&1; then
+        fail "stack $1: this image has no dmsetup (images/build-initramfs.sh copies the host's: apt-get install dmsetup)"
+        return 1
+    fi
+    kmsg_mark
+    for _ms_m in dm_multipath "dm_$(echo "$_ms_sel" | tr - _)"; do
+        [ -d "/sys/module/$_ms_m" ] && continue
+        insmod_closure "$_ms_m" "" || return 1
+        STACK_MODS="$STACK_MODS$INSERTED"
+    done
+    # the paths of each map, one map a line, in the order of the targets
+    _ms_groups=$(for _ms_d in $DEVS; do
+        _ms_k=$(readlink "/sys/block/$_ms_d/device" 2>/dev/null)
+        _ms_k=${_ms_k##*/}
+        case $_ms_k in
+        [0-9]*:[0-9]*:[0-9]*:[0-9]*) echo "lun:${_ms_k#*:} $_ms_d" ;;
+        *) echo "dev:$_ms_d $_ms_d" ;;
+        esac
+    done | $AWK '!($1 in g) { o[++n] = $1 } { g[$1] = g[$1] " " $2 } END { for (i = 1; i <= n; i++) print substr(g[o[i]], 2) }')
+    _ms_n=$(echo "$_ms_groups" | grep -c .)
+    _ms_maps=""; R_PATHS="{"; _ms_sep=""
+    _ms_i=1
+    while [ "$_ms_i" -le "$_ms_n" ]; do
+        _ms_paths=$(echo "$_ms_groups" | sed -n "${_ms_i}p")
+        _ms_name=blklab-mpath$_ms_i
+        _ms_size=""; _ms_np=0; _ms_args=""; _ms_pj=""
+        for _ms_d in $_ms_paths; do
+            _ms_s=$(cat "/sys/block/$_ms_d/size")
+            if [ -n "$_ms_size" ] && [ "$_ms_s" != "$_ms_size" ]; then
+                fail "stack multipath: paths $_ms_paths of $_ms_name differ in size ($_ms_size and $_ms_s sectors)"
+                return 1
+            fi
+            _ms_size=$_ms_s
+            _ms_np=$((_ms_np + 1))
+            _ms_args="$_ms_args $(cat "/sys/block/$_ms_d/dev") 1"
+            _ms_pj="$_ms_pj${_ms_pj:+, }\"$_ms_d\""
+        done
+        _ms_table="0 $_ms_size multipath 0 0 1 1 $_ms_sel 0 $_ms_np 1$_ms_args"
+        _ms_out=$(DM_DISABLE_UDEV=1 dmsetup create "$_ms_name" --noudevsync --table "$_ms_table" 2>&1 </dev/null) || {
+            fail "dmsetup create $_ms_name --table '$_ms_table' failed: $(echo "$_ms_out" | tr '\n' ' ')$(kmsg_since_mark | tail -n 2 | tr '\n' ' ')"
+            dm_dev_of "$_ms_name" >/dev/null && STACK_MAPS="$STACK_MAPS $_ms_name"
+            return 1
+        }
+        STACK_MAPS="$STACK_MAPS $_ms_name"
+        _ms_dev=$(dm_dev_of "$_ms_name") || { fail "dmsetup made $_ms_name but no /sys/block/dm-N names it"; return 1; }
+        _ms_end=$(( $(uptime_cs) + DISK_WAIT * 100 ))
+        while [ ! -b "/dev/$_ms_dev" ] && [ "$(uptime_cs)" -lt "$_ms_end" ]; do sleep 1; done
+        [ -b "/dev/$_ms_dev" ] || { fail "/dev/$_ms_dev ($_ms_name) did not appear"; return 1; }
+        _ms_maps="$_ms_maps $_ms_dev"
+        R_PATHS="$R_PATHS$_ms_sep\"$_ms_dev\": {\"map\": \"$_ms_name\", \"selector\": \"$_ms_sel\", \"paths\": [$_ms_pj]}"
+        _ms_sep=", "
+        _ms_i=$((_ms_i + 1))
+    done
+    R_PATHS="$R_PATHS}"
+    PATHDEVS=$DEVS
+    if [ -n "$_ms_psched" ]; then
+        for _ms_d in $PATHDEVS; do
+            STACK_SAVED="$STACK_SAVED $_ms_d:$(cur_sched "$_ms_d")"
+            if ! echo "$_ms_psched" > "/sys/block/$_ms_d/queue/scheduler" 2>/dev/null || [ "$(cur_sched "$_ms_d")" != "$_ms_psched" ]; then
+                fail "cannot set path_sched $_ms_psched on $_ms_d (queue/scheduler: $(cat "/sys/block/$_ms_d/queue/scheduler" 2>/dev/null))"
+                return 1
+            fi
+        done
+    fi
+    # shellcheck disable=SC2086,SC2116
+    DEVS=$(echo $_ms_maps)
+    return 0
+}
+
+remove_stack() {    # the maps, the paths' schedulers, the modules make_stack loaded
+    for _rs_m in $STACK_MAPS; do
+        _rs_i=0
+        while ! _rs_out=$(DM_DISABLE_UDEV=1 dmsetup remove --noudevsync "$_rs_m" 2>&1 </dev/null); do
+            _rs_i=$((_rs_i + 1))
+            if [ $_rs_i -ge 10 ]; then
+                fail "dmsetup remove $_rs_m failed: $(echo "$_rs_out" | tr '\n' ' ')"
+                break
+            fi
+            sleep 1
+        done
+    done
+    for _rs_e in $STACK_SAVED; do
+        _rs_d=${_rs_e%%:*}; _rs_s=${_rs_e#*:}
+        [ -n "$_rs_s" ] && [ -d "/sys/block/$_rs_d/queue" ] && echo "$_rs_s" > "/sys/block/$_rs_d/queue/scheduler" 2>/dev/null
+    done
+    _rs_rev=""
+    for _rs_m in $STACK_MODS; do _rs_rev="$_rs_m $_rs_rev"; done
+    for _rs_m in $_rs_rev; do
+        _rs_out=$(rmmod "$_rs_m" 2>&1 </dev/null) || fail "rmmod $_rs_m failed: $_rs_out"
+    done
+    STACK_MAPS=""; STACK_MODS=""; STACK_SAVED=""
+    if [ -n "$PATHDEVS" ]; then DEVS=$PATHDEVS; PATHDEVS=""; fi
 }
 
 # --- queue settings -------------------------------------------------------------
@@ -554,11 +689,13 @@ run_variant() {     # run_variant INDEX
     eval "VNAME=\$SCN_V$1_NAME VKIND=\$SCN_V$1_KIND VPARAMS=\$SCN_V$1_PARAMS VSCHED=\$SCN_V$1_SCHED"
     eval "VNR=\$SCN_V$1_NR VRUNTIME=\$SCN_V$1_RUNTIME VRAMP=\$SCN_V$1_RAMP VFIO=\$SCN_V$1_FIO"
     eval "VQDEPTH=\$SCN_V$1_QDEPTH VNOMERGES=\$SCN_V$1_NOMERGES VRQAFF=\$SCN_V$1_RQAFF VLAYOUT=\$SCN_V$1_LAYOUT"
+    eval "VSTACK=\$SCN_V$1_STACK VSTACKP=\$SCN_V$1_STACKP"
     ERR=""
     DEVS=""
     SAVED_Q=""
     W=$TMPD/v$1
     mkdir -p "$W"
+    R_PATHS=""; R_PATH_QUEUE=""
     R_QUEUE=""; R_BEFORE=""; R_AFTER=""; R_MPSTAT=""; R_FIO=""; R_FIO_RC=""; R_FIO_LOG=""; R_FIOCMD=""
 
     case $VKIND in
@@ -571,6 +708,9 @@ run_variant() {     # run_variant INDEX
     esac
 
     if [ -z "$ERR" ] && [ -z "$DEVS" ]; then fail "no target devices"; fi
+    if [ -z "$ERR" ] && [ -n "$VSTACK" ] && make_stack "$VSTACK" "$VSTACKP"; then
+        _pq_devs=$DEVS; DEVS=$PATHDEVS; R_PATH_QUEUE=$(queue_json); DEVS=$_pq_devs
+    fi
     if [ -z "$ERR" ] && apply_queue; then
         R_QUEUE=$(queue_json)
         # The scenario's options and run.sh's go before the first --name:
@@ -637,13 +777,16 @@ run_variant() {     # run_variant INDEX
     fi
 
     restore_queue
+    _devs_used=$DEVS
+    remove_stack
     unload_module
 
     if [ -z "$ERR" ]; then R_OK=true; else R_OK=false; fi
     export R_SCENARIO="$SCN_NAME" R_VARIANT="$VNAME" R_OK R_ERROR="$ERR" R_KERNEL="$KERNEL" \
         R_NCPU="$NCPU" R_KIND="$VKIND" R_PARAMS="$VPARAMS" R_SCHED="$VSCHED" R_NR="$VNR" \
         R_QDEPTH="$VQDEPTH" R_NOMERGES="$VNOMERGES" R_RQAFF="$VRQAFF" R_LAYOUT="$VLAYOUT" \
-        R_RUNTIME="$VRUNTIME" R_RAMP="$VRAMP" R_FIOARGS="$VFIO" R_FIOCMD R_DEVICES="$DEVS" \
+        R_STACK="$VSTACK" R_STACKP="$VSTACKP" R_PATHS R_PATH_QUEUE \
+        R_RUNTIME="$VRUNTIME" R_RAMP="$VRAMP" R_FIOARGS="$VFIO" R_FIOCMD R_DEVICES="$_devs_used" \
         R_QUEUE R_BEFORE R_AFTER R_MPSTAT R_FIO R_FIO_RC R_FIO_LOG R_BLKMQ_ERROR="$BLKMQ_ERR"
     $AWK -f "$LIB/json.awk" -f "$LIB/cpu.awk" -f "$LIB/blkmq.awk" -f "$LIB/result.awk" > "$W/result.json"
     echo "BLKLAB-RESULT-BEGIN $SCN_NAME $VNAME"

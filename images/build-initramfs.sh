@@ -6,12 +6,15 @@
 #   - busybox-static (/bin/busybox + a symlink for every applet)
 #   - fio as /usr/bin/fio (--fio PATH, default $FIO or /usr/bin/fio), every
 #     library `ldd` lists for it, and the ELF interpreter; the same for
-#     mpstat as /usr/bin/mpstat when --mpstat PATH is given
+#     mpstat as /usr/bin/mpstat when --mpstat PATH is given, and dmsetup as
+#     /usr/sbin/dmsetup (--dmsetup PATH, default the host's; without one the
+#     image cannot run `stack multipath` scenarios, and a warning says so)
 #   - the virtio modules the kernel in DIR needs, as plain .ko in
 #     /lib/modules/blklab/, load order in /blklab/modules (built-in ones are
 #     skipped; .ko.xz/.ko.zst/.ko.gz are decompressed here so that busybox
 #     insmod can load them)
-#   - scsi_debug and null_blk when the kernel has them as modules, with the
+#   - scsi_debug, null_blk and dm-multipath with its path selectors when the
+#     kernel has them as modules, with the
 #     modules they need (modinfo -F depends; sd_mod for scsi_debug's disks),
 #     also in /lib/modules/blklab/ but NOT in /blklab/modules: scenarios
 #     insmod them with parameters. /blklab/modules-available has one line per
@@ -30,18 +33,19 @@
 #
 # Cached: when FILE exists and FILE.inputs-hash matches the hash of the inputs
 # (this script and images/lib.sh, /init, images/guest, the extra dir, the
-# guest-scripts dir, the kernel manifest, the fio, mpstat and busybox
-# binaries), nothing is done.
+# guest-scripts dir, the kernel manifest, the fio, mpstat, dmsetup and
+# busybox binaries), nothing is done.
 set -eu
 
 LOG_NAME=build-initramfs
-USAGE="$0 --kernel-dir DIR --out FILE.cpio.gz [--extra-dir DIR] [--fio PATH] [--mpstat PATH] [--guest-scripts DIR]"
+USAGE="$0 --kernel-dir DIR --out FILE.cpio.gz [--extra-dir DIR] [--fio PATH] [--mpstat PATH] [--dmsetup PATH] [--guest-scripts DIR]"
 ARG_MISSING=error
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=images/lib.sh
 . "$HERE/lib.sh"
 
 KDIR=""; OUT=""; EXTRA=""; FIO=${FIO:-/usr/bin/fio}; MPSTAT=""; GSCRIPTS=""
+DMSETUP=${DMSETUP:-$(command -v dmsetup || true)}
 while [ $# -gt 0 ]; do
     case "$1" in
     --kernel-dir|--kernel-dir=*) opt_value "$@"; KDIR=$OPT_VALUE; shift "$OPT_SHIFT" ;;
@@ -49,6 +53,7 @@ while [ $# -gt 0 ]; do
     --extra-dir|--extra-dir=*) opt_value "$@"; EXTRA=$OPT_VALUE; shift "$OPT_SHIFT" ;;
     --fio|--fio=*) opt_value "$@"; FIO=$OPT_VALUE; shift "$OPT_SHIFT" ;;
     --mpstat|--mpstat=*) opt_value "$@"; MPSTAT=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --dmsetup|--dmsetup=*) opt_value "$@"; DMSETUP=$OPT_VALUE; shift "$OPT_SHIFT" ;;
     --guest-scripts|--guest-scripts=*) opt_value "$@"; GSCRIPTS=$OPT_VALUE; shift "$OPT_SHIFT" ;;
     -h|--help) usage ;;
     *) unknown_arg "$1" ;;
@@ -64,7 +69,7 @@ MODULES="virtio_ring virtio virtio_pci_modern_dev virtio_pci_legacy_dev virtio_p
 # Modules scenarios load themselves (insmod with parameters), and the
 # modules each needs besides its `depends` (sd_mod turns scsi_debug's LUNs
 # into /dev/sdX disks).
-EXTRA_MODULES="scsi_debug null_blk"
+EXTRA_MODULES="scsi_debug null_blk dm_multipath dm_service_time dm_round_robin dm_queue_length"
 companions() { case "$1" in scsi_debug) echo sd_mod ;; esac; }
 
 [ -f "$KDIR/manifest.json" ] || die "$KDIR/manifest.json missing (run fetch-debian-kernel.sh or build-kernel.sh first)"
@@ -72,6 +77,11 @@ companions() { case "$1" in scsi_debug) echo sd_mod ;; esac; }
 { [ -f "$FIO" ] && [ -x "$FIO" ]; } || die "fio not found at $FIO (apt-get install fio, or --fio PATH to a fio binary, e.g. from images/build-fio.sh)"
 [ -z "$MPSTAT" ] || { [ -f "$MPSTAT" ] && [ -x "$MPSTAT" ]; } \
     || die "--mpstat $MPSTAT is not an executable file (images/fetch-sysstat.sh makes one)"
+if [ -z "$DMSETUP" ]; then
+    log "WARNING: no dmsetup on this host (apt-get install dmsetup): the image cannot run \`stack multipath\` scenarios"
+elif ! { [ -f "$DMSETUP" ] && [ -x "$DMSETUP" ]; }; then
+    die "--dmsetup $DMSETUP is not an executable file"
+fi
 [ -x "$BUSYBOX" ] || die "busybox not found at $BUSYBOX (apt-get install busybox-static)"
 if ! "$BUSYBOX" --list 2>/dev/null | grep -qx insmod; then
     die "$BUSYBOX has no insmod applet (need busybox-static: apt-get install busybox-static)"
@@ -102,6 +112,7 @@ inputs() {
     echo "manifest $(sha256 "$KDIR/manifest.json")"
     echo "fio $("$FIO" --version) $(sha256 "$FIO")"
     [ -n "$MPSTAT" ] && echo "mpstat $(sha256 "$MPSTAT")"
+    [ -n "$DMSETUP" ] && echo "dmsetup $(sha256 "$DMSETUP")"
     echo "busybox $(sha256 "$BUSYBOX")"
     echo "modules $MODULES"
     echo "extra-modules $EXTRA_MODULES"
@@ -163,6 +174,9 @@ copy_elf "$FIO" /usr/bin/fio
 FIO_VERSION=$("$FIO" --version)
 if [ -n "$MPSTAT" ]; then
     copy_elf "$MPSTAT" /usr/bin/mpstat
+fi
+if [ -n "$DMSETUP" ]; then
+    copy_elf "$DMSETUP" /usr/sbin/dmsetup
 fi
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$R/etc/passwd"
 printf 'root:x:0:\n' > "$R/etc/group"
@@ -322,6 +336,7 @@ cat > "$OUT.manifest.json.tmp" <<EOF
   "fio": {"path": "$(jstr "$FIO")", "version": "$(jstr "$FIO_VERSION")", "sha256": "$(sha256 "$FIO")"},
   "mpstat": $( [ -n "$MPSTAT" ] && echo true || echo false ),
   "mpstat_sha256": $MPSTAT_SHA,
+  "dmsetup": $( [ -n "$DMSETUP" ] && echo true || echo false ),
   "guest_scripts": $( [ -n "$GSCRIPTS" ] && echo true || echo false ),
   "boot_modules": [$(json_list < "$R/blklab/modules")],
   "modules_available": {$AVAIL_JSON},

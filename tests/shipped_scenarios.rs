@@ -65,6 +65,56 @@ fn in_flight_bound(def: &Value, sections: u64) -> u64 {
     arg("iodepth") * arg("numjobs") * sections
 }
 
+/// A `stack multipath` variant on scsi_debug: one dm map per LUN, fio on
+/// the maps, each map's paths that LUN on every host, the paths' scheduler
+/// read back.
+fn check_multipath(
+    what: &str,
+    def: &Value,
+    g: &Value,
+    devices: &[&str],
+    luns: usize,
+    hosts: usize,
+) {
+    assert_eq!(def["stack"]["kind"], "multipath", "{what}");
+    assert_eq!(devices.len(), luns, "{what}: {devices:?}");
+    assert!(devices.iter().all(|d| d.starts_with("dm-")), "{what}");
+    let maps = g["paths"].as_object().unwrap();
+    assert_eq!(maps.len(), luns, "{what}: {maps:?}");
+    let mut all_paths: Vec<&str> = Vec::new();
+    for d in devices {
+        let m = &maps[*d];
+        assert!(
+            m["map"].as_str().unwrap().starts_with("blklab-mpath"),
+            "{what}: {m}"
+        );
+        let paths: Vec<&str> = m["paths"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap())
+            .collect();
+        assert_eq!(paths.len(), hosts, "{what} {d}: {paths:?}");
+        assert!(paths.iter().all(|p| p.starts_with("sd")), "{what}");
+        all_paths.extend(paths);
+    }
+    all_paths.sort();
+    all_paths.dedup();
+    assert_eq!(all_paths.len(), luns * hosts, "{what}: a path in two maps");
+    let path_sched = def["stack"]["params"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|p| p.as_str()?.strip_prefix("path_sched="));
+    let path_queue = g["path_queue"].as_object().unwrap();
+    assert_eq!(path_queue.len(), luns * hosts, "{what}");
+    if let Some(s) = path_sched {
+        for (dev, q) in path_queue {
+            assert_eq!(q["scheduler"], s, "{what} path {dev}");
+        }
+    }
+}
+
 fn check_variant(r: &Value) {
     let what = format!("{}/{}", r["scenario"], r["variant"]);
     assert_eq!(r["ok"], true, "{what}: {}", r["guest"]["error"]);
@@ -96,12 +146,19 @@ fn check_variant(r: &Value) {
                 .iter()
                 .map(|x| x.as_str().unwrap())
                 .collect();
-            let luns = p
-                .iter()
-                .find_map(|x| x.strip_prefix("max_luns="))
-                .map_or(1, |n| n.parse().unwrap());
-            assert_eq!(devices.len(), luns, "{what}: {devices:?}");
-            assert!(devices.iter().all(|d| d.starts_with("sd")), "{what}");
+            let param = |name: &str| -> usize {
+                p.iter()
+                    .find_map(|x| x.strip_prefix(&format!("{name}=")))
+                    .map_or(1, |n| n.parse().unwrap())
+            };
+            let luns = param("max_luns") * param("num_tgts");
+            let hosts = param("add_host");
+            if def["stack"].is_null() {
+                assert_eq!(devices.len(), luns * hosts, "{what}: {devices:?}");
+                assert!(devices.iter().all(|d| d.starts_with("sd")), "{what}");
+            } else {
+                check_multipath(&what, def, g, &devices, luns, hosts);
+            }
         }
         "null_blk" => {
             assert_eq!(devices.len(), 1, "{what}: {devices:?}");
@@ -247,6 +304,12 @@ fn every_shipped_scenario_runs_short_in_a_guest() {
             .sum();
         assert!(waits > 0, "{}: no tag waits", r["variant"]);
     }
+    // The multipath hypothesis ran on its maps.
+    assert!(
+        recs.iter()
+            .any(|r| r["scenario"] == "seed002-scsi-debug-multipath"
+                && !r["guest"]["paths"].is_null())
+    );
     // seed002's 12 disks.
     assert!(recs.iter().any(|r| r["scenario"] == "seed002-randrw"
         && r["guest"]["devices"].as_array().unwrap().len() == 12));

@@ -6,10 +6,14 @@
 #   R_SCENARIO R_VARIANT     names
 #   R_OK                     "true" or "false";  R_ERROR  message ("" -> null)
 #   R_KERNEL R_NCPU          uname -r, online CPUs
-#   R_KIND R_PARAMS R_SCHED R_NR R_QDEPTH R_NOMERGES R_RQAFF R_LAYOUT
+#   R_KIND R_PARAMS R_STACK R_STACKP R_SCHED R_NR R_QDEPTH R_NOMERGES R_RQAFF R_LAYOUT
 #   R_RUNTIME R_RAMP R_FIOARGS   effective settings
 #   R_FIOCMD                 the whole fio command line (blank-separated words)
-#   R_DEVICES                target device names (blank-separated)
+#   R_DEVICES                the devices fio ran on (blank-separated): the
+#                            targets, or the maps of a stack
+#   R_PATHS                  raw JSON object (a stack's maps: map name,
+#                            selector, path devices) or ""
+#   R_PATH_QUEUE             raw JSON object (the paths' queue settings) or ""
 #   R_QUEUE                  raw JSON object (queue settings read back) or ""
 #   R_BEFORE R_AFTER         snapshot files written by run.sh ("" -> no data)
 #   R_BLKMQ_ERROR            why blk-mq's debugfs could not be read ("" -> none)
@@ -41,6 +45,7 @@ BEGIN {
     print "  \"kernel\": " jstr(ENVIRON["R_KERNEL"]) ","
     print "  \"nr_cpus\": " jnum_or_null(ENVIRON["R_NCPU"]) ","
     print "  \"settings\": {\"target\": " jstr(ENVIRON["R_KIND"]) ", \"target_params\": " jlist(ENVIRON["R_PARAMS"]) ", " \
+          "\"stack\": " jstr_or_null(ENVIRON["R_STACK"]) ", \"stack_params\": " jlist(ENVIRON["R_STACKP"]) ", " \
           "\"sched\": " jstr_or_null(ENVIRON["R_SCHED"]) ", \"nr_requests\": " jnum_or_null(ENVIRON["R_NR"]) ", " \
           "\"queue_depth\": " jnum_or_null(ENVIRON["R_QDEPTH"]) ", \"nomerges\": " jnum_or_null(ENVIRON["R_NOMERGES"]) ", " \
           "\"rq_affinity\": " jnum_or_null(ENVIRON["R_RQAFF"]) ", \"layout\": " jstr_or_null(ENVIRON["R_LAYOUT"]) ", " \
@@ -49,6 +54,8 @@ BEGIN {
     print "  \"fio_cmdline\": " (ENVIRON["R_FIOCMD"] == "" ? "null" : jlist(ENVIRON["R_FIOCMD"])) ","
     print "  \"devices\": " jlist(ENVIRON["R_DEVICES"]) ","
     print "  \"queue\": " (ENVIRON["R_QUEUE"] == "" ? "null" : ENVIRON["R_QUEUE"]) ","
+    print "  \"paths\": " (ENVIRON["R_PATHS"] == "" ? "null" : ENVIRON["R_PATHS"]) ","
+    print "  \"path_queue\": " (ENVIRON["R_PATH_QUEUE"] == "" ? "null" : ENVIRON["R_PATH_QUEUE"]) ","
     if (have) {
         print "  \"wall_seconds\": " sprintf("%.2f", UP[1] - UP[0]) ","
         print "  \"cpu\": " cpu_json() ","

@@ -12,12 +12,12 @@
 #              variant; no environment overrides, @NCPU@ left as is):
 #              {"name","description","disks","queues","vcpus","memory",
 #               "queue_size","variants":[{"name","target":{"kind",
-#               "params":[...]},"sched","nr_requests","queue_depth",
+#               "params":[...]},"stack":null|{"kind","params":[...]},"sched","nr_requests","queue_depth",
 #               "nomerges","rq_affinity","device":[...],"layout","runtime",
 #               "ramp","fio_args":[...]}]}
 #   mode=sh    shell assignments for run.sh to eval: SCN_DESCRIPTION,
 #              SCN_DISKS, SCN_QUEUES, SCN_NV and SCN_V<i>_{NAME,KIND,PARAMS,
-#              SCHED,NR,QDEPTH,NOMERGES,RQAFF,LAYOUT,RUNTIME,RAMP,FIO} for
+#              STACK,STACKP,SCHED,NR,QDEPTH,NOMERGES,RQAFF,LAYOUT,RUNTIME,RAMP,FIO} for
 #              the variants selected by
 #              $BLKLAB_VARIANTS (all when empty), with $BLKLAB_RUNTIME and
 #              $BLKLAB_RAMP applied and @NCPU@ replaced by ncpu in target
@@ -36,6 +36,7 @@ BEGIN {
     g_kind = "virtio"; g_params = ""; g_sched = ""; g_nr = ""; g_fio = ""
     g_vcpus = ""; g_memory = ""; g_qsize = ""
     g_qdepth = ""; g_nomerges = ""; g_rqaff = ""; g_layout = ""; g_dev = ""
+    g_stack = ""; g_stackp = ""
     # device settings (values are checked by the host: lab::settings)
     ndevset = split("disk size tags depth tag_scope tag_fairness latency read_latency write_latency flush_latency latency_spin seed poll", devset_list, " ")
     devset_names = ""
@@ -194,6 +195,29 @@ function words(from,    i, s) {
         }
         p = words(3)
         if (nv) { v_kind[nv] = kind; v_params[nv] = p } else { g_kind = kind; g_params = p }
+    } else if (d == "stack") {
+        want_args(1, -1)
+        kind = $2
+        if (kind == "none") {
+            if (NF > 2) fail("stack none takes no parameters")
+        } else if (kind == "multipath") {
+            for (i = 3; i <= NF; i++) {
+                if ($i !~ /^[^=]+=./) fail("stack: bad parameter '" $i "' (want NAME=VALUE)")
+                k = setting_name($i); v = substr($i, length(k) + 2)
+                if (k == "selector") {
+                    if (v != "service-time" && v != "round-robin" && v != "queue-length")
+                        fail("stack: unknown selector '" v "' (want service-time, round-robin or queue-length)")
+                } else if (k == "path_sched") {
+                    if (v !~ /^[A-Za-z0-9_-]+$/) fail("stack: bad path_sched '" v "'")
+                } else {
+                    fail("stack: unknown parameter '" k "' (want selector or path_sched)")
+                }
+            }
+        } else {
+            fail("stack: unknown kind '" kind "' (want multipath or none)")
+        }
+        p = words(3)
+        if (nv) { v_stack[nv] = kind; v_stackp[nv] = p } else { g_stack = kind; g_stackp = p }
     } else if (d == "sched") {
         want_args(1, 1)
         if ($2 !~ /^[A-Za-z0-9_-]+$/) fail("sched: bad name '" $2 "'")
@@ -242,6 +266,8 @@ END {
     for (i = 1; i <= nv; i++) {
         if (!(i in v_kind)) { v_kind[i] = g_kind; v_params[i] = g_params }
         if (!(i in v_sched)) v_sched[i] = g_sched
+        if (!(i in v_stack)) { v_stack[i] = g_stack; v_stackp[i] = g_stackp }
+        if (v_stack[i] == "none") { v_stack[i] = ""; v_stackp[i] = "" }
         if (!(i in v_nr)) v_nr[i] = g_nr
         if (!(i in v_qdepth)) v_qdepth[i] = g_qdepth
         if (!(i in v_nomerges)) v_nomerges[i] = g_nomerges
@@ -267,6 +293,7 @@ function print_json(    i, out) {
     for (i = 1; i <= nv; i++) {
         out = out (i > 1 ? "," : "") "{\"name\":" jstr(v_name[i]) \
               ",\"target\":{\"kind\":" jstr(v_kind[i]) ",\"params\":" jlist(v_params[i]) "}" \
+              ",\"stack\":" (v_stack[i] == "" ? "null" : "{\"kind\":" jstr(v_stack[i]) ",\"params\":" jlist(v_stackp[i]) "}") \
               ",\"sched\":" jstr_or_null(v_sched[i]) \
               ",\"nr_requests\":" jnum_or_null(v_nr[i]) \
               ",\"queue_depth\":" jnum_or_null(v_qdepth[i]) \
@@ -311,6 +338,8 @@ function print_sh(    rt, rp, filt, want, n, a, i, k, p, f, out) {
         out = out sprintf("SCN_V%d_NAME=%s\n", k, shq(v_name[i]))
         out = out sprintf("SCN_V%d_KIND=%s\n", k, shq(v_kind[i]))
         out = out sprintf("SCN_V%d_PARAMS=%s\n", k, shq(p))
+        out = out sprintf("SCN_V%d_STACK=%s\n", k, shq(v_stack[i]))
+        out = out sprintf("SCN_V%d_STACKP=%s\n", k, shq(v_stackp[i]))
         out = out sprintf("SCN_V%d_SCHED=%s\n", k, shq(v_sched[i]))
         out = out sprintf("SCN_V%d_NR=%s\n", k, shq(v_nr[i]))
         out = out sprintf("SCN_V%d_QDEPTH=%s\n", k, shq(v_qdepth[i]))

@@ -32,12 +32,14 @@ pub enum ScenarioError {
     },
 }
 
-pub(crate) use crate::record::scenario::{Layout, Scenario, Target, Variant};
+pub(crate) use crate::record::scenario::{Layout, Scenario, Stack, Target, Variant};
 
 /// Settings that may appear globally or per variant.
 #[derive(Debug, Clone, Default)]
 struct Settings {
     target: Option<Target>,
+    /// `Some(None)`: `stack none` (clears a global stack).
+    stack: Option<Option<Stack>>,
     sched: Option<String>,
     nr_requests: Option<u64>,
     queue_depth: Option<u64>,
@@ -137,6 +139,52 @@ fn is_module_param(s: &str) -> bool {
     let mut c = name.chars();
     matches!(c.next(), Some(f) if f.is_ascii_alphabetic() || f == '_')
         && c.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// The path selectors dm-multipath offers (the modules the guest image has).
+pub const PATH_SELECTORS: &[&str] = &["service-time", "round-robin", "queue-length"];
+
+/// `stack KIND PARAM…`: None for `stack none`; the message of the error.
+fn parse_stack(kind: &str, params: &[&str]) -> Result<Option<Stack>, String> {
+    match kind {
+        "none" => {
+            if params.is_empty() {
+                Ok(None)
+            } else {
+                Err("stack none takes no parameters".into())
+            }
+        }
+        "multipath" => {
+            for p in params {
+                let (n, v) = match p.split_once('=') {
+                    Some((n, v)) if !n.is_empty() && !v.is_empty() => (n, v),
+                    _ => return Err(format!("stack: bad parameter '{p}' (want NAME=VALUE)")),
+                };
+                match n {
+                    "selector" if PATH_SELECTORS.contains(&v) => {}
+                    "selector" => {
+                        return Err(format!(
+                        "stack: unknown selector '{v}' (want service-time, round-robin or queue-length)"
+                    ))
+                    }
+                    "path_sched" if is_sched_name(v) => {}
+                    "path_sched" => return Err(format!("stack: bad path_sched '{v}'")),
+                    _ => {
+                        return Err(format!(
+                            "stack: unknown parameter '{n}' (want selector or path_sched)"
+                        ))
+                    }
+                }
+            }
+            Ok(Some(Stack {
+                kind: kind.to_string(),
+                params: params.iter().map(|s| s.to_string()).collect(),
+            }))
+        }
+        other => Err(format!(
+            "stack: unknown kind '{other}' (want multipath or none)"
+        )),
+    }
 }
 
 /// Parse scenario text; `file` names it in errors, `name` is the scenario's
@@ -363,6 +411,11 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioErr
                     params: params.iter().map(|s| s.to_string()).collect(),
                 });
             }
+            "stack" => {
+                want(1, None)?;
+                settings.stack =
+                    Some(parse_stack(args[0], &args[1..]).map_err(|m| err(lineno, m))?);
+            }
             "sched" => {
                 want(1, Some(1))?;
                 if !is_sched_name(args[0]) {
@@ -433,6 +486,7 @@ pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioErr
                         kind: "virtio".to_string(),
                         params: Vec::new(),
                     }),
+                stack: s.stack.or_else(|| global.stack.clone()).flatten(),
                 sched: s.sched.or_else(|| global.sched.clone()),
                 nr_requests: s.nr_requests.or(global.nr_requests),
                 queue_depth: s.queue_depth.or(global.queue_depth),

@@ -56,6 +56,14 @@ pub struct GuestResult {
     /// Queue settings read back before fio, by device.
     #[serde(default)]
     pub queue: Option<BTreeMap<String, QueueSettings>>,
+    /// A stack's maps (`stack multipath`), by the device fio ran on (null
+    /// without a stack).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paths: Option<BTreeMap<String, StackMap>>,
+    /// The path devices' queue settings read back before fio (null without
+    /// a stack).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_queue: Option<BTreeMap<String, QueueSettings>>,
     /// From /proc/uptime, before → after snapshot.
     #[serde(default)]
     pub wall_seconds: Option<f64>,
@@ -118,6 +126,17 @@ impl GuestResult {
     }
 }
 
+/// One map of a variant's dm stack.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StackMap {
+    /// The dm name (`blklab-mpathN`).
+    pub map: String,
+    /// dm-multipath's path selector.
+    pub selector: String,
+    /// The target devices that are its paths.
+    pub paths: Vec<String>,
+}
+
 /// The settings a variant ran with: overrides applied, `@NCPU@` replaced.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct GuestSettings {
@@ -125,6 +144,11 @@ pub struct GuestSettings {
     pub target: String,
     #[serde(default)]
     pub target_params: Vec<String>,
+    /// The dm stack on the targets (`multipath`), null without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stack_params: Vec<String>,
     #[serde(default)]
     pub sched: Option<String>,
     #[serde(default)]

@@ -16,6 +16,22 @@ pub struct Target {
     pub params: Vec<String>,
 }
 
+/// A device-mapper stack built on a variant's target devices; fio then runs
+/// on the stack's devices instead of the targets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Stack {
+    /// `multipath`: one request-based dm-multipath map per logical unit,
+    /// its paths the target devices showing that unit (SCSI disks with the
+    /// same channel:target:lun on different hosts; any other device is a
+    /// map of one path).
+    pub kind: String,
+    /// `selector=service-time|round-robin|queue-length` (the path selector,
+    /// default service-time as multipath-tools), `path_sched=NAME` (the
+    /// I/O scheduler of the path devices; the variant's `sched` and queue
+    /// knobs apply to the maps).
+    pub params: Vec<String>,
+}
+
 /// How fio's jobs cover a variant's target devices.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
@@ -44,6 +60,9 @@ impl Layout {
 pub struct Variant {
     pub name: String,
     pub target: Target,
+    /// A dm stack on the targets (null: fio runs on the targets).
+    #[serde(default)]
+    pub stack: Option<Stack>,
     /// The I/O scheduler written to `queue/scheduler` (null: left alone).
     pub sched: Option<String>,
     /// Written to `queue/nr_requests` (null: left alone).

@@ -617,6 +617,15 @@ fn definition_difference(a: &Variant, b: &Variant) -> Option<(String, String)> {
     let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
     let optn = |v: &Option<u64>| v.map_or("-".into(), |n| n.to_string());
     field("target", a.target.kind.clone(), b.target.kind.clone());
+    let stack = |v: &Variant| {
+        v.stack.as_ref().map_or("-".into(), |s| {
+            std::iter::once(s.kind.as_str())
+                .chain(s.params.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+    };
+    field("stack", stack(a), stack(b));
     field("sched", opt(&a.sched), opt(&b.sched));
     field("nr_requests", optn(&a.nr_requests), optn(&b.nr_requests));
     field("queue_depth", optn(&a.queue_depth), optn(&b.queue_depth));
@@ -1295,6 +1304,7 @@ mod tests {
                 kind: "scsi_debug".into(),
                 params: vec!["max_queue=128".into()],
             },
+            stack: None,
             sched: sched.map(str::to_string),
             nr_requests: None,
             queue_depth: None,
