@@ -1324,5 +1324,13 @@ mod tests {
         assert_eq!(a, "sched=-; fio args: --iodepth=64");
         assert_eq!(b, "sched=mq-deadline; fio args: --iodepth=16");
         assert!(definition_difference(&v(None, &[]), &v(None, &[])).is_none());
+        let mut stacked = v(Some("none"), &[]);
+        stacked.stack = Some(crate::record::scenario::Stack {
+            kind: "multipath".into(),
+            params: vec!["path_sched=mq-deadline".into()],
+        });
+        let (a, b) = definition_difference(&stacked, &v(Some("none"), &[])).unwrap();
+        assert_eq!(a, "stack=multipath,path_sched=mq-deadline");
+        assert_eq!(b, "stack=-");
     }
 }
