@@ -62,6 +62,14 @@ pub(crate) struct BlkBackend {
     /// come back to its polling after letting its epoll loop run (exit
     /// requests, timers, newly enabled rings).
     repoll: Vec<EventFd>,
+    /// The consumer ends of the worker exit events handed out by
+    /// `exit_event`. vhost-user-backend 0.24 registers a consumer with its
+    /// epoll through `into_raw_fd()` and never closes it: one eventfd per
+    /// worker thread per connection would leak (the soak test counts the
+    /// daemon's fds across hundreds of reconnects). Closed in `Drop`, when
+    /// the last handler holding this backend, and with it the epoll the fd
+    /// was registered with, is gone.
+    exit_consumers: Mutex<Vec<std::os::fd::RawFd>>,
 }
 
 impl BlkBackend {
@@ -91,6 +99,7 @@ impl BlkBackend {
             acked_features: AtomicU64::new(0),
             poll_spin,
             repoll,
+            exit_consumers: Mutex::new(Vec::new()),
         })
     }
 
@@ -159,13 +168,27 @@ impl BlkBackend {
 impl Drop for BlkBackend {
     /// A frontend that went away without stopping its rings leaves requests
     /// in service: give their command slots back so a shared pool does not
-    /// shrink.
+    /// shrink. And close the exit-event consumers (`exit_consumers`).
     fn drop(&mut self) {
         for (qi, q) in self.queues.iter_mut().enumerate() {
             let q = q.get_mut().unwrap_or_else(|p| p.into_inner());
             for Reverse(p) in q.pending.drain() {
                 self.disk.put_tag(qi, p.tag);
             }
+        }
+        let fds = std::mem::take(
+            self.exit_consumers
+                .get_mut()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        for fd in fds {
+            // SAFETY: `fd` is the consumer end `exit_event` created and gave
+            // to vhost-user-backend, which released ownership with
+            // `into_raw_fd()` and never closes it (0.24, pinned in
+            // Cargo.toml); nothing else refers to it once the handlers that
+            // hold this backend are dropped, which they are: we are in the
+            // backend's drop. Taking ownership closes it exactly once.
+            drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
         }
     }
 }

@@ -101,7 +101,15 @@ impl VhostUserBackend for BlkBackend {
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
         match new_event_consumer_and_notifier(EventFlag::NONBLOCK | EventFlag::CLOEXEC) {
-            Ok(pair) => Some(pair),
+            Ok(pair) => {
+                // The library leaks the consumer's fd; the backend closes it
+                // when dropped (see `BlkBackend::exit_consumers`).
+                self.exit_consumers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(std::os::fd::AsRawFd::as_raw_fd(&pair.0));
+                Some(pair)
+            }
             Err(e) => {
                 warn!("cannot create a worker exit event: {e}");
                 None
