@@ -214,6 +214,8 @@ impl Server {
             error!("cannot wake the accept loops: {e}");
         }
         for s in &self.served {
+            // A GET_VRING_BASE waiting for requests in service stops waiting.
+            s.disk.stopping.store(true, Ordering::SeqCst);
             let conn = s.connection.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(h) = conn.as_ref() {
                 h.shutdown();
