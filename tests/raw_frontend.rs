@@ -1789,7 +1789,10 @@ fn set_vring_call_signals_the_new_call_fd() {
     c.fe.set_vring_call(0, &call).expect("SET_VRING_CALL");
     // REPLY_ACK: the backend has handled the message once it answered.
     let readable = common::try_wait_for(WAIT, || call.read().ok()).is_some();
-    assert!(readable, "the call fd was not signalled after SET_VRING_CALL");
+    assert!(
+        readable,
+        "the call fd was not signalled after SET_VRING_CALL"
+    );
     // The queue goes on with the new call fd.
     c.epoll
         .ctl(
@@ -1807,4 +1810,35 @@ fn set_vring_call_signals_the_new_call_fd() {
         .expect("epoll add");
     c.queues[0].call = call;
     end(server, c);
+}
+
+/// A request in service for a long time (100 s of emulated latency) while
+/// the frontend stops the ring (GET_VRING_BASE waits for it): SIGTERM still
+/// ends the daemon promptly (it used to sleep up to 60 s holding the
+/// queue's lock).
+#[test]
+fn shutdown_is_not_held_by_a_request_in_service() {
+    if qsd() {
+        return;
+    }
+    let (server, ctl, _log) = spawn_logged(&["--latency", "100s"]);
+    let mut c = server.connect();
+    let data = pattern(4096, 21);
+    let (segs, _, _) = c.blk_segs(VIRTIO_BLK_T_OUT, 8, &Data::Out(&data));
+    c.submit(0, &segs);
+    common::wait_for_counters(&ctl, 0, 0, &[("requests", 1)]);
+    let stopper = std::thread::spawn(move || {
+        let r = c.fe.get_vring_base(0).map_err(|e| e.to_string());
+        (r, c)
+    });
+    // Let GET_VRING_BASE arrive (if it has not yet, SIGTERM ends the
+    // connection first and the test passes either way).
+    std::thread::sleep(MAYBE_WAIT);
+    let Server::Blklab(mut d) = server else {
+        unreachable!()
+    };
+    let st = d.terminate();
+    eprintln!("blklab serve exited with {st}");
+    // The frontend got its answer (or the connection ended).
+    let _ = stopper.join();
 }
