@@ -1304,4 +1304,45 @@ mod tests {
         let c = r.counters();
         assert_eq!((c.ring_errors, c.requests, c.dropped), (1, 0, 0));
     }
+
+    #[test]
+    fn a_head_beyond_the_queue_size_breaks_the_queue() {
+        let r = rig(&[]);
+        let mut d = Driver::new(&r.mem);
+        r.header(hdr_at(0), VIRTIO_BLK_T_FLUSH, 0);
+        d.offer(QSIZE + 3);
+        d.push(&[(hdr_at(0), 16, 0), (st_at(0), 1, W)]);
+        let mut ring = d.ring(true);
+        let t = r.serve(&mut ring);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].drained.map(|d| d.ring_ok), Some(false));
+        assert!(d.used().is_empty());
+        assert!(r.be.lock_queue(0).broken);
+        // Broken until the driver resets it: the good request after it is
+        // not served, and nothing more is counted.
+        let t = r.serve(&mut ring);
+        assert_eq!(
+            t[0].drained.map(|d| (d.popped, d.ring_ok)),
+            Some((0, false))
+        );
+        assert!(d.used().is_empty());
+        let c = r.counters();
+        assert_eq!((c.ring_errors, c.requests, c.dropped), (1, 0, 0));
+    }
+
+    #[test]
+    fn rings_must_lie_wholly_in_guest_memory() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        assert!(check_ring((0, 0x1000, 0x2000, 256), &mem).is_ok());
+        // The avail ring's used_event is the last two bytes of memory + 2.
+        let avail_end = 0x10000 - (6 + 2 * 256) + 2;
+        let e = check_ring((0, avail_end, 0x2000, 256), &mem).unwrap_err();
+        assert!(e.contains("avail ring"), "{e}");
+        // The used ring's avail_event, likewise.
+        let used_end = 0x10000 - (6 + 8 * 256) + 2;
+        let e = check_ring((0, 0x1000, used_end, 256), &mem).unwrap_err();
+        assert!(e.contains("used ring"), "{e}");
+        let e = check_ring((0x10000 - 16 * 255, 0x1000, 0x2000, 256), &mem).unwrap_err();
+        assert!(e.contains("descriptor table"), "{e}");
+    }
 }
