@@ -1577,3 +1577,268 @@ fn kicks_and_notifications(event_idx: bool) {
     assert_eq!(b["counters"]["notifications_suppressed"], suppressed, "{b}");
     end(server, c);
 }
+
+// ---------------------------------------------------------------------------
+// Hostile frontends: broken rings, log floods, bad memory, reconnects
+// ---------------------------------------------------------------------------
+
+/// `blklab serve` with the raw-frontend disk plus `extra`, a control socket,
+/// and its stderr (the log) in a file; returns the server, the control
+/// socket and the log file.
+fn spawn_logged(extra: &[&str]) -> (Server, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("vd.sock");
+    let ctl = dir.path().join("ctl.sock");
+    let log = dir.path().join("stderr.log");
+    let mut cmd = std::process::Command::new(common::blklab_bin());
+    cmd.arg("serve")
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--control")
+        .arg(&ctl)
+        .args(BLKLAB_DISK)
+        .args(extra)
+        .env("RUST_LOG", "info")
+        .stderr(File::create(&log).expect("log file"));
+    let process = blklab::bench::daemon::Daemon::start(
+        "blklab serve",
+        &mut cmd,
+        &[socket.clone(), ctl.clone()],
+        common::PATIENCE,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let d = common::Daemon {
+        process,
+        dir,
+        socket,
+        control: Some(ctl.clone()),
+    };
+    (Server::Blklab(d), ctl, log)
+}
+
+/// The daemon's log so far, one entry per line.
+fn log_lines(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// At most this many log lines may follow a guest's misbehaviour (a
+/// warning or two, connection messages, the summary at disconnect).
+const LOG_BOUND: usize = 40;
+
+fn qsd() -> bool {
+    std::env::var("RAW_FRONTEND_BACKEND").as_deref() == Ok("qsd")
+}
+
+/// An avail ring whose index is the last two bytes of guest memory (only
+/// the ring's start lies inside), one request announced, EVENT_IDX on:
+/// the queue is broken, counted, logged once and not served again; the
+/// other queue, a new connection and SIGTERM keep working.
+fn ring_end_outside_memory(extra: &[&str]) {
+    if qsd() {
+        return;
+    }
+    let (server, ctl, log) = spawn_logged(extra);
+    let mut c = Conn::connect(
+        server.socket(),
+        &Setup {
+            mem: MemMode::AddMemReg,
+            enable: false,
+        },
+    );
+    assert!(c.has(VIRTIO_RING_F_EVENT_IDX), "EVENT_IDX not negotiated");
+    let avail = MEM_SIZE - 4;
+    let cfg = VringConfigData {
+        queue_max_size: QSIZE,
+        queue_size: QSIZE,
+        flags: 0,
+        desc_table_addr: c.hva_base + c.queues[0].desc,
+        used_ring_addr: c.hva_base + c.queues[0].used,
+        avail_ring_addr: c.hva_base + avail,
+        log_addr: None,
+    };
+    c.fe.set_vring_addr(0, &cfg).expect("SET_VRING_ADDR");
+    c.mem
+        .store(1u16.to_le(), GuestAddress(avail + 2), Ordering::Release)
+        .unwrap();
+    let before = log_lines(&log).len();
+    c.enable(0);
+    c.enable(1);
+    c.kick(0);
+    common::wait_for_counters(&ctl, 0, 0, &[("ring_errors", 1)]);
+    // The other queue serves; the broken one is left alone.
+    c.check_serving(1);
+    c.kick(0);
+    c.check_serving(1);
+    let lines = log_lines(&log);
+    assert!(
+        lines.len() - before <= LOG_BOUND,
+        "{} log lines after a broken ring: {:?}",
+        lines.len() - before,
+        &lines[before..(before + 20).min(lines.len())]
+    );
+    // A new connection is served (the server does not wait for a stuck
+    // worker) and SIGTERM ends the daemon (end → finish).
+    drop(c);
+    let c = server.connect();
+    end(server, c);
+}
+
+#[test]
+fn ring_end_outside_memory_is_a_broken_ring() {
+    ring_end_outside_memory(&[]);
+}
+
+#[test]
+fn ring_end_outside_memory_is_a_broken_ring_in_poll_mode() {
+    ring_end_outside_memory(&["--poll=50us"]);
+}
+
+/// A guest making heads beyond the queue size available, many times: the
+/// queue is broken at the first, and the log stays short (neither
+/// virtio-queue's per-request error nor anything of blklab's per request).
+#[test]
+fn heads_beyond_queue_size_do_not_flood_the_log() {
+    if qsd() {
+        return;
+    }
+    let (mut server, ctl, log) = spawn_logged(&[]);
+    let mut c = server.connect();
+    c.check_serving(0);
+    let before = log_lines(&log).len();
+    for round in 0..40u16 {
+        for i in 0..32u16 {
+            c.publish(0, QSIZE + (round * 32 + i) % 1000);
+        }
+        c.kick(0);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    common::wait_for_counters(&ctl, 0, 0, &[("ring_errors", 1)]);
+    assert!(server.alive(), "daemon died");
+    c.check_serving(1);
+    let lines = log_lines(&log);
+    assert!(
+        lines.len() - before <= LOG_BOUND,
+        "{} log lines after 1280 bad heads: {:?}",
+        lines.len() - before,
+        &lines[before..(before + 20).min(lines.len())]
+    );
+    // A reconnect (the driver's reset) serves queue 0 again.
+    drop(c);
+    let c = server.connect();
+    end(server, c);
+}
+
+/// A memory region declared larger than its file (a memfd of MEM_SIZE
+/// bytes offered as 2 * MEM_SIZE): mapping it would let the first access
+/// past the file's end kill the daemon with SIGBUS. The message is refused,
+/// and the daemon serves the next frontend.
+#[test]
+fn memory_region_larger_than_its_file_is_refused() {
+    if qsd() {
+        return;
+    }
+    let server = Server::spawn(false);
+    for mode in [MemMode::AddMemReg, MemMode::SetMemTable] {
+        let sock = connect_socket(server.socket());
+        sock.set_read_timeout(Some(MSG_TIMEOUT)).unwrap();
+        sock.set_write_timeout(Some(MSG_TIMEOUT)).unwrap();
+        let mut fe = Frontend::from_stream(sock, NUM_QUEUES as u64);
+        let offered = fe.get_features().expect("GET_FEATURES");
+        let pf = fe.get_protocol_features().expect("GET_PROTOCOL_FEATURES");
+        let protocol = pf
+            & (VhostUserProtocolFeatures::MQ
+                | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+                | VhostUserProtocolFeatures::REPLY_ACK);
+        fe.set_protocol_features(protocol)
+            .expect("SET_PROTOCOL_FEATURES");
+        fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        fe.set_owner().expect("SET_OWNER");
+        fe.set_features(offered & DRIVER_FEATURES)
+            .expect("SET_FEATURES");
+        let mem = new_guest_memory();
+        let region = mem.iter().next().expect("one region");
+        let mut info = VhostUserMemoryRegionInfo::from_guest_region(region).expect("region info");
+        info.memory_size = 2 * MEM_SIZE;
+        let res = match mode {
+            MemMode::AddMemReg => fe.add_mem_region(&info).is_err(),
+            MemMode::SetMemTable => fe.set_mem_table(&[info]).is_err(),
+        };
+        assert!(
+            res,
+            "a region of {} bytes over a file of {MEM_SIZE} bytes was accepted",
+            2 * MEM_SIZE
+        );
+        drop(fe);
+    }
+    let c = server.connect();
+    end(server, c);
+}
+
+/// SET_VRING_CALL signals the new call fd at once, as libvhost-user does:
+/// a driver that reconnected does not wait for an interrupt lost while the
+/// backend was away (QEMU's vhost-user-blk qtest relies on it).
+#[test]
+fn set_vring_call_signals_the_new_call_fd() {
+    let (server, mut c) = start();
+    c.check_serving(0);
+    let call = EventFd::new(EFD_NONBLOCK).expect("eventfd");
+    c.fe.set_vring_call(0, &call).expect("SET_VRING_CALL");
+    // REPLY_ACK: the backend has handled the message once it answered.
+    let readable = common::try_wait_for(WAIT, || call.read().ok()).is_some();
+    assert!(
+        readable,
+        "the call fd was not signalled after SET_VRING_CALL"
+    );
+    // The queue goes on with the new call fd.
+    c.epoll
+        .ctl(
+            ControlOperation::Delete,
+            c.queues[0].call.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, 0),
+        )
+        .expect("epoll del");
+    c.epoll
+        .ctl(
+            ControlOperation::Add,
+            call.as_raw_fd(),
+            EpollEvent::new(EventSet::IN, 0),
+        )
+        .expect("epoll add");
+    c.queues[0].call = call;
+    end(server, c);
+}
+
+/// A request in service for a long time (100 s of emulated latency) while
+/// the frontend stops the ring (GET_VRING_BASE waits for it): SIGTERM still
+/// ends the daemon promptly (it used to sleep up to 60 s holding the
+/// queue's lock).
+#[test]
+fn shutdown_is_not_held_by_a_request_in_service() {
+    if qsd() {
+        return;
+    }
+    let (server, ctl, _log) = spawn_logged(&["--latency", "100s"]);
+    let mut c = server.connect();
+    let data = pattern(4096, 21);
+    let (segs, _, _) = c.blk_segs(VIRTIO_BLK_T_OUT, 8, &Data::Out(&data));
+    c.submit(0, &segs);
+    common::wait_for_counters(&ctl, 0, 0, &[("requests", 1)]);
+    let stopper = std::thread::spawn(move || {
+        let r = c.fe.get_vring_base(0).map_err(|e| e.to_string());
+        (r, c)
+    });
+    // Let GET_VRING_BASE arrive (if it has not yet, SIGTERM ends the
+    // connection first and the test passes either way).
+    std::thread::sleep(MAYBE_WAIT);
+    let Server::Blklab(mut d) = server else {
+        unreachable!()
+    };
+    let st = d.terminate();
+    eprintln!("blklab serve exited with {st}");
+    // The frontend got its answer (or the connection ended).
+    let _ = stopper.join();
+}

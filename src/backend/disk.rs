@@ -29,6 +29,9 @@ pub struct Disk {
     pub(super) tag_slots: Vec<Option<(Arc<TagPool>, QueueId)>>,
     /// Each queue's wake-up eventfd, written by its pool when slots free.
     pub(super) tag_wakers: Vec<Arc<EventFd>>,
+    /// The process is shutting down: a GET_VRING_BASE waiting for requests
+    /// in service completes them at once instead.
+    pub(super) stopping: AtomicBool,
 }
 
 impl Disk {
@@ -91,6 +94,7 @@ impl Disk {
             writeback: AtomicBool::new(true),
             tag_slots,
             tag_wakers,
+            stopping: AtomicBool::new(false),
         })
     }
 

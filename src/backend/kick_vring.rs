@@ -82,6 +82,19 @@ fn read_eventfd(fd: &impl AsRawFd) -> io::Result<u64> {
     ))
 }
 
+/// Put `f` in non-blocking mode (best effort: reads are polled first
+/// anyway).
+fn set_nonblocking(f: &File) {
+    let fd = f.as_raw_fd();
+    // SAFETY: fcntl(2) on a descriptor we own, with no pointers involved.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        if flags >= 0 && flags & libc::O_NONBLOCK == 0 {
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+    }
+}
+
 impl<M: 'static + GuestAddressSpace> VringT<M> for KickCountingVring<M> {
     fn new(mem: M, max_queue_size: u16) -> Result<Self, VirtQueError> {
         Ok(KickCountingVring {
@@ -159,23 +172,37 @@ impl<M: 'static + GuestAddressSpace> VringT<M> for KickCountingVring<M> {
         self.inner.set_queue_ready(ready)
     }
 
+    /// Set the kick fd in non-blocking mode: a frontend only writes it, and
+    /// a write to an eventfd blocks only when its counter would overflow.
     fn set_kick(&self, file: Option<File>) {
+        if let Some(f) = &file {
+            set_nonblocking(f);
+        }
         self.inner.set_kick(file)
     }
 
     /// Read the kick counter (instead of discarding it) and report whether
-    /// the ring is enabled, as the library expects.
+    /// the ring is enabled, as the library expects. The kick fd is the
+    /// frontend's and may be in blocking mode (its flags are shared with
+    /// the frontend, so they are not changed here), and the frontend may
+    /// have read the counter itself since epoll saw it readable: poll it
+    /// first, so the worker never blocks in read(2). A read that fails (not
+    /// an eventfd, say) only loses the count: it must not end the worker.
     fn read_kick(&self) -> io::Result<bool> {
-        let state = self.inner.get_ref();
-        if let Some(kick) = state.get_kick() {
-            let n = read_eventfd(kick)?;
-            self.kicks.fetch_add(n, Ordering::Relaxed);
-        }
-        Ok(state.is_enabled())
+        self.collect_kicks();
+        Ok(self.inner.get_ref().is_enabled())
     }
 
+    /// Set the call fd, and signal it once, as libvhost-user does
+    /// (`vu_set_vring_call_exec`): a driver that reconnected must not wait
+    /// for an interrupt lost while the backend was away.
     fn set_call(&self, file: Option<File>) {
-        self.inner.set_call(file)
+        let signal = file.is_some();
+        self.inner.set_call(file);
+        if signal {
+            // A call fd that cannot be written only loses this extra signal.
+            let _ = self.inner.get_ref().signal_used_queue();
+        }
     }
 
     fn set_err(&self, file: Option<File>) {
@@ -216,5 +243,32 @@ mod tests {
         efd.write(1).unwrap();
         v.read_kick().unwrap();
         assert_eq!(v.take_kicks(), 2);
+    }
+
+    /// A frontend's kick fd in blocking mode with nothing pending (the
+    /// frontend read it after epoll saw it readable): `read_kick` returns.
+    #[test]
+    fn read_kick_never_blocks() {
+        let mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap(),
+        );
+        let v = KickCountingVring::new(mem, 16).unwrap();
+        let efd = EventFd::new(0).unwrap();
+        let dup = efd.try_clone().unwrap();
+        // SAFETY: the fd is a fresh duplicate we hand over to the File.
+        let file = unsafe { File::from_raw_fd(dup.into_raw_fd()) };
+        v.set_kick(Some(file));
+        v.set_enabled(true);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let v2 = v.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(v2.read_kick().map_err(|e| e.to_string()));
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(30));
+        assert_eq!(got, Ok(Ok(true)), "read_kick blocked on an empty kick fd");
+        assert_eq!(v.take_kicks(), 0);
+        efd.write(1).unwrap();
+        v.read_kick().unwrap();
+        assert_eq!(v.take_kicks(), 1);
     }
 }

@@ -119,6 +119,9 @@ impl BlkBackend {
         let Some(atomic) = q.mem.as_ref() else {
             return false;
         };
+        if q.broken {
+            return false;
+        }
         let mem = atomic.memory();
         let vs = vring.get_ref();
         let queue = vs.get_queue();

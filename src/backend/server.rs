@@ -32,6 +32,12 @@ pub enum ServeError {
     SocketInUse { path: PathBuf },
     #[error("socket path {path} exists and is not a socket; refusing to replace it")]
     NotASocket { path: PathBuf },
+    #[error("socket path {path} is {len} bytes long; a Unix socket path has at most {max} bytes")]
+    PathTooLong {
+        path: PathBuf,
+        len: usize,
+        max: usize,
+    },
     #[error("cannot create socket {path}: {source}")]
     Bind { path: PathBuf, source: io::Error },
     #[error("cannot start the server thread for {path}: {source}")]
@@ -41,6 +47,14 @@ pub enum ServeError {
 /// Bind `path` as a listening socket with file mode `mode`. A stale socket
 /// (nobody listening) is replaced; anything else at the path is refused.
 pub(crate) fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, ServeError> {
+    let len = path.as_os_str().len();
+    if len > SUN_PATH_MAX {
+        return Err(ServeError::PathTooLong {
+            path: path.into(),
+            len,
+            max: SUN_PATH_MAX,
+        });
+    }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             return Err(ServeError::NotASocket { path: path.into() });
@@ -62,24 +76,53 @@ pub(crate) fn bind_socket(path: &Path, mode: u32) -> Result<UnixListener, ServeE
     };
     // Bind and listen under a temporary name, set the mode asked for, then
     // rename into place: the socket appears already listening and never
-    // more accessible than intended.
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".blklab-{}", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    let _ = std::fs::remove_file(&tmp);
+    // more accessible than intended. When no temporary name in the same
+    // directory fits in sun_path, bind at the path itself (still created
+    // with mode 0600 and then set to the mode asked for; only the moment
+    // between bind and listen, when a connect is refused, is visible).
+    let tmp = temporary_name(path);
+    if let Some(tmp) = &tmp {
+        let _ = std::fs::remove_file(tmp);
+    }
+    let tmp = tmp.unwrap_or_else(|| path.to_path_buf());
     // SAFETY: umask only changes this process's file-creation mask.
     let old = unsafe { libc::umask(0o177) };
     let bound = UnixListener::bind(&tmp);
     // SAFETY: as above; restores the previous mask.
     unsafe { libc::umask(old) };
     let listener = bound.map_err(bind_err)?;
-    let placed = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode))
-        .and_then(|()| std::fs::rename(&tmp, path));
+    let placed =
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).and_then(|()| {
+            if tmp == path {
+                Ok(())
+            } else {
+                std::fs::rename(&tmp, path)
+            }
+        });
     if let Err(e) = placed {
         let _ = std::fs::remove_file(&tmp);
         return Err(bind_err(e));
     }
     Ok(listener)
+}
+
+/// Longest Unix socket path: `sun_path` is 108 bytes with its NUL.
+const SUN_PATH_MAX: usize = 107;
+
+/// A temporary name next to `path` that fits in `sun_path`: `PATH.blklab-PID`,
+/// or a short `DIR/.blklab-PID`; `None` when neither fits.
+fn temporary_name(path: &Path) -> Option<PathBuf> {
+    let pid = std::process::id();
+    let mut long = path.as_os_str().to_owned();
+    long.push(format!(".blklab-{pid}"));
+    let short = path
+        .parent()
+        .map(|d| d.join(format!(".blklab-{pid}")))
+        .filter(|p| p.as_path() != path);
+    [Some(PathBuf::from(long)), short]
+        .into_iter()
+        .flatten()
+        .find(|p| p.as_os_str().len() <= SUN_PATH_MAX)
 }
 
 /// One disk being served.
@@ -214,6 +257,8 @@ impl Server {
             error!("cannot wake the accept loops: {e}");
         }
         for s in &self.served {
+            // A GET_VRING_BASE waiting for requests in service stops waiting.
+            s.disk.stopping.store(true, Ordering::SeqCst);
             let conn = s.connection.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(h) = conn.as_ref() {
                 h.shutdown();
@@ -354,5 +399,44 @@ pub fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
                 _ => "signal",
             };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A path of exactly `len` bytes in `dir`.
+    fn path_of(dir: &Path, len: usize) -> PathBuf {
+        let base = dir.as_os_str().len() + 1;
+        assert!(len > base + 1, "temporary directory path too long");
+        dir.join("s".repeat(len - base))
+    }
+
+    #[test]
+    fn any_socket_path_that_fits_binds() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [60, 100, SUN_PATH_MAX] {
+            let p = path_of(dir.path(), len);
+            assert_eq!(p.as_os_str().len(), len);
+            let l = bind_socket(&p, 0o640).unwrap_or_else(|e| panic!("{len} bytes: {e}"));
+            let meta = std::fs::metadata(&p).unwrap();
+            assert!(meta.file_type().is_socket());
+            assert_eq!(meta.permissions().mode() & 0o777, 0o640);
+            UnixStream::connect(&p).expect("connect");
+            drop(l);
+            std::fs::remove_file(&p).unwrap();
+        }
+        // Nothing temporary left behind.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_socket_path_too_long_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = path_of(dir.path(), SUN_PATH_MAX + 1);
+        let e = bind_socket(&p, 0o600).unwrap_err();
+        assert!(matches!(e, ServeError::PathTooLong { len: 108, .. }), "{e}");
+        assert!(e.to_string().contains("at most 107 bytes"), "{e}");
     }
 }

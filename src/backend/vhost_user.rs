@@ -1,16 +1,17 @@
 //! The vhost-user side of [`BlkBackend`]: features, configuration space,
 //! memory and ring life cycle, and the dispatch of worker-thread events.
 
-use std::cmp::Reverse;
 use std::io;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_queue::QueueT;
-use vm_memory::GuestAddressSpace;
+use vm_memory::{
+    GuestAddressSpace, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
+};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -18,10 +19,56 @@ use vmm_sys_util::event::{
 
 use crate::backend::events::Event;
 use crate::backend::kick_vring::KickCountingVring;
-use crate::backend::worker::Pass;
 use crate::backend::{BlkBackend, GM};
 use crate::device::config_space;
 use crate::virtio_blk::features::BlkFeature;
+
+/// Longest GET_VRING_BASE waits for requests in service (emulated latency,
+/// stalls) before completing them early.
+const STOP_WAIT_MAX: Duration = Duration::from_secs(60);
+/// GET_VRING_BASE waits in slices of at most this long (without the queue's
+/// lock), to see a shutdown promptly.
+const STOP_WAIT_SLICE: Duration = Duration::from_millis(50);
+
+/// The guest memory `mem` without its regions whose backing file is
+/// shorter than the region (mmap offset + size beyond the file's size),
+/// and why they were refused (`None`: all were fine).
+pub(super) fn checked_memory(mem: &GuestMemoryMmap) -> (GuestMemoryMmap, Option<String>) {
+    let mut kept = mem.clone();
+    let mut why = None;
+    for r in mem.iter() {
+        if let Some(e) = region_backing_error(r) {
+            // The region is in `kept` (it came from `mem`), so removing it
+            // cannot fail; if it did, refuse all memory rather than keep it.
+            kept = match kept.remove_region(r.start_addr(), r.len()) {
+                Ok((m, _)) => m,
+                Err(_) => GuestMemoryMmap::new(),
+            };
+            why = Some(e);
+        }
+    }
+    (kept, why)
+}
+
+/// Why region `r` cannot be accessed safely, if it cannot.
+fn region_backing_error(r: &GuestRegionMmap) -> Option<String> {
+    let fo = r.file_offset()?;
+    let size = match fo.file().metadata() {
+        Ok(m) => m.len(),
+        Err(e) => return Some(format!("cannot stat the region's file: {e}")),
+    };
+    let end = fo.start().checked_add(r.len());
+    match end {
+        Some(end) if end <= size => None,
+        _ => Some(format!(
+            "region at guest address {:#x}: mmap offset {:#x} + size {:#x} exceeds its file's size {:#x}",
+            r.start_addr().0,
+            fo.start(),
+            r.len(),
+            size
+        )),
+    }
+}
 
 impl VhostUserBackend for BlkBackend {
     type Bitmap = ();
@@ -88,11 +135,36 @@ impl VhostUserBackend for BlkBackend {
         ))
     }
 
+    /// The library has already mapped the frontend's regions and installed
+    /// them in `mem` when it calls this. A region whose file is shorter
+    /// than the mapping would kill the whole process (every `--count`
+    /// disk) with SIGBUS at the first access past the file's end: such
+    /// regions are removed again and the message is refused. The workers
+    /// see memory only through their own copy, set here after the check,
+    /// so they never see an unchecked region.
     fn update_memory(&self, mem: GM) -> io::Result<()> {
-        for q in 0..self.queues.len() {
-            self.lock_queue(q).mem = Some(mem.clone());
+        let (checked, refused) = checked_memory(&mem.memory());
+        if let Some(why) = &refused {
+            // Take the refused regions out of the library's view too.
+            mem.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .replace(checked.clone());
+            warn!(
+                "{}: refusing a memory region: {why}",
+                self.disk.cfg.socket.display()
+            );
         }
-        Ok(())
+        let ours = GM::new(checked);
+        for q in 0..self.queues.len() {
+            let mut q = self.lock_queue(q);
+            q.mem = Some(ours.clone());
+            // Check the rings against the new memory at the next pass.
+            q.ring_checked = None;
+        }
+        match refused {
+            None => Ok(()),
+            Some(why) => Err(io::Error::new(io::ErrorKind::InvalidInput, why)),
+        }
     }
 
     fn queues_per_thread(&self) -> Vec<u64> {
@@ -118,44 +190,38 @@ impl VhostUserBackend for BlkBackend {
     }
 
     fn stop_vring(&self, queue_index: u32) -> io::Result<()> {
-        // The vring is already unregistered from its worker; taking the
-        // queue's lock waits for a pass in progress. Requests still in
-        // service complete (at their deadlines) before GET_VRING_BASE is
-        // answered, so the guest gets every buffer back.
+        // The vring is already unregistered from its worker (and no longer
+        // ready, so its timer wake-ups leave it alone); taking the queue's
+        // lock waits for a pass in progress. Requests still in service
+        // complete at their deadlines before GET_VRING_BASE is answered, so
+        // the guest gets every buffer back. The wait never holds the
+        // queue's lock, is bounded, and ends at once when the process
+        // shuts down.
         let qi = queue_index as usize;
         if qi >= self.queues.len() {
             return Ok(());
         }
-        let mut q = self.lock_queue(qi);
-        if q.pending.is_empty() {
-            return Ok(());
+        let give_up = Instant::now() + STOP_WAIT_MAX;
+        loop {
+            let mut q = self.lock_queue(qi);
+            let now = Instant::now();
+            let all = now >= give_up || self.disk.stopping.load(Ordering::SeqCst);
+            let next = self.complete_for_stop(&mut q, all);
+            // The driver restarts the ring from here: check it again, and
+            // serve it again if it was broken.
+            q.broken = false;
+            q.ring_checked = None;
+            let Some(next) = next else {
+                let _ = q.timer.set(None);
+                return Ok(());
+            };
+            drop(q);
+            std::thread::sleep(
+                next.saturating_duration_since(Instant::now())
+                    .min(give_up.saturating_duration_since(Instant::now()))
+                    .min(STOP_WAIT_SLICE),
+            );
         }
-        let (Some(vring), Some(atomic)) = (q.vring.clone(), q.mem.clone()) else {
-            return Ok(());
-        };
-        if let Some(Reverse(last)) = q.pending.iter().max() {
-            let wait = last.deadline.saturating_duration_since(Instant::now());
-            // The control thread may wait; bound it so a stalled request
-            // cannot hold the frontend forever.
-            std::thread::sleep(wait.min(std::time::Duration::from_secs(60)));
-        }
-        let mem = atomic.memory();
-        let mut st = self.disk.queue_stats(qi);
-        let mut vs = vring.get_mut();
-        let mut pass = Pass {
-            be: self,
-            q: &mut q,
-            st: &mut st,
-            ring: &mut *vs,
-            mem: &mem,
-        };
-        while let Some(Reverse(p)) = pass.q.pending.pop() {
-            pass.finish(p, Some(Instant::now()));
-        }
-        let _ = vs.signal_used_queue();
-        drop(vs);
-        let _ = q.timer.set(None);
-        Ok(())
     }
 
     fn handle_event(

@@ -16,7 +16,7 @@ use std::time::Instant;
 use log::warn;
 use vhost_user_backend::{VringState, VringT};
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryBackend, GuestMemoryMmap};
 
 use crate::backend::deadline::DeadlineTimer;
 use crate::backend::kick_vring::KickCountingVring;
@@ -61,6 +61,17 @@ pub(super) struct QueueState {
     segs: Vec<Segment>,
     warned_ring: bool,
     warned_drop: bool,
+    warned_signal: bool,
+    /// The ring is unusable (the driver broke it: extents outside guest
+    /// memory, a head beyond the queue size, an avail index that moves
+    /// with nothing to pop, ...): the queue is not served until the driver
+    /// stops and restarts it (GET_VRING_BASE) or reconnects, as
+    /// libvhost-user's `vu_panic` and QEMU's `virtio_error` do.
+    pub(super) broken: bool,
+    /// The ring layout (descriptor table, avail ring, used ring, size)
+    /// last found to lie in guest memory; `None` after a memory change or
+    /// a stop, so the next pass checks it again.
+    pub(super) ring_checked: Option<RingLayout>,
     /// Kernel thread id of the worker serving this queue.
     worker_tid: Option<i32>,
     /// Requests in service, earliest deadline first.
@@ -100,6 +111,9 @@ impl QueueState {
             segs: Vec::with_capacity(usize::from(disk.cfg.queue_size)),
             warned_ring: false,
             warned_drop: false,
+            warned_signal: false,
+            broken: false,
+            ring_checked: None,
             worker_tid: None,
             pending: BinaryHeap::new(),
             seq: 0,
@@ -114,6 +128,45 @@ impl QueueState {
             idle_since: None,
         })
     }
+}
+
+/// A split ring's place in guest memory: descriptor table, avail ring and
+/// used ring addresses, and the queue size.
+pub(super) type RingLayout = (u64, u64, u64, u16);
+
+/// The layout of `queue`'s ring.
+pub(super) fn ring_layout(queue: &Queue) -> RingLayout {
+    (
+        queue.desc_table(),
+        queue.avail_ring(),
+        queue.used_ring(),
+        queue.size(),
+    )
+}
+
+/// Check that the whole of a split ring lies in guest memory (virtio 1.2
+/// §2.7: a descriptor table of 16 * size bytes, an avail ring of
+/// 6 + 2 * size bytes including used_event, a used ring of 6 + 8 * size
+/// bytes including avail_event), like virtio-queue's `Queue::is_valid`
+/// (which logs an error per call) and libvhost-user's `vu_check_queue_inflights`
+/// / `map_ring` do. Only the start addresses are checked when the frontend
+/// sets them; a ring that ends past guest memory would make every pass
+/// fail half-way.
+pub(super) fn check_ring(layout: RingLayout, mem: &GuestMemoryMmap) -> Result<(), String> {
+    let (desc, avail, used, size) = layout;
+    let n = usize::from(size);
+    for (what, at, len) in [
+        ("descriptor table", desc, 16 * n),
+        ("avail ring", avail, 6 + 2 * n),
+        ("used ring", used, 6 + 8 * n),
+    ] {
+        if size == 0 || !GuestMemoryBackend::check_range(mem, GuestAddress(at), len) {
+            return Err(format!(
+                "the {what} ({len} bytes at guest address {at:#x}, queue size {size}) is not inside guest memory"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// What one pass over the avail ring did.
@@ -252,7 +305,16 @@ impl<R: UsedRing> Pass<'_, R> {
         match self.ring.queue_mut().needs_notification(self.mem) {
             Ok(true) => {
                 if let Err(e) = self.ring.signal_used_queue() {
-                    warn!("queue {}: cannot signal the guest: {e}", self.q.index);
+                    // The call fd is the frontend's: say so once per queue,
+                    // never per request.
+                    if !self.q.warned_signal {
+                        self.q.warned_signal = true;
+                        warn!(
+                            "{} queue {}: cannot signal the guest: {e} (further failures not logged)",
+                            self.be.disk.cfg.socket.display(),
+                            self.q.index
+                        );
+                    }
                 }
                 self.st.counters.notifications += 1;
             }
@@ -264,6 +326,11 @@ impl<R: UsedRing> Pass<'_, R> {
     /// Put a request on the used ring and give its slot back; its service
     /// time is recorded as ending at `done` (None: the caller records it).
     pub(super) fn finish(&mut self, p: Pending, done: Option<Instant>) {
+        self.be.disk.put_tag(self.q.index, p.tag);
+        if self.q.broken {
+            // The ring is not touched again until the driver resets it.
+            return;
+        }
         if self
             .ring
             .queue_mut()
@@ -272,7 +339,6 @@ impl<R: UsedRing> Pass<'_, R> {
         {
             self.ring_error(&format!("cannot put head {} on the used ring", p.head));
         }
-        self.be.disk.put_tag(self.q.index, p.tag);
         self.used_added();
         if let Some(done) = done {
             self.st
@@ -313,6 +379,10 @@ impl<R: UsedRing> Pass<'_, R> {
         let disk = &*self.be.disk;
         let slots = disk.tag_slots[self.q.index].clone();
         loop {
+            if self.q.broken {
+                r.ring_ok = false;
+                return r;
+            }
             // Anything to pop? (Read the index only: the slot comes first.)
             let queue = self.ring.queue_mut();
             match queue.avail_idx(self.mem, std::sync::atomic::Ordering::Acquire) {
@@ -353,10 +423,29 @@ impl<R: UsedRing> Pass<'_, R> {
                 }
             };
             let Some(chain) = chain else {
+                // The avail index says there is an entry, but the library
+                // cannot read it (the ring's end is outside guest memory):
+                // a broken ring, not an empty one. Treating it as empty
+                // would look again for ever.
                 disk.put_tag(self.q.index, tag);
+                self.ring_error("an avail ring entry cannot be read");
+                r.ring_ok = false;
                 return r;
             };
             let head = chain.head_index();
+            let size = self.ring.queue().size();
+            if head >= size {
+                // virtio 1.2 §2.7.13.1: a head is a descriptor index. One
+                // beyond the table cannot be put on the used ring (the
+                // library would log an error per request): the driver
+                // broke the ring, as libvhost-user and QEMU judge it.
+                disk.put_tag(self.q.index, tag);
+                self.ring_error(&format!(
+                    "the driver made descriptor {head} available, beyond the queue size {size}"
+                ));
+                r.ring_ok = false;
+                return r;
+            }
             // One clock read per request: it is this request's pop time and
             // the completion time of the previous one served at once. With
             // --no-stats and no emulated latency nothing needs the clock.
@@ -468,9 +557,11 @@ impl<R: UsedRing> Pass<'_, R> {
         }
     }
 
-    /// Count an unusable ring (and say so once per queue).
-    fn ring_error(&mut self, what: &str) {
+    /// Count an unusable ring, mark it broken (not served until the driver
+    /// resets it) and say so once per queue.
+    pub(super) fn ring_error(&mut self, what: &str) {
         self.st.counters.ring_errors += 1;
+        self.q.broken = true;
         if !self.q.warned_ring {
             self.q.warned_ring = true;
             warn!(
@@ -506,9 +597,32 @@ impl BlkBackend {
             q.vring = Some(vring.clone());
         }
         let mem = atomic.memory();
+        if q.broken {
+            // Not served until the driver resets it; a kick must not even
+            // look at the ring.
+            return (false, false);
+        }
         let mut st = self.disk.queue_stats(q.index);
         let tid = *q.worker_tid.get_or_insert_with(current_tid);
         st.set_worker(tid);
+        let layout = ring_layout(vring.get_ref().get_queue());
+        if q.ring_checked != Some(layout) {
+            if let Err(why) = check_ring(layout, &mem) {
+                let mut vs = vring.get_mut();
+                Pass {
+                    be: self,
+                    q: &mut *q,
+                    st: &mut st,
+                    ring: &mut *vs,
+                    mem: &mem,
+                }
+                .ring_error(&why);
+                drop(vs);
+                self.release_broken(q);
+                return (false, false);
+            }
+            q.ring_checked = Some(layout);
+        }
         if !woken_by_kick {
             // A timer wake-up comes up to --latency-spin early: spin until
             // the earliest completion is due, so completions follow their
@@ -530,6 +644,8 @@ impl BlkBackend {
         let mut first = true;
         let mut worked = false;
         let mut pollable = true;
+        // Turns in a row that were told to look again and found nothing.
+        let mut idle_agains = 0u32;
         loop {
             if !first {
                 // Kicks the guest sent while we were serving belong to this
@@ -555,6 +671,29 @@ impl BlkBackend {
             if !t.again {
                 break;
             }
+            // A turn told to look again finds what the guest added after
+            // the previous look, so two in a row finding nothing mean the
+            // avail index moves without anything to pop: never spin on it.
+            let progress = t.completed > 0 || t.drained.is_some_and(|d| d.popped > 0);
+            idle_agains = if progress { 0 } else { idle_agains + 1 };
+            if idle_agains >= 2 {
+                let mut vs = vring.get_mut();
+                Pass {
+                    be: self,
+                    q: &mut *q,
+                    st: &mut st,
+                    ring: &mut *vs,
+                    mem: &mem,
+                }
+                .ring_error("the avail index moves but nothing can be popped");
+                pollable = false;
+                break;
+            }
+        }
+        if q.broken {
+            drop(st);
+            self.release_broken(q);
+            return (worked, false);
         }
         if woken_by_kick || kicks > 0 {
             st.wakeup(kicks, popped);
@@ -565,6 +704,57 @@ impl BlkBackend {
         }
         self.arm_timer(q);
         (worked, pollable)
+    }
+
+    /// GET_VRING_BASE: put the requests in service whose deadline has come
+    /// (all of them with `all`) on the used ring and signal the guest;
+    /// returns the earliest deadline still pending.
+    pub(super) fn complete_for_stop(&self, q: &mut QueueState, all: bool) -> Option<Instant> {
+        if q.pending.is_empty() {
+            return None;
+        }
+        let (Some(vring), Some(atomic)) = (q.vring.clone(), q.mem.clone()) else {
+            self.release_broken(q);
+            return None;
+        };
+        let mem = atomic.memory();
+        let mut st = self.disk.queue_stats(q.index);
+        let mut vs = vring.get_mut();
+        let mut pass = Pass {
+            be: self,
+            q: &mut *q,
+            st: &mut st,
+            ring: &mut *vs,
+            mem: &mem,
+        };
+        let now = Instant::now();
+        let mut n = 0;
+        while let Some(Reverse(p)) = pass.q.pending.peek().copied() {
+            if !all && p.deadline > now {
+                break;
+            }
+            pass.q.pending.pop();
+            pass.finish(p, Some(now));
+            n += 1;
+        }
+        if n > 0 && !q.broken {
+            let _ = vs.signal_used_queue();
+        }
+        q.pending.peek().map(|Reverse(p)| p.deadline)
+    }
+
+    /// A broken queue serves nothing more until the driver resets it: give
+    /// its requests' command slots back (a shared pool must not shrink)
+    /// and stop its completion timer.
+    pub(super) fn release_broken(&self, q: &mut QueueState) {
+        for Reverse(p) in q.pending.drain() {
+            self.disk.put_tag(q.index, p.tag);
+        }
+        q.polling = false;
+        q.idle_since = None;
+        if let Err(e) = q.timer.set(None) {
+            warn!("queue {}: cannot stop the completion timer: {e}", q.index);
+        }
     }
 
     /// Arm queue `q`'s completion timer for its earliest deadline (off when
@@ -1113,5 +1303,46 @@ mod tests {
         assert!(d.used().is_empty());
         let c = r.counters();
         assert_eq!((c.ring_errors, c.requests, c.dropped), (1, 0, 0));
+    }
+
+    #[test]
+    fn a_head_beyond_the_queue_size_breaks_the_queue() {
+        let r = rig(&[]);
+        let mut d = Driver::new(&r.mem);
+        r.header(hdr_at(0), VIRTIO_BLK_T_FLUSH, 0);
+        d.offer(QSIZE + 3);
+        d.push(&[(hdr_at(0), 16, 0), (st_at(0), 1, W)]);
+        let mut ring = d.ring(true);
+        let t = r.serve(&mut ring);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].drained.map(|d| d.ring_ok), Some(false));
+        assert!(d.used().is_empty());
+        assert!(r.be.lock_queue(0).broken);
+        // Broken until the driver resets it: the good request after it is
+        // not served, and nothing more is counted.
+        let t = r.serve(&mut ring);
+        assert_eq!(
+            t[0].drained.map(|d| (d.popped, d.ring_ok)),
+            Some((0, false))
+        );
+        assert!(d.used().is_empty());
+        let c = r.counters();
+        assert_eq!((c.ring_errors, c.requests, c.dropped), (1, 0, 0));
+    }
+
+    #[test]
+    fn rings_must_lie_wholly_in_guest_memory() {
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        assert!(check_ring((0, 0x1000, 0x2000, 256), &mem).is_ok());
+        // The avail ring's used_event is the last two bytes of memory + 2.
+        let avail_end = 0x10000 - (6 + 2 * 256) + 2;
+        let e = check_ring((0, avail_end, 0x2000, 256), &mem).unwrap_err();
+        assert!(e.contains("avail ring"), "{e}");
+        // The used ring's avail_event, likewise.
+        let used_end = 0x10000 - (6 + 8 * 256) + 2;
+        let e = check_ring((0, 0x1000, used_end, 256), &mem).unwrap_err();
+        assert!(e.contains("used ring"), "{e}");
+        let e = check_ring((0x10000 - 16 * 255, 0x1000, 0x2000, 256), &mem).unwrap_err();
+        assert!(e.contains("descriptor table"), "{e}");
     }
 }

@@ -20,6 +20,10 @@ use crate::virtio_blk::features::{BlkFeature, FeatureSet};
 /// Most queues one disk may have: vhost-user-backend maps queues to worker
 /// threads with 64-bit masks.
 pub(crate) const MAX_QUEUES: u16 = 64;
+/// Most disks one process serves (`--count`): each is a socket, a server
+/// thread and, per connection, a worker thread per queue group and a few
+/// file descriptors per queue.
+pub(crate) const MAX_COUNT: u32 = 256;
 /// Largest split virtqueue (virtio 1.2, 2.7).
 pub(crate) const MAX_QUEUE_SIZE: u16 = 32768;
 
@@ -45,8 +49,8 @@ pub enum ConfigError {
     BlockSize(u32),
     #[error("--serial is at most 20 bytes, got {0} ({1} bytes)")]
     Serial(String, usize),
-    #[error("--count must be at least 1")]
-    Count,
+    #[error("--count must be 1..={MAX_COUNT}, got {0}")]
+    Count(u32),
     #[error("invalid --queues-per-thread: {0}")]
     QueuesPerThread(String),
     #[error("invalid --disable-features: {0}")]
@@ -352,8 +356,8 @@ impl DiskArgs {
         if !(2..=MAX_QUEUE_SIZE).contains(&self.queue_size) || !self.queue_size.is_power_of_two() {
             return Err(ConfigError::QueueSize(self.queue_size));
         }
-        if self.count == 0 {
-            return Err(ConfigError::Count);
+        if !(1..=MAX_COUNT).contains(&self.count) {
+            return Err(ConfigError::Count(self.count));
         }
         if let Some(s) = &self.serial {
             if s.len() > 20 {
@@ -760,6 +764,11 @@ mod tests {
         assert_eq!(c[11].serial, "blklab-mem-11");
         let s: std::collections::HashSet<_> = c.iter().map(|d| d.serial.clone()).collect();
         assert_eq!(s.len(), 12);
+        assert_eq!(base(&["--count", "256"]).to_configs().unwrap().len(), 256);
+        for n in ["0", "257", "4000000000"] {
+            let e = base(&["--count", n]).to_configs().unwrap_err();
+            assert_eq!(e.to_string(), format!("--count must be 1..=256, got {n}"));
+        }
     }
 
     #[test]

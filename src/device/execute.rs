@@ -81,6 +81,8 @@ pub(crate) enum ExecuteError {
     BadRanges { len: u64, max: u32 },
     #[error("data buffers too short, or outside guest memory")]
     Buffers,
+    #[error("a read of {0} bytes: more than a used length (u32) can count")]
+    UsedLenOverflow(u64),
     #[error("injected failure")]
     Injected,
     #[error("{op:?} at {sector} failed: {source}")]
@@ -105,6 +107,7 @@ impl ExecuteError {
             | ExecuteError::RangeTooLong { .. }
             | ExecuteError::BadRanges { .. }
             | ExecuteError::Buffers
+            | ExecuteError::UsedLenOverflow(_)
             | ExecuteError::Injected
             | ExecuteError::Io { .. } => STATUS_IOERR,
         }
@@ -220,12 +223,18 @@ pub(crate) fn execute(
     match op {
         Op::Read => {
             let len = req.in_len;
+            // The used length (data + status byte) is a u32 (virtio 1.2
+            // §2.7.8): a longer read cannot be answered truthfully, so it
+            // is refused rather than reported short.
+            if len >= u64::from(u32::MAX) {
+                return Err(ExecuteError::UsedLenOverflow(len));
+            }
             let offset = dev.extent(sector, len)?;
             dev.inject(op, &[(sector.get(), sectors_in(len))], fault)?;
             let bufs = req.data_in(len).map_err(|_| ExecuteError::Buffers)?;
             dev.storage.read_into(offset.get(), &bufs).map_err(io)?;
             Ok(Completion {
-                // A used length counts at most 4 GiB.
+                // Fits: checked above.
                 written: u32::try_from(len).unwrap_or(u32::MAX),
                 bytes: len,
             })
@@ -465,6 +474,60 @@ mod tests {
             ))
             .unwrap_or(0xff);
         (out, st)
+    }
+
+    /// A read of 4 GiB (4096 device-writable descriptors over the same
+    /// 1 MiB) would need a used length of 4 GiB + 1: IOERR, not a
+    /// truncated used length.
+    #[test]
+    fn a_read_longer_than_a_used_length_is_refused() {
+        let e = env(&[]);
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x200000)]).unwrap();
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&VIRTIO_BLK_T_IN.to_le_bytes());
+        mem.write_slice(&h, GuestAddress(0x8000)).unwrap();
+        mem.write_obj(0xeeu8, GuestAddress(0x9000)).unwrap();
+        let mut segs = vec![Segment {
+            addr: 0x8000,
+            len: 16,
+            write: false,
+        }];
+        segs.extend((0..4096).map(|_| Segment {
+            addr: 0x100000,
+            len: 0x100000,
+            write: true,
+        }));
+        segs.push(Segment {
+            addr: 0x9000,
+            len: 1,
+            write: true,
+        });
+        let storage = crate::device::storage::NullStorage::new(8 << 30);
+        let dev = Device {
+            storage: &storage,
+            cfg: &e.cfg,
+            capacity: 8 << 30,
+            writeback: true,
+            faults: None,
+        };
+        let o = answer(&dev, Request::from_segments(&segs, &mem));
+        assert!(
+            matches!(
+                o,
+                Outcome::Completed {
+                    op: Op::Read,
+                    status: STATUS_IOERR,
+                    used_len: 1,
+                    bytes: 0,
+                    ..
+                }
+            ),
+            "{o:?}"
+        );
+        assert_eq!(
+            mem.read_obj::<u8>(GuestAddress(0x9000)).unwrap(),
+            STATUS_IOERR
+        );
     }
 
     #[test]
