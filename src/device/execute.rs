@@ -1103,7 +1103,7 @@ mod tests {
     fn segs_chain(t: u32, n: usize, len: u32) -> Vec<(u64, u32, u16)> {
         let f = if t == VIRTIO_BLK_T_IN { W } else { 0 };
         let mut d = vec![(0x8000, 16, 0)];
-        d.extend(std::iter::repeat_n((0x20000, len, f), n));
+        d.extend(std::iter::repeat((0x20000, len, f)).take(n));
         d.push((0x9000, 1, W));
         d
     }
