@@ -132,8 +132,9 @@ pub(crate) struct Device<'a> {
     pub cfg: &'a DiskConfig,
     /// Capacity in bytes.
     pub capacity: u64,
-    /// Current cache mode: false means every write is made durable before
-    /// it completes (write-through).
+    /// Current cache mode: false means every request that changes data
+    /// (WRITE, DISCARD, WRITE_ZEROES) is made durable before it completes
+    /// (write-through).
     pub writeback: bool,
     /// The queue's fault injection, when configured.
     pub faults: Option<&'a RefCell<FaultState>>,
