@@ -1054,6 +1054,15 @@ fn bad_sector_and_length() {
         let d = c.blk(0, typ, sector, data);
         assert_eq!(d.status, VIRTIO_BLK_S_IOERR, "{what}: {d:?}");
     }
+    // None of the refused writes wrote anything: the disk's start and its
+    // last sectors still read as zeros.
+    for sector in [0, CAPACITY - 8] {
+        let got = c.read_ok(0, sector, 4096);
+        assert!(
+            got.iter().all(|&b| b == 0),
+            "sector {sector}: written by a refused request"
+        );
+    }
     end(server, c);
 }
 
@@ -1841,4 +1850,169 @@ fn shutdown_is_not_held_by_a_request_in_service() {
     eprintln!("blklab serve exited with {st}");
     // The frontend got its answer (or the connection ended).
     let _ = stopper.join();
+}
+
+/// The write cache is per connection: a guest that turns it off (writes 0
+/// to the config space's `writeback` byte) leaves the next connection in
+/// the configured mode, write-back.
+#[test]
+fn cache_mode_starts_over_with_each_connection() {
+    const VIRTIO_BLK_F_CONFIG_WCE: u64 = 1 << 11;
+    const WRITEBACK: usize = 32;
+    let (server, mut c) = start();
+    assert!(c.has(VIRTIO_BLK_F_CONFIG_WCE), "CONFIG_WCE not offered");
+    assert_eq!(c.config()[WRITEBACK], 1, "connection 1 starts write-back");
+    c.fe.set_config(WRITEBACK as u32, VhostUserConfigFlags::WRITABLE, &[0])
+        .expect("SET_CONFIG writeback=0");
+    assert_eq!(c.config()[WRITEBACK], 0, "write-through set");
+    c.check_serving(0);
+    drop(c);
+    for round in 0..2 {
+        let mut c = server.connect();
+        assert_eq!(
+            c.config()[WRITEBACK],
+            1,
+            "connection {} starts write-back",
+            round + 2
+        );
+        c.check_serving(round);
+        if round == 1 {
+            end(server, c);
+            return;
+        }
+    }
+}
+
+/// Peak resident set of process `pid` (VmHWM), bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    kb * 1024
+}
+
+/// `blklab serve` on a sparse 4 GiB image opened with O_DIRECT, with `extra`
+/// arguments; the image's directory goes with the daemon.
+fn direct_daemon(extra: &[&str]) -> (common::Daemon, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = format!("file:{}", dir.path().join("disk.img").display());
+    let mut args = vec![
+        "--disk",
+        &img,
+        "--size",
+        "4G",
+        "--direct",
+        "--num-queues",
+        "2",
+        "--queue-size",
+        "64",
+    ];
+    args.extend_from_slice(extra);
+    (common::Daemon::spawn(&args, 1), dir)
+}
+
+/// Submit a read of `n` data descriptors of `len` bytes, all at the same
+/// unaligned guest address (so O_DIRECT must bounce), through an indirect
+/// table; returns (status, used length).
+fn same_pages_read(c: &mut Conn, n: usize, len: u32) -> (u8, u32) {
+    let buf = c.alloc(len as usize + 16, 0) + 1;
+    let hdr = c.header(VIRTIO_BLK_T_IN, 0);
+    let st = c.status_byte();
+    let mut segs = vec![r(hdr, 16)];
+    segs.extend(std::iter::repeat(w(buf, len)).take(n));
+    segs.push(w(st, 1));
+    let head = c.write_indirect(0, &segs);
+    c.publish(0, head);
+    c.kick(0);
+    let used = c.expect_used(0, head);
+    (c.byte(st), used)
+}
+
+/// A guest cannot size a host allocation: with `--direct`, requests whose
+/// unaligned buffers are bounced go through a bounded buffer, and requests
+/// over the advertised seg_max / size_max, or over the 2 GiB transfer limit,
+/// fail with IOERR. The daemon's peak memory stays bounded throughout and
+/// it keeps serving.
+#[test]
+fn direct_hostile_requests_bounded() {
+    const MIB: u32 = 1 << 20;
+    // What the daemon may grow by: the bounce buffer is 1 MiB; a
+    // whole-request buffer would be 62 MiB, then 2 GiB.
+    const BOUND: u64 = 32 << 20;
+
+    // Advertised limits: seg_max = 64 - 2, size_max = 1 MiB.
+    let (mut d, _dir) = direct_daemon(&[]);
+    let mut c = Conn::connect(&d.socket, &Setup::default());
+    let cfg = c.config();
+    let size_max = u32::from_le_bytes(cfg[8..12].try_into().unwrap());
+    let seg_max = u32::from_le_bytes(cfg[12..16].try_into().unwrap());
+    assert_eq!((size_max, seg_max), (MIB, 62));
+    c.check_serving(0);
+    let base = peak_rss(d.pid());
+    // At the limits: 62 MiB, bounced.
+    assert_eq!(
+        same_pages_read(&mut c, 62, MIB),
+        (VIRTIO_BLK_S_OK, 62 * MIB + 1)
+    );
+    let peak = peak_rss(d.pid());
+    assert!(
+        peak < base + BOUND,
+        "peak RSS grew from {base} to {peak} bytes"
+    );
+    // One segment too many, one segment too long.
+    assert_eq!(
+        same_pages_read(&mut c, 63, 4096),
+        (VIRTIO_BLK_S_IOERR, 1),
+        "over seg_max"
+    );
+    assert_eq!(
+        same_pages_read(&mut c, 1, MIB + 512),
+        (VIRTIO_BLK_S_IOERR, 1),
+        "over size_max"
+    );
+    let peak = peak_rss(d.pid());
+    assert!(
+        peak < base + BOUND,
+        "peak RSS grew from {base} to {peak} bytes"
+    );
+    c.check_serving(0);
+    c.check_serving(1);
+    assert!(d.alive(), "daemon died");
+    drop(c);
+    d.terminate();
+
+    // No segment limits offered: 2047 MiB in one request is served
+    // (bounced piece by piece), 2049 MiB is over the transfer limit.
+    let (mut d, _dir) = direct_daemon(&["--disable-features", "seg-max,size-max"]);
+    let mut c = Conn::connect(&d.socket, &Setup::default());
+    assert!(!c.has(VIRTIO_BLK_F_SEG_MAX));
+    c.check_serving(0);
+    let base = peak_rss(d.pid());
+    assert_eq!(
+        same_pages_read(&mut c, 2047, MIB),
+        (VIRTIO_BLK_S_OK, 2047 * MIB + 1)
+    );
+    let peak = peak_rss(d.pid());
+    assert!(
+        peak < base + BOUND,
+        "peak RSS grew from {base} to {peak} bytes"
+    );
+    assert_eq!(
+        same_pages_read(&mut c, 2049, MIB),
+        (VIRTIO_BLK_S_IOERR, 1),
+        "over the transfer limit"
+    );
+    let peak = peak_rss(d.pid());
+    assert!(
+        peak < base + BOUND,
+        "peak RSS grew from {base} to {peak} bytes"
+    );
+    c.check_serving(0);
+    c.check_serving(1);
+    assert!(d.alive(), "daemon died");
+    drop(c);
+    d.terminate();
 }

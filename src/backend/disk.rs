@@ -21,7 +21,9 @@ pub struct Disk {
     /// Per-queue statistics, for the life of the process. Each is locked by
     /// its queue's worker once per wake-up, and by readers.
     pub stats: Vec<Mutex<QueueStats>>,
-    /// The guest-visible `writeback` config byte (CONFIG_WCE).
+    /// The guest-visible `writeback` config byte (CONFIG_WCE), for the
+    /// current connection: each connection starts from
+    /// [`Disk::CONFIGURED_WRITEBACK`] ([`Disk::reset_cache_mode`]).
     pub(super) writeback: AtomicBool,
     /// Each queue's command-slot pool and its id in it (none without
     /// `--tags`). Per-queue pools are private; a shared pool is the same
@@ -91,11 +93,24 @@ impl Disk {
             cfg,
             storage,
             stats,
-            writeback: AtomicBool::new(true),
+            writeback: AtomicBool::new(Self::CONFIGURED_WRITEBACK),
             tag_slots,
             tag_wakers,
             stopping: AtomicBool::new(false),
         })
+    }
+
+    /// The cache mode every connection starts in: write-back (the guest
+    /// may switch to write-through through CONFIG_WCE; without FLUSH acked
+    /// every write is write-through anyway).
+    pub(super) const CONFIGURED_WRITEBACK: bool = true;
+
+    /// Put the cache mode back to the configured one for a new connection,
+    /// as QEMU's virtio-blk does on device reset (`original_wce`): what one
+    /// guest set must not carry over to the next.
+    pub(super) fn reset_cache_mode(&self) {
+        self.writeback
+            .store(Self::CONFIGURED_WRITEBACK, Ordering::Relaxed);
     }
 
     /// The pools this disk's queues draw from (one entry per distinct pool).

@@ -74,6 +74,9 @@ pub(crate) struct BlkBackend {
 
 impl BlkBackend {
     pub(crate) fn new(disk: Arc<Disk>) -> io::Result<BlkBackend> {
+        // A new connection (the previous one has ended): its cache mode
+        // starts from the configured one.
+        disk.reset_cache_mode();
         let n = usize::from(disk.cfg.num_queues);
         let queues = (0..n)
             .map(|index| QueueState::new(index, &disk).map(Mutex::new))
@@ -160,6 +163,13 @@ impl BlkBackend {
                 c.requests, c.reads, c.bytes_read, c.writes, c.bytes_written, c.flushes, c.discards,
                 c.write_zeroes, c.other, c.status_ioerr, c.status_unsupp, c.dropped, c.ring_errors,
                 c.kicks, c.wakeups, c.notifications
+            );
+        }
+        let syncs = self.disk.storage.syncs();
+        if syncs > 0 {
+            info!(
+                "{}: {syncs} fdatasync calls since start (flushes and write-through)",
+                self.disk.cfg.socket.display()
             );
         }
     }
@@ -266,5 +276,75 @@ mod tests {
         assert!(b.get_config(250, 10).is_empty());
         let nowce = backend(&["--disable-features", "config-wce"]);
         assert!(nowce.set_config(32, &[0]).is_err());
+    }
+
+    #[test]
+    fn each_connection_starts_in_the_configured_cache_mode() {
+        use crate::device::execute::{answer, Device, Outcome};
+        use crate::virtio_blk::request::{Request, Segment, STATUS_OK};
+        use virtio_bindings::virtio_blk::VIRTIO_BLK_T_OUT;
+        use vm_memory::{Bytes, GuestAddress};
+
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("img.raw");
+        let img = format!("file:{}", img.display());
+        let a = ["--socket", "/tmp/b.sock", "--disk", &img, "--size", "1M"];
+        let cfg = DiskArgs::parse_for_test(&a).to_configs().unwrap().remove(0);
+        let disk = Arc::new(Disk::open(cfg).unwrap());
+        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
+        let mut h = [0u8; 16];
+        h[0..4].copy_from_slice(&VIRTIO_BLK_T_OUT.to_le_bytes());
+        mem.write_slice(&h, GuestAddress(0x1000)).unwrap();
+        let segs = [
+            Segment {
+                addr: 0x1000,
+                len: 16,
+                write: false,
+            },
+            Segment {
+                addr: 0x2000,
+                len: 4096,
+                write: false,
+            },
+            Segment {
+                addr: 0x4000,
+                len: 1,
+                write: true,
+            },
+        ];
+        // A write as a queue worker serves it on connection `b`; returns
+        // the fdatasync calls it made.
+        let write = |b: &BlkBackend| {
+            let before = disk.storage.syncs();
+            let dev = Device {
+                storage: disk.storage.as_ref(),
+                cfg: &disk.cfg,
+                capacity: disk.cfg.size,
+                writeback: b.writeback(),
+                faults: None,
+            };
+            let o = answer(&dev, Request::from_segments(&segs, &mem));
+            assert!(matches!(
+                o,
+                Outcome::Completed {
+                    status: STATUS_OK,
+                    ..
+                }
+            ));
+            disk.storage.syncs() - before
+        };
+        // Connection 1 turns the write cache off: its writes are synced.
+        let b1 = BlkBackend::new(disk.clone()).unwrap();
+        b1.acked_features(1 << VIRTIO_BLK_F_FLUSH);
+        assert_eq!(b1.get_config(32, 1), vec![1]);
+        b1.set_config(32, &[0]).unwrap();
+        assert_eq!(write(&b1), 1);
+        drop(b1);
+        // Connection 2 starts in write-back again.
+        let b2 = BlkBackend::new(disk.clone()).unwrap();
+        assert_eq!(b2.get_config(32, 1), vec![1]);
+        b2.acked_features(1 << VIRTIO_BLK_F_FLUSH);
+        assert!(b2.writeback());
+        assert_eq!(write(&b2), 0);
     }
 }

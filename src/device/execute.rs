@@ -30,6 +30,12 @@ use crate::virtio_blk::request::{
 };
 use crate::virtio_blk::sector::{sectors_in, ByteOffset, Sector, SECTOR_SIZE};
 
+/// The most data one read or write may move: QEMU's `BDRV_REQUEST_MAX_BYTES`
+/// (`INT_MAX` rounded down to a sector), the limit its virtio-blk handler
+/// enforces with IOERR (`virtio_blk_sect_range_ok`). It also keeps a read's
+/// length inside the used element's 32-bit `len`.
+pub(crate) const MAX_TRANSFER: u64 = (i32::MAX as u64 / SECTOR_SIZE) * SECTOR_SIZE;
+
 /// What happened to one chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
@@ -81,8 +87,12 @@ pub(crate) enum ExecuteError {
     BadRanges { len: u64, max: u32 },
     #[error("data buffers too short, or outside guest memory")]
     Buffers,
-    #[error("a read of {0} bytes: more than a used length (u32) can count")]
-    UsedLenOverflow(u64),
+    #[error("{len} data bytes in one request, over the limit of {max}")]
+    TransferTooLong { len: u64, max: u64 },
+    #[error("{segs} data segments in one request, over seg_max {max}")]
+    TooManySegments { segs: u64, max: u32 },
+    #[error("a data segment of {len} bytes, over size_max {max}")]
+    SegmentTooLong { len: u64, max: u32 },
     #[error("injected failure")]
     Injected,
     #[error("{op:?} at {sector} failed: {source}")]
@@ -107,7 +117,9 @@ impl ExecuteError {
             | ExecuteError::RangeTooLong { .. }
             | ExecuteError::BadRanges { .. }
             | ExecuteError::Buffers
-            | ExecuteError::UsedLenOverflow(_)
+            | ExecuteError::TransferTooLong { .. }
+            | ExecuteError::TooManySegments { .. }
+            | ExecuteError::SegmentTooLong { .. }
             | ExecuteError::Injected
             | ExecuteError::Io { .. } => STATUS_IOERR,
         }
@@ -120,8 +132,9 @@ pub(crate) struct Device<'a> {
     pub cfg: &'a DiskConfig,
     /// Capacity in bytes.
     pub capacity: u64,
-    /// Current cache mode: false means every write is made durable before
-    /// it completes (write-through).
+    /// Current cache mode: false means every request that changes data
+    /// (WRITE, DISCARD, WRITE_ZEROES) is made durable before it completes
+    /// (write-through).
     pub writeback: bool,
     /// The queue's fault injection, when configured.
     pub faults: Option<&'a RefCell<FaultState>>,
@@ -145,6 +158,44 @@ impl Device<'_> {
             FaultDecision::FailEvery | FaultDecision::FailRange => Err(ExecuteError::Injected),
             FaultDecision::None | FaultDecision::Stall(_) => Ok(()),
         }
+    }
+
+    /// Check a read or write of `len` data bytes against the limits the
+    /// device advertises: `seg_max` data segments (with SEG_MAX offered),
+    /// `size_max` bytes per segment (with SIZE_MAX offered), and at most
+    /// [`MAX_TRANSFER`] bytes in all. A request over them fails with IOERR
+    /// before storage or guest memory is touched, so a guest cannot make
+    /// the daemon size a host allocation or a transfer.
+    fn check_limits(&self, req: &Request<'_>, len: u64) -> Result<(), ExecuteError> {
+        let cfg = self.cfg;
+        if len > MAX_TRANSFER {
+            return Err(ExecuteError::TransferTooLong {
+                len,
+                max: MAX_TRANSFER,
+            });
+        }
+        if cfg.features.has(BlkFeature::SegMax) && req.data_segs > u64::from(cfg.seg_max()) {
+            return Err(ExecuteError::TooManySegments {
+                segs: req.data_segs,
+                max: cfg.seg_max(),
+            });
+        }
+        if cfg.features.has(BlkFeature::SizeMax) && req.max_seg_len > u64::from(cfg.size_max) {
+            return Err(ExecuteError::SegmentTooLong {
+                len: req.max_seg_len,
+                max: cfg.size_max,
+            });
+        }
+        Ok(())
+    }
+
+    /// In write-through mode, make what a request changed durable before
+    /// it completes.
+    fn write_through(&self) -> io::Result<()> {
+        if self.writeback {
+            return Ok(());
+        }
+        self.storage.flush()
     }
 
     /// The byte offset of `len` bytes at `sector`, if they are whole
@@ -223,19 +274,21 @@ pub(crate) fn execute(
     match op {
         Op::Read => {
             let len = req.in_len;
-            // The used length (data + status byte) is a u32 (virtio 1.2
-            // §2.7.8): a longer read cannot be answered truthfully, so it
-            // is refused rather than reported short.
-            if len >= u64::from(u32::MAX) {
-                return Err(ExecuteError::UsedLenOverflow(len));
-            }
+            dev.check_limits(req, len)?;
+            // The used element's length is 32 bits: a read whose length
+            // does not fit is refused, never reported truncated.
+            let written = u32::try_from(len).ok().filter(|w| *w < u32::MAX).ok_or(
+                ExecuteError::TransferTooLong {
+                    len,
+                    max: MAX_TRANSFER,
+                },
+            )?;
             let offset = dev.extent(sector, len)?;
             dev.inject(op, &[(sector.get(), sectors_in(len))], fault)?;
             let bufs = req.data_in(len).map_err(|_| ExecuteError::Buffers)?;
             dev.storage.read_into(offset.get(), &bufs).map_err(io)?;
             Ok(Completion {
-                // Fits: checked above.
-                written: u32::try_from(len).unwrap_or(u32::MAX),
+                written,
                 bytes: len,
             })
         }
@@ -244,13 +297,12 @@ pub(crate) fn execute(
             if dev.cfg.read_only {
                 return Err(ExecuteError::ReadOnly);
             }
+            dev.check_limits(req, len)?;
             let offset = dev.extent(sector, len)?;
             dev.inject(op, &[(sector.get(), sectors_in(len))], fault)?;
             let bufs = req.data_out(0, len).map_err(|_| ExecuteError::Buffers)?;
             dev.storage.write_from(offset.get(), &bufs).map_err(io)?;
-            if !dev.writeback {
-                dev.storage.flush().map_err(io)?;
-            }
+            dev.write_through().map_err(io)?;
             Ok(Completion {
                 written: 0,
                 bytes: len,
@@ -385,6 +437,13 @@ fn discard_or_zero(
         })?;
         total += r.len;
     }
+    // Write-through covers every request that changes data, not only
+    // WRITE: discarded and zeroed ranges are durable before completion.
+    dev.write_through().map_err(|source| ExecuteError::Io {
+        op,
+        sector: req.sector,
+        source,
+    })?;
     Ok(Completion {
         written: 0,
         bytes: total,
@@ -445,6 +504,16 @@ mod tests {
     /// Build a chain from (addr, len, flags) with NEXT links filled in, run
     /// it, return the outcome and the status byte.
     fn run_chain(e: &Env, descs: &[(u64, u32, u16)]) -> (Outcome, u8) {
+        run_chain_on(e, &e.storage, true, descs)
+    }
+
+    /// [`run_chain`] against `storage`, in write-back or write-through mode.
+    fn run_chain_on(
+        e: &Env,
+        storage: &dyn Storage,
+        writeback: bool,
+        descs: &[(u64, u32, u16)],
+    ) -> (Outcome, u8) {
         let vq = MockSplitQueue::new(&e.mem, 16);
         let raw: Vec<RawDescriptor> = descs
             .iter()
@@ -459,10 +528,10 @@ mod tests {
         let chain = q.iter(&e.mem).unwrap().next().unwrap();
         let mut segs = Vec::new();
         let dev = Device {
-            storage: &e.storage,
+            storage,
             cfg: &e.cfg,
             capacity: e.cfg.size,
-            writeback: true,
+            writeback,
             faults: None,
         };
         let out = serve_chain(&dev, chain, &mut segs, &e.mem);
@@ -1016,6 +1085,21 @@ mod tests {
             (E::RangeTooLong { num: 9, max: 8 }, STATUS_IOERR),
             (E::BadRanges { len: 10, max: 1 }, STATUS_IOERR),
             (E::Buffers, STATUS_IOERR),
+            (
+                E::TransferTooLong {
+                    len: 1 << 32,
+                    max: MAX_TRANSFER,
+                },
+                STATUS_IOERR,
+            ),
+            (E::TooManySegments { segs: 9, max: 8 }, STATUS_IOERR),
+            (
+                E::SegmentTooLong {
+                    len: 8192,
+                    max: 4096,
+                },
+                STATUS_IOERR,
+            ),
             (E::Injected, STATUS_IOERR),
             (
                 E::Io {
@@ -1028,6 +1112,182 @@ mod tests {
         ] {
             assert_eq!(e.status(), st, "{e}");
         }
+    }
+
+    #[test]
+    fn out_of_range_writes_touch_nothing() {
+        let e = env(&[]);
+        let cap = e.cfg.size / 512;
+        e.mem
+            .write_slice(&[0x3c; 2048], GuestAddress(0x10000))
+            .unwrap();
+        let zero_chain = |sector: u64, len: u32| {
+            // Two writes, then the last two sectors read back as zeros.
+            hdr(&e, 0x8000, VIRTIO_BLK_T_OUT, sector);
+            run_chain(&e, &[(0x8000, 16, 0), (0x10000, len, 0), (0x9000, 1, W)]).1
+        };
+        // At the capacity, crossing the end, and far beyond.
+        assert_eq!(zero_chain(cap, 512), STATUS_IOERR);
+        assert_eq!(zero_chain(cap - 1, 1024), STATUS_IOERR);
+        assert_eq!(zero_chain(cap - 2, 2048), STATUS_IOERR);
+        assert_eq!(zero_chain(u64::MAX / 512, 512), STATUS_IOERR);
+        // Write-zeroes and discard ranges crossing the end.
+        for t in [VIRTIO_BLK_T_WRITE_ZEROES, VIRTIO_BLK_T_DISCARD] {
+            range(&e, 0x30000, cap - 1, 2, 0);
+            hdr(&e, 0x8000, t, 0);
+            assert_eq!(
+                run_chain(&e, &[(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)]).1,
+                STATUS_IOERR
+            );
+        }
+        hdr(&e, 0x8000, VIRTIO_BLK_T_IN, cap - 4);
+        e.mem
+            .write_slice(&[0xee; 2048], GuestAddress(0x20000))
+            .unwrap();
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x20000, 2048, W), (0x9000, 1, W)]).1,
+            STATUS_OK
+        );
+        let mut b = vec![0u8; 2048];
+        e.mem.read_slice(&mut b, GuestAddress(0x20000)).unwrap();
+        assert!(b.iter().all(|x| *x == 0), "nothing written near the end");
+    }
+
+    /// A read or write of `n` data descriptors of `len` bytes each at
+    /// sector 0 (all over the same guest pages).
+    fn segs_chain(t: u32, n: usize, len: u32) -> Vec<(u64, u32, u16)> {
+        let f = if t == VIRTIO_BLK_T_IN { W } else { 0 };
+        let mut d = vec![(0x8000, 16, 0)];
+        d.extend(std::iter::repeat((0x20000, len, f)).take(n));
+        d.push((0x9000, 1, W));
+        d
+    }
+
+    #[test]
+    fn advertised_segment_limits_are_enforced() {
+        // seg_max = queue size - 2 = 6; size_max = 4096.
+        let e = env(&["--queue-size", "8", "--size-max", "4096"]);
+        assert_eq!(e.cfg.seg_max(), 6);
+        for t in [VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT] {
+            hdr(&e, 0x8000, t, 0);
+            assert_eq!(run_chain(&e, &segs_chain(t, 6, 4096)).1, STATUS_OK);
+            assert_eq!(run_chain(&e, &segs_chain(t, 7, 512)).1, STATUS_IOERR);
+            assert_eq!(run_chain(&e, &segs_chain(t, 1, 8192)).1, STATUS_IOERR);
+        }
+        // Data sharing a descriptor with the header or the status byte
+        // counts as the data it carries.
+        hdr(&e, 0x8000, VIRTIO_BLK_T_OUT, 0);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16 + 4096, 0), (0x9000, 1, W)]).1,
+            STATUS_OK
+        );
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16 + 4608, 0), (0x9000, 1, W)]).1,
+            STATUS_IOERR
+        );
+        hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 0);
+        assert_eq!(
+            run_chain(&e, &[(0x8000, 16, 0), (0x20000, 4097, W)]).1,
+            STATUS_OK
+        );
+        // What the guest was not told is not enforced.
+        let e = env(&[
+            "--queue-size",
+            "8",
+            "--size-max",
+            "4096",
+            "--disable-features",
+            "seg-max,size-max",
+        ]);
+        for t in [VIRTIO_BLK_T_IN, VIRTIO_BLK_T_OUT] {
+            hdr(&e, 0x8000, t, 0);
+            assert_eq!(run_chain(&e, &segs_chain(t, 7, 512)).1, STATUS_OK);
+            assert_eq!(run_chain(&e, &segs_chain(t, 1, 8192)).1, STATUS_OK);
+        }
+    }
+
+    #[test]
+    fn transfers_over_the_maximum_are_refused() {
+        // 2 GiB, and 4 GiB (a used length that does not fit 32 bits), of
+        // read buffers: refused before guest memory or storage is touched
+        // (the buffers lie outside guest memory, the disk is 1 MiB: either
+        // would fail later with another error), whatever the segment
+        // limits say.
+        let e = env(&["--disable-features", "seg-max,size-max"]);
+        let dev = Device {
+            storage: &e.storage,
+            cfg: &e.cfg,
+            capacity: e.cfg.size,
+            writeback: true,
+            faults: None,
+        };
+        let seg = |addr, len, write| Segment { addr, len, write };
+        for (t, write) in [(VIRTIO_BLK_T_IN, true), (VIRTIO_BLK_T_OUT, false)] {
+            hdr(&e, 0x8000, t, 0);
+            for data in [
+                vec![seg(0x1_0000_0000, 0x8000_0000, write)],
+                vec![
+                    seg(0x1_0000_0000, 0x8000_0000, write),
+                    seg(0x1_0000_0000, 0x8000_0000, write),
+                ],
+            ] {
+                let mut segs = vec![seg(0x8000, 16, false)];
+                segs.extend(data);
+                segs.push(seg(0x9000, 1, true));
+                let req = Request::from_segments(&segs, &e.mem).unwrap();
+                let r = execute(&dev, &req, &mut FaultDecision::None);
+                assert!(
+                    matches!(r, Err(ExecuteError::TransferTooLong { max, .. }) if max == MAX_TRANSFER),
+                    "{r:?}"
+                );
+                let o = answer(&dev, Ok(req));
+                assert!(matches!(
+                    o,
+                    Outcome::Completed {
+                        status: STATUS_IOERR,
+                        used_len: 1,
+                        ..
+                    }
+                ));
+            }
+        }
+        assert_eq!(MAX_TRANSFER, 0x7fff_fe00);
+    }
+
+    #[test]
+    fn write_through_makes_every_data_change_durable() {
+        let e = env(&[]);
+        let dir = tempfile::tempdir().unwrap();
+        let file = crate::device::storage::FileStorage::open(
+            &dir.path().join("img.raw"),
+            Some(e.cfg.size),
+            false,
+            false,
+            512,
+        )
+        .unwrap();
+        let write = [(0x8000, 16, 0), (0x10000, 4096, 0), (0x9000, 1, W)];
+        let ranges = [(0x8000, 16, 0), (0x30000, 16, 0), (0x9000, 1, W)];
+        range(&e, 0x30000, 8, 8, 0);
+        for (t, chain) in [
+            (VIRTIO_BLK_T_OUT, &write),
+            (VIRTIO_BLK_T_WRITE_ZEROES, &ranges),
+            (VIRTIO_BLK_T_DISCARD, &ranges),
+        ] {
+            hdr(&e, 0x8000, t, 0);
+            // Write-back: no sync; write-through: one, before completion.
+            let before = file.syncs();
+            assert_eq!(run_chain_on(&e, &file, true, chain).1, STATUS_OK);
+            assert_eq!(file.syncs(), before, "type {t}, write-back");
+            assert_eq!(run_chain_on(&e, &file, false, chain).1, STATUS_OK);
+            assert_eq!(file.syncs(), before + 1, "type {t}, write-through");
+        }
+        // Reads change nothing: no sync in either mode.
+        hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 0);
+        let before = file.syncs();
+        let read = [(0x8000, 16, 0), (0x20000, 4096, W), (0x9000, 1, W)];
+        assert_eq!(run_chain_on(&e, &file, false, &read).1, STATUS_OK);
+        assert_eq!(file.syncs(), before);
     }
 
     /// Storage whose every operation fails.

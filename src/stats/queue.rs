@@ -544,14 +544,26 @@ mod tests {
     #[test]
     fn own_thread_cpu() {
         let tid = current_tid();
-        // Burn a little CPU so the numbers are real.
+        // Burn CPU until the kernel has charged this thread a tick (its
+        // stat counts in clock ticks; an optimised loop of a fixed length
+        // may finish inside one). black_box keeps the loop from being
+        // folded away; the bound only stops a broken stat from hanging.
         let mut x = 0u64;
-        for i in 0..20_000_000u64 {
-            x = x.wrapping_add(i * i);
-        }
-        assert!(x > 0);
-        let c = thread_cpu(tid).expect("our own thread's stat");
-        assert!(c.user_s + c.sys_s > 0.0);
+        let start = std::time::Instant::now();
+        let c = loop {
+            for i in 0..1_000_000u64 {
+                x = std::hint::black_box(x.wrapping_add(i * i));
+            }
+            let c = thread_cpu(tid).expect("our own thread's stat");
+            if c.user_s + c.sys_s > 0.0 || start.elapsed() > std::time::Duration::from_secs(60) {
+                break c;
+            }
+        };
+        assert!(
+            c.user_s + c.sys_s > 0.0,
+            "no CPU time charged after {:?}",
+            start.elapsed()
+        );
         let mut s = QueueStats::default();
         s.set_worker(tid);
         let base = s.baseline();

@@ -199,6 +199,11 @@ pub(crate) struct Request<'m> {
     pub out_len: u64,
     /// Device-writable bytes before the status byte: read and GET_ID data.
     pub in_len: u64,
+    /// Descriptors that carry data (bytes other than the header's 16 and
+    /// the status byte), for the device's `seg_max`.
+    pub data_segs: u64,
+    /// The most data bytes one descriptor carries, for `size_max`.
+    pub max_seg_len: u64,
     pub status: StatusByte<'m>,
     segs: &'m [Segment],
     mem: &'m GuestMemoryMmap,
@@ -242,17 +247,33 @@ impl<'m> Request<'m> {
             .ok_or(ParseError::Drop(DropReason::StatusUnwritable))?;
         let malformed = |why| ParseError::Malformed { status, why };
 
-        // One pass: the readable and writable byte counts, and whether
-        // every device-readable descriptor precedes the writable ones.
+        // One pass: the readable and writable byte counts, whether every
+        // device-readable descriptor precedes the writable ones, and the
+        // data each descriptor carries (framing is free: the header may
+        // share a descriptor with data, and so may the status byte).
         let (mut readable, mut writable) = (0u64, 0u64);
         let (mut seen_write, mut out_of_order) = (false, false);
-        for s in segs {
-            if s.write {
-                writable += u64::from(s.len);
+        let (mut data_segs, mut max_seg_len) = (0u64, 0u64);
+        let last = segs.len() - 1;
+        for (i, s) in segs.iter().enumerate() {
+            let len = u64::from(s.len);
+            let data = if s.write {
+                writable += len;
                 seen_write = true;
+                if i == last {
+                    len - 1
+                } else {
+                    len
+                }
             } else {
                 out_of_order |= seen_write;
-                readable += u64::from(s.len);
+                let header_part = HEADER_SIZE.saturating_sub(readable).min(len);
+                readable += len;
+                len - header_part
+            };
+            if data > 0 {
+                data_segs += 1;
+                max_seg_len = max_seg_len.max(data);
             }
         }
         if out_of_order {
@@ -268,6 +289,8 @@ impl<'m> Request<'m> {
             out_len: readable - HEADER_SIZE,
             // The status descriptor is writable and not empty.
             in_len: writable - 1,
+            data_segs,
+            max_seg_len,
             status,
             segs,
             mem,
@@ -429,6 +452,57 @@ mod tests {
         assert_eq!(b, [2, 3, 4]);
         assert!(r.read_out(2, &mut b).is_err());
         assert_eq!(r.data_out(0, 4).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn data_segments_and_their_largest() {
+        let m = mem();
+        header(&m, 0x1000, VIRTIO_BLK_T_OUT, 0);
+        let counts = |segs: &[Segment]| {
+            let r = Request::from_segments(segs, &m).unwrap();
+            (r.data_segs, r.max_seg_len)
+        };
+        // Header, three data descriptors, status.
+        assert_eq!(
+            counts(&[
+                seg(0x1000, 16, false),
+                seg(0x2000, 512, false),
+                seg(0x3000, 4096, false),
+                seg(0x2000, 512, false),
+                seg(0x4000, 1, W)
+            ]),
+            (3, 4096)
+        );
+        // Header with data, header split, status with data, empty data
+        // descriptors: only the data bytes count.
+        assert_eq!(
+            counts(&[seg(0x1000, 16 + 1024, false), seg(0x4000, 1, W)]),
+            (1, 1024)
+        );
+        assert_eq!(
+            counts(&[
+                seg(0x1000, 10, false),
+                seg(0x100a, 6 + 100, false),
+                seg(0x2000, 0, false),
+                seg(0x4000, 1, W)
+            ]),
+            (1, 100)
+        );
+        assert_eq!(
+            counts(&[seg(0x1000, 16, false), seg(0x2000, 513, W)]),
+            (1, 512)
+        );
+        assert_eq!(counts(&[seg(0x1000, 16, false), seg(0x4000, 1, W)]), (0, 0));
+        // Lengths are summed in 64 bits: 2 x 4 GiB - 1.
+        assert_eq!(
+            counts(&[
+                seg(0x1000, 16, false),
+                seg(0x2000, u32::MAX, W),
+                seg(0x2000, u32::MAX, W),
+                seg(0x4000, 1, W)
+            ]),
+            (2, u64::from(u32::MAX))
+        );
     }
 
     #[test]

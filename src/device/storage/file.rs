@@ -8,6 +8,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::null::zero_bufs;
 use super::{total_len, GuestBuf, Storage, StorageError};
@@ -18,10 +19,17 @@ pub(crate) struct FileStorage {
     direct: bool,
     /// Alignment O_DIRECT needs for offsets, lengths and buffer addresses.
     align: usize,
+    /// fdatasync calls that succeeded (flushes and write-through syncs).
+    syncs: AtomicU64,
 }
 
 /// Most iovecs one preadv/pwritev takes (IOV_MAX on Linux).
 const IOV_MAX: usize = 1024;
+
+/// Size of the bounce buffer O_DIRECT uses for unaligned guest buffers: a
+/// request of any length is bounced through it piece by piece, so the
+/// guest never sizes a host allocation.
+const BOUNCE_CHUNK: usize = 1 << 20;
 
 impl FileStorage {
     /// Open `path`; `size` None uses the image's size, a larger size grows
@@ -114,6 +122,7 @@ impl FileStorage {
             size,
             direct,
             align: block_size.max(512) as usize,
+            syncs: AtomicU64::new(0),
         })
     }
 
@@ -205,44 +214,53 @@ impl FileStorage {
         Ok(())
     }
 
-    /// O_DIRECT with unaligned guest buffers: go through an aligned bounce buffer.
+    /// O_DIRECT with unaligned guest buffers: go through an aligned bounce
+    /// buffer of at most [`BOUNCE_CHUNK`] bytes, one aligned window of the
+    /// file at a time (read-modify-write of partial blocks at either end).
     fn bounced(&self, write: bool, offset: u64, bufs: &[GuestBuf<'_>]) -> io::Result<()> {
-        let len = total_len(bufs) as usize;
-        let a = self.align;
-        let start = offset / a as u64 * a as u64;
-        let head = (offset - start) as usize;
-        let span = (head + len).div_ceil(a) * a;
-        let mut buf = AlignedBuf::new(span, a)?;
-        if write && (head != 0 || span != head + len) {
-            // Read-modify-write of the partial blocks at either end.
-            self.file.read_exact_at(buf.as_mut(), start).or_else(|e| {
-                if e.kind() == io::ErrorKind::UnexpectedEof {
-                    Ok(())
-                } else {
-                    Err(e)
-                }
-            })?;
-        }
-        if write {
-            let mut p = head;
-            for b in bufs {
-                b.copy_to(&mut buf.as_mut()[p..p + b.len()]);
-                p += b.len();
+        let len = total_len(bufs);
+        let a = self.align as u64;
+        let end = offset + len;
+        let aligned_end = end.div_ceil(a) * a;
+        let mut win = offset / a * a;
+        let chunk = (BOUNCE_CHUNK as u64 / a).max(1) * a;
+        let mut buf = AlignedBuf::new(chunk.min(aligned_end - win) as usize, self.align)?;
+        let mut guest = GuestCursor::new(bufs);
+        while win < end {
+            let win_end = (win + chunk).min(aligned_end);
+            let b = &mut buf.as_mut()[..(win_end - win) as usize];
+            // The guest's part of this window.
+            let (lo, hi) = (offset.max(win) - win, end.min(win_end) - win);
+            let (lo, hi) = (lo as usize, hi as usize);
+            if !write || lo != 0 || hi != b.len() {
+                self.read_full(b, win)?;
             }
-            self.file.write_all_at(buf.as_mut(), start)
-        } else {
-            match self.file.read_exact_at(buf.as_mut(), start) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {}
+            if write {
+                guest.copy_out(&mut b[lo..hi]);
+                self.file.write_all_at(b, win)?;
+            } else {
+                guest.copy_in(&b[lo..hi]);
+            }
+            win = win_end;
+        }
+        Ok(())
+    }
+
+    /// Fill `buf` from `offset`; bytes past the end of the file read as zeros.
+    fn read_full(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => {
+                    buf[done..].fill(0);
+                    break;
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
-            let mut p = head;
-            for b in bufs {
-                b.copy_from(&buf.as_mut()[p..p + b.len()]);
-                p += b.len();
-            }
-            Ok(())
         }
+        Ok(())
     }
 
     fn fallocate(&self, mode: i32, offset: u64, len: u64) -> io::Result<()> {
@@ -302,7 +320,13 @@ impl Storage for FileStorage {
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.file.sync_data()
+        self.file.sync_data()?;
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn syncs(&self) -> u64 {
+        self.syncs.load(Ordering::Relaxed)
     }
 
     fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -326,6 +350,59 @@ impl Storage for FileStorage {
             Err(e) if unsupported(&e) => self.write_zero_bytes(offset, len),
             r => r,
         }
+    }
+}
+
+/// A position in a list of guest buffers, for copying a request's data
+/// through the bounce buffer in order.
+struct GuestCursor<'a, 'b> {
+    bufs: &'a [GuestBuf<'b>],
+    idx: usize,
+    off: usize,
+}
+
+impl<'a, 'b> GuestCursor<'a, 'b> {
+    fn new(bufs: &'a [GuestBuf<'b>]) -> Self {
+        GuestCursor {
+            bufs,
+            idx: 0,
+            off: 0,
+        }
+    }
+
+    /// Walk the next `len` guest bytes as (buffer, offset in it, length,
+    /// offset in the walk) pieces.
+    fn walk(&mut self, len: usize, mut each: impl FnMut(&GuestBuf<'b>, usize, usize, usize)) {
+        let mut p = 0;
+        while p < len && self.idx < self.bufs.len() {
+            let b = &self.bufs[self.idx];
+            let n = (b.len() - self.off).min(len - p);
+            each(b, self.off, n, p);
+            p += n;
+            self.off += n;
+            if self.off == b.len() {
+                self.idx += 1;
+                self.off = 0;
+            }
+        }
+    }
+
+    /// Copy the next `out.len()` guest bytes into `out`.
+    fn copy_out(&mut self, out: &mut [u8]) {
+        self.walk(out.len(), |b, off, n, p| {
+            if let Ok(s) = b.subslice(off, n) {
+                s.copy_to(&mut out[p..p + n]);
+            }
+        });
+    }
+
+    /// Copy `data` into the next `data.len()` guest bytes.
+    fn copy_in(&mut self, data: &[u8]) {
+        self.walk(data.len(), |b, off, n, p| {
+            if let Ok(s) = b.subslice(off, n) {
+                s.copy_from(&data[p..p + n]);
+            }
+        });
     }
 }
 
@@ -424,6 +501,55 @@ mod tests {
         let mut out = vec![0u8; 512];
         c.copy_to(&mut out[..]);
         assert!(out.iter().all(|x| *x == 7));
+    }
+
+    #[test]
+    fn bounce_in_chunks_over_many_buffers() {
+        // 3 MiB + 1 KiB at an unaligned offset, from and into unaligned
+        // buffers of odd sizes: bounced through BOUNCE_CHUNK-sized windows,
+        // with read-modify-write at both ends.
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img.raw");
+        let f = FileStorage::open(&p, Some(8 << 20), false, true, 512)
+            .or_else(|_| FileStorage::open(&p, Some(8 << 20), false, false, 512))
+            .unwrap();
+        let len = 3 * BOUNCE_CHUNK + 1024;
+        let g = MmapRegion::<()>::new(2 * len + 16384).unwrap();
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4099) as u8).collect();
+        let cuts = [0, 1, 777, BOUNCE_CHUNK + 3, 2 * BOUNCE_CHUNK - 5, len];
+        let bufs = |base: usize| -> Vec<GuestBuf<'_>> {
+            cuts.windows(2)
+                .map(|w| g.get_slice(base + 1 + w[0], w[1] - w[0]).unwrap())
+                .collect()
+        };
+        let src = bufs(0);
+        let mut p = 0;
+        for b in &src {
+            b.copy_from(&data[p..p + b.len()]);
+            p += b.len();
+        }
+        // Surrounding bytes that must survive.
+        let edge = g.get_slice(len + 4096, 4096).unwrap();
+        edge.copy_from(&[0xaau8; 4096]);
+        f.bounced(true, 100, &[edge]).unwrap();
+        f.bounced(true, 100 + 4096 + len as u64, &[edge]).unwrap();
+        f.bounced(true, 100 + 4096, &src).unwrap();
+        let dst = bufs(len + 8192);
+        f.bounced(false, 100 + 4096, &dst).unwrap();
+        let mut got = Vec::new();
+        for b in &dst {
+            let mut v = vec![0u8; b.len()];
+            b.copy_to(&mut v[..]);
+            got.extend(v);
+        }
+        assert!(got == data, "bounced data differs");
+        for at in [100, 100 + 4096 + len as u64] {
+            edge.copy_from(&[0u8; 4096]);
+            f.bounced(false, at, &[edge]).unwrap();
+            let mut around = vec![0u8; 4096];
+            edge.copy_to(&mut around[..]);
+            assert!(around.iter().all(|x| *x == 0xaa), "neighbour at {at}");
+        }
     }
 
     #[test]

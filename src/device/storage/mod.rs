@@ -52,6 +52,12 @@ pub trait Storage: Send + Sync {
     fn discard(&self, offset: u64, len: u64) -> io::Result<()>;
     /// Zero a range; `unmap` allows deallocating it.
     fn write_zeroes(&self, offset: u64, len: u64, unmap: bool) -> io::Result<()>;
+    /// How many times [`Storage::flush`] made data durable (fdatasync
+    /// calls that succeeded) since the storage was opened: 0 for storage
+    /// with nothing to make durable.
+    fn syncs(&self) -> u64 {
+        0
+    }
 }
 
 /// Open the storage a disk configuration names. For file disks with no size
