@@ -75,7 +75,9 @@ fn qemu_cannot_write_an_image_blklab_serves() {
     let o = qemu_io(&["-r", "-f", "raw", "-c", "read 0 512", &img]);
     assert!(o.status.success(), "{}", text(&o));
     // The image is untouched.
-    assert!(std::fs::read(&img).unwrap()[..512].iter().all(|&b| b == 0xab));
+    assert!(std::fs::read(&img).unwrap()[..512]
+        .iter()
+        .all(|&b| b == 0xab));
     // A second blklab is refused as well.
     let err = serve_refused(dir.path(), &["--disk", &disk, "--read-only"]);
     assert!(err.contains("in use by another process"), "{err}");

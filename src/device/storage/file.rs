@@ -80,9 +80,13 @@ fn lock_like_qemu(file: &File, read_only: bool) -> io::Result<bool> {
     if !read_only {
         perm |= bit(PERM_WRITE);
     }
-    let shared = bit(PERM_CONSISTENT_READ) | bit(PERM_WRITE_UNCHANGED);
     let all = (1u32 << PERM_COUNT) - 1;
-    let unshared = all & !shared;
+    let unshared = bit(PERM_WRITE) | bit(PERM_RESIZE);
+    let shared = all & !unshared;
+    debug_assert_eq!(
+        shared,
+        bit(PERM_CONSISTENT_READ) | bit(PERM_WRITE_UNCHANGED)
+    );
     // A shared lock is refused (EAGAIN/EACCES) only by an exclusive one
     // on the byte (QEMU takes none, another tool might): a conflict too.
     let take = |off: i64| -> io::Result<bool> {
