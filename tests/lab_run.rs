@@ -655,3 +655,130 @@ fn qemu_that_fails_to_start_is_reported_without_a_hang() {
     );
     // Image preparation is cached by the other tests; QEMU itself fails fast.
 }
+
+/// Pids of the processes whose parent is `pid`, with their start times
+/// (field 22 of stat(5)), so a reused pid is not mistaken for them.
+fn children_of(pid: u32) -> Vec<(u32, String, u64)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let close = stat.rfind(')').unwrap();
+        let comm = stat[stat.find('(').unwrap() + 1..close].to_string();
+        let f: Vec<&str> = stat[close + 2..].split(' ').collect();
+        if f[1].parse::<u32>().ok() == Some(pid) {
+            out.push((p, comm, f[19].parse().unwrap()));
+        }
+    }
+    out
+}
+
+/// Whether process `pid` started at `start` still exists (not a zombie).
+fn still_running(pid: u32, start: u64) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let f: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    f[0] != "Z" && f[19].parse::<u64>().ok() == Some(start)
+}
+
+/// `blklab run` stopped by `sig` once its guest has booted: QEMU is gone,
+/// and so is its private socket directory (made mode 0700 under TMPDIR).
+fn signal_mid_run(sig: i32) {
+    use std::io::BufRead;
+    use std::os::unix::fs::PermissionsExt;
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let out_dir = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(common::blklab_bin())
+        .arg("run")
+        .arg("--cache")
+        .arg(common::image_cache())
+        .arg("--no-progress")
+        .args([
+            "--kernel",
+            "build:6.12",
+            "--scenario",
+            "smoke",
+            "--iterations",
+            "1",
+            "--count-insns",
+            "off",
+            "--out",
+            out_dir.path().to_str().unwrap(),
+        ])
+        .env("RUST_LOG", "info")
+        .env("TMPDIR", tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start blklab run");
+    let pid = child.id();
+    // Read stderr until the guest has booted (the rest is drained by a
+    // thread so the run never blocks on it).
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        let n = err.read_line(&mut line).unwrap();
+        assert!(n > 0, "blklab run ended before booting:\n{seen}");
+        seen.push_str(&line);
+        if line.contains(" booted (") {
+            break;
+        }
+    }
+    let drain = std::thread::spawn(move || {
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut err, &mut rest);
+        rest
+    });
+    let qemus: Vec<_> = children_of(pid)
+        .into_iter()
+        .filter(|(_, comm, _)| comm.starts_with("qemu-system"))
+        .collect();
+    assert_eq!(qemus.len(), 1, "{:?}", children_of(pid));
+    let dirs: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("blklab-run-"))
+        .collect();
+    assert_eq!(dirs.len(), 1, "one private socket directory");
+    let mode = dirs[0].metadata().unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700, "{:o}", mode);
+
+    // SAFETY: kill(2) on our own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+    let status = common::wait_for("blklab run to exit", common::PATIENCE, || {
+        child.try_wait().unwrap()
+    });
+    let rest = drain.join().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status).map(|_| ()),
+        None,
+        "exited by itself, not killed: {status:?}"
+    );
+    assert_eq!(status.code(), Some(128 + sig), "{seen}{rest}");
+    for (qpid, _, start) in &qemus {
+        common::wait_until("QEMU to be gone", || !still_running(*qpid, *start));
+    }
+    let left: Vec<_> = std::fs::read_dir(tmp.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+#[test]
+fn sigterm_mid_run_stops_qemu_and_removes_the_socket_dir() {
+    signal_mid_run(libc::SIGTERM);
+}
+
+#[test]
+fn sigint_mid_run_stops_qemu_and_removes_the_socket_dir() {
+    signal_mid_run(libc::SIGINT);
+}

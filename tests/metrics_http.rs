@@ -1,6 +1,10 @@
 //! The Prometheus endpoint over real TCP, in-process: `blklab::stats::http::serve`
 //! on an ephemeral loopback port with a fixed stats document, raw HTTP
-//! requests, the exposition text parsed, and a clean shutdown.
+//! requests, the exposition text parsed, and a clean shutdown; slow and
+//! trickling clients against the connection limits, in-process and
+//! against `blklab serve --metrics` stopped by SIGTERM.
+
+mod common;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Write};
@@ -259,8 +263,8 @@ fn metrics_over_http() {
     );
 
     // A client that connects and sends nothing does not block the server:
-    // connections are served one at a time, so the server gives up on the
-    // idle one (its read timeout) and closes it, then answers the next.
+    // the next scrape is answered (on a thread of its own), and the server
+    // gives up on the idle one (its read timeout) and closes it.
     let mut idle = TcpStream::connect(addr).unwrap();
     assert_eq!(get(addr, "/metrics").0, 200);
     idle.set_read_timeout(Some(Duration::from_secs(30)))
@@ -287,4 +291,132 @@ fn metrics_over_http() {
     handle.join().expect("metrics thread did not panic");
     // The port is closed.
     assert!(TcpStream::connect(addr).is_err());
+}
+
+/// A connection that sends `request` (if any), then one byte every 90 ms
+/// for as long as the server keeps it (at most `limit`). Returns whether
+/// the server closed it (a failed write or EOF), from its thread.
+fn trickler(
+    addr: SocketAddr,
+    request: &'static [u8],
+    limit: Duration,
+) -> std::thread::JoinHandle<bool> {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    std::thread::spawn(move || {
+        if s.write_all(request).is_err() {
+            return true;
+        }
+        let t = Instant::now();
+        while t.elapsed() < limit {
+            if s.write_all(b"x").is_err() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(90));
+        }
+        false
+    })
+}
+
+fn serve_document() -> (SocketAddr, Arc<AtomicBool>, std::thread::JoinHandle<()>) {
+    let shutdown = Arc::new(AtomicBool::new(false));
+    let (addr, handle) = http::serve(
+        http::parse_addr("127.0.0.1:0").unwrap(),
+        Arc::new(document),
+        shutdown.clone(),
+    )
+    .expect("bind an ephemeral loopback port");
+    (addr, shutdown, handle)
+}
+
+#[test]
+fn trickling_clients_do_not_block_other_scrapes() {
+    let (addr, shutdown, handle) = serve_document();
+    // One trickles after its request (into the lingering close), one
+    // trickles its request head and never ends it.
+    let after = trickler(
+        addr,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+        common::PATIENCE * 4,
+    );
+    let head = trickler(
+        addr,
+        b"GET /metrics HTTP/1.1\r\nX-Slow: ",
+        common::PATIENCE * 4,
+    );
+    // Another scrape is answered meanwhile (exchange waits up to 30 s).
+    for _ in 0..3 {
+        let (status, _, body) = get(addr, "/metrics");
+        assert_eq!(status, 200, "{body}");
+    }
+    // And the server ends both trickles itself (deadlines), long before
+    // the tricklers would give up.
+    assert!(after.join().unwrap(), "the server kept a trickling client");
+    assert!(
+        head.join().unwrap(),
+        "the server kept a trickling request head"
+    );
+    shutdown.store(true, Ordering::SeqCst);
+    handle.join().unwrap();
+}
+
+#[test]
+fn connections_beyond_the_cap_get_503() {
+    let (addr, shutdown, handle) = serve_document();
+    // Hold every slot with silent connections, then scrape: 503. Silent
+    // connections are dropped after READ_TIMEOUT, so on a slow machine a
+    // round may see them gone (200); retry with fresh ones.
+    let mut saw_503 = false;
+    for _ in 0..20 {
+        let held: Vec<TcpStream> = (0..http::MAX_CONNECTIONS)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        let (status, headers, _) = get(addr, "/metrics");
+        drop(held);
+        assert!(status == 503 || status == 200, "{status}");
+        if status == 503 {
+            assert_eq!(headers["retry-after"], "1");
+            saw_503 = true;
+            break;
+        }
+    }
+    assert!(saw_503, "never refused a connection beyond the cap");
+    // The slots come back.
+    common::wait_for("a free slot", common::PATIENCE, || {
+        (get(addr, "/metrics").0 == 200).then_some(())
+    });
+    shutdown.store(true, Ordering::SeqCst);
+    handle.join().unwrap();
+}
+
+#[test]
+fn sigterm_ends_the_daemon_while_a_client_trickles() {
+    // A free port (released again just before the daemon binds it).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics = format!("127.0.0.1:{port}");
+    let mut d = common::Daemon::spawn(&["--disk", "mem", "--size", "1M", "--metrics", &metrics], 1);
+    let addr: SocketAddr = metrics.parse().unwrap();
+    common::wait_for("the metrics port", common::PATIENCE, || {
+        TcpStream::connect(addr).ok()
+    });
+    let after = trickler(
+        addr,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+        common::PATIENCE * 4,
+    );
+    let head = trickler(
+        addr,
+        b"GET /metrics HTTP/1.1\r\nX-Slow: ",
+        common::PATIENCE * 4,
+    );
+    assert_eq!(get(addr, "/metrics").0, 200);
+    // SIGTERM, and a clean exit within PATIENCE (terminate panics if not),
+    // whatever the tricklers do.
+    let status = d.terminate();
+    assert!(status.success(), "{status:?}");
+    assert!(after.join().unwrap());
+    assert!(head.join().unwrap());
 }

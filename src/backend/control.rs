@@ -10,12 +10,22 @@
 //! - `prom`: `{"prometheus": TEXT}`, the statistics in Prometheus format.
 //!
 //! Each answer is one JSON line; errors are `{"error": "..."}`.
+//!
+//! Limits (a local client must not be able to exhaust the daemon): a line
+//! is at most [`MAX_LINE`] bytes (a longer one is answered with an error
+//! quoting a short prefix, and the connection is closed); at most
+//! [`MAX_CONNECTIONS`] connections are served at once (another one is
+//! answered with an error and closed); a connection that sends no
+//! complete line within [`IDLE_TIMEOUT`] (of connecting or of its
+//! previous answer) is closed; an answer the client does not take within
+//! [`IDLE_TIMEOUT`] closes the connection; and a failing `accept` (e.g.
+//! EMFILE) backs off for [`ACCEPT_BACKOFF`] instead of spinning.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -26,6 +36,27 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::backend::Disk;
 use crate::stats::queue::{DiskReport, QueueStats, StatsDocument};
+
+/// Longest request line (bytes, newline excluded) the control socket reads.
+pub const MAX_LINE: usize = 64 * 1024;
+/// Most control connections served at once.
+pub const MAX_CONNECTIONS: usize = 16;
+/// How long a connection may take to send a complete line (counted from
+/// connecting or from the previous answer), and to take an answer.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Pause after a failed `accept` (e.g. EMFILE/ENFILE) before trying again.
+pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
+/// How much of a bad line an error message quotes.
+const QUOTE_PREFIX: usize = 64;
+
+/// `text` for an error message: at most [`QUOTE_PREFIX`] characters,
+/// with `…` when cut.
+fn quote_prefix(text: &str) -> String {
+    match text.char_indices().nth(QUOTE_PREFIX) {
+        Some((i, _)) => format!("{:?}…", &text[..i]),
+        None => format!("{text:?}"),
+    }
+}
 
 /// A stats document for `disks`, as deltas against `base` when given.
 pub fn report(disks: &[Arc<Disk>], base: Option<&[Vec<QueueStats>]>) -> StatsDocument {
@@ -109,7 +140,7 @@ impl Control {
                 json!({"error": "empty command; use stats, snapshot LABEL, reset, config or prom"})
             }
             other => {
-                json!({"error": format!("unknown command {other:?}; use stats, snapshot LABEL, reset, config or prom")})
+                json!({"error": format!("unknown command {}; use stats, snapshot LABEL, reset, config or prom", quote_prefix(other))})
             }
         }
     }
@@ -155,53 +186,190 @@ pub(crate) fn spawn(
         snapshot: Mutex::new((Instant::now(), baselines(&disks))),
         disks,
     });
+    let active = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("blklab-control".into())
         .spawn(move || {
             let fd = listener.as_raw_fd();
+            let mut failing = false;
             loop {
                 match crate::util::fd::listener_or_wake(fd, wake.as_raw_fd()) {
                     Ok(true) => {}
                     _ => return,
                 }
-                let Ok((stream, _)) = listener.accept() else {
+                let stream = match listener.accept() {
+                    Ok((stream, _)) => {
+                        failing = false;
+                        stream
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        // EMFILE/ENFILE/ENOMEM…: the connection stays
+                        // queued and poll() keeps reporting it, so retrying
+                        // at once would spin. Back off (still waking for
+                        // shutdown), and log once per streak.
+                        if !failing {
+                            warn!(
+                                "control socket: accept failed: {e}; retrying every {} ms",
+                                ACCEPT_BACKOFF.as_millis()
+                            );
+                            failing = true;
+                        }
+                        if crate::util::fd::readable_within(
+                            wake.as_raw_fd(),
+                            ACCEPT_BACKOFF.as_millis() as i32,
+                        ) {
+                            return;
+                        }
+                        continue;
+                    }
+                };
+                let Some(slot) = Slot::take(&active) else {
+                    refuse(stream);
                     continue;
                 };
                 let (c, s) = (control.clone(), shutdown.clone());
                 let _ = std::thread::Builder::new()
                     .name("blklab-control-conn".into())
-                    .spawn(move || serve_connection(stream, &c, &s));
+                    .spawn(move || {
+                        let _slot = slot;
+                        serve_connection(stream, &c, &s)
+                    });
             }
         })
 }
 
+/// One of the [`MAX_CONNECTIONS`] connection slots, given back on drop.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(active: &Arc<AtomicUsize>) -> Option<Slot> {
+        active
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < MAX_CONNECTIONS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(active.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Answer a connection over the cap with an error and close it, without
+/// ever blocking the accept thread.
+fn refuse(stream: UnixStream) {
+    warn!("control socket: more than {MAX_CONNECTIONS} connections; refusing one");
+    let _ = stream.set_nonblocking(true);
+    let answer = json!({
+        "error": format!("too many control connections (at most {MAX_CONNECTIONS}); try again later")
+    });
+    let _ = (&stream).write_all(format!("{answer}\n").as_bytes());
+}
+
+/// What reading one request line gave.
+enum Line {
+    /// A complete line (without its newline), or the last bytes before EOF.
+    Complete(Vec<u8>),
+    /// The peer closed (nothing pending), shutdown began, or a read failed.
+    Closed,
+    /// No complete line within [`IDLE_TIMEOUT`].
+    Idle,
+    /// More than [`MAX_LINE`] bytes without a newline; the first bytes.
+    TooLong(Vec<u8>),
+}
+
+/// Read one line of at most [`MAX_LINE`] bytes within [`IDLE_TIMEOUT`],
+/// waking every 500 ms to notice `shutdown`.
+fn read_request(reader: &mut BufReader<UnixStream>, shutdown: &AtomicBool) -> Line {
+    let deadline = Instant::now() + IDLE_TIMEOUT;
+    let mut buf = Vec::new();
+    loop {
+        if shutdown.load(Ordering::SeqCst) {
+            return Line::Closed;
+        }
+        if Instant::now() >= deadline {
+            return Line::Idle;
+        }
+        // One read at a time (not read_until, which keeps reading while
+        // bytes trickle in), so the deadline is checked between reads.
+        let chunk = match reader.fill_buf() {
+            Ok([]) if buf.is_empty() => return Line::Closed,
+            // EOF after a last line without a newline: answer it.
+            Ok([]) => return Line::Complete(buf),
+            Ok(chunk) => chunk,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                continue
+            }
+            Err(e) => {
+                warn!("control connection: {e}");
+                return Line::Closed;
+            }
+        };
+        let room = MAX_LINE - buf.len();
+        match chunk.iter().position(|&b| b == b'\n') {
+            Some(nl) if nl <= room => {
+                buf.extend_from_slice(&chunk[..nl]);
+                reader.consume(nl + 1);
+                return Line::Complete(buf);
+            }
+            _ if chunk.len() > room => {
+                buf.extend_from_slice(&chunk[..room]);
+                buf.truncate(QUOTE_PREFIX * 4);
+                return Line::TooLong(buf);
+            }
+            _ => {
+                let n = chunk.len();
+                buf.extend_from_slice(chunk);
+                reader.consume(n);
+            }
+        }
+    }
+}
+
 fn serve_connection(stream: UnixStream, control: &Control, shutdown: &AtomicBool) {
-    // Wake up now and then to notice shutdown.
+    // Wake up now and then to notice shutdown and the idle deadline; a
+    // client that does not take its answer is dropped.
     let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let _ = stream.set_write_timeout(Some(IDLE_TIMEOUT));
     let Ok(mut out) = stream.try_clone() else {
         return;
     };
     let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    while !shutdown.load(Ordering::SeqCst) {
-        match reader.read_line(&mut line) {
-            Ok(0) => return,
-            Ok(_) => {
-                let answer = control.answer(&line);
-                line.clear();
-                if writeln!(out, "{answer}").is_err() {
-                    return;
-                }
-            }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(e) => {
-                warn!("control connection: {e}");
+    loop {
+        let answer = match read_request(&mut reader, shutdown) {
+            Line::Complete(line) => control.answer(&String::from_utf8_lossy(&line)),
+            Line::Closed => return,
+            Line::Idle => {
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    json!({"error": format!("no complete request within {} s; closing", IDLE_TIMEOUT.as_secs())})
+                );
                 return;
             }
+            Line::TooLong(prefix) => {
+                let prefix = String::from_utf8_lossy(&prefix);
+                let _ = writeln!(
+                    out,
+                    "{}",
+                    json!({"error": format!("request line longer than {MAX_LINE} bytes (starts {}); closing", quote_prefix(&prefix))})
+                );
+                return;
+            }
+        };
+        if writeln!(out, "{answer}").is_err() {
+            return;
         }
     }
 }
@@ -263,5 +431,17 @@ mod tests {
             ("snapshot".into(), Some("a".into()))
         );
         assert_eq!(parse_command("{bad").0, "invalid-json");
+    }
+
+    #[test]
+    fn quotes_are_short() {
+        assert_eq!(quote_prefix("abc"), "\"abc\"");
+        let long = "x".repeat(10_000);
+        let q = quote_prefix(&long);
+        assert!(q.len() < 80, "{q}");
+        assert!(q.ends_with('…'));
+        // Cut on a character boundary.
+        let q = quote_prefix(&"é".repeat(100));
+        assert!(q.ends_with('…'));
     }
 }

@@ -2,6 +2,7 @@
 //! KVM probe), and a running QEMU whose serial console we read and answer.
 
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -170,22 +171,51 @@ impl Guest {
     pub(crate) fn spawn(spec: &QemuSpec, console_log: Option<&Path>) -> Result<Guest, QemuError> {
         let args = spec.args();
         debug!("{} {}", spec.qemu, shell_words(&args));
-        let mut child = Command::new(&spec.qemu)
-            .args(&args)
+        let mut cmd = Command::new(&spec.qemu);
+        cmd.args(&args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| {
-                if source.kind() == std::io::ErrorKind::NotFound {
-                    QemuError::NotFound(spec.qemu.clone())
-                } else {
-                    QemuError::Spawn {
-                        qemu: spec.qemu.clone(),
-                        source,
-                    }
+            .stderr(Stdio::piped());
+        // QEMU dies with us, however we die (SIGKILL included).
+        // SAFETY: getpid before the fork; the closure runs between fork and
+        // exec and only calls async-signal-safe functions (prctl, getppid,
+        // raise).
+        let parent = unsafe { libc::getpid() };
+        // SAFETY: see above.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
                 }
-            })?;
+                // The parent died before prctl: do not outlive it.
+                if libc::getppid() != parent {
+                    libc::raise(libc::SIGKILL);
+                }
+                Ok(())
+            });
+        }
+        // Registered under the registry's lock, so a signal that arrives
+        // now either sees the child or comes after it is tracked.
+        let mut registry = crate::lab::runner::cleanup::lock();
+        let mut child = cmd.spawn().map_err(|source| {
+            if source.kind() == std::io::ErrorKind::NotFound {
+                QemuError::NotFound(spec.qemu.clone())
+            } else {
+                QemuError::Spawn {
+                    qemu: spec.qemu.clone(),
+                    source,
+                }
+            }
+        })?;
+        registry.track_pid(child.id() as i32);
+        drop(registry);
         let stdout = child.stdout.take().expect("piped stdout");
         let stderr = child.stderr.take().expect("piped stderr");
         let (tx, rx) = mpsc::channel();
@@ -315,21 +345,40 @@ impl Guest {
     pub(crate) fn wait_exit(&mut self, timeout: Duration) -> String {
         let deadline = Instant::now() + timeout;
         loop {
-            match self.child.try_wait() {
+            match self.try_reap() {
                 Ok(Some(st)) => return st.to_string(),
                 Ok(None) if Instant::now() < deadline => {
                     std::thread::sleep(Duration::from_millis(50))
                 }
                 _ => {
                     warn!("QEMU (pid {}) did not exit; killing it", self.pid());
-                    let _ = self.child.kill();
-                    return match self.child.wait() {
+                    return match self.kill_reap() {
                         Ok(st) => format!("killed ({st})"),
                         Err(e) => format!("killed ({e})"),
                     };
                 }
             }
         }
+    }
+
+    /// `try_wait`, untracking the pid (see [`crate::lab::runner::cleanup`])
+    /// in the same critical section as the reap.
+    fn try_reap(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        let mut registry = crate::lab::runner::cleanup::lock();
+        let st = self.child.try_wait();
+        if !matches!(st, Ok(None)) {
+            registry.untrack_pid(self.pid());
+        }
+        st
+    }
+
+    /// Kill and reap, untracking the pid in the same critical section.
+    fn kill_reap(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        let mut registry = crate::lab::runner::cleanup::lock();
+        let _ = self.child.kill();
+        let st = self.child.wait();
+        registry.untrack_pid(self.pid());
+        st
     }
 
     /// The error for a console that closed before the guest finished.
@@ -351,9 +400,8 @@ impl Guest {
 
 impl Drop for Guest {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        if let Ok(None) = self.try_reap() {
+            let _ = self.kill_reap();
         }
     }
 }

@@ -2,8 +2,20 @@
 //! server that answers `GET /metrics` with the Prometheus exposition
 //! ([`crate::stats::prometheus::render`]) of a stats document built fresh
 //! from a caller-supplied closure on every scrape. It uses only `std` (no
-//! HTTP crate): one thread, one connection at a time, each closed after one
-//! answer, with a 2 s budget to receive the request.
+//! HTTP crate: one GET, one answer, `Connection: close` needs none, and
+//! the limits below are simplest to state over plain sockets).
+//!
+//! **Limits.** An accept thread hands each connection to its own thread,
+//! at most [`MAX_CONNECTIONS`] at once (another gets 503 and is closed at
+//! once, without blocking the accept thread). A connection has
+//! [`READ_TIMEOUT`] to send its request head (at most [`MAX_HEAD`] bytes;
+//! a body is not read) and [`CONNECTION_DEADLINE`] in total, for the head,
+//! taking the answer and the lingering close (which drains at most 64 KiB
+//! for at most [`LINGER`]). So a slow or trickling client holds one slot
+//! for at most [`CONNECTION_DEADLINE`] and never delays another scrape,
+//! and shutdown never waits for a client: the accept thread stops within
+//! 100 ms, and connection threads stop at their deadline or when they see
+//! the shutdown flag (within 100 ms).
 //!
 //! **Binding.** The default address is loopback, [`DEFAULT_ADDR`]
 //! (`127.0.0.1:9188`): the metrics name socket paths and the build, and the
@@ -14,7 +26,7 @@
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::io::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -28,13 +40,19 @@ use crate::stats::queue::StatsDocument;
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9188";
 
 /// Time a client has to send its request head.
-const READ_TIMEOUT: Duration = Duration::from_secs(2);
-/// Time a client has to take our answer.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often the accept loop looks at the shutdown flag.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Everything a connection may take, from accept to close: the request
+/// head, taking the answer, and the lingering close.
+pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(5);
+/// Longest lingering close (draining what the client still sends).
+pub const LINGER: Duration = Duration::from_millis(500);
+/// Most connections served at once.
+pub const MAX_CONNECTIONS: usize = 8;
+/// How often the accept loop and connection threads look at the shutdown
+/// flag.
 const POLL_INTERVAL_MS: i32 = 100;
 /// Largest request head (request line and headers) we read.
-const MAX_HEAD: usize = 8192;
+pub const MAX_HEAD: usize = 8192;
 
 // ---------------------------------------------------------------------------
 // Addresses
@@ -98,10 +116,9 @@ pub fn parse_addr(s: &str) -> Result<SocketAddr, String> {
 /// paths 405; a malformed request 400; a request not received within 2 s
 /// 408. Every answer closes the connection (`Connection: close`).
 ///
-/// Connections are served one at a time on the returned thread (scrapes
-/// are rare and small; this bounds the server's resources). The thread
-/// checks `shutdown` at least every 100 ms while idle, and within the 2 s
-/// read timeout (plus the write timeout) while serving.
+/// Connections are served on threads of their own, within the limits in
+/// the module documentation. The returned (accept) thread checks
+/// `shutdown` at least every 100 ms and never waits for a client.
 ///
 /// Returns the address actually bound (useful with port 0) and the thread.
 /// The default address is loopback ([`DEFAULT_ADDR`]); see the module
@@ -126,14 +143,29 @@ fn accept_loop(
     shutdown: Arc<AtomicBool>,
 ) {
     let fd = listener.as_raw_fd();
+    let active = Arc::new(AtomicUsize::new(0));
     while !shutdown.load(Ordering::SeqCst) {
         if !crate::util::fd::readable_within(fd, POLL_INTERVAL_MS) {
             continue;
         }
         match listener.accept() {
             Ok((stream, peer)) => {
-                if let Err(e) = handle_connection(stream, &*source) {
-                    debug!("metrics connection from {peer}: {e}");
+                let Some(slot) = Slot::take(&active) else {
+                    debug!("metrics: {MAX_CONNECTIONS} connections open; refusing {peer}");
+                    refuse(stream);
+                    continue;
+                };
+                let (source, shutdown) = (source.clone(), shutdown.clone());
+                let spawned = std::thread::Builder::new()
+                    .name("blklab-metrics-conn".into())
+                    .spawn(move || {
+                        let _slot = slot;
+                        if let Err(e) = handle_connection(stream, &*source, &shutdown) {
+                            debug!("metrics connection from {peer}: {e}");
+                        }
+                    });
+                if let Err(e) = spawned {
+                    warn!("metrics: cannot start a connection thread: {e}");
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
@@ -145,6 +177,39 @@ fn accept_loop(
             }
         }
     }
+}
+
+/// One of the [`MAX_CONNECTIONS`] connection slots, given back on drop.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    fn take(active: &Arc<AtomicUsize>) -> Option<Slot> {
+        active
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < MAX_CONNECTIONS).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Slot(active.clone()))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Answer 503 to a connection over the cap and close it, never blocking
+/// (a fresh socket's send buffer takes the few bytes).
+fn refuse(stream: TcpStream) {
+    let _ = stream.set_nonblocking(true);
+    let body = "Service Unavailable: too many connections\n";
+    let msg = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = (&stream).write_all(msg.as_bytes());
+    let _ = stream.shutdown(Shutdown::Write);
 }
 
 /// What a request head turned out to be.
@@ -193,7 +258,10 @@ fn headers_ok(head: &[u8]) -> bool {
 
 /// Read a request head within [`READ_TIMEOUT`]. `Ok(None)`: the client
 /// closed without sending anything.
-fn read_head(stream: &mut TcpStream) -> io::Result<Option<Result<Request, u16>>> {
+fn read_head(
+    stream: &mut TcpStream,
+    shutdown: &AtomicBool,
+) -> io::Result<Option<Result<Request, u16>>> {
     let deadline = Instant::now() + READ_TIMEOUT;
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 1024];
@@ -221,26 +289,31 @@ fn read_head(stream: &mut TcpStream) -> io::Result<Option<Result<Request, u16>>>
             return Ok(Some(Err(431)));
         }
         let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() && buf.is_empty() {
+            // Connected and sent nothing: close without an answer.
+            return Ok(None);
+        }
         if left.is_zero() {
             return Ok(Some(Err(408)));
         }
-        stream.set_read_timeout(Some(left))?;
+        if shutdown.load(Ordering::SeqCst) {
+            return Ok(None);
+        }
+        stream.set_read_timeout(Some(
+            left.min(Duration::from_millis(POLL_INTERVAL_MS as u64)),
+        ))?;
         match stream.read(&mut chunk) {
             Ok(0) if buf.is_empty() => return Ok(None),
             Ok(0) => return Ok(Some(Ok(Request::Bad))),
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            // Poll tick: check the deadline and shutdown again.
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                if buf.is_empty() {
-                    return Ok(None);
-                }
-                return Ok(Some(Err(408)));
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
+                ) => {}
             Err(e) => return Err(e),
         }
     }
@@ -276,6 +349,7 @@ fn reason(code: u16) -> &'static str {
 
 fn respond(
     stream: &mut TcpStream,
+    deadline: Instant,
     code: u16,
     content_type: &str,
     body: &str,
@@ -290,7 +364,19 @@ fn respond(
     if !head_only {
         msg.push_str(body);
     }
-    stream.write_all(msg.as_bytes())?;
+    // In pieces, each with what is left of the connection's deadline, so
+    // a client that reads slowly cannot stretch it.
+    for piece in msg.as_bytes().chunks(16 * 1024) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connection deadline passed while sending the answer",
+            ));
+        }
+        stream.set_write_timeout(Some(left))?;
+        stream.write_all(piece)?;
+    }
     stream.flush()
 }
 
@@ -300,31 +386,43 @@ const INDEX_HTML: &str =
 fn handle_connection(
     mut stream: TcpStream,
     source: &(dyn Fn() -> StatsDocument + Send + Sync),
+    shutdown: &AtomicBool,
 ) -> io::Result<()> {
+    let deadline = Instant::now() + CONNECTION_DEADLINE;
     // An accepted socket need not inherit the listener's O_NONBLOCK, but
     // be explicit.
     stream.set_nonblocking(false)?;
-    stream.set_write_timeout(Some(WRITE_TIMEOUT))?;
     let text_plain = "text/plain; charset=utf-8";
-    let result = match read_head(&mut stream)? {
+    let stream = &mut stream;
+    let result = match read_head(stream, shutdown)? {
         None => return Ok(()),
         Some(Err(code)) => respond(
-            &mut stream,
+            stream,
+            deadline,
             code,
             text_plain,
             &format!("{}\n", reason(code)),
             false,
             "",
         ),
-        Some(Ok(Request::Bad)) => respond(&mut stream, 400, text_plain, "Bad Request\n", false, ""),
+        Some(Ok(Request::Bad)) => respond(
+            stream,
+            deadline,
+            400,
+            text_plain,
+            "Bad Request\n",
+            false,
+            "",
+        ),
         Some(Ok(Request::Ok { method, path })) => {
             let head = method == "HEAD";
             let known = matches!(path.as_str(), "/" | "/metrics");
             if !known {
-                respond(&mut stream, 404, text_plain, "Not Found\n", head, "")
+                respond(stream, deadline, 404, text_plain, "Not Found\n", head, "")
             } else if method != "GET" && !head {
                 respond(
-                    &mut stream,
+                    stream,
+                    deadline,
                     405,
                     text_plain,
                     "Method Not Allowed\n",
@@ -333,7 +431,8 @@ fn handle_connection(
                 )
             } else if path == "/" {
                 respond(
-                    &mut stream,
+                    stream,
+                    deadline,
                     200,
                     "text/html; charset=utf-8",
                     INDEX_HTML,
@@ -343,9 +442,10 @@ fn handle_connection(
             } else {
                 // A panicking source must not take the server down.
                 match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| render(&source()))) {
-                    Ok(text) => respond(&mut stream, 200, CONTENT_TYPE, &text, head, ""),
+                    Ok(text) => respond(stream, deadline, 200, CONTENT_TYPE, &text, head, ""),
                     Err(_) => respond(
-                        &mut stream,
+                        stream,
+                        deadline,
                         500,
                         text_plain,
                         "statistics unavailable\n",
@@ -358,15 +458,28 @@ fn handle_connection(
     };
     // Lingering close: stop sending, then drain briefly whatever the client
     // still sends, so closing with unread data does not reset the
-    // connection before the client has read the answer.
+    // connection before the client has read the answer. Bounded in bytes,
+    // by LINGER and by the connection's deadline, whatever the client
+    // does (a trickle of bytes must not keep the connection).
     let _ = stream.shutdown(Shutdown::Write);
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+    let linger_end = deadline.min(Instant::now() + LINGER);
     let mut sink = [0u8; 1024];
     let mut drained = 0;
-    while drained < 64 * 1024 {
+    while drained < 64 * 1024 && !shutdown.load(Ordering::SeqCst) {
+        let left = linger_end.saturating_duration_since(Instant::now());
+        if left.is_zero()
+            || stream
+                .set_read_timeout(Some(left.min(Duration::from_millis(100))))
+                .is_err()
+        {
+            break;
+        }
         match stream.read(&mut sink) {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
             Ok(n) => drained += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            // A 100 ms read timeout without data: the client is quiet.
+            Err(_) => break,
         }
     }
     result

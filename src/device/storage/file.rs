@@ -1,7 +1,10 @@
 //! `file:PATH`: a raw image. Reads and writes go straight between guest
 //! memory and the file with preadv/pwritev; flush is fdatasync; discard
 //! punches a hole; write-zeroes zeroes a range (or punches with UNMAP).
-//! An exclusive flock keeps a second daemon from serving the same image.
+//! The image is locked with QEMU's protocol ([`lock_like_qemu`]), so
+//! neither a second daemon nor QEMU (qemu-io, qemu-img,
+//! qemu-storage-daemon, a guest's disk) can write an image we serve, and
+//! we refuse one that QEMU holds open for writing.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -21,6 +24,104 @@ pub(crate) struct FileStorage {
     align: usize,
     /// fdatasync calls that succeeded (flushes and write-through syncs).
     syncs: AtomicU64,
+}
+
+// QEMU's image locking (block/file-posix.c: raw_apply_lock_bytes,
+// raw_check_lock_bytes): shared OFD locks on single bytes. Byte
+// PERM_BASE + i means "I use permission 1 << i", byte SHARED_BASE + i
+// "nobody else may use permission 1 << i". An opener takes its locks, then
+// tests (F_OFD_GETLK for a write lock) that nobody else holds the
+// "unshared" byte of a permission it uses, or the "use" byte of a
+// permission it does not share. OFD locks belong to the open file
+// description, so they also keep a second open in the same process away,
+// and go with the last descriptor of it.
+const PERM_BASE: i64 = 100;
+const SHARED_BASE: i64 = 200;
+/// BLK_PERM_CONSISTENT_READ, BLK_PERM_WRITE, BLK_PERM_WRITE_UNCHANGED,
+/// BLK_PERM_RESIZE (bits 0..3 of QEMU's permission mask).
+const PERM_CONSISTENT_READ: u32 = 0;
+const PERM_WRITE: u32 = 1;
+const PERM_WRITE_UNCHANGED: u32 = 2;
+const PERM_RESIZE: u32 = 3;
+const PERM_COUNT: u32 = 4;
+
+/// One OFD lock request or test on byte `offset`.
+fn ofd_lock(
+    file: &File,
+    cmd: libc::c_int,
+    ltype: libc::c_int,
+    offset: i64,
+) -> io::Result<libc::flock> {
+    // SAFETY: flock is plain data; all-zero is a valid value (l_pid must
+    // be 0 for OFD locks).
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = ltype as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = offset as libc::off_t;
+    fl.l_len = 1;
+    // SAFETY: fcntl on our own descriptor with a valid, exclusively
+    // borrowed flock for the call.
+    let rc = unsafe { libc::fcntl(file.as_raw_fd(), cmd, &mut fl) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fl)
+}
+
+/// Lock `file` as QEMU would for a disk that reads (and, unless
+/// `read_only`, writes) and shares reads and unchanged writes but not
+/// writes or resizes: shared locks on the bytes of CONSISTENT_READ (and
+/// WRITE) and on the "unshared" bytes of WRITE and RESIZE. `Ok(false)`
+/// when another open file (QEMU or a second blklab) holds a conflicting
+/// lock: it forbids what we use, or uses what we forbid. So two
+/// read-only opens coexist; a writer excludes any other writer and any
+/// reader that does not share writes (QEMU's default for a read-only
+/// open), and vice versa.
+fn lock_like_qemu(file: &File, read_only: bool) -> io::Result<bool> {
+    let bit = |p: u32| 1u32 << p;
+    let mut perm = bit(PERM_CONSISTENT_READ);
+    if !read_only {
+        perm |= bit(PERM_WRITE);
+    }
+    let all = (1u32 << PERM_COUNT) - 1;
+    let unshared = bit(PERM_WRITE) | bit(PERM_RESIZE);
+    let shared = all & !unshared;
+    debug_assert_eq!(
+        shared,
+        bit(PERM_CONSISTENT_READ) | bit(PERM_WRITE_UNCHANGED)
+    );
+    // A shared lock is refused (EAGAIN/EACCES) only by an exclusive one
+    // on the byte (QEMU takes none, another tool might): a conflict too.
+    let take = |off: i64| -> io::Result<bool> {
+        match ofd_lock(file, libc::F_OFD_SETLK, libc::F_RDLCK, off) {
+            Ok(_) => Ok(true),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::EACCES)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    };
+    for i in 0..PERM_COUNT {
+        if perm & bit(i) != 0 && !take(PERM_BASE + i64::from(i))? {
+            return Ok(false);
+        }
+        if unshared & bit(i) != 0 && !take(SHARED_BASE + i64::from(i))? {
+            return Ok(false);
+        }
+    }
+    // Checked after taking ours (as QEMU does), so two openers racing
+    // each see the other.
+    for i in 0..PERM_COUNT {
+        let held = |off: i64| -> io::Result<bool> {
+            let fl = ofd_lock(file, libc::F_OFD_GETLK, libc::F_WRLCK, off)?;
+            Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+        };
+        if perm & bit(i) != 0 && held(SHARED_BASE + i64::from(i))? {
+            return Ok(false);
+        }
+        if shared & bit(i) == 0 && held(PERM_BASE + i64::from(i))? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Most iovecs one preadv/pwritev takes (IOV_MAX on Linux).
@@ -54,17 +155,10 @@ impl FileStorage {
             path: name.clone(),
             source,
         })?;
-        // SAFETY: flock on a file descriptor we own; no memory involved.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc != 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
-                return Err(StorageError::Locked(name));
-            }
-            return Err(StorageError::Open {
-                path: name,
-                source: e,
-            });
+        match lock_like_qemu(&file, read_only) {
+            Ok(true) => {}
+            Ok(false) => return Err(StorageError::Locked(name)),
+            Err(source) => return Err(StorageError::Open { path: name, source }),
         }
         let meta = file.metadata().map_err(|source| StorageError::Open {
             path: name.clone(),
@@ -448,9 +542,13 @@ mod tests {
         let p = dir.path().join("img.raw");
         let f = FileStorage::open(&p, Some(1 << 20), false, false, 512).unwrap();
         assert_eq!(f.size(), 1 << 20);
-        // A second open is refused by the lock.
+        // A second open is refused by the lock, writable or read-only.
         assert!(matches!(
             FileStorage::open(&p, None, false, false, 512),
+            Err(StorageError::Locked(_))
+        ));
+        assert!(matches!(
+            FileStorage::open(&p, None, true, false, 512),
             Err(StorageError::Locked(_))
         ));
         let g = MmapRegion::<()>::new(16384).unwrap();
@@ -477,9 +575,17 @@ mod tests {
         assert!(out[..512].iter().all(|x| *x == 0));
         assert!(out[512..1000].iter().all(|x| *x == 1));
         drop(f);
-        // Lock released with the file.
+        // Lock released with the file; two read-only opens coexist, and
+        // keep a writer away.
         let f2 = FileStorage::open(&p, None, true, false, 512).unwrap();
         assert_eq!(f2.size(), 1 << 20);
+        let f3 = FileStorage::open(&p, None, true, false, 512).unwrap();
+        assert!(matches!(
+            FileStorage::open(&p, None, false, false, 512),
+            Err(StorageError::Locked(_))
+        ));
+        drop((f2, f3));
+        FileStorage::open(&p, None, false, false, 512).unwrap();
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub(crate) type GuestBuf<'a> = VolatileSlice<'a, ()>;
 pub enum StorageError {
     #[error("cannot open image {path}: {source}")]
     Open { path: String, source: io::Error },
-    #[error("image {0} is in use by another process (exclusive lock held)")]
+    #[error("image {0} is in use by another process (it holds a conflicting lock: another blklab, or QEMU)")]
     Locked(String),
     #[error("image {path} is empty and no --size was given")]
     EmptyImage { path: String },
