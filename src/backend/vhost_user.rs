@@ -10,7 +10,7 @@ use log::{debug, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_queue::QueueT;
-use vm_memory::GuestAddressSpace;
+use vm_memory::{GuestAddressSpace, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -89,6 +89,17 @@ impl VhostUserBackend for BlkBackend {
     }
 
     fn update_memory(&self, mem: GM) -> io::Result<()> {
+        // vm-memory maps a region without looking at its file's size, and
+        // touching a page past the end of the file raises SIGBUS: refuse
+        // such a table (vhost-user-backend then fails the message and ends
+        // the connection), and serve no ring from it meanwhile.
+        if let Err(e) = check_files_cover_regions(&mem.memory()) {
+            warn!("{}: {e}", self.disk.cfg.socket.display());
+            for q in 0..self.queues.len() {
+                self.lock_queue(q).mem = None;
+            }
+            return Err(e);
+        }
         for q in 0..self.queues.len() {
             self.lock_queue(q).mem = Some(mem.clone());
         }
@@ -218,4 +229,37 @@ impl VhostUserBackend for BlkBackend {
         self.poll_loop(thread_id, vrings);
         Ok(())
     }
+}
+
+/// Every file-backed region of `mem` lies within its (regular) file. A
+/// frontend that shrinks a file after sending it is not caught here.
+fn check_files_cover_regions(mem: &GuestMemoryMmap) -> io::Result<()> {
+    for r in mem.iter() {
+        let Some(fo) = r.file_offset() else {
+            continue;
+        };
+        let meta = fo.file().metadata()?;
+        // Device files (DAX) report no size.
+        if !meta.is_file() {
+            continue;
+        }
+        let past_eof = match fo.start().checked_add(r.len()) {
+            Some(end) => end > meta.len(),
+            None => true,
+        };
+        if past_eof {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "memory region at guest address {:#x}: {} bytes at file offset {} \
+                     reach past the end of its {}-byte file",
+                    r.start_addr().0,
+                    r.len(),
+                    fo.start(),
+                    meta.len()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

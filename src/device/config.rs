@@ -685,12 +685,22 @@ struct ConfigFile {
 /// num-queues = 4
 /// ```
 pub fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+        path: path.to_path_buf(),
+        msg: e.to_string(),
+    })?;
+    parse_config_file(&text, path)
+}
+
+/// Parse the text of a config file; `path` names it in errors (what
+/// [`load_config_file`] does after reading the file; the fuzz target
+/// `config` feeds it directly).
+pub fn parse_config_file(text: &str, path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
     let err = |msg: String| ConfigError::File {
         path: path.to_path_buf(),
         msg,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-    let file: ConfigFile = toml::from_str(&text).map_err(|e| err(e.to_string()))?;
+    let file: ConfigFile = toml::from_str(text).map_err(|e| err(e.to_string()))?;
     if file.disk.is_empty() {
         return Err(err("no [[disk]] tables".into()));
     }
