@@ -291,6 +291,11 @@ impl Daemon {
         })
     }
 
+    /// The disk's vhost-user socket (for tests that drive it further).
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
     /// The control socket (to read the daemon's statistics).
     pub fn control_socket(&self) -> &Path {
         &self.control

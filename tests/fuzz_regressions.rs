@@ -71,10 +71,33 @@ fn config() {
     replay("config", fuzz::config);
 }
 
+/// `tests/fixtures/fuzz/config/oom-count.toml`: `count = 4000000000` built
+/// four billion disk configurations (out of memory); now an error.
+#[test]
+fn config_count_is_bounded() {
+    let p = common::root().join("tests/fixtures/fuzz/config/oom-count.toml");
+    let text = std::fs::read_to_string(&p).unwrap();
+    let e = blklab::device::config::parse_config_file(&text, &p).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("--count must be 1..=1024, got 4000000000"),
+        "{e}"
+    );
+}
+
 #[test]
 fn vhost_user() {
     let d = fuzz::Daemon::start().unwrap();
     replay("vhost_user", |data| d.vhost_user(data));
+    // For the log only: whether the kicks were served before the seeds
+    // stopped their rings is up to the scheduler.
+    let doc = blklab::backend::control::query_stats(d.control_socket(), "stats").unwrap();
+    let served: u64 = doc.disks[0]
+        .queues
+        .iter()
+        .map(|q| q.counters.requests)
+        .sum();
+    eprintln!("vhost_user: the daemon served {served} requests");
     // Still serving: one more connection after all of them.
     d.vhost_user(&[]);
 }

@@ -22,6 +22,10 @@ use crate::virtio_blk::features::{BlkFeature, FeatureSet};
 pub(crate) const MAX_QUEUES: u16 = 64;
 /// Largest split virtqueue (virtio 1.2, 2.7).
 pub(crate) const MAX_QUEUE_SIZE: u16 = 32768;
+/// Most disks one `--count` (or `count =`) may make: each is a socket and a
+/// server thread. Unbounded, `count = 4000000000` ran out of memory
+/// building the configurations.
+pub(crate) const MAX_COUNT: u32 = 1024;
 
 #[derive(Debug, Error)]
 pub enum ConfigError {
@@ -45,8 +49,8 @@ pub enum ConfigError {
     BlockSize(u32),
     #[error("--serial is at most 20 bytes, got {0} ({1} bytes)")]
     Serial(String, usize),
-    #[error("--count must be at least 1")]
-    Count,
+    #[error("--count must be 1..={MAX_COUNT}, got {0}")]
+    Count(u32),
     #[error("invalid --queues-per-thread: {0}")]
     QueuesPerThread(String),
     #[error("invalid --disable-features: {0}")]
@@ -352,8 +356,8 @@ impl DiskArgs {
         if !(2..=MAX_QUEUE_SIZE).contains(&self.queue_size) || !self.queue_size.is_power_of_two() {
             return Err(ConfigError::QueueSize(self.queue_size));
         }
-        if self.count == 0 {
-            return Err(ConfigError::Count);
+        if self.count == 0 || self.count > MAX_COUNT {
+            return Err(ConfigError::Count(self.count));
         }
         if let Some(s) = &self.serial {
             if s.len() > 20 {
