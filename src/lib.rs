@@ -17,12 +17,14 @@
 //! 9. [`bench`]: `blklab bench`, a libblkio load generator, and the
 //!    comparison with qemu-storage-daemon (its client and daemon spawner
 //!    also serve the tests);
-//! 10. [`cli`] and [`stats_view`]: the command line (`main.rs` dispatches).
+//! 10. [`cli`] and [`stats_view`]: the command line (`main.rs` dispatches);
+//!     [`fuzz`]: the fuzzing entry points (`fuzz/`, `tests/fuzz_regressions.rs`).
 
 pub mod backend;
 pub mod bench;
 pub mod cli;
 pub mod device;
+pub mod fuzz;
 pub mod lab;
 pub mod record;
 pub mod report;

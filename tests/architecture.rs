@@ -21,7 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["lab"],
     &["report"],
     &["bench"],
-    &["cli", "stats_view", "main", "lib"],
+    &["cli", "stats_view", "fuzz", "main", "lib"],
 ];
 
 fn layer_of(top: &str) -> usize {

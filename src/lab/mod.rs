@@ -11,6 +11,7 @@
 //!
 //! The contract between the parts is docs/lab-protocol.md.
 
+pub(crate) mod cleanup;
 pub mod console;
 pub mod images;
 pub mod insns;

@@ -203,7 +203,7 @@ impl Guest {
         }
         // Registered under the registry's lock, so a signal that arrives
         // now either sees the child or comes after it is tracked.
-        let mut registry = crate::lab::runner::cleanup::lock();
+        let mut registry = crate::lab::cleanup::lock();
         let mut child = cmd.spawn().map_err(|source| {
             if source.kind() == std::io::ErrorKind::NotFound {
                 QemuError::NotFound(spec.qemu.clone())
@@ -361,10 +361,10 @@ impl Guest {
         }
     }
 
-    /// `try_wait`, untracking the pid (see [`crate::lab::runner::cleanup`])
+    /// `try_wait`, untracking the pid (see [`crate::lab::cleanup`])
     /// in the same critical section as the reap.
     fn try_reap(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
-        let mut registry = crate::lab::runner::cleanup::lock();
+        let mut registry = crate::lab::cleanup::lock();
         let st = self.child.try_wait();
         if !matches!(st, Ok(None)) {
             registry.untrack_pid(self.pid());
@@ -374,7 +374,7 @@ impl Guest {
 
     /// Kill and reap, untracking the pid in the same critical section.
     fn kill_reap(&mut self) -> std::io::Result<std::process::ExitStatus> {
-        let mut registry = crate::lab::runner::cleanup::lock();
+        let mut registry = crate::lab::cleanup::lock();
         let _ = self.child.kill();
         let st = self.child.wait();
         registry.untrack_pid(self.pid());
