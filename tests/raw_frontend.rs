@@ -208,7 +208,13 @@ impl Server {
 fn new_guest_memory() -> GuestMemoryMmap {
     // SAFETY: memfd_create(2) with a valid NUL-terminated name and flags; it
     // touches no memory of ours besides reading the name.
-    let fd = unsafe { libc::memfd_create(c"raw-frontend-guest".as_ptr(), libc::MFD_CLOEXEC) };
+    // MFD_ALLOW_SEALING, as QEMU's memory-backend-memfd creates its memfds.
+    let fd = unsafe {
+        libc::memfd_create(
+            c"raw-frontend-guest".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    };
     assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
     // SAFETY: `fd` was just returned by memfd_create, is valid and owned by
     // nobody else; the File takes sole ownership.
@@ -1784,6 +1790,34 @@ fn memory_region_larger_than_its_file_is_refused() {
         drop(fe);
     }
     let c = server.connect();
+    end(server, c);
+}
+
+/// Guest memory the frontend could shrink after handing it over would let
+/// it SIGBUS the daemon at the next access past the new end; a memfd that
+/// takes seals is sealed against shrinking when the backend maps it, so the
+/// frontend's own truncate fails, and the daemon keeps serving.
+#[test]
+fn guest_memfd_is_sealed_against_shrinking() {
+    if qsd() {
+        return;
+    }
+    let (server, mut c) = start();
+    c.check_serving(0);
+    let region = c.mem.iter().next().expect("one region");
+    let file = region.file_offset().expect("memfd-backed").file();
+    // SAFETY: fcntl reading the seals of our own memfd.
+    let seals = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(file), libc::F_GET_SEALS) };
+    assert!(
+        seals >= 0 && seals & libc::F_SEAL_SHRINK != 0,
+        "seals {seals:#x}"
+    );
+    let e = file
+        .set_len(MEM_SIZE / 2)
+        .expect_err("the memfd shrank under the backend");
+    assert_eq!(e.raw_os_error(), Some(libc::EPERM), "{e}");
+    c.check_serving(0);
+    c.check_serving(1);
     end(server, c);
 }
 

@@ -51,8 +51,18 @@ pub(super) fn checked_memory(mem: &GuestMemoryMmap) -> (GuestMemoryMmap, Option<
 }
 
 /// Why region `r` cannot be accessed safely, if it cannot.
+///
+/// The size check holds only while the file keeps its size, so a file that
+/// can be sealed is first sealed against shrinking (F_SEAL_SHRINK): then no
+/// one, the frontend included, can truncate it under the mapping. QEMU's
+/// `memory-backend-memfd` seals its memfds itself (`seal=on`, the default);
+/// a frontend's memfd made with MFD_ALLOW_SEALING is sealed here. A file
+/// that cannot be sealed (a plain file, hugetlbfs, a memfd without
+/// sealing) is accepted as QEMU accepts it; a frontend that truncates it
+/// after the check can still SIGBUS the daemon (README, Guarantees).
 fn region_backing_error(r: &GuestRegionMmap) -> Option<String> {
     let fo = r.file_offset()?;
+    seal_against_shrinking(fo.file());
     let size = match fo.file().metadata() {
         Ok(m) => m.len(),
         Err(e) => return Some(format!("cannot stat the region's file: {e}")),
@@ -68,6 +78,24 @@ fn region_backing_error(r: &GuestRegionMmap) -> Option<String> {
             size
         )),
     }
+}
+
+/// Add F_SEAL_SHRINK to `f` when it takes seals; true when it has it.
+fn seal_against_shrinking(f: &std::fs::File) -> bool {
+    use std::os::fd::AsRawFd;
+    let fd = f.as_raw_fd();
+    // SAFETY: fcntl on a descriptor the region owns, reading its seals;
+    // no memory is passed.
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if seals < 0 {
+        return false; // not a memfd (or shmem file) that takes seals
+    }
+    if seals & libc::F_SEAL_SHRINK != 0 {
+        return true;
+    }
+    // SAFETY: as above, adding a seal; fails harmlessly (EPERM) when the
+    // file is sealed against further sealing.
+    unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) == 0 }
 }
 
 impl VhostUserBackend for BlkBackend {
