@@ -444,6 +444,7 @@ unload_module() {
 STACK_MAPS=""; STACK_MODS=""; STACK_SAVED=""; PATHDEVS=""
 
 dm_dev_of() {       # dm_dev_of MAP: its /sys/block name
+    # shellcheck disable=SC2010  # sysfs names are plain
     for _dd_b in $(ls /sys/block | grep '^dm-[0-9][0-9]*$'); do
         [ "$(cat "/sys/block/$_dd_b/dm/name" 2>/dev/null)" = "$1" ] && { echo "$_dd_b"; return 0; }
     done
@@ -469,6 +470,7 @@ make_stack() {      # make_stack KIND PARAMS: DEVS (the paths) -> DEVS (the maps
         STACK_MODS="$STACK_MODS$INSERTED"
     done
     # the paths of each map, one map a line, in the order of the targets
+    # shellcheck disable=SC2016  # an awk program
     _ms_groups=$(for _ms_d in $DEVS; do
         _ms_k=$(readlink "/sys/block/$_ms_d/device" 2>/dev/null)
         _ms_k=${_ms_k##*/}
