@@ -21,6 +21,7 @@
 //! [`IDLE_TIMEOUT`] closes the connection; and a failing `accept` (e.g.
 //! EMFILE) backs off for [`ACCEPT_BACKOFF`] instead of spinning.
 
+use crate::util::slots::Slot;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -224,7 +225,7 @@ pub(crate) fn spawn(
                         continue;
                     }
                 };
-                let Some(slot) = Slot::take(&active) else {
+                let Some(slot) = Slot::take(&active, MAX_CONNECTIONS) else {
                     refuse(stream);
                     continue;
                 };
@@ -237,26 +238,6 @@ pub(crate) fn spawn(
                     });
             }
         })
-}
-
-/// One of the [`MAX_CONNECTIONS`] connection slots, given back on drop.
-struct Slot(Arc<AtomicUsize>);
-
-impl Slot {
-    fn take(active: &Arc<AtomicUsize>) -> Option<Slot> {
-        active
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < MAX_CONNECTIONS).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| Slot(active.clone()))
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
 }
 
 /// Answer a connection over the cap with an error and close it, without

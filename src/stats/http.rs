@@ -23,6 +23,7 @@
 //! `0.0.0.0:9188`) exposes them to whoever can reach it; that is the
 //! user's explicit choice.
 
+use crate::util::slots::Slot;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::io::AsRawFd;
@@ -150,7 +151,7 @@ fn accept_loop(
         }
         match listener.accept() {
             Ok((stream, peer)) => {
-                let Some(slot) = Slot::take(&active) else {
+                let Some(slot) = Slot::take(&active, MAX_CONNECTIONS) else {
                     debug!("metrics: {MAX_CONNECTIONS} connections open; refusing {peer}");
                     refuse(stream);
                     continue;
@@ -176,26 +177,6 @@ fn accept_loop(
                 std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS as u64));
             }
         }
-    }
-}
-
-/// One of the [`MAX_CONNECTIONS`] connection slots, given back on drop.
-struct Slot(Arc<AtomicUsize>);
-
-impl Slot {
-    fn take(active: &Arc<AtomicUsize>) -> Option<Slot> {
-        active
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < MAX_CONNECTIONS).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| Slot(active.clone()))
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -6,5 +6,6 @@ pub mod fd;
 pub mod hostcpu;
 pub mod procfs;
 pub mod schema;
+pub(crate) mod slots;
 pub mod text;
 pub mod units;
