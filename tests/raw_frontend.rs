@@ -1644,6 +1644,17 @@ fn log_lines(log: &Path) -> Vec<String> {
 /// warning or two, connection messages, the summary at disconnect).
 const LOG_BOUND: usize = 40;
 
+/// The log grew by at most [`LOG_BOUND`] lines since it had `before`.
+fn assert_log_short(log: &Path, before: usize, after_what: &str) {
+    let lines = log_lines(log);
+    assert!(
+        lines.len() - before <= LOG_BOUND,
+        "{} log lines after {after_what}: {:?}",
+        lines.len() - before,
+        &lines[before..(before + 20).min(lines.len())]
+    );
+}
+
 fn qsd() -> bool {
     std::env::var("RAW_FRONTEND_BACKEND").as_deref() == Ok("qsd")
 }
@@ -1688,13 +1699,7 @@ fn ring_end_outside_memory(extra: &[&str]) {
     c.check_serving(1);
     c.kick(0);
     c.check_serving(1);
-    let lines = log_lines(&log);
-    assert!(
-        lines.len() - before <= LOG_BOUND,
-        "{} log lines after a broken ring: {:?}",
-        lines.len() - before,
-        &lines[before..(before + 20).min(lines.len())]
-    );
+    assert_log_short(&log, before, "a broken ring");
     // A new connection is served (the server does not wait for a stuck
     // worker) and SIGTERM ends the daemon (end → finish).
     drop(c);
@@ -1734,13 +1739,7 @@ fn heads_beyond_queue_size_do_not_flood_the_log() {
     common::wait_for_counters(&ctl, 0, 0, &[("ring_errors", 1)]);
     assert!(server.alive(), "daemon died");
     c.check_serving(1);
-    let lines = log_lines(&log);
-    assert!(
-        lines.len() - before <= LOG_BOUND,
-        "{} log lines after 1280 bad heads: {:?}",
-        lines.len() - before,
-        &lines[before..(before + 20).min(lines.len())]
-    );
+    assert_log_short(&log, before, "1280 bad heads");
     // A reconnect (the driver's reset) serves queue 0 again.
     drop(c);
     let c = server.connect();
