@@ -40,7 +40,7 @@ pub enum Command {
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// The vhost-user-blk socket to drive (any backend).
-    #[arg(long, value_name = "PATH", required_unless_present = "compare")]
+    #[arg(long, value_name = "PATH", required_unless_present_any = ["compare", "instructions"])]
     pub socket: Option<PathBuf>,
     /// Queues (one client thread each).
     #[arg(long, value_name = "N", default_value_t = 1)]
@@ -77,9 +77,31 @@ pub struct BenchArgs {
     /// With --compare: disk size.
     #[arg(long, value_name = "SIZE", default_value = "1G")]
     pub size: String,
-    /// With --compare: the qemu-storage-daemon binary.
-    #[arg(long, value_name = "PATH", default_value = "qemu-storage-daemon")]
-    pub qsd: PathBuf,
+    /// With --compare or --instructions: the qemu-storage-daemon to
+    /// measure. `auto`: Debian 12's 7.2 build, the reference, fetched once
+    /// by images/fetch-qsd.sh into the image cache (nothing is installed).
+    #[arg(long, value_name = "PATH|auto", default_value = "auto")]
+    pub qsd: String,
+    /// Count the backend's own instructions per request under valgrind's
+    /// callgrind (runs of --requests and twice as many requests, the
+    /// difference): blklab serve, with and without --no-stats, and
+    /// qemu-storage-daemon, for 4 KiB random writes and reads at QD64 and
+    /// QD1 on one queue and a null disk. With the top functions per load.
+    #[arg(long, conflicts_with_all = ["socket", "backend_pid", "client_poll", "compare"])]
+    pub instructions: bool,
+    /// With --instructions: requests of the shorter run.
+    #[arg(long, value_name = "N", default_value_t = 20_000,
+          value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    pub requests: u64,
+    /// With --instructions: count blklab only (no qemu-storage-daemon).
+    #[arg(long)]
+    pub blklab_only: bool,
+    /// With --instructions: functions listed per load and backend.
+    #[arg(long, value_name = "N", default_value_t = 12)]
+    pub top: usize,
+    /// With --instructions: the valgrind binary.
+    #[arg(long, value_name = "PATH", default_value = "valgrind")]
+    pub valgrind: PathBuf,
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,

@@ -107,10 +107,38 @@ fn run(args: &blklab::lab::options::RunArgs) -> Result<()> {
 fn bench(args: &blklab::cli::BenchArgs) -> Result<()> {
     use blklab::bench;
     let bs = blklab::util::units::parse_size(&args.bs).context("--bs")?;
+    if args.instructions {
+        use bench::instructions::{self, InsnOpts, Subject};
+        let mut subjects = vec![Subject::Blklab, Subject::BlklabNoStats];
+        let qsd_bin = if args.blklab_only {
+            None
+        } else {
+            subjects.push(Subject::Qsd);
+            Some(bench::reference_qsd::resolve(&args.qsd).context("--qsd")?)
+        };
+        let opts = InsnOpts {
+            blklab_bin: std::env::current_exe().context("cannot find the blklab binary")?,
+            qsd_bin,
+            valgrind: args.valgrind.clone(),
+            requests: args.requests,
+            loads: instructions::default_loads(),
+            subjects,
+            top: args.top,
+            size: blklab::util::units::parse_size(&args.size).context("--size")?,
+        };
+        let report = instructions::run(&opts, |line| eprintln!("{line}"))
+            .context("blklab bench --instructions")?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&report)?);
+        } else {
+            print!("{}", report.text());
+        }
+        return Ok(());
+    }
     if args.compare {
         let opts = bench::versus_qsd::CompareOpts {
             blklab_bin: std::env::current_exe().context("cannot find the blklab binary")?,
-            qsd_bin: args.qsd.clone(),
+            qsd_bin: bench::reference_qsd::resolve(&args.qsd).context("--qsd")?,
             queues: args.queues,
             depth: args.depth,
             bs: bs as usize,

@@ -13,8 +13,11 @@
 //! libblkio connection and [`daemon`] the backend spawner; the tests and
 //! benches (`tests/common`) use both.
 
+pub mod callgrind;
 pub mod client;
 pub mod daemon;
+pub mod instructions;
+pub mod reference_qsd;
 pub mod versus_qsd;
 
 use std::mem::MaybeUninit;
@@ -95,6 +98,11 @@ pub struct Load {
     pub backend_pid: Option<i32>,
     /// Seed of the offset/op stream (each queue derives its own).
     pub seed: u64,
+    /// A counted load: each queue issues exactly this many requests and
+    /// the load ends when they have completed (`time` and `warmup` are
+    /// then ignored; every request is measured). For instruction counts,
+    /// where two loads must differ by a known number of requests.
+    pub count: Option<u64>,
 }
 
 impl Load {
@@ -110,6 +118,7 @@ impl Load {
             client_poll: false,
             backend_pid: None,
             seed: 1,
+            count: None,
         }
     }
 
@@ -275,10 +284,21 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
             "the disk ({capacity} bytes) is smaller than one {bs}-byte request"
         )));
     }
+    if load.count == Some(0) {
+        return Err(BenchError::Option("a counted load needs at least 1 request".into()));
+    }
     let start = Instant::now() + Duration::from_millis(20);
-    let phases = Phases {
-        measure_from: start + load.warmup,
-        end: start + load.warmup + load.time,
+    let phases = match load.count {
+        // Counted: measured from the start; the end is when the last
+        // request completes (a day is only an upper bound).
+        Some(_) => Phases {
+            measure_from: start,
+            end: start + Duration::from_secs(86_400),
+        },
+        None => Phases {
+            measure_from: start + load.warmup,
+            end: start + load.warmup + load.time,
+        },
     };
     let cpu_before = std::sync::Mutex::new(None::<(Option<f64>, f64, Instant)>);
     let results = std::thread::scope(|s| {
@@ -302,14 +322,9 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
             Instant::now(),
         ));
         let now = Instant::now();
-        if phases.end > now {
+        if load.count.is_none() && phases.end > now {
             std::thread::sleep(phases.end - now);
         }
-        let after = (
-            load.backend_pid.and_then(process_cpu_s),
-            self_cpu_s(),
-            Instant::now(),
-        );
         let mut out = Vec::new();
         for (i, h) in handles.into_iter().enumerate() {
             match h.join() {
@@ -317,6 +332,11 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
                 Err(_) => return Err(BenchError::Panicked(i)),
             }
         }
+        let after = (
+            load.backend_pid.and_then(process_cpu_s),
+            self_cpu_s(),
+            Instant::now(),
+        );
         Ok((out, after))
     });
     let (results, after) = results?;
@@ -332,7 +352,10 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
         errors += r.errors;
         bytes += r.bytes;
     }
-    let seconds = load.time.as_secs_f64();
+    let seconds = match load.count {
+        Some(_) => after.2.saturating_duration_since(before.2).as_secs_f64(),
+        None => load.time.as_secs_f64(),
+    };
     let backend_cpu_s = match (before.0, after.0) {
         (Some(a), Some(b)) => Some((b - a).max(0.0)),
         (None, _) if load.backend_pid.is_some() => {
@@ -397,20 +420,29 @@ fn queue_loop(
         }
     };
     // Wait for the start line so every queue begins together.
+    let warmup = if load.count.is_some() {
+        Duration::ZERO
+    } else {
+        load.warmup
+    };
     let start = phases
         .measure_from
-        .checked_sub(load.warmup)
+        .checked_sub(warmup)
         .unwrap_or(phases.measure_from);
     let now = Instant::now();
     if start > now {
         std::thread::sleep(start - now);
     }
     let now = Instant::now();
-    for (slot, t) in issued_at.iter_mut().enumerate() {
+    let first_batch = load
+        .count
+        .map_or(depth, |n| depth.min(usize::try_from(n).unwrap_or(usize::MAX)));
+    for (slot, t) in issued_at.iter_mut().enumerate().take(first_batch) {
         *t = now;
         submit(&mut queue, slot, &mut rng);
     }
-    let mut outstanding = depth;
+    let mut issued = first_batch as u64;
+    let mut outstanding = first_batch;
     let mut ending = false;
     while outstanding > 0 {
         let mut timeout = Duration::from_secs(30);
@@ -444,11 +476,12 @@ fn queue_loop(
                 // Errors count even outside the measured interval.
                 res.errors += 1;
             }
-            if ending {
+            if ending || load.count.is_some_and(|n| issued >= n) {
                 outstanding -= 1;
             } else {
                 issued_at[slot] = now;
                 submit(&mut queue, slot, &mut rng);
+                issued += 1;
             }
         }
     }

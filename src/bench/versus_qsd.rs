@@ -356,6 +356,7 @@ pub fn run(
                     client_poll: rr.row.client_poll,
                     backend_pid: Some(d.daemon.pid()),
                     seed: round as u64 + 1,
+                    count: None,
                 };
                 let rep = super::run(&load)
                     .map_err(|e| BenchError::Backend(format!("{}: {e}", backend.label())))?;

@@ -1,0 +1,501 @@
+//! `blklab bench --instructions`: a backend's own instructions per request,
+//! counted with callgrind rather than timed.
+//!
+//! The backend runs under callgrind; the libblkio client (in this process,
+//! not counted) drives a counted load of N requests, then, against a fresh
+//! backend, 2N. The difference of the two totals divided by N is the cost
+//! of a request: start-up, connection set-up and shutdown cancel out.
+//! The same difference per function says where the instructions go.
+//!
+//! Unlike wall-clock rates, these counts repeat from run to run whatever
+//! the machine's load (what does vary is how many requests each wake-up
+//! finds at QD64, so the epoll and eventfd share per request moves a
+//! little with the client's speed).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::callgrind::{self, Profile};
+use super::daemon::Daemon;
+use super::versus_qsd::{qsd_command, qsd_version};
+use super::{BenchError, Load, RwMode};
+
+/// Who is counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Subject {
+    /// `blklab serve --disk null` (statistics on, the default).
+    Blklab,
+    /// `blklab serve --disk null --no-stats`.
+    BlklabNoStats,
+    /// qemu-storage-daemon, `null-co` with `read-zeroes=on`.
+    Qsd,
+}
+
+impl Subject {
+    pub fn label(self) -> &'static str {
+        match self {
+            Subject::Blklab => "blklab",
+            Subject::BlklabNoStats => "blklab --no-stats",
+            Subject::Qsd => "qemu-storage-daemon",
+        }
+    }
+}
+
+/// One counted load: 4 KiB random requests on one queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct CountedLoad {
+    pub rw: RwMode,
+    pub depth: usize,
+}
+
+impl CountedLoad {
+    pub fn name(&self) -> String {
+        format!("{} 4k qd{}", self.rw, self.depth)
+    }
+}
+
+/// The loads of the recorded table: writes and reads, QD64 and QD1.
+pub fn default_loads() -> Vec<CountedLoad> {
+    let mut v = Vec::new();
+    for depth in [64, 1] {
+        for rw in [RwMode::Randwrite, RwMode::Randread] {
+            v.push(CountedLoad { rw, depth });
+        }
+    }
+    v
+}
+
+#[derive(Debug, Clone)]
+pub struct InsnOpts {
+    pub blklab_bin: PathBuf,
+    /// The reference daemon; `None` counts blklab only.
+    pub qsd_bin: Option<PathBuf>,
+    pub valgrind: PathBuf,
+    /// Requests of the short run (the long one does twice as many).
+    pub requests: u64,
+    pub loads: Vec<CountedLoad>,
+    pub subjects: Vec<Subject>,
+    /// Functions listed per cell.
+    pub top: usize,
+    /// Disk size.
+    pub size: u64,
+}
+
+/// One subject under one load.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cell {
+    pub subject: Subject,
+    pub load: CountedLoad,
+    /// Requests of the two runs.
+    pub requests: [u64; 2],
+    /// Instructions the backend executed in each run.
+    pub totals: [u64; 2],
+    pub instructions_per_request: f64,
+    /// Of those, in memset-like functions (the read path's zero fill).
+    pub zero_fill_per_request: f64,
+    /// The most expensive functions per request (own instructions).
+    pub top: Vec<(String, f64)>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub what: String,
+    pub value: f64,
+    pub target: String,
+    pub pass: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct InsnReport {
+    pub valgrind: String,
+    pub qsd_version: Option<String>,
+    pub requests: u64,
+    pub cells: Vec<Cell>,
+    pub verdicts: Vec<Verdict>,
+}
+
+/// `valgrind --version`, or why valgrind cannot run.
+pub fn valgrind_version(bin: &Path) -> Result<String, BenchError> {
+    let out = Command::new(bin)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| {
+            BenchError::Backend(format!(
+                "cannot run {} --version: {e} (Debian: apt-get install valgrind; .ci/install-deps does)",
+                bin.display()
+            ))
+        })?;
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if !out.status.success() || v.is_empty() {
+        return Err(BenchError::Backend(format!(
+            "{} --version failed ({})",
+            bin.display(),
+            out.status
+        )));
+    }
+    Ok(v)
+}
+
+/// Count one subject under one load: two runs, N and 2N requests.
+pub fn count(
+    opts: &InsnOpts,
+    subject: Subject,
+    load: CountedLoad,
+    dir: &Path,
+) -> Result<Cell, BenchError> {
+    let n = opts.requests.max(1);
+    let short = count_run(opts, subject, load, n, dir)?;
+    let long = count_run(opts, subject, load, 2 * n, dir)?;
+    let per = n as f64;
+    if long.total <= short.total {
+        return Err(BenchError::Backend(format!(
+            "{} {}: {} requests took no more instructions than {} ({} vs {}): the count is not usable",
+            subject.label(),
+            load.name(),
+            2 * n,
+            n,
+            long.total,
+            short.total
+        )));
+    }
+    let diff = short.difference(&long, per);
+    let zero_fill = diff
+        .iter()
+        .filter(|(f, _)| f.contains("memset"))
+        .map(|(_, v)| v)
+        .sum();
+    Ok(Cell {
+        subject,
+        load,
+        requests: [n, 2 * n],
+        totals: [short.total, long.total],
+        instructions_per_request: (long.total - short.total) as f64 / per,
+        zero_fill_per_request: zero_fill,
+        top: diff.into_iter().take(opts.top).collect(),
+    })
+}
+
+/// One backend under callgrind, `requests` requests, then SIGTERM: its
+/// profile.
+fn count_run(
+    opts: &InsnOpts,
+    subject: Subject,
+    load: CountedLoad,
+    requests: u64,
+    dir: &Path,
+) -> Result<Profile, BenchError> {
+    let tag = format!(
+        "{}-{}-qd{}-{requests}",
+        match subject {
+            Subject::Blklab => "blklab",
+            Subject::BlklabNoStats => "blklab-nostats",
+            Subject::Qsd => "qsd",
+        },
+        load.rw,
+        load.depth
+    );
+    let socket = dir.join(format!("{tag}.sock"));
+    let out = dir.join(format!("{tag}.callgrind"));
+    let _ = std::fs::remove_file(&out);
+    let mut cmd = match subject {
+        Subject::Qsd => {
+            let qsd = opts.qsd_bin.as_deref().ok_or_else(|| {
+                BenchError::Option("no qemu-storage-daemon to count".to_string())
+            })?;
+            let q = qsd_command(
+                qsd,
+                &format!(
+                    "driver=null-co,node-name=n0,size={},read-zeroes=on",
+                    opts.size
+                ),
+                &socket,
+                true,
+                1,
+            );
+            let mut c = callgrind::command(&opts.valgrind, &out, qsd);
+            c.args(q.get_args());
+            c
+        }
+        Subject::Blklab | Subject::BlklabNoStats => {
+            let mut c = callgrind::command(&opts.valgrind, &out, &opts.blklab_bin);
+            c.arg("serve")
+                .arg("--socket")
+                .arg(&socket)
+                .args(["--disk", "null", "--num-queues", "1", "--size"])
+                .arg(opts.size.to_string())
+                .env("RUST_LOG", "warn");
+            if subject == Subject::BlklabNoStats {
+                c.arg("--no-stats");
+            }
+            c
+        }
+    };
+    cmd.stdout(Stdio::null());
+    let mut daemon = Daemon::start(
+        subject.label(),
+        &mut cmd,
+        std::slice::from_ref(&socket),
+        Duration::from_secs(120),
+    )?;
+    let mut l = Load::new(&socket);
+    l.depth = load.depth;
+    l.rw = load.rw;
+    l.bs = 4096;
+    l.count = Some(requests);
+    let rep = super::run(&l).map_err(|e| {
+        BenchError::Backend(format!("{} {} under callgrind: {e}", subject.label(), load.name()))
+    })?;
+    if rep.errors > 0 || rep.requests != requests {
+        return Err(BenchError::Backend(format!(
+            "{} {}: {} of {requests} requests completed, {} failed",
+            subject.label(),
+            load.name(),
+            rep.requests,
+            rep.errors
+        )));
+    }
+    daemon.terminate(Duration::from_secs(120))?;
+    drop(daemon);
+    let p = Profile::read(&out).map_err(|e| BenchError::Backend(e.to_string()))?;
+    let _ = std::fs::remove_file(&out);
+    Ok(p)
+}
+
+/// Count every subject under every load. `progress` gets a line per cell.
+pub fn run(opts: &InsnOpts, mut progress: impl FnMut(&str)) -> Result<InsnReport, BenchError> {
+    if opts.requests == 0 {
+        return Err(BenchError::Option("--requests must be at least 1".into()));
+    }
+    let valgrind = valgrind_version(&opts.valgrind)?;
+    let qsd_version = match (&opts.qsd_bin, opts.subjects.contains(&Subject::Qsd)) {
+        (Some(b), true) => Some(qsd_version(b)?),
+        (None, true) => {
+            return Err(BenchError::Option(
+                "counting qemu-storage-daemon needs its binary".into(),
+            ))
+        }
+        _ => None,
+    };
+    progress(&format!(
+        "{valgrind}; {}; {} and {} requests per count",
+        qsd_version.as_deref().unwrap_or("blklab only"),
+        opts.requests,
+        2 * opts.requests
+    ));
+    let dir = tempfile::Builder::new()
+        .prefix("blklab-insns")
+        .tempdir()
+        .map_err(|e| BenchError::Backend(format!("tempdir: {e}")))?;
+    let mut cells = Vec::new();
+    for load in &opts.loads {
+        for &subject in &opts.subjects {
+            let c = count(opts, subject, *load, dir.path())?;
+            progress(&format!(
+                "{:<20} {:<20} {:>8.0} instructions per request",
+                load.name(),
+                subject.label(),
+                c.instructions_per_request
+            ));
+            cells.push(c);
+        }
+    }
+    let verdicts = verdicts(&cells);
+    Ok(InsnReport {
+        valgrind,
+        qsd_version,
+        requests: opts.requests,
+        cells,
+        verdicts,
+    })
+}
+
+fn find<'a>(cells: &'a [Cell], s: Subject, l: &CountedLoad) -> Option<&'a Cell> {
+    cells.iter().find(|c| c.subject == s && c.load == *l)
+}
+
+/// The targets: at most half qemu-storage-daemon's instructions per
+/// request (reads: apart from the zero fill, which both daemons do with
+/// memset), and statistics adding at most 3 %.
+fn verdicts(cells: &[Cell]) -> Vec<Verdict> {
+    let mut v = Vec::new();
+    let mut loads: Vec<CountedLoad> = Vec::new();
+    for c in cells {
+        if !loads.contains(&c.load) {
+            loads.push(c.load);
+        }
+    }
+    for l in &loads {
+        if let (Some(b), Some(q)) = (find(cells, Subject::Blklab, l), find(cells, Subject::Qsd, l)) {
+            let (num, den, what) = if l.rw == RwMode::Randwrite {
+                (b.instructions_per_request, q.instructions_per_request, "")
+            } else {
+                (
+                    b.instructions_per_request - b.zero_fill_per_request,
+                    q.instructions_per_request - q.zero_fill_per_request,
+                    " (without the zero fill)",
+                )
+            };
+            if den > 0.0 {
+                let r = num / den;
+                v.push(Verdict {
+                    what: format!("{}: blklab / qemu-storage-daemon{what}", l.name()),
+                    value: r,
+                    target: "<= 0.50".into(),
+                    pass: r <= 0.5,
+                });
+            }
+        }
+        if let (Some(b), Some(n)) = (
+            find(cells, Subject::Blklab, l),
+            find(cells, Subject::BlklabNoStats, l),
+        ) {
+            if n.instructions_per_request > 0.0 {
+                let r = b.instructions_per_request / n.instructions_per_request - 1.0;
+                v.push(Verdict {
+                    what: format!("{}: statistics' share (blklab / --no-stats - 1)", l.name()),
+                    value: r,
+                    target: "<= +3 %".into(),
+                    pass: r <= 0.03,
+                });
+            }
+        }
+    }
+    v
+}
+
+impl InsnReport {
+    /// The table, the verdicts and each cell's top functions.
+    pub fn text(&self) -> String {
+        let mut subjects: Vec<Subject> = Vec::new();
+        let mut loads: Vec<CountedLoad> = Vec::new();
+        for c in &self.cells {
+            if !subjects.contains(&c.subject) {
+                subjects.push(c.subject);
+            }
+            if !loads.contains(&c.load) {
+                loads.push(c.load);
+            }
+        }
+        let mut s = format!(
+            "instructions per request (callgrind, {}; runs of {} and {} requests, difference / {}); 1 queue, null disk\n",
+            self.valgrind,
+            self.requests,
+            2 * self.requests,
+            self.requests
+        );
+        if let Some(q) = &self.qsd_version {
+            s += &format!("reference: {q}\n");
+        }
+        s += &format!("{:<20}", "load");
+        for sub in &subjects {
+            s += &format!(" {:>20}", sub.label());
+        }
+        s += "\n";
+        for l in &loads {
+            s += &format!("{:<20}", l.name());
+            for sub in &subjects {
+                match find(&self.cells, *sub, l) {
+                    Some(c) if c.zero_fill_per_request >= 1.0 => {
+                        s += &format!(
+                            " {:>20}",
+                            format!(
+                                "{:.0} ({:.0} fill)",
+                                c.instructions_per_request, c.zero_fill_per_request
+                            )
+                        )
+                    }
+                    Some(c) => s += &format!(" {:>20.0}", c.instructions_per_request),
+                    None => s += &format!(" {:>20}", "-"),
+                }
+            }
+            s += "\n";
+        }
+        if !self.verdicts.is_empty() {
+            s += "\ntargets:\n";
+            for v in &self.verdicts {
+                s += &format!(
+                    "  {:<4} {}: {:.3} (target {})\n",
+                    if v.pass { "ok" } else { "MISS" },
+                    v.what,
+                    v.value,
+                    v.target
+                );
+            }
+        }
+        for c in &self.cells {
+            if c.top.is_empty() {
+                continue;
+            }
+            s += &format!(
+                "\n{} {}: own instructions per request, most first\n",
+                c.subject.label(),
+                c.load.name()
+            );
+            for (f, n) in &c.top {
+                s += &format!("  {n:>8.1}  {}\n", short_name(f));
+            }
+        }
+        s
+    }
+}
+
+/// A function name without its Rust hash suffix, cut to 110 characters.
+fn short_name(f: &str) -> String {
+    let f = match f.rfind("::h") {
+        Some(i) if f[i + 3..].chars().all(|c| c.is_ascii_hexdigit()) && f.len() - i == 19 => &f[..i],
+        _ => f,
+    };
+    if f.chars().count() > 110 {
+        let cut: String = f.chars().take(107).collect();
+        format!("{cut}...")
+    } else {
+        f.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(subject: Subject, rw: RwMode, depth: usize, per: f64, fill: f64) -> Cell {
+        Cell {
+            subject,
+            load: CountedLoad { rw, depth },
+            requests: [1, 2],
+            totals: [0, 0],
+            instructions_per_request: per,
+            zero_fill_per_request: fill,
+            top: vec![],
+        }
+    }
+
+    #[test]
+    fn verdicts_compare_with_the_reference_and_leave_the_zero_fill_out_of_reads() {
+        let cells = vec![
+            cell(Subject::Blklab, RwMode::Randwrite, 64, 1400.0, 0.0),
+            cell(Subject::BlklabNoStats, RwMode::Randwrite, 64, 1380.0, 0.0),
+            cell(Subject::Qsd, RwMode::Randwrite, 64, 2900.0, 0.0),
+            cell(Subject::Blklab, RwMode::Randread, 64, 5600.0, 4100.0),
+            cell(Subject::Qsd, RwMode::Randread, 64, 6900.0, 4100.0),
+        ];
+        let v = verdicts(&cells);
+        assert_eq!(v.len(), 3);
+        assert!(v[0].pass && (v[0].value - 1400.0 / 2900.0).abs() < 1e-9);
+        assert!(v[1].pass && (v[1].value - (1400.0 / 1380.0 - 1.0)).abs() < 1e-9);
+        assert!(!v[2].pass, "1500 / 2800 > 0.5: {:?}", v[2]);
+        assert!(v[2].what.contains("without the zero fill"));
+    }
+
+    #[test]
+    fn names_lose_their_hash() {
+        assert_eq!(
+            short_name("blklab::backend::worker::Pass<R>::drain::h0123456789abcdef"),
+            "blklab::backend::worker::Pass<R>::drain"
+        );
+        assert_eq!(short_name("memset"), "memset");
+    }
+}
