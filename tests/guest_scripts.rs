@@ -152,6 +152,18 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
             vec!["j6-r100-dl", "j6-r100-none"],
         ),
         (
+            "seed002-scsi-debug-multipath",
+            vec![
+                "mp-none-paths-dl",
+                "mp-dl-paths-none",
+                "mp-none-paths-none",
+                "direct-dl",
+                "direct-none",
+                "mp-none-paths-none-noutil",
+                "direct-none-noutil",
+            ],
+        ),
+        (
             "seed002-scsi-debug",
             vec![
                 "lun-j2-r100-dl",
@@ -399,6 +411,44 @@ fn check_scenario_content(name: &str, doc: &Value) {
                 );
             }
         }
+        "seed002-scsi-debug-multipath" => {
+            for v in vs {
+                assert_eq!(v["target"]["kind"], "scsi_debug");
+                let p = target_params(v);
+                for want in ["max_luns=12", "host_max_queue=128", "fake_rw=1"] {
+                    assert!(p.contains(&want.into()), "{p:?}");
+                }
+                has_args(
+                    v,
+                    &["--ioengine=libaio", "--rw=randrw", "--bs=4k", "--iodepth=1"],
+                );
+                let n = v["name"].as_str().unwrap();
+                // mp-MAPSCHED-paths-PATHSCHED: a map over both hosts' paths;
+                // direct-SCHED: one host, the LUNs themselves.
+                if let Some(rest) = n.strip_prefix("mp-") {
+                    assert!(p.contains(&"add_host=2".into()), "{n}: two paths per LUN");
+                    assert_eq!(v["stack"]["kind"], "multipath", "{n}");
+                    let (map, paths) = rest.split_once("-paths-").unwrap();
+                    let paths = paths.trim_end_matches("-noutil");
+                    let name = |s: &str| if s == "dl" { "mq-deadline" } else { "none" };
+                    assert_eq!(v["sched"], name(map), "{n}");
+                    assert_eq!(
+                        v["stack"]["params"],
+                        serde_json::json!([format!("path_sched={}", name(paths))]),
+                        "{n}"
+                    );
+                } else {
+                    assert!(n.starts_with("direct-"), "{n}");
+                    assert!(v["stack"].is_null(), "{n}");
+                    assert!(!p.contains(&"add_host=2".into()), "{n}");
+                }
+                assert_eq!(
+                    fio_args(v).contains(&"--disk_util=0".to_string()),
+                    n.ends_with("-noutil"),
+                    "{n}"
+                );
+            }
+        }
         "seed002-scsi-debug" => {
             for v in vs {
                 assert_eq!(v["target"]["kind"], "scsi_debug");
@@ -618,6 +668,36 @@ fn malformed_scenarios_fail_with_file_and_line() {
             2,
             "disks: bad number '65' (want an integer from 1 to 64)",
         ),
+        (
+            "bad-stack-kind",
+            2,
+            "stack: unknown kind 'lvm' (want multipath or none)",
+        ),
+        (
+            "bad-stack-none-params",
+            2,
+            "stack none takes no parameters",
+        ),
+        (
+            "bad-stack-param",
+            2,
+            "stack: unknown parameter 'paths' (want selector or path_sched)",
+        ),
+        (
+            "bad-stack-path-sched",
+            2,
+            "stack: bad path_sched 'mq/deadline'",
+        ),
+        (
+            "bad-stack-selector",
+            1,
+            "stack: unknown selector 'random' (want service-time, round-robin or queue-length)",
+        ),
+        (
+            "bad-stack-setting",
+            2,
+            "stack: bad parameter '=x' (want NAME=VALUE)",
+        ),
     ];
     let dir = root().join("tests/fixtures/scenarios");
     let mut bad_files: Vec<String> = std::fs::read_dir(&dir)
@@ -685,18 +765,21 @@ fn good_fixture_parses_to_the_exact_document() {
              "target": {"kind": "null_blk", "params": ["queue_mode=2", "submit_queues=@NCPU@"]},
              "sched": "mq-deadline", "nr_requests": 64, "runtime": 7, "ramp": 1,
              "queue_depth": 16, "nomerges": 2, "rq_affinity": 1, "layout": "per-disk",
+             "stack": null,
              "device": ["tags=shared", "depth=64"],
              "fio_args": ["--rw=randread", "--bs=4k", "--iodepth=8"]},
             {"name": "second.v-2_x",
              "target": {"kind": "virtio", "params": []},
              "sched": "none", "nr_requests": 32, "runtime": 3, "ramp": 0,
              "queue_depth": 16, "nomerges": 0, "rq_affinity": 1, "layout": "all",
+             "stack": null,
              "device": ["tags=shared", "latency=20us", "depth=16"],
              "fio_args": ["--rw=randread", "--bs=4k", "--iodepth=8", "--numjobs=@NCPU@", "--rwmixread=70"]},
             {"name": "third",
              "target": {"kind": "scsi_debug", "params": []},
              "sched": "mq-deadline", "nr_requests": 64, "runtime": 7, "ramp": 1,
              "queue_depth": 4, "nomerges": 2, "rq_affinity": 1, "layout": "per-disk",
+             "stack": null,
              "device": ["tags=shared", "depth=64"],
              "fio_args": ["--rw=randread", "--bs=4k", "--iodepth=8", "\"--name-ish=it's\\fine\""]}
         ]

@@ -147,7 +147,7 @@ pub struct GuestSettings {
     /// The dm stack on the targets (`multipath`), null without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub stack_params: Vec<String>,
     #[serde(default)]
     pub sched: Option<String>,
