@@ -673,11 +673,7 @@ fn malformed_scenarios_fail_with_file_and_line() {
             2,
             "stack: unknown kind 'lvm' (want multipath or none)",
         ),
-        (
-            "bad-stack-none-params",
-            2,
-            "stack none takes no parameters",
-        ),
+        ("bad-stack-none-params", 2, "stack none takes no parameters"),
         (
             "bad-stack-param",
             2,

@@ -203,9 +203,10 @@ fn count_run(
     let _ = std::fs::remove_file(&out);
     let mut cmd = match subject {
         Subject::Qsd => {
-            let qsd = opts.qsd_bin.as_deref().ok_or_else(|| {
-                BenchError::Option("no qemu-storage-daemon to count".to_string())
-            })?;
+            let qsd = opts
+                .qsd_bin
+                .as_deref()
+                .ok_or_else(|| BenchError::Option("no qemu-storage-daemon to count".to_string()))?;
             let q = qsd_command(
                 qsd,
                 &format!(
@@ -247,7 +248,11 @@ fn count_run(
     l.bs = 4096;
     l.count = Some(requests);
     let rep = super::run(&l).map_err(|e| {
-        BenchError::Backend(format!("{} {} under callgrind: {e}", subject.label(), load.name()))
+        BenchError::Backend(format!(
+            "{} {} under callgrind: {e}",
+            subject.label(),
+            load.name()
+        ))
     })?;
     if rep.errors > 0 || rep.requests != requests {
         return Err(BenchError::Backend(format!(
@@ -329,7 +334,10 @@ fn verdicts(cells: &[Cell]) -> Vec<Verdict> {
         }
     }
     for l in &loads {
-        if let (Some(b), Some(q)) = (find(cells, Subject::Blklab, l), find(cells, Subject::Qsd, l)) {
+        if let (Some(b), Some(q)) = (
+            find(cells, Subject::Blklab, l),
+            find(cells, Subject::Qsd, l),
+        ) {
             let (num, den, what) = if l.rw == RwMode::Randwrite {
                 (b.instructions_per_request, q.instructions_per_request, "")
             } else {
@@ -446,7 +454,9 @@ impl InsnReport {
 /// A function name without its Rust hash suffix, cut to 110 characters.
 fn short_name(f: &str) -> String {
     let f = match f.rfind("::h") {
-        Some(i) if f[i + 3..].chars().all(|c| c.is_ascii_hexdigit()) && f.len() - i == 19 => &f[..i],
+        Some(i) if f[i + 3..].chars().all(|c| c.is_ascii_hexdigit()) && f.len() - i == 19 => {
+            &f[..i]
+        }
         _ => f,
     };
     if f.chars().count() > 110 {

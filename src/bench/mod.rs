@@ -285,7 +285,9 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
         )));
     }
     if load.count == Some(0) {
-        return Err(BenchError::Option("a counted load needs at least 1 request".into()));
+        return Err(BenchError::Option(
+            "a counted load needs at least 1 request".into(),
+        ));
     }
     let start = Instant::now() + Duration::from_millis(20);
     let phases = match load.count {
@@ -434,9 +436,9 @@ fn queue_loop(
         std::thread::sleep(start - now);
     }
     let now = Instant::now();
-    let first_batch = load
-        .count
-        .map_or(depth, |n| depth.min(usize::try_from(n).unwrap_or(usize::MAX)));
+    let first_batch = load.count.map_or(depth, |n| {
+        depth.min(usize::try_from(n).unwrap_or(usize::MAX))
+    });
     for (slot, t) in issued_at.iter_mut().enumerate().take(first_batch) {
         *t = now;
         submit(&mut queue, slot, &mut rng);

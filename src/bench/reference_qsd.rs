@@ -14,9 +14,8 @@ pub fn resolve(spec: &str) -> Result<PathBuf, BenchError> {
     if spec != "auto" {
         return Ok(PathBuf::from(spec));
     }
-    let lab = crate::lab::images::lab_dir(None).map_err(|e| {
-        BenchError::Backend(format!("--qsd auto needs images/fetch-qsd.sh: {e}"))
-    })?;
+    let lab = crate::lab::images::lab_dir(None)
+        .map_err(|e| BenchError::Backend(format!("--qsd auto needs images/fetch-qsd.sh: {e}")))?;
     let script = lab.join("images/fetch-qsd.sh");
     let out = Command::new("sh")
         .arg(&script)
