@@ -443,12 +443,13 @@ fn part2() -> Result<()> {
         let mut st = blklab::stats::queue::QueueStats::default();
         st.histograms = histograms;
         let t = Instant::now();
-        let mut prev = Instant::now();
+        let clock = blklab::util::clock::Clock::get();
+        let mut prev = clock.now();
         for i in 0..N {
-            let now = if histograms { Instant::now() } else { prev };
+            let now = if histograms { clock.now() } else { prev };
             st.completed(
                 blklab::virtio_blk::request::Op::Read,
-                now.saturating_duration_since(prev),
+                now.saturating_sub(prev),
             );
             st.popped(now, i % 64);
             st.counters.requests += 1;

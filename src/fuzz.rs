@@ -5,8 +5,9 @@
 //! stays fixed.
 //!
 //! - [`request`]: a split virtqueue laid out in guest memory built from
-//!   the input, its chains popped with virtio-queue and served by
-//!   [`serve_chain`] (parse, execute, answer) on a null or mem disk;
+//!   the input, its chains popped by our [`SplitRing`] (and, to check it
+//!   walks every chain as the reference does, by virtio-queue) and served
+//!   by [`serve_chain`] (parse, execute, answer) on a null or mem disk;
 //! - [`Daemon::vhost_user`]: raw vhost-user messages, with memfds and
 //!   eventfds attached, sent to a real [`Server`] over its socket;
 //! - [`Daemon::control`]: lines sent to the same server's control socket;
@@ -22,8 +23,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use virtio_queue::{Queue, QueueOwnedT, QueueT};
@@ -36,6 +36,8 @@ use crate::device::config::{DiskArgs, DiskConfig};
 use crate::device::execute::{serve_chain, Device, Outcome};
 use crate::device::faults::FaultState;
 use crate::device::storage;
+use crate::virtq::guest_map::GuestMap;
+use crate::virtq::split_ring::{RingLayout, Segment, SplitRing};
 
 /// An input read front to back; past its end every read gives zeros (and
 /// [`Input::bytes`] fewer bytes than asked for).
@@ -149,7 +151,7 @@ pub fn request(data: &[u8]) {
     if opts & 0x80 != 0 {
         ranges.push((GuestAddress(0x10_0000), 0x1000));
     }
-    let mem = GuestMemoryMmap::from_ranges(&ranges).expect("fixed, valid ranges");
+    let mem = Arc::new(GuestMemoryMmap::from_ranges(&ranges).expect("fixed, valid ranges"));
     let image = input.rest();
     let image = &image[..image.len().min(REQUEST_MEM_SIZE)];
     mem.write_slice(image, GuestAddress(0))
@@ -158,17 +160,27 @@ pub fn request(data: &[u8]) {
     let q16 = u64::from(qsize);
     let avail = 16 * q16;
     let used = (avail + 6 + 2 * q16 + 3) & !3;
+    // virtio-queue's Queue over the same ring: the reference walk.
     let mut q = Queue::new(qsize).expect("a power of two up to 256");
     q.set_size(qsize);
     q.try_set_desc_table_address(GuestAddress(0))
         .and_then(|()| q.try_set_avail_ring_address(GuestAddress(avail)))
         .and_then(|()| q.try_set_used_ring_address(GuestAddress(used)))
         .expect("aligned ring addresses");
-    q.set_event_idx(opts & 0x20 != 0);
+    let event_idx = opts & 0x20 != 0;
+    q.set_event_idx(event_idx);
     q.set_ready(true);
-    if !q.is_valid(&mem) {
+    if !q.is_valid(&*mem) {
         return;
     }
+    let layout = RingLayout {
+        desc: 0,
+        avail,
+        used,
+        size: qsize,
+    };
+    let mut ring = SplitRing::new(GuestMap::new(mem.clone()), layout, event_idx, 0, 0)
+        .expect("a ring virtio-queue accepts, inside one region");
 
     let faults = (!cfg.faults.is_empty()).then(|| RefCell::new(FaultState::new(&cfg.faults)));
     let dev = Device {
@@ -180,20 +192,50 @@ pub fn request(data: &[u8]) {
     };
     let mut segs = Vec::new();
     for _ in 0..4 * usize::from(qsize) {
-        match q.avail_idx(&mem, Ordering::Acquire) {
-            Ok(idx) if idx.0 == q.next_avail() => break,
-            Ok(_) => {}
-            Err(_) => break,
-        }
-        let chain = match q.iter(&mem) {
-            Ok(mut it) => it.next(),
-            Err(_) => break,
+        // The reference: virtio-queue's iterator and chain walk.
+        let reference = match q.iter(&*mem) {
+            Ok(mut it) => it.next().map(|chain| {
+                let head = chain.head_index();
+                let mut v = Vec::new();
+                let mut last_next = false;
+                for d in chain {
+                    v.push(Segment {
+                        addr: d.addr().0,
+                        len: d.len(),
+                        write: d.is_write_only(),
+                    });
+                    last_next = d.has_next();
+                }
+                (head, v, last_next)
+            }),
+            Err(_) => {
+                assert!(
+                    ring.pending().is_err(),
+                    "virtio-queue refused the avail index, we did not"
+                );
+                break;
+            }
         };
-        let Some(chain) = chain else {
+        let pending = ring
+            .pending()
+            .expect("virtio-queue accepted the avail index");
+        let Some((ref_head, ref_segs, ref_truncated)) = reference else {
+            assert_eq!(pending, 0, "virtio-queue found nothing to pop");
             break;
         };
-        let head = chain.head_index();
-        let used_len = match serve_chain(&dev, chain, &mut segs, &mem) {
+        assert!(pending > 0, "virtio-queue popped a chain, we saw none");
+        let popped = match ring.pop(&mut segs) {
+            Ok(p) => p,
+            Err(_) => {
+                // A head beyond the table: the worker marks the ring broken.
+                assert!(ref_head >= qsize && ref_segs.is_empty());
+                break;
+            }
+        };
+        assert_eq!(popped.head, ref_head);
+        assert_eq!(segs, ref_segs, "the chain at head {ref_head}");
+        assert_eq!(popped.truncated, ref_truncated && !ref_segs.is_empty());
+        let used_len = match serve_chain(&dev, &segs, popped.truncated, ring.map()) {
             Outcome::Completed { used_len, .. } => {
                 // The device never says it wrote more than the driver
                 // offered it (virtio 1.2, 2.7.8.2).
@@ -210,9 +252,8 @@ pub fn request(data: &[u8]) {
             }
             Outcome::Dropped(_) => 0,
         };
-        if q.add_used(&mem, head, used_len).is_err() {
-            break;
-        }
+        ring.add_used(popped.head, used_len);
+        let _ = ring.needs_notification();
     }
 }
 

@@ -5,7 +5,8 @@
 //! tests/architecture.rs):
 //!
 //! 1. [`util`]: sizes and durations, `/proc/PID/stat` and host CPU time;
-//! 2. [`virtio_blk`]: the virtio-blk wire format;
+//! 2. [`virtq`]: the split virtqueue over guest memory (device side);
+//!    [`virtio_blk`]: the virtio-blk wire format;
 //! 3. [`device`]: the device model (configuration, requests, storage,
 //!    faults, latency, tags);
 //! 4. [`stats`]: counters, histograms, Prometheus and its HTTP endpoint;
@@ -32,3 +33,4 @@ pub mod stats;
 pub mod stats_view;
 pub mod util;
 pub mod virtio_blk;
+pub mod virtq;

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 /// own layer only without a cycle).
 const LAYERS: &[&[&str]] = &[
     &["util"],
+    &["virtq"],
     &["virtio_blk"],
     &["device"],
     &["stats"],

@@ -281,6 +281,9 @@ struct Conn {
     queues: Vec<Vq>,
     epoll: Epoll,
     next_buf: u64,
+    /// Buffers are allocated below this (rings moved to the end of region
+    /// 0 lower it).
+    buf_end: u64,
     /// Seed for write+read-back checks, so successive checks differ.
     seq: u64,
 }
@@ -399,6 +402,7 @@ impl Conn {
             queues: Vec::new(),
             epoll,
             next_buf: BUF_BASE,
+            buf_end: MEM_SIZE,
             seq: 0,
         };
         for q in 0..NUM_QUEUES {
@@ -457,6 +461,85 @@ impl Conn {
         self.fe.set_vring_enable(q, true).expect("SET_VRING_ENABLE");
     }
 
+    /// Stop queue `q` (GET_VRING_BASE), lay its rings out afresh at the
+    /// guest addresses `desc`, `avail` and `used` (in any region), and
+    /// start it again from index 0, as a driver reset does.
+    fn relocate_ring(&mut self, q: usize, desc: u64, avail: u64, used: u64) {
+        self.fe.get_vring_base(q).expect("GET_VRING_BASE");
+        let n = u64::from(QSIZE);
+        for (at, len) in [(desc, 16 * n), (avail, 6 + 2 * n), (used, 6 + 8 * n)] {
+            // A part laid out past guest memory (to test that the backend
+            // refuses it) is zeroed as far as memory goes.
+            let _ = self.mem.write(&vec![0u8; len as usize], GuestAddress(at));
+        }
+        let hva = |at: u64| self.mem.get_host_address(GuestAddress(at)).unwrap() as u64;
+        let cfg = VringConfigData {
+            queue_max_size: QSIZE,
+            queue_size: QSIZE,
+            flags: 0,
+            desc_table_addr: hva(desc),
+            used_ring_addr: hva(used),
+            avail_ring_addr: hva(avail),
+            log_addr: None,
+        };
+        self.fe.set_vring_num(q, QSIZE).expect("SET_VRING_NUM");
+        self.fe.set_vring_base(q, 0).expect("SET_VRING_BASE");
+        self.fe.set_vring_addr(q, &cfg).expect("SET_VRING_ADDR");
+        let vq = &mut self.queues[q];
+        vq.desc = desc;
+        vq.avail = avail;
+        vq.used = used;
+        vq.avail_idx = 0;
+        vq.last_used = 0;
+        vq.next_desc = 0;
+        self.fe
+            .set_vring_kick(q, &self.queues[q].kick)
+            .expect("SET_VRING_KICK");
+        self.enable(q);
+        for at in [desc, avail, used] {
+            if (BUF_BASE..MEM_SIZE).contains(&at) {
+                self.buf_end = self.buf_end.min(at);
+            }
+        }
+    }
+
+    /// Give the backend a second memory region: a new memfd of `size`
+    /// bytes at guest address `at` (ADD_MEM_REG); the frontend's view of
+    /// guest memory includes it from now on.
+    fn add_region(&mut self, at: u64, size: u64) {
+        // SAFETY: memfd_create(2) with a valid NUL-terminated name.
+        let fd = unsafe {
+            libc::memfd_create(
+                c"raw-frontend-extra".as_ptr(),
+                libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+            )
+        };
+        assert!(fd >= 0);
+        // SAFETY: a fresh fd nobody else owns.
+        let file = unsafe { File::from_raw_fd(fd) };
+        file.set_len(size).unwrap();
+        let region: vm_memory::GuestRegionMmap = vm_memory::GuestRegionMmap::from_range(
+            GuestAddress(at),
+            size as usize,
+            Some(FileOffset::new(file, 0)),
+        )
+        .unwrap();
+        let info = VhostUserMemoryRegionInfo::from_guest_region(&region).expect("region info");
+        self.fe.add_mem_region(&info).expect("ADD_MEM_REG");
+        self.mem = self.mem.insert_region(std::sync::Arc::new(region)).unwrap();
+    }
+
+    /// Take the region at guest address `at` away from the backend
+    /// (REM_MEM_REG); the frontend keeps its mapping.
+    fn remove_region(&mut self, at: u64) {
+        let region = self
+            .mem
+            .find_region(GuestAddress(at))
+            .expect("a region there");
+        let info = VhostUserMemoryRegionInfo::from_guest_region(region).expect("region info");
+        self.fe.remove_mem_region(&info).expect("REM_MEM_REG");
+    }
+
     fn has(&self, feature: u64) -> bool {
         self.features & feature != 0
     }
@@ -487,7 +570,7 @@ impl Conn {
     /// `fill`.
     fn alloc(&mut self, len: usize, fill: u8) -> u64 {
         let len = (len as u64).max(1).next_multiple_of(16);
-        if self.next_buf + len > MEM_SIZE {
+        if self.next_buf + len > self.buf_end {
             self.next_buf = BUF_BASE;
         }
         let addr = self.next_buf;
@@ -2048,4 +2131,143 @@ fn direct_hostile_requests_bounded() {
     assert!(d.alive(), "daemon died");
     drop(c);
     d.terminate();
+}
+
+/// The backend reads and writes the rings through host pointers checked
+/// once per memory table and ring address change. Rings that end exactly
+/// at a region's end are served (every part's last bytes: used_event,
+/// avail_event); one byte further is a broken ring, counted, the other
+/// queue unaffected, and a reset with good addresses serves again.
+#[test]
+fn rings_ending_at_a_regions_end() {
+    if qsd() {
+        return;
+    }
+    let (server, mut c) = start();
+    let n = u64::from(QSIZE);
+    // Queue 0: the used ring (4-byte aligned) as close to the end as it
+    // can be, the avail ring just below it, the table below that.
+    let used = (MEM_SIZE - (6 + 8 * n)) & !3;
+    let avail = (used - (6 + 2 * n)) & !1;
+    let desc = (avail - 16 * n) & !15;
+    c.relocate_ring(0, desc, avail, used);
+    // Wrap the ring a few times: every slot, and both event fields.
+    for _ in 0..3 * QSIZE / 2 {
+        c.check_serving(0);
+    }
+    c.check_serving(1);
+    // Queue 1: the avail ring's used_event in the region's last 2 bytes.
+    let avail1 = MEM_SIZE - (6 + 2 * n);
+    c.relocate_ring(1, desc - 0x2000, avail1 & !1, used - 0x1000);
+    for _ in 0..QSIZE {
+        c.check_serving(1);
+    }
+    // One aligned step further: the used ring ends past memory.
+    c.relocate_ring(0, desc, avail, used + 4);
+    let _ = c.submit(0, &[r(BUF_BASE, 16), w(BUF_BASE + 16, 1)]);
+    assert!(
+        c.wait_used(0, MAYBE_WAIT).is_none(),
+        "a ring past guest memory was used"
+    );
+    c.check_serving(1);
+    // A reset with good addresses serves again.
+    c.relocate_ring(0, desc, avail, used);
+    c.check_serving(0);
+    end(server, c);
+}
+
+/// The memory table changes under rings the backend has cached: a new
+/// region's buffers are served at once (the worker does not keep using a
+/// stale table), and after the region is removed its buffers are IOERR
+/// while the rings in region 0 keep working.
+#[test]
+fn memory_table_replaced_under_cached_rings() {
+    if qsd() {
+        return;
+    }
+    let (server, mut c) = start();
+    c.check_serving(0);
+    c.check_serving(1);
+    const EXTRA: u64 = 0x2_0000_0000;
+    c.add_region(EXTRA, 1 << 20);
+    // A write from the new region and a read into it.
+    let data = pattern(4096, 99);
+    c.mem
+        .write_slice(&data, GuestAddress(EXTRA + 0x1000))
+        .unwrap();
+    for q in 0..NUM_QUEUES {
+        let hdr = c.header(VIRTIO_BLK_T_OUT, 2048);
+        let st = c.status_byte();
+        let head = c.submit(q, &[r(hdr, 16), r(EXTRA + 0x1000, 4096), w(st, 1)]);
+        c.expect_used(q, head);
+        assert_eq!(
+            c.byte(st),
+            VIRTIO_BLK_S_OK,
+            "queue {q}: write from the new region"
+        );
+        c.mem
+            .write_slice(&[0u8; 4096], GuestAddress(EXTRA + 0x3000))
+            .unwrap();
+        let hdr = c.header(VIRTIO_BLK_T_IN, 2048);
+        let st = c.status_byte();
+        let head = c.submit(q, &[r(hdr, 16), w(EXTRA + 0x3000, 4096), w(st, 1)]);
+        assert_eq!(c.expect_used(q, head), 4097);
+        assert_eq!(
+            c.byte(st),
+            VIRTIO_BLK_S_OK,
+            "queue {q}: read into the new region"
+        );
+        assert!(c.read(EXTRA + 0x3000, 4096) == data, "queue {q}: read-back");
+    }
+    c.remove_region(EXTRA);
+    for q in 0..NUM_QUEUES {
+        let hdr = c.header(VIRTIO_BLK_T_OUT, 2048);
+        let st = c.status_byte();
+        let head = c.submit(q, &[r(hdr, 16), r(EXTRA + 0x1000, 4096), w(st, 1)]);
+        c.expect_used(q, head);
+        assert_eq!(
+            c.byte(st),
+            VIRTIO_BLK_S_IOERR,
+            "queue {q}: a removed region's buffer"
+        );
+        c.check_serving(q);
+    }
+    end(server, c);
+}
+
+/// The region holding a queue's rings is removed while the backend has
+/// them cached: the queue is broken (never served from the old mapping),
+/// the other queue serves on, and once the driver gives the queue rings in
+/// guest memory again it is served again.
+#[test]
+fn region_with_cached_rings_removed() {
+    if qsd() {
+        return;
+    }
+    let (server, mut c) = start();
+    const EXTRA: u64 = 0x2_0000_0000;
+    c.add_region(EXTRA, 1 << 20);
+    c.relocate_ring(1, EXTRA, EXTRA + 0x1000, EXTRA + 0x2000);
+    for _ in 0..4 {
+        c.check_serving(1);
+    }
+    c.remove_region(EXTRA);
+    // The frontend still sees the old rings: offer a request there.
+    let hdr = c.header(VIRTIO_BLK_T_FLUSH, 0);
+    let st = c.status_byte();
+    let _ = c.submit(1, &[r(hdr, 16), w(st, 1)]);
+    assert!(
+        c.wait_used(1, MAYBE_WAIT).is_none(),
+        "a ring outside guest memory was used"
+    );
+    assert_eq!(c.byte(st), STATUS_UNTOUCHED);
+    c.check_serving(0);
+    c.relocate_ring(
+        1,
+        RING_BASE + RING_STRIDE,
+        RING_BASE + RING_STRIDE + 0x1000,
+        RING_BASE + RING_STRIDE + 0x2000,
+    );
+    c.check_serving(1);
+    end(server, c);
 }

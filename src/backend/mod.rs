@@ -295,6 +295,7 @@ mod tests {
         let mut h = [0u8; 16];
         h[0..4].copy_from_slice(&VIRTIO_BLK_T_OUT.to_le_bytes());
         mem.write_slice(&h, GuestAddress(0x1000)).unwrap();
+        let map = crate::virtq::guest_map::GuestMap::new(Arc::new(mem));
         let segs = [
             Segment {
                 addr: 0x1000,
@@ -323,7 +324,7 @@ mod tests {
                 writeback: b.writeback(),
                 faults: None,
             };
-            let o = answer(&dev, Request::from_segments(&segs, &mem));
+            let o = answer(&dev, Request::from_segments(&segs, &map));
             assert!(matches!(
                 o,
                 Outcome::Completed {

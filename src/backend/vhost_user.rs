@@ -187,7 +187,7 @@ impl VhostUserBackend for BlkBackend {
             let mut q = self.lock_queue(q);
             q.mem = Some(ours.clone());
             // Check the rings against the new memory at the next pass.
-            q.ring_checked = None;
+            q.ring = None;
         }
         match refused {
             None => Ok(()),
@@ -238,7 +238,7 @@ impl VhostUserBackend for BlkBackend {
             // The driver restarts the ring from here: check it again, and
             // serve it again if it was broken.
             q.broken = false;
-            q.ring_checked = None;
+            q.ring = None;
             let Some(next) = next else {
                 let _ = q.timer.set(None);
                 return Ok(());

@@ -11,12 +11,13 @@ use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
+use std::sync::Arc;
 use std::time::Instant;
 
 use log::warn;
 use vhost_user_backend::{VringState, VringT};
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
-use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryBackend, GuestMemoryMmap};
+use virtio_queue::{Queue, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
 use crate::backend::deadline::DeadlineTimer;
 use crate::backend::kick_vring::KickCountingVring;
@@ -26,7 +27,10 @@ use crate::device::faults::{FaultDecision, FaultState};
 use crate::device::latency::{LatOp, LatencySampler};
 use crate::device::tags::Tag;
 use crate::stats::queue::{current_tid, QueueStats};
+use crate::util::clock::Clock;
 use crate::virtio_blk::request::{Op, Segment, STATUS_IOERR, STATUS_OK, STATUS_UNSUPP};
+use crate::virtq::guest_map::GuestMap;
+use crate::virtq::split_ring::{RingError, RingLayout, SplitRing};
 
 /// A request in service: executed, waiting for its emulated completion time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +41,8 @@ pub(super) struct Pending {
     head: u16,
     used_len: u32,
     op: Op,
-    popped_at: Instant,
+    /// Pop time on the queue's [`Clock`], ns (0 without statistics).
+    popped_at: u64,
     pub(super) tag: Option<Tag>,
 }
 
@@ -68,10 +73,11 @@ pub(super) struct QueueState {
     /// stops and restarts it (GET_VRING_BASE) or reconnects, as
     /// libvhost-user's `vu_panic` and QEMU's `virtio_error` do.
     pub(super) broken: bool,
-    /// The ring layout (descriptor table, avail ring, used ring, size)
-    /// last found to lie in guest memory; `None` after a memory change or
-    /// a stop, so the next pass checks it again.
-    pub(super) ring_checked: Option<RingLayout>,
+    /// The ring, checked against the memory table and translated to host
+    /// pointers once; `None` after a memory change or a stop, so the next
+    /// pass checks it again (a pass also checks it again when the ring's
+    /// addresses or the memory table changed under it).
+    pub(super) ring: Option<SplitRing>,
     /// Kernel thread id of the worker serving this queue.
     worker_tid: Option<i32>,
     /// Requests in service, earliest deadline first.
@@ -93,6 +99,11 @@ pub(super) struct QueueState {
     pub(super) polling: bool,
     /// Poll mode: since when the ring has been found empty (the spin).
     pub(super) idle_since: Option<Instant>,
+    /// The clock of per-request timestamps (statistics).
+    clock: &'static Clock,
+    /// When the queue state was made: the deadline of requests served at
+    /// once, which never wait for one (no clock read for them).
+    epoch: Instant,
 }
 
 impl QueueState {
@@ -113,7 +124,7 @@ impl QueueState {
             warned_drop: false,
             warned_signal: false,
             broken: false,
-            ring_checked: None,
+            ring: None,
             worker_tid: None,
             pending: BinaryHeap::new(),
             seq: 0,
@@ -126,47 +137,49 @@ impl QueueState {
                 .then(|| RefCell::new(FaultState::new(&disk.cfg.faults))),
             polling: false,
             idle_since: None,
+            clock: Clock::get(),
+            epoch: Instant::now(),
         })
     }
 }
 
-/// A split ring's place in guest memory: descriptor table, avail ring and
-/// used ring addresses, and the queue size.
-pub(super) type RingLayout = (u64, u64, u64, u16);
-
 /// The layout of `queue`'s ring.
 pub(super) fn ring_layout(queue: &Queue) -> RingLayout {
-    (
-        queue.desc_table(),
-        queue.avail_ring(),
-        queue.used_ring(),
-        queue.size(),
-    )
+    RingLayout {
+        desc: queue.desc_table(),
+        avail: queue.avail_ring(),
+        used: queue.used_ring(),
+        size: queue.size(),
+    }
 }
 
-/// Check that the whole of a split ring lies in guest memory (virtio 1.2
-/// §2.7: a descriptor table of 16 * size bytes, an avail ring of
-/// 6 + 2 * size bytes including used_event, a used ring of 6 + 8 * size
-/// bytes including avail_event), like virtio-queue's `Queue::is_valid`
-/// (which logs an error per call) and libvhost-user's `vu_check_queue_inflights`
-/// / `map_ring` do. Only the start addresses are checked when the frontend
-/// sets them; a ring that ends past guest memory would make every pass
-/// fail half-way.
-pub(super) fn check_ring(layout: RingLayout, mem: &GuestMemoryMmap) -> Result<(), String> {
-    let (desc, avail, used, size) = layout;
-    let n = usize::from(size);
-    for (what, at, len) in [
-        ("descriptor table", desc, 16 * n),
-        ("avail ring", avail, 6 + 2 * n),
-        ("used ring", used, 6 + 8 * n),
-    ] {
-        if size == 0 || !GuestMemoryBackend::check_range(mem, GuestAddress(at), len) {
-            return Err(format!(
-                "the {what} ({len} bytes at guest address {at:#x}, queue size {size}) is not inside guest memory"
-            ));
+/// The ring of `queue` over `mem`, ready for a pass: `cached` when it was
+/// checked against this memory table and these addresses, otherwise
+/// checked again (every part inside one region and aligned, see
+/// [`SplitRing::new`]). Indices come from the queue (the frontend may have
+/// set them since the last pass).
+pub(super) fn prepare_ring(
+    cached: Option<SplitRing>,
+    queue: &Queue,
+    mem: &Arc<GuestMemoryMmap>,
+) -> Result<SplitRing, RingError> {
+    let layout = ring_layout(queue);
+    let event_idx = queue.event_idx_enabled();
+    let map = match cached {
+        Some(mut r) if r.map().is_of(mem) && r.layout() == layout && r.event_idx() == event_idx => {
+            r.set_indices(queue.next_avail(), queue.next_used());
+            return Ok(r);
         }
-    }
-    Ok(())
+        Some(r) if r.map().is_of(mem) => r.into_map(),
+        _ => GuestMap::new(mem.clone()),
+    };
+    SplitRing::new(
+        map,
+        layout,
+        event_idx,
+        queue.next_avail(),
+        queue.next_used(),
+    )
 }
 
 /// What one pass over the avail ring did.
@@ -222,8 +235,59 @@ pub(super) struct Pass<'a, R: UsedRing> {
     pub(super) be: &'a BlkBackend,
     pub(super) q: &'a mut QueueState,
     pub(super) st: &'a mut QueueStats,
+    /// The vring (its call fd; the queue's indices are written back to it
+    /// when the pass ends).
     pub(super) ring: &'a mut R,
-    pub(super) mem: &'a GuestMemoryMmap,
+    /// The split ring, read and written through its host pointers.
+    pub(super) vq: &'a mut SplitRing,
+}
+
+/// Run `f` over a pass on queue `q`'s ring in `mem`: the ring is checked
+/// (or taken from the queue's cache), its indices taken from the vring's
+/// queue, and written back when `f` returns. `Err`: the ring cannot be
+/// served (the queue is then marked broken and the error counted).
+pub(super) fn with_pass<R: UsedRing, T>(
+    be: &BlkBackend,
+    q: &mut QueueState,
+    st: &mut QueueStats,
+    ring: &mut R,
+    mem: &Arc<GuestMemoryMmap>,
+    f: impl FnOnce(&mut Pass<'_, R>) -> T,
+) -> Result<T, ()> {
+    let mut vq = match prepare_ring(q.ring.take(), ring.queue(), mem) {
+        Ok(vq) => vq,
+        Err(e) => {
+            ring_error(be, q, st, &e.to_string());
+            return Err(());
+        }
+    };
+    let out = f(&mut Pass {
+        be,
+        q: &mut *q,
+        st: &mut *st,
+        ring: &mut *ring,
+        vq: &mut vq,
+    });
+    let queue = ring.queue_mut();
+    queue.set_next_avail(vq.next_avail.0);
+    queue.set_next_used(vq.next_used.0);
+    q.ring = Some(vq);
+    Ok(out)
+}
+
+/// Count an unusable ring, mark it broken (not served until the driver
+/// resets it) and say so once per queue.
+pub(super) fn ring_error(be: &BlkBackend, q: &mut QueueState, st: &mut QueueStats, what: &str) {
+    st.counters.ring_errors += 1;
+    q.broken = true;
+    if !q.warned_ring {
+        q.warned_ring = true;
+        warn!(
+            "{} queue {}: {what}; the queue is unusable until the driver resets it (further errors only counted)",
+            be.disk.cfg.socket.display(),
+            q.index
+        );
+    }
 }
 
 impl<R: UsedRing> Pass<'_, R> {
@@ -238,15 +302,8 @@ impl<R: UsedRing> Pass<'_, R> {
             drained: None,
             again: false,
         };
-        if event_idx
-            && self
-                .ring
-                .queue_mut()
-                .disable_notification(self.mem)
-                .is_err()
-        {
-            self.ring_error("cannot write the used ring's avail_event");
-            return t;
+        if event_idx {
+            self.vq.disable_notification();
         }
         t.completed = self.complete_due(Instant::now());
         let d = self.drain();
@@ -263,22 +320,22 @@ impl<R: UsedRing> Pass<'_, R> {
         }
         // Re-enable notifications, then look again: the guest may have
         // added buffers after our last look and before it saw the flag.
-        match self.ring.queue_mut().enable_notification(self.mem) {
-            Ok(again) => t.again = again,
-            Err(_) => self.ring_error("cannot update notification state"),
-        }
+        t.again = self.vq.enable_notification();
         t
     }
 
-    /// Complete every pending request whose deadline is at or before `now`.
+    /// Complete every pending request whose deadline is at or before `now`
+    /// (one clock read for their service times, when any is due).
     pub(super) fn complete_due(&mut self, now: Instant) -> usize {
         let mut n = 0;
+        let mut done = None;
         while let Some(Reverse(p)) = self.q.pending.peek().copied() {
             if p.deadline > now {
                 break;
             }
             self.q.pending.pop();
-            self.finish(p, Some(now));
+            let at = *done.get_or_insert_with(|| self.q.clock.now());
+            self.finish(p, Some(at));
             n += 1;
         }
         n
@@ -293,8 +350,9 @@ impl<R: UsedRing> Pass<'_, R> {
     /// used_event and signals at most once per driver update of it. Without
     /// EVENT_IDX every check would signal, so the pass signals once at its
     /// end instead.
+    #[inline]
     fn used_added(&mut self) {
-        if self.ring.queue().event_idx_enabled() {
+        if self.vq.event_idx() {
             self.notify_if_needed();
         }
     }
@@ -302,47 +360,38 @@ impl<R: UsedRing> Pass<'_, R> {
     /// Signal the guest if the used entries added since the last check
     /// cross its `used_event` (always without EVENT_IDX).
     fn notify_if_needed(&mut self) {
-        match self.ring.queue_mut().needs_notification(self.mem) {
-            Ok(true) => {
-                if let Err(e) = self.ring.signal_used_queue() {
-                    // The call fd is the frontend's: say so once per queue,
-                    // never per request.
-                    if !self.q.warned_signal {
-                        self.q.warned_signal = true;
-                        warn!(
-                            "{} queue {}: cannot signal the guest: {e} (further failures not logged)",
-                            self.be.disk.cfg.socket.display(),
-                            self.q.index
-                        );
-                    }
+        if self.vq.needs_notification() {
+            if let Err(e) = self.ring.signal_used_queue() {
+                // The call fd is the frontend's: say so once per queue,
+                // never per request.
+                if !self.q.warned_signal {
+                    self.q.warned_signal = true;
+                    warn!(
+                        "{} queue {}: cannot signal the guest: {e} (further failures not logged)",
+                        self.be.disk.cfg.socket.display(),
+                        self.q.index
+                    );
                 }
-                self.st.counters.notifications += 1;
             }
-            Ok(false) => self.st.counters.notifications_suppressed += 1,
-            Err(_) => self.ring_error("cannot read the avail ring's used_event"),
+            self.st.counters.notifications += 1;
+        } else {
+            self.st.counters.notifications_suppressed += 1;
         }
     }
 
     /// Put a request on the used ring and give its slot back; its service
-    /// time is recorded as ending at `done` (None: the caller records it).
-    pub(super) fn finish(&mut self, p: Pending, done: Option<Instant>) {
+    /// time is recorded as ending at `done` (the queue's clock, ns; None:
+    /// the caller records it).
+    pub(super) fn finish(&mut self, p: Pending, done: Option<u64>) {
         self.be.disk.put_tag(self.q.index, p.tag);
         if self.q.broken {
             // The ring is not touched again until the driver resets it.
             return;
         }
-        if self
-            .ring
-            .queue_mut()
-            .add_used(self.mem, p.head, p.used_len)
-            .is_err()
-        {
-            self.ring_error(&format!("cannot put head {} on the used ring", p.head));
-        }
+        self.vq.add_used(p.head, p.used_len);
         self.used_added();
         if let Some(done) = done {
-            self.st
-                .completed(p.op, done.saturating_duration_since(p.popped_at));
+            self.st.completed(p.op, done.saturating_sub(p.popped_at));
         }
     }
 
@@ -350,26 +399,19 @@ impl<R: UsedRing> Pass<'_, R> {
     /// allow. Requests without emulated latency complete at once; the
     /// others wait in the queue's deadline heap.
     pub(super) fn drain(&mut self) -> DrainResult {
-        let cfg = &self.be.disk.cfg;
-        let timed =
-            self.st.histograms || !cfg.latency.is_zero() || cfg.faults.stall_every.is_some();
-        let pass_start = Instant::now();
+        let timed = self.st.histograms;
         // The last request served at once: its service time ends at the
         // next pop (or at the end of the pass).
-        let mut served_at_once: Option<(Op, Instant)> = None;
-        let r = self.drain_timed(timed, pass_start, &mut served_at_once);
+        let mut served_at_once: Option<(Op, u64)> = None;
+        let r = self.drain_timed(timed, &mut served_at_once);
         if let Some((op, at)) = served_at_once {
-            self.st.completed(op, at.elapsed());
+            let now = self.q.clock.now();
+            self.st.completed(op, now.saturating_sub(at));
         }
         r
     }
 
-    fn drain_timed(
-        &mut self,
-        timed: bool,
-        pass_start: Instant,
-        served_at_once: &mut Option<(Op, Instant)>,
-    ) -> DrainResult {
+    fn drain_timed(&mut self, timed: bool, served_at_once: &mut Option<(Op, u64)>) -> DrainResult {
         let mut r = DrainResult {
             used: 0,
             popped: 0,
@@ -377,24 +419,24 @@ impl<R: UsedRing> Pass<'_, R> {
             tag_blocked: false,
         };
         let disk = &*self.be.disk;
-        let slots = disk.tag_slots[self.q.index].clone();
+        let slots = disk.tag_slots[self.q.index].as_ref();
+        let no_latency = disk.cfg.latency.is_zero();
         loop {
             if self.q.broken {
                 r.ring_ok = false;
                 return r;
             }
             // Anything to pop? (Read the index only: the slot comes first.)
-            let queue = self.ring.queue_mut();
-            match queue.avail_idx(self.mem, std::sync::atomic::Ordering::Acquire) {
-                Ok(idx) if idx.0 == queue.next_avail() => return r,
+            match self.vq.pending() {
+                Ok(0) => return r,
                 Ok(_) => {}
                 Err(e) => {
-                    self.ring_error(&format!("avail ring unreadable: {e}"));
+                    self.ring_error(&e.to_string());
                     r.ring_ok = false;
                     return r;
                 }
             }
-            let tag = match &slots {
+            let tag = match slots {
                 None => None,
                 Some((pool, id)) => match pool.try_get(*id, &mut self.q.tag_hint) {
                     Some(t) => {
@@ -413,46 +455,27 @@ impl<R: UsedRing> Pass<'_, R> {
                     }
                 },
             };
-            let chain = match self.ring.queue_mut().iter(self.mem) {
-                Ok(mut it) => it.next(),
+            let popped = match self.vq.pop(&mut self.q.segs) {
+                Ok(p) => p,
                 Err(e) => {
+                    // virtio 1.2 §2.7.13.1: a head is a descriptor index.
+                    // One beyond the table cannot be put on the used ring:
+                    // the driver broke the ring, as libvhost-user and QEMU
+                    // judge it.
                     disk.put_tag(self.q.index, tag);
-                    self.ring_error(&format!("avail ring unusable: {e}"));
+                    self.ring_error(&e.to_string());
                     r.ring_ok = false;
                     return r;
                 }
             };
-            let Some(chain) = chain else {
-                // The avail index says there is an entry, but the library
-                // cannot read it (the ring's end is outside guest memory):
-                // a broken ring, not an empty one. Treating it as empty
-                // would look again for ever.
-                disk.put_tag(self.q.index, tag);
-                self.ring_error("an avail ring entry cannot be read");
-                r.ring_ok = false;
-                return r;
-            };
-            let head = chain.head_index();
-            let size = self.ring.queue().size();
-            if head >= size {
-                // virtio 1.2 §2.7.13.1: a head is a descriptor index. One
-                // beyond the table cannot be put on the used ring (the
-                // library would log an error per request): the driver
-                // broke the ring, as libvhost-user and QEMU judge it.
-                disk.put_tag(self.q.index, tag);
-                self.ring_error(&format!(
-                    "the driver made descriptor {head} available, beyond the queue size {size}"
-                ));
-                r.ring_ok = false;
-                return r;
-            }
+            let head = popped.head;
             // One clock read per request: it is this request's pop time and
             // the completion time of the previous one served at once. With
-            // --no-stats and no emulated latency nothing needs the clock.
-            let popped_at = if timed { Instant::now() } else { pass_start };
+            // --no-stats nothing needs it (emulated latency reads the
+            // system clock for its deadline below).
+            let popped_at = if timed { self.q.clock.now() } else { 0 };
             if let Some((op, at)) = served_at_once.take() {
-                self.st
-                    .completed(op, popped_at.saturating_duration_since(at));
+                self.st.completed(op, popped_at.saturating_sub(at));
             }
             self.st.popped(popped_at, self.q.pending.len() as u64);
             r.popped += 1;
@@ -463,25 +486,31 @@ impl<R: UsedRing> Pass<'_, R> {
                 writeback: self.be.writeback(),
                 faults: self.q.faults.as_ref(),
             };
-            let outcome = serve_chain(&dev, chain, &mut self.q.segs, self.mem);
+            let outcome = serve_chain(&dev, &self.q.segs, popped.truncated, self.vq.map());
             let used_len = self.account(outcome);
             let Outcome::Completed { op, fault, .. } = outcome else {
                 // Malformed: returned at once, no emulated service time.
                 disk.put_tag(self.q.index, tag);
-                if self.ring.queue_mut().add_used(self.mem, head, 0).is_err() {
-                    self.ring_error(&format!("cannot put head {head} on the used ring"));
-                } else {
-                    r.used += 1;
-                    self.used_added();
-                }
+                self.vq.add_used(head, 0);
+                r.used += 1;
+                self.used_added();
                 continue;
             };
-            let mut delay = self.q.samplers[LatOp::of(op).index()].sample();
+            let mut delay = if no_latency {
+                std::time::Duration::ZERO
+            } else {
+                self.q.samplers[LatOp::of(op).index()].sample()
+            };
             if let FaultDecision::Stall(d) = fault {
                 delay += d;
             }
             let p = Pending {
-                deadline: popped_at + delay,
+                // Only requests with a delay wait for their deadline.
+                deadline: if delay.is_zero() {
+                    self.q.epoch
+                } else {
+                    Instant::now() + delay
+                },
                 seq: self.q.seq,
                 head,
                 used_len,
@@ -501,7 +530,6 @@ impl<R: UsedRing> Pass<'_, R> {
             }
         }
     }
-
     /// Count a chain's outcome; returns its used length.
     fn account(&mut self, outcome: Outcome) -> u32 {
         let c = &mut self.st.counters;
@@ -560,16 +588,7 @@ impl<R: UsedRing> Pass<'_, R> {
     /// Count an unusable ring, mark it broken (not served until the driver
     /// resets it) and say so once per queue.
     pub(super) fn ring_error(&mut self, what: &str) {
-        self.st.counters.ring_errors += 1;
-        self.q.broken = true;
-        if !self.q.warned_ring {
-            self.q.warned_ring = true;
-            warn!(
-                "{} queue {}: {what}; the queue is unusable until the driver resets it (further errors only counted)",
-                self.be.disk.cfg.socket.display(),
-                self.q.index
-            );
-        }
+        ring_error(self.be, self.q, self.st, what);
     }
 }
 
@@ -590,13 +609,12 @@ impl BlkBackend {
         woken_by_kick: bool,
         poll: bool,
     ) -> (bool, bool) {
-        let Some(atomic) = q.mem.clone() else {
+        let Some(mem) = q.mem.as_ref().map(|m| m.memory().into_inner()) else {
             return (false, false);
         };
         if q.vring.is_none() {
             q.vring = Some(vring.clone());
         }
-        let mem = atomic.memory();
         if q.broken {
             // Not served until the driver resets it; a kick must not even
             // look at the ring.
@@ -605,24 +623,6 @@ impl BlkBackend {
         let mut st = self.disk.queue_stats(q.index);
         let tid = *q.worker_tid.get_or_insert_with(current_tid);
         st.set_worker(tid);
-        let layout = ring_layout(vring.get_ref().get_queue());
-        if q.ring_checked != Some(layout) {
-            if let Err(why) = check_ring(layout, &mem) {
-                let mut vs = vring.get_mut();
-                Pass {
-                    be: self,
-                    q: &mut *q,
-                    st: &mut st,
-                    ring: &mut *vs,
-                    mem: &mem,
-                }
-                .ring_error(&why);
-                drop(vs);
-                self.release_broken(q);
-                return (false, false);
-            }
-            q.ring_checked = Some(layout);
-        }
         if !woken_by_kick {
             // A timer wake-up comes up to --latency-spin early: spin until
             // the earliest completion is due, so completions follow their
@@ -655,14 +655,14 @@ impl BlkBackend {
             }
             first = false;
             let mut vs = vring.get_mut();
-            let t = Pass {
-                be: self,
-                q: &mut *q,
-                st: &mut st,
-                ring: &mut *vs,
-                mem: &mem,
-            }
-            .turn(event_idx, poll);
+            let Ok(t) = with_pass(self, q, &mut st, &mut *vs, &mem, |p| {
+                p.turn(event_idx, poll)
+            }) else {
+                // The ring is not inside guest memory (checked once per
+                // memory table or ring address change).
+                pollable = false;
+                break;
+            };
             if let Some(d) = t.drained {
                 popped += d.popped;
                 worked |= t.completed + d.used > 0 || d.popped > 0;
@@ -677,15 +677,12 @@ impl BlkBackend {
             let progress = t.completed > 0 || t.drained.is_some_and(|d| d.popped > 0);
             idle_agains = if progress { 0 } else { idle_agains + 1 };
             if idle_agains >= 2 {
-                let mut vs = vring.get_mut();
-                Pass {
-                    be: self,
-                    q: &mut *q,
-                    st: &mut st,
-                    ring: &mut *vs,
-                    mem: &mem,
-                }
-                .ring_error("the avail index moves but nothing can be popped");
+                ring_error(
+                    self,
+                    q,
+                    &mut st,
+                    "the avail index moves but nothing can be popped",
+                );
                 pollable = false;
                 break;
             }
@@ -713,32 +710,40 @@ impl BlkBackend {
         if q.pending.is_empty() {
             return None;
         }
-        let (Some(vring), Some(atomic)) = (q.vring.clone(), q.mem.clone()) else {
+        let (Some(vring), Some(mem)) = (
+            q.vring.clone(),
+            q.mem.as_ref().map(|m| m.memory().into_inner()),
+        ) else {
             self.release_broken(q);
             return None;
         };
-        let mem = atomic.memory();
         let mut st = self.disk.queue_stats(q.index);
         let mut vs = vring.get_mut();
-        let mut pass = Pass {
-            be: self,
-            q: &mut *q,
-            st: &mut st,
-            ring: &mut *vs,
-            mem: &mem,
-        };
         let now = Instant::now();
-        let mut n = 0;
-        while let Some(Reverse(p)) = pass.q.pending.peek().copied() {
-            if !all && p.deadline > now {
-                break;
+        let now_ns = q.clock.now();
+        let done = with_pass(self, q, &mut st, &mut *vs, &mem, |pass| {
+            let mut n = 0;
+            while let Some(Reverse(p)) = pass.q.pending.peek().copied() {
+                if !all && p.deadline > now {
+                    break;
+                }
+                pass.q.pending.pop();
+                pass.finish(p, Some(now_ns));
+                n += 1;
             }
-            pass.q.pending.pop();
-            pass.finish(p, Some(now));
-            n += 1;
-        }
-        if n > 0 && !q.broken {
-            let _ = vs.signal_used_queue();
+            n
+        });
+        match done {
+            Ok(n) if n > 0 && !q.broken => {
+                let _ = vs.signal_used_queue();
+            }
+            Ok(_) => {}
+            Err(()) => {
+                drop(vs);
+                drop(st);
+                self.release_broken(q);
+                return None;
+            }
         }
         q.pending.peek().map(|Reverse(p)| p.deadline)
     }
@@ -823,7 +828,7 @@ mod tests {
     /// A one-queue backend on a 1 MiB mem disk, and 1 MiB of guest memory.
     struct Rig {
         be: BlkBackend,
-        mem: GuestMemoryMmap,
+        mem: Arc<GuestMemoryMmap>,
     }
 
     fn rig(extra: &[&str]) -> Rig {
@@ -841,7 +846,7 @@ mod tests {
         let cfg = DiskArgs::parse_for_test(&a).to_configs().unwrap().remove(0);
         Rig {
             be: BlkBackend::new(Arc::new(Disk::open(cfg).unwrap())).unwrap(),
-            mem: GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap(),
+            mem: Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10_0000)]).unwrap()),
         }
     }
 
@@ -854,14 +859,12 @@ mod tests {
             let mut st = self.be.disk.queue_stats(0);
             let mut turns = Vec::new();
             loop {
-                let t = Pass {
-                    be: &self.be,
-                    q: &mut q,
-                    st: &mut st,
-                    ring: &mut *ring,
-                    mem: &self.mem,
-                }
-                .turn(event_idx, false);
+                let Ok(t) = with_pass(&self.be, &mut q, &mut st, &mut *ring, &self.mem, |p| {
+                    p.turn(event_idx, false)
+                }) else {
+                    // The ring is not inside guest memory.
+                    return turns;
+                };
                 turns.push(t);
                 if !t.again {
                     return turns;
@@ -1328,21 +1331,5 @@ mod tests {
         assert!(d.used().is_empty());
         let c = r.counters();
         assert_eq!((c.ring_errors, c.requests, c.dropped), (1, 0, 0));
-    }
-
-    #[test]
-    fn rings_must_lie_wholly_in_guest_memory() {
-        let mem = GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap();
-        assert!(check_ring((0, 0x1000, 0x2000, 256), &mem).is_ok());
-        // The avail ring's used_event is the last two bytes of memory + 2.
-        let avail_end = 0x10000 - (6 + 2 * 256) + 2;
-        let e = check_ring((0, avail_end, 0x2000, 256), &mem).unwrap_err();
-        assert!(e.contains("avail ring"), "{e}");
-        // The used ring's avail_event, likewise.
-        let used_end = 0x10000 - (6 + 8 * 256) + 2;
-        let e = check_ring((0, 0x1000, used_end, 256), &mem).unwrap_err();
-        assert!(e.contains("used ring"), "{e}");
-        let e = check_ring((0x10000 - 16 * 255, 0x1000, 0x2000, 256), &mem).unwrap_err();
-        assert!(e.contains("descriptor table"), "{e}");
     }
 }

@@ -51,9 +51,33 @@ pub struct CountedLoad {
     pub depth: usize,
 }
 
+/// The client's pause between a completion and the next request at QD1:
+/// long enough for the backend (slowed some 50-fold by callgrind) to go
+/// back to sleep, so every request costs a wake-up, as at QD1 in a guest.
+pub const QD1_THINK: Duration = Duration::from_millis(1);
+
 impl CountedLoad {
     pub fn name(&self) -> String {
         format!("{} 4k qd{}", self.rw, self.depth)
+    }
+
+    /// The client's pause after each completion ([`QD1_THINK`] at QD1).
+    pub fn think(&self) -> Duration {
+        if self.depth == 1 {
+            QD1_THINK
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Requests of the shorter run for `--requests n`: a quarter at QD1,
+    /// where every request also waits [`QD1_THINK`].
+    pub fn requests(&self, n: u64) -> u64 {
+        if self.depth == 1 {
+            (n / 4).max(1)
+        } else {
+            n.max(1)
+        }
     }
 }
 
@@ -147,7 +171,7 @@ pub fn count(
     load: CountedLoad,
     dir: &Path,
 ) -> Result<Cell, BenchError> {
-    let n = opts.requests.max(1);
+    let n = load.requests(opts.requests);
     let short = count_run(opts, subject, load, n, dir)?;
     let long = count_run(opts, subject, load, 2 * n, dir)?;
     let per = n as f64;
@@ -247,6 +271,7 @@ fn count_run(
     l.rw = load.rw;
     l.bs = 4096;
     l.count = Some(requests);
+    l.think = load.think();
     let rep = super::run(&l).map_err(|e| {
         BenchError::Backend(format!(
             "{} {} under callgrind: {e}",
@@ -389,11 +414,12 @@ impl InsnReport {
             }
         }
         let mut s = format!(
-            "instructions per request (callgrind, {}; runs of {} and {} requests, difference / {}); 1 queue, null disk\n",
+            "instructions per request (callgrind, {}): the difference of runs of N and 2N requests, / N; \
+             N = {} (QD1: {}, {} ms pause after each completion, one wake-up per request); 1 queue, 4 KiB, null disk\n",
             self.valgrind,
             self.requests,
-            2 * self.requests,
-            self.requests
+            (self.requests / 4).max(1),
+            QD1_THINK.as_millis()
         );
         if let Some(q) = &self.qsd_version {
             s += &format!("reference: {q}\n");

@@ -103,6 +103,10 @@ pub struct Load {
     /// then ignored; every request is measured). For instruction counts,
     /// where two loads must differ by a known number of requests.
     pub count: Option<u64>,
+    /// Pause between a completion and the request replacing it (a counted
+    /// QD1 load with a pause long enough for the backend to go back to
+    /// sleep measures one wake-up per request).
+    pub think: Duration,
 }
 
 impl Load {
@@ -119,6 +123,7 @@ impl Load {
             backend_pid: None,
             seed: 1,
             count: None,
+            think: Duration::ZERO,
         }
     }
 
@@ -481,7 +486,10 @@ fn queue_loop(
             if ending || load.count.is_some_and(|n| issued >= n) {
                 outstanding -= 1;
             } else {
-                issued_at[slot] = now;
+                if !load.think.is_zero() {
+                    std::thread::sleep(load.think);
+                }
+                issued_at[slot] = Instant::now();
                 submit(&mut queue, slot, &mut rng);
                 issued += 1;
             }

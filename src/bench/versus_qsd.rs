@@ -357,6 +357,7 @@ pub fn run(
                     backend_pid: Some(d.daemon.pid()),
                     seed: round as u64 + 1,
                     count: None,
+                    think: Duration::ZERO,
                 };
                 let rep = super::run(&load)
                     .map_err(|e| BenchError::Backend(format!("{}: {e}", backend.label())))?;

@@ -17,8 +17,6 @@ use std::io;
 
 use smallvec::SmallVec;
 use virtio_bindings::virtio_blk::*;
-use virtio_queue::DescriptorChain;
-use vm_memory::GuestMemoryMmap;
 
 use crate::device::config::DiskConfig;
 use crate::device::faults::{FaultDecision, FaultState};
@@ -29,6 +27,7 @@ use crate::virtio_blk::request::{
     STATUS_UNSUPP,
 };
 use crate::virtio_blk::sector::{sectors_in, ByteOffset, Sector, SECTOR_SIZE};
+use crate::virtq::guest_map::GuestMap;
 
 /// The most data one read or write may move: QEMU's `BDRV_REQUEST_MAX_BYTES`
 /// (`INT_MAX` rounded down to a sector), the limit its virtio-blk handler
@@ -215,19 +214,15 @@ impl Device<'_> {
     }
 }
 
-/// Serve one chain: walk it into the scratch list `segs`, parse, execute
-/// and answer it. Never panics on guest input.
-pub(crate) fn serve_chain<M>(
+/// Serve one walked chain (its segments, and whether the walk stopped
+/// early): parse, execute and answer it. Never panics on guest input.
+pub(crate) fn serve_chain(
     dev: &Device<'_>,
-    chain: DescriptorChain<M>,
-    segs: &mut Vec<Segment>,
-    mem: &GuestMemoryMmap,
-) -> Outcome
-where
-    M: std::ops::Deref,
-    M::Target: vm_memory::GuestMemory,
-{
-    answer(dev, Request::parse(chain, segs, mem))
+    segs: &[Segment],
+    truncated: bool,
+    map: &GuestMap,
+) -> Outcome {
+    answer(dev, Request::parse(segs, truncated, map))
 }
 
 /// Execute a parsed chain and write its status: OK for a completion, the
@@ -250,9 +245,7 @@ pub(crate) fn answer(dev: &Device<'_>, parsed: Result<Request<'_>, ParseError<'_
             (e.status(), 1, 0)
         }
     };
-    if status_byte.write(status).is_err() {
-        return Outcome::Dropped(DropReason::StatusUnwritable);
-    }
+    status_byte.write(status);
     Outcome::Completed {
         op,
         status,
@@ -455,23 +448,49 @@ mod tests {
     use super::*;
     use crate::device::config::DiskArgs;
     use crate::device::storage::MemStorage;
-    use crate::virtio_blk::request::collect_segments;
+    use crate::virtq::split_ring::{RingLayout, SplitRing};
+    use std::sync::Arc;
     use virtio_bindings::virtio_ring::{
         VRING_DESC_F_INDIRECT, VRING_DESC_F_NEXT, VRING_DESC_F_WRITE,
     };
     use virtio_queue::desc::split::Descriptor;
     use virtio_queue::desc::RawDescriptor;
     use virtio_queue::mock::MockSplitQueue;
-    use virtio_queue::{Queue, QueueOwnedT, QueueT};
-    use vm_memory::{Bytes, GuestAddress};
+    use virtio_queue::{Queue, QueueT};
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     const W: u16 = VRING_DESC_F_WRITE as u16;
     const N: u16 = VRING_DESC_F_NEXT as u16;
 
     struct Env {
-        mem: GuestMemoryMmap,
+        mem: Arc<GuestMemoryMmap>,
         cfg: DiskConfig,
         storage: MemStorage,
+    }
+
+    impl Env {
+        fn map(&self) -> GuestMap {
+            GuestMap::new(self.mem.clone())
+        }
+    }
+
+    /// Pop the next chain of the mock queue `vq` (laid out in `mem`) the
+    /// way the worker does.
+    fn pop(
+        mem: &Arc<GuestMemoryMmap>,
+        vq: &MockSplitQueue<GuestMemoryMmap>,
+    ) -> (Vec<Segment>, bool) {
+        let layout = RingLayout {
+            desc: vq.desc_table_addr().0,
+            avail: vq.avail_addr().0,
+            used: vq.used_addr().0,
+            size: 16,
+        };
+        let mut ring = SplitRing::new(GuestMap::new(mem.clone()), layout, false, 0, 0).unwrap();
+        ring.pending().expect("a sane avail index");
+        let mut segs = Vec::new();
+        let p = ring.pop(&mut segs).unwrap();
+        (segs, p.truncated)
     }
 
     fn env(extra: &[&str]) -> Env {
@@ -488,7 +507,7 @@ mod tests {
         a.extend_from_slice(extra);
         let cfg = DiskArgs::parse_for_test(&a).to_configs().unwrap().remove(0);
         Env {
-            mem: GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100000)]).unwrap(),
+            mem: Arc::new(GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x100000)]).unwrap()),
             storage: MemStorage::new(cfg.size).unwrap(),
             cfg,
         }
@@ -514,7 +533,7 @@ mod tests {
         writeback: bool,
         descs: &[(u64, u32, u16)],
     ) -> (Outcome, u8) {
-        let vq = MockSplitQueue::new(&e.mem, 16);
+        let vq = MockSplitQueue::new(&*e.mem, 16);
         let raw: Vec<RawDescriptor> = descs
             .iter()
             .enumerate()
@@ -524,9 +543,7 @@ mod tests {
             })
             .collect();
         vq.build_desc_chain(&raw).unwrap();
-        let mut q: Queue = vq.create_queue().unwrap();
-        let chain = q.iter(&e.mem).unwrap().next().unwrap();
-        let mut segs = Vec::new();
+        let (segs, truncated) = pop(&e.mem, &vq);
         let dev = Device {
             storage,
             cfg: &e.cfg,
@@ -534,7 +551,7 @@ mod tests {
             writeback,
             faults: None,
         };
-        let out = serve_chain(&dev, chain, &mut segs, &e.mem);
+        let out = serve_chain(&dev, &segs, truncated, &e.map());
         let last = descs.last().unwrap();
         let st = e
             .mem
@@ -579,7 +596,9 @@ mod tests {
             writeback: true,
             faults: None,
         };
-        let o = answer(&dev, Request::from_segments(&segs, &mem));
+        let map = GuestMap::new(Arc::new(mem));
+        let o = answer(&dev, Request::from_segments(&segs, &map));
+        let mem = map.memory();
         assert!(
             matches!(
                 o,
@@ -1027,7 +1046,7 @@ mod tests {
     #[test]
     fn looping_chain_is_truncated() {
         let e = env(&[]);
-        let vq = MockSplitQueue::new(&e.mem, 16);
+        let vq = MockSplitQueue::new(&*e.mem, 16);
         hdr(&e, 0x8000, VIRTIO_BLK_T_IN, 0);
         // 0 -> 1 -> 0 -> ...
         let d0 = RawDescriptor::from(Descriptor::new(0x8000, 16, N, 1));
@@ -1036,11 +1055,9 @@ mod tests {
         vq.desc_table().store(1, d1).unwrap();
         vq.avail().ring().ref_at(0).unwrap().store(0u16);
         vq.avail().idx().store(1u16);
-        let mut q: Queue = vq.create_queue().unwrap();
-        let chain = q.iter(&e.mem).unwrap().next().unwrap();
-        let mut segs = Vec::new();
+        let (segs, truncated) = pop(&e.mem, &vq);
         assert_eq!(
-            collect_segments(chain, &mut segs),
+            crate::virtio_blk::request::check_chain(&segs, truncated),
             Err(DropReason::Truncated)
         );
         assert_eq!(segs.len(), 16, "walk bounded by the queue size");
@@ -1049,7 +1066,7 @@ mod tests {
     #[test]
     fn bad_indirect_table_is_dropped() {
         let e = env(&[]);
-        let vq = MockSplitQueue::new(&e.mem, 16);
+        let vq = MockSplitQueue::new(&*e.mem, 16);
         let d0 = RawDescriptor::from(Descriptor::new(
             0x1_0000_0000,
             64,
@@ -1059,14 +1076,19 @@ mod tests {
         vq.desc_table().store(0, d0).unwrap();
         vq.avail().ring().ref_at(0).unwrap().store(0u16);
         vq.avail().idx().store(1u16);
-        let mut q: Queue = vq.create_queue().unwrap();
-        let chain = q.iter(&e.mem).unwrap().next().unwrap();
-        let mut segs = Vec::new();
-        assert!(collect_segments(chain, &mut segs).is_err());
-        // And a queue whose avail index jumped too far is refused by iter().
+        let (segs, truncated) = pop(&e.mem, &vq);
+        assert!(crate::virtio_blk::request::check_chain(&segs, truncated).is_err());
+        // And a queue whose avail index jumped too far is refused.
         vq.avail().idx().store(100u16);
-        let mut q: Queue = vq.create_queue().unwrap();
-        assert!(q.iter(&e.mem).is_err());
+        let layout = RingLayout {
+            desc: vq.desc_table_addr().0,
+            avail: vq.avail_addr().0,
+            used: vq.used_addr().0,
+            size: 16,
+        };
+        let ring = SplitRing::new(e.map(), layout, false, 0, 0).unwrap();
+        assert!(ring.pending().is_err());
+        let q: Queue = vq.create_queue().unwrap();
         let _ = q.size();
     }
 
@@ -1234,7 +1256,8 @@ mod tests {
                 let mut segs = vec![seg(0x8000, 16, false)];
                 segs.extend(data);
                 segs.push(seg(0x9000, 1, true));
-                let req = Request::from_segments(&segs, &e.mem).unwrap();
+                let map = e.map();
+                let req = Request::from_segments(&segs, &map).unwrap();
                 let r = execute(&dev, &req, &mut FaultDecision::None);
                 assert!(
                     matches!(r, Err(ExecuteError::TransferTooLong { max, .. }) if max == MAX_TRANSFER),
@@ -1346,7 +1369,8 @@ mod tests {
                 write: true,
             },
         ];
-        let o = answer(&dev, Request::from_segments(&segs, &e.mem));
+        let map = e.map();
+        let o = answer(&dev, Request::from_segments(&segs, &map));
         assert_eq!(
             o,
             Outcome::Completed {
@@ -1366,11 +1390,7 @@ mod tests {
         let mut w = segs;
         w[1].write = false;
         let mut fault = FaultDecision::None;
-        let r = execute(
-            &dev,
-            &Request::from_segments(&w, &e.mem).unwrap(),
-            &mut fault,
-        );
+        let r = execute(&dev, &Request::from_segments(&w, &map).unwrap(), &mut fault);
         assert!(matches!(r, Err(ExecuteError::Io { op: Op::Write, .. })));
         assert_eq!(fault, stall);
     }

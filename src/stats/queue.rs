@@ -9,7 +9,7 @@
 //! major version (readers ignore what they do not know); everything that
 //! old recordings may lack reads as its default.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -136,7 +136,8 @@ pub struct QueueStats {
     cpu_baseline: Option<ThreadCpu>,
     /// False with --no-stats: counters only, no histograms.
     pub histograms: bool,
-    last_pop: Option<Instant>,
+    /// When the last request was popped, ns ([`crate::util::clock::Clock`]).
+    last_pop: Option<u64>,
 }
 
 impl Default for QueueStats {
@@ -161,29 +162,30 @@ impl Default for QueueStats {
 }
 
 impl QueueStats {
-    /// A request was popped at `now` with `inflight` others in service.
-    pub fn popped(&mut self, now: Instant, inflight: u64) {
+    /// A request was popped at `now_ns` (the queue's clock) with
+    /// `inflight` others in service.
+    #[inline]
+    pub fn popped(&mut self, now_ns: u64, inflight: u64) {
         if !self.histograms {
             return;
         }
         if let Some(prev) = self.last_pop {
-            self.inter_arrival
-                .record(now.saturating_duration_since(prev).as_nanos() as u64);
+            self.inter_arrival.record(now_ns.saturating_sub(prev));
         }
-        self.last_pop = Some(now);
+        self.last_pop = Some(now_ns);
         self.inflight_at_pop.record(inflight);
     }
 
-    /// A request of kind `op` completed after `service`.
-    pub fn completed(&mut self, op: Op, service: Duration) {
+    /// A request of kind `op` completed after `service_ns`.
+    #[inline]
+    pub fn completed(&mut self, op: Op, service_ns: u64) {
         if !self.histograms {
             return;
         }
-        let ns = service.as_nanos() as u64;
         match op {
-            Op::Read => self.latency_read.record(ns),
-            Op::Write => self.latency_write.record(ns),
-            _ => self.latency_other.record(ns),
+            Op::Read => self.latency_read.record(service_ns),
+            Op::Write => self.latency_write.record(service_ns),
+            _ => self.latency_other.record(service_ns),
         }
     }
 
@@ -485,11 +487,11 @@ mod tests {
     fn delta_report() {
         let mut s = QueueStats::default();
         s.counters.requests = 10;
-        s.completed(Op::Read, Duration::from_micros(100));
+        s.completed(Op::Read, 100_000);
         let earlier = s.clone();
         s.counters.requests = 25;
-        s.completed(Op::Read, Duration::from_micros(300));
-        s.completed(Op::Write, Duration::from_micros(50));
+        s.completed(Op::Read, 300_000);
+        s.completed(Op::Write, 50_000);
         let d = s.report(1, Some(&earlier));
         assert_eq!(d.index, 1);
         assert_eq!(d.counters.requests, 15);
@@ -504,10 +506,10 @@ mod tests {
     #[test]
     fn inter_arrival() {
         let mut s = QueueStats::default();
-        let t = Instant::now();
+        let t = 1_000_000_000u64;
         s.popped(t, 0);
-        s.popped(t + Duration::from_micros(10), 1);
-        s.popped(t + Duration::from_micros(30), 2);
+        s.popped(t + 10_000, 1);
+        s.popped(t + 30_000, 2);
         let r = s.report(0, None);
         assert_eq!(r.inter_arrival_ns.count, 2);
         assert_eq!(r.inflight_at_pop.max, 2);
@@ -517,7 +519,7 @@ mod tests {
     fn documents_read_back_and_check_their_schema() {
         let mut s = QueueStats::default();
         s.wakeup(1, 3);
-        s.completed(Op::Read, Duration::from_micros(20));
+        s.completed(Op::Read, 20_000);
         let mut doc = StatsDocument::new(vec![DiskReport {
             config: None,
             queues: vec![s.report(0, None)],

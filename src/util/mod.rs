@@ -2,6 +2,7 @@
 //! sizes and durations with units, `/proc/PID/stat` (procfs) and host CPU
 //! time per thread from it (hostcpu).
 
+pub mod clock;
 pub mod fd;
 pub mod hostcpu;
 pub mod procfs;

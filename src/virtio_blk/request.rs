@@ -11,17 +11,17 @@
 //! descriptor per part.
 //!
 //! Everything here treats the guest as hostile: every guest address goes
-//! through vm-memory's bounds-checked accessors, and the walk refuses loops
-//! and over-long chains (virtio-queue's TTL, whose truncation is detected
-//! here). A chain is either a [`Request`], a [`ParseError::Malformed`]
+//! through the [`GuestMap`]'s bounds-checked translation, and the chain
+//! was walked by [`crate::virtq::split_ring`], which refuses loops and
+//! over-long chains (a TTL, whose truncation is reported here). A chain is either a [`Request`], a [`ParseError::Malformed`]
 //! chain answered with an error status, or a [`ParseError::Drop`] chain
 //! with no status byte to answer through.
 
 use smallvec::SmallVec;
 use virtio_bindings::virtio_blk::*;
-use virtio_queue::desc::split::Descriptor;
-use virtio_queue::DescriptorChain;
-use vm_memory::{Bytes, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, VolatileSlice};
+use vm_memory::VolatileSlice;
+
+use crate::virtq::guest_map::GuestMap;
 
 pub(crate) use crate::virtio_blk::sector::Sector;
 
@@ -114,41 +114,18 @@ impl std::fmt::Display for Malformed {
     }
 }
 
-/// One descriptor's buffer.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Segment {
-    pub addr: u64,
-    pub len: u32,
-    pub write: bool,
-}
+pub(crate) use crate::virtq::split_ring::Segment;
 
-/// Walk a chain into `segs` (cleared first). Returns the drop reason when
-/// the chain is unusable.
-pub(crate) fn collect_segments<M>(
-    chain: DescriptorChain<M>,
-    segs: &mut Vec<Segment>,
-) -> Result<(), DropReason>
-where
-    M: std::ops::Deref,
-    M::Target: vm_memory::GuestMemory,
-{
-    segs.clear();
-    let mut last: Option<Descriptor> = None;
-    for d in chain {
-        segs.push(Segment {
-            addr: d.addr().0,
-            len: d.len(),
-            write: d.is_write_only(),
-        });
-        last = Some(d);
-    }
-    match last {
+/// Check a walked chain (`segs`, and whether the walk stopped early) for
+/// the status byte every request ends with.
+pub(crate) fn check_chain(segs: &[Segment], truncated: bool) -> Result<(), DropReason> {
+    match segs.last() {
         None => Err(DropReason::Empty),
-        // The walk ended on a descriptor that says more follow: virtio-queue
-        // stopped early (loop, TTL, bad index, unreadable descriptor).
-        Some(d) if d.has_next() => Err(DropReason::Truncated),
-        Some(d) if !d.is_write_only() => Err(DropReason::NoStatus),
-        Some(d) if d.len() == 0 => Err(DropReason::EmptyStatus),
+        // The walk ended on a descriptor that says more follow: a loop, the
+        // TTL, a bad index, an unreadable descriptor.
+        Some(_) if truncated => Err(DropReason::Truncated),
+        Some(d) if !d.write => Err(DropReason::NoStatus),
+        Some(d) if d.len == 0 => Err(DropReason::EmptyStatus),
         Some(_) => Ok(()),
     }
 }
@@ -156,12 +133,17 @@ where
 /// A request's one-byte status in guest memory, looked up once before the
 /// request runs and written through after.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct StatusByte<'m>(VolatileSlice<'m, ()>);
+pub(crate) struct StatusByte<'m> {
+    ptr: std::ptr::NonNull<u8>,
+    _map: std::marker::PhantomData<&'m GuestMap>,
+}
 
 impl StatusByte<'_> {
-    /// Write the status; an error only if guest memory went away.
-    pub(crate) fn write(&self, status: u8) -> Result<(), vm_memory::VolatileMemoryError> {
-        self.0.write_obj::<u8>(status, 0)
+    /// Write the status (a volatile store: the guest reads it).
+    pub(crate) fn write(&self, status: u8) {
+        // SAFETY: `ptr` came from `GuestMap::host` for one byte, inside a
+        // region the borrowed map keeps mapped for 'm.
+        unsafe { std::ptr::write_volatile(self.ptr.as_ptr(), status) };
     }
 }
 
@@ -206,29 +188,26 @@ pub(crate) struct Request<'m> {
     pub max_seg_len: u64,
     pub status: StatusByte<'m>,
     segs: &'m [Segment],
-    mem: &'m GuestMemoryMmap,
+    map: &'m GuestMap,
 }
 
 impl<'m> Request<'m> {
-    /// Walk `chain` into the scratch list `segs` and parse it.
-    pub(crate) fn parse<M>(
-        chain: DescriptorChain<M>,
-        segs: &'m mut Vec<Segment>,
-        mem: &'m GuestMemoryMmap,
-    ) -> Result<Request<'m>, ParseError<'m>>
-    where
-        M: std::ops::Deref,
-        M::Target: vm_memory::GuestMemory,
-    {
-        collect_segments(chain, segs).map_err(ParseError::Drop)?;
-        Self::from_segments(segs, mem)
+    /// Parse a walked chain: `segs` and whether the walk stopped early
+    /// ([`crate::virtq::split_ring::Popped::truncated`]).
+    pub(crate) fn parse(
+        segs: &'m [Segment],
+        truncated: bool,
+        map: &'m GuestMap,
+    ) -> Result<Request<'m>, ParseError<'m>> {
+        check_chain(segs, truncated).map_err(ParseError::Drop)?;
+        Self::from_segments(segs, map)
     }
 
-    /// Parse a chain already walked by [`collect_segments`] (non-empty,
-    /// ending in a non-empty device-writable descriptor).
+    /// Parse a chain's segments (dropped unless non-empty and ending in
+    /// a non-empty device-writable descriptor).
     pub(crate) fn from_segments(
         segs: &'m [Segment],
-        mem: &'m GuestMemoryMmap,
+        map: &'m GuestMap,
     ) -> Result<Request<'m>, ParseError<'m>> {
         let status_seg = match segs.last() {
             None => return Err(ParseError::Drop(DropReason::Empty)),
@@ -242,8 +221,12 @@ impl<'m> Request<'m> {
         let status = status_seg
             .addr
             .checked_add(u64::from(status_seg.len) - 1)
-            .and_then(|a| GuestMemoryBackend::get_slice(mem, GuestAddress(a), 1).ok())
-            .map(StatusByte)
+            .and_then(|a| map.host(a, 1))
+            .and_then(std::ptr::NonNull::new)
+            .map(|ptr| StatusByte {
+                ptr,
+                _map: std::marker::PhantomData,
+            })
             .ok_or(ParseError::Drop(DropReason::StatusUnwritable))?;
         let malformed = |why| ParseError::Malformed { status, why };
 
@@ -293,13 +276,18 @@ impl<'m> Request<'m> {
             max_seg_len,
             status,
             segs,
-            mem,
+            map,
         };
         let mut hdr = [0u8; HEADER_SIZE as usize];
         // The header almost always sits whole in the first descriptor: one
-        // guest-memory lookup. Otherwise gather it across descriptors.
-        let whole = u64::from(segs[0].len) >= HEADER_SIZE
-            && mem.read_slice(&mut hdr, GuestAddress(segs[0].addr)).is_ok();
+        // translation and one copy. Otherwise gather it across descriptors.
+        let whole = match map.slice(segs[0].addr, HEADER_SIZE as usize) {
+            Some(s) if u64::from(segs[0].len) >= HEADER_SIZE => {
+                s.copy_to(&mut hdr[..]);
+                true
+            }
+            _ => false,
+        };
         if !whole && req.read_readable(0, &mut hdr).is_err() {
             return Err(malformed(Malformed::HeaderUnreadable));
         }
@@ -315,7 +303,7 @@ impl<'m> Request<'m> {
     /// the header), starting `skip` bytes into it.
     pub(crate) fn data_out(&self, skip: u64, len: u64) -> Result<Slices<'m>, BufferError> {
         slices(
-            self.mem,
+            self.map,
             self.segs,
             false,
             HEADER_SIZE.saturating_add(skip),
@@ -329,7 +317,7 @@ impl<'m> Request<'m> {
         if len > self.in_len {
             return Err(BufferError);
         }
-        slices(self.mem, self.segs, true, 0, len)
+        slices(self.map, self.segs, true, 0, len)
     }
 
     /// Copy `out.len()` bytes of the data the device reads, starting `skip`
@@ -340,7 +328,7 @@ impl<'m> Request<'m> {
 
     /// Copy `out.len()` readable bytes starting `skip` bytes into the chain.
     fn read_readable(&self, skip: u64, out: &mut [u8]) -> Result<(), BufferError> {
-        let sl = slices(self.mem, self.segs, false, skip, out.len() as u64)?;
+        let sl = slices(self.map, self.segs, false, skip, out.len() as u64)?;
         let mut p = 0;
         for s in sl {
             s.copy_to(&mut out[p..p + s.len()]);
@@ -358,7 +346,7 @@ pub(crate) struct BufferError;
 /// Guest memory slices covering `len` bytes starting `skip` bytes into the
 /// readable (`write == false`) or writable segments.
 fn slices<'m>(
-    mem: &'m GuestMemoryMmap,
+    map: &'m GuestMap,
     segs: &[Segment],
     write: bool,
     mut skip: u64,
@@ -377,8 +365,9 @@ fn slices<'m>(
         }
         let take = (slen - skip).min(left);
         let addr = s.addr.checked_add(skip).ok_or(BufferError)?;
-        for sl in GuestMemoryBackend::get_slices(mem, GuestAddress(addr), take as usize) {
-            out.push(sl.map_err(|_| BufferError)?);
+        let take_len = usize::try_from(take).map_err(|_| BufferError)?;
+        if !map.slices(addr, take_len, |sl| out.push(sl)) {
+            return Err(BufferError);
         }
         left -= take;
         skip = 0;
@@ -392,6 +381,7 @@ fn slices<'m>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     const W: bool = true;
 
@@ -399,15 +389,17 @@ mod tests {
         Segment { addr, len, write }
     }
 
-    fn mem() -> GuestMemoryMmap {
-        GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap()
+    fn mem() -> GuestMap {
+        GuestMap::new(std::sync::Arc::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap(),
+        ))
     }
 
-    fn header(m: &GuestMemoryMmap, at: u64, t: u32, sector: u64) {
+    fn header(m: &GuestMap, at: u64, t: u32, sector: u64) {
         let mut h = [0u8; 16];
         h[0..4].copy_from_slice(&t.to_le_bytes());
         h[8..16].copy_from_slice(&sector.to_le_bytes());
-        m.write_slice(&h, GuestAddress(at)).unwrap();
+        m.memory().write_slice(&h, GuestAddress(at)).unwrap();
     }
 
     #[test]
@@ -427,15 +419,20 @@ mod tests {
         assert_eq!((r.out_len, r.in_len), (0, 1536));
         assert_eq!(r.data_in(1536).unwrap().len(), 2);
         assert_eq!(r.data_in(1537).unwrap_err(), BufferError);
-        r.status.write(0x42).unwrap();
-        assert_eq!(m.read_obj::<u8>(GuestAddress(0x4000)).unwrap(), 0x42);
+        r.status.write(0x42);
+        assert_eq!(
+            m.memory().read_obj::<u8>(GuestAddress(0x4000)).unwrap(),
+            0x42
+        );
     }
 
     #[test]
     fn header_and_data_gathered_across_descriptors() {
         let m = mem();
         header(&m, 0x1000, VIRTIO_BLK_T_OUT, u64::MAX);
-        m.write_slice(&[1, 2, 3, 4], GuestAddress(0x1010)).unwrap();
+        m.memory()
+            .write_slice(&[1, 2, 3, 4], GuestAddress(0x1010))
+            .unwrap();
         // Header split 3 + 13, data in the second descriptor's tail.
         let segs = [
             seg(0x1000, 3, false),

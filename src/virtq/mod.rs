@@ -1,0 +1,7 @@
+//! The virtqueue over guest memory, device side: a snapshot of the guest's
+//! memory regions with a cheap translation ([`guest_map`]) and the split
+//! ring read and written through host pointers checked once
+//! ([`split_ring`]).
+
+pub mod guest_map;
+pub mod split_ring;
