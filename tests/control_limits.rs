@@ -109,6 +109,63 @@ fn connections_beyond_the_cap_are_refused_and_slots_come_back() {
     drop(held);
 }
 
+/// A local client that opens connection after connection over the cap
+/// cannot grow the daemon's log: every one is refused, and the refusals
+/// take one log line per 10 s, not one each.
+#[test]
+fn refused_connections_do_not_flood_the_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("vd.sock");
+    let ctl = dir.path().join("ctl.sock");
+    let log = dir.path().join("stderr.log");
+    let mut cmd = std::process::Command::new(common::blklab_bin());
+    cmd.arg("serve")
+        .arg("--socket")
+        .arg(&socket)
+        .arg("--control")
+        .arg(&ctl)
+        .args(["--disk", "mem", "--size", "1M"])
+        .env("RUST_LOG", "info")
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    let process = blklab::bench::daemon::Daemon::start(
+        "blklab serve",
+        &mut cmd,
+        &[socket.clone(), ctl.clone()],
+        PATIENCE,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let d = Daemon {
+        process,
+        dir,
+        socket,
+        control: Some(ctl),
+    };
+    let held: Vec<BufReader<UnixStream>> = (0..MAX_CONNECTIONS)
+        .map(|_| {
+            let mut s = connect(d.control());
+            writeln!(s, "config").unwrap();
+            let mut r = BufReader::new(s);
+            assert!(answer(&mut r).unwrap().get("disks").is_some());
+            r
+        })
+        .collect();
+    const OVER: usize = 300;
+    for i in 0..OVER {
+        let mut r = BufReader::new(connect(d.control()));
+        let e = error_of(&answer(&mut r).unwrap_or_else(|| panic!("connection {i}: no answer")));
+        assert!(e.contains("too many control connections"), "{e}");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let refusals = text.lines().filter(|l| l.contains("refusing one")).count();
+    assert!(
+        (1..=2).contains(&refusals),
+        "{OVER} refused connections took {refusals} log lines:\n{text}"
+    );
+    drop(held);
+    // Still serving.
+    assert!(d.query("stats").get("disks").is_some());
+}
+
 #[test]
 fn an_idle_connection_is_closed() {
     let d = daemon();

@@ -21,6 +21,7 @@
 //! [`IDLE_TIMEOUT`] closes the connection; and a failing `accept` (e.g.
 //! EMFILE) backs off for [`ACCEPT_BACKOFF`] instead of spinning.
 
+use crate::util::log_limit::LogLimit;
 use crate::util::slots::Slot;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::io::AsRawFd;
@@ -243,7 +244,14 @@ pub(crate) fn spawn(
 /// Answer a connection over the cap with an error and close it, without
 /// ever blocking the accept thread.
 fn refuse(stream: UnixStream) {
-    warn!("control socket: more than {MAX_CONNECTIONS} connections; refusing one");
+    // A local client can open connections at will: a line per 10 s at most.
+    static REFUSED: LogLimit = LogLimit::new(Duration::from_secs(10));
+    if let Some(held) = REFUSED.event() {
+        warn!(
+            "control socket: more than {MAX_CONNECTIONS} connections; refusing one{}",
+            LogLimit::held_note(held)
+        );
+    }
     let _ = stream.set_nonblocking(true);
     let answer = json!({
         "error": format!("too many control connections (at most {MAX_CONNECTIONS}); try again later")
@@ -293,7 +301,10 @@ fn read_request(reader: &mut BufReader<UnixStream>, shutdown: &AtomicBool) -> Li
                 continue
             }
             Err(e) => {
-                warn!("control connection: {e}");
+                static BROKEN: LogLimit = LogLimit::new(Duration::from_secs(10));
+                if let Some(held) = BROKEN.event() {
+                    warn!("control connection: {e}{}", LogLimit::held_note(held));
+                }
                 return Line::Closed;
             }
         };

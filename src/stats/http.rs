@@ -23,6 +23,7 @@
 //! `0.0.0.0:9188`) exposes them to whoever can reach it; that is the
 //! user's explicit choice.
 
+use crate::util::log_limit::LogLimit;
 use crate::util::slots::Slot;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
@@ -166,14 +167,24 @@ fn accept_loop(
                         }
                     });
                 if let Err(e) = spawned {
-                    warn!("metrics: cannot start a connection thread: {e}");
+                    static SPAWN: LogLimit = LogLimit::new(Duration::from_secs(10));
+                    if let Some(held) = SPAWN.event() {
+                        warn!(
+                            "metrics: cannot start a connection thread: {e}{}",
+                            LogLimit::held_note(held)
+                        );
+                    }
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
-                // E.g. EMFILE: back off instead of spinning.
-                warn!("metrics: accept failed: {e}");
+                // E.g. EMFILE: back off instead of spinning, and log a
+                // line per 10 s at most while it lasts.
+                static ACCEPT: LogLimit = LogLimit::new(Duration::from_secs(10));
+                if let Some(held) = ACCEPT.event() {
+                    warn!("metrics: accept failed: {e}{}", LogLimit::held_note(held));
+                }
                 std::thread::sleep(Duration::from_millis(POLL_INTERVAL_MS as u64));
             }
         }

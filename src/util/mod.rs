@@ -5,6 +5,7 @@
 pub mod clock;
 pub mod fd;
 pub mod hostcpu;
+pub(crate) mod log_limit;
 pub mod procfs;
 pub mod schema;
 pub(crate) mod slots;
