@@ -1040,7 +1040,7 @@ fn debian_6_12_fio_count_equals_backend_count() {
 }
 
 /// A guest that reboots: one daemon and one QEMU, the guest rebooting itself
-/// four times (a machine reset each time: QEMU stops the rings, the new
+/// five times (a machine reset each time: QEMU stops the rings, the new
 /// kernel's driver sets the device up again on the same connection). Every
 /// boot verifies what the boot before wrote (fio `--verify_only`), then
 /// writes and verifies with a new seed (`images/guest/e2e-reboot`).
@@ -1064,7 +1064,8 @@ fn debian_6_12_reboot_loop_verifies_every_boot() {
         ],
         1,
     );
-    const ROUNDS: usize = 5;
+    // Six boots: the first and five reboots.
+    const ROUNDS: usize = 6;
     let spec = QemuSpec {
         kernel: &image.kernel,
         initrd: &image.initrd,
@@ -1077,7 +1078,7 @@ fn debian_6_12_reboot_loop_verifies_every_boot() {
         mem_mib: 1024,
         reboot: true,
     };
-    // Five boots: give them five boots' time.
+    // Six boots: give them six boots' time.
     let run = run_guest(qemu_command(&spec), qemu_timeout() * ROUNDS as u32);
     assert_no_kernel_fault(&run);
     let console = &run.console;
@@ -1106,7 +1107,7 @@ fn debian_6_12_reboot_loop_verifies_every_boot() {
         "QEMU exited with {}\n--- console ---\n{console}",
         run.status
     );
-    // One daemon served all five boots, without a ring error or a dropped
+    // One daemon served all six boots, without a ring error or a dropped
     // chain, and is still serving.
     assert!(daemon.alive(), "blklab serve died during the reboots");
     let stats = blklab::backend::control::query(&ctl, "stats").expect("stats");
