@@ -99,6 +99,15 @@ pub struct BenchArgs {
     /// With --instructions: functions listed per load and backend.
     #[arg(long, value_name = "N", default_value_t = 12)]
     pub top: usize,
+    /// With --instructions: count only these loads, RW:QD (randwrite:64,
+    /// randread:1; repeatable). Default: 4 KiB random writes and reads at
+    /// QD64 and QD1.
+    #[arg(long = "load", value_name = "RW:QD")]
+    pub loads: Vec<String>,
+    /// With --instructions: keep every run's callgrind profile in DIR
+    /// (`callgrind_annotate DIR/blklab-randwrite-qd64-40000.callgrind`).
+    #[arg(long, value_name = "DIR")]
+    pub keep_profiles: Option<PathBuf>,
     /// With --instructions: the valgrind binary.
     #[arg(long, value_name = "PATH", default_value = "valgrind")]
     pub valgrind: PathBuf,

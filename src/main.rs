@@ -121,10 +121,18 @@ fn bench(args: &blklab::cli::BenchArgs) -> Result<()> {
             qsd_bin,
             valgrind: args.valgrind.clone(),
             requests: args.requests,
-            loads: instructions::default_loads(),
+            loads: if args.loads.is_empty() {
+                instructions::default_loads()
+            } else {
+                args.loads
+                    .iter()
+                    .map(|l| instructions::CountedLoad::parse(l))
+                    .collect::<Result<_, _>>()?
+            },
             subjects,
             top: args.top,
             size: blklab::util::units::parse_size(&args.size).context("--size")?,
+            keep_profiles: args.keep_profiles.clone(),
         };
         let report = instructions::run(&opts, |line| eprintln!("{line}"))
             .context("blklab bench --instructions")?;

@@ -474,10 +474,11 @@ impl<R: UsedRing> Pass<'_, R> {
             // --no-stats nothing needs it (emulated latency reads the
             // system clock for its deadline below).
             let popped_at = if timed { self.q.clock.now() } else { 0 };
-            if let Some((op, at)) = served_at_once.take() {
-                self.st.completed(op, popped_at.saturating_sub(at));
-            }
-            self.st.popped(popped_at, self.q.pending.len() as u64);
+            // The request served at once before this one completes now:
+            // its service time is this inter-arrival time.
+            let served_before = served_at_once.take().map(|(op, _)| op);
+            self.st
+                .popped(popped_at, self.q.pending.len() as u64, served_before);
             r.popped += 1;
             let dev = Device {
                 storage: disk.storage.as_ref(),

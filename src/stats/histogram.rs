@@ -1,53 +1,115 @@
-//! Log-bucket histograms for latencies and small counts.
+//! Log-linear histograms for latencies and small counts.
 //!
-//! [`Hist`] wraps an HDR histogram ([`hdrhistogram::Histogram<u64>`]). The
-//! device model records one value per request (completion latency,
-//! requests per kick, in-flight depth) on the hot path of a queue thread and
-//! reports percentiles far less often, so the representation must have:
+//! The device model records one value per request (completion latency,
+//! time between pops, in-flight depth) on the hot path of a queue thread and
+//! reports percentiles far less often. [`Hist`] is a fixed array of
+//! log-linear buckets, HDR's layout: values below `2^m` have a bucket each
+//! (exact), and every further power-of-two range `[2^k, 2^(k+1))` is split
+//! into `2^(m-1)` equal buckets, so a value is kept to within `2^(1-m)` of
+//! itself. Recording is a branch-free index computation (one `lzcnt`, two
+//! shifts) and one increment, about 10 instructions: the hdrhistogram
+//! crate this replaced spent ~70 instructions per record (callgrind,
+//! `record_n_inner`: 200 instructions per request for the three values a
+//! request records, 15 % of the request path), and the backend's
+//! instruction budget per request is ~1,100 (`blklab bench
+//! --instructions`). The layout is HDR's, so nothing about the reported
+//! figures changed but their cost, and the exact sum kept beside the
+//! buckets makes the mean exact.
 //!
-//! - **bounded memory**: the counts array is sized once from the value range
-//!   and the precision, no matter how many values are recorded (a latency
-//!   histogram, 1 ns ..= 100 s at 2 significant digits, is about 4 Ki
-//!   counters = 31 KiB; a count histogram up to 32768 at 3 digits is about
-//!   12 KiB);
-//! - **O(1) record**: recording is an index computation and an increment,
-//!   without allocation, so it does not perturb the timing being measured;
-//! - **configurable precision**: values are kept to a fixed number of
-//!   significant decimal digits. Latencies keep 2 (within 1 %, exact below
-//!   256 ns): at 3 digits the 224 KiB counts arrays of the two latency
-//!   histograms a request touches missed the cache on the hot path (5.9 %
-//!   of the backend's CPU samples at QD64 on the development VM, 3.1 %
-//!   at 2 digits). Counts keep 3 digits and are exact below 2048: counts
-//!   and depths are exact.
-//!
-//! Two histograms built by the same constructor with the same arguments have
-//! the same bucket layout, so they can be merged (per-queue into per-disk)
-//! and subtracted (a snapshot from an earlier one, for per-interval
-//! statistics) exactly.
+//! - **bounded memory**: the array is sized once from the value range and
+//!   the precision (a latency histogram, 0 ..= 100 s within 0.8 %, is 3,899
+//!   counters = 30 KiB; a count histogram up to 65536, exact below 2048, is
+//!   7,169 counters = 56 KiB);
+//! - **O(1) record**, without allocation, so it does not perturb the
+//!   timing being measured;
+//! - **exact merge and delta**: two histograms built by the same
+//!   constructor with the same arguments have the same buckets, so they
+//!   merge (per-queue into per-disk) and subtract (a snapshot from an
+//!   earlier one, for per-interval statistics) exactly.
 //!
 //! Values above the histogram's maximum are recorded as the maximum
 //! (saturation) rather than failing: an outlier must not make the daemon
 //! lose a sample or error out. Everything this module reports (min, max,
 //! percentiles) is clamped to that maximum too.
 
-use hdrhistogram::Histogram;
 use serde::{Deserialize, Serialize};
 
-/// Significant decimal digits kept by count histograms.
-const SIGFIG: u8 = 3;
-/// Significant decimal digits kept by latency histograms (within 1 %).
-pub(crate) const LATENCY_SIGFIG: u8 = 2;
+/// Sub-bucket bits of count histograms: exact below 2048, within 0.1 %
+/// above (3 significant digits).
+const COUNT_BITS: u32 = 11;
+/// Sub-bucket bits of latency histograms: exact below 256 ns, within
+/// 1/128 = 0.8 % above (2 significant digits).
+pub(crate) const LATENCY_BITS: u32 = 8;
 
 /// Largest latency a [`Hist::new_latency`] histogram keeps: 100 s in ns.
 pub(crate) const LATENCY_MAX_NS: u64 = 100_000_000_000;
 
-/// A histogram of `u64` values: latencies to 2 significant digits, counts
-/// to 3 (exact below 2048).
+/// A histogram of `u64` values: latencies within 0.8 %, counts exact
+/// below 2048 and within 0.1 % above.
 ///
 /// See the [module documentation](self) for the representation.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Hist {
-    h: Histogram<u64>,
+    /// `m`: values below `2^m` are exact.
+    bits: u32,
+    /// The largest value kept; larger ones are recorded as this.
+    limit: u64,
+    counts: Box<[u64]>,
+    /// The sum of the recorded (clamped) values, for an exact mean. It
+    /// wraps after 2^64 ns of summed latency (584 years), never in practice.
+    sum: u64,
+}
+
+/// A [`Hist`] fed values that mostly repeat (requests per wake-up, the
+/// in-flight depth at pop): a run of one value is only counted, and goes
+/// into the histogram when the value changes, so a repeated value costs
+/// a compare and an increment. [`hist`](Self::hist) has every value.
+#[derive(Debug, Clone)]
+pub struct RunHist {
+    hist: Hist,
+    /// The current run: its value and length (0: none yet).
+    run: (u64, u64),
+}
+
+impl RunHist {
+    pub(crate) fn new(hist: Hist) -> RunHist {
+        RunHist { hist, run: (0, 0) }
+    }
+
+    /// Records one value.
+    #[inline]
+    pub(crate) fn record(&mut self, v: u64) {
+        if v == self.run.0 {
+            self.run.1 += 1;
+        } else {
+            self.next_run(v);
+        }
+    }
+
+    fn next_run(&mut self, v: u64) {
+        let (prev, n) = std::mem::replace(&mut self.run, (v, 1));
+        if n > 0 {
+            self.hist.record_n(prev, n);
+        }
+    }
+
+    /// Every value recorded, the current run included.
+    pub(crate) fn hist(&self) -> Hist {
+        let mut h = self.hist.clone();
+        let (v, n) = self.run;
+        if n > 0 {
+            h.record_n(v, n);
+        }
+        h
+    }
+}
+
+/// A latency and its bucket, computed once for several latency
+/// histograms ([`Hist::latency_bucket`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LatencyBucket {
+    index: usize,
+    value: u64,
 }
 
 /// A fixed set of statistics of a [`Hist`], for reports and JSON output.
@@ -66,114 +128,186 @@ pub struct HistSummary {
     pub p999: u64,
 }
 
+/// The bucket of `v` with `bits` exact bits: `v` itself below `2^bits`,
+/// otherwise `shift * 2^(bits-1) + (v >> shift)` where `shift` is how many
+/// low bits the bucket drops.
+#[inline(always)]
+fn index(bits: u32, v: u64) -> usize {
+    let significant = u64::BITS - v.leading_zeros();
+    let shift = significant.saturating_sub(bits);
+    ((u64::from(shift) << (bits - 1)) + (v >> shift)) as usize
+}
+
+/// The values bucket `i` holds: `(lowest, highest)`.
+fn bounds(bits: u32, i: usize) -> (u64, u64) {
+    let i = i as u64;
+    let shift = (i >> (bits - 1)).max(1) - 1;
+    let low = (i - (shift << (bits - 1))) << shift;
+    (low, low + ((1u64 << shift) - 1))
+}
+
 impl Hist {
-    /// A latency histogram in nanoseconds: 1 ns ..= 100 s ([`LATENCY_MAX_NS`]),
-    /// [`LATENCY_SIGFIG`] significant digits. Longer latencies are recorded
-    /// as 100 s.
+    /// A latency histogram in nanoseconds: 0 ..= 100 s ([`LATENCY_MAX_NS`]),
+    /// within 0.8 % ([`LATENCY_BITS`]). Longer latencies are recorded as
+    /// 100 s.
     pub(crate) fn new_latency() -> Self {
-        Self::with_bounds(LATENCY_MAX_NS, LATENCY_SIGFIG)
+        Self::with_bounds(LATENCY_MAX_NS, LATENCY_BITS)
     }
 
     /// A histogram for counts such as requests per kick or in-flight depth:
-    /// 0 ..= `max`, exact up to 2047 and 3 significant digits above.
-    /// `max` is raised to 2 if smaller (the least range HDR histograms
-    /// support). Larger values are recorded as `max`.
+    /// 0 ..= `max`, exact up to 2047 and within 0.1 % above. `max` is
+    /// raised to 2 if smaller. Larger values are recorded as `max`.
     pub(crate) fn new_count(max: u64) -> Self {
-        Self::with_max(max)
+        Self::with_bounds(max, COUNT_BITS)
     }
 
-    fn with_max(max: u64) -> Self {
-        Self::with_bounds(max, SIGFIG)
-    }
-
-    fn with_bounds(max: u64, sigfig: u8) -> Self {
-        let h = Histogram::new_with_bounds(1, max.max(2), sigfig)
-            .expect("low = 1, high >= 2 and sigfig 2 or 3 are valid HDR bounds");
-        Hist { h }
+    fn with_bounds(max: u64, bits: u32) -> Self {
+        let limit = max.max(2);
+        Hist {
+            bits,
+            limit,
+            counts: vec![0; index(bits, limit) + 1].into_boxed_slice(),
+            sum: 0,
+        }
     }
 
     /// The largest value this histogram keeps; larger values are recorded
     /// as this.
     pub fn limit(&self) -> u64 {
-        self.h.high()
+        self.limit
     }
 
     /// Records one value, saturating at [`limit`](Self::limit).
     #[inline]
     pub(crate) fn record(&mut self, v: u64) {
-        self.h.saturating_record(v);
+        let v = v.min(self.limit);
+        self.sum = self.sum.wrapping_add(v);
+        if let Some(c) = self.counts.get_mut(index(self.bits, v)) {
+            *c += 1;
+        }
+    }
+
+    /// The bucket of latency `v` in every [`Hist::new_latency`] histogram
+    /// (clamped at [`LATENCY_MAX_NS`]), to [`add`](Self::add) it to several.
+    #[inline]
+    pub(crate) fn latency_bucket(v: u64) -> LatencyBucket {
+        let value = v.min(LATENCY_MAX_NS);
+        LatencyBucket {
+            index: index(LATENCY_BITS, value),
+            value,
+        }
+    }
+
+    /// Records the value of bucket `b`, which must be a latency histogram's.
+    #[inline]
+    pub(crate) fn add(&mut self, b: LatencyBucket) {
+        debug_assert!(self.bits == LATENCY_BITS && self.limit == LATENCY_MAX_NS);
+        self.sum = self.sum.wrapping_add(b.value);
+        if let Some(c) = self.counts.get_mut(b.index) {
+            *c += 1;
+        }
     }
 
     /// Records `v` `n` times, saturating at [`limit`](Self::limit).
     #[inline]
     pub fn record_n(&mut self, v: u64, n: u64) {
-        self.h.saturating_record_n(v, n);
+        let v = v.min(self.limit);
+        self.sum = self.sum.wrapping_add(v.wrapping_mul(n));
+        if let Some(c) = self.counts.get_mut(index(self.bits, v)) {
+            *c = c.saturating_add(n);
+        }
     }
 
     /// Number of recorded values.
     pub(crate) fn count(&self) -> u64 {
-        self.h.len()
+        self.counts.iter().fold(0u64, |a, &c| a.saturating_add(c))
     }
 
     /// Whether nothing has been recorded (since creation or [`reset`](Self::reset)).
+    #[cfg(test)]
     pub(crate) fn is_empty(&self) -> bool {
-        self.h.is_empty()
+        self.counts.iter().all(|&c| c == 0)
     }
 
-    /// Smallest recorded value (to the histogram's precision); 0 when empty.
+    /// The non-empty buckets, ascending: (index, count).
+    fn nonempty(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|&(_, &c)| c > 0)
+            .map(|(i, &c)| (i, c))
+    }
+
+    /// The highest value bucket `i` holds, at most the limit.
+    fn highest(&self, i: usize) -> u64 {
+        self.clamp(bounds(self.bits, i).1)
+    }
+
+    /// Smallest recorded value (to the histogram's precision: the lowest
+    /// value of its bucket); 0 when empty.
     pub(crate) fn min(&self) -> u64 {
-        if self.is_empty() {
-            return 0;
-        }
-        self.clamp(self.h.min())
+        self.nonempty()
+            .next()
+            .map_or(0, |(i, _)| self.clamp(bounds(self.bits, i).0))
     }
 
-    /// Largest recorded value (to the histogram's precision, at most
-    /// [`limit`](Self::limit)); 0 when empty.
+    /// Largest recorded value (to the histogram's precision: the highest
+    /// value of its bucket, at most [`limit`](Self::limit)); 0 when empty.
     pub(crate) fn max(&self) -> u64 {
-        if self.is_empty() {
-            return 0;
-        }
-        self.clamp(self.h.max())
+        self.nonempty().last().map_or(0, |(i, _)| self.highest(i))
     }
 
-    /// Mean of the recorded values (each counted at the middle of its
-    /// bucket); 0.0 when empty.
+    /// Mean of the recorded values (exact: their sum over their count);
+    /// 0.0 when empty.
     pub(crate) fn mean(&self) -> f64 {
-        if self.is_empty() {
-            return 0.0;
+        match self.count() {
+            0 => 0.0,
+            n => self.sum as f64 / n as f64,
         }
-        self.h.mean()
     }
 
     /// The value at percentile `p` (0 ..= 100; out-of-range values are
-    /// clamped, NaN counts as 0): the largest value of the bucket below or
-    /// in which `p` % of the recorded values lie, so `percentile(100.0)` is
-    /// [`max`](Self::max) and `percentile(0.0)` is [`min`](Self::min) to
-    /// within one bucket. 0 when empty.
+    /// clamped, NaN counts as 0): the highest value of the bucket in which
+    /// the `ceil(p % of the count)`-th value lies (at least the first), so
+    /// `percentile(100.0)` is [`max`](Self::max) and `percentile(0.0)` is
+    /// [`min`](Self::min) to within one bucket. 0 when empty.
     pub(crate) fn percentile(&self, p: f64) -> u64 {
-        if self.is_empty() {
+        let total = self.count();
+        if total == 0 {
             return 0;
         }
         let p = if p.is_nan() { 0.0 } else { p.clamp(0.0, 100.0) };
-        self.clamp(self.h.value_at_quantile(p / 100.0))
+        let rank = ((p / 100.0 * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0u64;
+        for (i, c) in self.nonempty() {
+            seen = seen.saturating_add(c);
+            if seen >= rank {
+                return self.highest(i);
+            }
+        }
+        self.max()
     }
 
     /// Adds every value recorded in `other` to this histogram. Exact when
     /// both were built by the same constructor with the same arguments;
     /// otherwise `other`'s buckets are re-recorded here (saturating).
     pub(crate) fn merge(&mut self, other: &Hist) {
-        if self.h.add(&other.h).is_err() {
-            for v in other.h.iter_recorded() {
-                self.h
-                    .saturating_record_n(v.value_iterated_to(), v.count_at_value());
+        if self.same_layout(other) {
+            for (a, b) in self.counts.iter_mut().zip(other.counts.iter()) {
+                *a = a.saturating_add(*b);
             }
+            self.sum = self.sum.wrapping_add(other.sum);
+            return;
+        }
+        for (i, c) in other.nonempty() {
+            self.record_n(other.highest(i), c);
         }
     }
 
     /// Forgets every recorded value; the range and precision stay.
     pub fn reset(&mut self) {
-        self.h.reset();
+        self.counts.fill(0);
+        self.sum = 0;
     }
 
     /// The values recorded in `self` but not in `earlier`, where `earlier`
@@ -182,24 +316,44 @@ impl Hist {
     /// (it was not an earlier snapshot, or `self` was reset since) give 0
     /// instead of failing.
     pub(crate) fn delta(&self, earlier: &Hist) -> Hist {
-        if self.same_layout(earlier) {
-            let mut d = self.clone();
-            if d.h.subtract(&earlier.h).is_ok() {
-                return d;
-            }
-        }
         let mut d = self.clone();
-        d.h.reset();
-        for v in self.h.iter_recorded() {
-            let value = v.value_iterated_to();
-            let n = v
-                .count_at_value()
-                .saturating_sub(earlier.h.count_at(value.min(earlier.h.high())));
+        if self.same_layout(earlier) {
+            let mut shrank = false;
+            for (a, b) in d.counts.iter_mut().zip(earlier.counts.iter()) {
+                shrank |= *b > *a;
+                *a = a.saturating_sub(*b);
+            }
+            d.sum = if shrank {
+                // Not a snapshot of this histogram: the sum of what is left,
+                // to the buckets' precision.
+                d.bucket_sum()
+            } else {
+                self.sum.wrapping_sub(earlier.sum)
+            };
+            return d;
+        }
+        d.reset();
+        for (i, c) in self.nonempty() {
+            let value = self.highest(i);
+            let before = earlier
+                .counts
+                .get(index(earlier.bits, value.min(earlier.limit)))
+                .copied()
+                .unwrap_or(0);
+            let n = c.saturating_sub(before);
             if n > 0 {
-                d.h.saturating_record_n(value, n);
+                d.record_n(value, n);
             }
         }
         d
+    }
+
+    /// The sum of the recorded values as their buckets' middles.
+    fn bucket_sum(&self) -> u64 {
+        self.nonempty().fold(0u64, |a, (i, c)| {
+            let (lo, hi) = bounds(self.bits, i);
+            a.wrapping_add((lo + (hi - lo) / 2).min(self.limit).wrapping_mul(c))
+        })
     }
 
     /// Count, min, max, mean and the 50th, 90th, 99th and 99.9th percentiles.
@@ -220,11 +374,7 @@ impl Hist {
     /// below 2048; larger ones to the histogram's precision). For small
     /// counts such as requests per kick: the whole distribution.
     pub(crate) fn values(&self) -> Vec<(u64, u64)> {
-        self.h
-            .iter_recorded()
-            .map(|v| (self.clamp(v.value_iterated_to()), v.count_at_value()))
-            .filter(|(_, n)| *n > 0)
-            .collect()
+        self.nonempty().map(|(i, c)| (self.highest(i), c)).collect()
     }
 
     /// The non-empty power-of-two buckets, ascending, as
@@ -233,18 +383,14 @@ impl Hist {
     /// The bucket with upper bound `2^k - 1` holds the values in
     /// `2^(k-1) ..= 2^k - 1` (values with `k` significant bits); the first
     /// possible bucket, upper bound 0, holds the zeros. The upper bounds are
-    /// thus 0, 1, 3, 7, 15, …: these boundaries coincide with HDR bucket
+    /// thus 0, 1, 3, 7, 15, …: these boundaries coincide with bucket
     /// boundaries, so the counts are exact. The counts sum to
     /// [`count`](Self::count). For a Prometheus histogram, use the bounds as
     /// `le` and accumulate the counts.
     pub fn buckets(&self) -> Vec<(u64, u64)> {
         let mut out: Vec<(u64, u64)> = Vec::new();
-        for v in self.h.iter_recorded() {
-            let n = v.count_at_value();
-            if n == 0 {
-                continue;
-            }
-            let low = self.h.lowest_equivalent(v.value_iterated_to());
+        for (i, n) in self.nonempty() {
+            let low = bounds(self.bits, i).0;
             let bits = u64::BITS - low.leading_zeros();
             let upper = if bits >= u64::BITS {
                 u64::MAX
@@ -260,13 +406,11 @@ impl Hist {
     }
 
     fn clamp(&self, v: u64) -> u64 {
-        v.min(self.h.high())
+        v.min(self.limit)
     }
 
     fn same_layout(&self, other: &Hist) -> bool {
-        self.h.low() == other.h.low()
-            && self.h.high() == other.h.high()
-            && self.h.sigfig() == other.h.sigfig()
+        self.bits == other.bits && self.limit == other.limit
     }
 }
 
@@ -274,7 +418,7 @@ impl Hist {
 mod tests {
     use super::*;
 
-    /// Latency histograms keep 2 significant digits: within 1 % (+1 for
+    /// Latency histograms keep values within 0.8 %: within 1 % (+1 for
     /// rounding).
     fn assert_near(got: u64, want: u64) {
         let tol = want / 100 + 1;
@@ -282,9 +426,7 @@ mod tests {
     }
 
     fn recorded(h: &Hist) -> Vec<(u64, u64)> {
-        h.h.iter_recorded()
-            .map(|v| (v.value_iterated_to(), v.count_at_value()))
-            .collect()
+        h.values()
     }
 
     fn assert_same(a: &Hist, b: &Hist) {
@@ -507,7 +649,7 @@ mod tests {
             assert!(count > 0);
             assert!(upper == 0 || (upper + 1).is_power_of_two(), "{upper}");
         }
-        // Buckets beyond 2048 (HDR buckets wider than 1) are still exact:
+        // Buckets beyond 2048 (buckets wider than 1) are still exact:
         // every value recorded below 2^k counts in a bucket <= 2^k - 1.
         let mut e = Hist::new_latency();
         e.record((1 << 30) - 1);
@@ -516,6 +658,77 @@ mod tests {
         assert_eq!(b.len(), 2);
         assert_eq!(b[0], ((1 << 30) - 1, 1));
         assert_eq!(b[1], ((1 << 31) - 1, 1));
+    }
+
+    #[test]
+    fn every_value_lies_in_its_buckets_bounds() {
+        for bits in [COUNT_BITS, LATENCY_BITS, 2] {
+            let mut prev_high = None;
+            // Every bucket up to 2^40 in order, and values around each
+            // power of two.
+            for i in 0..index(bits, 1 << 40) {
+                let (lo, hi) = bounds(bits, i);
+                assert!(lo <= hi);
+                if let Some(p) = prev_high {
+                    assert_eq!(lo, p + 1, "bits {bits}: bucket {i} is contiguous");
+                }
+                prev_high = Some(hi);
+                assert_eq!(index(bits, lo), i);
+                assert_eq!(index(bits, hi), i);
+            }
+            for k in 0..64 {
+                for v in [
+                    (1u64 << k) - 1,
+                    1u64 << k,
+                    (1u64 << k) + 1,
+                    u64::MAX >> (63 - k),
+                ] {
+                    let (lo, hi) = bounds(bits, index(bits, v));
+                    assert!(lo <= v && v <= hi, "bits {bits}: {v} in [{lo}, {hi}]");
+                    // Within 2^(1-bits) of the value.
+                    assert!((hi - lo) as f64 <= (v as f64) * 2f64.powi(1 - bits as i32));
+                }
+            }
+        }
+        assert_eq!(Hist::new_latency().counts.len(), 3899);
+        assert_eq!(Hist::new_count(1 << 16).counts.len(), 7169);
+    }
+
+    #[test]
+    fn the_mean_is_exact_and_survives_merge_and_delta() {
+        let mut h = Hist::new_latency();
+        h.record(1_000_003);
+        h.record(7);
+        let snap = h.clone();
+        h.record_n(999_999_937, 2);
+        assert_eq!(h.mean(), (1_000_003.0 + 7.0 + 2.0 * 999_999_937.0) / 4.0);
+        let d = h.delta(&snap);
+        assert_eq!(d.mean(), 999_999_937.0);
+        let mut m = Hist::new_latency();
+        m.merge(&h);
+        m.merge(&snap);
+        assert_eq!(
+            m.mean(),
+            (2.0 * 1_000_003.0 + 2.0 * 7.0 + 2.0 * 999_999_937.0) / 6.0
+        );
+    }
+
+    #[test]
+    fn a_run_histogram_holds_every_value_and_its_current_run() {
+        let mut r = RunHist::new(Hist::new_count(1000));
+        let mut h = Hist::new_count(1000);
+        for v in [0, 0, 0, 5, 5, 1, 0, 0, 7, 7, 7, 7] {
+            r.record(v);
+            h.record(v);
+        }
+        assert_eq!(r.hist(), h);
+        let snap = r.clone();
+        r.record(7);
+        r.record(3);
+        h.record(7);
+        h.record(3);
+        assert_eq!(r.hist(), h);
+        assert_eq!(r.hist().delta(&snap.hist()).values(), vec![(3, 1), (7, 1)]);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::device::config::DiskConfig;
-use crate::stats::histogram::{Hist, HistSummary};
+use crate::stats::histogram::{Hist, HistSummary, RunHist};
 use crate::virtio_blk::request::Op;
 
 /// Largest value the count histograms (requests per wake-up, …) resolve.
@@ -114,11 +114,11 @@ impl QueueCounters {
 pub struct QueueStats {
     pub counters: QueueCounters,
     /// Requests popped per wake-up.
-    pub requests_per_wakeup: Hist,
+    pub requests_per_wakeup: RunHist,
     /// Requests popped per kick, per wake-up that had kicks (rounded).
-    pub requests_per_kick: Hist,
+    pub requests_per_kick: RunHist,
     /// Kicks per wake-up.
-    pub kicks_per_wakeup: Hist,
+    pub kicks_per_wakeup: RunHist,
     /// Service time, pop to used, ns, by op.
     pub latency_read: Hist,
     pub latency_write: Hist,
@@ -126,7 +126,7 @@ pub struct QueueStats {
     /// Time between consecutive pops, ns.
     pub inter_arrival: Hist,
     /// Requests in service when a request is popped.
-    pub inflight_at_pop: Hist,
+    pub inflight_at_pop: RunHist,
     /// How long the queue waited for a command slot, ns.
     pub tag_wait: Hist,
     /// Kernel thread id of the worker serving this queue (for its CPU time).
@@ -144,14 +144,14 @@ impl Default for QueueStats {
     fn default() -> Self {
         QueueStats {
             counters: QueueCounters::default(),
-            requests_per_wakeup: Hist::new_count(COUNT_MAX),
-            requests_per_kick: Hist::new_count(COUNT_MAX),
-            kicks_per_wakeup: Hist::new_count(COUNT_MAX),
+            requests_per_wakeup: RunHist::new(Hist::new_count(COUNT_MAX)),
+            requests_per_kick: RunHist::new(Hist::new_count(COUNT_MAX)),
+            kicks_per_wakeup: RunHist::new(Hist::new_count(COUNT_MAX)),
             latency_read: Hist::new_latency(),
             latency_write: Hist::new_latency(),
             latency_other: Hist::new_latency(),
             inter_arrival: Hist::new_latency(),
-            inflight_at_pop: Hist::new_count(COUNT_MAX),
+            inflight_at_pop: RunHist::new(Hist::new_count(COUNT_MAX)),
             tag_wait: Hist::new_latency(),
             worker_tid: None,
             cpu_baseline: None,
@@ -163,30 +163,56 @@ impl Default for QueueStats {
 
 impl QueueStats {
     /// A request was popped at `now_ns` (the queue's clock) with
-    /// `inflight` others in service.
+    /// `inflight` others in service. `served_before`: the kind of the
+    /// request popped just before it when that one was served at once (no
+    /// emulated latency), whose service time ends at this pop: it is the
+    /// time since that pop, the same value as this inter-arrival time, so
+    /// its bucket is computed once for both histograms.
+    ///
+    /// The recording bodies here (`record_*`) are never inlined, so that
+    /// `blklab bench --instructions` counts the statistics' own
+    /// instructions per request exactly, as functions of their own.
     #[inline]
-    pub fn popped(&mut self, now_ns: u64, inflight: u64) {
-        if !self.histograms {
-            return;
+    pub fn popped(&mut self, now_ns: u64, inflight: u64, served_before: Option<Op>) {
+        if self.histograms {
+            self.record_pop(now_ns, inflight, served_before);
         }
+    }
+
+    #[inline(never)]
+    fn record_pop(&mut self, now_ns: u64, inflight: u64, served_before: Option<Op>) {
         if let Some(prev) = self.last_pop {
-            self.inter_arrival.record(now_ns.saturating_sub(prev));
+            let b = Hist::latency_bucket(now_ns.saturating_sub(prev));
+            self.inter_arrival.add(b);
+            if let Some(op) = served_before {
+                self.latency_mut(op).add(b);
+            }
         }
         self.last_pop = Some(now_ns);
+        // In-flight depths come in runs (always 0 without emulated
+        // latency).
         self.inflight_at_pop.record(inflight);
+    }
+
+    fn latency_mut(&mut self, op: Op) -> &mut Hist {
+        match op {
+            Op::Read => &mut self.latency_read,
+            Op::Write => &mut self.latency_write,
+            _ => &mut self.latency_other,
+        }
     }
 
     /// A request of kind `op` completed after `service_ns`.
     #[inline]
     pub fn completed(&mut self, op: Op, service_ns: u64) {
-        if !self.histograms {
-            return;
+        if self.histograms {
+            self.record_completion(op, service_ns);
         }
-        match op {
-            Op::Read => self.latency_read.record(service_ns),
-            Op::Write => self.latency_write.record(service_ns),
-            _ => self.latency_other.record(service_ns),
-        }
+    }
+
+    #[inline(never)]
+    fn record_completion(&mut self, op: Op, service_ns: u64) {
+        self.latency_mut(op).record(service_ns);
     }
 
     /// The queue got a slot after waiting `waited`.
@@ -205,9 +231,13 @@ impl QueueStats {
         if requests == 0 {
             c.empty_wakeups += 1;
         }
-        if !self.histograms {
-            return;
+        if self.histograms {
+            self.record_wakeup(kicks, requests);
         }
+    }
+
+    #[inline(never)]
+    fn record_wakeup(&mut self, kicks: u64, requests: u64) {
         self.requests_per_wakeup.record(requests);
         self.kicks_per_wakeup.record(kicks);
         if let Some(per_kick) = (requests + kicks / 2).checked_div(kicks) {
@@ -248,30 +278,37 @@ impl QueueStats {
             Some(t) => now.delta(t).summary(),
             None => now.summary(),
         };
+        let r = |now: &RunHist, then: Option<&RunHist>| {
+            h(&now.hist(), then.map(RunHist::hist).as_ref())
+        };
         QueueReport {
             index,
             counters: match earlier {
                 Some(e) => self.counters.delta(&e.counters),
                 None => self.counters.clone(),
             },
-            requests_per_wakeup: h(
+            requests_per_wakeup: r(
                 &self.requests_per_wakeup,
                 earlier.map(|e| &e.requests_per_wakeup),
             ),
-            requests_per_kick: h(
+            requests_per_kick: r(
                 &self.requests_per_kick,
                 earlier.map(|e| &e.requests_per_kick),
             ),
             requests_per_kick_values: match earlier {
-                Some(e) => self.requests_per_kick.delta(&e.requests_per_kick).values(),
-                None => self.requests_per_kick.values(),
+                Some(e) => self
+                    .requests_per_kick
+                    .hist()
+                    .delta(&e.requests_per_kick.hist())
+                    .values(),
+                None => self.requests_per_kick.hist().values(),
             },
-            kicks_per_wakeup: h(&self.kicks_per_wakeup, earlier.map(|e| &e.kicks_per_wakeup)),
+            kicks_per_wakeup: r(&self.kicks_per_wakeup, earlier.map(|e| &e.kicks_per_wakeup)),
             latency_read_ns: h(&self.latency_read, earlier.map(|e| &e.latency_read)),
             latency_write_ns: h(&self.latency_write, earlier.map(|e| &e.latency_write)),
             latency_other_ns: h(&self.latency_other, earlier.map(|e| &e.latency_other)),
             inter_arrival_ns: h(&self.inter_arrival, earlier.map(|e| &e.inter_arrival)),
-            inflight_at_pop: h(&self.inflight_at_pop, earlier.map(|e| &e.inflight_at_pop)),
+            inflight_at_pop: r(&self.inflight_at_pop, earlier.map(|e| &e.inflight_at_pop)),
             tag_wait_ns: h(&self.tag_wait, earlier.map(|e| &e.tag_wait)),
             worker_cpu: self.worker_cpu_since(earlier),
         }
@@ -507,12 +544,30 @@ mod tests {
     fn inter_arrival() {
         let mut s = QueueStats::default();
         let t = 1_000_000_000u64;
-        s.popped(t, 0);
-        s.popped(t + 10_000, 1);
-        s.popped(t + 30_000, 2);
+        s.popped(t, 0, None);
+        s.popped(t + 10_000, 1, None);
+        s.popped(t + 30_000, 2, Some(Op::Write));
+        s.popped(t + 30_100, 2, Some(Op::Read));
+        s.popped(t + 30_200, 2, None);
         let r = s.report(0, None);
-        assert_eq!(r.inter_arrival_ns.count, 2);
+        assert_eq!(r.inter_arrival_ns.count, 4);
+        assert!(r.inter_arrival_ns.max.abs_diff(20_000) < 200);
+        assert_eq!(r.inflight_at_pop.count, 5);
         assert_eq!(r.inflight_at_pop.max, 2);
+        assert_eq!(r.inflight_at_pop.p50, 2);
+        // The request served before a pop completes at it.
+        assert_eq!(r.latency_write_ns.count, 1);
+        assert!(r.latency_write_ns.max.abs_diff(20_000) < 200);
+        assert_eq!(r.latency_read_ns.count, 1);
+        assert_eq!(r.latency_read_ns.max, 100);
+        // A snapshot taken mid-run counts the run up to then only.
+        let snap = s.baseline();
+        s.popped(t + 30_300, 2, None);
+        s.popped(t + 30_400, 0, None);
+        let d = s.report(0, Some(&snap));
+        assert_eq!(d.inflight_at_pop.count, 2);
+        assert_eq!(d.inflight_at_pop.min, 0);
+        assert_eq!(d.inflight_at_pop.max, 2);
     }
 
     #[test]

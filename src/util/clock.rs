@@ -116,9 +116,9 @@ impl Clock {
     /// busy host) cannot skew the rate.
     fn calibrated() -> Clock {
         let (t0, m0) = bracketed_pair();
-        while monotonic_ns().saturating_sub(m0) < CALIBRATION.as_nanos() as u64 {
-            std::hint::spin_loop();
-        }
+        // Sleep rather than spin: a counted run (callgrind) executes the
+        // same instructions however long the calibration takes.
+        std::thread::sleep(CALIBRATION);
         let (t1, m1) = bracketed_pair();
         let ticks = t1.wrapping_sub(t0);
         if ticks == 0 || t1 < t0 || m1 <= m0 {
@@ -138,7 +138,9 @@ impl Clock {
     }
 
     /// Nanoseconds since an arbitrary origin (the same for every thread).
-    #[inline]
+    /// Never inlined: `blklab bench --instructions` counts the statistics'
+    /// clock reads as this function's.
+    #[inline(never)]
     pub fn now(&self) -> u64 {
         match self.source {
             Source::Tsc { mult } => ((u128::from(tsc()) * u128::from(mult)) >> 32) as u64,
