@@ -109,6 +109,17 @@ impl QueueCounters {
     }
 }
 
+/// The latency class of `op`: 0 read, 1 write, 2 everything else (the
+/// reports' latency_read/write/other).
+#[inline]
+fn class(op: Op) -> usize {
+    match op {
+        Op::Read => 0,
+        Op::Write => 1,
+        _ => 2,
+    }
+}
+
 /// Everything one queue records.
 #[derive(Debug, Clone)]
 pub struct QueueStats {
@@ -119,12 +130,15 @@ pub struct QueueStats {
     pub requests_per_kick: RunHist,
     /// Kicks per wake-up.
     pub kicks_per_wakeup: RunHist,
-    /// Service time, pop to used, ns, by op.
-    pub latency_read: Hist,
-    pub latency_write: Hist,
-    pub latency_other: Hist,
-    /// Time between consecutive pops, ns.
-    pub inter_arrival: Hist,
+    /// Service time, pop to used, ns, by class (read, write, other;
+    /// [`class`]), of requests not in `at_once`.
+    latency: [Hist; 3],
+    /// Service times of requests served at once whose service the next
+    /// pop ended: each is also that pop's inter-arrival time, so it is
+    /// recorded once, here, and reported in both (the merge is exact).
+    at_once: [Hist; 3],
+    /// Time between consecutive pops, ns, of pops not in `at_once`.
+    inter_arrival: Hist,
     /// Requests in service when a request is popped.
     pub inflight_at_pop: RunHist,
     /// How long the queue waited for a command slot, ns.
@@ -136,8 +150,9 @@ pub struct QueueStats {
     cpu_baseline: Option<ThreadCpu>,
     /// False with --no-stats: counters only, no histograms.
     pub histograms: bool,
-    /// When the last request was popped, ns ([`crate::util::clock::Clock`]).
-    last_pop: Option<u64>,
+    /// When the last request was popped, ns ([`crate::util::clock::Clock`]);
+    /// 0: none yet (the clock counts from boot).
+    last_pop: u64,
 }
 
 impl Default for QueueStats {
@@ -147,16 +162,15 @@ impl Default for QueueStats {
             requests_per_wakeup: RunHist::new(Hist::new_count(COUNT_MAX)),
             requests_per_kick: RunHist::new(Hist::new_count(COUNT_MAX)),
             kicks_per_wakeup: RunHist::new(Hist::new_count(COUNT_MAX)),
-            latency_read: Hist::new_latency(),
-            latency_write: Hist::new_latency(),
-            latency_other: Hist::new_latency(),
+            latency: std::array::from_fn(|_| Hist::new_latency()),
+            at_once: std::array::from_fn(|_| Hist::new_latency()),
             inter_arrival: Hist::new_latency(),
             inflight_at_pop: RunHist::new(Hist::new_count(COUNT_MAX)),
             tag_wait: Hist::new_latency(),
             worker_tid: None,
             cpu_baseline: None,
             histograms: true,
-            last_pop: None,
+            last_pop: 0,
         }
     }
 }
@@ -181,25 +195,33 @@ impl QueueStats {
 
     #[inline(never)]
     fn record_pop(&mut self, now_ns: u64, inflight: u64, served_before: Option<Op>) {
-        if let Some(prev) = self.last_pop {
+        let prev = std::mem::replace(&mut self.last_pop, now_ns);
+        if prev != 0 {
             let b = Hist::latency_bucket(now_ns.saturating_sub(prev));
-            self.inter_arrival.add(b);
-            if let Some(op) = served_before {
-                self.latency_mut(op).add(b);
+            match served_before {
+                Some(op) => self.at_once[class(op)].add(b),
+                None => self.inter_arrival.add(b),
             }
         }
-        self.last_pop = Some(now_ns);
         // In-flight depths come in runs (always 0 without emulated
         // latency).
         self.inflight_at_pop.record(inflight);
     }
 
-    fn latency_mut(&mut self, op: Op) -> &mut Hist {
-        match op {
-            Op::Read => &mut self.latency_read,
-            Op::Write => &mut self.latency_write,
-            _ => &mut self.latency_other,
+    /// Every service time of class `c` (see `at_once`).
+    fn latency_of(&self, c: usize) -> Hist {
+        let mut h = self.latency[c].clone();
+        h.merge(&self.at_once[c]);
+        h
+    }
+
+    /// Every inter-arrival time (see `at_once`).
+    fn inter_arrivals(&self) -> Hist {
+        let mut h = self.inter_arrival.clone();
+        for a in &self.at_once {
+            h.merge(a);
         }
+        h
     }
 
     /// A request of kind `op` completed after `service_ns`.
@@ -212,7 +234,9 @@ impl QueueStats {
 
     #[inline(never)]
     fn record_completion(&mut self, op: Op, service_ns: u64) {
-        self.latency_mut(op).record(service_ns);
+        // The latency layout's constant bucket arithmetic (cheaper than
+        // the general `record`).
+        self.latency[class(op)].add(Hist::latency_bucket(service_ns));
     }
 
     /// The queue got a slot after waiting `waited`.
@@ -281,6 +305,12 @@ impl QueueStats {
         let r = |now: &RunHist, then: Option<&RunHist>| {
             h(&now.hist(), then.map(RunHist::hist).as_ref())
         };
+        let lat = |c: usize| {
+            h(
+                &self.latency_of(c),
+                earlier.map(|e| e.latency_of(c)).as_ref(),
+            )
+        };
         QueueReport {
             index,
             counters: match earlier {
@@ -304,10 +334,13 @@ impl QueueStats {
                 None => self.requests_per_kick.hist().values(),
             },
             kicks_per_wakeup: r(&self.kicks_per_wakeup, earlier.map(|e| &e.kicks_per_wakeup)),
-            latency_read_ns: h(&self.latency_read, earlier.map(|e| &e.latency_read)),
-            latency_write_ns: h(&self.latency_write, earlier.map(|e| &e.latency_write)),
-            latency_other_ns: h(&self.latency_other, earlier.map(|e| &e.latency_other)),
-            inter_arrival_ns: h(&self.inter_arrival, earlier.map(|e| &e.inter_arrival)),
+            latency_read_ns: lat(0),
+            latency_write_ns: lat(1),
+            latency_other_ns: lat(2),
+            inter_arrival_ns: h(
+                &self.inter_arrivals(),
+                earlier.map(QueueStats::inter_arrivals).as_ref(),
+            ),
             inflight_at_pop: r(&self.inflight_at_pop, earlier.map(|e| &e.inflight_at_pop)),
             tag_wait_ns: h(&self.tag_wait, earlier.map(|e| &e.tag_wait)),
             worker_cpu: self.worker_cpu_since(earlier),
