@@ -126,6 +126,25 @@ def vhost_user_seeds():
     os.makedirs(crash, exist_ok=True)
     with open(os.path.join(crash, "crash-short-memfd"), "wb") as f:
         f.write(head + short + rings + tail)
+    # Queue 0's avail ring starts 4 bytes before the end of guest memory
+    # (flags and idx inside, the entries past it), avail idx 1, EVENT_IDX
+    # on, a kick: the worker of b3897d5 popped nothing, saw avail idx !=
+    # next_avail when it re-enabled notifications and looped for ever,
+    # logging an error per pass; the next connection then timed out.
+    # libFuzzer found it as a hang after ~10,000 inputs (issue 15, item 1).
+    spin_img = bytearray(img.ljust(0xFFFF, b"\0"))
+    spin_img[0xFFFE] = 1
+    spin_mem = msg(5, struct.pack("<II", 1, 0) + region, [memfd(16, bytes(spin_img))],
+                   need_reply=True)
+    spin_rings = (msg(8, struct.pack("<II", 0, QSIZE))
+                  + msg(9, struct.pack("<IIQQQQ", 0, 0, ua, ua + USED, ua + 0xFFFC, 0))
+                  + msg(10, struct.pack("<II", 0, 0))
+                  + msg(12, struct.pack("<Q", 0), [EVENTFD])
+                  + msg(13, struct.pack("<Q", 0), [EVENTFD])
+                  + msg(18, struct.pack("<II", 0, 1), need_reply=True))
+    with open(os.path.join(crash, "hang-avail-ring-at-memory-end"), "wb") as f:
+        f.write(head + spin_mem + spin_rings + bytes([0xFF]) + bytes([0xFF])
+                + msg(11, struct.pack("<II", 0, 0)))
 
 
 def control_seeds():
