@@ -13,8 +13,12 @@
 #   debian-6.1, debian-6.12   Debian's prebuilt kernel (fetch-debian-kernel.sh)
 #   build:SERIES[+PATCH]      linux-source-SERIES + images/kernel/guest.config
 #                             [+ images/patches/PATCH.patch] (build-kernel.sh)
-#   path:FILE[,modules=DIR][,name=LABEL]
-#                             any bzImage; DIR is its lib/modules/KVER
+#   path:FILE[,modules=DIR][,map=FILE][,name=LABEL]
+#                             any bzImage; DIR is its lib/modules/KVER;
+#                             FILE its System.map (default: System.map
+#                             beside the image, or at the top of the tree
+#                             for arch/x86/boot/bzImage), kept with the
+#                             cached kernel for instruction counts
 #
 # The small fio (build-fio.sh) and mpstat (fetch-sysstat.sh) are built once
 # and shared; each kernel gets its own initramfs (build-initramfs.sh) with
@@ -32,7 +36,7 @@ set -eu
 
 LOG_NAME=prepare
 USAGE="images/prepare.sh [--cache DIR] SPEC...
-  SPEC: debian-6.1 | debian-6.12 | build:SERIES[+PATCH] | path:FILE[,modules=DIR][,name=LABEL]
+  SPEC: debian-6.1 | debian-6.12 | build:SERIES[+PATCH] | path:FILE[,modules=DIR][,map=FILE][,name=LABEL]
   stdout: one JSON line per SPEC: spec, name, kernel, initramfs, kernel_manifest, initramfs_manifest"
 ARG_MISSING=error
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -75,7 +79,7 @@ bzimage_version() {  # the version string of a bzImage's setup header (first wor
 # --- parse and check every SPEC before doing anything slow ---------------------------------
 # parse_spec SPEC sets KIND (debian|build|path), SERIES, PATCHN, KFILE, MODS, NAME.
 parse_spec() {
-    KIND=""; SERIES=""; PATCHN=""; KFILE=""; MODS=""; NAME=""
+    KIND=""; SERIES=""; PATCHN=""; KFILE=""; MODS=""; MAPF=""; NAME=""
     case "$1" in
     debian-*)
         KIND=debian; SERIES=${1#debian-}; NAME=$1
@@ -105,20 +109,24 @@ parse_spec() {
         KFILE=${body%%,*}
         opts=""
         [ "$KFILE" = "$body" ] || opts=${body#*,}
-        [ -n "$KFILE" ] || die "$1: empty kernel path (path:FILE[,modules=DIR][,name=LABEL])"
+        [ -n "$KFILE" ] || die "$1: empty kernel path (path:FILE[,modules=DIR][,map=FILE][,name=LABEL])"
         while [ -n "$opts" ]; do
             o=${opts%%,*}
             if [ "$o" = "$opts" ]; then opts=""; else opts=${opts#*,}; fi
             case "$o" in
             modules=?*) MODS=${o#modules=} ;;
+            map=?*) MAPF=${o#map=} ;;
             name=?*) NAME=${o#name=}
                 case "$NAME" in *[!A-Za-z0-9._+-]*) die "$1: name=$NAME: use letters, digits and . _ + -" ;; esac ;;
-            *) die "$1: unknown option '$o' (modules=DIR, name=LABEL)" ;;
+            *) die "$1: unknown option '$o' (modules=DIR, map=FILE, name=LABEL)" ;;
             esac
         done
         [ -e "$KFILE" ] || die "$1: kernel image $KFILE does not exist"
         [ -f "$KFILE" ] || die "$1: kernel image $KFILE is not a file"
         is_bzimage "$KFILE" || die "$1: $KFILE is not a bzImage (no \"HdrS\" boot header at offset 0x202; use arch/x86/boot/bzImage)"
+        if [ -n "$MAPF" ]; then
+            [ -f "$MAPF" ] || die "$1: map=$MAPF: no such file (the System.map of that kernel build)"
+        fi
         if [ -n "$MODS" ]; then
             [ -d "$MODS" ] || die "$1: modules directory $MODS does not exist (give the lib/modules/KVER of that kernel)"
             [ -f "$MODS/modules.dep" ] || [ -d "$MODS/kernel" ] \
@@ -129,7 +137,7 @@ parse_spec() {
         fi
         ;;
     *)
-        die "$1: unknown SPEC (expected debian-6.1, debian-6.12, build:5.10[+PATCH], build:6.12[+PATCH] or path:FILE[,modules=DIR][,name=LABEL])"
+        die "$1: unknown SPEC (expected debian-6.1, debian-6.12, build:5.10[+PATCH], build:6.12[+PATCH] or path:FILE[,modules=DIR][,map=FILE][,name=LABEL])"
         ;;
     esac
 }
@@ -208,25 +216,50 @@ run_step "mpstat (images/fetch-sysstat.sh)" sh "$HERE/fetch-sysstat.sh" --out "$
 # --- kernels and their initramfs ---------------------------------------------------------
 # prepare_path_kernel: lay out a kernel dir for a path: SPEC (vmlinuz copy,
 # modules symlink, manifest), keyed by the bzImage's sha256 and the modules dir.
+# The System.map of a path: kernel: map=FILE, else System.map beside the
+# image, else at the top of the tree for .../arch/x86/boot/bzImage; empty
+# when there is none.
+path_kernel_map() {
+    if [ -n "$MAPF" ]; then abspath "$MAPF"; return 0; fi
+    d=$(dirname "$1")
+    if [ -f "$d/System.map" ]; then abspath "$d/System.map"; return 0; fi
+    case "$1" in
+    */arch/x86/boot/bzImage)
+        top=${1%/arch/x86/boot/bzImage}
+        if [ -f "$top/System.map" ]; then abspath "$top/System.map"; fi ;;
+    esac
+}
+
 prepare_path_kernel() {
     src=$(abspath "$KFILE")
     ksha=$(sha256 "$src")
-    key=$ksha
+    map=$(path_kernel_map "$src")
+    msha=""
+    [ -z "$map" ] || msha=$(sha256 "$map")
     mods_abs=""
-    if [ -n "$MODS" ]; then
-        mods_abs=$(cd "$MODS" && pwd)
-        key=$(printf '%s %s\n' "$ksha" "$mods_abs" | sha256sum | cut -d' ' -f1)
+    [ -z "$MODS" ] || mods_abs=$(cd "$MODS" && pwd)
+    # The key of a bare image stays its sha256 (caches made before maps
+    # were kept stay valid); a modules dir or a map joins it.
+    key=$ksha
+    if [ -n "$mods_abs$msha" ]; then
+        key=$(printf '%s %s %s\n' "$ksha" "$mods_abs" "$msha" | sha256sum | cut -d' ' -f1)
     fi
     KDIR="$CACHE/kernel-path-$(echo "$key" | cut -c1-16)"
     if [ -f "$KDIR/manifest.json" ] && [ -f "$KDIR/vmlinuz" ] \
        && [ "$(json_field "$KDIR/manifest.json" vmlinuz_sha256)" = "$ksha" ] \
-       && [ "$(sha256 "$KDIR/vmlinuz")" = "$ksha" ]; then
+       && [ "$(sha256 "$KDIR/vmlinuz")" = "$ksha" ] \
+       && { [ -z "$msha" ] || [ "$(sha256 "$KDIR/System.map" 2>/dev/null)" = "$msha" ]; }; then
         log "cached: $KDIR ($(json_field "$KDIR/manifest.json" kernel_version))"
         return 0
     fi
     rm -rf "$KDIR"
     mkdir -p "$KDIR"
     cp "$src" "$KDIR/vmlinuz"
+    if [ -n "$map" ]; then
+        cp "$map" "$KDIR/System.map"
+    else
+        log "note: no System.map beside $src (give path:...,map=FILE): no instruction counts per function for it"
+    fi
     kver=$(bzimage_version "$src")
     if [ -n "$mods_abs" ]; then
         mkdir -p "$KDIR/lib/modules"
@@ -238,6 +271,8 @@ prepare_path_kernel() {
     fi
     mods_json=null
     [ -z "$mods_abs" ] || mods_json="\"$(jstr "$mods_abs")\""
+    map_json=null; msha_json=null
+    if [ -n "$map" ]; then map_json="\"$(jstr "$map")\""; msha_json="\"$msha\""; fi
     cat > "$KDIR/manifest.json" <<EOF
 {
   "kind": "path",
@@ -250,6 +285,8 @@ prepare_path_kernel() {
   "config_sha256": null,
   "patch": null,
   "vmlinuz_sha256": "$ksha",
+  "system_map": $map_json,
+  "system_map_sha256": $msha_json,
   "prepared_at": "$(utc_now)"
 }
 EOF

@@ -537,3 +537,83 @@ fn prepare_rejects_bad_specs() {
         "a bad SPEC must fail before the cache is touched"
     );
 }
+
+/// A developer's own kernel keeps its System.map (issue 17): `path:` takes
+/// the System.map beside the image, or at the top of the tree for
+/// `arch/x86/boot/bzImage`, or `map=FILE`, and copies it into the cached
+/// kernel's directory (where `blklab run` looks for it), keyed by its
+/// sha256 and named in the manifest; without one, a note says so.
+#[test]
+fn path_kernels_keep_their_system_map() {
+    let cache = common::image_cache();
+    // A real bzImage and its System.map: the 6.12 build (cached).
+    let (built, _) = prepare_with(
+        &["--cache".as_ref(), cache.as_os_str(), "build:6.12".as_ref()],
+        true,
+    );
+    assert!(built.status.success(), "prepare.sh build:6.12 failed");
+    let k = &parse_stdout(&built)[0];
+    let map = k.kernel.parent().unwrap().join("System.map");
+    assert!(map.is_file(), "build:6.12 has no System.map");
+    let map_sha = sha256_file(&map);
+
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("linux");
+    std::fs::create_dir_all(tree.join("arch/x86/boot")).unwrap();
+    std::fs::copy(&k.kernel, tree.join("arch/x86/boot/bzImage")).unwrap();
+    std::fs::copy(&map, tree.join("System.map")).unwrap();
+    let bare = dir.path().join("bare");
+    std::fs::create_dir_all(&bare).unwrap();
+    std::fs::copy(&k.kernel, bare.join("bzImage")).unwrap();
+
+    let in_tree = format!("path:{}/arch/x86/boot/bzImage,name=tree", tree.display());
+    let with_map = format!(
+        "path:{}/bzImage,map={}/System.map,name=withmap",
+        bare.display(),
+        tree.display()
+    );
+    let without = format!("path:{}/bzImage,name=nomap", bare.display());
+    let (out, _) = prepare(&[
+        "--cache".as_ref(),
+        cache.as_os_str(),
+        in_tree.as_ref(),
+        with_map.as_ref(),
+        without.as_ref(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "prepare.sh failed:\n{stderr}");
+    let got = parse_stdout(&out);
+    assert_eq!(got.len(), 3);
+    for p in &got[..2] {
+        let kept = p.kernel.parent().unwrap().join("System.map");
+        assert!(
+            kept.is_file(),
+            "{}: no System.map beside {}",
+            p.name,
+            p.kernel.display()
+        );
+        assert_eq!(sha256_file(&kept), map_sha, "{}", p.name);
+        let m = read_json(&p.kernel_manifest);
+        assert_eq!(m["system_map_sha256"], map_sha.as_str(), "{}: {m}", p.name);
+    }
+    let nomap = &got[2];
+    assert!(!nomap.kernel.parent().unwrap().join("System.map").exists());
+    assert!(read_json(&nomap.kernel_manifest)["system_map"].is_null());
+    assert!(stderr.contains("no System.map beside"), "{stderr}");
+    // The map is part of the cache key: the image with and without it are
+    // two cached kernels.
+    assert_ne!(got[1].kernel, nomap.kernel);
+
+    // A map= that does not exist is refused before anything is built.
+    let missing = format!(
+        "path:{}/bzImage,map=/nonexistent/System.map",
+        bare.display()
+    );
+    let (out, _) = prepare(&["--cache".as_ref(), cache.as_os_str(), missing.as_ref()]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("map=/nonexistent/System.map: no such file"),
+        "{stderr}"
+    );
+}

@@ -21,6 +21,8 @@ pub enum ImageError {
     NotBzImage(PathBuf),
     #[error("modules directory {0} does not exist")]
     MissingModules(PathBuf),
+    #[error("System.map {0} does not exist (map=FILE: the System.map of that kernel build)")]
+    MissingMap(PathBuf),
     #[error("cannot find {0}: pass --lab-dir (the blklab source tree with images/ and guest-scripts/) or set BLKLAB_LAB_DIR")]
     NoLabDir(PathBuf),
     #[error("cannot run {script}: {source}")]
@@ -54,10 +56,14 @@ pub(crate) enum KernelSpec {
         series: String,
         patch: Option<String>,
     },
-    /// `path:FILE[,modules=DIR][,name=LABEL]` or a bare path.
+    /// `path:FILE[,modules=DIR][,map=FILE][,name=LABEL]` or a bare path.
+    /// Without `map=`, images/prepare.sh takes the `System.map` beside the
+    /// image, or at the top of the kernel tree for
+    /// `arch/x86/boot/bzImage`, when there is one.
     Path {
         kernel: PathBuf,
         modules: Option<PathBuf>,
+        map: Option<PathBuf>,
         name: Option<String>,
     },
 }
@@ -74,11 +80,15 @@ impl KernelSpec {
             KernelSpec::Path {
                 kernel,
                 modules,
+                map,
                 name,
             } => {
                 let mut s = format!("path:{}", kernel.display());
                 if let Some(m) = modules {
                     s.push_str(&format!(",modules={}", m.display()));
+                }
+                if let Some(m) = map {
+                    s.push_str(&format!(",map={}", m.display()));
                 }
                 if let Some(n) = name {
                     s.push_str(&format!(",name={n}"));
@@ -92,7 +102,10 @@ impl KernelSpec {
     /// must exist and be a bzImage.
     pub(crate) fn check(&self) -> Result<(), ImageError> {
         if let KernelSpec::Path {
-            kernel, modules, ..
+            kernel,
+            modules,
+            map,
+            ..
         } = self
         {
             if !kernel.is_file() {
@@ -109,6 +122,11 @@ impl KernelSpec {
             if let Some(m) = modules {
                 if !m.is_dir() {
                     return Err(ImageError::MissingModules(m.clone()));
+                }
+            }
+            if let Some(m) = map {
+                if !m.is_file() {
+                    return Err(ImageError::MissingMap(m.clone()));
                 }
             }
         }
@@ -157,7 +175,7 @@ impl std::str::FromStr for KernelSpec {
         let body = s.strip_prefix("path:").unwrap_or(s);
         if !(s.starts_with("path:") || s.contains('/')) {
             return Err(bad(
-                "expected debian-6.1, debian-6.12, build:5.10[+PATCH], build:6.12[+PATCH] or path:FILE[,modules=DIR][,name=LABEL]",
+                "expected debian-6.1, debian-6.12, build:5.10[+PATCH], build:6.12[+PATCH] or path:FILE[,modules=DIR][,map=FILE][,name=LABEL]",
             ));
         }
         let mut parts = body.split(',');
@@ -165,10 +183,11 @@ impl std::str::FromStr for KernelSpec {
         if kernel.as_os_str().is_empty() {
             return Err(bad("empty kernel path"));
         }
-        let (mut modules, mut name) = (None, None);
+        let (mut modules, mut map, mut name) = (None, None, None);
         for p in parts {
             match p.split_once('=') {
                 Some(("modules", d)) if !d.is_empty() => modules = Some(PathBuf::from(d)),
+                Some(("map", f)) if !f.is_empty() => map = Some(PathBuf::from(f)),
                 Some(("name", n))
                     if !n.is_empty()
                         && n.chars()
@@ -178,7 +197,7 @@ impl std::str::FromStr for KernelSpec {
                 }
                 _ => {
                     return Err(bad(&format!(
-                        "unknown option {p:?} (modules=DIR, name=LABEL)"
+                        "unknown option {p:?} (modules=DIR, map=FILE, name=LABEL)"
                     )))
                 }
             }
@@ -186,6 +205,7 @@ impl std::str::FromStr for KernelSpec {
         Ok(KernelSpec::Path {
             kernel,
             modules,
+            map,
             name,
         })
     }
@@ -343,6 +363,8 @@ mod tests {
         assert!(e.contains("5.10, 6.12"), "{e}");
         let p: KernelSpec = "path:/b/bzImage,modules=/m,name=mine".parse().unwrap();
         assert_eq!(p.to_prepare_arg(), "path:/b/bzImage,modules=/m,name=mine");
+        let p: KernelSpec = "path:/b/bzImage,map=/b/System.map".parse().unwrap();
+        assert_eq!(p.to_prepare_arg(), "path:/b/bzImage,map=/b/System.map");
         let bare: KernelSpec = "./arch/x86/boot/bzImage".parse().unwrap();
         assert_eq!(bare.to_prepare_arg(), "path:./arch/x86/boot/bzImage");
         for bad in [
@@ -352,6 +374,7 @@ mod tests {
             "vmlinuz",
             "path:",
             "path:/x,foo=1",
+            "path:/x,map=",
         ] {
             let e = bad.parse::<KernelSpec>().unwrap_err().to_string();
             assert!(e.contains("invalid --kernel"), "{bad}: {e}");
@@ -384,5 +407,9 @@ mod tests {
             .parse()
             .unwrap();
         assert!(spec.check().unwrap_err().to_string().contains("modules"));
+        let spec: KernelSpec = format!("path:{},map=/nonexistent/System.map", f.display())
+            .parse()
+            .unwrap();
+        assert!(spec.check().unwrap_err().to_string().contains("System.map"));
     }
 }
