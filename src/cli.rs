@@ -139,7 +139,9 @@ the two variants of a pair differ by design and are only listed.")]
 pub struct CompareArgs {
     /// A and B: run directories (DIR or DIR:KERNEL); one DIR with two kernels
     /// compares them in run order. With --pair, one side of one kernel
-    /// (DIR of one kernel, or DIR:KERNEL) compares its variants.
+    /// (DIR of one kernel, or DIR:KERNEL) compares its variants. A DIR may
+    /// be DIR,DIR,...: the shards of one run (`blklab run --shard I/N`),
+    /// merged (they must be of one plan, accelerator and QEMU version).
     #[arg(value_name = "SIDE", num_args = 1..=2, required = true)]
     pub sides: Vec<String>,
     /// A variant pair BASE:OTHER (repeatable): OTHER (B) against BASE (A),

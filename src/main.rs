@@ -72,17 +72,31 @@ fn serve(args: ServeArgs) -> Result<()> {
 }
 
 fn run(args: &blklab::lab::options::RunArgs) -> Result<()> {
-    let outcome = blklab::lab::runner::run(args).context("blklab run")?;
-    print!("{}", blklab::lab::summary::table(&outcome.records));
-    let metrics = blklab::record::metrics::default_metrics(&outcome.records);
-    match blklab::report::run_comparisons(&outcome.out_dir, &metrics) {
+    let (out_dir, records, failures) = match blklab::lab::runner::run(args).context("blklab run")? {
+        blklab::lab::runner::RunOutcome::Plan(plan) => {
+            println!("{}", serde_json::to_string_pretty(&plan)?);
+            return Ok(());
+        }
+        blklab::lab::runner::RunOutcome::Ran {
+            out_dir,
+            records,
+            failures,
+        } => (out_dir, records, failures),
+    };
+    print!("{}", blklab::lab::summary::table(&records));
+    if let Some(sh) = args.shard {
+        println!(
+            "\nshard {}/{} of the plan: merge the shards' directories with `blklab compare DIR,DIR,...`",
+            sh.index, sh.count
+        );
+    }
+    let metrics = blklab::record::metrics::default_metrics(&records);
+    match blklab::report::run_comparisons(&out_dir, &metrics) {
         Ok(reports) => {
             for (report, a, b) in reports {
                 println!();
                 print!("{}", blklab::report::render::table(&report));
-                let dir = outcome
-                    .out_dir
-                    .join(format!("compare-{}-vs-{}", a.kernel, b.kernel));
+                let dir = out_dir.join(format!("compare-{}-vs-{}", a.kernel, b.kernel));
                 blklab::report::write_all(&report, &a, &b, &dir)
                     .with_context(|| format!("cannot write the report to {}", dir.display()))?;
                 println!("report: {}", dir.join("report.html").display());
@@ -90,16 +104,12 @@ fn run(args: &blklab::lab::options::RunArgs) -> Result<()> {
         }
         Err(e) => log::warn!("no A/B report: {e}"),
     }
-    println!("results: {}", outcome.out_dir.display());
-    if !outcome.failures.is_empty() {
-        for f in &outcome.failures {
+    println!("results: {}", out_dir.display());
+    if !failures.is_empty() {
+        for f in &failures {
             eprintln!("blklab: failed: {f}");
         }
-        anyhow::bail!(
-            "{} failure(s); see {}",
-            outcome.failures.len(),
-            outcome.out_dir.display()
-        );
+        anyhow::bail!("{} failure(s); see {}", failures.len(), out_dir.display());
     }
     Ok(())
 }

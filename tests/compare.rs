@@ -797,3 +797,114 @@ fn a_different_accelerator_vcpu_count_or_qemu_is_refused_unless_forced() {
     let (_tmp, a, b) = edited_aa(|_| {}, |_| {});
     ok_stdout(&compare(&[&a, &b]));
 }
+
+/// `aa/` cut into the three shards `blklab run --shard I/3` would have
+/// written (one iteration each: the run has one boot unit, so a group is an
+/// iteration with both kernels), in `root`: each with the whole plan and
+/// its own boots in run.json.
+fn aa_as_shards(root: &Path) -> Vec<PathBuf> {
+    let src = fixture("aa");
+    let run = common::read_json(&src.join("run.json"));
+    let plan = run["order"].clone();
+    (0..3u64)
+        .map(|i| {
+            let d = root.join(format!("shard{}", i + 1));
+            std::fs::create_dir_all(&d).unwrap();
+            let mut r = run.clone();
+            let order: Vec<Value> = plan
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|o| o["iteration"] == i)
+                .cloned()
+                .collect();
+            assert_eq!(order.len(), 2, "both kernels of iteration {i}");
+            r["order"] = Value::Array(order);
+            r["shard"] = serde_json::json!({"index": i + 1, "count": 3, "plan": plan});
+            std::fs::write(d.join("run.json"), serde_json::to_vec_pretty(&r).unwrap()).unwrap();
+            for e in std::fs::read_dir(&src).unwrap() {
+                let p = e.unwrap().path();
+                let name = p.file_name().unwrap().to_string_lossy().to_string();
+                if name.ends_with(&format!(".{i:02}.json")) {
+                    std::fs::copy(&p, d.join(&name)).unwrap();
+                }
+            }
+            d
+        })
+        .collect()
+}
+
+/// Shards of one plan merge into the run they are slices of: `compare
+/// s1,s2,s3` gives exactly the unsharded run's rows, sample counts and
+/// means; a shard given twice, shards of another plan and directories that
+/// are not shards are refused.
+#[test]
+fn shards_of_one_plan_merge_into_the_unsharded_comparison() {
+    let tmp = tempfile::tempdir().unwrap();
+    let shards = aa_as_shards(tmp.path());
+    let list: Vec<&str> = shards.iter().map(|p| arg(p)).collect();
+    let merged = list.join(",");
+    let whole: Value = serde_json::from_str(&ok_stdout(&compare(&[
+        arg(&fixture("aa")),
+        "--format",
+        "json",
+    ])))
+    .unwrap();
+    let got: Value =
+        serde_json::from_str(&ok_stdout(&compare(&[&merged, "--format", "json"]))).unwrap();
+    let cells = |v: &Value| -> Vec<(String, String, Value, Value, Value)> {
+        all_cells(v)
+            .into_iter()
+            .map(|(row, metric, c)| {
+                (
+                    row,
+                    metric,
+                    c["a"]["n"].clone(),
+                    c["a"]["mean"].clone(),
+                    c["b"]["mean"].clone(),
+                )
+            })
+            .collect()
+    };
+    assert!(!cells(&whole).is_empty());
+    assert_eq!(
+        cells(&got),
+        cells(&whole),
+        "merged shards against the unsharded run"
+    );
+    for (_, _, n, _, _) in cells(&got) {
+        assert_eq!(n, 3);
+    }
+    // The shards in another order, and two sides of merged shards.
+    let (ka, kb) = aa_labels();
+    let reversed = format!("{},{},{}", list[2], list[0], list[1]);
+    let two: Value = serde_json::from_str(&ok_stdout(&compare(&[
+        &format!("{reversed}:{ka}"),
+        &format!("{merged}:{kb}"),
+        "--format",
+        "json",
+    ])))
+    .unwrap();
+    assert_eq!(cells(&two), cells(&whole));
+
+    let e = err_text(&compare(&[&format!("{},{}", list[0], list[0])]));
+    assert!(e.contains("given twice"), "{e}");
+    let e = err_text(&compare(&[&format!("{},{}", arg(&fixture("aa")), list[0])]));
+    assert!(e.contains("not a shard"), "{e}");
+    // A shard of another plan (one more iteration in it).
+    let other = tmp.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let mut r = common::read_json(&shards[1].join("run.json"));
+    let mut extra = r["shard"]["plan"][0].clone();
+    extra["iteration"] = 9.into();
+    r["shard"]["plan"].as_array_mut().unwrap().push(extra);
+    std::fs::write(other.join("run.json"), serde_json::to_vec(&r).unwrap()).unwrap();
+    for e in std::fs::read_dir(&shards[1]).unwrap() {
+        let p = e.unwrap().path();
+        if p.file_name().unwrap() != "run.json" {
+            std::fs::copy(&p, other.join(p.file_name().unwrap())).unwrap();
+        }
+    }
+    let e = err_text(&compare(&[&format!("{},{}", list[0], arg(&other))]));
+    assert!(e.contains("different plans"), "{e}");
+}

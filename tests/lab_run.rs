@@ -372,11 +372,74 @@ fn default_run_builds_the_pair_and_reports() {
 
 /// A kernel against itself (a Debian kernel, booted as two sides): the
 /// report must call nothing significant.
+/// `--plan` prints the boots without building or booting anything, and
+/// `--shard I/N` slices it into whole (iteration, part) groups.
+#[test]
+fn the_plan_is_printed_without_building_and_shards_slice_it() {
+    let plan = |extra: &[&str]| -> Value {
+        let (o, _) = blklab_run(
+            &[
+                &["--kernel", "build:6.12", "--kernel", "build:6.12+noplug"][..],
+                &["--scenario", "smoke", "--iterations", "3", "--plan"][..],
+                extra,
+            ]
+            .concat(),
+        );
+        let (stdout, stderr) = text(&o);
+        assert!(o.status.success(), "--plan failed:\n{stderr}");
+        assert!(
+            !stderr.contains("building"),
+            "--plan built something:\n{stderr}"
+        );
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+    };
+    let whole = plan(&[]);
+    assert_eq!(whole["schema"], "blklab-plan/1");
+    assert_eq!(whole["groups"], 3);
+    let boots = whole["boots"].as_array().unwrap();
+    assert_eq!(boots.len(), 6);
+    let ks: Vec<&str> = boots
+        .iter()
+        .map(|b| b["kernel"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ks,
+        [
+            "6.12",
+            "6.12-noplug",
+            "6.12",
+            "6.12-noplug",
+            "6.12",
+            "6.12-noplug"
+        ]
+    );
+    let mut seen = Vec::new();
+    for i in 1..=3 {
+        let s = plan(&["--shard", &format!("{i}/3")]);
+        let b = s["boots"].as_array().unwrap();
+        assert_eq!(b.len(), 2, "shard {i}/3: {s}");
+        assert_eq!(b[0]["group"], b[1]["group"], "a shard keeps its A/B pair");
+        seen.extend(b.iter().map(|x| x["index"].as_u64().unwrap()));
+    }
+    seen.sort();
+    assert_eq!(seen, [0, 1, 2, 3, 4, 5], "every boot in exactly one shard");
+    for bad in ["0/3", "4/3", "x"] {
+        let (o, _) = blklab_run(&["--scenario", "smoke", "--plan", "--shard", bad]);
+        assert!(!o.status.success(), "--shard {bad} accepted");
+        assert!(text(&o).1.contains("I/N"), "{}", text(&o).1);
+    }
+}
+
+/// A kernel against itself, run as three shards (`--shard I/3`, one A/B
+/// pair of boots each, as three CI machines would) and merged by
+/// `blklab compare DIR,DIR,DIR`: every record checks out, the merge has
+/// the unsharded run's sample counts (3 a side, from the plan), and
+/// nothing is significant.
 #[test]
 fn a_kernel_against_itself_shows_no_significant_row() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let out_dir = tempfile::tempdir().unwrap();
-    let (o, took) = blklab_run(&[
+    let root = tempfile::tempdir().unwrap();
+    let common_args = [
         "--kernel",
         "debian-6.12",
         "--kernel",
@@ -391,36 +454,49 @@ fn a_kernel_against_itself_shows_no_significant_row() {
         "tcg",
         "--count-insns",
         "off",
-        "--out",
-        out_dir.path().to_str().unwrap(),
-    ]);
-    let (stdout, stderr) = text(&o);
-    assert!(
-        o.status.success(),
-        "blklab run failed after {took:?}\nstdout:\n{stdout}\nstderr:\n{stderr}\n{}",
-        consoles(out_dir.path())
-    );
-    let run = read_json(&out_dir.path().join("run.json"));
-    let labels: Vec<String> = run["kernels"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|k| k["label"].as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(labels.len(), 2);
-    assert_ne!(labels[0], labels[1]);
-    for l in &labels {
-        for v in ["read", "write"] {
-            for i in 0..3 {
-                let p = out_dir.path().join(format!("{l}.smoke.{v}.{i:02}.json"));
-                check_record(&format!("{l}/{v}/{i}"), &read_json(&p), 1);
+    ];
+    let mut dirs = Vec::new();
+    for i in 1..=3 {
+        let out_dir = root.path().join(format!("shard{i}"));
+        let shard = format!("{i}/3");
+        let (o, took) = blklab_run(
+            &[
+                &common_args[..],
+                &["--shard", &shard, "--out", out_dir.to_str().unwrap()],
+            ]
+            .concat(),
+        );
+        let (stdout, stderr) = text(&o);
+        assert!(
+            o.status.success(),
+            "blklab run --shard {shard} failed after {took:?}\nstdout:\n{stdout}\nstderr:\n{stderr}\n{}",
+            consoles(&out_dir)
+        );
+        let run = read_json(&out_dir.join("run.json"));
+        assert_eq!(run["shard"]["index"], i);
+        assert_eq!(run["shard"]["plan"].as_array().unwrap().len(), 6);
+        assert_eq!(run["order"].as_array().unwrap().len(), 2);
+        let labels: Vec<String> = run["kernels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k["label"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(labels.len(), 2);
+        assert_ne!(labels[0], labels[1]);
+        // Shard i ran iteration i-1 of both kernels.
+        for l in &labels {
+            for v in ["read", "write"] {
+                let p = out_dir.join(format!("{l}.smoke.{v}.{:02}.json", i - 1));
+                check_record(&format!("{l}/{v}/{}", i - 1), &read_json(&p), 1);
             }
         }
+        documents_match_their_types_and_schemas(&out_dir);
+        dirs.push(out_dir.to_str().unwrap().to_string());
     }
-    documents_match_their_types_and_schemas(out_dir.path());
     // Every metric at 99 %, Holm-corrected over all of them.
     let out = Command::new(common::blklab_bin())
-        .args(["compare", out_dir.path().to_str().unwrap()])
+        .args(["compare", &dirs.join(",")])
         .args([
             "--metric",
             "all",
@@ -438,7 +514,8 @@ fn a_kernel_against_itself_shows_no_significant_row() {
     for row in rows {
         for (k, c) in row["metrics"].as_object().unwrap() {
             assert_eq!(c["significant"], false, "A/A {}: {k} {c}", row["variant"]);
-            assert_eq!(c["a"]["n"], 3);
+            assert_eq!(c["a"]["n"], 3, "the unsharded run's sample count");
+            assert_eq!(c["b"]["n"], 3);
         }
     }
 }

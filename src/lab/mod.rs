@@ -16,6 +16,7 @@ pub mod console;
 pub mod images;
 pub mod insns;
 pub mod options;
+pub mod plan;
 pub mod qemu;
 pub mod runner;
 pub mod scenario;

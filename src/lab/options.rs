@@ -141,6 +141,20 @@ pub struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Print the run's boots (kernel x scenario x iteration, in the order
+    /// they would run; with --shard, that shard's) as JSON and exit:
+    /// nothing is built or booted.
+    #[arg(long)]
+    pub plan: bool,
+    /// Run one slice of the plan: I of N (1-based). Shards take whole
+    /// (iteration, scenario part) groups, every kernel of each, so A/B pairs
+    /// stay on one machine; `blklab compare DIR,DIR,...` merges them.
+    #[arg(long, value_name = "I/N", value_parser = parse_shard)]
+    pub shard: Option<crate::lab::plan::Shard>,
+}
+
+fn parse_shard(s: &str) -> Result<crate::lab::plan::Shard, String> {
+    s.parse()
 }
 
 /// An interval such as `1s`, `500ms`, `2.5s`.

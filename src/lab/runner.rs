@@ -78,32 +78,7 @@ pub enum RunError {
     },
 }
 
-/// One boot: which kernel, boot unit (a scenario's variants that share
-/// device settings: [`Unit`]) and iteration.
-#[derive(Debug, Clone)]
-struct Boot {
-    kernel: usize,
-    unit: usize,
-    iteration: u32,
-}
-
-/// The order boots run in: iterations outermost, then units, then
-/// kernels, so kernels alternate (A B A B …) and drift hits both.
-fn plan(kernels: usize, units: usize, iterations: u32) -> Vec<Boot> {
-    let mut v = Vec::new();
-    for iteration in 0..iterations {
-        for unit in 0..units {
-            for kernel in 0..kernels {
-                v.push(Boot {
-                    kernel,
-                    unit,
-                    iteration,
-                });
-            }
-        }
-    }
-    v
-}
+use crate::lab::plan::{self as run_plan, Boot};
 
 /// What one boot runs: a scenario's variants that share device settings,
 /// and those settings.
@@ -406,36 +381,21 @@ fn host_info() -> HostInfo {
 }
 
 /// Everything `blklab run` produced.
-pub struct RunOutcome {
-    pub out_dir: PathBuf,
-    pub records: Vec<ResultRecord>,
-    pub failures: Vec<String>,
+pub enum RunOutcome {
+    /// `--plan`: what would run; nothing was built or booted.
+    Plan(run_plan::PlanDocument),
+    /// The run's records, in `out_dir`.
+    Ran {
+        out_dir: PathBuf,
+        records: Vec<ResultRecord>,
+        failures: Vec<String>,
+    },
 }
 
 /// Unique labels for the kernels (the prepared names, suffixed on clashes).
 fn labels(guests: &[PreparedGuest]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    for g in guests {
-        let base: String = g
-            .name
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || "._+-".contains(c) {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect();
-        let mut name = base.clone();
-        let mut i = 2;
-        while out.contains(&name) {
-            name = format!("{base}-{i}");
-            i += 1;
-        }
-        out.push(name);
-    }
-    out
+    let names: Vec<String> = guests.iter().map(|g| g.name.clone()).collect();
+    run_plan::unique_labels(&names)
 }
 
 /// Run the lab as `args` says.
@@ -464,6 +424,51 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         .collect::<Result<_, _>>()?;
     let units = units(&scenarios, args);
     check_units(&scenarios, &units)?;
+    // The plan, known before anything is built: its labels are the ones
+    // images/prepare.sh will give (checked below).
+    let planned_labels = run_plan::labels(&specs);
+    let all_boots = run_plan::boots(specs.len(), units.len(), args.iterations);
+    let order_of = |boots: &[Boot], names: &[String]| -> Vec<BootOrder> {
+        boots
+            .iter()
+            .map(|b| {
+                let u = &units[b.unit];
+                let s = &scenarios[u.scenario];
+                BootOrder {
+                    kernel: names[b.kernel].clone(),
+                    scenario: s.name.clone(),
+                    iteration: b.iteration,
+                    variants: u
+                        .settings
+                        .variants
+                        .iter()
+                        .map(|&i| s.variants[i].name.clone())
+                        .collect(),
+                    machine: Some(u.settings.machine.clone()),
+                }
+            })
+            .collect()
+    };
+    let boots = run_plan::select(all_boots.clone(), args.shard);
+    if args.plan {
+        return Ok(RunOutcome::Plan(plan_document(
+            args,
+            &specs,
+            &planned_labels,
+            &scenarios,
+            &units,
+            &all_boots,
+            &boots,
+        )));
+    }
+    if boots.is_empty() {
+        return Err(RunError::Config(format!(
+            "--shard {}/{}: this shard has no boots (the run has {} (iteration, scenario part) groups)",
+            args.shard.map_or(0, |s| s.index),
+            args.shard.map_or(0, |s| s.count),
+            all_boots.last().map_or(0, |b| b.group + 1)
+        )));
+    }
     let qemu_path = qemu::locate(&args.qemu)?;
     let qemu_bin = qemu_path.display().to_string();
     let out_dir = args
@@ -477,6 +482,13 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     info!("preparing {} guest image(s)", specs.len());
     let guests = images::prepare(&lab_dir, args.cache.as_deref(), &specs)?;
     let names = labels(&guests);
+    if names != planned_labels {
+        return Err(RunError::Config(format!(
+            "images/prepare.sh named the kernels [{}], the plan [{}]: a blklab binary and lab tree of different versions?",
+            names.join(", "),
+            planned_labels.join(", ")
+        )));
+    }
     let forced = args.count_insns == CountInsns::On;
     let decision = decide_accel(
         args.accel,
@@ -536,7 +548,6 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     }
     info!("accelerator: {accel:?} ({accel_why})");
 
-    let boots = plan(guests.len(), units.len(), args.iterations);
     let total: u64 = boots
         .iter()
         .map(|b| units[b.unit].settings.variants.len() as u64)
@@ -572,25 +583,10 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
             .collect(),
         scenarios: scenarios.clone(),
         iterations: args.iterations,
-        order: boots
-            .iter()
-            .map(|b| {
-                let u = &units[b.unit];
-                let s = &scenarios[u.scenario];
-                BootOrder {
-                    kernel: names[b.kernel].clone(),
-                    scenario: s.name.clone(),
-                    iteration: b.iteration,
-                    variants: u
-                        .settings
-                        .variants
-                        .iter()
-                        .map(|&i| s.variants[i].name.clone())
-                        .collect(),
-                    machine: Some(u.settings.machine.clone()),
-                }
-            })
-            .collect(),
+        order: order_of(&boots, &names),
+        shard: args
+            .shard
+            .map(|sh| run_plan::shard_info(sh, &order_of(&all_boots, &names))),
     };
     crate::record::write(&out_dir.join("run.json"), &run_doc)?;
 
@@ -706,11 +702,62 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         path: out_dir.join("summary.txt"),
         source,
     })?;
-    Ok(RunOutcome {
+    Ok(RunOutcome::Ran {
         out_dir,
         records,
         failures,
     })
+}
+
+/// `--plan`: the boots of the run (or of its shard).
+fn plan_document(
+    args: &RunArgs,
+    specs: &[KernelSpec],
+    labels: &[String],
+    scenarios: &[Scenario],
+    units: &[Unit],
+    all: &[Boot],
+    selected: &[Boot],
+) -> run_plan::PlanDocument {
+    run_plan::PlanDocument {
+        schema: "blklab-plan/1".into(),
+        kernels: specs
+            .iter()
+            .zip(labels)
+            .map(|(s, l)| run_plan::PlanKernel {
+                label: l.clone(),
+                spec: s.to_prepare_arg(),
+            })
+            .collect(),
+        scenarios: scenarios.iter().map(|s| s.name.clone()).collect(),
+        iterations: args.iterations,
+        groups: all.last().map_or(0, |b| b.group + 1),
+        shard: args.shard.map(|s| run_plan::PlanShard {
+            index: s.index,
+            count: s.count,
+        }),
+        boots: selected
+            .iter()
+            .map(|b| {
+                let u = &units[b.unit];
+                let s = &scenarios[u.scenario];
+                run_plan::PlanBoot {
+                    index: all.iter().position(|x| x == b).unwrap_or(0),
+                    group: b.group,
+                    kernel: labels[b.kernel].clone(),
+                    scenario: s.name.clone(),
+                    iteration: b.iteration,
+                    variants: u
+                        .settings
+                        .variants
+                        .iter()
+                        .map(|&i| s.variants[i].name.clone())
+                        .collect(),
+                    shard: args.shard.map(|sh| run_plan::shard_of(b.group, sh.count)),
+                }
+            })
+            .collect(),
+    }
 }
 
 struct BootCtx<'a> {
@@ -1381,18 +1428,6 @@ mod tests {
     }
 
     use super::*;
-
-    #[test]
-    fn kernels_interleave() {
-        let p = plan(2, 1, 3);
-        let ks: Vec<usize> = p.iter().map(|b| b.kernel).collect();
-        assert_eq!(ks, vec![0, 1, 0, 1, 0, 1]);
-        let its: Vec<u32> = p.iter().map(|b| b.iteration).collect();
-        assert_eq!(its, vec![0, 0, 1, 1, 2, 2]);
-        let p = plan(2, 2, 1);
-        let v: Vec<(usize, usize)> = p.iter().map(|b| (b.unit, b.kernel)).collect();
-        assert_eq!(v, vec![(0, 0), (0, 1), (1, 0), (1, 1)]);
-    }
 
     #[test]
     fn stamp_format() {

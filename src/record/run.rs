@@ -84,6 +84,17 @@ pub struct BootOrder {
     pub machine: Option<crate::record::machine::Machine>,
 }
 
+/// `blklab run --shard I/N`: which slice of which plan this run is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ShardInfo {
+    /// 1-based.
+    pub index: u32,
+    pub count: u32,
+    /// Every boot of the whole run, in order (this shard's are `order`).
+    /// Shards merge (`blklab compare DIR,DIR,...`) only with the same plan.
+    pub plan: Vec<BootOrder>,
+}
+
 /// Instruction counting (`--count-insns`): the TCG plugin and how windows
 /// are taken.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -129,6 +140,9 @@ pub struct RunDocument {
     pub scenarios: Vec<Scenario>,
     pub iterations: u32,
     pub order: Vec<BootOrder>,
+    /// `--shard I/N` (null: the whole run).
+    #[serde(default)]
+    pub shard: Option<ShardInfo>,
 }
 
 impl Document for RunDocument {

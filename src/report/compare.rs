@@ -63,6 +63,8 @@ pub enum ReportError {
     PairSets { only_a: String, only_b: String },
     #[error("{0}")]
     Usage(String),
+    #[error("cannot merge {a} and {b}: {why}")]
+    Merge { a: PathBuf, b: PathBuf, why: String },
 }
 
 /// One side of a comparison: the records of one kernel in one run.
@@ -87,6 +89,12 @@ fn is_result(schema: &str) -> bool {
 /// documents are left alone; a record or run.json of a schema version this
 /// blklab does not read is an error).
 pub fn load_dir(dir: &Path) -> Result<(RunDocument, Vec<ResultRecord>), ReportError> {
+    let (run, named) = load_dir_named(dir)?;
+    Ok((run, named.into_iter().map(|(_, r)| r).collect()))
+}
+
+/// [`load_dir`] with each record's file name, in file-name order.
+fn load_dir_named(dir: &Path) -> Result<(RunDocument, Vec<(String, ResultRecord)>), ReportError> {
     let run_path = dir.join("run.json");
     if !run_path.is_file() {
         return Err(ReportError::NotARun(dir.to_path_buf()));
@@ -109,7 +117,7 @@ pub fn load_dir(dir: &Path) -> Result<(RunDocument, Vec<ResultRecord>), ReportEr
         }
         let v = crate::record::read_value(&f)?;
         if crate::record::schema_of(&v).is_some_and(is_result) {
-            records.push(crate::record::from_value(&f, &v)?);
+            records.push((name.into_owned(), crate::record::from_value(&f, &v)?));
         }
     }
     if records.is_empty() {
@@ -117,6 +125,104 @@ pub fn load_dir(dir: &Path) -> Result<(RunDocument, Vec<ResultRecord>), ReportEr
             dir: dir.to_path_buf(),
         });
     }
+    Ok((run, records))
+}
+
+/// Several run directories as one: the shards of one plan (`blklab run
+/// --shard I/N`), merged. They must come from the same plan (run.json's
+/// `shard.plan`) under the same accelerator, QEMU version and instruction
+/// counting, and no boot may appear twice. The merged run is the first
+/// shard's document with every shard's boots in plan order (and no shard
+/// record). One directory is just [`load_dir`].
+pub fn load_dirs(dirs: &[PathBuf]) -> Result<(RunDocument, Vec<ResultRecord>), ReportError> {
+    let Some((first, rest)) = dirs.split_first() else {
+        return Err(ReportError::Usage("no run directory".into()));
+    };
+    let (mut run, mut records) = load_dir_named(first)?;
+    if rest.is_empty() {
+        return Ok((run, records.into_iter().map(|(_, r)| r).collect()));
+    }
+    let merge_err = |b: &Path, why: String| ReportError::Merge {
+        a: first.clone(),
+        b: b.to_path_buf(),
+        why,
+    };
+    let Some(plan) = run.shard.as_ref().map(|s| s.plan.clone()) else {
+        return Err(merge_err(
+            &rest[0],
+            format!(
+                "{} is not a shard of a run (blklab run --shard I/N)",
+                first.display()
+            ),
+        ));
+    };
+    let mut shards = vec![run.shard.as_ref().map_or(0, |s| s.index)];
+    let mut order = run.order.clone();
+    for d in rest {
+        let (r, recs) = load_dir_named(d)?;
+        let Some(sh) = &r.shard else {
+            return Err(merge_err(
+                d,
+                format!("{} is not a shard of a run", d.display()),
+            ));
+        };
+        if sh.plan != plan || Some(sh.count) != run.shard.as_ref().map(|s| s.count) {
+            return Err(merge_err(d, "they are shards of different plans (kernels, scenarios, iterations or machines differ)".into()));
+        }
+        if shards.contains(&sh.index) {
+            return Err(merge_err(
+                d,
+                format!("shard {}/{} is given twice", sh.index, sh.count),
+            ));
+        }
+        for (what, x, y) in [
+            (
+                "accelerator",
+                format!("{:?}", run.accel),
+                format!("{:?}", r.accel),
+            ),
+            (
+                "--deterministic",
+                run.deterministic.to_string(),
+                r.deterministic.to_string(),
+            ),
+            (
+                "QEMU version",
+                run.qemu.version.clone().unwrap_or_default(),
+                r.qemu.version.clone().unwrap_or_default(),
+            ),
+            (
+                "instruction counting",
+                run.count_insns.is_some().to_string(),
+                r.count_insns.is_some().to_string(),
+            ),
+        ] {
+            if x != y {
+                return Err(merge_err(
+                    d,
+                    format!("their {what} differs ({x} against {y})"),
+                ));
+            }
+        }
+        shards.push(sh.index);
+        order.extend(r.order.iter().cloned());
+        records.extend(recs);
+    }
+    // As one directory would list them: by file name.
+    records.sort_by(|a, b| a.0.cmp(&b.0));
+    let records: Vec<ResultRecord> = records.into_iter().map(|(_, r)| r).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &records {
+        if !seen.insert((&r.kernel, &r.scenario, &r.variant, r.iteration)) {
+            return Err(ReportError::Usage(format!(
+                "{} {} {} iteration {} is in two of the merged directories",
+                r.kernel, r.scenario, r.variant, r.iteration
+            )));
+        }
+    }
+    order.sort_by_key(|o| plan.iter().position(|p| p == o).unwrap_or(usize::MAX));
+    run.order = order;
+    run.shard = None;
     Ok((run, records))
 }
 
@@ -145,23 +251,39 @@ fn side_of(dir: &Path, run: &RunDocument, records: &[ResultRecord], kernel: &str
     }
 }
 
-/// `DIR` or `DIR:KERNEL` → (dir, kernel).
-fn split_arg(arg: &str) -> (PathBuf, Option<String>) {
+/// `DIR[,DIR...]` or `DIR[,DIR...]:KERNEL` → (dirs, kernel). Several
+/// directories are the shards of one run, merged ([`load_dirs`]).
+fn split_arg(arg: &str) -> (Vec<PathBuf>, Option<String>) {
+    let dirs = |s: &str| -> Option<Vec<PathBuf>> {
+        let v: Vec<PathBuf> = s.split(',').map(PathBuf::from).collect();
+        v.iter().all(|d| d.is_dir()).then_some(v)
+    };
     if Path::new(arg).is_dir() {
-        return (PathBuf::from(arg), None);
+        return (vec![PathBuf::from(arg)], None);
+    }
+    if let Some(v) = dirs(arg) {
+        return (v, None);
     }
     match arg.rsplit_once(':') {
-        Some((d, k)) if Path::new(d).is_dir() && !k.is_empty() => {
-            (PathBuf::from(d), Some(k.to_string()))
-        }
-        _ => (PathBuf::from(arg), None),
+        Some((d, k)) if !k.is_empty() => match dirs(d) {
+            Some(v) => (v, Some(k.to_string())),
+            None => (vec![PathBuf::from(arg)], None),
+        },
+        _ => (vec![PathBuf::from(arg)], None),
     }
+}
+
+/// How a side's directories are shown: `DIR` or `DIR,DIR,...`.
+fn dirs_label(dirs: &[PathBuf]) -> PathBuf {
+    let s: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    PathBuf::from(s.join(","))
 }
 
 /// One side from `DIR` (a run with one kernel) or `DIR:KERNEL`.
 pub fn load_side(arg: &str) -> Result<Side, ReportError> {
-    let (dir, kernel) = split_arg(arg);
-    let (run, records) = load_dir(&dir)?;
+    let (dirs, kernel) = split_arg(arg);
+    let (run, records) = load_dirs(&dirs)?;
+    let dir = dirs_label(&dirs);
     let ks = kernels(&run, &records);
     match kernel {
         Some(k) => {
@@ -185,8 +307,10 @@ pub fn load_side(arg: &str) -> Result<Side, ReportError> {
 
 /// The two sides of one run directory holding exactly two kernels (A is
 /// the first in run order).
-pub fn load_pair(dir: &Path) -> Result<(Side, Side), ReportError> {
-    let (run, records) = load_dir(dir)?;
+pub fn load_pair(arg: &str) -> Result<(Side, Side), ReportError> {
+    let (dirs, _) = split_arg(arg);
+    let (run, records) = load_dirs(&dirs)?;
+    let dir = &dirs_label(&dirs);
     let ks = kernels(&run, &records);
     if ks.len() != 2 {
         return Err(ReportError::NotAPair {
@@ -1193,15 +1317,16 @@ pub fn run(req: &Request) -> Result<Compared, ReportError> {
     }
     let (a, b) = match (req.sides.as_slice(), req.pairs.is_empty()) {
         ([one], true) => {
-            let (a, b) = load_pair(Path::new(one))?;
+            let (a, b) = load_pair(one)?;
             (a, Some(b))
         }
         ([one], false) => {
-            let (dir, kernel) = split_arg(one);
+            let (dirs, kernel) = split_arg(one);
             if kernel.is_some() {
                 (load_side(one)?, None)
             } else {
-                let (run, records) = load_dir(&dir)?;
+                let (run, records) = load_dirs(&dirs)?;
+                let dir = dirs_label(&dirs);
                 let ks = kernels(&run, &records);
                 match ks.as_slice() {
                     [k] => (side_of(&dir, &run, &records, k), None),
