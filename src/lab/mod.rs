@@ -17,6 +17,7 @@ pub mod images;
 pub mod insns;
 pub mod options;
 pub mod plan;
+pub(crate) mod progress;
 pub mod qemu;
 pub mod runner;
 pub mod scenario;

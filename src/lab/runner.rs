@@ -8,7 +8,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use log::{info, warn};
 use serde::Deserialize;
 use serde_json::Value;
@@ -79,6 +78,7 @@ pub enum RunError {
 }
 
 use crate::lab::plan::{self as run_plan, Boot};
+use crate::lab::progress::Progress;
 
 /// What one boot runs: a scenario's variants that share device settings,
 /// and those settings.
@@ -590,16 +590,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     };
     crate::record::write(&out_dir.join("run.json"), &run_doc)?;
 
-    let pb = if args.no_progress {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr())
-    };
-    pb.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
+    let pb = Progress::new(total, boots.len(), !args.no_progress);
     let mut records = Vec::new();
     let mut failures = Vec::new();
     let mut retried: Vec<RetriedBoot> = Vec::new();
@@ -607,10 +598,10 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         let g = &guests[boot.kernel];
         let unit = &units[boot.unit];
         let s = &scenarios[unit.scenario];
-        pb.set_message(format!(
-            "{} {} #{}: booting",
-            names[boot.kernel], s.name, boot.iteration
-        ));
+        pb.boot(
+            seq,
+            &format!("{} {} #{}", names[boot.kernel], s.name, boot.iteration),
+        );
         let ctx = BootCtx {
             args,
             seq,
@@ -635,7 +626,6 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         // fault (oops, BUG, WARN, panic, call trace) at boot or during fio
         // fails the run with the report printed whole, and so does any
         // other failure after the guest spoke.
-        let position = pb.position();
         let console = console_log_path(&out_dir, &names[boot.kernel], s, unit, boot.iteration);
         let fail = |f: BootFailure, earlier: Option<&str>| match f {
             BootFailure::KernelFault(trace) => RunError::KernelFault {
@@ -680,7 +670,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
                     error: first.clone(),
                     console: kept,
                 });
-                pb.set_position(position);
+                pb.retry();
                 run_boot(&ctx).map_err(|f| fail(f, Some(&first)))?
             }
             Err(f) => return Err(fail(f, None)),
@@ -688,7 +678,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         records.append(&mut recs);
         failures.append(&mut fails);
     }
-    pb.finish_and_clear();
+    pb.finish();
     let table = summary::table(&records);
     let sum_doc = SummaryDocument {
         schema: SUMMARY_SCHEMA.to_string(),
@@ -771,7 +761,7 @@ struct BootCtx<'a> {
     accel: Accel,
     qemu: &'a str,
     out_dir: &'a Path,
-    pb: &'a ProgressBar,
+    pb: &'a Progress,
     plugin: Option<&'a Path>,
     symbols: Option<Arc<SymbolMap>>,
 }
@@ -1117,7 +1107,7 @@ impl<'a> Session<'a> {
     /// baselines and the host's CPU, before the guest goes on.
     fn begin_window(&mut self, scenario: String, variant: String) -> Result<(), BootFailure> {
         let c = self.c;
-        c.pb.set_message(format!(
+        c.pb.variant(&format!(
             "{} {}/{} #{}",
             c.label, scenario, variant, c.boot.iteration
         ));
@@ -1239,7 +1229,7 @@ impl<'a> Session<'a> {
         ));
         crate::record::write(&file, &record).map_err(|e| e.to_string())?;
         self.records.push(record);
-        c.pb.inc(1);
+        c.pb.variant_done();
         self.expect(c.args.step_timeout, "the next variant".into());
         Ok(())
     }
