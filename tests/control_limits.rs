@@ -37,6 +37,20 @@ fn answer(r: &mut BufReader<UnixStream>) -> Option<Value> {
     (n > 0).then(|| serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}")))
 }
 
+/// Open every control slot with a served connection (each holds its
+/// slot while open).
+fn fill_slots(d: &Daemon) -> Vec<BufReader<UnixStream>> {
+    (0..MAX_CONNECTIONS)
+        .map(|_| {
+            let mut s = connect(d.control());
+            writeln!(s, "config").unwrap();
+            let mut r = BufReader::new(s);
+            assert!(answer(&mut r).unwrap().get("disks").is_some());
+            r
+        })
+        .collect()
+}
+
 fn error_of(v: &Value) -> String {
     v.get("error")
         .and_then(Value::as_str)
@@ -85,15 +99,7 @@ fn an_overlong_line_is_refused_with_a_short_error() {
 fn connections_beyond_the_cap_are_refused_and_slots_come_back() {
     let d = daemon();
     // Fill every slot; each connection is served (so it holds a slot).
-    let mut held: Vec<BufReader<UnixStream>> = (0..MAX_CONNECTIONS)
-        .map(|_| {
-            let mut s = connect(d.control());
-            writeln!(s, "config").unwrap();
-            let mut r = BufReader::new(s);
-            assert!(answer(&mut r).unwrap().get("disks").is_some());
-            r
-        })
-        .collect();
+    let mut held = fill_slots(&d);
     // One more: an error, then EOF.
     let mut r = BufReader::new(connect(d.control()));
     let e = error_of(&answer(&mut r).expect("an answer"));
@@ -114,41 +120,8 @@ fn connections_beyond_the_cap_are_refused_and_slots_come_back() {
 /// take one log line per 10 s, not one each.
 #[test]
 fn refused_connections_do_not_flood_the_log() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("vd.sock");
-    let ctl = dir.path().join("ctl.sock");
-    let log = dir.path().join("stderr.log");
-    let mut cmd = std::process::Command::new(common::blklab_bin());
-    cmd.arg("serve")
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--control")
-        .arg(&ctl)
-        .args(["--disk", "mem", "--size", "1M"])
-        .env("RUST_LOG", "info")
-        .stderr(std::fs::File::create(&log).expect("log file"));
-    let process = blklab::bench::daemon::Daemon::start(
-        "blklab serve",
-        &mut cmd,
-        &[socket.clone(), ctl.clone()],
-        PATIENCE,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let d = Daemon {
-        process,
-        dir,
-        socket,
-        control: Some(ctl),
-    };
-    let held: Vec<BufReader<UnixStream>> = (0..MAX_CONNECTIONS)
-        .map(|_| {
-            let mut s = connect(d.control());
-            writeln!(s, "config").unwrap();
-            let mut r = BufReader::new(s);
-            assert!(answer(&mut r).unwrap().get("disks").is_some());
-            r
-        })
-        .collect();
+    let (d, log) = Daemon::with_control_logged(&["--disk", "mem", "--size", "1M"]);
+    let held = fill_slots(&d);
     const OVER: usize = 300;
     for i in 0..OVER {
         let mut r = BufReader::new(connect(d.control()));

@@ -1684,33 +1684,13 @@ fn kicks_and_notifications(event_idx: bool) {
 /// and its stderr (the log) in a file; returns the server, the control
 /// socket and the log file.
 fn spawn_logged(extra: &[&str]) -> (Server, PathBuf, PathBuf) {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let socket = dir.path().join("vd.sock");
-    let ctl = dir.path().join("ctl.sock");
-    let log = dir.path().join("stderr.log");
-    let mut cmd = std::process::Command::new(common::blklab_bin());
-    cmd.arg("serve")
-        .arg("--socket")
-        .arg(&socket)
-        .arg("--control")
-        .arg(&ctl)
-        .args(BLKLAB_DISK)
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .stderr(File::create(&log).expect("log file"));
-    let process = blklab::bench::daemon::Daemon::start(
-        "blklab serve",
-        &mut cmd,
-        &[socket.clone(), ctl.clone()],
-        common::PATIENCE,
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
-    let d = common::Daemon {
-        process,
-        dir,
-        socket,
-        control: Some(ctl.clone()),
-    };
+    let args: Vec<&str> = BLKLAB_DISK
+        .iter()
+        .copied()
+        .chain(extra.iter().copied())
+        .collect();
+    let (d, log) = common::Daemon::with_control_logged(&args);
+    let ctl = d.control().to_path_buf();
     (Server::Blklab(d), ctl, log)
 }
 

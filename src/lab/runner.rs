@@ -431,22 +431,7 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     let order_of = |boots: &[Boot], names: &[String]| -> Vec<BootOrder> {
         boots
             .iter()
-            .map(|b| {
-                let u = &units[b.unit];
-                let s = &scenarios[u.scenario];
-                BootOrder {
-                    kernel: names[b.kernel].clone(),
-                    scenario: s.name.clone(),
-                    iteration: b.iteration,
-                    variants: u
-                        .settings
-                        .variants
-                        .iter()
-                        .map(|&i| s.variants[i].name.clone())
-                        .collect(),
-                    machine: Some(u.settings.machine.clone()),
-                }
-            })
+            .map(|b| boot_order(b, &units, &scenarios, names))
             .collect()
     };
     let boots = run_plan::select(all_boots.clone(), args.shard);
@@ -729,24 +714,37 @@ fn plan_document(
         boots: selected
             .iter()
             .map(|b| {
-                let u = &units[b.unit];
-                let s = &scenarios[u.scenario];
+                let o = boot_order(b, units, scenarios, labels);
                 run_plan::PlanBoot {
                     index: all.iter().position(|x| x == b).unwrap_or(0),
                     group: b.group,
-                    kernel: labels[b.kernel].clone(),
-                    scenario: s.name.clone(),
-                    iteration: b.iteration,
-                    variants: u
-                        .settings
-                        .variants
-                        .iter()
-                        .map(|&i| s.variants[i].name.clone())
-                        .collect(),
+                    kernel: o.kernel,
+                    scenario: o.scenario,
+                    iteration: o.iteration,
+                    variants: o.variants,
                     shard: args.shard.map(|sh| run_plan::shard_of(b.group, sh.count)),
                 }
             })
             .collect(),
+    }
+}
+
+/// What run.json says of boot `b`: its kernel's label, scenario,
+/// iteration, variants and machine.
+fn boot_order(b: &Boot, units: &[Unit], scenarios: &[Scenario], labels: &[String]) -> BootOrder {
+    let u = &units[b.unit];
+    let s = &scenarios[u.scenario];
+    BootOrder {
+        kernel: labels[b.kernel].clone(),
+        scenario: s.name.clone(),
+        iteration: b.iteration,
+        variants: u
+            .settings
+            .variants
+            .iter()
+            .map(|&i| s.variants[i].name.clone())
+            .collect(),
+        machine: Some(u.settings.machine.clone()),
     }
 }
 

@@ -77,6 +77,40 @@ impl Daemon {
         Self::start(dir, socket, Some(control), args, sockets)
     }
 
+    /// [`Daemon::with_control`] with the daemon's stderr (its log, at
+    /// `RUST_LOG=info`) in a file of the daemon's directory, returned.
+    pub fn with_control_logged(args: &[&str]) -> (Daemon, PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let socket = dir.path().join("vd.sock");
+        let ctl = dir.path().join("ctl.sock");
+        let log = dir.path().join("stderr.log");
+        let mut cmd = Command::new(blklab_bin());
+        cmd.arg("serve")
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--control")
+            .arg(&ctl)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stderr(std::fs::File::create(&log).expect("log file"));
+        let process = blklab::bench::daemon::Daemon::start(
+            "blklab serve",
+            &mut cmd,
+            &[socket.clone(), ctl.clone()],
+            PATIENCE,
+        )
+        .unwrap_or_else(|e| panic!("blklab serve {args:?}: {e}"));
+        (
+            Daemon {
+                process,
+                dir,
+                socket,
+                control: Some(ctl),
+            },
+            log,
+        )
+    }
+
     /// [`Daemon::spawn`] with the socket at `socket` (a stale socket already
     /// there must be replaced, not mistaken for the new one) and `dir` as
     /// the daemon's directory.
