@@ -235,7 +235,11 @@ prepare_path_kernel() {
     ksha=$(sha256 "$src")
     map=$(path_kernel_map "$src")
     msha=""
-    [ -z "$map" ] || msha=$(sha256 "$map")
+    if [ -n "$map" ]; then
+        msha=$(sha256 "$map")
+    else
+        log "note: no System.map beside $src (give path:...,map=FILE): no instruction counts per function for it"
+    fi
     mods_abs=""
     [ -z "$MODS" ] || mods_abs=$(cd "$MODS" && pwd)
     # The key of a bare image stays its sha256 (caches made before maps
@@ -255,11 +259,7 @@ prepare_path_kernel() {
     rm -rf "$KDIR"
     mkdir -p "$KDIR"
     cp "$src" "$KDIR/vmlinuz"
-    if [ -n "$map" ]; then
-        cp "$map" "$KDIR/System.map"
-    else
-        log "note: no System.map beside $src (give path:...,map=FILE): no instruction counts per function for it"
-    fi
+    [ -z "$map" ] || cp "$map" "$KDIR/System.map"
     kver=$(bzimage_version "$src")
     if [ -n "$mods_abs" ]; then
         mkdir -p "$KDIR/lib/modules"
