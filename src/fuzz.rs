@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use virtio_queue::{Queue, QueueOwnedT, QueueT};
+use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
@@ -37,7 +37,7 @@ use crate::device::execute::{serve_chain, Device, Outcome};
 use crate::device::faults::FaultState;
 use crate::device::storage;
 use crate::virtq::guest_map::GuestMap;
-use crate::virtq::split_ring::{RingLayout, Segment, SplitRing};
+use crate::virtq::split_ring::{self, RingLayout, SplitRing};
 
 /// An input read front to back; past its end every read gives zeros (and
 /// [`Input::bytes`] fewer bytes than asked for).
@@ -193,21 +193,8 @@ pub fn request(data: &[u8]) {
     let mut segs = Vec::new();
     for _ in 0..4 * usize::from(qsize) {
         // The reference: virtio-queue's iterator and chain walk.
-        let reference = match q.iter(&*mem) {
-            Ok(mut it) => it.next().map(|chain| {
-                let head = chain.head_index();
-                let mut v = Vec::new();
-                let mut last_next = false;
-                for d in chain {
-                    v.push(Segment {
-                        addr: d.addr().0,
-                        len: d.len(),
-                        write: d.is_write_only(),
-                    });
-                    last_next = d.has_next();
-                }
-                (head, v, last_next)
-            }),
+        let reference = match split_ring::reference_walk(&mut q, &mem) {
+            Ok(r) => r,
             Err(_) => {
                 assert!(
                     ring.pending().is_err(),

@@ -420,6 +420,32 @@ impl SplitRing {
     }
 }
 
+/// virtio-queue's own walk of the next chain of `q` over `mem`, as
+/// (head, segments, whether the walk stopped on a descriptor with NEXT):
+/// the reference [`SplitRing::pop`] is checked against (the `request` fuzz
+/// target, this module's tests). `Err` when virtio-queue refuses the avail
+/// index, `Ok(None)` when it finds nothing to pop.
+pub fn reference_walk(
+    q: &mut virtio_queue::Queue,
+    mem: &vm_memory::GuestMemoryMmap,
+) -> Result<Option<(u16, Vec<Segment>, bool)>, virtio_queue::Error> {
+    use virtio_queue::QueueOwnedT;
+    Ok(q.iter(mem)?.next().map(|chain| {
+        let head = chain.head_index();
+        let mut v = Vec::new();
+        let mut more = false;
+        for d in chain {
+            v.push(Segment {
+                addr: d.addr().0,
+                len: d.len(),
+                write: d.is_write_only(),
+            });
+            more = d.has_next();
+        }
+        (head, v, more)
+    }))
+}
+
 #[derive(Clone, Copy)]
 enum Table {
     Host(*const u8),
@@ -451,7 +477,7 @@ impl Desc {
 mod tests {
     use std::sync::Arc;
 
-    use virtio_queue::{Queue, QueueOwnedT, QueueT};
+    use virtio_queue::{Queue, QueueT};
     use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
     use super::*;
@@ -498,19 +524,7 @@ mod tests {
     /// virtio-queue's walk of the next chain, as (head, segments, whether
     /// it stopped on a descriptor with NEXT).
     fn reference(mem: &GuestMemoryMmap, q: &mut Queue) -> Option<(u16, Vec<Segment>, bool)> {
-        let chain = q.iter(mem).ok()?.next()?;
-        let head = chain.head_index();
-        let mut v = Vec::new();
-        let mut more = false;
-        for d in chain {
-            v.push(Segment {
-                addr: d.addr().0,
-                len: d.len(),
-                write: d.is_write_only(),
-            });
-            more = d.has_next();
-        }
-        Some((head, v, more))
+        reference_walk(q, mem).ok().flatten()
     }
 
     /// A small deterministic generator.
