@@ -637,8 +637,9 @@ fn blklab(args: &[&str], path: Option<&std::ffi::OsStr>) -> (Output, String) {
 /// it again with apt-get, apt-cache, gcc, cc and make replaced by scripts
 /// that fail loudly: every step is a cache hit (kernel, fio, mpstat,
 /// initramfs, the plugin), nothing calls them, and the paths are the
-/// imported cache's. The archive's keys are `images key`'s, `images list`
-/// says what each key was built from, and a flipped byte is refused.
+/// imported cache's. The archive's keys are `images key`'s (the same
+/// without apt), `images list` says what each key was built from, and a
+/// flipped byte is refused.
 #[test]
 fn imported_images_need_no_compiler_and_no_apt() {
     let cache = common::image_cache();
@@ -702,6 +703,17 @@ fn imported_images_need_no_compiler_and_no_apt() {
     let fresh_s = fresh.to_str().unwrap();
     let offline = common::offline::NoBuildTools::new(dir.path());
     offline.assert_armed();
+    // The keys need neither apt nor a compiler: the same without them.
+    let (out, err) = blklab(&["images", "key", "--json", spec], Some(&offline.path));
+    assert!(
+        out.status.success(),
+        "images key without apt failed:\n{err}"
+    );
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap(),
+        keys
+    );
+    assert_eq!(offline.calls(), "", "images key called apt or a compiler");
     let (out, err) = blklab(
         &["images", "import", "--cache", fresh_s, archive_s],
         Some(&offline.path),
