@@ -719,6 +719,7 @@ fn imported_images_need_no_compiler_and_no_apt() {
         Some(&offline.path),
     );
     assert!(out.status.success(), "images import failed:\n{err}");
+    assert!(!err.contains("imported with key"), "{err}");
     let t0 = Instant::now();
     let (out, err) = blklab(
         &["images", "build", "--cache", fresh_s, spec],
@@ -778,6 +779,46 @@ fn imported_images_need_no_compiler_and_no_apt() {
     let (out, _) = blklab(&["images", "list", "--cache", fresh_s], None);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("linux-source-6.12 6.12."), "{text}");
+
+    // An archive of another checkout (its spec's key differs from this
+    // tree's): imported, with a warning that a run from here rebuilds it.
+    let other_checkout = dir.path().join("other-checkout.tar");
+    {
+        let mut src = tar::Archive::new(std::fs::File::open(&archive).unwrap());
+        let mut dst = tar::Builder::new(std::fs::File::create(&other_checkout).unwrap());
+        for m in src.entries().unwrap() {
+            let mut m = m.unwrap();
+            let name = String::from_utf8_lossy(&m.path_bytes()).into_owned();
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut m, &mut data).unwrap();
+            if name == "index.json" {
+                let mut v: serde_json::Value = serde_json::from_slice(&data).unwrap();
+                v["specs"][0]["key"] = "0".repeat(64).into();
+                data = serde_json::to_vec(&v).unwrap();
+            }
+            let mut h = m.header().clone();
+            h.set_size(data.len() as u64);
+            h.set_cksum();
+            dst.append_data(&mut h, &name, data.as_slice()).unwrap();
+        }
+        dst.finish().unwrap();
+    }
+    let elsewhere = dir.path().join("elsewhere");
+    let (out, err) = blklab(
+        &[
+            "images",
+            "import",
+            "--cache",
+            elsewhere.to_str().unwrap(),
+            other_checkout.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("{spec}: imported with key {}", "0".repeat(64))),
+        "no warning about the other checkout's key:\n{err}"
+    );
 
     // One flipped byte in the kernel: refused, nothing enters the cache.
     let mut bytes = std::fs::read(&archive).unwrap();

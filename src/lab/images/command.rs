@@ -147,6 +147,38 @@ fn plugin_key(lab: &Path, p: &PluginArgs) -> Result<Option<PluginKey>, ImageErro
     }
 }
 
+/// The specs of an imported index whose key this source tree computes
+/// differently (another checkout's recipes or guest scripts: a run from
+/// here would build them again), one note each. Best effort: nothing when
+/// the keys cannot be computed here.
+fn stale_keys(index: &super::index::Index) -> Vec<String> {
+    let Ok(lab) = super::lab_dir(None) else {
+        return Vec::new();
+    };
+    let specs: Vec<String> = index.specs.iter().map(|s| s.spec.clone()).collect();
+    let Ok(parsed) = super::parse_specs(&specs) else {
+        return Vec::new();
+    };
+    let Ok(here) = super::keys(&lab, &parsed) else {
+        return Vec::new();
+    };
+    index
+        .specs
+        .iter()
+        .zip(here)
+        .filter(|(a, b)| a.key != b.key)
+        .map(|(a, b)| {
+            format!(
+                "{}: imported with key {}, but {} computes {} (another checkout's images/ or guest-scripts/): a run from here builds it again",
+                a.spec,
+                a.key,
+                lab.display(),
+                b.key
+            )
+        })
+        .collect()
+}
+
 /// Run one verb; returns what goes to stdout.
 pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
     let mut out = String::new();
@@ -202,6 +234,9 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
             }
             if let Some(p) = &im.index.plugin {
                 out.push_str(&format!("{}  qemu-plugin ({})\n", p.key, p.qemu));
+            }
+            for note in stale_keys(&im.index) {
+                log::warn!("{note}");
             }
         }
         ImagesCommand::List(a) => {
