@@ -19,9 +19,10 @@
 # build dependencies (gcc make pkg-config libaio-dev zlib1g-dev dpkg-dev) are
 # installed with apt-get when running as root.
 #
-# Cached: when DIR/manifest.json records the same inputs hash (this script
-# and images/lib.sh, the source version, the versions of the compiler and
-# libraries) and the sha256 of DIR/fio matches, nothing is done ("cached").
+# Cached: when DIR/manifest.json records the same key (this script and
+# images/lib.sh; the source version and the compiler and library versions
+# are pinned in the manifest, not keyed) and the sha256 of DIR/fio matches,
+# nothing is done ("cached"): no apt, no compiler.
 set -eu
 
 LOG_NAME=build-fio
@@ -40,6 +41,15 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$OUT" ] || usage
 
+# --- the key / cache (before anything that needs apt or a compiler) ------------------
+# The key is this script and lib.sh (images/lib.sh, key_fio); the source
+# version and the compiler and library versions are pinned in the manifest.
+HASH=$(key_fio)
+if [ -x "$OUT/fio" ] && output_matches "$OUT" fio sha256 "$HASH"; then
+    log "cached: $OUT/fio ($(json_field "$OUT/manifest.json" version), fio $(json_field "$OUT/manifest.json" source_version))"
+    exit 0
+fi
+refuse_foreign "$OUT" fio "choose another --out"
 need_tools "this needs a Debian/apt system" apt-get apt-cache dpkg-query sha256sum ldd
 
 # --- build dependencies -------------------------------------------------------------
@@ -49,20 +59,6 @@ install_build_deps gcc make pkg-config libaio-dev zlib1g-dev dpkg-dev binutils
 ensure_deb_src fio
 SRCVER=$(src_version fio)
 [ -n "$SRCVER" ] || die "apt-cache showsrc fio finds nothing even with $DEBSRC; check /etc/apt/sources.list.d"
-
-# --- inputs hash / cache ----------------------------------------------------------------------
-inputs() {
-    echo "format 1"
-    code_inputs
-    echo "source fio $SRCVER"
-    dep_versions gcc libaio-dev zlib1g-dev libc6-dev
-}
-HASH=$(inputs | sha256)
-if [ -x "$OUT/fio" ] && output_matches "$OUT" fio sha256 "$HASH"; then
-    log "cached: $OUT/fio ($(json_field "$OUT/manifest.json" version))"
-    exit 0
-fi
-refuse_foreign "$OUT" fio "choose another --out"
 
 # --- fetch and unpack ----------------------------------------------------------------------------
 T0=$(date +%s)
@@ -148,6 +144,7 @@ cat > "$OUT/manifest.json.tmp" <<EOF
   "version": "$VERSION",
   "source_package": "fio",
   "source_version": "$SRCVER",
+  "built_with": [$(dep_versions gcc libaio-dev zlib1g-dev libc6-dev | cut -d' ' -f2- | sed 's/ /=/' | json_list)],
   "configure_args": [$ARGS_JSON],
   "engines": [$ENG_JSON],
   "libraries": [$LIB_JSON],

@@ -31,10 +31,12 @@
 # Writes FILE, FILE.inputs-hash and FILE.manifest.json (inputs hash, sha256 and
 # size of FILE, kernel version, fio version, mpstat, modules).
 #
-# Cached: when FILE exists and FILE.inputs-hash matches the hash of the inputs
+# Cached: when FILE exists and FILE.inputs-hash matches the key of the inputs
 # (this script and images/lib.sh, /init, images/guest, the extra dir, the
-# guest-scripts dir, the kernel manifest, the fio, mpstat, dmsetup and
-# busybox binaries), nothing is done.
+# guest-scripts dir, and the kernel, fio and mpstat: by their keys when they
+# come from the image cache, else by content; images/lib.sh key_initramfs),
+# nothing is done. The host's busybox and dmsetup are not in the key (the
+# manifest records their sha256): an imported image stays valid.
 set -eu
 
 LOG_NAME=build-initramfs
@@ -97,27 +99,12 @@ if [ -n "$GSCRIPTS" ]; then
 fi
 
 # --- inputs hash --------------------------------------------------------------
-hash_dir() {  # content hash and mode of every file below $1, path-relative, sorted
-    (cd "$1" && find . -type f | LC_ALL=C sort | while read -r f; do
-        printf '%s %s %s\n' "$f" "$(stat -c %a "$f")" "$(sha256sum "$f" | cut -d' ' -f1)"
-    done)
-}
-inputs() {
-    echo "format 2"
-    code_inputs
-    echo "init $(sha256 "$INIT")"
-    [ -d "$GUEST" ] && hash_dir "$GUEST" | sed 's/^/guest /'
-    [ -n "$EXTRA" ] && hash_dir "$EXTRA" | sed 's/^/extra /'
-    [ -n "$GSCRIPTS" ] && hash_dir "$GSCRIPTS" | sed 's/^/guest-scripts /'
-    echo "manifest $(sha256 "$KDIR/manifest.json")"
-    echo "fio $("$FIO" --version) $(sha256 "$FIO")"
-    [ -n "$MPSTAT" ] && echo "mpstat $(sha256 "$MPSTAT")"
-    [ -n "$DMSETUP" ] && echo "dmsetup $(sha256 "$DMSETUP")"
-    echo "busybox $(sha256 "$BUSYBOX")"
-    echo "modules $MODULES"
-    echo "extra-modules $EXTRA_MODULES"
-}
-HASH=$(inputs | sha256)
+# The key (images/lib.sh, key_initramfs): this script and lib.sh, /init,
+# guest/, the guest scripts and extra dir, and the kernel, fio and mpstat by
+# their own keys when they are artifacts of the image cache (by content
+# otherwise). The host's busybox and dmsetup are recorded in the manifest.
+HASH=$(key_initramfs "$(kernel_id "$KDIR")" "$(artifact_id "$FIO")" \
+    "$(if [ -n "$MPSTAT" ]; then artifact_id "$MPSTAT"; else echo none; fi)" "$GSCRIPTS" "$EXTRA")
 if [ -f "$OUT" ] && [ -f "$OUT.inputs-hash" ] && [ -f "$OUT.manifest.json" ] \
    && [ "$(cat "$OUT.inputs-hash")" = "$HASH" ] \
    && [ "$(json_field "$OUT.manifest.json" sha256)" = "$(sha256 "$OUT")" ]; then
@@ -337,6 +324,8 @@ cat > "$OUT.manifest.json.tmp" <<EOF
   "mpstat": $( [ -n "$MPSTAT" ] && echo true || echo false ),
   "mpstat_sha256": $MPSTAT_SHA,
   "dmsetup": $( [ -n "$DMSETUP" ] && echo true || echo false ),
+  "dmsetup_sha256": $( [ -n "$DMSETUP" ] && echo "\"$(sha256 "$DMSETUP")\"" || echo null ),
+  "busybox_sha256": "$(sha256 "$BUSYBOX")",
   "guest_scripts": $( [ -n "$GSCRIPTS" ] && echo true || echo false ),
   "boot_modules": [$(json_list < "$R/blklab/modules")],
   "modules_available": {$AVAIL_JSON},

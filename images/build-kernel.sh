@@ -24,9 +24,11 @@
 # was applied is undone by the next run. A lock (flock on
 # DIR/linux-source-SERIES.lock) serialises builds using the tree.
 #
-# Cached: when DIR/manifest.json records the same inputs hash (this script
-# and images/lib.sh, guest.config, the patch, the source package version)
-# and the sha256 of DIR/vmlinuz matches, nothing is done ("cached").
+# Cached: when DIR/manifest.json records the same key (this script and
+# images/lib.sh, the configuration fragments, the series, the patch; not
+# the version of linux-source-SERIES, which the manifest pins) and the
+# sha256 of DIR/vmlinuz matches, nothing is done ("cached"): no apt, no
+# compiler.
 #
 # Nothing is installed: the package is fetched with `apt-get download` and
 # unpacked with `dpkg -x` into the cache. Progress goes to stderr.
@@ -79,6 +81,24 @@ if [ -n "$PATCH_NAME" ]; then
     PATCH_SHA=$(sha256 "$PATCH_FILE")
 fi
 
+# --- the key and the output cache -------------------------------------------------
+# The key (images/lib.sh, key_build_kernel) is this script and lib.sh, the
+# fragments, the series and the patch: known before building, without apt
+# lists. The Debian upload that was built is pinned in the manifest
+# (source_version), not in the key, so a new upload does not invalidate a
+# cache; rm -rf DIR to build the new one.
+HASH=$(key_build_kernel "$SERIES" "$PATCH_NAME")
+output_cached() {
+    kernel_cached "$OUT" "$HASH" || return 1
+    kv=$(json_field "$OUT/manifest.json" kernel_version)
+    [ -n "$kv" ] && [ -d "$OUT/lib/modules/$kv" ]
+}
+if output_cached; then
+    log "cached: $OUT ($(json_field "$OUT/manifest.json" kernel_version)${PATCH_NAME:+ +$PATCH_NAME}, $(json_field "$OUT/manifest.json" source_package) $(json_field "$OUT/manifest.json" source_version))"
+    exit 0
+fi
+refuse_foreign "$OUT" vmlinuz "choose another --out"
+
 # --- tools -------------------------------------------------------------------------
 DEPS_HINT="apt-get install build-essential flex bison bc libelf-dev libssl-dev kmod xz-utils cpio dpkg-dev"
 missing=""
@@ -104,27 +124,6 @@ if ! have_version "$SRCVER"; then
     die "no package $SRCPKG in the apt lists (series available here: ${avail:-none}); $(source_hint "$SERIES")"
 fi
 
-# --- inputs hash and the output cache -----------------------------------------------
-inputs() {
-    echo "format 1"
-    code_inputs
-    echo "fragment $(sha256 "$FRAGMENT")"
-    [ -z "$SERIES_FRAGMENT" ] || echo "series-fragment $(sha256 "$SERIES_FRAGMENT")"
-    echo "series $SERIES"
-    echo "source $SRCPKG $SRCVER"
-    echo "patch ${PATCH_NAME:-none} ${PATCH_SHA:-}"
-}
-HASH=$(inputs | sha256)
-output_cached() {
-    output_matches "$OUT" vmlinuz vmlinuz_sha256 "$HASH" || return 1
-    kv=$(json_field "$OUT/manifest.json" kernel_version)
-    [ -n "$kv" ] && [ -d "$OUT/lib/modules/$kv" ]
-}
-if output_cached; then
-    log "cached: $OUT ($(json_field "$OUT/manifest.json" kernel_version)${PATCH_NAME:+ +$PATCH_NAME})"
-    exit 0
-fi
-refuse_foreign "$OUT" vmlinuz "choose another --out"
 
 # --- lock the source tree --------------------------------------------------------------
 mkdir -p "$CACHE" || die "cannot create the cache dir $CACHE"
@@ -217,8 +216,6 @@ unpack_tree() {
         have_version "$SRCVER" || die "no package $SRCPKG after apt-get update"
         deb=$(apt_download "$WORK" "$SRCPKG=$SRCVER")
         [ -n "$deb" ] || die "apt-get download $SRCPKG=$SRCVER produced no .deb (check the network / apt sources)"
-        # The inputs hash names the version: a new one is a new build.
-        HASH=$(inputs | sha256)
     fi
     log "unpacking $(basename "$deb")"
     dpkg -x "$deb" "$WORK/pkg" || die "dpkg -x $deb failed"

@@ -15,25 +15,31 @@
 #
 # Cache: --cache DIR, else $BLKLAB_IMAGE_CACHE, else
 # ${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images; the plugin goes to
-# DIR/qemu-plugin-HASH/libblklab-insns.so, HASH over the QEMU package
-# version, this script and images/lib.sh, the plugin source, gcc's and
-# glib's versions. A repeated call is a cache hit and prints the same path.
+# DIR/qemu-plugin-HASH/libblklab-insns.so (+ manifest.json), HASH the first
+# 16 hex digits of the key: the installed QEMU's package, version and
+# --version (read locally), this script and images/lib.sh, the plugin
+# source (gcc's and glib's versions are pinned in the manifest, not keyed).
+# A repeated call is a cache hit (no apt, no compiler) and prints the same
+# path. --key prints the key and the directory's name as JSON.
 #
 # Exit status non-zero with a last line `build-qemu-plugin: ERROR: …` naming
 # the fix on any failure.
 set -eu
 
 LOG_NAME=build-qemu-plugin
-USAGE="$0 [--cache DIR] [--qemu PATH]"
+USAGE="$0 [--cache DIR] [--qemu PATH] [--key]
+  --key: print the plugin's key and its directory's name in the cache, build nothing"
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=images/lib.sh
 . "$HERE/lib.sh"
 
 CACHE=""
 QEMU=qemu-system-x86_64
+KEY_ONLY=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --cache|--cache=*) opt_value "$@"; CACHE=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --key) KEY_ONLY=1; shift ;;
     --qemu|--qemu=*) opt_value "$@"; QEMU=$OPT_VALUE; shift "$OPT_SHIFT" ;;
     -h|--help) usage ;;
     *) unknown_arg "$1" ;;
@@ -44,12 +50,9 @@ done
 SRC_C="$HERE/qemu-plugin/blklab-insns.c"
 [ -f "$SRC_C" ] || die "$SRC_C is missing"
 command -v "$QEMU" >/dev/null 2>&1 || die "$QEMU not found: apt-get install qemu-system-x86"
-need_tools "this needs a Debian/apt system" apt-get apt-cache dpkg-query sha256sum tar
+need_tools "this needs a Debian system" dpkg-query sha256sum
 
-# --- build dependencies ---------------------------------------------------------------
-install_build_deps gcc libc6-dev libglib2.0-dev pkg-config dpkg-dev xz-utils
-
-# --- which QEMU -------------------------------------------------------------------------
+# --- which QEMU (local: the dpkg database and qemu --version) ------------------------------
 QPKG=$(dpkg-query -S "$(readlink -f "$(command -v "$QEMU")")" 2>/dev/null | head -n1 | cut -d: -f1 || true)
 [ -n "$QPKG" ] || QPKG=qemu-system-x86
 QBINVER=$(dpkg-query -W -f='${Version}' "$QPKG" 2>/dev/null) \
@@ -57,21 +60,33 @@ QBINVER=$(dpkg-query -W -f='${Version}' "$QPKG" 2>/dev/null) \
 QSRCVER=$(dpkg-query -W -f='${source:Version}' "$QPKG")
 QVERSION=$("$QEMU" --version | head -n1)
 
+# The key: the installed QEMU (package, version, --version), this script
+# and lib.sh, the plugin's source. Not the compiler's or glib's versions
+# (pinned in the manifest): a plugin imported for the same QEMU is a hit on
+# a machine without gcc.
 inputs() {
-    echo "format 1"
+    echo "blklab-key qemu-plugin 2"
     echo "qemu $QPKG $QBINVER $QVERSION"
     code_inputs
     echo "source $(sha256 "$SRC_C")"
-    dep_versions gcc libglib2.0-dev libc6-dev
 }
-HASH=$(inputs | sha256 | cut -c1-16)
-OUT="$CACHE/qemu-plugin-$HASH"
+HASH=$(inputs | sha256)
+OUT="$CACHE/qemu-plugin-$(echo "$HASH" | cut -c1-16)"
 SO="$OUT/libblklab-insns.so"
-if [ -f "$SO" ] && [ -f "$OUT/inputs" ] && [ "$(sha256 "$SO")" = "$(cat "$OUT/so.sha256" 2>/dev/null)" ]; then
+if [ "$KEY_ONLY" = 1 ]; then
+    printf '{"key":"%s","dir":"%s","qemu":"%s"}
+' "$HASH" "$(basename "$OUT")" "$(jstr "$QPKG $QBINVER")"
+    exit 0
+fi
+if output_matches "$OUT" libblklab-insns.so sha256 "$HASH"; then
     log "cached: $SO"
     echo "$SO"
     exit 0
 fi
+need_tools "this needs a Debian/apt system" apt-get apt-cache tar
+
+# --- build dependencies ---------------------------------------------------------------
+install_build_deps gcc libc6-dev libglib2.0-dev pkg-config dpkg-dev xz-utils
 
 # --- the header: from the installed QEMU's source package ---------------------------------
 HDR_DIR="$CACHE/qemu-plugin-header-$(echo "$QSRCVER" | tr ':+~' '___')"
@@ -127,7 +142,21 @@ if ! LOAD=$(echo quit | "$QEMU" -accel tcg -machine none -display none -nodefaul
     rm -f "$SO"
     die "$QEMU does not load the plugin: $LOAD"
 fi
-sha256 "$SO" > "$OUT/so.sha256"
 inputs > "$OUT/inputs"
+cat > "$OUT/manifest.json.tmp" <<EOF
+{
+  "kind": "qemu-plugin",
+  "qemu_package": "$QPKG",
+  "qemu_package_version": "$(jstr "$QBINVER")",
+  "qemu_version": "$(jstr "$QVERSION")",
+  "plugin_api": "${API:-unknown}",
+  "header_source_version": "$(jstr "$(cat "$HDR_DIR/source-version" 2>/dev/null || echo "$QSRCVER")")",
+  "built_with": [$(dep_versions gcc libglib2.0-dev libc6-dev | cut -d' ' -f2- | sed 's/ /=/' | json_list)],
+  "sha256": "$(sha256 "$SO")",
+  "inputs_hash": "$HASH",
+  "built_at": "$(utc_now)"
+}
+EOF
+mv "$OUT/manifest.json.tmp" "$OUT/manifest.json"
 log "built $SO"
 echo "$SO"

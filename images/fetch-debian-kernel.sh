@@ -9,8 +9,9 @@
 #   OUTDIR/lib/modules/<kver>/...       (the package's whole modules tree)
 #   OUTDIR/manifest.json                (kernel version, package, sha256)
 #
-# Cached: when OUTDIR/manifest.json exists and the sha256 of OUTDIR/vmlinuz
-# matches the one recorded there, nothing is done.
+# Cached: when OUTDIR/manifest.json records this recipe's key (the series,
+# this script and images/lib.sh) and the sha256 of OUTDIR/vmlinuz, nothing
+# is done (no apt): a newer Debian upload is not picked up (rm -rf OUTDIR).
 set -eu
 
 LOG_NAME=fetch-debian-kernel
@@ -25,13 +26,15 @@ OUTDIR=$2
 case "$SERIES" in 6.1|6.12) ;; *) usage ;; esac
 
 # --- cache check ------------------------------------------------------------
-if [ -f "$OUTDIR/manifest.json" ] && [ -f "$OUTDIR/vmlinuz" ]; then
-    want=$(json_field "$OUTDIR/manifest.json" vmlinuz_sha256)
-    if [ -n "$want" ] && [ "$want" = "$(sha256 "$OUTDIR/vmlinuz")" ]; then
-        log "cached: $OUTDIR ($(json_field "$OUTDIR/manifest.json" kernel_version))"
-        exit 0
-    fi
-    log "cache in $OUTDIR is stale or incomplete; refetching"
+# The key (images/lib.sh, key_debian_kernel) is the series, this script and
+# lib.sh; the package and version fetched are pinned in the manifest.
+HASH=$(key_debian_kernel "$SERIES")
+if kernel_cached "$OUTDIR" "$HASH"; then
+    log "cached: $OUTDIR ($(json_field "$OUTDIR/manifest.json" kernel_version), $(json_field "$OUTDIR/manifest.json" package) $(json_field "$OUTDIR/manifest.json" package_version))"
+    exit 0
+fi
+if [ -f "$OUTDIR/manifest.json" ]; then
+    log "cache in $OUTDIR is of another recipe, stale or incomplete; refetching"
 fi
 
 need_tools "this needs a Debian/apt system" apt-get apt-cache dpkg dpkg-deb sha256sum
@@ -125,12 +128,15 @@ mv "$MODSRC" "$OUTDIR/lib/modules/$KVER"
 SHA=$(sha256 "$OUTDIR/vmlinuz")
 cat >"$OUTDIR/manifest.json.tmp" <<EOF
 {
+  "kind": "debian",
   "series": "$SERIES",
   "kernel_version": "$KVER",
   "package": "$PKG",
   "package_version": "$PKGVER",
   "deb_sha256": "$DEB_SHA",
-  "vmlinuz_sha256": "$SHA"
+  "vmlinuz_sha256": "$SHA",
+  "inputs_hash": "$HASH",
+  "fetched_at": "$(utc_now)"
 }
 EOF
 mv "$OUTDIR/manifest.json.tmp" "$OUTDIR/manifest.json"

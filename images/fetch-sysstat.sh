@@ -7,9 +7,9 @@
 #   DIR/mpstat          (usr/bin/mpstat of the package)
 #   DIR/manifest.json   (package, version, deb sha256, mpstat sha256, libraries)
 #
-# Cached: when DIR/manifest.json records the same inputs hash (this script
-# and images/lib.sh, the package version) and the sha256 of DIR/mpstat
-# matches, nothing is done ("cached").
+# Cached: when DIR/manifest.json records the same key (this script and
+# images/lib.sh; the package version is pinned in the manifest) and the
+# sha256 of DIR/mpstat matches, nothing is done ("cached"): no apt.
 set -eu
 
 LOG_NAME=fetch-sysstat
@@ -28,9 +28,17 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$OUT" ] || usage
 
-need_tools "this needs a Debian/apt system" apt-get apt-cache dpkg sha256sum ldd
-
 PKG=sysstat
+# The key is this script and lib.sh (images/lib.sh, key_mpstat); the
+# package version is pinned in the manifest.
+HASH=$(key_mpstat)
+if [ -x "$OUT/mpstat" ] && output_matches "$OUT" mpstat sha256 "$HASH"; then
+    log "cached: $OUT/mpstat ($PKG $(json_field "$OUT/manifest.json" package_version))"
+    exit 0
+fi
+refuse_foreign "$OUT" mpstat "choose another --out"
+
+need_tools "this needs a Debian/apt system" apt-get apt-cache dpkg sha256sum ldd
 VER=$(candidate "$PKG")
 if ! have_version "$VER"; then
     log "no $PKG in the apt lists; running apt-get update"
@@ -39,25 +47,12 @@ if ! have_version "$VER"; then
     have_version "$VER" || die "no package $PKG in the apt lists after apt-get update"
 fi
 
-inputs() {
-    echo "format 1"
-    code_inputs
-    echo "package $PKG $VER"
-}
-HASH=$(inputs | sha256)
-if [ -x "$OUT/mpstat" ] && output_matches "$OUT" mpstat sha256 "$HASH"; then
-    log "cached: $OUT/mpstat ($PKG $VER)"
-    exit 0
-fi
-refuse_foreign "$OUT" mpstat "choose another --out"
-
 apt_work sysstat
 log "apt-get download $PKG=$VER"
 DEB=$(apt_download "$WORK" "$PKG=$VER")
 if [ -z "$DEB" ]; then
     update_and_retry download
     VER=$(candidate "$PKG")
-    HASH=$(inputs | sha256)
     DEB=$(apt_download "$WORK" "$PKG=$VER")
 fi
 [ -n "$DEB" ] || die "apt-get download $PKG=$VER produced no .deb (check the network / apt sources)"

@@ -85,6 +85,16 @@ code_inputs() {
     echo "script $(sha256 "$SELF")"
     echo "lib $(sha256 "$LIB")"
 }
+# hash_dir DIR: a line "PATH x|- SHA256" for every file below DIR
+# (path-relative, sorted): its contents and whether it is executable (not
+# the other mode bits, which a checkout's umask decides).
+hash_dir() {
+    (cd "$1" && find . -type f | LC_ALL=C sort | while read -r lib_f; do
+        lib_x=-
+        [ ! -x "$lib_f" ] || lib_x=x
+        printf '%s %s %s\n' "$lib_f" "$lib_x" "$(sha256sum "$lib_f" | cut -d' ' -f1)"
+    done)
+}
 # json_field FILE KEY: the string value of "KEY": "..." in FILE.
 json_field() { sed -n "s/.*\"$2\": *\"\([^\"]*\)\".*/\1/p" "$1" 2>/dev/null | head -n1; }
 # jstr STRING: STRING as the body of a JSON string.
@@ -282,3 +292,93 @@ Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
 }
+
+# --- cache keys ---------------------------------------------------------------------------
+# Every cached artifact is named by a key made only of what this repository
+# holds: the recipe (the script and this file), the configuration
+# fragments, the patch, the series, the guest scripts. No apt lists, no
+# network, no compiler: a key is known before anything is built, and a
+# cache restored on another machine (or `blklab images import`) is a hit.
+# What was actually built (the Debian source version, the compiler) is
+# pinned in the artifact's manifest.json, not in its key.
+
+# recipe SCRIPT...: the key lines of images/SCRIPT... and of this file.
+recipe() {
+    for lib_f in "$@"; do
+        echo "recipe $lib_f $(sha256 "$HERE/$lib_f")"
+    done
+    echo "lib $(sha256 "$LIB")"
+}
+# key_fio, key_mpstat: the keys of build-fio.sh's and fetch-sysstat.sh's
+# outputs.
+key_fio() { { echo "blklab-key fio 2"; recipe build-fio.sh; } | sha256; }
+key_mpstat() { { echo "blklab-key mpstat 2"; recipe fetch-sysstat.sh; } | sha256; }
+# key_debian_kernel SERIES: the key of fetch-debian-kernel.sh SERIES.
+key_debian_kernel() {
+    { echo "blklab-key debian-kernel 2"; echo "series $1"; recipe fetch-debian-kernel.sh; } | sha256
+}
+# key_build_kernel SERIES [PATCH]: the key of build-kernel.sh --series
+# SERIES [--patch PATCH] (PATCH must exist): the recipe, the configuration
+# fragments, the series and the patch; not the Debian upload of
+# linux-source-SERIES (the manifest records it as source_version). A file
+# the build's recipe is read from belongs here.
+key_build_kernel() {
+    {
+        echo "blklab-key build-kernel 2"
+        echo "series $1"
+        recipe build-kernel.sh
+        echo "fragment $(sha256 "$HERE/kernel/guest.config")"
+        if [ -f "$HERE/kernel/guest-$1.config" ]; then
+            echo "series-fragment $(sha256 "$HERE/kernel/guest-$1.config")"
+        fi
+        if [ -n "${2:-}" ]; then
+            echo "patch $2 $(sha256 "$HERE/patches/$2.patch")"
+        else
+            echo "patch none"
+        fi
+    } | sha256
+}
+# key_initramfs KERNEL FIO MPSTAT GUEST_SCRIPTS_DIR EXTRA_DIR: the key of a
+# build-initramfs.sh output. KERNEL, FIO and MPSTAT identify the inputs
+# ("key KEY" for an artifact of this cache, "sha256 SHA" for anything
+# else, "none"); the dirs may be empty. The host's busybox and dmsetup are
+# not in it (the manifest records their sha256).
+key_initramfs() {
+    {
+        echo "blklab-key initramfs 3"
+        recipe build-initramfs.sh
+        echo "init $(sha256 "$HERE/initramfs/init")"
+        [ ! -d "$HERE/guest" ] || hash_dir "$HERE/guest" | sed 's/^/guest /'
+        echo "kernel $1"
+        echo "fio $2"
+        echo "mpstat $3"
+        [ -z "$4" ] || hash_dir "$4" | sed 's/^/guest-scripts /'
+        [ -z "$5" ] || hash_dir "$5" | sed 's/^/extra /'
+    } | sha256
+}
+# artifact_id FILE: "key KEY" when FILE is the output of one of these
+# scripts (DIR/manifest.json beside it records its inputs_hash and sha256),
+# else "sha256 SHA" of FILE.
+artifact_id() {
+    lib_sha=$(sha256 "$1")
+    lib_m="$(dirname "$1")/manifest.json"
+    lib_key=$(json_field "$lib_m" inputs_hash)
+    if [ -n "$lib_key" ] && [ "$(json_field "$lib_m" sha256)" = "$lib_sha" ]; then
+        echo "key $lib_key"
+    else
+        echo "sha256 $lib_sha"
+    fi
+}
+# kernel_id DIR: "key KEY" of a kernel directory whose manifest records
+# its inputs_hash, else "sha256 SHA" of its manifest.json.
+kernel_id() {
+    lib_key=$(json_field "$1/manifest.json" inputs_hash)
+    if [ -n "$lib_key" ]; then
+        echo "key $lib_key"
+    else
+        echo "sha256 $(sha256 "$1/manifest.json")"
+    fi
+}
+# kernel_cached DIR KEY: DIR is a kernel made with KEY (its manifest
+# records it as inputs_hash and the sha256 of its vmlinuz).
+kernel_cached() { output_matches "$1" vmlinuz vmlinuz_sha256 "$2"; }

@@ -35,18 +35,22 @@
 set -eu
 
 LOG_NAME=prepare
-USAGE="images/prepare.sh [--cache DIR] SPEC...
+USAGE="images/prepare.sh [--cache DIR] [--keys] SPEC...
   SPEC: debian-6.1 | debian-6.12 | build:SERIES[+PATCH] | path:FILE[,modules=DIR][,map=FILE][,name=LABEL]
-  stdout: one JSON line per SPEC: spec, name, kernel, initramfs, kernel_manifest, initramfs_manifest"
+  stdout: one JSON line per SPEC: spec, name, kernel, initramfs, kernel_manifest, initramfs_manifest
+  --keys: build nothing; one JSON line per SPEC: spec, name, key, kernel_key,
+          kernel_dir, initramfs, fio_key, mpstat_key (dirs relative to the cache)"
 ARG_MISSING=error
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=images/lib.sh
 . "$HERE/lib.sh"
 
 CACHE=""
+KEYS_ONLY=0
 while [ $# -gt 0 ]; do
     case "$1" in
     --cache|--cache=*) opt_value "$@"; CACHE=$OPT_VALUE; shift "$OPT_SHIFT" ;;
+    --keys) KEYS_ONLY=1; shift ;;
     -h|--help) usage ;;
     --) shift; break ;;
     -*) log "ERROR: unknown option: $1"; usage ;;
@@ -77,6 +81,54 @@ bzimage_version() {  # the version string of a bzImage's setup header (first wor
 }
 
 # --- parse and check every SPEC before doing anything slow ---------------------------------
+# path_kernel_map FILE: the System.map of a path: kernel FILE: map=FILE,
+# else System.map beside the image, else at the top of the tree for
+# .../arch/x86/boot/bzImage; empty when there is none.
+path_kernel_map() {
+    if [ -n "$MAPF" ]; then abspath "$MAPF"; return 0; fi
+    d=$(dirname "$1")
+    if [ -f "$d/System.map" ]; then abspath "$d/System.map"; return 0; fi
+    case "$1" in
+    */arch/x86/boot/bzImage)
+        top=${1%/arch/x86/boot/bzImage}
+        if [ -f "$top/System.map" ]; then abspath "$top/System.map"; fi ;;
+    esac
+}
+
+# spec_kernel: for the parsed SPEC, KDIR (its kernel directory in the
+# cache) and KKEY (the kernel's key, images/lib.sh): offline, before
+# building. A path: kernel's key is the sha256 of its bzImage, joined by
+# its modules dir and the sha256 of its System.map when it has them (a bare
+# image's key stays its sha256: caches made before maps were kept stay
+# valid); it also sets KSRC, KSHA, KMAP, KMAPSHA, KMODS for
+# prepare_path_kernel.
+spec_kernel() {
+    case "$KIND" in
+    debian)
+        KDIR="$CACHE/kernel-$SERIES"
+        KKEY=$(key_debian_kernel "$SERIES")
+        ;;
+    build)
+        KDIR="$CACHE/kernel-build-$SERIES${PATCHN:++$PATCHN}"
+        KKEY=$(key_build_kernel "$SERIES" "$PATCHN")
+        ;;
+    path)
+        KSRC=$(abspath "$KFILE")
+        KSHA=$(sha256 "$KSRC")
+        KMAP=$(path_kernel_map "$KSRC")
+        KMAPSHA=""
+        [ -z "$KMAP" ] || KMAPSHA=$(sha256 "$KMAP")
+        KMODS=""
+        [ -z "$MODS" ] || KMODS=$(cd "$MODS" && pwd)
+        KKEY=$KSHA
+        if [ -n "$KMODS$KMAPSHA" ]; then
+            KKEY=$(printf '%s %s %s\n' "$KSHA" "$KMODS" "$KMAPSHA" | sha256)
+        fi
+        KDIR="$CACHE/kernel-path-$(echo "$KKEY" | cut -c1-16)"
+        ;;
+    esac
+}
+
 # parse_spec SPEC sets KIND (debian|build|path), SERIES, PATCHN, KFILE, MODS, NAME.
 parse_spec() {
     KIND=""; SERIES=""; PATCHN=""; KFILE=""; MODS=""; MAPF=""; NAME=""
@@ -149,7 +201,13 @@ for spec in "$@"; do
     *" $NAME "*) die "two SPECs are named '$NAME'; give one a name (path:FILE,name=LABEL) or drop the duplicate" ;;
     esac
     NAMES="$NAMES$NAME "
-    if [ "$KIND" = build ] && command -v apt-cache >/dev/null 2>&1; then
+    # Fail fast on a series Debian does not ship, unless the kernel is in
+    # the cache under its key already (then no apt at all).
+    if [ "$KIND" = build ] && [ "$KEYS_ONLY" = 0 ]; then
+        spec_kernel
+        ! kernel_cached "$KDIR" "$KKEY" || continue
+    fi
+    if [ "$KIND" = build ] && [ "$KEYS_ONLY" = 0 ] && command -v apt-cache >/dev/null 2>&1; then
         # Fail fast on a series Debian does not ship.
         avail=$(source_series)
         if [ -z "$avail" ] && is_root; then
@@ -179,6 +237,23 @@ elif [ ! -f "$GSCRIPTS/lab.sh" ]; then
     else
         die "$GSCRIPTS has no lab.sh (the guest entry point); restore it, or set BLKLAB_ALLOW_NO_GUEST_SCRIPTS=1"
     fi
+fi
+
+# --keys: each SPEC's key (the key of its initramfs, which covers its
+# kernel's, fio's and mpstat's keys and the guest scripts) and where its
+# artifacts live in the cache; nothing is built, no apt, no network.
+if [ "$KEYS_ONLY" = 1 ]; then
+    FIOKEY=$(key_fio)
+    MPKEY=$(key_mpstat)
+    for spec in "$@"; do
+        parse_spec "$spec"
+        spec_kernel
+        key=$(key_initramfs "key $KKEY" "key $FIOKEY" "key $MPKEY" "$GSCRIPTS" "")
+        kd=$(basename "$KDIR")
+        printf '{"spec":"%s","name":"%s","key":"%s","kernel_key":"%s","kernel_dir":"%s","initramfs":"initramfs/%s.cpio.gz","fio_key":"%s","mpstat_key":"%s"}\n' \
+            "$(jstr "$spec")" "$(jstr "$NAME")" "$key" "$KKEY" "$kd" "$kd" "$FIOKEY" "$MPKEY"
+    done
+    exit 0
 fi
 
 mkdir -p "$CACHE" || die "cannot create the cache directory $CACHE (choose another with --cache DIR)"
@@ -214,43 +289,14 @@ run_step "small fio (images/build-fio.sh)" sh "$HERE/build-fio.sh" --out "$FIODI
 run_step "mpstat (images/fetch-sysstat.sh)" sh "$HERE/fetch-sysstat.sh" --out "$SYSSTATDIR"
 
 # --- kernels and their initramfs ---------------------------------------------------------
-# prepare_path_kernel: lay out a kernel dir for a path: SPEC (vmlinuz copy,
-# modules symlink, manifest), keyed by the bzImage's sha256 and the modules dir.
-# The System.map of a path: kernel: map=FILE, else System.map beside the
-# image, else at the top of the tree for .../arch/x86/boot/bzImage; empty
-# when there is none.
-path_kernel_map() {
-    if [ -n "$MAPF" ]; then abspath "$MAPF"; return 0; fi
-    d=$(dirname "$1")
-    if [ -f "$d/System.map" ]; then abspath "$d/System.map"; return 0; fi
-    case "$1" in
-    */arch/x86/boot/bzImage)
-        top=${1%/arch/x86/boot/bzImage}
-        if [ -f "$top/System.map" ]; then abspath "$top/System.map"; fi ;;
-    esac
-}
-
+# prepare_path_kernel: lay out KDIR for a path: SPEC (vmlinuz copy, its
+# System.map, modules symlink, manifest), after spec_kernel.
 prepare_path_kernel() {
-    src=$(abspath "$KFILE")
-    ksha=$(sha256 "$src")
-    map=$(path_kernel_map "$src")
-    msha=""
-    if [ -n "$map" ]; then
-        msha=$(sha256 "$map")
-    else
-        log "note: no System.map beside $src (give path:...,map=FILE): no instruction counts per function for it"
-    fi
-    mods_abs=""
-    [ -z "$MODS" ] || mods_abs=$(cd "$MODS" && pwd)
-    # The key of a bare image stays its sha256 (caches made before maps
-    # were kept stay valid); a modules dir or a map joins it.
-    key=$ksha
-    if [ -n "$mods_abs$msha" ]; then
-        key=$(printf '%s %s %s\n' "$ksha" "$mods_abs" "$msha" | sha256sum | cut -d' ' -f1)
-    fi
-    KDIR="$CACHE/kernel-path-$(echo "$key" | cut -c1-16)"
+    src=$KSRC; ksha=$KSHA; map=$KMAP; msha=$KMAPSHA; mods_abs=$KMODS
+    [ -n "$map" ] || log "note: no System.map beside $src (give path:...,map=FILE): no instruction counts per function for it"
     if [ -f "$KDIR/manifest.json" ] && [ -f "$KDIR/vmlinuz" ] \
        && [ "$(json_field "$KDIR/manifest.json" vmlinuz_sha256)" = "$ksha" ] \
+       && [ "$(json_field "$KDIR/manifest.json" inputs_hash)" = "$KKEY" ] \
        && [ "$(sha256 "$KDIR/vmlinuz")" = "$ksha" ] \
        && { [ -z "$msha" ] || [ "$(sha256 "$KDIR/System.map" 2>/dev/null)" = "$msha" ]; }; then
         log "cached: $KDIR ($(json_field "$KDIR/manifest.json" kernel_version))"
@@ -285,6 +331,7 @@ prepare_path_kernel() {
   "config_sha256": null,
   "patch": null,
   "vmlinuz_sha256": "$ksha",
+  "inputs_hash": "$KKEY",
   "system_map": $map_json,
   "system_map_sha256": $msha_json,
   "prepared_at": "$(utc_now)"
@@ -298,13 +345,12 @@ mkdir -p "$CACHE/initramfs"
 for spec in "$@"; do
     parse_spec "$spec"
     log "=== $spec ($NAME)"
+    spec_kernel
     case "$KIND" in
     debian)
-        KDIR="$CACHE/kernel-$SERIES"
         run_step "$spec" sh "$HERE/fetch-debian-kernel.sh" "$SERIES" "$KDIR"
         ;;
     build)
-        KDIR="$CACHE/kernel-build-$SERIES${PATCHN:++$PATCHN}"
         if [ -n "$PATCHN" ]; then
             run_step "$spec" sh "$HERE/build-kernel.sh" --series "$SERIES" --patch "$PATCHN" \
                 --out "$KDIR" --cache "$CACHE/kernel-src"

@@ -34,6 +34,9 @@ pub enum Command {
     /// Drive any vhost-user-blk socket with libblkio (IOPS, bandwidth,
     /// latency, backend CPU), or compare qemu-storage-daemon with blklab.
     Bench(BenchArgs),
+    /// Guest images in the image cache: build, export to an archive,
+    /// import (verified), list, and their offline keys.
+    Images(crate::lab::images::command::ImagesArgs),
 }
 
 /// `blklab bench`.

@@ -16,6 +16,9 @@ fn main() {
         Command::Run(args) => run(&args),
         Command::Compare(args) => compare(&args),
         Command::Bench(args) => bench(&args),
+        Command::Images(args) => blklab::lab::images::command::run(&args)
+            .map(|text| print!("{text}"))
+            .context("blklab images"),
     };
     if let Err(e) = result {
         eprintln!("blklab: error: {}", error_chain(&e));

@@ -617,3 +617,240 @@ fn path_kernels_keep_their_system_map() {
         "{stderr}"
     );
 }
+
+/// `blklab ARGS…` with `path` as PATH when given; stderr is echoed (shown
+/// with `--nocapture`) and returned.
+fn blklab(args: &[&str], path: Option<&std::ffi::OsStr>) -> (Output, String) {
+    let mut cmd = Command::new(common::blklab_bin());
+    cmd.args(args).stdin(Stdio::null());
+    if let Some(p) = path {
+        cmd.env("PATH", p);
+    }
+    let out = cmd.output().expect("run blklab");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    eprint!("{stderr}");
+    (out, stderr)
+}
+
+/// Prebuilt images (issue 17): `blklab images build` then `export` from
+/// the shared cache, `import` into an empty cache, and `images build` from
+/// it again with apt-get, apt-cache, gcc, cc and make replaced by scripts
+/// that fail loudly: every step is a cache hit (kernel, fio, mpstat,
+/// initramfs, the plugin), nothing calls them, and the paths are the
+/// imported cache's. The archive's keys are `images key`'s (the same
+/// without apt), `images list` says what each key was built from, and a
+/// flipped byte is refused.
+#[test]
+fn imported_images_need_no_compiler_and_no_apt() {
+    let cache = common::image_cache();
+    let cache_s = cache.to_str().unwrap();
+    let spec = "build:6.12";
+    let t0 = Instant::now();
+    let (out, err) = blklab(&["images", "build", "--cache", cache_s, spec], None);
+    assert!(out.status.success(), "images build failed:\n{err}");
+    eprintln!("images build (shared cache): {:?}", t0.elapsed());
+
+    let (out, err) = blklab(&["images", "key", "--json", spec], None);
+    assert!(out.status.success(), "images key failed:\n{err}");
+    let keys: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let key = keys["specs"][0]["key"].as_str().unwrap().to_string();
+    assert_eq!(key.len(), 64);
+    assert!(keys["plugin"]["key"].is_string(), "{keys}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("images.tar");
+    let archive_s = archive.to_str().unwrap();
+    let t0 = Instant::now();
+    let (out, err) = blklab(
+        &[
+            "images", "export", "--cache", cache_s, "--out", archive_s, spec,
+        ],
+        None,
+    );
+    assert!(out.status.success(), "images export failed:\n{err}");
+    eprintln!("images export: {:?}", t0.elapsed());
+    let index = blklab::lab::images::archive::read_index(&archive).unwrap();
+    assert_eq!(index.specs[0].key, key, "export and `images key` agree");
+    let kinds: Vec<String> = index
+        .entries
+        .iter()
+        .map(|e| {
+            serde_json::to_value(e.kind)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        ["kernel", "initramfs", "fio", "mpstat", "qemu-plugin"],
+        "{index:?}"
+    );
+    let kernel_files: Vec<&str> = index.entries[0]
+        .files
+        .iter()
+        .map(|f| f.path.as_str())
+        .collect();
+    for f in ["vmlinuz", "System.map", "config", "manifest.json"] {
+        assert!(
+            kernel_files.contains(&format!("kernel-build-6.12/{f}").as_str()),
+            "{f} not exported: {kernel_files:?}"
+        );
+    }
+
+    let fresh = dir.path().join("cache");
+    let fresh_s = fresh.to_str().unwrap();
+    let offline = common::offline::NoBuildTools::new(dir.path());
+    offline.assert_armed();
+    // The keys need neither apt nor a compiler: the same without them.
+    let (out, err) = blklab(&["images", "key", "--json", spec], Some(&offline.path));
+    assert!(
+        out.status.success(),
+        "images key without apt failed:\n{err}"
+    );
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap(),
+        keys
+    );
+    assert_eq!(offline.calls(), "", "images key called apt or a compiler");
+    let (out, err) = blklab(
+        &["images", "import", "--cache", fresh_s, archive_s],
+        Some(&offline.path),
+    );
+    assert!(out.status.success(), "images import failed:\n{err}");
+    assert!(!err.contains("imported with key"), "{err}");
+    let t0 = Instant::now();
+    let (out, err) = blklab(
+        &["images", "build", "--cache", fresh_s, spec],
+        Some(&offline.path),
+    );
+    eprintln!(
+        "images build (imported cache, no build tools): {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        out.status.success(),
+        "images build on the imported cache failed:\n{err}"
+    );
+    assert_eq!(offline.calls(), "", "forbidden tools were called:\n{err}");
+    for what in [
+        "build-fio: cached",
+        "fetch-sysstat: cached",
+        "build-kernel: cached",
+        "build-initramfs: cached",
+    ] {
+        assert!(err.contains(what), "no `{what}`:\n{err}");
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().next().unwrap();
+    let fields: Vec<&str> = line.split('\t').collect();
+    assert_eq!(fields[0], spec);
+    assert!(fields[1].starts_with(fresh_s), "{line}");
+    assert!(fields[2].starts_with(fresh_s), "{line}");
+    let plugin = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("qemu-plugin\t"))
+        .unwrap_or_else(|| panic!("no plugin line: {stdout}"));
+    assert!(plugin.starts_with(fresh_s), "{plugin}");
+
+    // What each key was built from.
+    let (out, err) = blklab(&["images", "list", "--json", "--cache", fresh_s], None);
+    assert!(out.status.success(), "images list failed:\n{err}");
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kernel = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["path"] == "kernel-build-6.12")
+        .unwrap_or_else(|| panic!("{list}"));
+    assert_eq!(kernel["key"], index.entries[0].key.as_str());
+    assert_eq!(kernel["package"], "linux-source-6.12");
+    assert!(kernel["version"].as_str().unwrap().starts_with("6.12."));
+    assert!(kernel["config_sha256"].as_str().unwrap().len() == 64);
+    assert!(kernel["size"].as_u64().unwrap() > 1_000_000);
+    let initramfs = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "initramfs")
+        .unwrap();
+    assert_eq!(initramfs["key"], key.as_str());
+    let (out, _) = blklab(&["images", "list", "--cache", fresh_s], None);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("linux-source-6.12 6.12."), "{text}");
+
+    // An archive of another checkout (its spec's key differs from this
+    // tree's): imported, with a warning that a run from here rebuilds it.
+    let other_checkout = dir.path().join("other-checkout.tar");
+    {
+        let mut src = tar::Archive::new(std::fs::File::open(&archive).unwrap());
+        let mut dst = tar::Builder::new(std::fs::File::create(&other_checkout).unwrap());
+        for m in src.entries().unwrap() {
+            let mut m = m.unwrap();
+            let name = String::from_utf8_lossy(&m.path_bytes()).into_owned();
+            let mut data = Vec::new();
+            std::io::Read::read_to_end(&mut m, &mut data).unwrap();
+            if name == "index.json" {
+                let mut v: serde_json::Value = serde_json::from_slice(&data).unwrap();
+                v["specs"][0]["key"] = "0".repeat(64).into();
+                data = serde_json::to_vec(&v).unwrap();
+            }
+            let mut h = m.header().clone();
+            h.set_size(data.len() as u64);
+            h.set_cksum();
+            dst.append_data(&mut h, &name, data.as_slice()).unwrap();
+        }
+        dst.finish().unwrap();
+    }
+    let elsewhere = dir.path().join("elsewhere");
+    let (out, err) = blklab(
+        &[
+            "images",
+            "import",
+            "--cache",
+            elsewhere.to_str().unwrap(),
+            other_checkout.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("{spec}: imported with key {}", "0".repeat(64))),
+        "no warning about the other checkout's key:\n{err}"
+    );
+
+    // One flipped byte in the kernel: refused, nothing enters the cache.
+    let mut bytes = std::fs::read(&archive).unwrap();
+    let vmlinuz = index.entries[0]
+        .files
+        .iter()
+        .find(|f| f.path.ends_with("/vmlinuz"))
+        .unwrap();
+    let needle = std::fs::read(cache.join(&vmlinuz.path)).unwrap();
+    let at = bytes
+        .windows(64)
+        .position(|w| w == &needle[1000..1064])
+        .expect("the vmlinuz is in the archive as it is");
+    bytes[at] ^= 0x40;
+    let bad = dir.path().join("bad.tar");
+    std::fs::write(&bad, bytes).unwrap();
+    let other = dir.path().join("other");
+    let (out, err) = blklab(
+        &[
+            "images",
+            "import",
+            "--cache",
+            other.to_str().unwrap(),
+            bad.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(!out.status.success(), "a damaged archive was imported");
+    assert!(
+        err.contains("kernel-build-6.12/vmlinuz: its sha256 does not match the index"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    assert!(!other.join("kernel-build-6.12").exists());
+}

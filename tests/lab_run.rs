@@ -20,18 +20,42 @@ use serde_json::Value;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn blklab_run(args: &[&str]) -> (Output, Duration) {
+    blklab_run_in(&common::image_cache(), None, args)
+}
+
+/// `blklab run --cache CACHE ARGS…`, with `path` as PATH when given.
+fn blklab_run_in(
+    cache: &Path,
+    path: Option<&std::ffi::OsStr>,
+    args: &[&str],
+) -> (Output, Duration) {
     let start = Instant::now();
-    let cache = common::image_cache();
-    let out = Command::new(common::blklab_bin())
-        .arg("run")
+    let mut cmd = Command::new(common::blklab_bin());
+    cmd.arg("run")
         .arg("--cache")
-        .arg(&cache)
+        .arg(cache)
         .arg("--no-progress")
         .args(args)
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "info");
+    if let Some(p) = path {
+        cmd.env("PATH", p);
+    }
+    (cmd.output().expect("run blklab"), start.elapsed())
+}
+
+/// `blklab ARGS…`; panics with its stderr when it fails.
+fn blklab_ok(args: &[&str]) -> Output {
+    let out = Command::new(common::blklab_bin())
+        .args(args)
         .output()
         .expect("run blklab");
-    (out, start.elapsed())
+    assert!(
+        out.status.success(),
+        "blklab {} failed:\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
 }
 
 /// Every console log of a run, for a failure message (the guest's own
@@ -430,15 +454,54 @@ fn the_plan_is_printed_without_building_and_shards_slice_it() {
     }
 }
 
-/// A kernel against itself, run as three shards (`--shard I/3`, one A/B
-/// pair of boots each, as three CI machines would) and merged by
-/// `blklab compare DIR,DIR,DIR`: every record checks out, the merge has
-/// the unsharded run's sample counts (3 a side, from the plan), and
-/// nothing is significant.
+/// A kernel against itself, the way the CI workflow runs it (issue 17):
+/// `--plan`, the images exported from the shared cache and imported into
+/// a fresh one, three shards (`--shard I/3`, one A/B pair of boots each,
+/// as three CI machines would) in separate directories from that imported
+/// cache with apt-get, apt-cache, gcc, cc and make replaced by failing
+/// scripts, and the merge by `blklab compare DIR,DIR,DIR`: nothing was
+/// built or looked up, every record checks out, the merge has the
+/// unsharded plan's sample counts, and nothing is significant.
 #[test]
 fn a_kernel_against_itself_shows_no_significant_row() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let root = tempfile::tempdir().unwrap();
+    let t0 = Instant::now();
+    // The images, built (or found) in the shared cache, exported, and
+    // imported into an empty one.
+    let shared = common::image_cache();
+    let shared_s = shared.to_str().unwrap();
+    let archive = root.path().join("images.tar");
+    let archive_s = archive.to_str().unwrap();
+    blklab_ok(&[
+        "images",
+        "build",
+        "--no-plugin",
+        "--cache",
+        shared_s,
+        "debian-6.12",
+    ]);
+    blklab_ok(&[
+        "images",
+        "export",
+        "--no-plugin",
+        "--cache",
+        shared_s,
+        "--out",
+        archive_s,
+        "debian-6.12",
+    ]);
+    let cache = root.path().join("imported");
+    let offline = common::offline::NoBuildTools::new(root.path());
+    offline.assert_armed();
+    blklab_ok(&[
+        "images",
+        "import",
+        "--cache",
+        cache.to_str().unwrap(),
+        archive_s,
+    ]);
+    eprintln!("images build, export, import: {:?}", t0.elapsed());
     let common_args = [
         "--kernel",
         "debian-6.12",
@@ -455,11 +518,21 @@ fn a_kernel_against_itself_shows_no_significant_row() {
         "--count-insns",
         "off",
     ];
+    // The unsharded plan: how many samples each side must end with.
+    let (o, _) = blklab_run_in(&cache, None, &[&common_args[..], &["--plan"]].concat());
+    assert!(o.status.success(), "--plan failed:\n{}", text(&o).1);
+    let plan: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let boots = plan["boots"].as_array().unwrap();
+    let first = boots[0]["kernel"].as_str().unwrap();
+    let per_side = boots.iter().filter(|b| b["kernel"] == first).count();
+    assert_eq!(per_side * 2, boots.len(), "{plan}");
     let mut dirs = Vec::new();
     for i in 1..=3 {
         let out_dir = root.path().join(format!("shard{i}"));
         let shard = format!("{i}/3");
-        let (o, took) = blklab_run(
+        let (o, took) = blklab_run_in(
+            &cache,
+            Some(&offline.path),
             &[
                 &common_args[..],
                 &["--shard", &shard, "--out", out_dir.to_str().unwrap()],
@@ -472,9 +545,18 @@ fn a_kernel_against_itself_shows_no_significant_row() {
             "blklab run --shard {shard} failed after {took:?}\nstdout:\n{stdout}\nstderr:\n{stderr}\n{}",
             consoles(&out_dir)
         );
+        assert_eq!(
+            offline.calls(),
+            "",
+            "shard {shard} built or looked something up:\n{stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("cached: {}", cache.display())),
+            "shard {shard} did not use the imported cache:\n{stderr}"
+        );
         let run = read_json(&out_dir.join("run.json"));
         assert_eq!(run["shard"]["index"], i);
-        assert_eq!(run["shard"]["plan"].as_array().unwrap().len(), 6);
+        assert_eq!(run["shard"]["plan"].as_array().unwrap().len(), boots.len());
         assert_eq!(run["order"].as_array().unwrap().len(), 2);
         let labels: Vec<String> = run["kernels"]
             .as_array()
@@ -514,8 +596,8 @@ fn a_kernel_against_itself_shows_no_significant_row() {
     for row in rows {
         for (k, c) in row["metrics"].as_object().unwrap() {
             assert_eq!(c["significant"], false, "A/A {}: {k} {c}", row["variant"]);
-            assert_eq!(c["a"]["n"], 3, "the unsharded run's sample count");
-            assert_eq!(c["b"]["n"], 3);
+            assert_eq!(c["a"]["n"], per_side, "the unsharded plan's sample count");
+            assert_eq!(c["b"]["n"], per_side);
         }
     }
 }

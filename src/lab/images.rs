@@ -1,6 +1,18 @@
 //! Guest kernels and initramfs images: `--kernel` specs and the call to
 //! `images/prepare.sh`, which fetches, builds and caches them (see
-//! docs/lab-protocol.md section 1).
+//! docs/lab-protocol.md section 1), and their offline keys
+//! (`prepare.sh --keys`, images/README.md "Cache keys").
+//!
+//! - [`cache`]: the image cache directory, what a spec's images are in it,
+//!   and what each entry was built from (`blklab images list`);
+//! - [`index`]: the index of an image archive (its format, checked);
+//! - [`archive`]: `blklab images export` and `import`;
+//! - [`command`]: the `blklab images` verbs.
+
+pub mod archive;
+pub mod cache;
+pub mod command;
+pub mod index;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -36,6 +48,20 @@ pub enum ImageError {
     BadOutput { line: String, why: String },
     #[error("images/prepare.sh printed {got} results for {want} kernels")]
     Count { got: usize, want: usize },
+    #[error("the instruction-count plugin: {0}")]
+    Plugin(String),
+    #[error("{script} printed an unexpected key line {line:?}: {why}")]
+    BadKey {
+        script: PathBuf,
+        line: String,
+        why: String,
+    },
+    #[error("{script} failed ({status}): {last}")]
+    KeyFailed {
+        script: PathBuf,
+        status: String,
+        last: String,
+    },
 }
 
 /// The series `build:SERIES` takes: the Debian `linux-source-SERIES`
@@ -47,7 +73,7 @@ pub(crate) const BUILD_SERIES: &[&str] = &["5.10", "6.12"];
 
 /// A guest kernel as the user names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub(crate) enum KernelSpec {
+pub enum KernelSpec {
     /// `debian-6.1`, `debian-6.12`: Debian's prebuilt kernels.
     Debian(String),
     /// `build:6.12`, `build:6.12+noplug`, `build:5.10`: built from
@@ -70,7 +96,7 @@ pub(crate) enum KernelSpec {
 
 impl KernelSpec {
     /// The form `images/prepare.sh` takes.
-    pub(crate) fn to_prepare_arg(&self) -> String {
+    pub fn to_prepare_arg(&self) -> String {
         match self {
             KernelSpec::Debian(s) => format!("debian-{s}"),
             KernelSpec::Build { series, patch } => match patch {
@@ -100,7 +126,7 @@ impl KernelSpec {
 
     /// Check what can be checked before anything is built: a path kernel
     /// must exist and be a bzImage.
-    pub(crate) fn check(&self) -> Result<(), ImageError> {
+    pub fn check(&self) -> Result<(), ImageError> {
         if let KernelSpec::Path {
             kernel,
             modules,
@@ -213,7 +239,7 @@ impl std::str::FromStr for KernelSpec {
 
 /// A guest ready to boot, as `images/prepare.sh` reports it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub(crate) struct PreparedGuest {
+pub struct PreparedGuest {
     pub spec: String,
     /// Short label for tables and file names.
     pub name: String,
@@ -241,7 +267,7 @@ impl PreparedGuest {
 
 /// The blklab source tree (images/, guest-scripts/): `--lab-dir`, else
 /// `BLKLAB_LAB_DIR`, else the tree this binary was built from.
-pub(crate) fn lab_dir(explicit: Option<&Path>) -> Result<PathBuf, ImageError> {
+pub fn lab_dir(explicit: Option<&Path>) -> Result<PathBuf, ImageError> {
     let dir = match explicit {
         Some(d) => d.to_path_buf(),
         None => match std::env::var_os("BLKLAB_LAB_DIR") {
@@ -258,7 +284,7 @@ pub(crate) fn lab_dir(explicit: Option<&Path>) -> Result<PathBuf, ImageError> {
 
 /// Run `images/prepare.sh` for `specs` (its progress goes to our stderr)
 /// and return one prepared guest per spec, in order.
-pub(crate) fn prepare(
+pub fn prepare(
     lab_dir: &Path,
     cache: Option<&Path>,
     specs: &[KernelSpec],
@@ -329,6 +355,137 @@ fn prepare_unique(
         });
     }
     Ok(guests)
+}
+
+/// A spec's offline key and where its images live in the cache
+/// (`images/prepare.sh --keys`): computed from the repository alone (the
+/// recipes, configuration fragments, patch, series, guest scripts), before
+/// anything is built, without apt or the network.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecKey {
+    pub spec: String,
+    pub name: String,
+    /// The spec's key: its initramfs's, which covers the kernel's, fio's
+    /// and mpstat's keys and the guest scripts.
+    pub key: String,
+    pub kernel_key: String,
+    /// The kernel's directory, relative to the cache.
+    pub kernel_dir: String,
+    /// The initramfs, relative to the cache.
+    pub initramfs: String,
+    pub fio_key: String,
+    pub mpstat_key: String,
+}
+
+/// The instruction-count plugin's key for the installed QEMU
+/// (`images/build-qemu-plugin.sh --key`, read from the dpkg database and
+/// `qemu --version`, nothing else).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PluginKey {
+    pub key: String,
+    /// Its directory, relative to the cache.
+    pub dir: String,
+    /// The QEMU package and version it is for.
+    pub qemu: String,
+}
+
+/// Parse and check `specs` (as `--kernel` takes them).
+pub fn parse_specs(specs: &[String]) -> Result<Vec<KernelSpec>, ImageError> {
+    let parsed: Vec<KernelSpec> = specs.iter().map(|s| s.parse()).collect::<Result<_, _>>()?;
+    for s in &parsed {
+        s.check()?;
+    }
+    Ok(parsed)
+}
+
+/// Run `sh SCRIPT ARGS...` for its JSON lines on stdout (its stderr is
+/// kept for the error).
+fn json_lines<T: serde::de::DeserializeOwned>(
+    script: &Path,
+    args: &[String],
+) -> Result<Vec<T>, ImageError> {
+    let out = Command::new("sh")
+        .arg(script)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| ImageError::Spawn {
+            script: script.to_path_buf(),
+            source,
+        })?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        return Err(ImageError::KeyFailed {
+            script: script.to_path_buf(),
+            status: out.status.to_string(),
+            last: stderr
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("no output")
+                .to_string(),
+        });
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            serde_json::from_str(line).map_err(|e| ImageError::BadKey {
+                script: script.to_path_buf(),
+                line: line.to_string(),
+                why: e.to_string(),
+            })
+        })
+        .collect()
+}
+
+/// Each spec's offline key (`images/prepare.sh --keys`), in order.
+pub fn keys(lab_dir: &Path, specs: &[KernelSpec]) -> Result<Vec<SpecKey>, ImageError> {
+    let mut args = vec!["--keys".to_string()];
+    args.extend(specs.iter().map(|s| s.to_prepare_arg()));
+    let keys: Vec<SpecKey> = json_lines(&lab_dir.join("images/prepare.sh"), &args)?;
+    if keys.len() != specs.len() {
+        return Err(ImageError::Count {
+            got: keys.len(),
+            want: specs.len(),
+        });
+    }
+    Ok(keys)
+}
+
+/// The plugin's key for `qemu` (`images/build-qemu-plugin.sh --key`).
+pub fn plugin_key(lab_dir: &Path, qemu: &str) -> Result<PluginKey, ImageError> {
+    let script = lab_dir.join("images/build-qemu-plugin.sh");
+    let args = ["--key".to_string(), "--qemu".to_string(), qemu.to_string()];
+    let mut keys: Vec<PluginKey> = json_lines(&script, &args)?;
+    match keys.pop() {
+        Some(k) if keys.is_empty() => Ok(k),
+        _ => Err(ImageError::BadKey {
+            script,
+            line: String::new(),
+            why: "expected one JSON line".into(),
+        }),
+    }
+}
+
+/// `blklab images build`: prepare `specs` as `blklab run` does and, with
+/// `qemu`, build the instruction-count plugin for it; returns the prepared
+/// guests and the plugin's path.
+pub fn build(
+    lab_dir: &Path,
+    cache: &Path,
+    specs: &[KernelSpec],
+    qemu: Option<&str>,
+) -> Result<(Vec<PreparedGuest>, Option<PathBuf>), ImageError> {
+    let guests = prepare(lab_dir, Some(cache), specs)?;
+    let plugin = match qemu {
+        Some(q) => Some(
+            crate::lab::insns::build_plugin(lab_dir, Some(cache), q)
+                .map_err(|e| ImageError::Plugin(e.to_string()))?,
+        ),
+        None => None,
+    };
+    Ok((guests, plugin))
 }
 
 #[cfg(test)]

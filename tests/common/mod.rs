@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod offline;
 pub mod tools;
 
 use std::path::{Path, PathBuf};

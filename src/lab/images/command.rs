@@ -1,0 +1,272 @@
+//! `blklab images build|export|import|list|key`: the arguments and what
+//! each verb does (main.rs dispatches here and prints the text returned;
+//! progress goes to stderr).
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use thiserror::Error;
+
+use super::archive::{self, ArchiveError};
+use super::cache::{self, CacheError};
+use super::{ImageError, PluginKey};
+
+#[derive(Debug, Error)]
+pub enum CommandError {
+    #[error(transparent)]
+    Image(#[from] ImageError),
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+}
+
+/// `blklab images`.
+#[derive(Debug, Args)]
+pub struct ImagesArgs {
+    #[command(subcommand)]
+    pub command: ImagesCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImagesCommand {
+    /// Prepare SPECs as `blklab run` does (images/prepare.sh: fetch or
+    /// build each kernel, its initramfs, fio, mpstat) and the
+    /// instruction-count plugin for the installed QEMU; print each spec's
+    /// kernel and initramfs.
+    Build(BuildArgs),
+    /// Write the images of SPECs (kernels with System.map and modules,
+    /// initramfs, fio, mpstat, the plugin, manifests) to a self-describing
+    /// archive: a tar whose first member, index.json, names each spec, its
+    /// key and every file with size and sha256.
+    Export(ExportArgs),
+    /// Verify an archive of `blklab images export` completely (index,
+    /// every file's size and sha256, no links, no path outside its entry)
+    /// and only then install its entries into the cache, each by a rename.
+    Import(ImportArgs),
+    /// The cache's entries: kind, key, size, when, and what each was built
+    /// from (package and version, patch, configuration).
+    List(ListArgs),
+    /// Each SPEC's offline key (and the plugin's for the installed QEMU),
+    /// computed from this source tree without building, apt or network:
+    /// for a CI cache key.
+    Key(KeyArgs),
+}
+
+/// Where the images are and what makes them.
+#[derive(Debug, Clone, Args)]
+pub struct Where {
+    /// Image cache (default $BLKLAB_IMAGE_CACHE, else
+    /// ${XDG_CACHE_HOME:-~/.cache}/blklab/images).
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<PathBuf>,
+    /// The blklab source tree holding images/ and guest-scripts/ (default:
+    /// $BLKLAB_LAB_DIR, else the tree this binary was built from).
+    #[arg(long, value_name = "DIR")]
+    pub lab_dir: Option<PathBuf>,
+}
+
+/// The plugin's QEMU.
+#[derive(Debug, Clone, Args)]
+pub struct PluginArgs {
+    /// The QEMU whose instruction-count plugin is built, exported or keyed.
+    #[arg(long, value_name = "PATH", default_value = "qemu-system-x86_64")]
+    pub qemu: String,
+    /// Leave the instruction-count plugin out.
+    #[arg(long)]
+    pub no_plugin: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// Kernels as `blklab run --kernel` takes them: debian-6.1,
+    /// debian-6.12, build:SERIES[+PATCH], path:FILE[,modules=DIR][,map=FILE][,name=LABEL].
+    #[arg(value_name = "SPEC", required = true)]
+    pub specs: Vec<String>,
+    #[command(flatten)]
+    pub place: Where,
+    #[command(flatten)]
+    pub plugin: PluginArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The archive to write (replaced whole when done).
+    #[arg(long, value_name = "FILE")]
+    pub out: PathBuf,
+    /// The kernels whose images go in (built first with `images build`).
+    #[arg(value_name = "SPEC", required = true)]
+    pub specs: Vec<String>,
+    #[command(flatten)]
+    pub place: Where,
+    #[command(flatten)]
+    pub plugin: PluginArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// An archive of `blklab images export`.
+    #[arg(value_name = "FILE")]
+    pub archive: PathBuf,
+    /// Image cache (default $BLKLAB_IMAGE_CACHE, else
+    /// ${XDG_CACHE_HOME:-~/.cache}/blklab/images).
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Image cache (default $BLKLAB_IMAGE_CACHE, else
+    /// ${XDG_CACHE_HOME:-~/.cache}/blklab/images).
+    #[arg(long, value_name = "DIR")]
+    pub cache: Option<PathBuf>,
+    /// Print JSON (every entry with its whole manifest).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct KeyArgs {
+    #[arg(value_name = "SPEC", required = true)]
+    pub specs: Vec<String>,
+    /// The blklab source tree holding images/ and guest-scripts/.
+    #[arg(long, value_name = "DIR")]
+    pub lab_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub plugin: PluginArgs,
+    /// Print JSON: the specs' keys and where their images live in the cache.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn plugin_key(lab: &Path, p: &PluginArgs) -> Result<Option<PluginKey>, ImageError> {
+    if p.no_plugin {
+        Ok(None)
+    } else {
+        super::plugin_key(lab, &p.qemu).map(Some)
+    }
+}
+
+/// The specs of an imported index whose key this source tree computes
+/// differently (another checkout's recipes or guest scripts: a run from
+/// here would build them again), one note each. Best effort: nothing when
+/// the keys cannot be computed here.
+fn stale_keys(index: &super::index::Index) -> Vec<String> {
+    let Ok(lab) = super::lab_dir(None) else {
+        return Vec::new();
+    };
+    let specs: Vec<String> = index.specs.iter().map(|s| s.spec.clone()).collect();
+    let Ok(parsed) = super::parse_specs(&specs) else {
+        return Vec::new();
+    };
+    let Ok(here) = super::keys(&lab, &parsed) else {
+        return Vec::new();
+    };
+    index
+        .specs
+        .iter()
+        .zip(here)
+        .filter(|(a, b)| a.key != b.key)
+        .map(|(a, b)| {
+            format!(
+                "{}: imported with key {}, but {} computes {} (another checkout's images/ or guest-scripts/): a run from here builds it again",
+                a.spec,
+                a.key,
+                lab.display(),
+                b.key
+            )
+        })
+        .collect()
+}
+
+/// Run one verb; returns what goes to stdout.
+pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
+    let mut out = String::new();
+    match &args.command {
+        ImagesCommand::Build(a) => {
+            let lab = super::lab_dir(a.place.lab_dir.as_deref())?;
+            let cache = cache::dir(a.place.cache.as_deref());
+            let specs = super::parse_specs(&a.specs)?;
+            let qemu = (!a.plugin.no_plugin).then_some(a.plugin.qemu.as_str());
+            let (guests, plugin) = super::build(&lab, &cache, &specs, qemu)?;
+            for g in guests {
+                out.push_str(&format!(
+                    "{}\t{}\t{}\n",
+                    g.spec,
+                    g.kernel.display(),
+                    g.initramfs.display()
+                ));
+            }
+            if let Some(p) = plugin {
+                out.push_str(&format!("qemu-plugin\t{}\n", p.display()));
+            }
+        }
+        ImagesCommand::Export(a) => {
+            let lab = super::lab_dir(a.place.lab_dir.as_deref())?;
+            let cache = cache::dir(a.place.cache.as_deref());
+            let specs = super::parse_specs(&a.specs)?;
+            let keys = super::keys(&lab, &specs)?;
+            let plugin = plugin_key(&lab, &a.plugin)?;
+            let ex = archive::export(&cache, &keys, plugin.as_ref(), &a.out)?;
+            let files: usize = ex.index.entries.iter().map(|e| e.files.len()).sum();
+            out.push_str(&format!(
+                "wrote {} ({} entries, {files} files, {} bytes)\n",
+                a.out.display(),
+                ex.index.entries.len(),
+                ex.size
+            ));
+            for s in &ex.index.specs {
+                out.push_str(&format!("{}  {}\n", s.key, s.spec));
+            }
+        }
+        ImagesCommand::Import(a) => {
+            let cache = cache::dir(a.cache.as_deref());
+            let im = archive::import(&a.archive, &cache)?;
+            out.push_str(&format!(
+                "imported {} entries ({} files, {} bytes, every sha256 checked) into {}\n",
+                im.index.entries.len(),
+                im.files,
+                im.bytes,
+                cache.display()
+            ));
+            for s in &im.index.specs {
+                out.push_str(&format!("{}  {}\n", s.key, s.spec));
+            }
+            if let Some(p) = &im.index.plugin {
+                out.push_str(&format!("{}  qemu-plugin ({})\n", p.key, p.qemu));
+            }
+            for note in stale_keys(&im.index) {
+                log::warn!("{note}");
+            }
+        }
+        ImagesCommand::List(a) => {
+            let cache = cache::dir(a.cache.as_deref());
+            let entries = cache::list(&cache)?;
+            if a.json {
+                out.push_str(&serde_json::to_string_pretty(&entries).expect("entries serialize"));
+                out.push('\n');
+            } else {
+                out.push_str(&cache::list_table(&entries));
+            }
+        }
+        ImagesCommand::Key(a) => {
+            let lab = super::lab_dir(a.lab_dir.as_deref())?;
+            let specs = super::parse_specs(&a.specs)?;
+            let keys = super::keys(&lab, &specs)?;
+            let plugin = plugin_key(&lab, &a.plugin)?;
+            if a.json {
+                let v = serde_json::json!({"specs": keys, "plugin": plugin});
+                out.push_str(&serde_json::to_string_pretty(&v).expect("keys serialize"));
+                out.push('\n');
+            } else {
+                for k in &keys {
+                    out.push_str(&format!("{}  {}\n", k.key, k.spec));
+                }
+                if let Some(p) = plugin {
+                    out.push_str(&format!("{}  qemu-plugin ({})\n", p.key, p.qemu));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
