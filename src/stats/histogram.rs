@@ -821,7 +821,7 @@ mod tests {
     #[test]
     fn the_latency_layout_fits_a_ticks_histogram() {
         assert_eq!(Hist::new_latency().counts.len(), LATENCY_BUCKETS);
-        assert!(LATENCY_BUCKETS <= TICK_BUCKETS);
+        const { assert!(LATENCY_BUCKETS <= TICK_BUCKETS) };
         assert_eq!(index(LATENCY_BITS, LATENCY_MAX_NS), LATENCY_BUCKETS - 1);
         // Positions are distinct.
         let mut seen = vec![false; TICK_BUCKETS];

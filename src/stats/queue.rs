@@ -760,7 +760,7 @@ mod tests {
             assert_eq!(pop_slot(Some(*op)), i, "{op:?}");
         }
         assert_eq!(pop_slot(None), INTER_ARRIVAL);
-        assert!(INTER_ARRIVAL < POP_SLOTS && POP_SLOTS.is_power_of_two());
+        const { assert!(INTER_ARRIVAL < POP_SLOTS && POP_SLOTS.is_power_of_two()) };
     }
 
     #[test]
