@@ -16,6 +16,13 @@
 //! figures changed but their cost, and the exact sum kept beside the
 //! buckets makes the mean exact.
 //!
+//! The queue statistics' time histograms ([`TickHist`]) are cheaper
+//! still on the hot path (about 12 instructions): they are fed raw clock
+//! ticks, a duration is converted to ns with one multiply, and the
+//! float's exponent and top mantissa bits are its bucket in this same
+//! layout (from 128 ns on; below, and past the limit, a cold path takes
+//! the integer index); the sum stays in ticks and the report converts it.
+//!
 //! - **bounded memory**: the array is sized once from the value range and
 //!   the precision (a latency histogram, 0 ..= 100 s within 0.8 %, is 3,899
 //!   counters = 30 KiB; a count histogram up to 65536, exact below 2048, is

@@ -6,10 +6,13 @@
 //! 20 ns through the vDSO) and `Instant` arithmetic another ~150
 //! instructions per request (callgrind: `Timespec::sub_timespec`,
 //! `duration_since`, `elapsed`); a [`Clock`] reading is the CPU's time-stamp
-//! counter scaled to nanoseconds with one 128-bit multiply, when the kernel
-//! itself keeps time with it (its current clocksource is `tsc`, so the
-//! counter is invariant and synchronised across CPUs), and
-//! `clock_gettime(CLOCK_MONOTONIC)` as a plain `u64` otherwise.
+//! counter, when the kernel itself keeps time with it (its current
+//! clocksource is `tsc`, so the counter is invariant and synchronised
+//! across CPUs), and `clock_gettime(CLOCK_MONOTONIC)` as a plain `u64`
+//! otherwise. The statistics keep raw readings ([`Clock::ticks`]: no
+//! conversion on the hot path) and convert durations with
+//! [`Clock::ns_per_tick`]; [`Clock::now`] is a reading in ns (one 128-bit
+//! multiply).
 //!
 //! The counter's rate is measured once per process against
 //! `CLOCK_MONOTONIC` over [`CALIBRATION`] (a few parts per million: a
