@@ -35,12 +35,12 @@ use blklab::bench::RwMode;
 /// (load, budget in instructions per request, reads without the zero fill),
 /// recorded on the 2-core development VM with valgrind 3.19 at c71a938
 /// (statistics at 27 instructions per request at QD64, 63 at QD1; the
-/// highest of four runs each: randwrite QD64 966–1,101, randread QD64
-/// 1,055–1,126, randwrite QD1 2,372–2,378). The budgets of the commit
-/// that added this test were 1,210, 1,220 and 2,480.
+/// highest of four or five runs each: randwrite QD64 966–1,101, randread
+/// QD64 1,055–1,139, randwrite QD1 2,365–2,378). The budgets of the
+/// commit that added this test were 1,210, 1,220 and 2,480.
 const BUDGET: &[(RwMode, usize, f64)] = &[
     (RwMode::Randwrite, 64, 1_110.0),
-    (RwMode::Randread, 64, 1_130.0),
+    (RwMode::Randread, 64, 1_140.0),
     (RwMode::Randwrite, 1, 2_380.0),
 ];
 const MARGIN: f64 = 0.10;
