@@ -792,6 +792,40 @@ mod tests {
     }
 
     #[test]
+    fn the_hot_path_reads_either_clock() {
+        for clock in [*Clock::get(), Clock::monotonic()] {
+            let mut s = QueueStats::with_clock(clock);
+            let t0 = s.popped(0, None);
+            std::thread::sleep(Duration::from_millis(2));
+            let t1 = s.popped(0, None);
+            let t2 = s.popped(1, Some(Op::Read));
+            s.served(Op::Write, t2);
+            let done = s.now();
+            s.completed(Op::Flush, t0, done);
+            assert!(t0 < t1 && t1 <= t2 && t2 <= done, "{clock:?}");
+            let r = s.report(0, None);
+            assert_eq!(r.inter_arrival_ns.count, 2, "{clock:?}");
+            // The 2 ms sleep, in ns whatever the clock's ticks.
+            assert!(r.inter_arrival_ns.max >= 1_900_000, "{clock:?}: {r:?}");
+            assert!(r.inter_arrival_ns.max < 10_000_000_000, "{clock:?}: {r:?}");
+            assert_eq!(
+                (
+                    r.latency_read_ns.count,
+                    r.latency_write_ns.count,
+                    r.latency_other_ns.count
+                ),
+                (1, 1, 1)
+            );
+            assert!(r.latency_other_ns.min >= 1_900_000, "{clock:?}: {r:?}");
+            assert_eq!((r.inflight_at_pop.count, r.inflight_at_pop.max), (3, 1));
+            // Without histograms nothing reads the clock.
+            let mut n = QueueStats::with_clock(clock);
+            n.histograms = false;
+            assert_eq!((n.popped(0, None), n.now()), (0, 0));
+        }
+    }
+
+    #[test]
     fn wakeups_and_kicks() {
         let mut s = ns_stats();
         // Plugged guest: 16 requests, one kick. Unplugged: one per kick.
