@@ -27,7 +27,6 @@ use crate::device::faults::{FaultDecision, FaultState};
 use crate::device::latency::{LatOp, LatencySampler};
 use crate::device::tags::Tag;
 use crate::stats::queue::{current_tid, QueueStats};
-use crate::util::clock::Clock;
 use crate::virtio_blk::request::{Op, Segment, STATUS_IOERR, STATUS_OK, STATUS_UNSUPP};
 use crate::virtq::guest_map::GuestMap;
 use crate::virtq::split_ring::{RingError, RingLayout, SplitRing};
@@ -41,7 +40,8 @@ pub(super) struct Pending {
     head: u16,
     used_len: u32,
     op: Op,
-    /// Pop time on the queue's [`Clock`], ns (0 without statistics).
+    /// Pop time in ticks of the queue statistics' clock
+    /// ([`QueueStats::popped`]; 0 without statistics).
     popped_at: u64,
     pub(super) tag: Option<Tag>,
 }
@@ -99,8 +99,6 @@ pub(super) struct QueueState {
     pub(super) polling: bool,
     /// Poll mode: since when the ring has been found empty (the spin).
     pub(super) idle_since: Option<Instant>,
-    /// The clock of per-request timestamps (statistics).
-    clock: &'static Clock,
     /// When the queue state was made: the deadline of requests served at
     /// once, which never wait for one (no clock read for them).
     epoch: Instant,
@@ -137,7 +135,6 @@ impl QueueState {
                 .then(|| RefCell::new(FaultState::new(&disk.cfg.faults))),
             polling: false,
             idle_since: None,
-            clock: Clock::get(),
             epoch: Instant::now(),
         })
     }
@@ -334,7 +331,7 @@ impl<R: UsedRing> Pass<'_, R> {
                 break;
             }
             self.q.pending.pop();
-            let at = *done.get_or_insert_with(|| self.q.clock.now());
+            let at = *done.get_or_insert_with(|| self.st.now());
             self.finish(p, Some(at));
             n += 1;
         }
@@ -380,8 +377,8 @@ impl<R: UsedRing> Pass<'_, R> {
     }
 
     /// Put a request on the used ring and give its slot back; its service
-    /// time is recorded as ending at `done` (the queue's clock, ns; None:
-    /// the caller records it).
+    /// time is recorded as ending at `done` (ticks of the statistics'
+    /// clock, [`QueueStats::now`]; None: the caller records it).
     pub(super) fn finish(&mut self, p: Pending, done: Option<u64>) {
         self.be.disk.put_tag(self.q.index, p.tag);
         if self.q.broken {
@@ -391,7 +388,7 @@ impl<R: UsedRing> Pass<'_, R> {
         self.vq.add_used(p.head, p.used_len);
         self.used_added();
         if let Some(done) = done {
-            self.st.completed(p.op, done.saturating_sub(p.popped_at));
+            self.st.completed(p.op, p.popped_at, done);
         }
     }
 
@@ -405,8 +402,7 @@ impl<R: UsedRing> Pass<'_, R> {
         let mut served_at_once: Option<(Op, u64)> = None;
         let r = self.drain_timed(timed, &mut served_at_once);
         if let Some((op, at)) = served_at_once {
-            let now = self.q.clock.now();
-            self.st.completed(op, now.saturating_sub(at));
+            self.st.served(op, at);
         }
         r
     }
@@ -472,13 +468,11 @@ impl<R: UsedRing> Pass<'_, R> {
             // One clock read per request: it is this request's pop time and
             // the completion time of the previous one served at once. With
             // --no-stats nothing needs it (emulated latency reads the
-            // system clock for its deadline below).
-            let popped_at = if timed { self.q.clock.now() } else { 0 };
-            // The request served at once before this one completes now:
-            // its service time is this inter-arrival time.
+            // system clock for its deadline below). The request served at
+            // once before this one completes now: its service time is this
+            // inter-arrival time.
             let served_before = served_at_once.take().map(|(op, _)| op);
-            self.st
-                .popped(popped_at, self.q.pending.len() as u64, served_before);
+            let popped_at = self.st.popped(self.q.pending.len() as u64, served_before);
             r.popped += 1;
             let dev = Device {
                 storage: disk.storage.as_ref(),
@@ -721,7 +715,7 @@ impl BlkBackend {
         let mut st = self.disk.queue_stats(q.index);
         let mut vs = vring.get_mut();
         let now = Instant::now();
-        let now_ns = q.clock.now();
+        let now_ticks = st.now();
         let done = with_pass(self, q, &mut st, &mut *vs, &mem, |pass| {
             let mut n = 0;
             while let Some(Reverse(p)) = pass.q.pending.peek().copied() {
@@ -729,7 +723,7 @@ impl BlkBackend {
                     break;
                 }
                 pass.q.pending.pop();
-                pass.finish(p, Some(now_ns));
+                pass.finish(p, Some(now_ticks));
                 n += 1;
             }
             n

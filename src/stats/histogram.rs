@@ -16,6 +16,13 @@
 //! figures changed but their cost, and the exact sum kept beside the
 //! buckets makes the mean exact.
 //!
+//! The queue statistics' time histograms ([`TickHist`]) are cheaper
+//! still on the hot path (about 12 instructions): they are fed raw clock
+//! ticks, a duration is converted to ns with one multiply, and the
+//! float's exponent and top mantissa bits are its bucket in this same
+//! layout (from 128 ns on; below, and past the limit, a cold path takes
+//! the integer index); the sum stays in ticks and the report converts it.
+//!
 //! - **bounded memory**: the array is sized once from the value range and
 //!   the precision (a latency histogram, 0 ..= 100 s within 0.8 %, is 3,899
 //!   counters = 30 KiB; a count histogram up to 65536, exact below 2048, is
@@ -48,16 +55,178 @@ pub(crate) const LATENCY_MAX_NS: u64 = 100_000_000_000;
 /// below 2048 and within 0.1 % above.
 ///
 /// See the [module documentation](self) for the representation.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Hist {
     /// `m`: values below `2^m` are exact.
     bits: u32,
     /// The largest value kept; larger ones are recorded as this.
     limit: u64,
     counts: Box<[u64]>,
-    /// The sum of the recorded (clamped) values, for an exact mean. It
-    /// wraps after 2^64 ns of summed latency (584 years), never in practice.
+    /// The sum of the recorded (clamped) values, for an exact mean, in
+    /// units of `unit` (1 but in a [`TickHist::hist`], whose sum is in
+    /// clock ticks). It wraps after 2^64 ns (or ticks) of
+    /// summed latency (584 years, 195 at 3 GHz), never in practice.
     sum: u64,
+    /// What one unit of `sum` is worth in the buckets' unit.
+    unit: f64,
+}
+
+/// The clock-tick durations a [`TickHist`] records, fixed once per
+/// clock: the statistics read the raw counter on the hot path
+/// ([`crate::util::clock::Clock::ticks`]) and a duration goes to its
+/// nanosecond bucket with one multiply, while the sum (for the exact
+/// mean) stays in ticks.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct TickScale {
+    /// Nanoseconds per tick.
+    ns_per_tick: f64,
+    /// [`LATENCY_MAX_NS`] in ticks (rounded down): longer durations are
+    /// recorded as this.
+    limit: u64,
+}
+
+/// The fast path's bucket of a latency of `x` ns, `x >= 128`: with 8
+/// exact bits ([`LATENCY_BITS`]) a value of `e + 1` significant bits,
+/// `e >= 7`, is in bucket `(e - 7) * 128 + (v >> (e - 7))`, which is
+/// `e * 128 - 768 + 128 + m` where `m` is its 7 bits after the leading
+/// one: an f64's biased exponent (`1023 + e`) and top 7 mantissa bits
+/// are `bits >> 45`, so the bucket is that less `(1023 + 6) * 128`. The
+/// truncated mantissa floors `x`, as the integer path does.
+const F64_SHIFT: u32 = 52 - (LATENCY_BITS - 1);
+const F64_BIAS: u64 = (1023 + LATENCY_BITS as u64 - 2) << (LATENCY_BITS - 1);
+
+/// The buckets the fast path takes: from 128 ns on (below, the float's
+/// bits are not the bucket) to the one before the last (the last holds
+/// values over the limit, which are recorded as the limit).
+const FAST_FIRST: u64 = 1 << (LATENCY_BITS - 1);
+const FAST_LAST: u64 = LATENCY_BUCKETS as u64 - 2;
+
+/// Buckets of [`Hist::new_latency`] (0 ..= [`LATENCY_MAX_NS`]).
+const LATENCY_BUCKETS: usize = 3899;
+
+impl TickScale {
+    /// The scale of a clock of `ns_per_tick` ns per tick (positive).
+    pub(crate) fn new(ns_per_tick: f64) -> TickScale {
+        let ns_per_tick = if ns_per_tick.is_finite() && ns_per_tick > 0.0 {
+            ns_per_tick
+        } else {
+            1.0
+        };
+        let ns = |t: u64| t as f64 * ns_per_tick;
+        // The last tick count at most the limit, as the multiply rounds.
+        let max = LATENCY_MAX_NS as f64;
+        let mut limit = (max / ns_per_tick) as u64;
+        while ns(limit) > max {
+            limit -= 1;
+        }
+        while ns(limit + 1) <= max {
+            limit += 1;
+        }
+        TickScale { ns_per_tick, limit }
+    }
+
+    /// `ticks` in ns, rounded down as the buckets are (at most the limit).
+    fn ns(&self, ticks: u64) -> u64 {
+        if ticks >= self.limit {
+            LATENCY_MAX_NS
+        } else {
+            (ticks as f64 * self.ns_per_tick) as u64
+        }
+    }
+}
+
+/// Counters of a [`TickHist`]: the latency layout's 3,899 buckets
+/// (0 ..= 100 s) rounded up to a power of two, so that the hot path's
+/// index takes a mask instead of a bounds check.
+const TICK_BUCKETS: usize = 4096;
+
+/// Where a [`TickHist`] keeps the latency layout's bucket `i`: rotated by
+/// [`F64_BIAS`], so that the hot path's position is the float's bits
+/// without a subtraction.
+#[inline(always)]
+fn tick_position(i: usize) -> usize {
+    (i + F64_BIAS as usize) & (TICK_BUCKETS - 1)
+}
+
+/// A latency histogram fed clock-tick durations on the hot path: the
+/// buckets are [`Hist::new_latency`]'s, in ns (a duration goes to the
+/// bucket of its ns, rounded down, with one multiply), the sum is in
+/// ticks (exact; [`hist`](Self::hist) converts it for the mean).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct TickHist {
+    counts: Box<[u64; TICK_BUCKETS]>,
+    /// The recorded (clamped) durations' sum, in ticks.
+    sum: u64,
+}
+
+impl Default for TickHist {
+    fn default() -> Self {
+        let counts: Box<[u64]> = vec![0; TICK_BUCKETS].into_boxed_slice();
+        TickHist {
+            counts: counts
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("TICK_BUCKETS counters")),
+            sum: 0,
+        }
+    }
+}
+
+impl TickHist {
+    /// Records a duration of `ticks` clock ticks (`ticks` as the wrapping
+    /// difference of two readings: one that went back, a counter a few
+    /// ticks apart across CPUs, counts as 0) of `scale`'s clock.
+    #[inline(always)]
+    pub(crate) fn record(&mut self, ticks: u64, scale: &TickScale) {
+        if !self.record_fast(ticks, scale) {
+            self.record_rare(ticks, scale);
+        }
+    }
+
+    /// The hot path of the statistics: a duration is converted to ns
+    /// with one multiply and the float's bits are its bucket (see
+    /// [`F64_BIAS`]); one range check on them, an increment and an add.
+    /// Returns false, recording nothing, for a duration under 128 ns, in
+    /// the last bucket (which may exceed the limit) or negative (a
+    /// negative float's bits are out of range too): for
+    /// [`record_rare`](Self::record_rare).
+    #[inline(always)]
+    pub(crate) fn record_fast(&mut self, ticks: u64, scale: &TickScale) -> bool {
+        let ns = ticks as i64 as f64 * scale.ns_per_tick;
+        let b = ns.to_bits() >> F64_SHIFT;
+        if b.wrapping_sub(F64_BIAS + FAST_FIRST) > FAST_LAST - FAST_FIRST {
+            return false;
+        }
+        // b is bucket + F64_BIAS: its position (`tick_position`).
+        self.counts[b as usize & (TICK_BUCKETS - 1)] += 1;
+        self.sum = self.sum.wrapping_add(ticks);
+        true
+    }
+
+    /// What [`record_fast`](Self::record_fast) leaves: under 128 ns (the
+    /// integer bucket), over the limit (the limit) or negative (0).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn record_rare(&mut self, ticks: u64, scale: &TickScale) {
+        let ticks = if (ticks as i64) < 0 {
+            0
+        } else {
+            ticks.min(scale.limit)
+        };
+        self.sum = self.sum.wrapping_add(ticks);
+        self.counts[tick_position(index(LATENCY_BITS, scale.ns(ticks)))] += 1;
+    }
+
+    /// The histogram in ns, for reports (its mean converts the tick sum
+    /// with `scale`, which must be the one recorded with).
+    pub(crate) fn hist(&self, scale: &TickScale) -> Hist {
+        let mut h = Hist::new_latency();
+        for (i, c) in h.counts.iter_mut().enumerate() {
+            *c = self.counts[tick_position(i)];
+        }
+        h.sum = self.sum;
+        h.unit = scale.ns_per_tick;
+        h
+    }
 }
 
 /// A [`Hist`] fed values that mostly repeat (requests per wake-up, the
@@ -79,14 +248,26 @@ impl RunHist {
     /// Records one value.
     #[inline]
     pub(crate) fn record(&mut self, v: u64) {
-        if v == self.run.0 {
-            self.run.1 += 1;
-        } else {
+        if !self.record_same(v) {
             self.next_run(v);
         }
     }
 
-    fn next_run(&mut self, v: u64) {
+    /// Records `v` if it is the current run's value (and says whether it
+    /// was); otherwise the caller calls [`next_run`](Self::next_run).
+    #[inline(always)]
+    pub(crate) fn record_same(&mut self, v: u64) -> bool {
+        let same = v == self.run.0;
+        if same {
+            self.run.1 += 1;
+        }
+        same
+    }
+
+    /// Records `v`, which starts a new run.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn next_run(&mut self, v: u64) {
         let (prev, n) = std::mem::replace(&mut self.run, (v, 1));
         if n > 0 {
             self.hist.record_n(prev, n);
@@ -102,14 +283,6 @@ impl RunHist {
         }
         h
     }
-}
-
-/// A latency and its bucket, computed once for several latency
-/// histograms ([`Hist::latency_bucket`]).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct LatencyBucket {
-    index: usize,
-    value: u64,
 }
 
 /// A fixed set of statistics of a [`Hist`], for reports and JSON output.
@@ -168,6 +341,7 @@ impl Hist {
             limit,
             counts: vec![0; index(bits, limit) + 1].into_boxed_slice(),
             sum: 0,
+            unit: 1.0,
         }
     }
 
@@ -181,29 +355,8 @@ impl Hist {
     #[inline]
     pub(crate) fn record(&mut self, v: u64) {
         let v = v.min(self.limit);
-        self.sum = self.sum.wrapping_add(v);
+        self.sum = self.sum.wrapping_add(self.in_sum_units(v));
         if let Some(c) = self.counts.get_mut(index(self.bits, v)) {
-            *c += 1;
-        }
-    }
-
-    /// The bucket of latency `v` in every [`Hist::new_latency`] histogram
-    /// (clamped at [`LATENCY_MAX_NS`]), to [`add`](Self::add) it to several.
-    #[inline]
-    pub(crate) fn latency_bucket(v: u64) -> LatencyBucket {
-        let value = v.min(LATENCY_MAX_NS);
-        LatencyBucket {
-            index: index(LATENCY_BITS, value),
-            value,
-        }
-    }
-
-    /// Records the value of bucket `b`, which must be a latency histogram's.
-    #[inline]
-    pub(crate) fn add(&mut self, b: LatencyBucket) {
-        debug_assert!(self.bits == LATENCY_BITS && self.limit == LATENCY_MAX_NS);
-        self.sum = self.sum.wrapping_add(b.value);
-        if let Some(c) = self.counts.get_mut(b.index) {
             *c += 1;
         }
     }
@@ -212,7 +365,7 @@ impl Hist {
     #[inline]
     pub fn record_n(&mut self, v: u64, n: u64) {
         let v = v.min(self.limit);
-        self.sum = self.sum.wrapping_add(v.wrapping_mul(n));
+        self.sum = self.sum.wrapping_add(self.in_sum_units(v).wrapping_mul(n));
         if let Some(c) = self.counts.get_mut(index(self.bits, v)) {
             *c = c.saturating_add(n);
         }
@@ -257,12 +410,22 @@ impl Hist {
         self.nonempty().last().map_or(0, |(i, _)| self.highest(i))
     }
 
-    /// Mean of the recorded values (exact: their sum over their count);
-    /// 0.0 when empty.
+    /// Mean of the recorded values (exact: their sum over their count;
+    /// in ticks' histograms, the sum of the ticks recorded times the
+    /// clock's ns per tick); 0.0 when empty.
     pub(crate) fn mean(&self) -> f64 {
         match self.count() {
             0 => 0.0,
-            n => self.sum as f64 / n as f64,
+            n => self.sum as f64 * self.unit / n as f64,
+        }
+    }
+
+    /// Value `v` (in the buckets' unit) in the sum's unit.
+    fn in_sum_units(&self, v: u64) -> u64 {
+        if self.unit == 1.0 {
+            v
+        } else {
+            (v as f64 / self.unit).round() as u64
         }
     }
 
@@ -348,11 +511,13 @@ impl Hist {
         d
     }
 
-    /// The sum of the recorded values as their buckets' middles.
+    /// The sum of the recorded values as their buckets' middles (in the
+    /// sum's unit).
     fn bucket_sum(&self) -> u64 {
         self.nonempty().fold(0u64, |a, (i, c)| {
             let (lo, hi) = bounds(self.bits, i);
-            a.wrapping_add((lo + (hi - lo) / 2).min(self.limit).wrapping_mul(c))
+            let mid = self.in_sum_units((lo + (hi - lo) / 2).min(self.limit));
+            a.wrapping_add(mid.wrapping_mul(c))
         })
     }
 
@@ -410,7 +575,7 @@ impl Hist {
     }
 
     fn same_layout(&self, other: &Hist) -> bool {
-        self.bits == other.bits && self.limit == other.limit
+        self.bits == other.bits && self.limit == other.limit && self.unit == other.unit
     }
 }
 
@@ -661,6 +826,23 @@ mod tests {
     }
 
     #[test]
+    fn the_latency_layout_fits_a_ticks_histogram() {
+        assert_eq!(Hist::new_latency().counts.len(), LATENCY_BUCKETS);
+        const { assert!(LATENCY_BUCKETS <= TICK_BUCKETS) };
+        assert_eq!(index(LATENCY_BITS, LATENCY_MAX_NS), LATENCY_BUCKETS - 1);
+        // Positions are distinct.
+        let mut seen = vec![false; TICK_BUCKETS];
+        for i in 0..LATENCY_BUCKETS {
+            assert!(!std::mem::replace(&mut seen[tick_position(i)], true));
+        }
+        // The float's bits are the bucket from 128 on.
+        for v in [128u64, 129, 255, 256, 1000, 65_535, 1 << 30, LATENCY_MAX_NS] {
+            let b = (v as f64).to_bits() >> F64_SHIFT;
+            assert_eq!(b - F64_BIAS, index(LATENCY_BITS, v) as u64, "{v}");
+        }
+    }
+
+    #[test]
     fn every_value_lies_in_its_buckets_bounds() {
         for bits in [COUNT_BITS, LATENCY_BITS, 2] {
             let mut prev_high = None;
@@ -729,6 +911,91 @@ mod tests {
         h.record(3);
         assert_eq!(r.hist(), h);
         assert_eq!(r.hist().delta(&snap.hist()).values(), vec![(3, 1), (7, 1)]);
+    }
+
+    #[test]
+    fn ticks_go_to_the_buckets_of_their_nanoseconds() {
+        // Ticks of 1 ns (the monotonic clock), of a 3 GHz counter, of an
+        // odd rate, and slower than 1 GHz.
+        for ns_per_tick in [1.0, 1.0 / 3.0, 0.416_666_67, 2.5] {
+            let scale = TickScale::new(ns_per_tick);
+            let floor_ns = |t: u64| ((t as f64 * ns_per_tick) as u64).min(LATENCY_MAX_NS);
+            // Every tick count to 2^16, each side of the fast path's ends
+            // and of every power of two, and the limit.
+            let mut ticks: Vec<u64> = (0..1 << 16).collect();
+            let fast_lo = (128.0 / ns_per_tick) as u64;
+            for t in [fast_lo, scale.limit] {
+                for d in 0..4 {
+                    ticks.push(t.saturating_sub(d));
+                    ticks.push(t + d);
+                }
+            }
+            for k in 16..50 {
+                ticks.extend([(1u64 << k) - 1, 1 << k, (1 << k) + 1, (3 << k) / 2]);
+            }
+            let mut h = TickHist::default();
+            let mut want = Hist::new_latency();
+            let mut sum = 0u64;
+            for &t in &ticks {
+                h.record(t, &scale);
+                want.record(floor_ns(t));
+                sum += t.min(scale.limit);
+            }
+            assert_eq!(
+                h.hist(&scale).counts,
+                want.counts,
+                "{ns_per_tick} ns per tick"
+            );
+            assert_eq!(h.sum, sum, "{ns_per_tick} ns per tick");
+            // Nothing beyond the last bucket.
+            let total: u64 = h.counts.iter().sum();
+            assert_eq!(total, ticks.len() as u64);
+            assert!(scale.limit as f64 * ns_per_tick <= LATENCY_MAX_NS as f64);
+            assert!((scale.limit + 1) as f64 * ns_per_tick > LATENCY_MAX_NS as f64);
+            // Longer than the limit: the limit; a clock that went back: 0.
+            let mut h = TickHist::default();
+            h.record(u64::MAX / 2, &scale);
+            assert_eq!((h.hist(&scale).max(), h.sum), (LATENCY_MAX_NS, scale.limit));
+            let mut h = TickHist::default();
+            h.record(5u64.wrapping_sub(9), &scale);
+            let r = h.hist(&scale);
+            assert_eq!((r.count(), r.max(), h.sum), (1, 0, 0));
+        }
+    }
+
+    #[test]
+    fn a_ticks_histogram_reports_nanoseconds_and_an_exact_mean() {
+        // 4 ticks per ns.
+        let scale = TickScale::new(0.25);
+        let mut th = TickHist::default();
+        let mut ns = Hist::new_latency();
+        for t in [400u64, 4_000, 40_001, 4_000_000, 17] {
+            th.record(t, &scale);
+            ns.record(t / 4);
+        }
+        let mut h = th.hist(&scale);
+        let (a, b) = (h.summary(), ns.summary());
+        assert_eq!(
+            (a.count, a.min, a.max, a.p50, a.p99),
+            (b.count, b.min, b.max, b.p50, b.p99)
+        );
+        assert_eq!(
+            a.mean,
+            (400.0 + 4_000.0 + 40_001.0 + 4_000_000.0 + 17.0) / 4.0 / 5.0
+        );
+        // Merge and delta keep the tick sum.
+        let snap = h.clone();
+        th.record(8_000, &scale);
+        h = th.hist(&scale);
+        assert_eq!(h.delta(&snap).mean(), 2_000.0);
+        let mut m = TickHist::default().hist(&scale);
+        m.merge(&h);
+        assert_eq!(m.mean(), h.mean());
+        // Not the same layout as a ns histogram: merged value by value.
+        let mut x = Hist::new_latency();
+        x.merge(&h);
+        assert_eq!(x.count(), h.count());
+        assert_eq!(x.max(), h.max());
     }
 
     #[test]

@@ -15,7 +15,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::device::config::DiskConfig;
-use crate::stats::histogram::{Hist, HistSummary, RunHist};
+use crate::stats::histogram::{Hist, HistSummary, RunHist, TickHist, TickScale};
+use crate::util::clock::{Clock, MonotonicTicks, TickSource, TscTicks};
 use crate::virtio_blk::request::Op;
 
 /// Largest value the count histograms (requests per wake-up, …) resolve.
@@ -110,35 +111,83 @@ impl QueueCounters {
 }
 
 /// The latency class of `op`: 0 read, 1 write, 2 everything else (the
-/// reports' latency_read/write/other).
-#[inline]
+/// reports' latency_read/write/other): `Op`'s first two variants are
+/// read and write (a test holds them there), so a compare and a move.
+#[inline(always)]
 fn class(op: Op) -> usize {
-    match op {
-        Op::Read => 0,
-        Op::Write => 1,
-        _ => 2,
-    }
+    (op as usize).min(2)
 }
 
+/// [`QueueStats::record_pop`] for the queue's clock source.
+type PopFn = fn(&mut QueueStats, u64, Option<Op>) -> u64;
+/// [`QueueStats::record_served`] for the queue's clock source.
+type ServedFn = fn(&mut QueueStats, Op, u64);
+
+/// Where a pop's inter-arrival time goes in [`QueueStats`]'s `at_pop`:
+/// the kind of the request served at once just before it (whose service
+/// time it also is), or [`INTER_ARRIVAL`]: the option's own byte (`None`
+/// is 7), so no mapping at all on the hot path; the report merges the
+/// kinds into classes.
+#[inline(always)]
+fn pop_slot(served_before: Option<Op>) -> usize {
+    let v = match served_before {
+        Some(op) => op as usize,
+        None => INTER_ARRIVAL,
+    };
+    v & (POP_SLOTS - 1)
+}
+
+/// Every kind of request, in `Op`'s order (`at_pop`'s first slots).
+const OPS: [Op; 7] = [
+    Op::Read,
+    Op::Write,
+    Op::Flush,
+    Op::GetId,
+    Op::Discard,
+    Op::WriteZeroes,
+    Op::Other,
+];
+
+/// `at_pop`'s inter-arrival times that are no service time.
+const INTER_ARRIVAL: usize = OPS.len();
+/// `at_pop`'s slots.
+const POP_SLOTS: usize = 8;
+
+/// `last_pop` before the first pop: 2^63 ticks away from any reading
+/// (the counter would take a century to get there), so the first pop's
+/// "inter-arrival time" is never a fast-path duration and the rare path
+/// knows it for what it is.
+const NO_POP: u64 = 1 << 63;
+
 /// Everything one queue records.
+///
+/// Times are recorded as raw clock ticks ([`Clock::ticks`]) and go to
+/// nanosecond buckets with one multiply ([`TickHist`]); the reports are
+/// in ns. Wake-ups come in runs of the same (kicks,
+/// requests) pair (at QD1 every wake-up is (1, 1)): a run is only
+/// counted, and goes into the three wake-up histograms when the pair
+/// changes or a report reads them.
 #[derive(Debug, Clone)]
 pub struct QueueStats {
     pub counters: QueueCounters,
+    /// The current run of wake-ups: its (kicks, requests) and its length
+    /// (0: none yet); not yet in the three histograms below.
+    wake_run: ((u64, u64), u64),
     /// Requests popped per wake-up.
-    pub requests_per_wakeup: RunHist,
+    requests_per_wakeup: Hist,
     /// Requests popped per kick, per wake-up that had kicks (rounded).
-    pub requests_per_kick: RunHist,
+    requests_per_kick: Hist,
     /// Kicks per wake-up.
-    pub kicks_per_wakeup: RunHist,
-    /// Service time, pop to used, ns, by class (read, write, other;
-    /// [`class`]), of requests not in `at_once`.
-    latency: [Hist; 3],
-    /// Service times of requests served at once whose service the next
-    /// pop ended: each is also that pop's inter-arrival time, so it is
-    /// recorded once, here, and reported in both (the merge is exact).
-    at_once: [Hist; 3],
-    /// Time between consecutive pops, ns, of pops not in `at_once`.
-    inter_arrival: Hist,
+    kicks_per_wakeup: Hist,
+    /// Service time, pop to used, by class (read, write, other;
+    /// [`class`]), of requests not in `at_pop`.
+    latency: [TickHist; 3],
+    /// Time between consecutive pops ([`pop_slot`]). By kind ([`OPS`]):
+    /// those that ended the service of a request of that kind served at
+    /// once just before: each is also that request's service time, so it
+    /// is recorded once, here, and reported in both (the merge is exact).
+    /// [`INTER_ARRIVAL`]: the others.
+    at_pop: [TickHist; POP_SLOTS],
     /// Requests in service when a request is popped.
     pub inflight_at_pop: RunHist,
     /// How long the queue waited for a command slot, ns.
@@ -150,93 +199,204 @@ pub struct QueueStats {
     cpu_baseline: Option<ThreadCpu>,
     /// False with --no-stats: counters only, no histograms.
     pub histograms: bool,
-    /// When the last request was popped, ns ([`crate::util::clock::Clock`]);
-    /// 0: none yet (the clock counts from boot).
+    /// When the last request was popped, in ticks of `clock`; [`NO_POP`]
+    /// before the first.
     last_pop: u64,
+    /// The clock of every time recorded here (its ticks).
+    clock: Clock,
+    /// `clock`'s ticks to the histograms' ns.
+    scale: TickScale,
+    /// The hot path's recording functions for `clock`'s source, chosen
+    /// once so that a reading does not test it.
+    pop_fn: PopFn,
+    served_fn: ServedFn,
 }
 
 impl Default for QueueStats {
     fn default() -> Self {
+        QueueStats::with_clock(*Clock::get())
+    }
+}
+
+impl QueueStats {
+    /// Statistics whose times are read from `clock`.
+    pub(crate) fn with_clock(clock: Clock) -> QueueStats {
+        let scale = TickScale::new(clock.ns_per_tick());
+        let (pop_fn, served_fn): (PopFn, ServedFn) = if clock.is_tsc() {
+            (
+                Self::record_pop::<TscTicks>,
+                Self::record_served::<TscTicks>,
+            )
+        } else {
+            (
+                Self::record_pop::<MonotonicTicks>,
+                Self::record_served::<MonotonicTicks>,
+            )
+        };
         QueueStats {
             counters: QueueCounters::default(),
-            requests_per_wakeup: RunHist::new(Hist::new_count(COUNT_MAX)),
-            requests_per_kick: RunHist::new(Hist::new_count(COUNT_MAX)),
-            kicks_per_wakeup: RunHist::new(Hist::new_count(COUNT_MAX)),
-            latency: std::array::from_fn(|_| Hist::new_latency()),
-            at_once: std::array::from_fn(|_| Hist::new_latency()),
-            inter_arrival: Hist::new_latency(),
+            wake_run: ((0, 0), 0),
+            requests_per_wakeup: Hist::new_count(COUNT_MAX),
+            requests_per_kick: Hist::new_count(COUNT_MAX),
+            kicks_per_wakeup: Hist::new_count(COUNT_MAX),
+            latency: Default::default(),
+            at_pop: Default::default(),
             inflight_at_pop: RunHist::new(Hist::new_count(COUNT_MAX)),
             tag_wait: Hist::new_latency(),
             worker_tid: None,
             cpu_baseline: None,
             histograms: true,
-            last_pop: 0,
+            last_pop: NO_POP,
+            clock,
+            scale,
+            pop_fn,
+            served_fn,
         }
     }
-}
 
-impl QueueStats {
-    /// A request was popped at `now_ns` (the queue's clock) with
-    /// `inflight` others in service. `served_before`: the kind of the
-    /// request popped just before it when that one was served at once (no
-    /// emulated latency), whose service time ends at this pop: it is the
-    /// time since that pop, the same value as this inter-arrival time, so
-    /// its bucket is computed once for both histograms.
+    /// A request is popped now with `inflight` others in service; returns
+    /// the time, in ticks of the queue's clock (0 without histograms), for
+    /// [`completed`](Self::completed) or [`served`](Self::served).
+    /// `served_before`: the kind of the request popped just before it when
+    /// that one was served at once (no emulated latency), whose service
+    /// time ends at this pop: it is the time since that pop, the same
+    /// value as this inter-arrival time, so it is recorded once for both
+    /// histograms.
     ///
-    /// The recording bodies here (`record_*`) are never inlined, so that
-    /// `blklab bench --instructions` counts the statistics' own
-    /// instructions per request exactly, as functions of their own.
+    /// The recording bodies here (`record_*`, `read_clock`) are never
+    /// inlined, and read the clock themselves, so that `blklab bench
+    /// --instructions` counts the statistics' own instructions per
+    /// request exactly, as functions of their own; the call itself and
+    /// the test of `histograms` (which `--no-stats` keeps too) are the
+    /// caller's.
     #[inline]
-    pub fn popped(&mut self, now_ns: u64, inflight: u64, served_before: Option<Op>) {
+    pub fn popped(&mut self, inflight: u64, served_before: Option<Op>) -> u64 {
         if self.histograms {
-            self.record_pop(now_ns, inflight, served_before);
+            (self.pop_fn)(self, inflight, served_before)
+        } else {
+            0
         }
     }
 
+    /// [`popped`](Self::popped) on clock source `C`: what is not the fast
+    /// path is in cold functions, tail-called, so the fast path needs no
+    /// stack frame.
     #[inline(never)]
-    fn record_pop(&mut self, now_ns: u64, inflight: u64, served_before: Option<Op>) {
-        let prev = std::mem::replace(&mut self.last_pop, now_ns);
-        if prev != 0 {
-            let b = Hist::latency_bucket(now_ns.saturating_sub(prev));
-            match served_before {
-                Some(op) => self.at_once[class(op)].add(b),
-                None => self.inter_arrival.add(b),
-            }
+    fn record_pop<C: TickSource>(&mut self, inflight: u64, served_before: Option<Op>) -> u64 {
+        self.pop_at(C::read(), inflight, served_before)
+    }
+
+    /// [`popped`](Self::popped) at `now` ticks; returns `now`.
+    #[inline(always)]
+    fn pop_at(&mut self, now: u64, inflight: u64, served_before: Option<Op>) -> u64 {
+        let prev = std::mem::replace(&mut self.last_pop, now);
+        let slot = pop_slot(served_before);
+        if !self.at_pop[slot].record_fast(now.wrapping_sub(prev), &self.scale) {
+            return self.pop_rare(slot, prev, inflight);
         }
         // In-flight depths come in runs (always 0 without emulated
         // latency).
+        if !self.inflight_at_pop.record_same(inflight) {
+            return self.inflight_changed(inflight);
+        }
+        now
+    }
+
+    /// The rest of [`pop_at`](Self::pop_at) for an inter-arrival time off
+    /// the fast path, or none (the first pop). Returns the pop time (read
+    /// back rather than passed through, which would keep the compiler
+    /// from tail-calling this).
+    #[cold]
+    #[inline(never)]
+    fn pop_rare(&mut self, slot: usize, prev: u64, inflight: u64) -> u64 {
+        let now = self.last_pop;
+        if prev != NO_POP {
+            self.at_pop[slot].record_rare(now.wrapping_sub(prev), &self.scale);
+        }
         self.inflight_at_pop.record(inflight);
+        now
     }
 
-    /// Every service time of class `c` (see `at_once`).
+    /// The rest of [`pop_at`](Self::pop_at) for an in-flight depth that
+    /// starts a new run; returns the pop time.
+    #[cold]
+    #[inline(never)]
+    fn inflight_changed(&mut self, inflight: u64) -> u64 {
+        self.inflight_at_pop.next_run(inflight);
+        self.last_pop
+    }
+
+    /// Every service time of class `c` (see `at_pop`).
     fn latency_of(&self, c: usize) -> Hist {
-        let mut h = self.latency[c].clone();
-        h.merge(&self.at_once[c]);
-        h
-    }
-
-    /// Every inter-arrival time (see `at_once`).
-    fn inter_arrivals(&self) -> Hist {
-        let mut h = self.inter_arrival.clone();
-        for a in &self.at_once {
-            h.merge(a);
+        let mut h = self.latency[c].hist(&self.scale);
+        for (op, a) in OPS.iter().zip(&self.at_pop) {
+            if class(*op) == c {
+                h.merge(&a.hist(&self.scale));
+            }
         }
         h
     }
 
-    /// A request of kind `op` completed after `service_ns`.
+    /// Every inter-arrival time (see `at_pop`).
+    fn inter_arrivals(&self) -> Hist {
+        let mut h = self.at_pop[INTER_ARRIVAL].hist(&self.scale);
+        for a in &self.at_pop[..INTER_ARRIVAL] {
+            h.merge(&a.hist(&self.scale));
+        }
+        h
+    }
+
+    /// The time now in ticks of the queue's clock, to complete several
+    /// requests at one time ([`completed`](Self::completed)); 0 without
+    /// histograms.
     #[inline]
-    pub fn completed(&mut self, op: Op, service_ns: u64) {
+    pub fn now(&self) -> u64 {
         if self.histograms {
-            self.record_completion(op, service_ns);
+            self.read_clock()
+        } else {
+            0
         }
     }
 
     #[inline(never)]
-    fn record_completion(&mut self, op: Op, service_ns: u64) {
-        // The latency layout's constant bucket arithmetic (cheaper than
-        // the general `record`).
-        self.latency[class(op)].add(Hist::latency_bucket(service_ns));
+    fn read_clock(&self) -> u64 {
+        self.clock.ticks()
+    }
+
+    /// A request of kind `op`, popped at `popped_at`, completed at `done`
+    /// (ticks of the queue's clock: [`popped`](Self::popped),
+    /// [`now`](Self::now)).
+    #[inline]
+    pub fn completed(&mut self, op: Op, popped_at: u64, done: u64) {
+        if self.histograms {
+            self.record_completion(op, popped_at, done);
+        }
+    }
+
+    #[inline(never)]
+    fn record_completion(&mut self, op: Op, popped_at: u64, done: u64) {
+        self.completed_at(op, popped_at, done);
+    }
+
+    #[inline(always)]
+    fn completed_at(&mut self, op: Op, popped_at: u64, done: u64) {
+        let scale = self.scale;
+        self.latency[class(op)].record(done.wrapping_sub(popped_at), &scale);
+    }
+
+    /// A request of kind `op` popped at `popped_at` and served at once
+    /// completes now (the end of a pass, with no pop to end its service).
+    #[inline]
+    pub fn served(&mut self, op: Op, popped_at: u64) {
+        if self.histograms {
+            (self.served_fn)(self, op, popped_at);
+        }
+    }
+
+    /// [`served`](Self::served) on clock source `C`.
+    #[inline(never)]
+    fn record_served<C: TickSource>(&mut self, op: Op, popped_at: u64) {
+        self.completed_at(op, popped_at, C::read());
     }
 
     /// The queue got a slot after waiting `waited`.
@@ -262,11 +422,61 @@ impl QueueStats {
 
     #[inline(never)]
     fn record_wakeup(&mut self, kicks: u64, requests: u64) {
-        self.requests_per_wakeup.record(requests);
-        self.kicks_per_wakeup.record(kicks);
-        if let Some(per_kick) = (requests + kicks / 2).checked_div(kicks) {
-            self.requests_per_kick.record(per_kick);
+        if self.wake_run.0 == (kicks, requests) {
+            self.wake_run.1 += 1;
+        } else {
+            self.next_wake_run(kicks, requests);
         }
+    }
+
+    /// A wake-up unlike the last: the last one's run goes into the
+    /// histograms.
+    #[inline(never)]
+    fn next_wake_run(&mut self, kicks: u64, requests: u64) {
+        let ((k, r), n) = std::mem::replace(&mut self.wake_run, ((kicks, requests), 1));
+        Self::add_wakeups(
+            [
+                &mut self.requests_per_wakeup,
+                &mut self.kicks_per_wakeup,
+                &mut self.requests_per_kick,
+            ],
+            k,
+            r,
+            n,
+        );
+    }
+
+    /// `n` wake-ups that found `requests` requests after `kicks` kicks
+    /// into the histograms of requests per wake-up, kicks per wake-up and
+    /// requests per kick.
+    fn add_wakeups(
+        [per_wakeup, kicks_per, per_kick]: [&mut Hist; 3],
+        kicks: u64,
+        requests: u64,
+        n: u64,
+    ) {
+        if n == 0 {
+            return;
+        }
+        per_wakeup.record_n(requests, n);
+        kicks_per.record_n(kicks, n);
+        if let Some(pk) = (requests + kicks / 2).checked_div(kicks) {
+            per_kick.record_n(pk, n);
+        }
+    }
+
+    /// The wake-up histograms with the current run: requests per
+    /// wake-up, kicks per wake-up, requests per kick.
+    fn wake_hists(&self) -> [Hist; 3] {
+        let mut h = [
+            self.requests_per_wakeup.clone(),
+            self.kicks_per_wakeup.clone(),
+            self.requests_per_kick.clone(),
+        ];
+        let [a, b, c] = &mut h;
+        let ((k, r), n) = self.wake_run;
+        Self::add_wakeups([a, b, c], k, r, n);
+        h
     }
 
     /// Forget everything counted so far.
@@ -276,7 +486,7 @@ impl QueueStats {
             worker_tid: tid,
             histograms: self.histograms,
             cpu_baseline: tid.and_then(thread_cpu),
-            ..QueueStats::default()
+            ..QueueStats::with_clock(self.clock)
         };
     }
 
@@ -305,6 +515,9 @@ impl QueueStats {
         let r = |now: &RunHist, then: Option<&RunHist>| {
             h(&now.hist(), then.map(RunHist::hist).as_ref())
         };
+        let [per_wakeup, kicks_per, per_kick] = self.wake_hists();
+        let then = earlier.map(QueueStats::wake_hists);
+        let w = |now: &Hist, i: usize| h(now, then.as_ref().map(|t| &t[i]));
         let lat = |c: usize| {
             h(
                 &self.latency_of(c),
@@ -317,23 +530,13 @@ impl QueueStats {
                 Some(e) => self.counters.delta(&e.counters),
                 None => self.counters.clone(),
             },
-            requests_per_wakeup: r(
-                &self.requests_per_wakeup,
-                earlier.map(|e| &e.requests_per_wakeup),
-            ),
-            requests_per_kick: r(
-                &self.requests_per_kick,
-                earlier.map(|e| &e.requests_per_kick),
-            ),
-            requests_per_kick_values: match earlier {
-                Some(e) => self
-                    .requests_per_kick
-                    .hist()
-                    .delta(&e.requests_per_kick.hist())
-                    .values(),
-                None => self.requests_per_kick.hist().values(),
+            requests_per_wakeup: w(&per_wakeup, 0),
+            requests_per_kick: w(&per_kick, 2),
+            requests_per_kick_values: match &then {
+                Some(t) => per_kick.delta(&t[2]).values(),
+                None => per_kick.values(),
             },
-            kicks_per_wakeup: r(&self.kicks_per_wakeup, earlier.map(|e| &e.kicks_per_wakeup)),
+            kicks_per_wakeup: w(&kicks_per, 1),
             latency_read_ns: lat(0),
             latency_write_ns: lat(1),
             latency_other_ns: lat(2),
@@ -531,9 +734,100 @@ impl StatsDocument {
 mod tests {
     use super::*;
 
+    /// Statistics on the monotonic clock: a tick is a ns.
+    fn ns_stats() -> QueueStats {
+        QueueStats::with_clock(Clock::monotonic())
+    }
+
+    #[test]
+    fn classes_are_read_write_and_the_rest() {
+        assert_eq!(class(Op::Read), 0);
+        assert_eq!(class(Op::Write), 1);
+        for op in [
+            Op::Flush,
+            Op::GetId,
+            Op::Discard,
+            Op::WriteZeroes,
+            Op::Other,
+        ] {
+            assert_eq!(class(op), 2, "{op:?}");
+        }
+    }
+
+    #[test]
+    fn pop_slots_are_the_kinds() {
+        for (i, op) in OPS.iter().enumerate() {
+            assert_eq!(pop_slot(Some(*op)), i, "{op:?}");
+        }
+        assert_eq!(pop_slot(None), INTER_ARRIVAL);
+        const { assert!(INTER_ARRIVAL < POP_SLOTS && POP_SLOTS.is_power_of_two()) };
+    }
+
+    #[test]
+    fn times_in_ticks_report_nanoseconds() {
+        // A 3 GHz counter: durations in ticks, reports in ns.
+        let mut s = QueueStats::with_clock(Clock::tsc_with((1u64 << 32) / 3));
+        let t = 3_000_000_000u64;
+        s.pop_at(t, 0, None);
+        s.pop_at(t + 30_000, 0, None);
+        s.pop_at(t + 90_000, 0, Some(Op::Write));
+        s.pop_at(t + 90_300, 0, Some(Op::Flush));
+        s.completed_at(Op::Read, t, t + 3_000_000);
+        let r = s.report(0, None);
+        assert_eq!(r.inter_arrival_ns.count, 3);
+        assert_eq!(r.inter_arrival_ns.min, 99, "{r:?}");
+        assert!(r.inter_arrival_ns.max.abs_diff(20_000) <= 200, "{r:?}");
+        assert!(
+            (r.inter_arrival_ns.mean - 30_100.0 / 3.0).abs() < 0.01,
+            "{r:?}"
+        );
+        // The flush served at once: 300 ticks, 99.99... ns (exact below
+        // 256 ns, rounded down).
+        assert_eq!(r.latency_other_ns.count, 1);
+        assert_eq!(r.latency_other_ns.max, 99, "{r:?}");
+        assert_eq!(r.latency_write_ns.count, 1);
+        assert!((r.latency_write_ns.mean - 20_000.0).abs() < 0.01, "{r:?}");
+        assert!(r.latency_read_ns.p50.abs_diff(1_000_000) <= 10_000, "{r:?}");
+        assert!((r.latency_read_ns.mean - 1_000_000.0).abs() < 0.1, "{r:?}");
+    }
+
+    #[test]
+    fn the_hot_path_reads_either_clock() {
+        for clock in [*Clock::get(), Clock::monotonic()] {
+            let mut s = QueueStats::with_clock(clock);
+            let t0 = s.popped(0, None);
+            std::thread::sleep(Duration::from_millis(2));
+            let t1 = s.popped(0, None);
+            let t2 = s.popped(1, Some(Op::Read));
+            s.served(Op::Write, t2);
+            let done = s.now();
+            s.completed(Op::Flush, t0, done);
+            assert!(t0 < t1 && t1 <= t2 && t2 <= done, "{clock:?}");
+            let r = s.report(0, None);
+            assert_eq!(r.inter_arrival_ns.count, 2, "{clock:?}");
+            // The 2 ms sleep, in ns whatever the clock's ticks.
+            assert!(r.inter_arrival_ns.max >= 1_900_000, "{clock:?}: {r:?}");
+            assert!(r.inter_arrival_ns.max < 10_000_000_000, "{clock:?}: {r:?}");
+            assert_eq!(
+                (
+                    r.latency_read_ns.count,
+                    r.latency_write_ns.count,
+                    r.latency_other_ns.count
+                ),
+                (1, 1, 1)
+            );
+            assert!(r.latency_other_ns.min >= 1_900_000, "{clock:?}: {r:?}");
+            assert_eq!((r.inflight_at_pop.count, r.inflight_at_pop.max), (3, 1));
+            // Without histograms nothing reads the clock.
+            let mut n = QueueStats::with_clock(clock);
+            n.histograms = false;
+            assert_eq!((n.popped(0, None), n.now()), (0, 0));
+        }
+    }
+
     #[test]
     fn wakeups_and_kicks() {
-        let mut s = QueueStats::default();
+        let mut s = ns_stats();
         // Plugged guest: 16 requests, one kick. Unplugged: one per kick.
         s.wakeup(1, 16);
         for _ in 0..4 {
@@ -555,13 +849,13 @@ mod tests {
 
     #[test]
     fn delta_report() {
-        let mut s = QueueStats::default();
+        let mut s = ns_stats();
         s.counters.requests = 10;
-        s.completed(Op::Read, 100_000);
+        s.completed_at(Op::Read, 0, 100_000);
         let earlier = s.clone();
         s.counters.requests = 25;
-        s.completed(Op::Read, 300_000);
-        s.completed(Op::Write, 50_000);
+        s.completed_at(Op::Read, 0, 300_000);
+        s.completed_at(Op::Write, 0, 50_000);
         let d = s.report(1, Some(&earlier));
         assert_eq!(d.index, 1);
         assert_eq!(d.counters.requests, 15);
@@ -575,13 +869,13 @@ mod tests {
 
     #[test]
     fn inter_arrival() {
-        let mut s = QueueStats::default();
+        let mut s = ns_stats();
         let t = 1_000_000_000u64;
-        s.popped(t, 0, None);
-        s.popped(t + 10_000, 1, None);
-        s.popped(t + 30_000, 2, Some(Op::Write));
-        s.popped(t + 30_100, 2, Some(Op::Read));
-        s.popped(t + 30_200, 2, None);
+        s.pop_at(t, 0, None);
+        s.pop_at(t + 10_000, 1, None);
+        s.pop_at(t + 30_000, 2, Some(Op::Write));
+        s.pop_at(t + 30_100, 2, Some(Op::Read));
+        s.pop_at(t + 30_200, 2, None);
         let r = s.report(0, None);
         assert_eq!(r.inter_arrival_ns.count, 4);
         assert!(r.inter_arrival_ns.max.abs_diff(20_000) < 200);
@@ -595,8 +889,8 @@ mod tests {
         assert_eq!(r.latency_read_ns.max, 100);
         // A snapshot taken mid-run counts the run up to then only.
         let snap = s.baseline();
-        s.popped(t + 30_300, 2, None);
-        s.popped(t + 30_400, 0, None);
+        s.pop_at(t + 30_300, 2, None);
+        s.pop_at(t + 30_400, 0, None);
         let d = s.report(0, Some(&snap));
         assert_eq!(d.inflight_at_pop.count, 2);
         assert_eq!(d.inflight_at_pop.min, 0);
@@ -605,9 +899,9 @@ mod tests {
 
     #[test]
     fn documents_read_back_and_check_their_schema() {
-        let mut s = QueueStats::default();
+        let mut s = ns_stats();
         s.wakeup(1, 3);
-        s.completed(Op::Read, 20_000);
+        s.completed_at(Op::Read, 0, 20_000);
         let mut doc = StatsDocument::new(vec![DiskReport {
             config: None,
             queues: vec![s.report(0, None)],
@@ -654,7 +948,7 @@ mod tests {
             "no CPU time charged after {:?}",
             start.elapsed()
         );
-        let mut s = QueueStats::default();
+        let mut s = ns_stats();
         s.set_worker(tid);
         let base = s.baseline();
         for i in 0..20_000_000u64 {

@@ -6,10 +6,13 @@
 //! 20 ns through the vDSO) and `Instant` arithmetic another ~150
 //! instructions per request (callgrind: `Timespec::sub_timespec`,
 //! `duration_since`, `elapsed`); a [`Clock`] reading is the CPU's time-stamp
-//! counter scaled to nanoseconds with one 128-bit multiply, when the kernel
-//! itself keeps time with it (its current clocksource is `tsc`, so the
-//! counter is invariant and synchronised across CPUs), and
-//! `clock_gettime(CLOCK_MONOTONIC)` as a plain `u64` otherwise.
+//! counter, when the kernel itself keeps time with it (its current
+//! clocksource is `tsc`, so the counter is invariant and synchronised
+//! across CPUs), and `clock_gettime(CLOCK_MONOTONIC)` as a plain `u64`
+//! otherwise. The statistics keep raw readings ([`Clock::ticks`]: no
+//! conversion on the hot path) and convert durations with
+//! [`Clock::ns_per_tick`]; [`Clock::now`] is a reading in ns (one 128-bit
+//! multiply).
 //!
 //! The counter's rate is measured once per process against
 //! `CLOCK_MONOTONIC` over [`CALIBRATION`] (a few parts per million: a
@@ -61,6 +64,33 @@ fn tsc() -> u64 {
 #[inline]
 fn tsc() -> u64 {
     0
+}
+
+/// A source of [`Clock::ticks`] as a type, to choose it once (a function
+/// pointer to code monomorphised for it) instead of testing the clock's
+/// source on every reading.
+pub trait TickSource {
+    fn read() -> u64;
+}
+
+/// The time-stamp counter's ticks ([`Source::Tsc`]).
+pub struct TscTicks;
+
+impl TickSource for TscTicks {
+    #[inline(always)]
+    fn read() -> u64 {
+        tsc()
+    }
+}
+
+/// `CLOCK_MONOTONIC`'s ns ([`Source::Monotonic`]).
+pub struct MonotonicTicks;
+
+impl TickSource for MonotonicTicks {
+    #[inline(always)]
+    fn read() -> u64 {
+        monotonic_ns()
+    }
 }
 
 /// Whether the kernel keeps time with the TSC (then the counter is
@@ -137,15 +167,59 @@ impl Clock {
         self.source
     }
 
+    /// A TSC clock of `mult / 2^32` ns per tick, to test conversions (its
+    /// readings are the real counter's).
+    #[cfg(test)]
+    pub(crate) fn tsc_with(mult: u64) -> Clock {
+        Clock {
+            source: Source::Tsc { mult },
+        }
+    }
+
+    /// The raw reading: counter ticks ([`ns_per_tick`](Self::ns_per_tick)
+    /// ns each), or ns on the monotonic clock. The statistics record
+    /// ticks on the hot path and convert at report time, so a reading is
+    /// the counter itself, without the multiply of [`now`](Self::now).
+    /// Always inlined: the statistics' functions that read it count it as
+    /// theirs (`blklab bench --instructions`).
+    #[inline(always)]
+    pub fn ticks(&self) -> u64 {
+        match self.source {
+            Source::Tsc { .. } => TscTicks::read(),
+            Source::Monotonic => MonotonicTicks::read(),
+        }
+    }
+
+    /// Whether [`ticks`](Self::ticks) are [`TscTicks`] (else
+    /// [`MonotonicTicks`]).
+    pub fn is_tsc(&self) -> bool {
+        matches!(self.source, Source::Tsc { .. })
+    }
+
+    /// Nanoseconds per tick of [`ticks`](Self::ticks) (1 on the monotonic
+    /// clock).
+    pub fn ns_per_tick(&self) -> f64 {
+        match self.source {
+            Source::Tsc { mult } => mult as f64 / (1u64 << 32) as f64,
+            Source::Monotonic => 1.0,
+        }
+    }
+
+    /// `ticks` in ns, as [`now`](Self::now) converts a reading.
+    #[inline]
+    pub fn ticks_to_ns(&self, ticks: u64) -> u64 {
+        match self.source {
+            Source::Tsc { mult } => ((u128::from(ticks) * u128::from(mult)) >> 32) as u64,
+            Source::Monotonic => ticks,
+        }
+    }
+
     /// Nanoseconds since an arbitrary origin (the same for every thread).
     /// Never inlined: `blklab bench --instructions` counts the statistics'
     /// clock reads as this function's.
     #[inline(never)]
     pub fn now(&self) -> u64 {
-        match self.source {
-            Source::Tsc { mult } => ((u128::from(tsc()) * u128::from(mult)) >> 32) as u64,
-            Source::Monotonic => monotonic_ns(),
-        }
+        self.ticks_to_ns(self.ticks())
     }
 }
 
@@ -171,6 +245,22 @@ mod tests {
                 "{c:?}: {got} ns, monotonic between {lo} and {hi}"
             );
         }
+    }
+
+    #[test]
+    fn ticks_convert_to_the_clocks_nanoseconds() {
+        let m = Clock::monotonic();
+        assert_eq!(m.ns_per_tick(), 1.0);
+        assert_eq!(m.ticks_to_ns(12_345), 12_345);
+        let (a, t, b) = (monotonic_ns(), m.ticks(), monotonic_ns());
+        assert!(a <= t && t <= b);
+        // 3 ticks per ns (a 3 GHz counter).
+        let c = Clock::tsc_with((1u64 << 32) / 3);
+        assert!((c.ns_per_tick() - 1.0 / 3.0).abs() < 1e-9);
+        assert_eq!(c.ticks_to_ns(3_000_000_000), 999_999_999);
+        let g = *Clock::get();
+        let (t0, n0) = (g.ticks(), g.now());
+        assert!(g.ticks_to_ns(t0) <= n0);
     }
 
     #[test]
