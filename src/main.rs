@@ -16,6 +16,7 @@ fn main() {
         Command::Run(args) => run(&args),
         Command::Compare(args) => compare(&args),
         Command::Bench(args) => bench(&args),
+        Command::Bisect(args) => bisect(&args),
     };
     if let Err(e) = result {
         eprintln!("blklab: error: {}", error_chain(&e));
@@ -110,6 +111,23 @@ fn run(args: &blklab::lab::options::RunArgs) -> Result<()> {
             eprintln!("blklab: failed: {f}");
         }
         anyhow::bail!("{} failure(s); see {}", failures.len(), out_dir.display());
+    }
+    Ok(())
+}
+
+fn bisect(args: &blklab::bisect::options::BisectArgs) -> Result<()> {
+    let outcome = blklab::bisect::run(args).context("blklab bisect")?;
+    print!("{}", outcome.table);
+    if let Some(p) = &outcome.profile {
+        println!("\nlast good (A) against first bad (B):");
+        print!("{p}");
+    }
+    println!("results: {}", outcome.out_dir.display());
+    if outcome.record.first_bad.is_none() {
+        anyhow::bail!(
+            "no single first bad commit (see {})",
+            outcome.out_dir.join("bisect.txt").display()
+        );
     }
     Ok(())
 }
