@@ -17,8 +17,8 @@
 //! 8. [`report`]: `blklab compare`, statistics over runs and rendering;
 //! 9. [`bisect`]: `blklab bisect`, `git bisect` driven by lab runs;
 //! 10. [`bench`]: `blklab bench`, a libblkio load generator, and the
-//!    comparison with qemu-storage-daemon (its client and daemon spawner
-//!    also serve the tests);
+//!     comparison with qemu-storage-daemon (its client and daemon spawner
+//!     also serve the tests);
 //! 11. [`cli`] and [`stats_view`]: the command line (`main.rs` dispatches);
 //!     [`fuzz`]: the fuzzing entry points (`fuzz/`, `tests/fuzz_regressions.rs`).
 

@@ -134,11 +134,35 @@ fn make_history(dir: &Path) -> (String, String, String) {
         .expect("run flock cp");
     assert!(st.success(), "copying {} failed", src.display());
     std::fs::remove_dir_all(dir.join(".blklab")).unwrap();
+    // tools/objtool's kbuild files record absolute paths: at the new place
+    // its commands would differ, objtool would be rebuilt and every object
+    // after it. Point them at the copy (25 files).
+    let st = Command::new("sh")
+        .arg("-c")
+        .arg(
+            "grep -rlZ --include='*.cmd' --include='*.d' -F \"$1\" \"$2/tools\" \
+             | xargs -0 -r sed -i \"s|$1|$2|g\"",
+        )
+        .arg("sh")
+        .arg(&src)
+        .arg(dir)
+        .status()
+        .expect("run sed");
+    assert!(st.success(), "rewriting the tools' paths failed");
     eprintln!(
         "[bisect] copy of the built tree: {:.1}s",
         t.elapsed().as_secs_f64()
     );
     let t = Instant::now();
+    // Debian's tree ignores everything at its top ("/*", "!/debian/": its
+    // packaging's repository); a kernel developer's tree does not.
+    let gi = dir.join(".gitignore");
+    let text = std::fs::read_to_string(&gi).unwrap();
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| *l != "/*" && *l != "!/debian/")
+        .collect();
+    std::fs::write(&gi, kept.join("\n") + "\n").unwrap();
     git(dir, &["init", "-q", "-b", "main"]);
     // Loose objects uncompressed: ~80,000 files are added once.
     git(dir, &["config", "core.looseCompression", "0"]);
@@ -288,6 +312,15 @@ fn small_tree(dir: &Path) -> (String, String) {
     std::fs::write(dir.join("Makefile"), "VERSION = 6\nPATCHLEVEL = 12\n").unwrap();
     std::fs::write(dir.join("Kconfig"), "").unwrap();
     std::fs::write(dir.join("arch/x86/Kconfig"), "").unwrap();
+    // Debian's tree ignores everything at its top ("/*", "!/debian/": its
+    // packaging's repository); a kernel developer's tree does not.
+    let gi = dir.join(".gitignore");
+    let text = std::fs::read_to_string(&gi).unwrap();
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| *l != "/*" && *l != "!/debian/")
+        .collect();
+    std::fs::write(&gi, kept.join("\n") + "\n").unwrap();
     git(dir, &["init", "-q", "-b", "main"]);
     let a = commit_all(dir, "one");
     append(&dir.join("Kconfig"), "# two\n");
@@ -297,7 +330,8 @@ fn small_tree(dir: &Path) -> (String, String) {
 
 #[test]
 fn bad_input_is_refused_before_anything_is_built() {
-    let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bisect-errors");
+    // Outside any git work tree (target/ is inside this repository's).
+    let work = std::env::temp_dir().join(format!("blklab-bisect-errors-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     let tree = work.join("tree");
     std::fs::create_dir_all(&tree).unwrap();

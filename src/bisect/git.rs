@@ -248,7 +248,7 @@ impl Git {
     }
 
     pub fn bisect_reset(&self) -> Result<(), BisectError> {
-        self.output(&["bisect", "reset", "--quiet"]).map(|_| ())
+        self.output(&["bisect", "reset"]).map(|_| ())
     }
 }
 
