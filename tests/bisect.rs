@@ -312,15 +312,6 @@ fn small_tree(dir: &Path) -> (String, String) {
     std::fs::write(dir.join("Makefile"), "VERSION = 6\nPATCHLEVEL = 12\n").unwrap();
     std::fs::write(dir.join("Kconfig"), "").unwrap();
     std::fs::write(dir.join("arch/x86/Kconfig"), "").unwrap();
-    // Debian's tree ignores everything at its top ("/*", "!/debian/": its
-    // packaging's repository); a kernel developer's tree does not.
-    let gi = dir.join(".gitignore");
-    let text = std::fs::read_to_string(&gi).unwrap();
-    let kept: Vec<&str> = text
-        .lines()
-        .filter(|l| *l != "/*" && *l != "!/debian/")
-        .collect();
-    std::fs::write(&gi, kept.join("\n") + "\n").unwrap();
     git(dir, &["init", "-q", "-b", "main"]);
     let a = commit_all(dir, "one");
     append(&dir.join("Kconfig"), "# two\n");
