@@ -60,12 +60,11 @@ done
 expr "x$SERIES" : 'x[0-9][0-9]*\.[0-9][0-9]*$' >/dev/null \
     || die "--series '$SERIES' is not a kernel series like 6.12"
 
-FRAGMENT="$HERE/kernel/guest.config"
-[ -f "$FRAGMENT" ] || die "$FRAGMENT missing (the kernel configuration fragment)"
-# What one series needs on top (e.g. guest-5.10.config), merged after
-# FRAGMENT and checked the same way; most series have none.
-SERIES_FRAGMENT="$HERE/kernel/guest-$SERIES.config"
-[ -f "$SERIES_FRAGMENT" ] || SERIES_FRAGMENT=""
+# The configuration (fragments, make steps, checks) is kernel-config.sh's,
+# shared with build-tree.sh: FRAGMENT, SERIES_FRAGMENT.
+# shellcheck source=images/kernel-config.sh
+. "$HERE/kernel-config.sh"
+kconfig_fragments "$SERIES"
 [ -n "$CACHE" ] || CACHE=$(image_cache)/kernel-src
 
 PATCH_FILE=""; PATCH_SHA=""
@@ -262,71 +261,15 @@ kmake() {
         make -C "$TREE" --no-print-directory ARCH=x86_64 "$@"
 }
 LOGDIR="$TREE/.blklab"
-CONFIG_KEY="tinyconfig+fragment-v1 $(sha256 "$FRAGMENT")${SERIES_FRAGMENT:+ $(sha256 "$SERIES_FRAGMENT")}"
-
-# verify_config FRAGMENT: print every option of FRAGMENT whose value in
-# .config differs from the requested one, and every line of it that does not
-# parse. An option FRAGMENT wants "not set" that .config does not have at all
-# passes (the kernel has no such option: SLOB on 6.12); one it wants set
-# fails.
-verify_config() {
-    awk -v frag="$1" '
-        FNR == NR {
-            if (match($0, /^CONFIG_[A-Za-z0-9_]+=/)) {
-                have[substr($0, 1, RLENGTH - 1)] = substr($0, RLENGTH + 1)
-            } else if ($0 ~ /^# CONFIG_[A-Za-z0-9_]+ is not set$/) {
-                have[$2] = "n"
-            }
-            next
-        }
-        /^[ \t]*$/ { next }
-        /^# CONFIG_[A-Za-z0-9_]+ is not set[ \t]*$/ {
-            if ($2 in line) printf "  %s:%d: %s again (first on line %d)\n", frag, FNR, $2, line[$2]
-            else line[$2] = FNR
-            if (($2 in have) && have[$2] != "n") {
-                printf "  %s: wanted not set, got %s\n", $2, have[$2]
-            }
-            next
-        }
-        /^#/ { next }
-        match($0, /^CONFIG_[A-Za-z0-9_]+=/) {
-            name = substr($0, 1, RLENGTH - 1)
-            want = substr($0, RLENGTH + 1)
-            sub(/[ \t]+$/, "", want)
-            if (name in line) printf "  %s:%d: %s again (first on line %d)\n", frag, FNR, name, line[name]
-            else line[name] = FNR
-            if (!(name in have)) {
-                printf "  %s: wanted %s, got nothing (no such option, or its dependencies are not met)\n", name, want
-            } else if (have[name] != want) {
-                printf "  %s: wanted %s, got %s\n", name, want, (have[name] == "n" ? "not set" : have[name])
-            }
-            next
-        }
-        { printf "  %s:%d: cannot parse: %s\n", frag, FNR, $0 }
-    ' "$TREE/.config" "$1"
-}
+CONFIG_KEY=$(kconfig_key)
+# A failed check forgets the configuration: the next build configures again.
+kconfig_failed() { state_set config ""; }
 
 if [ "$(state_get config)" != "$CONFIG_KEY" ] || [ ! -f "$TREE/.config" ]; then
-    log "configuring: make tinyconfig + $(basename "$FRAGMENT")${SERIES_FRAGMENT:+ + $(basename "$SERIES_FRAGMENT")} + olddefconfig"
     state_set config ""
-    {
-        kmake tinyconfig &&
-        (cd "$TREE" && scripts/kconfig/merge_config.sh -m .config "$FRAGMENT" ${SERIES_FRAGMENT:+"$SERIES_FRAGMENT"}) &&
-        kmake olddefconfig
-    } > "$LOGDIR/config.log" 2>&1 || {
-        tail -n 20 "$LOGDIR/config.log" >&2
-        die "configuring $TREE failed; full log: $LOGDIR/config.log"
-    }
+    kconfig_configure "$TREE" "$LOGDIR/config.log"
 fi
-for frag in "$FRAGMENT" ${SERIES_FRAGMENT:+"$SERIES_FRAGMENT"}; do
-    bad=$(verify_config "$frag")
-    [ -n "$bad" ] || continue
-    state_set config ""
-    n=$(echo "$bad" | wc -l)
-    log "these options of $frag did not get the requested value after make olddefconfig:"
-    echo "$bad" >&2
-    die "$n option(s) of images/kernel/$(basename "$frag") were dropped or changed by Kconfig; add their missing dependencies to images/kernel/$(basename "$frag") (see each option's 'depends on' in the Kconfig files of $TREE), or move an option only $SERIES has to images/kernel/guest-$SERIES.config"
-done
+kconfig_check "$TREE" "$SERIES"
 state_set config "$CONFIG_KEY"
 
 # --- patch ---------------------------------------------------------------------------------
@@ -347,34 +290,9 @@ fi
 JOBS=$(nproc 2>/dev/null || echo 2)
 BUILD_LOG="$LOGDIR/build.log"
 log "make -j$JOBS bzImage modules ($SRCPKG $SRCVER${PATCH_NAME:+ +$PATCH_NAME}; log: $BUILD_LOG)"
-M0=$(date +%s)
+KMAKE_ENV="LOCALVERSION= KBUILD_BUILD_USER=blklab KBUILD_BUILD_HOST=blklab KBUILD_BUILD_VERSION=1${PATCH_NAME:++$PATCH_NAME}"
 # In a session of its own (setsid): stop_make can end all of it.
-(
-    exec setsid env LOCALVERSION= KBUILD_BUILD_USER=blklab KBUILD_BUILD_HOST=blklab \
-        KBUILD_BUILD_TIMESTAMP="$TS" KBUILD_BUILD_VERSION="1${PATCH_NAME:++$PATCH_NAME}" \
-        make -C "$TREE" --no-print-directory ARCH=x86_64 -j"$JOBS" bzImage modules
-) > "$BUILD_LOG" 2>&1 &
-MAKE_PID=$!
-next=$((M0 + 10))
-while kill -0 "$MAKE_PID" 2>/dev/null; do
-    sleep 1
-    if [ "$(date +%s)" -ge "$next" ]; then
-        next=$(( $(date +%s) + 10 ))
-        cc=$(grep -c '^  CC ' "$BUILD_LOG" || true)
-        steps=$(grep -c '^  [A-Z]' "$BUILD_LOG" || true)
-        last=$(grep '^  [A-Z]' "$BUILD_LOG" | tail -n1 | sed 's/^ *//; s/  */ /g')
-        log "$(( $(date +%s) - M0 ))s: $cc objects compiled, $steps build steps (${last:-starting})"
-    fi
-done
-rc=0
-wait "$MAKE_PID" || rc=$?
-MAKE_PID=""
-MAKE_SECS=$(( $(date +%s) - M0 ))
-if [ "$rc" -ne 0 ]; then
-    tail -n 30 "$BUILD_LOG" >&2
-    die "make bzImage modules failed (exit $rc) after ${MAKE_SECS}s; full log: $BUILD_LOG"
-fi
-log "make done in ${MAKE_SECS}s ($(grep -c '^  CC ' "$BUILD_LOG" || true) objects compiled)"
+kconfig_make "$TREE" "$BUILD_LOG" "$JOBS" bzImage modules
 
 KVER=$(kmake -s kernelrelease 2>/dev/null | tail -n1)
 [ -n "$KVER" ] || die "make kernelrelease printed nothing"

@@ -327,6 +327,7 @@ key_build_kernel() {
         echo "blklab-key build-kernel 2"
         echo "series $1"
         recipe build-kernel.sh
+        echo "kernel-config $(sha256 "$HERE/kernel-config.sh")"
         echo "fragment $(sha256 "$HERE/kernel/guest.config")"
         if [ -f "$HERE/kernel/guest-$1.config" ]; then
             echo "series-fragment $(sha256 "$HERE/kernel/guest-$1.config")"

@@ -31,6 +31,11 @@ pub enum Command {
     /// DIR:KERNEL, or one DIR holding exactly two kernels; with --pair,
     /// variants of one kernel, or their difference in differences on two.
     Compare(CompareArgs),
+    /// Find the commit of a kernel tree that made a scenario's metric worse:
+    /// drives `git bisect`, building, booting and measuring each commit it
+    /// asks for (TCG instruction counts), and ends with the first bad
+    /// commit and the differential profile against its parent.
+    Bisect(Box<crate::bisect::options::BisectArgs>),
     /// Drive any vhost-user-blk socket with libblkio (IOPS, bandwidth,
     /// latency, backend CPU), or compare qemu-storage-daemon with blklab.
     Bench(BenchArgs),

@@ -15,14 +15,16 @@
 //! 6. [`record`]: the typed documents the lab writes and the report reads;
 //! 7. [`lab`]: guest images, QEMU and `blklab run`;
 //! 8. [`report`]: `blklab compare`, statistics over runs and rendering;
-//! 9. [`bench`]: `blklab bench`, a libblkio load generator, and the
-//!    comparison with qemu-storage-daemon (its client and daemon spawner
-//!    also serve the tests);
-//! 10. [`cli`] and [`stats_view`]: the command line (`main.rs` dispatches);
+//! 9. [`bisect`]: `blklab bisect`, `git bisect` driven by lab runs;
+//! 10. [`bench`]: `blklab bench`, a libblkio load generator, and the
+//!     comparison with qemu-storage-daemon (its client and daemon spawner
+//!     also serve the tests);
+//! 11. [`cli`] and [`stats_view`]: the command line (`main.rs` dispatches);
 //!     [`fuzz`]: the fuzzing entry points (`fuzz/`, `tests/fuzz_regressions.rs`).
 
 pub mod backend;
 pub mod bench;
+pub mod bisect;
 pub mod cli;
 pub mod device;
 pub mod fuzz;

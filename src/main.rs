@@ -19,6 +19,7 @@ fn main() {
         Command::Images(args) => blklab::lab::images::command::run(&args)
             .map(|text| print!("{text}"))
             .context("blklab images"),
+        Command::Bisect(args) => bisect(&args),
     };
     if let Err(e) = result {
         eprintln!("blklab: error: {}", error_chain(&e));
@@ -113,6 +114,23 @@ fn run(args: &blklab::lab::options::RunArgs) -> Result<()> {
             eprintln!("blklab: failed: {f}");
         }
         anyhow::bail!("{} failure(s); see {}", failures.len(), out_dir.display());
+    }
+    Ok(())
+}
+
+fn bisect(args: &blklab::bisect::options::BisectArgs) -> Result<()> {
+    let outcome = blklab::bisect::run(args).context("blklab bisect")?;
+    print!("{}", outcome.table);
+    if let Some(p) = &outcome.profile {
+        println!("\nlast good (A) against first bad (B):");
+        print!("{p}");
+    }
+    println!("results: {}", outcome.out_dir.display());
+    if outcome.record.first_bad.is_none() {
+        anyhow::bail!(
+            "no single first bad commit (see {})",
+            outcome.out_dir.join("bisect.txt").display()
+        );
     }
     Ok(())
 }

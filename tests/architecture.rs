@@ -21,6 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["record"],
     &["lab"],
     &["report"],
+    &["bisect"],
     &["bench"],
     &["cli", "stats_view", "fuzz", "main", "lib"],
 ];

@@ -338,7 +338,7 @@ fn unix_now() -> f64 {
 }
 
 /// `YYYYmmdd-HHMMSS` in UTC, for the default output directory.
-fn utc_stamp() -> String {
+pub(crate) fn utc_stamp() -> String {
     let secs = unix_now() as i64;
     let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
     // Howard Hinnant's civil_from_days.

@@ -1,0 +1,119 @@
+//! Good, bad or skip: a tested commit's metric values (one per boot)
+//! against the boundary between the two ends, with their spread.
+//!
+//! A commit is bad when every value is on the bad side of the boundary,
+//! good when every value is on the good side, and skipped (`git bisect
+//! skip`) when its values straddle it: the spread does not allow a call.
+//! `--toward bad` puts the boundary halfway between the ends' means, so a
+//! commit is called by the end it is closer to; it refuses ends whose
+//! values overlap (nothing to bisect at this spread).
+
+use serde::Serialize;
+
+/// What a tested commit is, for `git bisect`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Good,
+    Bad,
+    Skip,
+}
+
+impl Verdict {
+    /// The `git bisect` subcommand.
+    pub fn git_word(self) -> &'static str {
+        match self {
+            Verdict::Good => "good",
+            Verdict::Bad => "bad",
+            Verdict::Skip => "skip",
+        }
+    }
+}
+
+/// The value separating good from bad, and which side is bad.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Boundary {
+    pub value: f64,
+    /// Bad above the value (a cost metric); else bad below it.
+    pub bad_above: bool,
+}
+
+/// Mean, smallest and largest of `v` (not empty).
+pub fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    let min = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    (mean, min, max)
+}
+
+/// The verdict on `values` (not empty).
+pub fn judge(values: &[f64], b: &Boundary) -> Verdict {
+    let (_, min, max) = spread(values);
+    let (bad, good) = if b.bad_above {
+        (min > b.value, max < b.value)
+    } else {
+        (max < b.value, min > b.value)
+    };
+    match (bad, good) {
+        (true, _) => Verdict::Bad,
+        (_, true) => Verdict::Good,
+        _ => Verdict::Skip,
+    }
+}
+
+/// `--toward bad`: the boundary halfway between the ends' means, or why
+/// there is none (the ends' values overlap or are equal).
+pub fn toward_bad(good: &[f64], bad: &[f64]) -> Result<Boundary, String> {
+    let (gm, gmin, gmax) = spread(good);
+    let (bm, bmin, bmax) = spread(bad);
+    let bad_above = bm > gm;
+    let apart = if bad_above { bmin > gmax } else { bmax < gmin };
+    if !apart {
+        return Err(format!(
+            "the ends do not differ beyond their spread: good {gm:.1} ({gmin:.1}..{gmax:.1}), \
+             bad {bm:.1} ({bmin:.1}..{bmax:.1}); nothing to bisect with this metric and variant \
+             (more --iterations, another --variant or --metric)"
+        ));
+    }
+    Ok(Boundary {
+        value: (gm + bm) / 2.0,
+        bad_above,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_commit_is_called_only_when_its_spread_is_on_one_side() {
+        let b = Boundary {
+            value: 12000.0,
+            bad_above: true,
+        };
+        assert_eq!(judge(&[14700.0, 15100.0], &b), Verdict::Bad);
+        assert_eq!(judge(&[9700.0, 10100.0], &b), Verdict::Good);
+        assert_eq!(judge(&[11000.0, 13000.0], &b), Verdict::Skip);
+        assert_eq!(judge(&[12000.0], &b), Verdict::Skip, "on the boundary");
+        let lower_is_bad = Boundary {
+            value: 100.0,
+            bad_above: false,
+        };
+        assert_eq!(judge(&[90.0, 95.0], &lower_is_bad), Verdict::Bad);
+        assert_eq!(judge(&[105.0], &lower_is_bad), Verdict::Good);
+    }
+
+    #[test]
+    fn toward_bad_is_the_midpoint_of_separated_ends() {
+        let b = toward_bad(&[10000.0, 10400.0], &[15000.0, 14600.0]).unwrap();
+        assert_eq!(b.value, 12500.0);
+        assert!(b.bad_above);
+        // An improvement bisected as "bad" works the other way round.
+        let b = toward_bad(&[15000.0], &[10000.0]).unwrap();
+        assert!(!b.bad_above);
+        assert_eq!(judge(&[10100.0], &b), Verdict::Bad);
+        let e = toward_bad(&[10000.0, 12000.0], &[11500.0, 13000.0]).unwrap_err();
+        assert!(e.contains("do not differ beyond their spread"), "{e}");
+        assert!(toward_bad(&[5.0], &[5.0]).is_err());
+    }
+}
