@@ -100,14 +100,60 @@ kconfig_check() {
     done
 }
 
+# kconfig_full_steps TREE: the build steps (kbuild's "  CC ", "  LD ", ...
+# lines) a full build of TREE is expected to take: the tree's own last
+# full build (TREE/.blklab/full-build), else images/kernel/build-steps for
+# the tree's VERSION.PATCHLEVEL (measured here with this configuration);
+# nothing when neither knows.
+kconfig_full_steps() {
+    if [ -f "$1/.blklab/full-build" ]; then
+        sed -n 's/^steps \([0-9][0-9]*\)$/\1/p' "$1/.blklab/full-build" | head -n1
+        return 0
+    fi
+    kc_v=$(sed -n 's/^VERSION = \([0-9]*\)$/\1/p' "$1/Makefile" 2>/dev/null | head -n1)
+    kc_p=$(sed -n 's/^PATCHLEVEL = \([0-9]*\)$/\1/p' "$1/Makefile" 2>/dev/null | head -n1)
+    [ -n "$kc_v" ] && [ -n "$kc_p" ] || return 0
+    awk -v s="$kc_v.$kc_p" '$1 == s && $2 ~ /^[0-9]+$/ { print $2; exit }' \
+        "$HERE/kernel/build-steps" 2>/dev/null
+}
+
+# kconfig_progress ELAPSED DONE TOTAL: "D of ~T build steps (P %), ~Ns
+# left" for a full build with an expected TOTAL, else "D build steps".
+kconfig_progress() {
+    if [ -n "$3" ] && [ "$3" -gt 0 ] && [ "$2" -gt 0 ]; then
+        if [ "$2" -lt "$3" ]; then
+            echo "$2 of ~$3 build steps ($(( $2 * 100 / $3 )) %), ~$(( $1 * ($3 - $2) / $2 ))s left"
+        else
+            echo "$2 of ~$3 build steps (finishing)"
+        fi
+    else
+        echo "$2 build steps"
+    fi
+}
+
 # kconfig_make TREE LOG JOBS TARGET...: make TARGET... in a session of its
 # own (setsid; its pid in MAKE_PID, for the caller's clean-up to kill the
-# group), output in LOG, a progress line on stderr every 10 s (objects
-# compiled, build steps, the current step). Sets MAKE_SECS; dies with the
+# group), output in LOG, a progress line on stderr every 10 s: elapsed,
+# objects compiled, build steps done of those expected and an estimate of
+# the time left (a full build, i.e. no vmlinux in TREE yet: the expected
+# steps from kconfig_full_steps; an incremental one: steps so far), the
+# current step. After a full build, TREE/.blklab/full-build records its
+# steps and seconds for the next estimate. Sets MAKE_SECS; dies with the
 # log's tail on failure. kmake's environment is KMAKE_ENV (words).
 kconfig_make() {
     kc_tree=$1; kc_log=$2; kc_jobs=$3; shift 3
     kc_m0=$(date +%s)
+    kc_total=""
+    kc_full=0
+    if [ ! -f "$kc_tree/vmlinux" ]; then
+        kc_full=1
+        kc_total=$(kconfig_full_steps "$kc_tree")
+        if [ -n "$kc_total" ]; then
+            log "a full build: about $kc_total build steps"
+        else
+            log "a full build (no earlier full build of this tree to estimate its length from)"
+        fi
+    fi
     # shellcheck disable=SC2086  # KMAKE_ENV: NAME=VALUE words
     (
         exec setsid env $KMAKE_ENV KBUILD_BUILD_TIMESTAMP="$TS" \
@@ -122,7 +168,8 @@ kconfig_make() {
             kc_cc=$(grep -c '^  CC ' "$kc_log" || true)
             kc_steps=$(grep -c '^  [A-Z]' "$kc_log" || true)
             kc_last=$(grep '^  [A-Z]' "$kc_log" | tail -n1 | sed 's/^ *//; s/  */ /g')
-            log "$(( $(date +%s) - kc_m0 ))s: $kc_cc objects compiled, $kc_steps build steps (${kc_last:-starting})"
+            kc_el=$(( $(date +%s) - kc_m0 ))
+            log "${kc_el}s: $kc_cc objects compiled, $(kconfig_progress "$kc_el" "$kc_steps" "$kc_total") (${kc_last:-starting})"
         fi
     done
     kc_rc=0
@@ -133,5 +180,9 @@ kconfig_make() {
         tail -n 30 "$kc_log" >&2
         die "make $* failed (exit $kc_rc) after ${MAKE_SECS}s; full log: $kc_log"
     fi
-    log "make done in ${MAKE_SECS}s ($(grep -c '^  CC ' "$kc_log" || true) objects compiled)"
+    kc_steps=$(grep -c '^  [A-Z]' "$kc_log" || true)
+    log "make done in ${MAKE_SECS}s ($(grep -c '^  CC ' "$kc_log" || true) objects compiled, $kc_steps build steps)"
+    if [ "$kc_full" = 1 ] && [ -d "$kc_tree/.blklab" ]; then
+        printf 'steps %s\nseconds %s\n' "$kc_steps" "$MAKE_SECS" > "$kc_tree/.blklab/full-build"
+    fi
 }

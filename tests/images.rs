@@ -854,3 +854,56 @@ fn imported_images_need_no_compiler_and_no_apt() {
     assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
     assert!(!other.join("kernel-build-6.12").exists());
 }
+
+/// The kernel build's progress line (images/kernel-config.sh, sourced by
+/// build-kernel.sh and build-tree.sh): steps of those expected and the
+/// time left for a full build, the expected steps from the tree's own last
+/// full build, else images/kernel/build-steps for its version, else none.
+#[test]
+fn kernel_build_progress_estimates_what_is_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let tree = dir.path().join("linux");
+    std::fs::create_dir_all(tree.join(".blklab")).unwrap();
+    let sh = |script: &str| -> String {
+        let out = std::process::Command::new("dash")
+            .arg("-c")
+            .arg(format!(
+                "HERE=\"$1\"; log() {{ echo \"$*\"; }}; . \"$HERE/kernel-config.sh\"; {script}"
+            ))
+            .arg("sh")
+            .arg(root().join("images"))
+            .arg(&tree)
+            .output()
+            .expect("run dash");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(
+        sh("kconfig_progress 100 500 2000"),
+        "500 of ~2000 build steps (25 %), ~300s left"
+    );
+    assert_eq!(sh("kconfig_progress 100 12 ''"), "12 build steps");
+    assert_eq!(sh("kconfig_progress 100 2100 2000"), "2100 of ~2000 build steps (finishing)");
+    // No Makefile, no record: no estimate.
+    assert_eq!(sh("kconfig_full_steps \"$2\""), "");
+    // A 6.12 tree: the shipped measurement.
+    std::fs::write(
+        tree.join("Makefile"),
+        "# SPDX\nVERSION = 6\nPATCHLEVEL = 12\nSUBLEVEL = 117\n",
+    )
+    .unwrap();
+    let shipped = std::fs::read_to_string(root().join("images/kernel/build-steps")).unwrap();
+    let want = shipped
+        .lines()
+        .find_map(|l| l.strip_prefix("6.12 "))
+        .expect("images/kernel/build-steps has 6.12")
+        .trim()
+        .to_string();
+    assert_eq!(sh("kconfig_full_steps \"$2\""), want);
+    // A series the file does not list: none.
+    std::fs::write(tree.join("Makefile"), "VERSION = 6\nPATCHLEVEL = 10\n").unwrap();
+    assert_eq!(sh("kconfig_full_steps \"$2\""), "");
+    // The tree's own last full build wins.
+    std::fs::write(tree.join(".blklab/full-build"), "steps 1234\nseconds 300\n").unwrap();
+    assert_eq!(sh("kconfig_full_steps \"$2\""), "1234");
+}
