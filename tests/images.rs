@@ -875,7 +875,11 @@ fn kernel_build_progress_estimates_what_is_left() {
             .arg(&tree)
             .output()
             .expect("run dash");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     };
     assert_eq!(
@@ -883,7 +887,10 @@ fn kernel_build_progress_estimates_what_is_left() {
         "500 of ~2000 build steps (25 %), ~300s left"
     );
     assert_eq!(sh("kconfig_progress 100 12 ''"), "12 build steps");
-    assert_eq!(sh("kconfig_progress 100 2100 2000"), "2100 of ~2000 build steps (finishing)");
+    assert_eq!(
+        sh("kconfig_progress 100 2100 2000"),
+        "2100 of ~2000 build steps (finishing)"
+    );
     // No Makefile, no record: no estimate.
     assert_eq!(sh("kconfig_full_steps \"$2\""), "");
     // A 6.12 tree: the shipped measurement.
