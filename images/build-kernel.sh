@@ -302,18 +302,7 @@ UTSV=$(sed -n 's/^#define UTS_VERSION "\(.*\)"$/\1/p' "$TREE/include/generated/u
     "$TREE/include/generated/compile.h" 2>/dev/null | head -n1)
 
 # --- lay out the output ---------------------------------------------------------------------
-mkdir -p "$(dirname "$OUT")"
-STAGE=$(mktemp -d "$OUT.new.XXXXXX")
-chmod 755 "$STAGE"
-cp "$TREE/arch/x86/boot/bzImage" "$STAGE/vmlinuz"
-cp "$TREE/System.map" "$STAGE/System.map"
-cp "$TREE/.config" "$STAGE/config"
-kmake -s INSTALL_MOD_PATH="$STAGE" INSTALL_MOD_STRIP=1 modules_install > "$LOGDIR/modules_install.log" 2>&1 || {
-    tail -n 20 "$LOGDIR/modules_install.log" >&2
-    die "make modules_install failed; full log: $LOGDIR/modules_install.log"
-}
-[ -d "$STAGE/lib/modules/$KVER" ] || die "modules_install made no lib/modules/$KVER"
-rm -f "$STAGE/lib/modules/$KVER/build" "$STAGE/lib/modules/$KVER/source"
+kconfig_stage "$TREE" "$OUT" "$LOGDIR" "$KVER"
 
 # The outputs are copied: the tree goes back to clean right away.
 if [ "$PATCH_APPLIED" = 1 ]; then

@@ -130,18 +130,7 @@ KVER=$(kmake -s kernelrelease 2>/dev/null | tail -n1)
 [ -f "$TREE/System.map" ] || die "no System.map after the build"
 
 # --- lay out the output ----------------------------------------------------------------
-mkdir -p "$(dirname "$OUT")"
-STAGE=$(mktemp -d "$OUT.new.XXXXXX")
-chmod 755 "$STAGE"
-cp "$TREE/arch/x86/boot/bzImage" "$STAGE/vmlinuz"
-cp "$TREE/System.map" "$STAGE/System.map"
-cp "$TREE/.config" "$STAGE/config"
-kmake -s INSTALL_MOD_PATH="$STAGE" INSTALL_MOD_STRIP=1 modules_install > "$LOGDIR/modules_install.log" 2>&1 || {
-    tail -n 20 "$LOGDIR/modules_install.log" >&2
-    die "make modules_install failed; full log: $LOGDIR/modules_install.log"
-}
-[ -d "$STAGE/lib/modules/$KVER" ] || die "modules_install made no lib/modules/$KVER"
-rm -f "$STAGE/lib/modules/$KVER/build" "$STAGE/lib/modules/$KVER/source"
+kconfig_stage "$TREE" "$OUT" "$LOGDIR" "$KVER"
 cat > "$STAGE/manifest.json" <<EOF
 {
   "kind": "tree",

@@ -12,6 +12,8 @@
 #                              olddefconfig (output in LOG; dies on failure)
 #   kconfig_check TREE SERIES  every option of the fragments against
 #                              TREE/.config; dies with the list of misses
+#   kconfig_make TREE LOG JOBS TARGET...  the build, with progress lines
+#   kconfig_stage TREE OUT LOGDIR KVER    the outputs laid out in STAGE
 #
 # The caller defines kmake (make -C TREE ARCH=x86_64 with its environment).
 # Functions' own variables are named kc_*.
@@ -185,4 +187,24 @@ kconfig_make() {
     if [ "$kc_full" = 1 ] && [ -d "$kc_tree/.blklab" ]; then
         printf 'steps %s\nseconds %s\n' "$kc_steps" "$MAKE_SECS" > "$kc_tree/.blklab/full-build"
     fi
+}
+
+# kconfig_stage TREE OUT LOGDIR KVER: a new directory beside OUT, in STAGE
+# (the caller's exit trap removes it; the caller renames it to OUT), with
+# TREE's bzImage as vmlinuz, System.map, .config as config and the modules
+# (make modules_install, stripped; log in LOGDIR) under lib/modules/KVER,
+# without the build and source links back into TREE.
+kconfig_stage() {
+    mkdir -p "$(dirname "$2")"
+    STAGE=$(mktemp -d "$2.new.XXXXXX")
+    chmod 755 "$STAGE"
+    cp "$1/arch/x86/boot/bzImage" "$STAGE/vmlinuz"
+    cp "$1/System.map" "$STAGE/System.map"
+    cp "$1/.config" "$STAGE/config"
+    kmake -s INSTALL_MOD_PATH="$STAGE" INSTALL_MOD_STRIP=1 modules_install > "$3/modules_install.log" 2>&1 || {
+        tail -n 20 "$3/modules_install.log" >&2
+        die "make modules_install failed; full log: $3/modules_install.log"
+    }
+    [ -d "$STAGE/lib/modules/$4" ] || die "modules_install made no lib/modules/$4"
+    rm -f "$STAGE/lib/modules/$4/build" "$STAGE/lib/modules/$4/source"
 }
