@@ -2251,3 +2251,349 @@ fn region_with_cached_rings_removed() {
     c.check_serving(1);
     end(server, c);
 }
+
+// ---------------------------------------------------------------------------
+// Ring rules a frontend or guest can break at will (virtio 1.2 §2.7,
+// vhost-user's ring life cycle)
+// ---------------------------------------------------------------------------
+
+impl Conn {
+    /// Start queue `q` again (after GET_VRING_BASE) from avail index
+    /// `base`, on the rings it had, the way QEMU resumes a stopped ring.
+    fn restart(&mut self, q: usize, base: u16) {
+        self.fe.set_vring_num(q, QSIZE).expect("SET_VRING_NUM");
+        self.fe
+            .set_vring_base(q, base.into())
+            .expect("SET_VRING_BASE");
+        let vq = &self.queues[q];
+        let cfg = VringConfigData {
+            queue_max_size: QSIZE,
+            queue_size: QSIZE,
+            flags: 0,
+            desc_table_addr: self.hva_base + vq.desc,
+            used_ring_addr: self.hva_base + vq.used,
+            avail_ring_addr: self.hva_base + vq.avail,
+            log_addr: None,
+        };
+        self.fe.set_vring_addr(q, &cfg).expect("SET_VRING_ADDR");
+        self.fe.set_vring_call(q, &vq.call).expect("SET_VRING_CALL");
+        self.fe.set_vring_kick(q, &vq.kick).expect("SET_VRING_KICK");
+        self.enable(q);
+    }
+}
+
+/// The used ring laid over the avail ring, avail->idx one ahead of the
+/// base: each used entry the device adds would raise the index it pops
+/// against. The ring is refused (broken, counted), GET_VRING_BASE is
+/// answered, the other queue serves, a new connection is served and
+/// SIGTERM ends the daemon.
+#[test]
+fn used_ring_over_the_avail_ring_is_refused() {
+    if qsd() {
+        return;
+    }
+    let (server, ctl, log) = spawn_logged(&[]);
+    let mut c = server.connect();
+    let base = RING_BASE + RING_STRIDE;
+    c.fe.get_vring_base(1).expect("GET_VRING_BASE");
+    c.queues[1].used = c.queues[1].avail;
+    let hdr = c.header(VIRTIO_BLK_T_FLUSH, 0);
+    let st = c.status_byte();
+    let head = c.write_chain(1, &[r(hdr, 16), w(st, 1)]);
+    c.publish(1, head);
+    let before = log_lines(&log).len();
+    c.restart(1, 0);
+    c.kick(1);
+    common::wait_for_counters(&ctl, 0, 1, &[("ring_errors", 1)]);
+    assert_eq!(
+        c.byte(st),
+        STATUS_UNTOUCHED,
+        "the overlapping ring was served"
+    );
+    let t = Instant::now();
+    c.fe.get_vring_base(1)
+        .expect("GET_VRING_BASE after the overlap");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "GET_VRING_BASE took {:?}",
+        t.elapsed()
+    );
+    c.check_serving(0);
+    assert_log_short(&log, before, "an overlapping ring");
+    assert!(
+        log_lines(&log)[before..]
+            .iter()
+            .any(|l| l.contains("avail ring and the used ring overlap")),
+        "no refusal logged"
+    );
+    // Queue 1 gets proper rings back.
+    c.queues[1].used = base + 0x2000;
+    c.queues[1].avail_idx = 0;
+    c.queues[1].last_used = 0;
+    c.queues[1].next_desc = 0;
+    c.mem
+        .write_slice(&[0u8; RING_STRIDE as usize], GuestAddress(base))
+        .unwrap();
+    c.restart(1, 0);
+    c.check_serving(1);
+    drop(c);
+    let c = server.connect();
+    end(server, c);
+}
+
+/// Queue 1's used ring over queue 0's avail ring: two queues that would
+/// feed each other. The second ring to be served is refused.
+#[test]
+fn rings_of_two_queues_that_cross_are_refused() {
+    if qsd() {
+        return;
+    }
+    let (server, ctl, log) = spawn_logged(&[]);
+    let mut c = server.connect();
+    c.check_serving(0);
+    c.fe.get_vring_base(1).expect("GET_VRING_BASE");
+    let saved = c.queues[1].used;
+    c.queues[1].used = c.queues[0].avail;
+    let before = log_lines(&log).len();
+    c.restart(1, 0);
+    let hdr = c.header(VIRTIO_BLK_T_FLUSH, 0);
+    let st = c.status_byte();
+    let _ = c.write_chain(1, &[r(hdr, 16), w(st, 1)]);
+    // Only the avail index: its entry would sit in queue 0's ring.
+    c.queues[1].avail_idx = 1;
+    c.set_avail_idx(1, 1);
+    c.kick(1);
+    common::wait_for_counters(&ctl, 0, 1, &[("ring_errors", 1)]);
+    assert!(log_lines(&log)[before..]
+        .iter()
+        .any(|l| l.contains("overlaps the avail ring of queue 0")));
+    c.check_serving(0);
+    c.fe.get_vring_base(1).expect("GET_VRING_BASE");
+    c.queues[1].used = saved;
+    c.queues[1].avail_idx = 0;
+    c.queues[1].last_used = 0;
+    c.queues[1].next_desc = 0;
+    let b = RING_BASE + RING_STRIDE;
+    c.mem
+        .write_slice(&[0u8; RING_STRIDE as usize], GuestAddress(b))
+        .unwrap();
+    c.restart(1, 0);
+    end(server, c);
+}
+
+/// A request kicked just before GET_VRING_BASE, many times over: it is
+/// either served before the reply (and counted in the base) or not at
+/// all; nothing lands on the used ring after the reply, and after a
+/// restart from the base every request has been served exactly once.
+#[test]
+fn nothing_is_served_after_get_vring_base() {
+    if qsd() {
+        return;
+    }
+    let (server, mut c) = start();
+    for trial in 0..150 {
+        let q = trial % NUM_QUEUES;
+        let hdr = c.header(VIRTIO_BLK_T_FLUSH, 0);
+        let st = c.status_byte();
+        let head = c.submit(q, &[r(hdr, 16), w(st, 1)]);
+        let base = c.fe.get_vring_base(q).expect("GET_VRING_BASE") as u16;
+        let at_reply = c.used_idx(q);
+        std::thread::sleep(Duration::from_millis(5));
+        let later = c.used_idx(q);
+        assert_eq!(
+            at_reply, later,
+            "trial {trial}: used->idx moved after GET_VRING_BASE was answered"
+        );
+        assert_eq!(
+            base, at_reply,
+            "trial {trial}: the base does not count what was served"
+        );
+        c.restart(q, base);
+        if base != c.queues[q].avail_idx {
+            c.kick(q);
+        }
+        c.expect_used(q, head);
+        assert_eq!(c.byte(st), VIRTIO_BLK_S_OK);
+        assert!(
+            c.wait_used(q, Duration::from_millis(2)).is_none(),
+            "trial {trial}: a request was served twice"
+        );
+        assert_eq!(c.used_idx(q), c.queues[q].avail_idx, "trial {trial}");
+    }
+    end(server, c);
+}
+
+/// SET_VRING_NUM with a size that is not a power of 2 (virtio 1.2 §2.7:
+/// a split ring's is). vhost-user-backend acknowledges the message itself
+/// (it checks only the range); the size is kept from the queue, the
+/// refusal logged once per connection however often it comes, and the
+/// ring never started with it: SET_VRING_ADDR fails (which ends the
+/// connection, as every failed message does), and a ring resumed on its
+/// old addresses is not served until a valid size is set. Nothing is
+/// written past the ring the driver declared; the daemon serves on.
+#[test]
+fn a_queue_size_not_a_power_of_2_is_refused() {
+    if qsd() {
+        return;
+    }
+    const BAD: u16 = 48;
+    let (server, _ctl, log) = spawn_logged(&[]);
+    let refusals = || {
+        log_lines(&log)
+            .iter()
+            .filter(|l| l.contains("refusing queue size 48"))
+            .count()
+    };
+    // Connection 1: the size, then SET_VRING_ADDR.
+    let c = server.connect();
+    c.fe.get_vring_base(1).expect("GET_VRING_BASE");
+    for _ in 0..5 {
+        c.fe.set_vring_num(1, BAD)
+            .expect("SET_VRING_NUM (acknowledged)");
+    }
+    c.fe.set_vring_base(1, 0).expect("SET_VRING_BASE");
+    let vq = &c.queues[1];
+    let cfg = VringConfigData {
+        queue_max_size: QSIZE,
+        queue_size: BAD,
+        flags: 0,
+        desc_table_addr: c.hva_base + vq.desc,
+        used_ring_addr: c.hva_base + vq.used,
+        avail_ring_addr: c.hva_base + vq.avail,
+        log_addr: None,
+    };
+    assert!(
+        c.fe.set_vring_addr(1, &cfg).is_err(),
+        "SET_VRING_ADDR accepted after a queue size of {BAD}"
+    );
+    drop(c);
+    assert_eq!(refusals(), 1, "{:?}", log_lines(&log));
+
+    // Connection 2: the size, then the ring resumed on its addresses.
+    let mut c = server.connect();
+    c.check_serving(1);
+    let before = log_lines(&log).len();
+    c.fe.get_vring_base(1).expect("GET_VRING_BASE");
+    let base = c.queues[1].avail_idx;
+    let used = c.queues[1].used;
+    let tail = used + 6 + 8 * u64::from(BAD);
+    let guard = vec![0xa5u8; (used + 0x1000 - tail) as usize];
+    c.mem.write_slice(&guard, GuestAddress(tail)).unwrap();
+    for _ in 0..5 {
+        c.fe.set_vring_num(1, BAD)
+            .expect("SET_VRING_NUM (acknowledged)");
+    }
+    c.fe.set_vring_base(1, base.into()).expect("SET_VRING_BASE");
+    c.fe.set_vring_call(1, &c.queues[1].call)
+        .expect("SET_VRING_CALL");
+    c.fe.set_vring_kick(1, &c.queues[1].kick)
+        .expect("SET_VRING_KICK");
+    c.enable(1);
+    let hdr = c.header(VIRTIO_BLK_T_FLUSH, 0);
+    let st = c.status_byte();
+    let head = c.submit(1, &[r(hdr, 16), w(st, 1)]);
+    assert!(
+        c.wait_used(1, MAYBE_WAIT).is_none(),
+        "a refused ring was served"
+    );
+    assert_eq!(c.byte(st), STATUS_UNTOUCHED);
+    let mut now = vec![0u8; guard.len()];
+    c.mem.read_slice(&mut now, GuestAddress(tail)).unwrap();
+    assert!(now == guard, "written past the declared ring");
+    assert_eq!(refusals(), 2, "{:?}", &log_lines(&log)[before..]);
+    assert_log_short(&log, before, "five refused queue sizes");
+    c.check_serving(0);
+    // A valid size: the queue resumes from its base and serves the
+    // request it holds.
+    c.fe.get_vring_base(1).expect("GET_VRING_BASE");
+    c.mem
+        .write_slice(&vec![0u8; guard.len()], GuestAddress(tail))
+        .unwrap();
+    c.restart(1, base);
+    c.kick(1);
+    c.expect_used(1, head);
+    assert_eq!(c.byte(st), VIRTIO_BLK_S_OK);
+    end(server, c);
+}
+
+/// A ring aligned in guest addresses whose region is then moved by one
+/// byte in the backend's mapping (the region removed and a region one
+/// byte lower added: the guest address and the mapping now disagree in
+/// their low bits). vhost-user-backend checks nothing at a memory change;
+/// the ring is refused when it is checked against the new table, never
+/// accessed with misaligned atomics, and the daemon serves on.
+#[test]
+fn a_ring_misaligned_in_the_host_mapping_is_refused() {
+    if qsd() {
+        return;
+    }
+    let (server, ctl, log) = spawn_logged(&[]);
+    let mut c = server.connect();
+    const EXTRA: u64 = 0x2_0000_0000;
+    c.add_region(EXTRA, 1 << 20);
+    c.relocate_ring(1, EXTRA + 0x10, EXTRA + 0x1010, EXTRA + 0x2010);
+    c.check_serving(1);
+    c.remove_region(EXTRA);
+    // The backend alone gets the moved region (our view keeps the old one).
+    // SAFETY: memfd_create(2) with a valid NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"raw-frontend-moved".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: a fresh fd nobody else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len((1 << 20) + 4096).unwrap();
+    let moved: vm_memory::GuestRegionMmap = vm_memory::GuestRegionMmap::from_range(
+        GuestAddress(EXTRA - 1),
+        (1 << 20) + 4096,
+        Some(FileOffset::new(file, 0)),
+    )
+    .unwrap();
+    let info = VhostUserMemoryRegionInfo::from_guest_region(&moved).unwrap();
+    let before = log_lines(&log).len();
+    c.fe.add_mem_region(&info).expect("ADD_MEM_REG");
+    c.kick(1);
+    common::wait_for_counters(&ctl, 0, 1, &[("ring_errors", 1)]);
+    assert!(
+        log_lines(&log)[before..]
+            .iter()
+            .any(|l| l.contains("the region's guest address and its mapping disagree")),
+        "{:?}",
+        &log_lines(&log)[before..]
+    );
+    c.check_serving(0);
+    c.fe.remove_mem_region(&info).expect("REM_MEM_REG");
+    let b = RING_BASE + RING_STRIDE;
+    c.relocate_ring(1, b, b + 0x1000, b + 0x2000);
+    end(server, c);
+}
+
+/// The region holding a queue's rings is removed, the guest kicks, and
+/// the same region is added back: the queue serves the request it was
+/// kicked for without another kick, and serves on.
+#[test]
+fn a_queue_whose_memory_comes_back_is_served() {
+    if qsd() {
+        return;
+    }
+    let (server, ctl, _) = spawn_logged(&[]);
+    let mut c = server.connect();
+    const EXTRA: u64 = 0x2_0000_0000;
+    c.add_region(EXTRA, 1 << 20);
+    c.relocate_ring(1, EXTRA, EXTRA + 0x1000, EXTRA + 0x2000);
+    c.check_serving(1);
+    c.remove_region(EXTRA);
+    let hdr = c.header(VIRTIO_BLK_T_FLUSH, 0);
+    let st = c.status_byte();
+    let head = c.submit(1, &[r(hdr, 16), w(st, 1)]);
+    common::wait_for_counters(&ctl, 0, 1, &[("ring_errors", 1)]);
+    assert!(
+        c.wait_used(1, MAYBE_WAIT).is_none(),
+        "served without its memory"
+    );
+    let region = c.mem.find_region(GuestAddress(EXTRA)).unwrap();
+    let info = VhostUserMemoryRegionInfo::from_guest_region(region).unwrap();
+    c.fe.add_mem_region(&info).expect("ADD_MEM_REG again");
+    c.expect_used(1, head);
+    assert_eq!(c.byte(st), VIRTIO_BLK_S_OK);
+    c.check_serving(1);
+    end(server, c);
+}

@@ -11,11 +11,11 @@
 use std::fs::File;
 use std::io;
 use std::os::unix::io::AsRawFd;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use vhost_user_backend::{VringRwLock, VringStateGuard, VringStateMutGuard, VringT};
-use virtio_queue::Error as VirtQueError;
+use virtio_queue::{Error as VirtQueError, QueueT};
 use vm_memory::GuestAddressSpace;
 
 /// [`VringRwLock`] plus an exact kick counter.
@@ -25,12 +25,28 @@ pub(crate) struct KickCountingVring<M: GuestAddressSpace> {
     /// Kicks read from the eventfd and not yet taken by the worker. Only
     /// the queue's own worker thread touches it on the hot path.
     kicks: Arc<AtomicU64>,
+    /// A queue size the frontend set that a split ring cannot have (not a
+    /// power of 2), 0 when the last size set was valid: the ring is not
+    /// started, and SET_VRING_ADDR fails, until a valid size is set.
+    refused_size: Arc<AtomicU16>,
+    /// The refusal was logged (once per connection).
+    warned_size: Arc<AtomicBool>,
 }
 
 impl<M: GuestAddressSpace + 'static> KickCountingVring<M> {
     /// Kicks counted since the last call.
     pub(crate) fn take_kicks(&self) -> u64 {
         self.kicks.swap(0, Ordering::Relaxed)
+    }
+
+    /// Whether the ring is started (the frontend set its kick fd and has
+    /// not stopped it with GET_VRING_BASE) and enabled: the only state in
+    /// which the device may touch it.
+    pub(crate) fn started(&self) -> bool {
+        let state = self.inner.get_ref();
+        state.get_queue().ready()
+            && state.is_enabled()
+            && self.refused_size.load(Ordering::Relaxed) == 0
     }
 
     /// Collect kicks that arrived since the worker woke up, so they are
@@ -82,24 +98,13 @@ fn read_eventfd(fd: &impl AsRawFd) -> io::Result<u64> {
     ))
 }
 
-/// Put `f` in non-blocking mode (best effort: reads are polled first
-/// anyway).
-fn set_nonblocking(f: &File) {
-    let fd = f.as_raw_fd();
-    // SAFETY: fcntl(2) on a descriptor we own, with no pointers involved.
-    unsafe {
-        let flags = libc::fcntl(fd, libc::F_GETFL);
-        if flags >= 0 && flags & libc::O_NONBLOCK == 0 {
-            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
-        }
-    }
-}
-
 impl<M: 'static + GuestAddressSpace> VringT<M> for KickCountingVring<M> {
     fn new(mem: M, max_queue_size: u16) -> Result<Self, VirtQueError> {
         Ok(KickCountingVring {
             inner: VringRwLock::new(mem, max_queue_size)?,
             kicks: Arc::new(AtomicU64::new(0)),
+            refused_size: Arc::new(AtomicU16::new(0)),
+            warned_size: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -141,6 +146,9 @@ impl<M: 'static + GuestAddressSpace> VringT<M> for KickCountingVring<M> {
         avail_ring: u64,
         used_ring: u64,
     ) -> Result<(), VirtQueError> {
+        if self.refused_size.load(Ordering::Relaxed) != 0 {
+            return Err(VirtQueError::InvalidSize);
+        }
         self.inner.set_queue_info(desc_table, avail_ring, used_ring)
     }
 
@@ -160,24 +168,44 @@ impl<M: 'static + GuestAddressSpace> VringT<M> for KickCountingVring<M> {
         self.inner.queue_used_idx()
     }
 
+    /// A split ring's size is a power of 2 (virtio 1.2 §2.7: its 16-bit
+    /// free-running indices are taken modulo the size, which only divides
+    /// 2^16 when it is one; Linux's `vring_alloc_queue_split` and DPDK
+    /// refuse others). vhost-user-backend checks only the range (1 to the
+    /// maximum) and acknowledges the message; a size that is not a power
+    /// of 2 is kept from the queue here (virtio-queue would log an error
+    /// for every such message and keep the old size), logged once, and the
+    /// ring is not started: SET_VRING_ADDR fails and no pass serves it
+    /// until the frontend sets a valid size.
     fn set_queue_size(&self, num: u16) {
-        self.inner.set_queue_size(num)
+        if num.is_power_of_two() {
+            self.refused_size.store(0, Ordering::Relaxed);
+            self.inner.set_queue_size(num);
+            return;
+        }
+        self.refused_size.store(num, Ordering::Relaxed);
+        if !self.warned_size.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "refusing queue size {num}: a split virtqueue's size is a power of 2 (virtio 1.2 §2.7); the ring is not started until a valid size is set (further refusals not logged)"
+            );
+        }
     }
 
     fn set_queue_event_idx(&self, enabled: bool) {
         self.inner.set_queue_event_idx(enabled)
     }
 
+    /// A ring whose size was refused is never made ready.
     fn set_queue_ready(&self, ready: bool) {
-        self.inner.set_queue_ready(ready)
+        let refused = self.refused_size.load(Ordering::Relaxed) != 0;
+        self.inner.set_queue_ready(ready && !refused)
     }
 
-    /// Set the kick fd in non-blocking mode: a frontend only writes it, and
-    /// a write to an eventfd blocks only when its counter would overflow.
+    /// Keep the kick fd as the frontend made it: its file status flags
+    /// (O_NONBLOCK among them) belong to the open file description the
+    /// frontend shares, so changing them would change the frontend's fd
+    /// too. Every read of it is polled first ([`Self::collect_kicks`]).
     fn set_kick(&self, file: Option<File>) {
-        if let Some(f) = &file {
-            set_nonblocking(f);
-        }
         self.inner.set_kick(file)
     }
 

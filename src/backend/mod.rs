@@ -44,6 +44,7 @@ pub(crate) use crate::backend::disk::Disk;
 use crate::backend::events::{Event, EventIds};
 use crate::backend::worker::QueueState;
 use crate::stats::queue::QueueCounters;
+use crate::virtq::split_ring::{RingError, RingLayout};
 
 type GM = GuestMemoryAtomic<GuestMemoryMmap>;
 
@@ -70,6 +71,10 @@ pub(crate) struct BlkBackend {
     /// the last handler holding this backend, and with it the epoll the fd
     /// was registered with, is gone.
     exit_consumers: Mutex<Vec<std::os::fd::RawFd>>,
+    /// The ring each queue is served from (set when a pass checks a new
+    /// layout, cleared when the queue stops): a ring that overlaps another
+    /// queue's is refused, or two queues could feed each other.
+    rings: Mutex<Vec<Option<RingLayout>>>,
 }
 
 impl BlkBackend {
@@ -103,6 +108,7 @@ impl BlkBackend {
             poll_spin,
             repoll,
             exit_consumers: Mutex::new(Vec::new()),
+            rings: Mutex::new(vec![None; n]),
         })
     }
 
@@ -137,6 +143,26 @@ impl BlkBackend {
             }
         }
         Ok(())
+    }
+
+    /// Queue `qi` is served from `layout` from now on, unless a part of it
+    /// overlaps a part of another queue's ring.
+    fn claim_ring(&self, qi: usize, layout: RingLayout) -> Result<(), RingError> {
+        let mut rings = self.rings.lock().unwrap_or_else(|p| p.into_inner());
+        rings[qi] = None;
+        for (queue, other) in rings.iter().enumerate() {
+            let Some(other) = other else { continue };
+            if let Some((part, other)) = layout.overlap_with(other) {
+                return Err(RingError::CrossQueue { part, other, queue });
+            }
+        }
+        rings[qi] = Some(layout);
+        Ok(())
+    }
+
+    /// Queue `qi` no longer serves a ring (stopped, or its ring refused).
+    fn release_ring(&self, qi: usize) {
+        self.rings.lock().unwrap_or_else(|p| p.into_inner())[qi] = None;
     }
 
     fn lock_queue(&self, q: usize) -> MutexGuard<'_, QueueState> {

@@ -58,7 +58,7 @@ impl BlkBackend {
                     }
                     q.polling = true;
                 }
-                if !vring.get_ref().get_queue().ready() {
+                if !vring.started() {
                     q.polling = false;
                     q.idle_since = None;
                     continue;

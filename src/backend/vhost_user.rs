@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
-use vhost_user_backend::{VhostUserBackend, VringT};
-use virtio_queue::QueueT;
+use vhost_user_backend::VhostUserBackend;
 use vm_memory::{
     GuestAddressSpace, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
 };
@@ -188,6 +187,16 @@ impl VhostUserBackend for BlkBackend {
             q.mem = Some(ours.clone());
             // Check the rings against the new memory at the next pass.
             q.ring = None;
+            if q.broken && q.broken_by_memory {
+                // Its rings were outside the old memory: check them against
+                // the new one now (a kick that came meanwhile was consumed
+                // while the ring could not be served).
+                q.broken = false;
+                q.broken_by_memory = false;
+                if let Err(e) = q.timer.set(Some(Instant::now())) {
+                    warn!("queue {}: cannot arm the completion timer: {e}", q.index);
+                }
+            }
         }
         match refused {
             None => Ok(()),
@@ -238,7 +247,9 @@ impl VhostUserBackend for BlkBackend {
             // The driver restarts the ring from here: check it again, and
             // serve it again if it was broken.
             q.broken = false;
+            q.broken_by_memory = false;
             q.ring = None;
+            self.release_ring(qi);
             let Some(next) = next else {
                 let _ = q.timer.set(None);
                 return Ok(());
@@ -298,17 +309,17 @@ impl VhostUserBackend for BlkBackend {
         let mut q = self.lock_queue(qi);
         if !by_kick {
             q.timer.acknowledge();
-            // Serve only a started ring: a stopped one (GET_VRING_BASE
-            // answered) must not be touched.
-            if !vring.get_ref().get_queue().ready() {
-                return Ok(());
-            }
+        }
+        // Serve only a started ring, checked under the queue's lock:
+        // GET_VRING_BASE marks the ring stopped before it takes this lock,
+        // so a wake-up that epoll reported before the kick fd was
+        // unregistered finds it stopped and leaves it alone, and one that
+        // got here first ends its pass before the base is read.
+        if !vring.started() {
+            return Ok(());
         }
         if self.poll_spin.is_none() {
             self.serve_queue(&mut q, vring, by_kick, false);
-            return Ok(());
-        }
-        if !vring.get_ref().get_queue().ready() {
             return Ok(());
         }
         q.polling = true;

@@ -73,6 +73,10 @@ pub(super) struct QueueState {
     /// stops and restarts it (GET_VRING_BASE) or reconnects, as
     /// libvhost-user's `vu_panic` and QEMU's `virtio_error` do.
     pub(super) broken: bool,
+    /// The ring is broken because a part of it is outside guest memory:
+    /// a new memory table checks it again (the frontend may have removed
+    /// the region and added it back).
+    pub(super) broken_by_memory: bool,
     /// The ring, checked against the memory table and translated to host
     /// pointers once; `None` after a memory change or a stop, so the next
     /// pass checks it again (a pass also checks it again when the ring's
@@ -122,6 +126,7 @@ impl QueueState {
             warned_drop: false,
             warned_signal: false,
             broken: false,
+            broken_by_memory: false,
             ring: None,
             worker_tid: None,
             pending: BinaryHeap::new(),
@@ -150,33 +155,45 @@ pub(super) fn ring_layout(queue: &Queue) -> RingLayout {
     }
 }
 
+/// A ring ready for a pass, and whether it was checked afresh.
+pub(super) struct Prepared {
+    pub(super) ring: SplitRing,
+    /// Not the cached ring: its layout is new to the queue (and must be
+    /// checked against the other queues' rings).
+    pub(super) fresh: bool,
+}
+
 /// The ring of `queue` over `mem`, ready for a pass: `cached` when it was
 /// checked against this memory table and these addresses, otherwise
-/// checked again (every part inside one region and aligned, see
-/// [`SplitRing::new`]). Indices come from the queue (the frontend may have
-/// set them since the last pass).
+/// checked again (every part inside one region, aligned, no two parts
+/// overlapping, see [`SplitRing::new`]). Indices come from the queue (the
+/// frontend may have set them since the last pass).
 pub(super) fn prepare_ring(
     cached: Option<SplitRing>,
     queue: &Queue,
     mem: &Arc<GuestMemoryMmap>,
-) -> Result<SplitRing, RingError> {
+) -> Result<Prepared, RingError> {
     let layout = ring_layout(queue);
     let event_idx = queue.event_idx_enabled();
     let map = match cached {
         Some(mut r) if r.map().is_of(mem) && r.layout() == layout && r.event_idx() == event_idx => {
             r.set_indices(queue.next_avail(), queue.next_used());
-            return Ok(r);
+            return Ok(Prepared {
+                ring: r,
+                fresh: false,
+            });
         }
         Some(r) if r.map().is_of(mem) => r.into_map(),
         _ => GuestMap::new(mem.clone()),
     };
-    SplitRing::new(
+    let ring = SplitRing::new(
         map,
         layout,
         event_idx,
         queue.next_avail(),
         queue.next_used(),
-    )
+    )?;
+    Ok(Prepared { ring, fresh: true })
 }
 
 /// What one pass over the avail ring did.
@@ -190,6 +207,10 @@ pub(super) struct DrainResult {
     pub(super) ring_ok: bool,
     /// Stopped because no command slot was free.
     pub(super) tag_blocked: bool,
+    /// Stopped after a queue size of pops with more available: the rest
+    /// waits for the next pass, so that no ring state keeps a worker from
+    /// its lock, its messages or its shutdown.
+    pub(super) bounded: bool,
 }
 
 /// What one [`Pass::turn`] did.
@@ -251,10 +272,18 @@ pub(super) fn with_pass<R: UsedRing, T>(
     mem: &Arc<GuestMemoryMmap>,
     f: impl FnOnce(&mut Pass<'_, R>) -> T,
 ) -> Result<T, ()> {
-    let mut vq = match prepare_ring(q.ring.take(), ring.queue(), mem) {
+    let prepared = prepare_ring(q.ring.take(), ring.queue(), mem).and_then(|p| {
+        if p.fresh {
+            be.claim_ring(q.index, p.ring.layout())?;
+        }
+        Ok(p.ring)
+    });
+    let mut vq = match prepared {
         Ok(vq) => vq,
         Err(e) => {
+            be.release_ring(q.index);
             ring_error(be, q, st, &e.to_string());
+            q.broken_by_memory = matches!(e, RingError::Outside { .. });
             return Err(());
         }
     };
@@ -312,7 +341,8 @@ impl<R: UsedRing> Pass<'_, R> {
         // A broken ring stays broken until the driver resets it, and a
         // queue without a free slot waits for its pool's wake-up: do not
         // spin on either.
-        if poll || !event_idx || !d.ring_ok || d.tag_blocked {
+        // A pass cut at the queue size comes back through the timer.
+        if poll || !event_idx || !d.ring_ok || d.tag_blocked || d.bounded {
             return t;
         }
         // Re-enable notifications, then look again: the guest may have
@@ -413,6 +443,7 @@ impl<R: UsedRing> Pass<'_, R> {
             popped: 0,
             ring_ok: true,
             tag_blocked: false,
+            bounded: false,
         };
         let disk = &*self.be.disk;
         let slots = disk.tag_slots[self.q.index].as_ref();
@@ -425,6 +456,10 @@ impl<R: UsedRing> Pass<'_, R> {
             // Anything to pop? (Read the index only: the slot comes first.)
             match self.vq.pending() {
                 Ok(0) => return r,
+                Ok(_) if r.popped >= u64::from(self.vq.size()) => {
+                    r.bounded = true;
+                    return r;
+                }
                 Ok(_) => {}
                 Err(e) => {
                     self.ring_error(&e.to_string());
@@ -639,6 +674,7 @@ impl BlkBackend {
         let mut first = true;
         let mut worked = false;
         let mut pollable = true;
+        let mut bounded = false;
         // Turns in a row that were told to look again and found nothing.
         let mut idle_agains = 0u32;
         loop {
@@ -662,6 +698,7 @@ impl BlkBackend {
                 popped += d.popped;
                 worked |= t.completed + d.used > 0 || d.popped > 0;
                 pollable = d.ring_ok && !d.tag_blocked;
+                bounded = d.bounded;
             }
             if !t.again {
                 break;
@@ -695,6 +732,13 @@ impl BlkBackend {
             return (worked, pollable);
         }
         self.arm_timer(q);
+        if bounded {
+            // More is available: come back after the epoll loop has run
+            // (messages, other queues, the exit event).
+            if let Err(e) = q.timer.set(Some(Instant::now())) {
+                warn!("queue {}: cannot arm the completion timer: {e}", q.index);
+            }
+        }
         (worked, pollable)
     }
 

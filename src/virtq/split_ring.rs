@@ -53,6 +53,47 @@ pub struct RingLayout {
     pub size: u16,
 }
 
+impl RingLayout {
+    /// The three parts as (name, guest address, length in bytes, the
+    /// alignment §2.7 requires).
+    pub fn parts(&self) -> [(&'static str, u64, u64, u64); 3] {
+        let n = u64::from(self.size);
+        [
+            ("descriptor table", self.desc, 16 * n, 16),
+            ("avail ring", self.avail, 6 + 2 * n, 2),
+            ("used ring", self.used, 6 + 8 * n, 4),
+        ]
+    }
+
+    /// The first pair of parts, one of `self` and one of `other`, whose
+    /// bytes overlap (the device writes the used ring, so a used ring over
+    /// any other part would have the device feed itself).
+    pub fn overlap_with(&self, other: &RingLayout) -> Option<(&'static str, &'static str)> {
+        let mine = self.parts();
+        let theirs = other.parts();
+        mine.iter().find_map(|&(a, at, len, _)| {
+            theirs
+                .iter()
+                .find(|&&(_, bt, blen, _)| ranges_overlap(at, len, bt, blen))
+                .map(|&(b, ..)| (a, b))
+        })
+    }
+
+    /// The first two parts of this ring that overlap each other.
+    fn self_overlap(&self) -> Option<(&'static str, &'static str)> {
+        let p = self.parts();
+        [(0, 1), (0, 2), (1, 2)].iter().find_map(|&(i, j)| {
+            ranges_overlap(p[i].1, p[i].2, p[j].1, p[j].2).then_some((p[i].0, p[j].0))
+        })
+    }
+}
+
+/// Whether [a, a + alen) and [b, b + blen) share a byte (ends saturate:
+/// a part that wraps the address space is refused elsewhere).
+fn ranges_overlap(a: u64, alen: u64, b: u64, blen: u64) -> bool {
+    a < b.saturating_add(blen) && b < a.saturating_add(alen)
+}
+
 /// Why a ring cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RingError {
@@ -68,6 +109,21 @@ pub enum RingError {
         what: &'static str,
         at: u64,
         align: u64,
+    },
+    #[error("the {what} at guest address {at:#x} is at host address {host:#x}, not {align}-byte aligned (the region's guest address and its mapping disagree)")]
+    HostMisaligned {
+        what: &'static str,
+        at: u64,
+        host: usize,
+        align: u64,
+    },
+    #[error("the {a} and the {b} overlap (virtio 1.2 §2.7: the device writes the used ring)")]
+    Overlap { a: &'static str, b: &'static str },
+    #[error("the {part} overlaps the {other} of queue {queue}")]
+    CrossQueue {
+        part: &'static str,
+        other: &'static str,
+        queue: usize,
     },
     #[error("queue size {0} is not a power of 2 between 1 and 32768")]
     Size(u16),
@@ -108,24 +164,33 @@ pub struct SplitRing {
 // are only used for atomic and volatile accesses, as the guest's own.
 unsafe impl Send for SplitRing {}
 
-/// Check that `len` bytes at `at` lie in one region, aligned to `align`.
+/// Check that `len` bytes at `at` lie in one region, aligned to `align`
+/// both as a guest address (§2.7) and as a host address (the atomic
+/// accesses need it; a region whose guest address and mapping disagree
+/// in their low bits would misalign every part inside it).
 fn part(
     map: &GuestMap,
-    what: &'static str,
-    at: u64,
-    len: u64,
-    align: u64,
+    (what, at, len, align): (&'static str, u64, u64, u64),
     size: u16,
 ) -> Result<*mut u8, RingError> {
     if at % align != 0 {
         return Err(RingError::Misaligned { what, at, align });
     }
-    map.host(at, len).ok_or(RingError::Outside {
+    let host = map.host(at, len).ok_or(RingError::Outside {
         what,
         at,
         len,
         size,
-    })
+    })?;
+    if host as usize % align as usize != 0 {
+        return Err(RingError::HostMisaligned {
+            what,
+            at,
+            host: host as usize,
+            align,
+        });
+    }
+    Ok(host)
 }
 
 impl SplitRing {
@@ -143,10 +208,13 @@ impl SplitRing {
         if size == 0 || size > 32768 || !size.is_power_of_two() {
             return Err(RingError::Size(size));
         }
-        let n = u64::from(size);
-        let desc = part(&map, "descriptor table", layout.desc, 16 * n, 16, size)?;
-        let avail = part(&map, "avail ring", layout.avail, 6 + 2 * n, 2, size)?;
-        let used = part(&map, "used ring", layout.used, 6 + 8 * n, 4, size)?;
+        let [d, a, u] = layout.parts();
+        let desc = part(&map, d, size)?;
+        let avail = part(&map, a, size)?;
+        let used = part(&map, u, size)?;
+        if let Some((a, b)) = layout.self_overlap() {
+            return Err(RingError::Overlap { a, b });
+        }
         Ok(SplitRing {
             map,
             layout,
