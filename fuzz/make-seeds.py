@@ -145,6 +145,21 @@ def vhost_user_seeds():
     with open(os.path.join(crash, "hang-avail-ring-at-memory-end"), "wb") as f:
         f.write(head + spin_mem + spin_rings + bytes([0xFF]) + bytes([0xFF])
                 + msg(11, struct.pack("<II", 0, 0)))
+    # Queue 0's used ring at the same address as its avail ring, so avail
+    # idx (the image's requests) is also used idx, one or more ahead of the
+    # base 0, then a kick and GET_VRING_BASE: each used entry the worker of
+    # d6cbff2 added raised the index it popped against, its pass never
+    # ended, GET_VRING_BASE was never answered and SIGTERM was ignored.
+    # Now the ring is refused (its parts overlap) and the pass is bounded.
+    loop_rings = (msg(8, struct.pack("<II", 0, QSIZE))
+                  + msg(9, struct.pack("<IIQQQQ", 0, 0, ua, ua + AVAIL, ua + AVAIL, 0))
+                  + msg(10, struct.pack("<II", 0, 0))
+                  + msg(12, struct.pack("<Q", 0), [EVENTFD])
+                  + msg(13, struct.pack("<Q", 0), [EVENTFD])
+                  + msg(18, struct.pack("<II", 0, 1), need_reply=True))
+    with open(os.path.join(crash, "hang-used-ring-over-avail-ring"), "wb") as f:
+        f.write(head + set_mem + loop_rings + bytes([0xFF]) + bytes([0xFF])
+                + msg(11, struct.pack("<II", 0, 0), need_reply=True))
 
 
 def control_seeds():

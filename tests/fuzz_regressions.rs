@@ -192,3 +192,31 @@ fn an_avail_ring_at_the_end_of_memory_is_broken_not_spun() {
     d.vhost_user(&[]);
     assert!(t.elapsed() < common::PATIENCE);
 }
+
+/// Queue 0's used ring laid over its avail ring (kept as
+/// `tests/fixtures/fuzz/vhost_user/hang-used-ring-over-avail-ring`,
+/// written by `fuzz/make-seeds.py`): every used entry would raise the
+/// avail index the worker pops against. The ring is refused as broken,
+/// nothing is served, and the daemon takes the next connection at once
+/// (the input's own GET_VRING_BASE is answered: the connection ends).
+#[test]
+fn a_used_ring_over_the_avail_ring_is_refused_not_spun() {
+    let d = fuzz::Daemon::start().unwrap();
+    let path = common::root().join("tests/fixtures/fuzz/vhost_user/hang-used-ring-over-avail-ring");
+    let data = std::fs::read(&path).unwrap();
+    let counters = || {
+        let doc = blklab::backend::control::query_stats(d.control_socket(), "stats").unwrap();
+        doc.disks[0].queues[0].counters.clone()
+    };
+    let mut replays = 0;
+    while counters().ring_errors == 0 && replays < 200 {
+        d.vhost_user(&data);
+        replays += 1;
+    }
+    let q0 = counters();
+    assert!(q0.ring_errors >= 1, "after {replays} replays: {q0:?}");
+    assert_eq!(q0.requests, 0, "{q0:?}");
+    let t = std::time::Instant::now();
+    d.vhost_user(&[]);
+    assert!(t.elapsed() < common::PATIENCE);
+}

@@ -2136,12 +2136,18 @@ fn rings_ending_at_a_regions_end() {
         c.check_serving(0);
     }
     c.check_serving(1);
-    // Queue 1: the avail ring's used_event in the region's last 2 bytes.
+    // Queue 1: the avail ring's used_event in the region's last 2 bytes
+    // (where queue 0's used ring was: the rings of two queues must not
+    // overlap, so queue 0 moves back first, and queue 1 after).
+    let q0 = RING_BASE;
+    let q1 = RING_BASE + RING_STRIDE;
+    c.relocate_ring(0, q0, q0 + 0x1000, q0 + 0x2000);
     let avail1 = MEM_SIZE - (6 + 2 * n);
     c.relocate_ring(1, desc - 0x2000, avail1 & !1, used - 0x1000);
     for _ in 0..QSIZE {
         c.check_serving(1);
     }
+    c.relocate_ring(1, q1, q1 + 0x1000, q1 + 0x2000);
     // One aligned step further: the used ring ends past memory.
     c.relocate_ring(0, desc, avail, used + 4);
     let _ = c.submit(0, &[r(BUF_BASE, 16), w(BUF_BASE + 16, 1)]);

@@ -374,4 +374,84 @@ mod tests {
         assert!(b2.writeback());
         assert_eq!(write(&b2), 0);
     }
+
+    /// A kick that epoll reported before GET_VRING_BASE unregistered the
+    /// kick fd reaches `handle_event` after the ring was stopped (the race
+    /// made certain by delivering the event by hand): nothing is popped
+    /// or written. The same kick on the started ring is served.
+    #[test]
+    fn a_kick_delivered_after_the_ring_stopped_touches_nothing() {
+        use vhost_user_backend::VringT;
+        use vm_memory::{Bytes, GuestAddress, GuestAddressSpace};
+
+        let b = backend(&["--num-queues", "1", "--queue-size", "16"]);
+        let mem = GuestMemoryAtomic::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap(),
+        );
+        b.update_memory(mem.clone()).unwrap();
+        let vring = kick_vring::KickCountingVring::new(mem.clone(), 16).unwrap();
+        vring.set_queue_size(16);
+        vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
+        vring.set_enabled(true);
+        let m = mem.memory();
+        // A FLUSH: header at 0x3000, status at 0x3100, head 0 offered.
+        m.write_slice(&4u32.to_le_bytes(), GuestAddress(0x3000))
+            .unwrap();
+        let desc = |i: u64, addr: u64, len: u32, flags: u16, next: u16| {
+            let mut d = [0u8; 16];
+            d[0..8].copy_from_slice(&addr.to_le_bytes());
+            d[8..12].copy_from_slice(&len.to_le_bytes());
+            d[12..14].copy_from_slice(&flags.to_le_bytes());
+            d[14..16].copy_from_slice(&next.to_le_bytes());
+            m.write_slice(&d, GuestAddress(16 * i)).unwrap();
+        };
+        desc(0, 0x3000, 16, 1, 1);
+        desc(1, 0x3100, 1, 2, 0);
+        m.write_obj(0xffu8, GuestAddress(0x3100)).unwrap();
+        m.write_obj(1u16, GuestAddress(0x1002)).unwrap();
+        let kick = b.event_ids.encode(Event::Kick(0)) as u16;
+        let used_idx = || m.read_obj::<u16>(GuestAddress(0x2002)).unwrap();
+        // Stopped (GET_VRING_BASE has set it not ready): left alone.
+        vring.set_queue_ready(false);
+        b.handle_event(kick, EventSet::IN, std::slice::from_ref(&vring), 0)
+            .unwrap();
+        assert_eq!(used_idx(), 0, "a stopped ring was served");
+        assert_eq!(m.read_obj::<u8>(GuestAddress(0x3100)).unwrap(), 0xff);
+        assert_eq!(vring.queue_next_avail(), 0);
+        // Started: served.
+        vring.set_queue_ready(true);
+        b.handle_event(kick, EventSet::IN, std::slice::from_ref(&vring), 0)
+            .unwrap();
+        assert_eq!(used_idx(), 1);
+        assert_eq!(m.read_obj::<u8>(GuestAddress(0x3100)).unwrap(), 0);
+    }
+
+    /// A queue size that is not a power of 2 never starts the ring, and
+    /// SET_VRING_ADDR fails; a valid size lifts the refusal.
+    #[test]
+    fn a_queue_size_not_a_power_of_2_keeps_the_ring_stopped() {
+        use vhost_user_backend::VringT;
+        use virtio_queue::QueueT;
+        use vm_memory::GuestAddress;
+
+        let mem: GM = GuestMemoryAtomic::new(
+            GuestMemoryMmap::from_ranges(&[(GuestAddress(0), 0x10000)]).unwrap(),
+        );
+        let vring = kick_vring::KickCountingVring::new(mem, 256).unwrap();
+        vring.set_enabled(true);
+        vring.set_queue_size(100);
+        assert!(vring.set_queue_info(0, 0x1000, 0x2000).is_err());
+        vring.set_queue_ready(true);
+        assert!(!vring.started());
+        assert_eq!(
+            vring.get_ref().get_queue().size(),
+            256,
+            "the size was taken"
+        );
+        vring.set_queue_size(128);
+        vring.set_queue_info(0, 0x1000, 0x2000).unwrap();
+        vring.set_queue_ready(true);
+        assert!(vring.started());
+        assert_eq!(vring.get_ref().get_queue().size(), 128);
+    }
 }

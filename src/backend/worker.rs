@@ -847,6 +847,8 @@ mod tests {
     struct MockRing {
         queue: Queue,
         signals: Cell<u32>,
+        /// What the guest does when it is signalled (in the pass).
+        on_signal: Option<Box<dyn Fn()>>,
     }
 
     impl UsedRing for MockRing {
@@ -860,6 +862,9 @@ mod tests {
 
         fn signal_used_queue(&self) -> io::Result<()> {
             self.signals.set(self.signals.get() + 1);
+            if let Some(f) = &self.on_signal {
+                f();
+            }
             Ok(())
         }
     }
@@ -962,10 +967,15 @@ mod tests {
         /// The worker's view of the ring.
         fn ring(&self, event_idx: bool) -> MockRing {
             let mut queue: Queue = self.vq.create_queue().unwrap();
+            // The mock lays its used ring over the end of its avail ring
+            // (it adds the entry count, not their bytes): ours has its own
+            // place.
+            queue.try_set_used_ring_address(GuestAddress(USED)).unwrap();
             queue.set_event_idx(event_idx);
             MockRing {
                 queue,
                 signals: Cell::new(0),
+                on_signal: None,
             }
         }
 
@@ -998,17 +1008,13 @@ mod tests {
 
         /// The used ring: (head, length) of each entry, in order.
         fn used(&self) -> Vec<(u32, u32)> {
-            let n = self.vq.used().idx().load();
+            let n: u16 = self.mem.read_obj(GuestAddress(USED + 2)).unwrap();
             (0..n)
                 .map(|i| {
-                    let e = self
-                        .vq
-                        .used()
-                        .ring()
-                        .ref_at(usize::from(i % QSIZE))
-                        .unwrap()
-                        .load();
-                    (e.id(), e.len())
+                    let at = USED + 4 + 8 * u64::from(i % QSIZE);
+                    let id: u32 = self.mem.read_obj(GuestAddress(at)).unwrap();
+                    let len: u32 = self.mem.read_obj(GuestAddress(at + 4)).unwrap();
+                    (id, len)
                 })
                 .collect()
         }
@@ -1021,7 +1027,7 @@ mod tests {
 
         /// The device's `avail_event` (the used ring's last field).
         fn avail_event(&self) -> u16 {
-            let at = self.vq.used_addr().0 + 4 + 8 * u64::from(QSIZE);
+            let at = USED + 4 + 8 * u64::from(QSIZE);
             self.mem.read_obj(GuestAddress(at)).unwrap()
         }
     }
@@ -1029,6 +1035,9 @@ mod tests {
     // Guest memory layout: the ring below 0x1000, request headers at
     // HDR + 0x20 * k, status bytes at STATUS + k, data from 0x10000.
     const HDR: u64 = 0x1000;
+    /// The used ring (the mock's descriptor table and avail ring end at
+    /// 0x486).
+    const USED: u64 = 0x800;
     const STATUS: u64 = 0x2000;
 
     fn hdr_at(k: u64) -> u64 {
@@ -1089,7 +1098,8 @@ mod tests {
                 used: 7,
                 popped: 7,
                 ring_ok: true,
-                tag_blocked: false
+                tag_blocked: false,
+                bounded: false,
             })
         );
 
@@ -1338,7 +1348,8 @@ mod tests {
                 used: 0,
                 popped: 0,
                 ring_ok: false,
-                tag_blocked: false
+                tag_blocked: false,
+                bounded: false,
             })
         );
         assert!(!t[0].again);
@@ -1370,5 +1381,43 @@ mod tests {
         assert!(d.used().is_empty());
         let c = r.counters();
         assert_eq!((c.ring_errors, c.requests, c.dropped), (1, 0, 0));
+    }
+
+    /// A driver that re-offers every completed chain as soon as it is
+    /// signalled, inside the pass (what a used ring laid over the avail
+    /// ring does by itself): one pass pops a queue size and says it
+    /// stopped with more available.
+    #[test]
+    fn a_pass_pops_at_most_a_queue_size() {
+        let r = rig(&[]);
+        let d = Driver::new(&r.mem);
+        r.header(hdr_at(0), VIRTIO_BLK_T_FLUSH, 0);
+        d.desc(0, hdr_at(0), 16, N, 1);
+        d.desc(1, st_at(0), 1, W, 0);
+        let avail = d.vq.avail_addr().0;
+        let mut ring = d.ring(true);
+        let mem = r.mem.clone();
+        // Every avail slot holds head 0 (the mock zeroed them); after each
+        // used entry the avail index is one ahead again, and used_event
+        // asks for a signal on the next entry.
+        let reoffer = move || {
+            let u: u16 = mem.read_obj(GuestAddress(USED + 2)).unwrap();
+            mem.write_obj(u, GuestAddress(avail + 4 + 2 * u64::from(QSIZE)))
+                .unwrap();
+            mem.write_obj(u.wrapping_add(1), GuestAddress(avail + 2))
+                .unwrap();
+        };
+        reoffer();
+        ring.on_signal = Some(Box::new(reoffer));
+        let t = r.serve(&mut ring);
+        assert_eq!(t.len(), 1, "{t:?}");
+        let dr = t[0].drained.unwrap();
+        assert_eq!((dr.popped, dr.used), (u64::from(QSIZE), usize::from(QSIZE)));
+        assert!(dr.bounded && dr.ring_ok, "{dr:?}");
+        assert!(!t[0].again);
+        // The next pass takes the next queue size.
+        let t = r.serve(&mut ring);
+        assert_eq!(t[0].drained.unwrap().popped, u64::from(QSIZE));
+        assert_eq!(r.counters().flushes, 2 * u64::from(QSIZE));
     }
 }

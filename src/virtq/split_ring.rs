@@ -55,13 +55,15 @@ pub struct RingLayout {
 
 impl RingLayout {
     /// The three parts as (name, guest address, length in bytes, the
-    /// alignment §2.7 requires).
-    pub fn parts(&self) -> [(&'static str, u64, u64, u64); 3] {
+    /// alignment §2.7 requires of the guest address, the alignment our
+    /// accesses need of the host address: the rings' u16/u32 atomics need
+    /// theirs, descriptors are read bytewise when not 8-byte aligned).
+    pub fn parts(&self) -> [Part; 3] {
         let n = u64::from(self.size);
         [
-            ("descriptor table", self.desc, 16 * n, 16),
-            ("avail ring", self.avail, 6 + 2 * n, 2),
-            ("used ring", self.used, 6 + 8 * n, 4),
+            ("descriptor table", self.desc, 16 * n, 16, 1),
+            ("avail ring", self.avail, 6 + 2 * n, 2, 2),
+            ("used ring", self.used, 6 + 8 * n, 4, 4),
         ]
     }
 
@@ -71,10 +73,10 @@ impl RingLayout {
     pub fn overlap_with(&self, other: &RingLayout) -> Option<(&'static str, &'static str)> {
         let mine = self.parts();
         let theirs = other.parts();
-        mine.iter().find_map(|&(a, at, len, _)| {
+        mine.iter().find_map(|&(a, at, len, ..)| {
             theirs
                 .iter()
-                .find(|&&(_, bt, blen, _)| ranges_overlap(at, len, bt, blen))
+                .find(|&&(_, bt, blen, ..)| ranges_overlap(at, len, bt, blen))
                 .map(|&(b, ..)| (a, b))
         })
     }
@@ -87,6 +89,9 @@ impl RingLayout {
         })
     }
 }
+
+/// A ring part: name, guest address, length, guest and host alignment.
+pub type Part = (&'static str, u64, u64, u64, u64);
 
 /// Whether [a, a + alen) and [b, b + blen) share a byte (ends saturate:
 /// a part that wraps the address space is refused elsewhere).
@@ -170,7 +175,7 @@ unsafe impl Send for SplitRing {}
 /// in their low bits would misalign every part inside it).
 fn part(
     map: &GuestMap,
-    (what, at, len, align): (&'static str, u64, u64, u64),
+    (what, at, len, align, host_align): Part,
     size: u16,
 ) -> Result<*mut u8, RingError> {
     if at % align != 0 {
@@ -182,12 +187,12 @@ fn part(
         len,
         size,
     })?;
-    if host as usize % align as usize != 0 {
+    if host as usize % host_align as usize != 0 {
         return Err(RingError::HostMisaligned {
             what,
             at,
             host: host as usize,
-            align,
+            align: host_align,
         });
     }
     Ok(host)
@@ -743,12 +748,19 @@ mod tests {
         assert_eq!(ok(layout()), Ok(()));
         // Ring parts that end exactly at the region's end are fine.
         let at_end = RingLayout {
-            desc: 0x1000 - 16 * u64::from(QS),
+            desc: 0x1000,
             avail: 0x2000 - (6 + 2 * u64::from(QS)),
             used: 0x1000 - (6 + 8 * u64::from(QS)) - 2,
             size: QS,
         };
         assert_eq!(ok(at_end), Ok(()));
+        let table_at_end = RingLayout {
+            desc: 0x1000 - 16 * u64::from(QS),
+            avail: 0x1000,
+            used: 0x1100,
+            size: QS,
+        };
+        assert_eq!(ok(table_at_end), Ok(()));
         for (l, what) in [
             (
                 RingLayout {
@@ -849,5 +861,113 @@ mod tests {
                 .unwrap()
                 == 1
         );
+    }
+
+    #[test]
+    fn overlapping_parts_are_refused() {
+        let mem = setup(&[(0, 0x10000)]);
+        let ok = |l: RingLayout| SplitRing::new(GuestMap::new(mem.clone()), l, true, 0, 0);
+        // The used ring over the avail ring (the layout whose used entries
+        // would raise the avail index), over the table, one byte into it.
+        for (l, a, b) in [
+            (
+                RingLayout {
+                    used: 0x100,
+                    ..layout()
+                },
+                "avail ring",
+                "used ring",
+            ),
+            (
+                RingLayout {
+                    used: 0x0,
+                    ..layout()
+                },
+                "descriptor table",
+                "used ring",
+            ),
+            (
+                RingLayout {
+                    avail: 0xfe,
+                    ..layout()
+                },
+                "descriptor table",
+                "avail ring",
+            ),
+            (
+                RingLayout {
+                    used: 0x100 + 6 + 2 * u64::from(QS) - 2,
+                    ..layout()
+                },
+                "avail ring",
+                "used ring",
+            ),
+        ] {
+            assert_eq!(ok(l).err(), Some(RingError::Overlap { a, b }), "{l:?}");
+        }
+        // Touching is not overlapping.
+        let touching = RingLayout {
+            desc: 0,
+            avail: 16 * u64::from(QS),
+            used: (16 * u64::from(QS) + 6 + 2 * u64::from(QS) + 3) & !3,
+            size: QS,
+        };
+        assert!(ok(touching).is_ok());
+    }
+
+    #[test]
+    fn rings_of_two_queues_overlap_when_any_parts_do() {
+        let a = layout();
+        let apart = RingLayout {
+            desc: 0x1000,
+            avail: 0x1100,
+            used: 0x1200,
+            size: QS,
+        };
+        assert_eq!(a.overlap_with(&apart), None);
+        let crossing = RingLayout {
+            used: a.avail,
+            ..apart
+        };
+        assert_eq!(crossing.overlap_with(&a), Some(("used ring", "avail ring")));
+        assert_eq!(a.overlap_with(&crossing), Some(("avail ring", "used ring")));
+        assert_eq!(
+            a.overlap_with(&a),
+            Some(("descriptor table", "descriptor table"))
+        );
+    }
+
+    #[test]
+    fn parts_misaligned_in_the_host_mapping_are_refused() {
+        // A region at an odd guest address: guest-aligned parts inside it
+        // are misaligned in the mapping (which is page-aligned).
+        let mem = setup(&[(0x1_0001, 0x10000)]);
+        let l = RingLayout {
+            desc: 0x1_0010,
+            avail: 0x1_1010,
+            used: 0x1_2010,
+            size: QS,
+        };
+        match SplitRing::new(GuestMap::new(mem.clone()), l, true, 0, 0) {
+            Err(RingError::HostMisaligned { what, align, .. }) => {
+                assert_eq!((what, align), ("avail ring", 2))
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
+        // The used ring alone misaligned: 4-byte aligned guest address,
+        // host offset 2 mod 4.
+        let mem = setup(&[(0x1_0002, 0x10000)]);
+        let l = RingLayout {
+            desc: 0x1_0012 + 0xe,
+            avail: 0x1_1002,
+            used: 0x1_2004,
+            size: QS,
+        };
+        match SplitRing::new(GuestMap::new(mem), l, true, 0, 0) {
+            Err(RingError::HostMisaligned { what, align, .. }) => {
+                assert_eq!((what, align), ("used ring", 4))
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
     }
 }
