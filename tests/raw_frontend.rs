@@ -2268,9 +2268,7 @@ impl Conn {
     /// `base`, on the rings it had, the way QEMU resumes a stopped ring.
     fn restart(&mut self, q: usize, base: u16) {
         self.fe.set_vring_num(q, QSIZE).expect("SET_VRING_NUM");
-        self.fe
-            .set_vring_base(q, base.into())
-            .expect("SET_VRING_BASE");
+        self.fe.set_vring_base(q, base).expect("SET_VRING_BASE");
         let vq = &self.queues[q];
         let cfg = VringConfigData {
             queue_max_size: QSIZE,
@@ -2489,7 +2487,7 @@ fn a_queue_size_not_a_power_of_2_is_refused() {
         c.fe.set_vring_num(1, BAD)
             .expect("SET_VRING_NUM (acknowledged)");
     }
-    c.fe.set_vring_base(1, base.into()).expect("SET_VRING_BASE");
+    c.fe.set_vring_base(1, base).expect("SET_VRING_BASE");
     c.fe.set_vring_call(1, &c.queues[1].call)
         .expect("SET_VRING_CALL");
     c.fe.set_vring_kick(1, &c.queues[1].kick)
