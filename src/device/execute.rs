@@ -474,18 +474,26 @@ mod tests {
         }
     }
 
+    /// The ring of the 16-entry mock queue `vq`, with the used ring after
+    /// the avail ring: the mock lays its own over the avail ring's end (it
+    /// adds the entry count, not their bytes); a pop never writes it, but
+    /// the ring check refuses overlapping parts.
+    fn mock_layout(vq: &MockSplitQueue<GuestMemoryMmap>) -> RingLayout {
+        RingLayout {
+            desc: vq.desc_table_addr().0,
+            avail: vq.avail_addr().0,
+            used: (vq.avail_addr().0 + 6 + 2 * 16 + 3) & !3,
+            size: 16,
+        }
+    }
+
     /// Pop the next chain of the mock queue `vq` (laid out in `mem`) the
     /// way the worker does.
     fn pop(
         mem: &Arc<GuestMemoryMmap>,
         vq: &MockSplitQueue<GuestMemoryMmap>,
     ) -> (Vec<Segment>, bool) {
-        let layout = RingLayout {
-            desc: vq.desc_table_addr().0,
-            avail: vq.avail_addr().0,
-            used: vq.used_addr().0,
-            size: 16,
-        };
+        let layout = mock_layout(vq);
         let mut ring = SplitRing::new(GuestMap::new(mem.clone()), layout, false, 0, 0).unwrap();
         ring.pending().expect("a sane avail index");
         let mut segs = Vec::new();
@@ -1080,13 +1088,7 @@ mod tests {
         assert!(crate::virtio_blk::request::check_chain(&segs, truncated).is_err());
         // And a queue whose avail index jumped too far is refused.
         vq.avail().idx().store(100u16);
-        let layout = RingLayout {
-            desc: vq.desc_table_addr().0,
-            avail: vq.avail_addr().0,
-            used: vq.used_addr().0,
-            size: 16,
-        };
-        let ring = SplitRing::new(e.map(), layout, false, 0, 0).unwrap();
+        let ring = SplitRing::new(e.map(), mock_layout(&vq), false, 0, 0).unwrap();
         assert!(ring.pending().is_err());
         let q: Queue = vq.create_queue().unwrap();
         let _ = q.size();
