@@ -39,14 +39,13 @@ impl<M: GuestAddressSpace + 'static> KickCountingVring<M> {
         self.kicks.swap(0, Ordering::Relaxed)
     }
 
-    /// Whether the ring is started (the frontend set its kick fd and has
-    /// not stopped it with GET_VRING_BASE) and enabled: the only state in
-    /// which the device may touch it.
+    /// Whether the ring is started: the frontend set its kick fd, has not
+    /// stopped it with GET_VRING_BASE since, and its size was not refused.
+    /// The device touches no other ring. (A disabled ring's kick fd is
+    /// out of epoll, but requests it has in service still complete at
+    /// their deadlines, as they did before the ring was disabled.)
     pub(crate) fn started(&self) -> bool {
-        let state = self.inner.get_ref();
-        state.get_queue().ready()
-            && state.is_enabled()
-            && self.refused_size.load(Ordering::Relaxed) == 0
+        self.inner.get_ref().get_queue().ready() && self.refused_size.load(Ordering::Relaxed) == 0
     }
 
     /// Collect kicks that arrived since the worker woke up, so they are
