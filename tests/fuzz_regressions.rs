@@ -160,6 +160,36 @@ fn backing_file(size: u64) -> File {
     f
 }
 
+/// Replay the kept input `name` (under `tests/fixtures/fuzz/vhost_user/`)
+/// until queue 0's counters show its ring broken (whether the worker sees
+/// the input's kick before its connection ends is up to the scheduler):
+/// nothing may have been served, and the daemon takes the next
+/// connection at once.
+fn replay_until_broken(name: &str) {
+    let d = fuzz::Daemon::start().unwrap();
+    let path = common::root()
+        .join("tests/fixtures/fuzz/vhost_user")
+        .join(name);
+    let data = std::fs::read(&path).unwrap();
+    let counters = || {
+        let doc = blklab::backend::control::query_stats(d.control_socket(), "stats").unwrap();
+        doc.disks[0].queues[0].counters.clone()
+    };
+    let mut replays = 0;
+    while counters().ring_errors == 0 && replays < 200 {
+        d.vhost_user(&data);
+        replays += 1;
+    }
+    let q0 = counters();
+    assert!(q0.ring_errors >= 1, "after {replays} replays: {q0:?}");
+    assert_eq!(q0.requests, 0, "{q0:?}");
+    eprintln!("{name}: broken after {replays} replays");
+    // Still serving, at once.
+    let t = std::time::Instant::now();
+    d.vhost_user(&[]);
+    assert!(t.elapsed() < common::PATIENCE);
+}
+
 /// The hang `vhost_user` found before the worker hardening (kept as
 /// `tests/fixtures/fuzz/vhost_user/hang-avail-ring-at-memory-end`, written
 /// by `fuzz/make-seeds.py`): queue 0's avail ring starts 4 bytes before
@@ -171,26 +201,7 @@ fn backing_file(size: u64) -> File {
 /// scheduler, so the input is replayed until the counters say it did.
 #[test]
 fn an_avail_ring_at_the_end_of_memory_is_broken_not_spun() {
-    let d = fuzz::Daemon::start().unwrap();
-    let path = common::root().join("tests/fixtures/fuzz/vhost_user/hang-avail-ring-at-memory-end");
-    let data = std::fs::read(&path).unwrap();
-    let counters = || {
-        let doc = blklab::backend::control::query_stats(d.control_socket(), "stats").unwrap();
-        doc.disks[0].queues[0].counters.clone()
-    };
-    let mut replays = 0;
-    while counters().ring_errors == 0 && replays < 200 {
-        d.vhost_user(&data);
-        replays += 1;
-    }
-    let q0 = counters();
-    assert!(q0.ring_errors >= 1, "after {replays} replays: {q0:?}");
-    assert_eq!(q0.requests, 0, "{q0:?}");
-    eprintln!("broken after {replays} replays");
-    // Still serving, at once.
-    let t = std::time::Instant::now();
-    d.vhost_user(&[]);
-    assert!(t.elapsed() < common::PATIENCE);
+    replay_until_broken("hang-avail-ring-at-memory-end");
 }
 
 /// Queue 0's used ring laid over its avail ring (kept as
@@ -201,22 +212,5 @@ fn an_avail_ring_at_the_end_of_memory_is_broken_not_spun() {
 /// (the input's own GET_VRING_BASE is answered: the connection ends).
 #[test]
 fn a_used_ring_over_the_avail_ring_is_refused_not_spun() {
-    let d = fuzz::Daemon::start().unwrap();
-    let path = common::root().join("tests/fixtures/fuzz/vhost_user/hang-used-ring-over-avail-ring");
-    let data = std::fs::read(&path).unwrap();
-    let counters = || {
-        let doc = blklab::backend::control::query_stats(d.control_socket(), "stats").unwrap();
-        doc.disks[0].queues[0].counters.clone()
-    };
-    let mut replays = 0;
-    while counters().ring_errors == 0 && replays < 200 {
-        d.vhost_user(&data);
-        replays += 1;
-    }
-    let q0 = counters();
-    assert!(q0.ring_errors >= 1, "after {replays} replays: {q0:?}");
-    assert_eq!(q0.requests, 0, "{q0:?}");
-    let t = std::time::Instant::now();
-    d.vhost_user(&[]);
-    assert!(t.elapsed() < common::PATIENCE);
+    replay_until_broken("hang-used-ring-over-avail-ring");
 }

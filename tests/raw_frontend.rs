@@ -2284,6 +2284,20 @@ impl Conn {
         self.fe.set_vring_kick(q, &vq.kick).expect("SET_VRING_KICK");
         self.enable(q);
     }
+
+    /// Offer a FLUSH on queue `q` and kick; returns its head and the
+    /// address of its status byte.
+    fn offer_flush(&mut self, q: usize) -> (u16, u64) {
+        let hdr = self.header(VIRTIO_BLK_T_FLUSH, 0);
+        let st = self.status_byte();
+        (self.submit(q, &[r(hdr, 16), w(st, 1)]), st)
+    }
+
+    /// Give queue `q` its own rings back, from index 0 (a driver reset).
+    fn reset_rings(&mut self, q: usize) {
+        let b = RING_BASE + q as u64 * RING_STRIDE;
+        self.relocate_ring(q, b, b + 0x1000, b + 0x2000);
+    }
 }
 
 /// The used ring laid over the avail ring, avail->idx one ahead of the
@@ -2298,7 +2312,6 @@ fn used_ring_over_the_avail_ring_is_refused() {
     }
     let (server, ctl, log) = spawn_logged(&[]);
     let mut c = server.connect();
-    let base = RING_BASE + RING_STRIDE;
     c.fe.get_vring_base(1).expect("GET_VRING_BASE");
     c.queues[1].used = c.queues[1].avail;
     let hdr = c.header(VIRTIO_BLK_T_FLUSH, 0);
@@ -2331,14 +2344,7 @@ fn used_ring_over_the_avail_ring_is_refused() {
         "no refusal logged"
     );
     // Queue 1 gets proper rings back.
-    c.queues[1].used = base + 0x2000;
-    c.queues[1].avail_idx = 0;
-    c.queues[1].last_used = 0;
-    c.queues[1].next_desc = 0;
-    c.mem
-        .write_slice(&[0u8; RING_STRIDE as usize], GuestAddress(base))
-        .unwrap();
-    c.restart(1, 0);
+    c.reset_rings(1);
     c.check_serving(1);
     drop(c);
     let c = server.connect();
@@ -2356,7 +2362,6 @@ fn rings_of_two_queues_that_cross_are_refused() {
     let mut c = server.connect();
     c.check_serving(0);
     c.fe.get_vring_base(1).expect("GET_VRING_BASE");
-    let saved = c.queues[1].used;
     c.queues[1].used = c.queues[0].avail;
     let before = log_lines(&log).len();
     c.restart(1, 0);
@@ -2372,16 +2377,7 @@ fn rings_of_two_queues_that_cross_are_refused() {
         .iter()
         .any(|l| l.contains("overlaps the avail ring of queue 0")));
     c.check_serving(0);
-    c.fe.get_vring_base(1).expect("GET_VRING_BASE");
-    c.queues[1].used = saved;
-    c.queues[1].avail_idx = 0;
-    c.queues[1].last_used = 0;
-    c.queues[1].next_desc = 0;
-    let b = RING_BASE + RING_STRIDE;
-    c.mem
-        .write_slice(&[0u8; RING_STRIDE as usize], GuestAddress(b))
-        .unwrap();
-    c.restart(1, 0);
+    c.reset_rings(1);
     end(server, c);
 }
 
@@ -2397,9 +2393,7 @@ fn nothing_is_served_after_get_vring_base() {
     let (server, mut c) = start();
     for trial in 0..150 {
         let q = trial % NUM_QUEUES;
-        let hdr = c.header(VIRTIO_BLK_T_FLUSH, 0);
-        let st = c.status_byte();
-        let head = c.submit(q, &[r(hdr, 16), w(st, 1)]);
+        let (head, st) = c.offer_flush(q);
         let base = c.fe.get_vring_base(q).expect("GET_VRING_BASE") as u16;
         let at_reply = c.used_idx(q);
         std::thread::sleep(Duration::from_millis(5));
@@ -2493,9 +2487,7 @@ fn a_queue_size_not_a_power_of_2_is_refused() {
     c.fe.set_vring_kick(1, &c.queues[1].kick)
         .expect("SET_VRING_KICK");
     c.enable(1);
-    let hdr = c.header(VIRTIO_BLK_T_FLUSH, 0);
-    let st = c.status_byte();
-    let head = c.submit(1, &[r(hdr, 16), w(st, 1)]);
+    let (head, st) = c.offer_flush(1);
     assert!(
         c.wait_used(1, MAYBE_WAIT).is_none(),
         "a refused ring was served"
@@ -2565,8 +2557,7 @@ fn a_ring_misaligned_in_the_host_mapping_is_refused() {
     );
     c.check_serving(0);
     c.fe.remove_mem_region(&info).expect("REM_MEM_REG");
-    let b = RING_BASE + RING_STRIDE;
-    c.relocate_ring(1, b, b + 0x1000, b + 0x2000);
+    c.reset_rings(1);
     end(server, c);
 }
 
@@ -2585,9 +2576,7 @@ fn a_queue_whose_memory_comes_back_is_served() {
     c.relocate_ring(1, EXTRA, EXTRA + 0x1000, EXTRA + 0x2000);
     c.check_serving(1);
     c.remove_region(EXTRA);
-    let hdr = c.header(VIRTIO_BLK_T_FLUSH, 0);
-    let st = c.status_byte();
-    let head = c.submit(1, &[r(hdr, 16), w(st, 1)]);
+    let (head, st) = c.offer_flush(1);
     common::wait_for_counters(&ctl, 0, 1, &[("ring_errors", 1)]);
     assert!(
         c.wait_used(1, MAYBE_WAIT).is_none(),
