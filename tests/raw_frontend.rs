@@ -2293,6 +2293,16 @@ impl Conn {
         (self.submit(q, &[r(hdr, 16), w(st, 1)]), st)
     }
 
+    /// Move queue `q`'s rings into a new 1 MiB region at `at` (`off` bytes
+    /// in), serve a request there, then take the region away from the
+    /// backend (our mapping stays).
+    fn serve_from_a_region_then_remove_it(&mut self, q: usize, at: u64, off: u64) {
+        self.add_region(at, 1 << 20);
+        self.relocate_ring(q, at + off, at + 0x1000 + off, at + 0x2000 + off);
+        self.check_serving(q);
+        self.remove_region(at);
+    }
+
     /// Give queue `q` its own rings back, from index 0 (a driver reset).
     fn reset_rings(&mut self, q: usize) {
         let b = RING_BASE + q as u64 * RING_STRIDE;
@@ -2526,10 +2536,7 @@ fn a_ring_misaligned_in_the_host_mapping_is_refused() {
     let (server, ctl, log) = spawn_logged(&[]);
     let mut c = server.connect();
     const EXTRA: u64 = 0x2_0000_0000;
-    c.add_region(EXTRA, 1 << 20);
-    c.relocate_ring(1, EXTRA + 0x10, EXTRA + 0x1010, EXTRA + 0x2010);
-    c.check_serving(1);
-    c.remove_region(EXTRA);
+    c.serve_from_a_region_then_remove_it(1, EXTRA, 0x10);
     // The backend alone gets the moved region (our view keeps the old one).
     // SAFETY: memfd_create(2) with a valid NUL-terminated name.
     let fd = unsafe { libc::memfd_create(c"raw-frontend-moved".as_ptr(), libc::MFD_CLOEXEC) };
@@ -2572,10 +2579,7 @@ fn a_queue_whose_memory_comes_back_is_served() {
     let (server, ctl, _) = spawn_logged(&[]);
     let mut c = server.connect();
     const EXTRA: u64 = 0x2_0000_0000;
-    c.add_region(EXTRA, 1 << 20);
-    c.relocate_ring(1, EXTRA, EXTRA + 0x1000, EXTRA + 0x2000);
-    c.check_serving(1);
-    c.remove_region(EXTRA);
+    c.serve_from_a_region_then_remove_it(1, EXTRA, 0);
     let (head, st) = c.offer_flush(1);
     common::wait_for_counters(&ctl, 0, 1, &[("ring_errors", 1)]);
     assert!(
