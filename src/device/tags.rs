@@ -887,15 +887,27 @@ mod tests {
         const ITERS: u32 = 2000;
         let pool = Arc::new(TagPool::new(depth, fairness));
         let start = Arc::new(Barrier::new(threads as usize));
+        let attempted = Arc::new(Barrier::new(threads as usize));
         let handles: Vec<_> = (0..threads)
             .map(|me| {
-                let (pool, start) = (pool.clone(), start.clone());
+                let (pool, start, attempted) = (pool.clone(), start.clone(), attempted.clone());
                 thread::spawn(move || {
                     let waker = efd();
                     let q = pool.register(waker.clone());
                     let mut hint = pool.initial_hint(q);
                     let mut waits = 0u32;
                     start.wait();
+                    // Every thread tries once while the others hold what they
+                    // got: with more threads than tags, some of them find the
+                    // pool empty, whatever the scheduler does, so the loop
+                    // below always starts with queues waiting for a wake-up.
+                    let first = pool.try_get(q, &mut hint);
+                    attempted.wait();
+                    let got_first = first.is_some();
+                    match first {
+                        Some(tag) => pool.put(q, tag),
+                        None => waits += 1,
+                    }
                     for i in 0..ITERS {
                         let tag = loop {
                             if let Some(t) = pool.try_get(q, &mut hint) {
@@ -919,14 +931,24 @@ mod tests {
                         }
                         pool.put(q, tag);
                     }
-                    waits
+                    (waits, u32::from(got_first))
                 })
             })
             .collect();
-        let waits: u32 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        let (waits, firsts) = handles
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .fold((0, 0), |(w, f), (w1, f1)| (w + w1, f + f1));
         let s = pool.stats();
-        assert_eq!(s.gets, u64::from(ITERS * threads));
-        assert!(s.queues.iter().all(|q| q.gets == u64::from(ITERS)));
+        assert!(
+            firsts < threads,
+            "{firsts} of {threads} threads got one of {depth} tags"
+        );
+        assert_eq!(s.gets, u64::from(ITERS * threads + firsts));
+        assert!(s
+            .queues
+            .iter()
+            .all(|q| q.gets == u64::from(ITERS) || q.gets == u64::from(ITERS + 1)));
         assert!(waits > 0, "depth {depth}, {threads} threads: never waited");
         assert_eq!(s.waiting_queues, 0);
         assert_eq!(s.in_use, 0);
