@@ -1645,7 +1645,8 @@ fn sourced_libs() -> Vec<String> {
 }
 
 /// `SHELL -c SCRIPT` in the repository root with LIB=guest-scripts/lib,
-/// AWK, a clean BLKLAB_* environment plus `env`, and `stdin` on stdin.
+/// AWK (`awk` by default, as run.sh's), a clean BLKLAB_* environment plus
+/// `env`, and `stdin` on stdin.
 fn run_sh(
     shell: &[&str],
     awk: Option<&str>,
@@ -1666,9 +1667,7 @@ fn run_sh(
             c.env_remove(k);
         }
     }
-    if let Some(a) = awk {
-        c.env("AWK", a);
-    }
+    c.env("AWK", awk.unwrap_or("awk"));
     for (k, v) in env {
         c.env(k, v);
     }
@@ -1714,10 +1713,7 @@ fn every_lib_file_states_its_contract_and_sources_silently() {
     }
     // Sourcing defines functions and variables and nothing else: no output,
     // alone or all together in run.sh's order.
-    let all: String = libs
-        .iter()
-        .map(|n| format!(". \"$LIB/{n}\"; "))
-        .collect();
+    let all: String = libs.iter().map(|n| format!(". \"$LIB/{n}\"; ")).collect();
     for (label, shell, awk) in shells() {
         for script in libs
             .iter()
@@ -1776,7 +1772,8 @@ fn sync_point_waits_for_its_reply_and_fails_at_end_of_input() {
             "[{label}]"
         );
         assert!(
-            text(&out.stderr).contains("ignoring console input 'hello' while waiting for SYNC reply 1"),
+            text(&out.stderr)
+                .contains("ignoring console input 'hello' while waiting for SYNC reply 1"),
             "[{label}] {}",
             text(&out.stderr)
         );
@@ -1785,7 +1782,10 @@ fn sync_point_waits_for_its_reply_and_fails_at_end_of_input() {
         // the variant fails at once (not after SYNC_TIMEOUT).
         let t0 = std::time::Instant::now();
         let out = run_sh(&shell, awk, script, &env, "");
-        assert!(t0.elapsed() < std::time::Duration::from_secs(15), "[{label}]");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(15),
+            "[{label}]"
+        );
         let e3 = "end of input while waiting for the reply to BLKLAB-SYNC 3 (begin)";
         let e4 = "end of input while waiting for the reply to BLKLAB-SYNC 4 (end)";
         assert_eq!(
@@ -1799,11 +1799,7 @@ fn sync_point_waits_for_its_reply_and_fails_at_end_of_input() {
 
         // Without BLKLAB_SYNC=1 there is no handshake.
         let out = run_sh(&shell, awk, script, &[], "");
-        assert_eq!(
-            text(&out.stdout),
-            "rc=0 ERR=\nrc=0 ERR=\n",
-            "[{label}]"
-        );
+        assert_eq!(text(&out.stdout), "rc=0 ERR=\nrc=0 ERR=\n", "[{label}]");
     }
 }
 
@@ -1812,7 +1808,11 @@ fn blkmq_files_lists_the_readable_attributes_of_the_targets_hardware_queues() {
     let tmp = tempfile::tempdir().unwrap();
     let block = tmp.path().join("block");
     for (dev, hctx, attrs) in [
-        ("vda", "hctx0", &["tags", "queued", "dispatched", "state"][..]),
+        (
+            "vda",
+            "hctx0",
+            &["tags", "queued", "dispatched", "state"][..],
+        ),
         ("vda", "hctx1", &["run"][..]),
         ("vda", "sched", &["queued"][..]),
         ("vdb", "hctx0", &["active"][..]),
@@ -1831,10 +1831,15 @@ fn blkmq_files_lists_the_readable_attributes_of_the_targets_hardware_queues() {
         assert!(out.status.success(), "[{label}] {out:?}");
         // per queue in BLKMQ_ATTRS order; not vdb (no target), not sched/,
         // not an attribute outside the list, nothing for a missing device
-        let want: String = ["hctx0/dispatched", "hctx0/queued", "hctx0/tags", "hctx1/run"]
-            .iter()
-            .map(|f| format!("{debugfs}/block/vda/{f}\n"))
-            .collect();
+        let want: String = [
+            "hctx0/dispatched",
+            "hctx0/queued",
+            "hctx0/tags",
+            "hctx1/run",
+        ]
+        .iter()
+        .map(|f| format!("{debugfs}/block/vda/{f}\n"))
+        .collect();
         assert_eq!(text(&out.stdout), want + "err=\n", "[{label}]");
     }
 }
