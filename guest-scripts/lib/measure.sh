@@ -16,7 +16,8 @@
 # the scenario's arguments and run.sh's, then one job section, or one per
 # device with layout per-disk); mpstat_start and mpstat_stop (mpstat -P
 # ALL -o JSON over runtime+ramp in the background, when there is mpstat;
-# cut short means no average, an empty file); fio_collect.
+# cut short means no average, an empty file); fio_collect (fio's JSON
+# split from the notes it may print before it, which go to its log).
 #
 # Expects of its caller: W (the variant's work directory), DEVS (/sys/block
 # names), VNAME, VFIO (fio's arguments, the words of one string), VRUNTIME,
