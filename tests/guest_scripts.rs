@@ -1632,3 +1632,214 @@ fn blk_mq_section_from_debugfs_snapshots() {
     }
     let _ = std::fs::remove_dir_all(&tmp);
 }
+
+/// The files of guest-scripts/lib/ that run.sh sources, sorted.
+fn sourced_libs() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(root().join("guest-scripts/lib"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".sh"))
+        .collect();
+    v.sort();
+    v
+}
+
+/// `SHELL -c SCRIPT` in the repository root with LIB=guest-scripts/lib,
+/// AWK (`awk` by default, as run.sh's), a clean BLKLAB_* environment plus
+/// `env`, and `stdin` on stdin.
+fn run_sh(
+    shell: &[&str],
+    awk: Option<&str>,
+    script: &str,
+    env: &[(&str, &str)],
+    stdin: &str,
+) -> Output {
+    let mut c = Command::new(shell[0]);
+    c.args(&shell[1..])
+        .args(["-c", script])
+        .current_dir(root())
+        .env("LIB", "guest-scripts/lib")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("BLKLAB_") || k == "AWK" {
+            c.env_remove(k);
+        }
+    }
+    c.env("AWK", awk.unwrap_or("awk"));
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().expect("run sh -c");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn every_lib_file_states_its_contract_and_sources_silently() {
+    let libs = sourced_libs();
+    assert!(!libs.is_empty());
+    let run_sh_text = std::fs::read_to_string(root().join("guest-scripts/run.sh")).unwrap();
+    for name in &libs {
+        let text = std::fs::read_to_string(root().join("guest-scripts/lib").join(name)).unwrap();
+        let mut lines = text.lines();
+        // .ci/shellcheck picks sourced files by this first line
+        assert_eq!(lines.next(), Some("# shellcheck shell=sh"), "{name}");
+        let head: String = text
+            .lines()
+            .take_while(|l| l.starts_with('#'))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            head.contains(&format!("# guest-scripts/lib/{name}: ")),
+            "{name}: the header names the file"
+        );
+        for part in ["Provides:", "Expects of its caller:", "Must not:"] {
+            assert!(head.contains(part), "{name}: the header has no {part}");
+        }
+        assert!(
+            run_sh_text.contains(&format!(
+                "# shellcheck source=guest-scripts/lib/{name}\n. \"$LIB/{name}\"\n"
+            )),
+            "run.sh sources {name} with its shellcheck source= line"
+        );
+    }
+    // Sourcing defines functions and variables and nothing else: no output,
+    // alone or all together in run.sh's order.
+    let all: String = libs.iter().map(|n| format!(". \"$LIB/{n}\"; ")).collect();
+    for (label, shell, awk) in shells() {
+        for script in libs
+            .iter()
+            .map(|n| format!(". \"$LIB/{n}\""))
+            .chain([all.clone()])
+        {
+            let out = run_sh(&shell, awk, &script, &[], "");
+            assert!(out.status.success(), "[{label}] {script}: {out:?}");
+            assert_eq!(text(&out.stdout), "", "[{label}] {script}");
+            assert_eq!(text(&out.stderr), "", "[{label}] {script}");
+        }
+    }
+}
+
+#[test]
+fn common_helpers_order_devices_and_write_json_numbers() {
+    let script = r#". "$LIB/common.sh"; . "$LIB/modules.sh"
+        printf 'vdaa\nvdb\nsda\nvda\n' | sort_devs | tr '\n' ' '; echo
+        echo "$(jnum 12) $(jnum '') $(jnum -1) $(jnum 3x)"
+        param_value nr_devices 1 queue_mode=2 nr_devices=3 irqmode=0
+        param_value max_luns 1 queue_mode=2
+        SCN_NAME=scn VNAME=var ERR=""
+        fail "first"; fail "second"; echo "ERR=$ERR""#;
+    for (label, shell, awk) in shells() {
+        let out = run_sh(&shell, awk, script, &[], "");
+        assert!(out.status.success(), "[{label}] {out:?}");
+        assert_eq!(
+            text(&out.stdout),
+            "sda vda vdb vdaa \n12 null null null\n3\n1\n\
+             BLKLAB-ERROR scn var: first\nBLKLAB-ERROR scn var: second\n\
+             ERR=first; second\n",
+            "[{label}]"
+        );
+    }
+}
+
+#[test]
+fn sync_point_waits_for_its_reply_and_fails_at_end_of_input() {
+    let script = r#". "$LIB/common.sh"; . "$LIB/sync.sh"
+        SCN_NAME=scn VNAME=var ERR="" SYNC_TIMEOUT=20
+        sync_point begin; echo "rc=$? ERR=$ERR"
+        sync_point end; echo "rc=$? ERR=$ERR""#;
+    for (label, shell, awk) in shells() {
+        let tmp = tempfile::tempdir().unwrap();
+        let seq = tmp.path().join("seq");
+        let seq = seq.to_str().unwrap();
+        let env = [("BLKLAB_SYNC", "1"), ("BLKLAB_SYNC_SEQ_FILE", seq)];
+
+        // The reply is the line with the number, blanks and CR ignored;
+        // other lines are ignored (said on stderr).
+        let out = run_sh(&shell, awk, script, &env, "hello\n1\n 2 \r\n");
+        assert!(out.status.success(), "[{label}] {out:?}");
+        assert_eq!(
+            text(&out.stdout),
+            "BLKLAB-SYNC 1 begin scn var\nrc=0 ERR=\nBLKLAB-SYNC 2 end scn var\nrc=0 ERR=\n",
+            "[{label}]"
+        );
+        assert!(
+            text(&out.stderr)
+                .contains("ignoring console input 'hello' while waiting for SYNC reply 1"),
+            "[{label}] {}",
+            text(&out.stderr)
+        );
+
+        // The count goes on across runs of the same boot; at end of input
+        // the variant fails at once (not after SYNC_TIMEOUT).
+        let t0 = std::time::Instant::now();
+        let out = run_sh(&shell, awk, script, &env, "");
+        assert!(
+            t0.elapsed() < std::time::Duration::from_secs(15),
+            "[{label}]"
+        );
+        let e3 = "end of input while waiting for the reply to BLKLAB-SYNC 3 (begin)";
+        let e4 = "end of input while waiting for the reply to BLKLAB-SYNC 4 (end)";
+        assert_eq!(
+            text(&out.stdout),
+            format!(
+                "BLKLAB-SYNC 3 begin scn var\nBLKLAB-ERROR scn var: {e3}\nrc=1 ERR={e3}\n\
+                 BLKLAB-SYNC 4 end scn var\nBLKLAB-ERROR scn var: {e4}\nrc=1 ERR={e3}; {e4}\n"
+            ),
+            "[{label}]"
+        );
+
+        // Without BLKLAB_SYNC=1 there is no handshake.
+        let out = run_sh(&shell, awk, script, &[], "");
+        assert_eq!(text(&out.stdout), "rc=0 ERR=\nrc=0 ERR=\n", "[{label}]");
+    }
+}
+
+#[test]
+fn blkmq_files_lists_the_readable_attributes_of_the_targets_hardware_queues() {
+    let tmp = tempfile::tempdir().unwrap();
+    let block = tmp.path().join("block");
+    for (dev, hctx, attrs) in [
+        (
+            "vda",
+            "hctx0",
+            &["tags", "queued", "dispatched", "state"][..],
+        ),
+        ("vda", "hctx1", &["run"][..]),
+        ("vda", "sched", &["queued"][..]),
+        ("vdb", "hctx0", &["active"][..]),
+    ] {
+        let d = block.join(dev).join(hctx);
+        std::fs::create_dir_all(&d).unwrap();
+        for a in attrs {
+            std::fs::write(d.join(a), "1\n").unwrap();
+        }
+    }
+    let debugfs = tmp.path().to_str().unwrap();
+    let script = r#". "$LIB/common.sh"; . "$LIB/blkmq.sh"
+        DEVS="vda vdc"; blkmq_prepare; blkmq_files; echo "err=$BLKMQ_ERR""#;
+    for (label, shell, awk) in shells() {
+        let out = run_sh(&shell, awk, script, &[("BLKLAB_DEBUGFS", debugfs)], "");
+        assert!(out.status.success(), "[{label}] {out:?}");
+        // per queue in BLKMQ_ATTRS order; not vdb (no target), not sched/,
+        // not an attribute outside the list, nothing for a missing device
+        let want: String = [
+            "hctx0/dispatched",
+            "hctx0/queued",
+            "hctx0/tags",
+            "hctx1/run",
+        ]
+        .iter()
+        .map(|f| format!("{debugfs}/block/vda/{f}\n"))
+        .collect();
+        assert_eq!(text(&out.stdout), want + "err=\n", "[{label}]");
+    }
+}
