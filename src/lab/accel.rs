@@ -35,11 +35,11 @@ pub(crate) struct AccelDecision {
 /// whether every kernel has a usable System.map, asked only when `auto`
 /// could count. Instruction counts and `--deterministic` need TCG
 /// (plugins and -icount do not run under KVM).
-pub(crate) fn decide_accel(
+pub(crate) fn decide_accel<E: std::fmt::Display>(
     want: Accel,
     count: CountInsns,
     deterministic: bool,
-    probe: impl FnOnce() -> Result<f64, String>,
+    probe: impl FnOnce() -> Result<f64, E>,
     maps_usable: impl FnOnce() -> bool,
 ) -> Result<AccelDecision, AccelError> {
     let forced = count == CountInsns::On;

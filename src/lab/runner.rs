@@ -731,6 +731,146 @@ fn write_summary(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn args(flags: &[&str]) -> RunArgs {
+        let mut v = vec!["blklab"];
+        v.extend_from_slice(flags);
+        Wrap::parse_from(v).run
+    }
+
+    fn scenario(text: &str) -> Scenario {
+        scenario::parse(text, "t.scn", "t").unwrap()
+    }
+
+    #[test]
+    fn bad_counts_are_refused_by_kind_before_anything_else() {
+        let e = check_arguments(&args(&["--iterations", "0"]))
+            .err()
+            .unwrap();
+        assert!(matches!(e, RunError::NoIterations), "{e:?}");
+        assert_eq!(e.to_string(), "--iterations must be at least 1");
+        let e = check_arguments(&args(&["--vcpus", "65"])).err().unwrap();
+        assert!(matches!(e, RunError::VcpusOutOfRange), "{e:?}");
+        let e = check_arguments(&args(&["--kernel", "path:/nonexistent/vmlinuz"]))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(e, RunError::Image(images::ImageError::MissingKernel(_))),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_variant_names_the_ones_there_are() {
+        let s = scenario("variant a\nvariant b\n");
+        let e = apply_overrides(s, &args(&["--variants", "a,c"])).unwrap_err();
+        assert!(
+            matches!(&e, RunError::NoSuchVariant { variant, available, .. }
+                if variant == "c" && available == &["a", "b"]),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "--variants: scenario t has no variant \"c\" (it has: a, b)"
+        );
+        let s = scenario("runtime 5\nvariant a\nvariant b\n");
+        let s = apply_overrides(s, &args(&["--variants", "b", "--runtime", "2"])).unwrap();
+        assert_eq!(s.variants.len(), 1);
+        assert_eq!(
+            (s.variants[0].name.as_str(), s.variants[0].runtime),
+            ("b", 2)
+        );
+    }
+
+    #[test]
+    fn a_unit_with_bad_settings_is_refused_by_kind() {
+        let s = scenario("vcpus 64\nvariant a\n");
+        let a = args(&["--vcpus", "64"]);
+        let units = settings::units(std::slice::from_ref(&s), &a);
+        check_units(std::slice::from_ref(&s), &units).unwrap();
+        let s = scenario("device tags=sideways\nvariant a\nvariant b\n");
+        let units = settings::units(std::slice::from_ref(&s), &args(&[]));
+        let e = check_units(std::slice::from_ref(&s), &units).unwrap_err();
+        assert!(
+            matches!(&e, RunError::UnitDevice { variants, source: DeviceSettingsError::Config(_), .. }
+                if variants == "a, b"),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("scenario t (a, b): device settings: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn scenarios_the_guest_lacks_or_given_twice_are_refused() {
+        let lab = tempfile::tempdir().unwrap();
+        let shipped = lab.path().join("guest-scripts/scenarios");
+        std::fs::create_dir_all(&shipped).unwrap();
+        std::fs::write(shipped.join("s.scn"), "variant a\n").unwrap();
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(load_scenarios(&names(&["s"]), lab.path()).unwrap().len(), 1);
+        let e = load_scenarios(&names(&["s", "s"]), lab.path()).unwrap_err();
+        assert!(
+            matches!(&e, RunError::ScenarioTwice(n) if n == "s"),
+            "{e:?}"
+        );
+        let elsewhere = lab.path().join("other.scn");
+        std::fs::write(&elsewhere, "variant a\n").unwrap();
+        let e = load_scenarios(&names(&[elsewhere.to_str().unwrap()]), lab.path()).unwrap_err();
+        assert!(
+            matches!(&e, RunError::ScenarioNotShipped { path, .. } if path == &elsewhere),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_failed_boot_names_its_console_and_its_first_attempt() {
+        let q = || crate::lab::qemu::QemuError::Timeout {
+            secs: 180,
+            what: "the guest to boot (BLKLAB-INIT)".into(),
+            console: String::new(),
+        };
+        let console = Path::new("/out/console/k.s.01.log");
+        assert_eq!(
+            attempts_note(None, console),
+            "console: /out/console/k.s.01.log"
+        );
+        assert_eq!(
+            attempts_note(Some(&BootFailure::Silent(q())), console),
+            "second attempt; the first failed too: timed out after 180 s waiting for the \
+             guest to boot (BLKLAB-INIT); last console lines:\n; console: /out/console/k.s.01.log"
+        );
+        let e = RunError::Boot {
+            kernel: "k".into(),
+            scenario: "s".into(),
+            iteration: 1,
+            console: console.into(),
+            failure: Box::new(BootFailure::NeverBooted),
+            first: None,
+        };
+        assert_eq!(
+            e.to_string(),
+            "guest k, scenario s, iteration 1: the guest finished without booting \
+             (console: /out/console/k.s.01.log)"
+        );
+        assert!(
+            matches!(&e, RunError::Boot { failure, .. } if matches!(**failure, BootFailure::NeverBooted))
+        );
+        use std::error::Error as _;
+        assert_eq!(
+            e.source().map(|s| s.to_string()).as_deref(),
+            Some("the guest finished without booting")
+        );
+    }
 
     #[test]
     fn labels_are_unique() {
