@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use log::{info, warn};
 use serde::Deserialize;
 use serde_json::Value;
+use thiserror::Error;
 
 use crate::backend::control;
 use crate::device::config::DiskConfig;
@@ -22,6 +23,7 @@ use crate::record::guest::{GuestResult, GUEST_SCHEMA};
 use crate::record::result::{Checks, HostWindow, ResultRecord, RESULT_SCHEMA};
 use crate::stats::queue::{QueueStats, StatsDocument};
 use crate::util::hostcpu;
+use crate::util::schema::SchemaMismatch;
 use crate::util::wallclock::unix_now;
 
 /// Backend and host state at a variant's begin SYNC.
@@ -353,12 +355,15 @@ impl<'a> Session<'a> {
         let c = self.c;
         let guest = match guest_result(text) {
             Ok(g) => g,
-            Err((what, e)) => {
+            Err(bad) => {
                 self.failures.push(format!(
-                    "{} {scenario}/{variant} #{}: the guest's result is not {what} ({e})",
+                    "{} {scenario}/{variant} #{}: {bad}",
                     c.label, c.boot.iteration
                 ));
-                GuestResult::unparsable(format!("unparsable result: {e}"), text.to_string())
+                GuestResult::unparsable(
+                    format!("unparsable result: {}", bad.why()),
+                    text.to_string(),
+                )
             }
         };
         if !guest.ok {
@@ -440,15 +445,34 @@ impl<'a> Session<'a> {
     }
 }
 
-/// The guest's result document from its text, or what it is not (JSON, a
-/// guest result of the supported schema) and why.
-fn guest_result(text: &str) -> Result<GuestResult, (&'static str, String)> {
-    let v: Value = serde_json::from_str(text).map_err(|e| ("JSON", e.to_string()))?;
-    let what = "a blklab-guest-result/1 document";
-    if let Some(s) = crate::record::schema_of(&v) {
-        crate::util::schema::check(s, GUEST_SCHEMA).map_err(|e| (what, e.to_string()))?;
+/// Why a guest's result document is not one.
+#[derive(Debug, Error)]
+enum BadResult {
+    #[error("the guest's result is not JSON ({0})")]
+    NotJson(#[source] serde_json::Error),
+    #[error("the guest's result is not a blklab-guest-result/1 document ({0})")]
+    Schema(#[source] SchemaMismatch),
+    #[error("the guest's result is not a blklab-guest-result/1 document ({0})")]
+    Shape(#[source] serde_json::Error),
+}
+
+impl BadResult {
+    /// Why, without the framing (for the record's error).
+    fn why(&self) -> String {
+        match self {
+            BadResult::NotJson(e) | BadResult::Shape(e) => e.to_string(),
+            BadResult::Schema(e) => e.to_string(),
+        }
     }
-    GuestResult::deserialize(&v).map_err(|e| (what, e.to_string()))
+}
+
+/// The guest's result document from its text, or why it is not one.
+fn guest_result(text: &str) -> Result<GuestResult, BadResult> {
+    let v: Value = serde_json::from_str(text).map_err(BadResult::NotJson)?;
+    if let Some(s) = crate::record::schema_of(&v) {
+        crate::util::schema::check(s, GUEST_SCHEMA).map_err(BadResult::Schema)?;
+    }
+    GuestResult::deserialize(&v).map_err(BadResult::Shape)
 }
 
 /// One variant's record: the guest's document with what the host measured
@@ -501,4 +525,30 @@ fn assemble_record(
         record.instructions = Some(insns::record(&p, ios, cs, &how));
     }
     record
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_result_document_says_what_it_is_not() {
+        let e = guest_result("{not json").unwrap_err();
+        assert!(matches!(e, BadResult::NotJson(_)), "{e:?}");
+        assert!(
+            e.to_string()
+                .starts_with("the guest's result is not JSON ("),
+            "{e}"
+        );
+        let e = guest_result(r#"{"schema": "blklab-guest-result/9"}"#).unwrap_err();
+        assert!(matches!(e, BadResult::Schema(_)), "{e:?}");
+        let e = guest_result(r#"{"schema": "blklab-guest-result/1", "ok": "yes"}"#).unwrap_err();
+        assert!(matches!(e, BadResult::Shape(_)), "{e:?}");
+        assert!(
+            e.to_string()
+                .starts_with("the guest's result is not a blklab-guest-result/1 document ("),
+            "{e}"
+        );
+        assert!(!e.why().starts_with("the guest"), "{}", e.why());
+    }
 }
