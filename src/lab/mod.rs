@@ -8,7 +8,7 @@
 //! - [`console`]: the guest's console protocol (SYNC, results);
 //! - [`hostcpu`]: per-thread CPU of QEMU and of this process;
 //! - [`runner`]: the run's phases, from the arguments to the summary;
-//! - [`accel`]: KVM or TCG, and whether instructions are counted;
+//! - `accel`: KVM or TCG, and whether instructions are counted;
 //! - `boot`: one boot, its disks and why it fails (its retry policy);
 //! - `session`: one boot's console session and the records it writes;
 //! - [`summary`]: the table printed at the end.

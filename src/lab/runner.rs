@@ -3,11 +3,11 @@
 //! SYNC lines with backend and host snapshots, and write one
 //! self-describing JSON per (kernel, scenario, variant, iteration).
 //!
-//! [`run`] is the table of contents, one phase a function:
-//! [`check_arguments`] → [`plan`] → [`prepare_lab`] (images, accelerator,
-//! plugin, System.maps) → [`write_run_document`] → [`boot_all`] (each
-//! planned boot with its retry policy, [`boot_with_retry`]) →
-//! [`write_summary`]. One boot is `boot` and its console session
+//! `run` is the table of contents, one phase a function:
+//! `check_arguments` → `plan` → `prepare_lab` (images, accelerator,
+//! plugin, System.maps) → `write_run_document` → `boot_all` (each
+//! planned boot with its retry policy, `boot_with_retry`) →
+//! `write_summary`. One boot is `boot` and its console session
 //! `session`; the accelerator choice is `accel`.
 
 use std::path::{Path, PathBuf};
@@ -40,6 +40,8 @@ use crate::util::{host, wallclock};
 /// `blklab bisect`'s).
 pub(crate) use crate::util::wallclock::utc_stamp;
 
+/// Why `blklab run` failed, by kind: a bad argument or scenario, the
+/// images, the accelerator, QEMU, writing the results, or a boot.
 #[derive(Debug, Error)]
 pub enum RunError {
     #[error(transparent)]
