@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use crate::lab::location::LabLocation;
 use crate::lab::options::parse_interval;
 
 /// `--threshold X`: a value of the metric, or `N%` of the good end's mean
@@ -76,13 +77,8 @@ pub struct BisectArgs {
     /// Output directory (default blklab-bisect/YYYYmmdd-HHMMSS).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Image cache (default $XDG_CACHE_HOME/blklab/images).
-    #[arg(long, value_name = "DIR")]
-    pub cache: Option<PathBuf>,
-    /// The blklab source tree holding images/ and guest-scripts/ (default:
-    /// $BLKLAB_LAB_DIR, else the tree this binary was built from).
-    #[arg(long, value_name = "DIR")]
-    pub lab_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub place: LabLocation,
     /// Parallel compile jobs (make -j; default: the CPUs).
     #[arg(long, value_name = "N")]
     pub jobs: Option<u32>,

@@ -49,7 +49,7 @@ pub enum ImageError {
     #[error("images/prepare.sh printed {got} results for {want} kernels")]
     Count { got: usize, want: usize },
     #[error("the instruction-count plugin: {0}")]
-    Plugin(String),
+    Plugin(#[source] crate::lab::insns::InsnsError),
     #[error("{script} printed an unexpected key line {line:?}: {why}")]
     BadKey {
         script: PathBuf,
@@ -480,8 +480,7 @@ pub fn build(
     let guests = prepare(lab_dir, Some(cache), specs)?;
     let plugin = match qemu {
         Some(q) => Some(
-            crate::lab::insns::build_plugin(lab_dir, Some(cache), q)
-                .map_err(|e| ImageError::Plugin(e.to_string()))?,
+            crate::lab::insns::build_plugin(lab_dir, Some(cache), q).map_err(ImageError::Plugin)?,
         ),
         None => None,
     };

@@ -27,8 +27,21 @@ use crate::record::symbol_groups::{base_name, group_of, OUTSIDE};
 
 #[derive(Debug, Error)]
 pub enum InsnsError {
-    #[error("cannot build the QEMU plugin: {0}")]
-    Build(String),
+    #[error("cannot build the QEMU plugin: {} is missing", .0.display())]
+    BuildScriptMissing(PathBuf),
+    #[error("cannot build the QEMU plugin: cannot run {}: {source}", script.display())]
+    BuildScriptRun {
+        script: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot build the QEMU plugin: {last} ({status})")]
+    BuildFailed { last: String, status: String },
+    #[error(
+        "cannot build the QEMU plugin: {} printed no plugin path (stderr: {stderr})",
+        script.display()
+    )]
+    BuildNoPath { script: PathBuf, stderr: String },
     #[error("cannot reach the instruction-count plugin at {path}: {source}")]
     Connect {
         path: PathBuf,
@@ -36,8 +49,18 @@ pub enum InsnsError {
     },
     #[error("the instruction-count plugin at {path} failed: {why}")]
     Plugin { path: PathBuf, why: String },
-    #[error("cannot read {path}: {why}")]
-    Read { path: PathBuf, why: String },
+    #[error("the instruction-count plugin at {path} failed: {source}")]
+    PluginIo {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path}:{line}: {why}")]
     Parse {
         path: PathBuf,
@@ -55,10 +78,7 @@ pub(crate) fn build_plugin(
 ) -> Result<PathBuf, InsnsError> {
     let script = lab_dir.join("images/build-qemu-plugin.sh");
     if !script.is_file() {
-        return Err(InsnsError::Build(format!(
-            "{} is missing",
-            script.display()
-        )));
+        return Err(InsnsError::BuildScriptMissing(script));
     }
     let mut cmd = Command::new("sh");
     cmd.arg(&script).arg("--qemu").arg(qemu);
@@ -66,9 +86,10 @@ pub(crate) fn build_plugin(
         cmd.arg("--cache").arg(c);
     }
     cmd.stderr(std::process::Stdio::piped());
-    let out = cmd
-        .output()
-        .map_err(|e| InsnsError::Build(format!("cannot run {}: {e}", script.display())))?;
+    let out = cmd.output().map_err(|source| InsnsError::BuildScriptRun {
+        script: script.clone(),
+        source,
+    })?;
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         let last = stderr
@@ -76,7 +97,10 @@ pub(crate) fn build_plugin(
             .rev()
             .find(|l| !l.trim().is_empty())
             .unwrap_or("no output");
-        return Err(InsnsError::Build(format!("{} ({})", last, out.status)));
+        return Err(InsnsError::BuildFailed {
+            last: last.to_string(),
+            status: out.status.to_string(),
+        });
     }
     let path = String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -85,11 +109,10 @@ pub(crate) fn build_plugin(
         .trim()
         .to_string();
     if path.is_empty() || !Path::new(&path).is_file() {
-        return Err(InsnsError::Build(format!(
-            "{} printed no plugin path (stderr: {})",
-            script.display(),
-            stderr.trim()
-        )));
+        return Err(InsnsError::BuildNoPath {
+            script,
+            stderr: stderr.trim().to_string(),
+        });
     }
     Ok(PathBuf::from(path))
 }
@@ -114,9 +137,9 @@ impl Control {
             path: self.path.clone(),
             source,
         })?;
-        let io = |e: std::io::Error| InsnsError::Plugin {
+        let io = |source| InsnsError::PluginIo {
             path: self.path.clone(),
-            why: e.to_string(),
+            source,
         };
         s.set_read_timeout(Some(Duration::from_secs(60)))
             .map_err(io)?;
@@ -150,9 +173,9 @@ pub struct Dump {
 
 impl Dump {
     pub fn read(path: &Path) -> Result<Dump, InsnsError> {
-        let text = std::fs::read_to_string(path).map_err(|e| InsnsError::Read {
+        let text = std::fs::read_to_string(path).map_err(|source| InsnsError::Read {
             path: path.to_path_buf(),
-            why: e.to_string(),
+            source,
         })?;
         Dump::parse(&text, path)
     }
@@ -253,9 +276,9 @@ pub struct SymbolMap {
 
 impl SymbolMap {
     pub fn read(path: &Path) -> Result<SymbolMap, InsnsError> {
-        let text = std::fs::read_to_string(path).map_err(|e| InsnsError::Read {
+        let text = std::fs::read_to_string(path).map_err(|source| InsnsError::Read {
             path: path.to_path_buf(),
-            why: e.to_string(),
+            source,
         })?;
         SymbolMap::parse(&text, path)
     }

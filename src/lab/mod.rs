@@ -3,23 +3,31 @@
 //! - [`scenario`]: the `.scn` scenario files the guest runs;
 //! - [`images`]: `--kernel` specs and `images/prepare.sh`;
 //! - [`insns`]: the instruction-count plugin, System.map, symbol groups;
+//! - [`location`]: `--cache` and `--lab-dir`;
 //! - [`qemu`]: QEMU's command line, the KVM probe, a guest on pipes;
 //! - [`console`]: the guest's console protocol (SYNC, results);
 //! - [`hostcpu`]: per-thread CPU of QEMU and of this process;
-//! - [`runner`]: the interleaved boots and the records they produce;
+//! - [`runner`]: the run's phases, from the arguments to the summary;
+//! - `accel`: KVM or TCG, and whether instructions are counted;
+//! - `boot`: one boot, its disks and why it fails (its retry policy);
+//! - `session`: one boot's console session and the records it writes;
 //! - [`summary`]: the table printed at the end.
 //!
 //! The contract between the parts is docs/lab-protocol.md.
 
+pub(crate) mod accel;
+pub(crate) mod boot;
 pub(crate) mod cleanup;
 pub mod console;
 pub mod images;
 pub mod insns;
+pub mod location;
 pub mod options;
 pub mod plan;
 pub(crate) mod progress;
 pub mod qemu;
 pub mod runner;
 pub mod scenario;
+pub(crate) mod session;
 pub(crate) mod settings;
 pub mod summary;

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::lab::location::LabLocation;
+
 /// `blklab run --count-insns`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum CountInsns {
@@ -122,13 +124,8 @@ pub struct RunArgs {
     /// Output directory (default blklab-results/YYYYmmdd-HHMMSS).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
-    /// Image cache (default $XDG_CACHE_HOME/blklab/images).
-    #[arg(long, value_name = "DIR")]
-    pub cache: Option<PathBuf>,
-    /// The blklab source tree holding images/ and guest-scripts/ (default:
-    /// $BLKLAB_LAB_DIR, else the tree this binary was built from).
-    #[arg(long, value_name = "DIR")]
-    pub lab_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub place: LabLocation,
     /// Longest wait for a guest to boot.
     #[arg(long, value_name = "DURATION", default_value = "180s", value_parser = parse_interval)]
     pub boot_timeout: std::time::Duration,

@@ -1,10 +1,11 @@
 //! Booting a guest: QEMU's command line, the accelerator choice (with a real
 //! KVM probe), and a running QEMU whose serial console we read and answer.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -151,9 +152,99 @@ pub(crate) struct Guest {
     stdin: Option<ChildStdin>,
     lines: Receiver<String>,
     /// The last console lines, for error messages.
-    tail: Arc<Mutex<std::collections::VecDeque<String>>>,
+    tail: Arc<Mutex<VecDeque<String>>>,
     stderr: Arc<Mutex<String>>,
     pub started: Instant,
+}
+
+/// QEMU dies with us, however we die (SIGKILL included).
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: getpid before the fork; the closure runs between fork and
+    // exec and only calls async-signal-safe functions (prctl, getppid,
+    // raise).
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: see above.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died before prctl: do not outlive it.
+            if libc::getppid() != parent {
+                libc::raise(libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
+}
+
+/// A thread reading QEMU's console: each line goes to `log` (when given),
+/// the last [`TAIL_LINES`] to `tail`, and every line to the receiver; the
+/// receiver disconnects when the console closes.
+fn read_console(
+    stdout: ChildStdout,
+    mut log: Option<std::fs::File>,
+    tail: Arc<Mutex<VecDeque<String>>>,
+) -> std::io::Result<Receiver<String>> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::Builder::new()
+        .name("blklab-console".into())
+        .spawn(move || {
+            let mut r = BufReader::new(stdout);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match r.read_until(b'\n', &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if let Some(f) = log.as_mut() {
+                    let _ = f.write_all(&buf);
+                }
+                let line = String::from_utf8_lossy(&buf)
+                    .trim_end_matches(['\n', '\r'])
+                    .to_string();
+                {
+                    let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                    if t.len() == TAIL_LINES {
+                        t.pop_front();
+                    }
+                    t.push_back(line.clone());
+                }
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        })?;
+    Ok(rx)
+}
+
+/// A thread collecting QEMU's stderr, whole, into the returned text.
+fn collect_stderr(stderr: ChildStderr) -> std::io::Result<Arc<Mutex<String>>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let e = text.clone();
+    std::thread::Builder::new()
+        .name("blklab-qemu-err".into())
+        .spawn(move || {
+            let mut s = String::new();
+            let mut r = stderr;
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = r.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                s.push_str(&String::from_utf8_lossy(&buf[..n]));
+                *e.lock().unwrap_or_else(|p| p.into_inner()) = s.clone();
+            }
+        })?;
+    Ok(text)
 }
 
 /// What [`Guest::next_line`] saw.
@@ -176,31 +267,7 @@ impl Guest {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        // QEMU dies with us, however we die (SIGKILL included).
-        // SAFETY: getpid before the fork; the closure runs between fork and
-        // exec and only calls async-signal-safe functions (prctl, getppid,
-        // raise).
-        let parent = unsafe { libc::getpid() };
-        // SAFETY: see above.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::prctl(
-                    libc::PR_SET_PDEATHSIG,
-                    libc::SIGKILL as libc::c_ulong,
-                    0,
-                    0,
-                    0,
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // The parent died before prctl: do not outlive it.
-                if libc::getppid() != parent {
-                    libc::raise(libc::SIGKILL);
-                }
-                Ok(())
-            });
-        }
+        die_with_parent(&mut cmd);
         // Registered under the registry's lock, so a signal that arrives
         // now either sees the child or comes after it is tracked.
         let mut registry = crate::lab::cleanup::lock();
@@ -216,11 +283,13 @@ impl Guest {
         })?;
         registry.track_pid(child.id() as i32);
         drop(registry);
+        let no_thread = |source| QemuError::Spawn {
+            qemu: spec.qemu.clone(),
+            source,
+        };
         let stdout = child.stdout.take().expect("piped stdout");
         let stderr = child.stderr.take().expect("piped stderr");
-        let (tx, rx) = mpsc::channel();
-        let tail = Arc::new(Mutex::new(std::collections::VecDeque::new()));
-        let mut log = console_log.and_then(|p| {
+        let log = console_log.and_then(|p| {
             std::fs::OpenOptions::new()
                 .create(true)
                 .append(true)
@@ -228,66 +297,15 @@ impl Guest {
                 .map_err(|e| warn!("cannot write console log {}: {e}", p.display()))
                 .ok()
         });
-        let t = tail.clone();
-        std::thread::Builder::new()
-            .name("blklab-console".into())
-            .spawn(move || {
-                let mut r = BufReader::new(stdout);
-                let mut buf = Vec::new();
-                loop {
-                    buf.clear();
-                    match r.read_until(b'\n', &mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(_) => {}
-                    }
-                    if let Some(f) = log.as_mut() {
-                        let _ = f.write_all(&buf);
-                    }
-                    let line = String::from_utf8_lossy(&buf)
-                        .trim_end_matches(['\n', '\r'])
-                        .to_string();
-                    {
-                        let mut t = t.lock().unwrap_or_else(|p| p.into_inner());
-                        if t.len() == TAIL_LINES {
-                            t.pop_front();
-                        }
-                        t.push_back(line.clone());
-                    }
-                    if tx.send(line).is_err() {
-                        break;
-                    }
-                }
-            })
-            .map_err(|source| QemuError::Spawn {
-                qemu: spec.qemu.clone(),
-                source,
-            })?;
-        let err_text = Arc::new(Mutex::new(String::new()));
-        let e = err_text.clone();
-        std::thread::Builder::new()
-            .name("blklab-qemu-err".into())
-            .spawn(move || {
-                let mut s = String::new();
-                let mut r = stderr;
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = r.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    s.push_str(&String::from_utf8_lossy(&buf[..n]));
-                    *e.lock().unwrap_or_else(|p| p.into_inner()) = s.clone();
-                }
-            })
-            .map_err(|source| QemuError::Spawn {
-                qemu: spec.qemu.clone(),
-                source,
-            })?;
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let lines = read_console(stdout, log, tail.clone()).map_err(no_thread)?;
+        let stderr = collect_stderr(stderr).map_err(no_thread)?;
         Ok(Guest {
             stdin: child.stdin.take(),
             child,
-            lines: rx,
+            lines,
             tail,
-            stderr: err_text,
+            stderr,
             started: Instant::now(),
         })
     }
@@ -423,6 +441,19 @@ pub(crate) fn shell_words(args: &[String]) -> String {
         .join(" ")
 }
 
+/// Why KVM is not usable.
+#[derive(Debug, Error)]
+pub enum KvmProbeError {
+    #[error("cannot open /dev/kvm: {0}")]
+    DevKvm(#[source] std::io::Error),
+    #[error(transparent)]
+    Start(#[from] QemuError),
+    #[error("QEMU exited ({status}) before the guest started: {last}")]
+    Exited { status: String, last: String },
+    #[error("the guest did not start within {secs} s under KVM")]
+    NoBoot { secs: u64 },
+}
+
 /// The real KVM probe: `/dev/kvm` must open, and `kernel`+`initramfs` must
 /// boot under KVM to the initramfs's first line within `timeout` (nested
 /// KVM often passes every ioctl yet hangs or faults in early boot). Returns
@@ -432,12 +463,12 @@ pub(crate) fn probe_kvm(
     kernel: &Path,
     initramfs: &Path,
     timeout: Duration,
-) -> Result<f64, String> {
+) -> Result<f64, KvmProbeError> {
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/kvm")
-        .map_err(|e| format!("cannot open /dev/kvm: {e}"))?;
+        .map_err(KvmProbeError::DevKvm)?;
     let spec = QemuSpec {
         qemu: qemu.to_string(),
         accel: Accel::Kvm,
@@ -451,7 +482,7 @@ pub(crate) fn probe_kvm(
         deterministic: false,
         plugin: None,
     };
-    let mut g = Guest::spawn(&spec, None).map_err(|e| e.to_string())?;
+    let mut g = Guest::spawn(&spec, None)?;
     let deadline = Instant::now() + timeout;
     loop {
         match g.next_line(deadline, "the KVM probe guest") {
@@ -467,15 +498,12 @@ pub(crate) fn probe_kvm(
                 std::thread::sleep(Duration::from_millis(100));
                 let err = g.stderr_text();
                 let last = err.lines().last().unwrap_or("no output").to_string();
-                return Err(format!(
-                    "QEMU exited ({st}) before the guest started: {last}"
-                ));
+                return Err(KvmProbeError::Exited { status: st, last });
             }
             Err(_) => {
-                return Err(format!(
-                    "the guest did not start within {} s under KVM",
-                    timeout.as_secs()
-                ))
+                return Err(KvmProbeError::NoBoot {
+                    secs: timeout.as_secs(),
+                })
             }
         }
     }

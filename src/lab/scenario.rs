@@ -193,323 +193,348 @@ fn parse_stack(kind: &str, params: &[&str]) -> Result<Option<Stack>, String> {
 /// (`guest-scripts/lib/scenario.awk`); `tests/guest_scripts.rs` holds
 /// the two to that.
 pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioError> {
-    let err = |line: usize, message: String| ScenarioError::Syntax {
-        file: file.to_string(),
-        line,
-        message,
-    };
-    let mut description: Option<String> = None;
-    let mut disks: u32 = 1;
-    let mut queues: Option<u16> = None;
-    let mut vcpus: Option<u32> = None;
-    let mut memory: Option<String> = None;
-    let mut queue_size: Option<u16> = None;
-    let mut global = Settings::default();
-    // (name, line, settings)
-    let mut variants: Vec<(String, usize, Settings)> = Vec::new();
+    let mut p = Parser::default();
     let mut lines = 0;
-
     // lines() drops one trailing CR per line, like the guest's sub(/\r$/, "").
     for (i, raw) in text.lines().enumerate() {
-        let lineno = i + 1;
-        lines = lineno;
-        let line = match raw.find('#') {
-            Some(p) => &raw[..p],
-            None => raw,
-        };
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let Some((&d, args)) = words.split_first() else {
+        lines = i + 1;
+        let code = raw.find('#').map_or(raw, |p| &raw[..p]);
+        let words: Vec<&str> = code.split_whitespace().collect();
+        let Some((&directive, args)) = words.split_first() else {
             continue;
         };
-        let in_variant = !variants.is_empty();
-        let global_only = || -> Result<(), ScenarioError> {
-            if in_variant {
-                Err(err(
-                    lineno,
-                    format!("{d} is only allowed before the first variant"),
-                ))
-            } else {
-                Ok(())
-            }
-        };
-        // want_args(lo, hi): hi = None for "any number".
-        let want = |lo: usize, hi: Option<usize>| -> Result<(), ScenarioError> {
-            if args.len() < lo {
-                return Err(err(lineno, format!("{d}: missing argument")));
-            }
-            if hi.is_some_and(|h| args.len() > h) {
-                return Err(err(lineno, format!("{d}: too many arguments")));
-            }
-            Ok(())
-        };
-        // An unsigned decimal integer of at most 9 digits (leading zeros
-        // allowed), >= min and, with a max, <= max.
-        let number = |s: &str, min: u64, max: Option<u64>| -> Result<u64, ScenarioError> {
-            let digits = s.trim_start_matches('0');
-            let ok_form =
-                !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && digits.len() <= 9;
-            let v = if ok_form {
-                digits.parse::<u64>().unwrap_or(0)
-            } else {
-                0
-            };
-            let ok = ok_form && v >= min && max.map_or(true, |m| v <= m);
-            if ok {
-                return Ok(v);
-            }
-            Err(err(
-                lineno,
-                match max {
-                    Some(m) => format!("{d}: bad number '{s}' (want an integer from {min} to {m})"),
-                    None => format!("{d}: bad number '{s}' (want an integer >= {min})"),
-                },
-            ))
-        };
-        let settings = match variants.last_mut() {
-            Some((_, _, s)) => s,
-            None => &mut global,
-        };
-        match d {
-            "description" => {
-                global_only()?;
-                want(1, None)?;
-                description = Some(args.join(" "));
-            }
-            "disks" => {
-                global_only()?;
-                want(1, Some(1))?;
-                disks = number(args[0], 1, Some(64))? as u32;
-            }
-            "queues" => {
-                global_only()?;
-                want(1, Some(1))?;
-                queues = Some(number(args[0], 1, Some(64))? as u16);
-            }
-            "vcpus" => {
-                global_only()?;
-                want(1, Some(1))?;
-                vcpus = Some(number(args[0], 1, Some(64))? as u32);
-            }
-            "memory" => {
-                global_only()?;
-                want(1, Some(1))?;
-                if !is_memory_size(args[0]) {
-                    return Err(err(
-                        lineno,
-                        format!(
-                            "memory: bad size '{}' (want a number with an optional K, M, G or T suffix, e.g. 2G)",
-                            args[0]
-                        ),
-                    ));
-                }
-                memory = Some(args[0].to_string());
-            }
-            "queue_size" => {
-                global_only()?;
-                want(1, Some(1))?;
-                let n = number(args[0], 1, Some(1024))?;
-                if !n.is_power_of_two() {
-                    return Err(err(
-                        lineno,
-                        format!(
-                            "queue_size: bad number '{}' (want a power of two from 1 to 1024)",
-                            args[0]
-                        ),
-                    ));
-                }
-                queue_size = Some(n as u16);
-            }
-            "device" => {
-                want(1, None)?;
-                for a in args {
-                    let Some((n, v)) = a.split_once('=') else {
-                        return Err(err(
-                            lineno,
-                            format!("device: bad setting '{a}' (want NAME=VALUE)"),
-                        ));
-                    };
-                    if n.is_empty() || v.is_empty() {
-                        return Err(err(
-                            lineno,
-                            format!("device: bad setting '{a}' (want NAME=VALUE)"),
-                        ));
-                    }
-                    if !DEVICE_SETTINGS.contains(&n) {
-                        return Err(err(
-                            lineno,
-                            format!(
-                                "device: unknown setting '{n}' (want one of {})",
-                                DEVICE_SETTINGS.join(", ")
-                            ),
-                        ));
-                    }
-                    put_setting(&mut settings.device, a);
-                }
-            }
-            "queue_depth" => {
-                want(1, Some(1))?;
-                settings.queue_depth = Some(number(args[0], 1, None)?);
-            }
-            "nomerges" => {
-                want(1, Some(1))?;
-                settings.nomerges = Some(number(args[0], 0, Some(2))?);
-            }
-            "rq_affinity" => {
-                want(1, Some(1))?;
-                settings.rq_affinity = Some(number(args[0], 0, Some(2))?);
-            }
-            "layout" => {
-                want(1, Some(1))?;
-                settings.layout = Some(match args[0] {
-                    "all" => Layout::All,
-                    "per-disk" => Layout::PerDisk,
-                    other => {
-                        return Err(err(
-                            lineno,
-                            format!("layout: unknown layout '{other}' (want all or per-disk)"),
-                        ))
-                    }
-                });
-            }
-            "runtime" => {
-                want(1, Some(1))?;
-                settings.runtime = Some(number(args[0], 1, None)?);
-            }
-            "ramp" => {
-                want(1, Some(1))?;
-                settings.ramp = Some(number(args[0], 0, None)?);
-            }
-            "target" => {
-                want(1, None)?;
-                let kind = args[0];
-                let params = &args[1..];
-                match kind {
-                    "virtio" => {
-                        if !params.is_empty() {
-                            return Err(err(lineno, "target virtio takes no parameters".into()));
-                        }
-                    }
-                    "scsi_debug" | "null_blk" => {
-                        if let Some(p) = params.iter().find(|p| !is_module_param(p)) {
-                            return Err(err(
-                                lineno,
-                                format!("target: bad module parameter '{p}' (want NAME=VALUE)"),
-                            ));
-                        }
-                    }
-                    other => {
-                        return Err(err(
-                            lineno,
-                            format!(
-                            "target: unknown kind '{other}' (want virtio, scsi_debug or null_blk)"
-                        ),
-                        ))
-                    }
-                }
-                settings.target = Some(Target {
-                    kind: kind.to_string(),
-                    params: params.iter().map(|s| s.to_string()).collect(),
-                });
-            }
-            "stack" => {
-                want(1, None)?;
-                settings.stack =
-                    Some(parse_stack(args[0], &args[1..]).map_err(|m| err(lineno, m))?);
-            }
-            "sched" => {
-                want(1, Some(1))?;
-                if !is_sched_name(args[0]) {
-                    return Err(err(lineno, format!("sched: bad name '{}'", args[0])));
-                }
-                settings.sched = Some(args[0].to_string());
-            }
-            "nr_requests" => {
-                want(1, Some(1))?;
-                settings.nr_requests = Some(number(args[0], 1, None)?);
-            }
-            "fio" => {
-                want(1, None)?;
-                for a in args {
-                    let Some(opt) = a.strip_prefix("--").or_else(|| a.strip_prefix('-')) else {
-                        continue;
-                    };
-                    if !opt.starts_with(|c: char| c.is_ascii_alphabetic()) {
-                        continue;
-                    }
-                    let opt = opt.split('=').next().unwrap_or(opt);
-                    if let Some((_, from)) = RESERVED_FIO.iter().find(|(o, _)| *o == opt) {
-                        return Err(err(
-                            lineno,
-                            format!("fio: option --{opt} is set by run.sh (from {from})"),
-                        ));
-                    }
-                }
-                settings.fio_args.extend(args.iter().map(|s| s.to_string()));
-            }
-            "variant" => {
-                want(1, Some(1))?;
-                let n = args[0];
-                if !is_variant_name(n) {
-                    return Err(err(
-                        lineno,
-                        format!("variant: bad name '{n}' (want [A-Za-z0-9_.-]+)"),
-                    ));
-                }
-                if let Some((_, first, _)) = variants.iter().find(|(v, _, _)| v == n) {
-                    return Err(err(
-                        lineno,
-                        format!("variant: duplicate name '{n}' (first at line {first})"),
-                    ));
-                }
-                variants.push((n.to_string(), lineno, Settings::default()));
-            }
-            other => return Err(err(lineno, format!("unknown directive '{other}'"))),
+        p.line(&Line {
+            file,
+            no: i + 1,
+            directive,
+            args,
+        })?;
+    }
+    p.finish(file, name, lines)
+}
+
+/// One directive line: where it is, its directive and its arguments.
+struct Line<'a> {
+    file: &'a str,
+    no: usize,
+    directive: &'a str,
+    args: &'a [&'a str],
+}
+
+impl Line<'_> {
+    /// A syntax error on this line.
+    fn err(&self, message: String) -> ScenarioError {
+        ScenarioError::Syntax {
+            file: self.file.to_string(),
+            line: self.no,
+            message,
         }
     }
-    if variants.is_empty() {
-        return Err(err(
-            lines.max(1),
-            "no variants (a scenario needs at least one 'variant NAME' line)".to_string(),
-        ));
+
+    /// At least `lo` arguments and, with `hi`, at most `hi`.
+    fn want(&self, lo: usize, hi: Option<usize>) -> Result<(), ScenarioError> {
+        let d = self.directive;
+        if self.args.len() < lo {
+            return Err(self.err(format!("{d}: missing argument")));
+        }
+        if hi.is_some_and(|h| self.args.len() > h) {
+            return Err(self.err(format!("{d}: too many arguments")));
+        }
+        Ok(())
     }
-    let variants = variants
-        .into_iter()
-        .map(|(name, _, s)| {
-            let mut fio_args = global.fio_args.clone();
-            fio_args.extend(s.fio_args);
-            Variant {
-                name,
-                target: s
-                    .target
-                    .or_else(|| global.target.clone())
-                    .unwrap_or(Target {
-                        kind: "virtio".to_string(),
-                        params: Vec::new(),
-                    }),
-                stack: s.stack.or_else(|| global.stack.clone()).flatten(),
-                sched: s.sched.or_else(|| global.sched.clone()),
-                nr_requests: s.nr_requests.or(global.nr_requests),
-                queue_depth: s.queue_depth.or(global.queue_depth),
-                nomerges: s.nomerges.or(global.nomerges),
-                rq_affinity: s.rq_affinity.or(global.rq_affinity),
-                device: merge_settings(&global.device, &s.device),
-                layout: s.layout.or(global.layout).unwrap_or_default(),
-                runtime: s.runtime.or(global.runtime).unwrap_or(DEFAULT_RUNTIME),
-                ramp: s.ramp.or(global.ramp).unwrap_or(0),
-                fio_args,
+
+    /// An unsigned decimal integer of at most 9 digits (leading zeros
+    /// allowed), >= min and, with a max, <= max.
+    fn number(&self, s: &str, min: u64, max: Option<u64>) -> Result<u64, ScenarioError> {
+        let d = self.directive;
+        let digits = s.trim_start_matches('0');
+        let ok_form = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && digits.len() <= 9;
+        let v = if ok_form {
+            digits.parse::<u64>().unwrap_or(0)
+        } else {
+            0
+        };
+        if ok_form && v >= min && max.map_or(true, |m| v <= m) {
+            return Ok(v);
+        }
+        Err(self.err(match max {
+            Some(m) => format!("{d}: bad number '{s}' (want an integer from {min} to {m})"),
+            None => format!("{d}: bad number '{s}' (want an integer >= {min})"),
+        }))
+    }
+
+    /// The line's one argument, a number in `min..=max`.
+    fn one_number(&self, min: u64, max: Option<u64>) -> Result<u64, ScenarioError> {
+        self.want(1, Some(1))?;
+        self.number(self.args[0], min, max)
+    }
+}
+
+/// What the lines so far said.
+#[derive(Default)]
+struct Parser {
+    description: Option<String>,
+    disks: Option<u32>,
+    queues: Option<u16>,
+    vcpus: Option<u32>,
+    memory: Option<String>,
+    queue_size: Option<u16>,
+    global: Settings,
+    /// (name, line, settings)
+    variants: Vec<(String, usize, Settings)>,
+}
+
+impl Parser {
+    /// Take one line: a scenario-wide directive, a `variant`, or a setting
+    /// of the current variant (of every variant before the first).
+    fn line(&mut self, l: &Line) -> Result<(), ScenarioError> {
+        match l.directive {
+            "description" | "disks" | "queues" | "vcpus" | "memory" | "queue_size" => {
+                self.scenario_wide(l)
             }
+            "variant" => self.variant(l),
+            _ => match self.variants.last_mut() {
+                Some((_, _, s)) => setting(s, l),
+                None => setting(&mut self.global, l),
+            },
+        }
+    }
+
+    /// A directive allowed only before the first variant.
+    fn scenario_wide(&mut self, l: &Line) -> Result<(), ScenarioError> {
+        if !self.variants.is_empty() {
+            return Err(l.err(format!(
+                "{} is only allowed before the first variant",
+                l.directive
+            )));
+        }
+        match l.directive {
+            "description" => {
+                l.want(1, None)?;
+                self.description = Some(l.args.join(" "));
+            }
+            "disks" => self.disks = Some(l.one_number(1, Some(64))? as u32),
+            "queues" => self.queues = Some(l.one_number(1, Some(64))? as u16),
+            "vcpus" => self.vcpus = Some(l.one_number(1, Some(64))? as u32),
+            "memory" => self.memory = Some(memory(l)?),
+            // The last scenario-wide directive of `line`: queue_size.
+            _ => self.queue_size = Some(queue_size(l)?),
+        }
+        Ok(())
+    }
+
+    /// `variant NAME`: the settings that follow are NAME's.
+    fn variant(&mut self, l: &Line) -> Result<(), ScenarioError> {
+        l.want(1, Some(1))?;
+        let n = l.args[0];
+        if !is_variant_name(n) {
+            return Err(l.err(format!("variant: bad name '{n}' (want [A-Za-z0-9_.-]+)")));
+        }
+        if let Some((_, first, _)) = self.variants.iter().find(|(v, _, _)| v == n) {
+            return Err(l.err(format!(
+                "variant: duplicate name '{n}' (first at line {first})"
+            )));
+        }
+        self.variants
+            .push((n.to_string(), l.no, Settings::default()));
+        Ok(())
+    }
+
+    /// The scenario, once every line is read (`lines` of them).
+    fn finish(self, file: &str, name: &str, lines: usize) -> Result<Scenario, ScenarioError> {
+        if self.variants.is_empty() {
+            return Err(ScenarioError::Syntax {
+                file: file.to_string(),
+                line: lines.max(1),
+                message: "no variants (a scenario needs at least one 'variant NAME' line)"
+                    .to_string(),
+            });
+        }
+        let global = self.global;
+        let variants = self
+            .variants
+            .into_iter()
+            .map(|(name, _, s)| variant_of(&global, name, s))
+            .collect();
+        Ok(Scenario {
+            name: name.to_string(),
+            description: self.description,
+            disks: self.disks.unwrap_or(1),
+            queues: self.queues,
+            vcpus: self.vcpus,
+            memory: self.memory,
+            queue_size: self.queue_size,
+            variants,
         })
-        .collect();
-    Ok(Scenario {
-        name: name.to_string(),
-        description,
-        disks,
-        queues,
-        vcpus,
-        memory,
-        queue_size,
-        variants,
+    }
+}
+
+/// `memory SIZE`.
+fn memory(l: &Line) -> Result<String, ScenarioError> {
+    l.want(1, Some(1))?;
+    if !is_memory_size(l.args[0]) {
+        return Err(l.err(format!(
+            "memory: bad size '{}' (want a number with an optional K, M, G or T suffix, e.g. 2G)",
+            l.args[0]
+        )));
+    }
+    Ok(l.args[0].to_string())
+}
+
+/// `queue_size N`: a power of two up to 1024.
+fn queue_size(l: &Line) -> Result<u16, ScenarioError> {
+    let n = l.one_number(1, Some(1024))?;
+    if !n.is_power_of_two() {
+        return Err(l.err(format!(
+            "queue_size: bad number '{}' (want a power of two from 1 to 1024)",
+            l.args[0]
+        )));
+    }
+    Ok(n as u16)
+}
+
+/// A setting of the current variant (of every variant before the first),
+/// or an unknown directive.
+fn setting(s: &mut Settings, l: &Line) -> Result<(), ScenarioError> {
+    match l.directive {
+        "device" => device(s, l)?,
+        "queue_depth" => s.queue_depth = Some(l.one_number(1, None)?),
+        "nomerges" => s.nomerges = Some(l.one_number(0, Some(2))?),
+        "rq_affinity" => s.rq_affinity = Some(l.one_number(0, Some(2))?),
+        "layout" => s.layout = Some(layout(l)?),
+        "runtime" => s.runtime = Some(l.one_number(1, None)?),
+        "ramp" => s.ramp = Some(l.one_number(0, None)?),
+        "target" => s.target = Some(target(l)?),
+        "stack" => {
+            l.want(1, None)?;
+            s.stack = Some(parse_stack(l.args[0], &l.args[1..]).map_err(|m| l.err(m))?);
+        }
+        "sched" => s.sched = Some(sched(l)?),
+        "nr_requests" => s.nr_requests = Some(l.one_number(1, None)?),
+        "fio" => fio(s, l)?,
+        other => return Err(l.err(format!("unknown directive '{other}'"))),
+    }
+    Ok(())
+}
+
+/// `device NAME=VALUE…`, each NAME one of [`DEVICE_SETTINGS`].
+fn device(s: &mut Settings, l: &Line) -> Result<(), ScenarioError> {
+    l.want(1, None)?;
+    for a in l.args {
+        let bad = || l.err(format!("device: bad setting '{a}' (want NAME=VALUE)"));
+        let Some((n, v)) = a.split_once('=') else {
+            return Err(bad());
+        };
+        if n.is_empty() || v.is_empty() {
+            return Err(bad());
+        }
+        if !DEVICE_SETTINGS.contains(&n) {
+            return Err(l.err(format!(
+                "device: unknown setting '{n}' (want one of {})",
+                DEVICE_SETTINGS.join(", ")
+            )));
+        }
+        put_setting(&mut s.device, a);
+    }
+    Ok(())
+}
+
+/// `layout all|per-disk`.
+fn layout(l: &Line) -> Result<Layout, ScenarioError> {
+    l.want(1, Some(1))?;
+    match l.args[0] {
+        "all" => Ok(Layout::All),
+        "per-disk" => Ok(Layout::PerDisk),
+        other => Err(l.err(format!(
+            "layout: unknown layout '{other}' (want all or per-disk)"
+        ))),
+    }
+}
+
+/// `target KIND PARAM…`.
+fn target(l: &Line) -> Result<Target, ScenarioError> {
+    l.want(1, None)?;
+    let (kind, params) = (l.args[0], &l.args[1..]);
+    match kind {
+        "virtio" if !params.is_empty() => {
+            return Err(l.err("target virtio takes no parameters".into()))
+        }
+        "virtio" => {}
+        "scsi_debug" | "null_blk" => {
+            if let Some(p) = params.iter().find(|p| !is_module_param(p)) {
+                return Err(l.err(format!(
+                    "target: bad module parameter '{p}' (want NAME=VALUE)"
+                )));
+            }
+        }
+        other => {
+            return Err(l.err(format!(
+                "target: unknown kind '{other}' (want virtio, scsi_debug or null_blk)"
+            )))
+        }
+    }
+    Ok(Target {
+        kind: kind.to_string(),
+        params: params.iter().map(|s| s.to_string()).collect(),
     })
+}
+
+/// `sched NAME`.
+fn sched(l: &Line) -> Result<String, ScenarioError> {
+    l.want(1, Some(1))?;
+    if !is_sched_name(l.args[0]) {
+        return Err(l.err(format!("sched: bad name '{}'", l.args[0])));
+    }
+    Ok(l.args[0].to_string())
+}
+
+/// `fio ARG…`, refusing the options run.sh sets itself.
+fn fio(s: &mut Settings, l: &Line) -> Result<(), ScenarioError> {
+    l.want(1, None)?;
+    for a in l.args {
+        let Some(opt) = a.strip_prefix("--").or_else(|| a.strip_prefix('-')) else {
+            continue;
+        };
+        if !opt.starts_with(|c: char| c.is_ascii_alphabetic()) {
+            continue;
+        }
+        let opt = opt.split('=').next().unwrap_or(opt);
+        if let Some((_, from)) = RESERVED_FIO.iter().find(|(o, _)| *o == opt) {
+            return Err(l.err(format!(
+                "fio: option --{opt} is set by run.sh (from {from})"
+            )));
+        }
+    }
+    s.fio_args.extend(l.args.iter().map(|s| s.to_string()));
+    Ok(())
+}
+
+/// Variant `name` with settings `s`: each unset one from the globals, else
+/// its default.
+fn variant_of(global: &Settings, name: String, s: Settings) -> Variant {
+    let mut fio_args = global.fio_args.clone();
+    fio_args.extend(s.fio_args);
+    Variant {
+        name,
+        target: s
+            .target
+            .or_else(|| global.target.clone())
+            .unwrap_or(Target {
+                kind: "virtio".to_string(),
+                params: Vec::new(),
+            }),
+        stack: s.stack.or_else(|| global.stack.clone()).flatten(),
+        sched: s.sched.or_else(|| global.sched.clone()),
+        nr_requests: s.nr_requests.or(global.nr_requests),
+        queue_depth: s.queue_depth.or(global.queue_depth),
+        nomerges: s.nomerges.or(global.nomerges),
+        rq_affinity: s.rq_affinity.or(global.rq_affinity),
+        device: merge_settings(&global.device, &s.device),
+        layout: s.layout.or(global.layout).unwrap_or_default(),
+        runtime: s.runtime.or(global.runtime).unwrap_or(DEFAULT_RUNTIME),
+        ramp: s.ramp.or(global.ramp).unwrap_or(0),
+        fio_args,
+    }
 }
 
 /// Load a scenario by name (from `dir`) or by path (anything with a `/` or

@@ -12,7 +12,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::device::config::DiskArgs;
+use thiserror::Error;
+
+use crate::device::config::{ConfigError, DiskArgs, DiskConfig};
 use crate::lab::options::RunArgs;
 use crate::lab::scenario::{Scenario, DEVICE_SETTINGS};
 use crate::record::machine::{Machine, Override};
@@ -78,15 +80,29 @@ pub(crate) struct BootSettings {
     pub overridden: Vec<Override>,
 }
 
+/// Why a boot's device settings make no disks.
+#[derive(Debug, Error)]
+pub enum DeviceSettingsError {
+    #[error("device setting {name}={value}: not a number")]
+    NotANumber { name: String, value: String },
+    #[error("device setting depth={0}: too large")]
+    DepthTooLarge(u64),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
 impl BootSettings {
     /// The disks' options, serving on `socket`.
-    pub(crate) fn disk_args(&self, socket: PathBuf) -> Result<DiskArgs, String> {
+    pub(crate) fn disk_args(&self, socket: PathBuf) -> Result<DiskArgs, DeviceSettingsError> {
         let get = |n: &str| self.device.get(n).cloned();
-        let number = |n: &str| -> Result<Option<u64>, String> {
+        let number = |n: &str| -> Result<Option<u64>, DeviceSettingsError> {
             get(n)
                 .map(|v| {
                     v.parse::<u64>()
-                        .map_err(|_| format!("device setting {n}={v}: not a number"))
+                        .map_err(|_| DeviceSettingsError::NotANumber {
+                            name: n.to_string(),
+                            value: v.clone(),
+                        })
                 })
                 .transpose()
         };
@@ -99,9 +115,7 @@ impl BootSettings {
             queue_size: self.machine.queue_size,
             tags: get("tags").unwrap_or_default(),
             depth: number("depth")?
-                .map(|d| {
-                    u32::try_from(d).map_err(|_| format!("device setting depth={d}: too large"))
-                })
+                .map(|d| u32::try_from(d).map_err(|_| DeviceSettingsError::DepthTooLarge(d)))
                 .transpose()?,
             tag_scope: get("tag_scope").unwrap_or_default(),
             tag_fairness: get("tag_fairness").unwrap_or_default(),
@@ -115,6 +129,43 @@ impl BootSettings {
             ..DiskArgs::default()
         })
     }
+
+    /// The disks' configurations, serving on `socket`.
+    pub(crate) fn disk_configs(
+        &self,
+        socket: PathBuf,
+    ) -> Result<Vec<DiskConfig>, DeviceSettingsError> {
+        Ok(self.disk_args(socket)?.to_configs()?)
+    }
+}
+
+/// What one boot runs: a scenario's variants that share device settings,
+/// and those settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Unit {
+    /// The scenario's index in the run.
+    pub scenario: usize,
+    pub settings: BootSettings,
+    /// Which of the scenario's units (its console log's name needs it when
+    /// the scenario has several).
+    pub part: Option<usize>,
+}
+
+/// Every scenario's units, in scenario order.
+pub(crate) fn units(scenarios: &[Scenario], args: &RunArgs) -> Vec<Unit> {
+    let mut out = Vec::new();
+    for (i, s) in scenarios.iter().enumerate() {
+        let b = boot_settings(s, args);
+        let several = b.len() > 1;
+        for (k, settings) in b.into_iter().enumerate() {
+            out.push(Unit {
+                scenario: i,
+                settings,
+                part: several.then_some(k + 1),
+            });
+        }
+    }
+    out
 }
 
 /// A variant's device settings as a map (later ones win; the parser has
@@ -344,6 +395,17 @@ mod tests {
         let s = scenario("device depth=many\nvariant a\n");
         let b = boot_settings(&s, &args(&[]));
         let e = b[0].disk_args(PathBuf::from("/tmp/x.sock")).unwrap_err();
-        assert!(e.contains("depth=many"), "{e}");
+        assert!(
+            matches!(&e, DeviceSettingsError::NotANumber { name, value } if name == "depth" && value == "many"),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("depth=many"), "{e}");
+        let s = scenario("device depth=99999999999\nvariant a\n");
+        let b = boot_settings(&s, &args(&[]));
+        let e = b[0].disk_configs(PathBuf::from("/tmp/x.sock")).unwrap_err();
+        assert!(
+            matches!(e, DeviceSettingsError::DepthTooLarge(99999999999)),
+            "{e:?}"
+        );
     }
 }

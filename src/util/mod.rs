@@ -1,9 +1,11 @@
 //! Layer 1, utilities that know nothing of virtio, devices or the lab:
 //! sizes and durations with units, `/proc/PID/stat` (procfs) and host CPU
-//! time per thread from it (hostcpu).
+//! time per thread from it (hostcpu), what the host is (host), the wall
+//! clock and its UTC timestamps (wallclock).
 
 pub mod clock;
 pub mod fd;
+pub(crate) mod host;
 pub mod hostcpu;
 pub(crate) mod log_limit;
 pub mod procfs;
@@ -11,3 +13,4 @@ pub mod schema;
 pub(crate) mod slots;
 pub mod text;
 pub mod units;
+pub(crate) mod wallclock;

@@ -10,6 +10,7 @@ use thiserror::Error;
 use super::archive::{self, ArchiveError};
 use super::cache::{self, CacheError};
 use super::{ImageError, PluginKey};
+use crate::lab::location::LabLocation;
 
 #[derive(Debug, Error)]
 pub enum CommandError {
@@ -53,19 +54,6 @@ pub enum ImagesCommand {
     Key(KeyArgs),
 }
 
-/// Where the images are and what makes them.
-#[derive(Debug, Clone, Args)]
-pub struct Where {
-    /// Image cache (default $BLKLAB_IMAGE_CACHE, else
-    /// ${XDG_CACHE_HOME:-~/.cache}/blklab/images).
-    #[arg(long, value_name = "DIR")]
-    pub cache: Option<PathBuf>,
-    /// The blklab source tree holding images/ and guest-scripts/ (default:
-    /// $BLKLAB_LAB_DIR, else the tree this binary was built from).
-    #[arg(long, value_name = "DIR")]
-    pub lab_dir: Option<PathBuf>,
-}
-
 /// The plugin's QEMU.
 #[derive(Debug, Clone, Args)]
 pub struct PluginArgs {
@@ -84,7 +72,7 @@ pub struct BuildArgs {
     #[arg(value_name = "SPEC", required = true)]
     pub specs: Vec<String>,
     #[command(flatten)]
-    pub place: Where,
+    pub place: LabLocation,
     #[command(flatten)]
     pub plugin: PluginArgs,
 }
@@ -98,7 +86,7 @@ pub struct ExportArgs {
     #[arg(value_name = "SPEC", required = true)]
     pub specs: Vec<String>,
     #[command(flatten)]
-    pub place: Where,
+    pub place: LabLocation,
     #[command(flatten)]
     pub plugin: PluginArgs,
 }

@@ -1,0 +1,378 @@
+//! One boot of `blklab run`, around its console session: what it boots
+//! ([`BootCtx`]: the kernel, the scenario's unit, the accelerator, where
+//! its output goes), the disks it serves in-process ([`BootDisks`]), QEMU's
+//! command line for it, and why it can fail ([`BootFailure`], whose kind
+//! alone decides whether the boot is tried again: [`BootFailure::retry`]).
+//! The console session itself is `session`; planning and the run's
+//! documents are the runner's.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::backend::server::{ServeError, Server};
+use crate::backend::Disk;
+use crate::device::config::DiskConfig;
+use crate::lab::images::PreparedGuest;
+use crate::lab::insns::{self, InsnsError, SymbolMap};
+use crate::lab::options::RunArgs;
+use crate::lab::plan::Boot;
+use crate::lab::progress::Progress;
+use crate::lab::qemu::{Accel, QemuDisk, QemuError, QemuSpec};
+use crate::lab::scenario::Scenario;
+use crate::lab::settings::{DeviceSettingsError, Unit};
+use crate::record::RecordError;
+
+/// What one boot runs and with what.
+pub(crate) struct BootCtx<'a> {
+    pub args: &'a RunArgs,
+    /// The boot's position in the run (0-based).
+    pub seq: usize,
+    pub boot: &'a Boot,
+    /// The kernel's label.
+    pub label: &'a str,
+    pub guest: &'a PreparedGuest,
+    pub scenario: &'a Scenario,
+    pub unit: &'a Unit,
+    pub accel: Accel,
+    /// The QEMU binary.
+    pub qemu: &'a str,
+    pub out_dir: &'a Path,
+    pub pb: &'a Progress,
+    /// The instruction-count plugin (--count-insns).
+    pub plugin: Option<&'a Path>,
+    /// The kernel's System.map (--count-insns).
+    pub symbols: Option<Arc<SymbolMap>>,
+}
+
+impl BootCtx<'_> {
+    /// Where the boot's console goes (`KERNEL.SCENARIO[.pN].NN.log`: `pN`
+    /// when the scenario runs in several boots).
+    pub(crate) fn console_log(&self) -> PathBuf {
+        let part = self.unit.part.map(|p| format!(".p{p}")).unwrap_or_default();
+        self.out_dir.join("console").join(format!(
+            "{}.{}{part}.{:02}.log",
+            self.label, self.scenario.name, self.boot.iteration
+        ))
+    }
+}
+
+/// Why a boot failed. Its kind decides what `blklab run` does about it
+/// ([`BootFailure::retry`]).
+#[derive(Debug, Error)]
+pub enum BootFailure {
+    /// Nothing at all came from the guest's console (QEMU or the guest
+    /// never got going): QEMU exited or the wait for the boot timed out.
+    #[error(transparent)]
+    Silent(QemuError),
+    /// QEMU itself aborted on a known emulator bug
+    /// ([`crate::lab::qemu::KNOWN_EMULATOR_BUGS`]) before the guest reached
+    /// `/init`, with no guest kernel fault on the console.
+    #[error("{bug}: {source}")]
+    EmulatorBug {
+        bug: &'static str,
+        #[source]
+        source: QemuError,
+    },
+    /// The guest kernel reported a fault (oops, BUG, WARN, panic, call
+    /// trace): the report, whole.
+    #[error("the guest kernel reported a fault:\n{report}")]
+    KernelFault { report: String },
+    /// QEMU did not start, or after the guest spoke it exited, a wait timed
+    /// out or its console could not be written.
+    #[error(transparent)]
+    Qemu(#[from] QemuError),
+    /// The boot's private socket directory could not be made.
+    #[error("cannot write {}: {source}", path.display())]
+    SocketDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The unit's device settings make no disks.
+    #[error("device settings: {0}")]
+    DeviceSettings(#[source] DeviceSettingsError),
+    /// The disks could not be served.
+    #[error(transparent)]
+    Serve(#[from] ServeError),
+    /// The instruction-count plugin failed at a variant's window `edge`
+    /// (`SCENARIO/VARIANT begin` or `end`).
+    #[error("{edge}: {source}")]
+    Plugin {
+        edge: String,
+        #[source]
+        source: InsnsError,
+    },
+    /// A result document ended under another name than it began.
+    #[error("result framing mismatch: began {began}, ended {ended}")]
+    ResultFraming { began: String, ended: String },
+    /// A variant's record could not be written.
+    #[error(transparent)]
+    WriteRecord(#[from] RecordError),
+    /// The guest scripts ended, but the guest never said it booted.
+    #[error("the guest finished without booting")]
+    NeverBooted,
+}
+
+/// What `blklab run` does about a failed boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retry {
+    /// Boot once more (the first attempt's console log is kept).
+    Once,
+    /// Fail the run.
+    Never,
+}
+
+impl BootFailure {
+    /// The retry policy: a boot that never got going (a silent console, or
+    /// QEMU aborting on a known emulator bug before `/init`) is tried once
+    /// more; anything after the guest spoke, a guest kernel fault above
+    /// all, fails the run, and so does a failure of the host's own setup.
+    pub(crate) fn retry(&self) -> Retry {
+        match self {
+            BootFailure::Silent(_) | BootFailure::EmulatorBug { .. } => Retry::Once,
+            BootFailure::KernelFault { .. }
+            | BootFailure::Qemu(_)
+            | BootFailure::SocketDir { .. }
+            | BootFailure::DeviceSettings(_)
+            | BootFailure::Serve(_)
+            | BootFailure::Plugin { .. }
+            | BootFailure::ResultFraming { .. }
+            | BootFailure::WriteRecord(_)
+            | BootFailure::NeverBooted => Retry::Never,
+        }
+    }
+}
+
+/// A private directory for one boot's sockets (a fresh `blklab-run-*`
+/// directory of mode 0700 made by `tempfile`, never one that already
+/// existed), removed on drop, or by [`crate::lab::cleanup`] on SIGINT/SIGTERM.
+pub(crate) struct SocketDir(pub PathBuf);
+
+impl SocketDir {
+    fn new(seq: usize) -> Result<SocketDir, BootFailure> {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("blklab-run-{seq}-"))
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir()
+            .map_err(|source| BootFailure::SocketDir {
+                path: std::env::temp_dir(),
+                source,
+            })?;
+        // Ownership moves to SocketDir (and the cleanup registry), which
+        // removes it.
+        let p = dir.keep();
+        crate::lab::cleanup::track_dir(&p);
+        Ok(SocketDir(p))
+    }
+}
+
+impl Drop for SocketDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+        crate::lab::cleanup::untrack_dir(&self.0);
+    }
+}
+
+/// The disks one boot serves in-process, on sockets in a directory of
+/// their own. (Fields drop in order: the server stops before its sockets'
+/// directory goes.)
+pub(crate) struct BootDisks {
+    pub server: Server,
+    pub disks: Vec<Arc<Disk>>,
+    pub configs: Vec<DiskConfig>,
+    pub sockets: SocketDir,
+}
+
+impl BootDisks {
+    /// Start serving the unit's disks.
+    pub(crate) fn start(c: &BootCtx) -> Result<BootDisks, BootFailure> {
+        let sockets = SocketDir::new(c.seq)?;
+        let configs = c
+            .unit
+            .settings
+            .disk_configs(sockets.0.join("vd.sock"))
+            .map_err(BootFailure::DeviceSettings)?;
+        let server = Server::start(configs.clone())?;
+        let disks = server.disks();
+        Ok(BootDisks {
+            server,
+            disks,
+            configs,
+            sockets,
+        })
+    }
+}
+
+/// The guest kernel's command line for one boot.
+fn kernel_append(c: &BootCtx) -> String {
+    let mut append = format!(
+        // loglevel=5: the console shows KERN_WARNING and worse, so a WARN
+        // splat reaches the fault scanner (`quiet` would hide it).
+        "console=ttyS0 loglevel=5 panic=-1 {} blklab.run=lab blklab.scenarios={} blklab.sync=1",
+        crate::lab::qemu::CLOCKSOURCE_ARGS,
+        c.scenario.name
+    );
+    if let Some(extra) = &c.args.append {
+        append.push(' ');
+        append.push_str(extra);
+    }
+    if let Some(r) = c.args.runtime {
+        append.push_str(&format!(" blklab.runtime={r}"));
+    }
+    if let Some(r) = c.args.ramp {
+        append.push_str(&format!(" blklab.ramp={r}"));
+    }
+    // The unit's variants, when the boot runs fewer than the scenario file
+    // has (--variants, or variants with other device settings).
+    let names: Vec<&str> = c
+        .unit
+        .settings
+        .variants
+        .iter()
+        .map(|&i| c.scenario.variants[i].name.as_str())
+        .collect();
+    if c.args.variants.is_some() || c.unit.part.is_some() {
+        append.push_str(&format!(" blklab.variants={}", names.join(",")));
+    }
+    // Kernel addresses must be System.map's.
+    if c.plugin.is_some() {
+        append.push_str(" nokaslr");
+    }
+    append
+}
+
+/// What QEMU runs for one boot: the guest, its disks and, with
+/// `--count-insns`, the plugin with its control socket.
+pub(crate) fn qemu_spec(
+    c: &BootCtx,
+    configs: &[DiskConfig],
+    plugin: Option<&insns::Control>,
+) -> QemuSpec {
+    QemuSpec {
+        qemu: c.qemu.to_string(),
+        accel: c.accel,
+        vcpus: c.unit.settings.machine.vcpus,
+        memory: c.unit.settings.machine.memory.clone(),
+        kernel: c.guest.kernel.clone(),
+        initramfs: c.guest.initramfs.clone(),
+        append: kernel_append(c),
+        disks: configs
+            .iter()
+            .map(|d| QemuDisk {
+                socket: d.socket.clone(),
+                num_queues: d.num_queues,
+                queue_size: d.queue_size,
+            })
+            .collect(),
+        deterministic: c.args.deterministic,
+        plugin: match (c.plugin, plugin) {
+            (Some(p), Some(ctl)) => Some(format!("{},ctl={}", p.display(), ctl.path().display())),
+            _ => None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exited() -> QemuError {
+        QemuError::Exited {
+            status: "exit status: 1".into(),
+            stderr: String::new(),
+            console: String::new(),
+        }
+    }
+
+    fn timed_out() -> QemuError {
+        QemuError::Timeout {
+            secs: 180,
+            what: "the guest to boot (BLKLAB-INIT)".into(),
+            console: String::new(),
+        }
+    }
+
+    fn io() -> std::io::Error {
+        std::io::ErrorKind::PermissionDenied.into()
+    }
+
+    #[test]
+    fn a_boot_that_never_got_going_is_tried_once_more() {
+        assert_eq!(BootFailure::Silent(exited()).retry(), Retry::Once);
+        assert_eq!(BootFailure::Silent(timed_out()).retry(), Retry::Once);
+        let bug = BootFailure::EmulatorBug {
+            bug: "QEMU TCG assertion",
+            source: exited(),
+        };
+        assert_eq!(bug.retry(), Retry::Once);
+        assert!(bug
+            .to_string()
+            .starts_with("QEMU TCG assertion: QEMU exited"));
+    }
+
+    #[test]
+    fn a_guest_kernel_fault_is_never_retried() {
+        let f = BootFailure::KernelFault {
+            report: "BUG: kernel NULL pointer dereference".into(),
+        };
+        assert_eq!(f.retry(), Retry::Never);
+    }
+
+    #[test]
+    fn failures_after_the_guest_spoke_or_of_the_host_are_never_retried() {
+        let never = [
+            BootFailure::Qemu(exited()),
+            BootFailure::Qemu(timed_out()),
+            BootFailure::Qemu(QemuError::Console(io())),
+            BootFailure::SocketDir {
+                path: "/tmp".into(),
+                source: io(),
+            },
+            BootFailure::DeviceSettings(DeviceSettingsError::DepthTooLarge(1 << 40)),
+            BootFailure::Serve(ServeError::NotASocket {
+                path: "/tmp/x".into(),
+            }),
+            BootFailure::Plugin {
+                edge: "s/v begin".into(),
+                source: InsnsError::Plugin {
+                    path: "/tmp/insns.sock".into(),
+                    why: "gone".into(),
+                },
+            },
+            BootFailure::ResultFraming {
+                began: "s/a".into(),
+                ended: "s/b".into(),
+            },
+            BootFailure::WriteRecord(RecordError::Write {
+                path: "/tmp/r.json".into(),
+                source: io(),
+            }),
+            BootFailure::NeverBooted,
+        ];
+        for f in never {
+            assert_eq!(f.retry(), Retry::Never, "{f:?}");
+        }
+    }
+
+    #[test]
+    fn a_failure_keeps_its_cause() {
+        use std::error::Error as _;
+        let f = BootFailure::Plugin {
+            edge: "s/v end".into(),
+            source: InsnsError::Plugin {
+                path: "/tmp/insns.sock".into(),
+                why: "gone".into(),
+            },
+        };
+        assert!(matches!(
+            f.source().and_then(|s| s.downcast_ref::<InsnsError>()),
+            Some(InsnsError::Plugin { .. })
+        ));
+        assert!(f
+            .to_string()
+            .starts_with("s/v end: the instruction-count plugin"));
+    }
+}
