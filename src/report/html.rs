@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 
 use crate::record::metrics;
-use crate::report::compare::{Mode, Report, Side};
+use crate::report::compare::{Mode, Report};
 use crate::report::inference;
+use crate::report::load::Side;
 use crate::report::render;
 
 const A_COLOR: RGBColor = RGBColor(31, 119, 180);
