@@ -861,44 +861,37 @@ impl Row {
     }
 }
 
-/// Which rows a report has, and how one row is made from the sides'
-/// records.
+/// What a report compares: sides A and B (the same side twice for
+/// variant pairs on one kernel) and the `--pair` arguments.
+pub(crate) struct Subject<'a> {
+    pub a: &'a Side,
+    pub b: &'a Side,
+    pub pairs: &'a [PairSpec],
+}
+
+/// Which rows a report of a [`Subject`] has, and how one row is made from
+/// the sides' records.
 pub(crate) trait RowResolver {
     /// What names a row: a (scenario, variant), or a pair resolved to
     /// its rows.
     type Key;
     const MODE: Mode;
-    /// A and B (the same side twice for variant pairs on one kernel).
-    fn sides(&self) -> (&Side, &Side);
-    /// The `--pair` arguments the rows come from.
-    fn pairs(&self) -> &[PairSpec];
     /// The rows, in report order, and what differs between what they
     /// compare (refused where blocking, unless forced).
-    fn rows(&self, force: bool) -> Result<(Vec<Self::Key>, Vec<Difference>), ReportError>;
+    fn rows(s: &Subject, force: bool) -> Result<(Vec<Self::Key>, Vec<Difference>), ReportError>;
     /// One row; its differential profiles go to `profiles`.
-    fn row(&self, key: &Self::Key, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row;
+    fn row(s: &Subject, key: &Self::Key, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row;
 }
 
 /// Kernel B against kernel A, row by row (scenario, variant).
-pub(crate) struct KernelRows<'a> {
-    pub a: &'a Side,
-    pub b: &'a Side,
-}
+pub(crate) struct KernelRows;
 
-impl RowResolver for KernelRows<'_> {
+impl RowResolver for KernelRows {
     type Key = Key;
     const MODE: Mode = Mode::Kernels;
 
-    fn sides(&self) -> (&Side, &Side) {
-        (self.a, self.b)
-    }
-
-    fn pairs(&self) -> &[PairSpec] {
-        &[]
-    }
-
-    fn rows(&self, force: bool) -> Result<(Vec<Key>, Vec<Difference>), ReportError> {
-        let (a, b) = (self.a, self.b);
+    fn rows(s: &Subject, force: bool) -> Result<(Vec<Key>, Vec<Difference>), ReportError> {
+        let (a, b) = (s.a, s.b);
         let name = |(s, v): &Key| format!("{s}/{v}");
         let scenario_sets = |only_a, only_b| ReportError::ScenarioSets { only_a, only_b };
         let mut common = common_keys(keys(a), &keys(b), name, force, scenario_sets)?;
@@ -910,9 +903,9 @@ impl RowResolver for KernelRows<'_> {
         Ok((common, diffs))
     }
 
-    fn row(&self, key: &Key, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
-        let (a, b) = (pick(self.a, key), pick(self.b, key));
-        let names = (self.a.kernel.clone(), self.b.kernel.clone());
+    fn row(s: &Subject, key: &Key, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
+        let (a, b) = (pick(s.a, key), pick(s.b, key));
+        let names = (s.a.kernel.clone(), s.b.kernel.clone());
         profiles.extend(labelled_profile(
             &a,
             &b,
@@ -926,43 +919,29 @@ impl RowResolver for KernelRows<'_> {
         } else {
             &a.records
         });
-        let legends = [
-            format!("A {}", self.a.kernel),
-            format!("B {}", self.b.kernel),
-        ];
+        let legends = [format!("A {}", s.a.kernel), format!("B {}", s.b.kernel)];
         Row::new(key, None, labels, None).compared(a, b, legends, opts.confidence)
     }
 }
 
 /// On one kernel, each pair's other variant (B) against its base (A), in
 /// every scenario that has both.
-pub(crate) struct PairRows<'a> {
-    pub side: &'a Side,
-    pub pairs: &'a [PairSpec],
-}
+pub(crate) struct PairRows;
 
-impl RowResolver for PairRows<'_> {
+impl RowResolver for PairRows {
     type Key = Resolved;
     const MODE: Mode = Mode::Variants;
 
-    fn sides(&self) -> (&Side, &Side) {
-        (self.side, self.side)
-    }
-
-    fn pairs(&self) -> &[PairSpec] {
-        self.pairs
-    }
-
-    fn rows(&self, _force: bool) -> Result<(Vec<Resolved>, Vec<Difference>), ReportError> {
-        let resolved = resolve_pairs(self.side, self.pairs)?;
-        let diffs = pair_definitions(self.side, &resolved);
+    fn rows(s: &Subject, _force: bool) -> Result<(Vec<Resolved>, Vec<Difference>), ReportError> {
+        let resolved = resolve_pairs(s.a, s.pairs)?;
+        let diffs = pair_definitions(s.a, &resolved);
         Ok((resolved, diffs))
     }
 
-    fn row(&self, rp: &Resolved, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
+    fn row(s: &Subject, rp: &Resolved, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
         let (base, other) = rp;
         let pair = row_pair(rp);
-        let (a, b) = (pick(self.side, base), pick(self.side, other));
+        let (a, b) = (pick(s.a, base), pick(s.a, other));
         let names = (pair.base.clone(), pair.other.clone());
         profiles.extend(labelled_profile(
             &a,
@@ -981,27 +960,15 @@ impl RowResolver for PairRows<'_> {
 
 /// On two kernels, each pair's effect on kernel B against its effect on
 /// kernel A (see [`inference::DiffInDiff`]).
-pub(crate) struct DidRows<'a> {
-    pub a: &'a Side,
-    pub b: &'a Side,
-    pub pairs: &'a [PairSpec],
-}
+pub(crate) struct DidRows;
 
-impl RowResolver for DidRows<'_> {
+impl RowResolver for DidRows {
     type Key = Resolved;
     const MODE: Mode = Mode::Did;
 
-    fn sides(&self) -> (&Side, &Side) {
-        (self.a, self.b)
-    }
-
-    fn pairs(&self) -> &[PairSpec] {
-        self.pairs
-    }
-
-    fn rows(&self, force: bool) -> Result<(Vec<Resolved>, Vec<Difference>), ReportError> {
-        let (a, b) = (self.a, self.b);
-        let (pa, pb) = (resolve_pairs(a, self.pairs)?, resolve_pairs(b, self.pairs)?);
+    fn rows(s: &Subject, force: bool) -> Result<(Vec<Resolved>, Vec<Difference>), ReportError> {
+        let (a, b) = (s.a, s.b);
+        let (pa, pb) = (resolve_pairs(a, s.pairs)?, resolve_pairs(b, s.pairs)?);
         let name = |r: &Resolved| row_pair(r).name();
         let pair_sets = |only_a, only_b| ReportError::PairSets { only_a, only_b };
         let common = common_keys(pa, &pb, name, force, pair_sets)?;
@@ -1018,10 +985,10 @@ impl RowResolver for DidRows<'_> {
         Ok((common, diffs))
     }
 
-    fn row(&self, rp: &Resolved, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
+    fn row(s: &Subject, rp: &Resolved, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
         let (base, other) = rp;
         let pair = row_pair(rp);
-        let (a, b) = (self.a, self.b);
+        let (a, b) = (s.a, s.b);
         let [ab, ao, bb, bo] = [pick(a, base), pick(a, other), pick(b, base), pick(b, other)];
         for (side, x, y) in [(a, &ab, &ao), (b, &bb, &bo)] {
             let k = &side.kernel;
@@ -1048,28 +1015,28 @@ impl RowResolver for DidRows<'_> {
     }
 }
 
-/// The comparison whose rows `resolver` gives: its rows, what differs,
-/// the differential profiles and the multiple-comparison correction.
+/// The comparison of `subject` with the rows resolver `R` gives: its rows,
+/// what differs, the differential profiles and the multiple-comparison
+/// correction.
 pub(crate) fn build<R: RowResolver>(
-    resolver: &R,
+    subject: &Subject,
     metric_keys: &[String],
     opts: &Options,
 ) -> Result<Report, ReportError> {
     check_metric_keys(metric_keys)?;
-    let (keys, differences) = resolver.rows(opts.force)?;
+    let (keys, differences) = R::rows(subject, opts.force)?;
     let mut profiles = Vec::new();
     let mut rows: Vec<Row> = keys
         .iter()
-        .map(|k| resolver.row(k, opts, &mut profiles))
+        .map(|k| R::row(subject, k, opts, &mut profiles))
         .collect();
     correct(&mut rows, metric_keys, opts.confidence);
-    let (a, b) = resolver.sides();
     Ok(Report {
         schema: "blklab-compare/1",
         mode: R::MODE,
-        a: info(a),
-        b: info(b),
-        pairs: resolver.pairs().iter().map(|p| p.to_string()).collect(),
+        a: info(subject.a),
+        b: info(subject.b),
+        pairs: subject.pairs.iter().map(|p| p.to_string()).collect(),
         confidence: opts.confidence,
         metrics: metric_keys.to_vec(),
         rows,
@@ -1132,11 +1099,16 @@ pub fn run(req: &Request) -> Result<Compared, ReportError> {
     }
     let (a, b) = load::load_sides(&req.sides, !req.pairs.is_empty())?;
     let keys = req.metric_keys(&a, b.as_ref());
-    let (opts, pairs) = (req.options(), req.pairs.as_slice());
-    let report = match &b {
-        None => build(&PairRows { side: &a, pairs }, &keys, &opts)?,
-        Some(b) if pairs.is_empty() => build(&KernelRows { a: &a, b }, &keys, &opts)?,
-        Some(b) => build(&DidRows { a: &a, b, pairs }, &keys, &opts)?,
+    let opts = req.options();
+    let subject = Subject {
+        a: &a,
+        b: b.as_ref().unwrap_or(&a),
+        pairs: &req.pairs,
+    };
+    let report = match (&b, req.pairs.is_empty()) {
+        (None, _) => build::<PairRows>(&subject, &keys, &opts)?,
+        (Some(_), true) => build::<KernelRows>(&subject, &keys, &opts)?,
+        (Some(_), false) => build::<DidRows>(&subject, &keys, &opts)?,
     };
     let b = b.unwrap_or_else(|| a.clone());
     Ok(Compared { report, a, b })

@@ -59,7 +59,12 @@ pub fn run_comparisons(
     for k in kernels.iter().skip(1) {
         let a = load::load_side(&format!("{}:{}", out_dir.display(), kernels[0]))?;
         let b = load::load_side(&format!("{}:{k}", out_dir.display()))?;
-        let r = compare::build(&compare::KernelRows { a: &a, b: &b }, metrics, &opts)?;
+        let subject = compare::Subject {
+            a: &a,
+            b: &b,
+            pairs: &[],
+        };
+        let r = compare::build::<compare::KernelRows>(&subject, metrics, &opts)?;
         out.push((r, a, b));
     }
     Ok(out)
