@@ -26,14 +26,14 @@ use crate::report::profile::{self, RowProfile};
 pub enum ReportError {
     #[error(transparent)]
     Load(#[from] LoadError),
-    #[error("unknown metric {0:?} (known: {1})")]
-    UnknownMetric(String, String),
+    #[error("unknown metric {0:?} (known: {known})", known = known_metrics())]
+    UnknownMetric(String),
     #[error("the two sides ran different scenario sets: only in A: [{only_a}]; only in B: [{only_b}] (--force compares the common rows)")]
     ScenarioSets { only_a: String, only_b: String },
     #[error("the two sides have no scenario row in common")]
     NothingInCommon,
-    #[error("the two sides differ in more than the kernel: {0} (--force compares anyway)")]
-    Differs(String),
+    #[error("the two sides differ in more than the kernel: {} (--force compares anyway)", blocking_list(.0))]
+    Differs(Vec<Difference>),
     #[error("bad --pair {0:?}: want BASE:OTHER, each VARIANT or SCENARIO/VARIANT (e.g. single-queue:host-tags)")]
     BadPair(String),
     #[error("--pair {pair}: no scenario of {side} has both variants (it has: {have})")]
@@ -337,6 +337,69 @@ fn first_str(s: &Side, f: impl Fn(&ResultRecord) -> String) -> String {
     s.records.first().map(f).unwrap_or_default()
 }
 
+/// How the sides' backend configurations differ: (A's, B's), naming only
+/// the fields that differ; `None` when they are the same.
+fn device_difference(a: &Side, b: &Side) -> Option<(String, String)> {
+    let dev = |s: &Side| {
+        let mut set: Vec<Value> = Vec::new();
+        for r in &s.records {
+            let d = device_identity(r);
+            if !set.contains(&d) {
+                set.push(d);
+            }
+        }
+        set
+    };
+    let (da, db) = (dev(a), dev(b));
+    if da == db {
+        return None;
+    }
+    // Name only the fields that differ (of the first disk's
+    // configuration that differs, which is what a user changed).
+    let first = |v: &[Value]| {
+        v.first()
+            .and_then(|d| d.get(0))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let (fa, fb) = (first(&da), first(&db));
+    let mut fields = Vec::new();
+    if let (Some(oa), Some(ob)) = (fa.as_object(), fb.as_object()) {
+        let mut keys: Vec<&String> = oa.keys().chain(ob.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        for k in keys {
+            if oa.get(k) != ob.get(k) {
+                fields.push(k.clone());
+            }
+        }
+    }
+    let show = |o: &Value, disks: usize| {
+        let mut parts: Vec<String> = fields
+            .iter()
+            .map(|k| format!("{k}={}", o.get(k).cloned().unwrap_or(Value::Null)))
+            .collect();
+        if fields.is_empty() {
+            parts.push(o.to_string());
+        }
+        if disks > 1 {
+            parts.push(format!("({disks} distinct configurations)"));
+        }
+        parts.join(" ")
+    };
+    let disks_a = da.first().and_then(|d| d.as_array()).map_or(0, |v| v.len());
+    let disks_b = db.first().and_then(|d| d.as_array()).map_or(0, |v| v.len());
+    let mut va = show(&fa, da.len());
+    let mut vb = show(&fb, db.len());
+    if disks_a != disks_b {
+        va.push_str(&format!(" disks={disks_a}"));
+        vb.push_str(&format!(" disks={disks_b}"));
+    }
+    Some((va, vb))
+}
+
+/// What differs between the sides' setups besides the kernel: the backend,
+/// QEMU, the accelerator, vCPUs, the host and blklab's commit.
 fn differences(a: &Side, b: &Side) -> Vec<Difference> {
     let mut d = Vec::new();
     let mut check = |what: &str, va: String, vb: String, blocking: bool| {
@@ -350,59 +413,7 @@ fn differences(a: &Side, b: &Side) -> Vec<Difference> {
             });
         }
     };
-    let dev = |s: &Side| {
-        let mut set: Vec<Value> = Vec::new();
-        for r in &s.records {
-            let d = device_identity(r);
-            if !set.contains(&d) {
-                set.push(d);
-            }
-        }
-        set
-    };
-    let (da, db) = (dev(a), dev(b));
-    if da != db {
-        // Name only the fields that differ (of the first disk's
-        // configuration that differs, which is what a user changed).
-        let first = |v: &[Value]| {
-            v.first()
-                .and_then(|d| d.get(0))
-                .cloned()
-                .unwrap_or(Value::Null)
-        };
-        let (fa, fb) = (first(&da), first(&db));
-        let mut fields = Vec::new();
-        if let (Some(oa), Some(ob)) = (fa.as_object(), fb.as_object()) {
-            let mut keys: Vec<&String> = oa.keys().chain(ob.keys()).collect();
-            keys.sort();
-            keys.dedup();
-            for k in keys {
-                if oa.get(k) != ob.get(k) {
-                    fields.push(k.clone());
-                }
-            }
-        }
-        let show = |o: &Value, disks: usize| {
-            let mut parts: Vec<String> = fields
-                .iter()
-                .map(|k| format!("{k}={}", o.get(k).cloned().unwrap_or(Value::Null)))
-                .collect();
-            if fields.is_empty() {
-                parts.push(o.to_string());
-            }
-            if disks > 1 {
-                parts.push(format!("({disks} distinct configurations)"));
-            }
-            parts.join(" ")
-        };
-        let disks_a = da.first().and_then(|d| d.as_array()).map_or(0, |v| v.len());
-        let disks_b = db.first().and_then(|d| d.as_array()).map_or(0, |v| v.len());
-        let mut va = show(&fa, da.len());
-        let mut vb = show(&fb, db.len());
-        if disks_a != disks_b {
-            va.push_str(&format!(" disks={disks_a}"));
-            vb.push_str(&format!(" disks={disks_b}"));
-        }
+    if let Some((va, vb)) = device_difference(a, b) {
         check("backend configuration", va, vb, true);
     }
     check(
@@ -634,29 +645,35 @@ fn labels_of(records: &[&ResultRecord]) -> RowLabels {
 fn check_metric_keys(metric_keys: &[String]) -> Result<(), ReportError> {
     for k in metric_keys {
         if metrics::find(k).is_none() {
-            return Err(ReportError::UnknownMetric(
-                k.clone(),
-                metrics::METRICS
-                    .iter()
-                    .map(|m| m.key)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            ));
+            return Err(ReportError::UnknownMetric(k.clone()));
         }
     }
     Ok(())
 }
 
+/// Every metric's key, for an unknown metric's error.
+fn known_metrics() -> String {
+    metrics::METRICS
+        .iter()
+        .map(|m| m.key)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The blocking differences, for their error.
+fn blocking_list(blocking: &[Difference]) -> String {
+    blocking
+        .iter()
+        .map(|d| format!("{}: A {} / B {}", d.what, d.a, d.b))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Refuse the comparison over the blocking differences, unless forced.
 fn refuse_blocking(diffs: &[Difference], force: bool) -> Result<(), ReportError> {
-    let blocking: Vec<&Difference> = diffs.iter().filter(|d| d.blocking).collect();
+    let blocking: Vec<Difference> = diffs.iter().filter(|d| d.blocking).cloned().collect();
     if !blocking.is_empty() && !force {
-        return Err(ReportError::Differs(
-            blocking
-                .iter()
-                .map(|d| format!("{}: A {} / B {}", d.what, d.a, d.b))
-                .collect::<Vec<_>>()
-                .join("; "),
-        ));
+        return Err(ReportError::Differs(blocking));
     }
     Ok(())
 }

@@ -428,6 +428,10 @@ fn profile_bars(p: &crate::report::profile::RowProfile, path: &Path) -> std::io:
     Ok(true)
 }
 
+/// A group's points in one plot, from its side's records of its
+/// (scenario, variant).
+type GroupPoints = fn(&Side, &str, &str) -> Vec<(f64, f64)>;
+
 /// The page being written: its body so far and the files written.
 struct Page {
     plots: PathBuf,
@@ -526,7 +530,7 @@ impl Page {
                 Some(_) => file_safe(&name),
             };
             self.body.push_str(&format!("<h3>{}</h3>\n", esc(&name)));
-            let curves = |points: &dyn Fn(&Side, &str, &str) -> Vec<(f64, f64)>| -> Vec<Curve> {
+            let curves = |points: GroupPoints| -> Vec<Curve> {
                 r.groups
                     .iter()
                     .enumerate()
@@ -539,7 +543,7 @@ impl Page {
             let lat = self.plots.join(format!("latency-{base}.svg"));
             let title = format!("{name}: fio completion latency");
             // Latency on x, percentile on y: the curve reads as a CDF.
-            let lat_curves = curves(&|s, sc, v| swap(&latency_curve(s, sc, v)));
+            let lat_curves = curves(|s, sc, v| swap(&latency_curve(s, sc, v)));
             if overlay(
                 &lat,
                 &title,
@@ -553,7 +557,7 @@ impl Page {
             let kick = self.plots.join(format!("requests-per-kick-{base}.svg"));
             let title = format!("{name}: requests per kick");
             let (x, y) = ("requests per kick", "share of kicks");
-            if overlay(&kick, &title, x, y, &curves(&kick_distribution), false)? {
+            if overlay(&kick, &title, x, y, &curves(kick_distribution), false)? {
                 self.figure(kick, "requests per kick");
             }
         }
