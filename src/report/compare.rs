@@ -1138,6 +1138,23 @@ mod tests {
     use serde_json::json;
 
     #[test]
+    fn common_keys_refuse_a_one_sided_key_unless_forced() {
+        let name = |k: &u32| k.to_string();
+        let sets = |only_a, only_b| ReportError::ScenarioSets { only_a, only_b };
+        let e = common_keys(vec![1, 2, 3], &[3, 2, 4], name, false, sets).unwrap_err();
+        assert!(
+            matches!(&e, ReportError::ScenarioSets { only_a, only_b } if only_a == "1" && only_b == "4"),
+            "{e}"
+        );
+        let common = common_keys(vec![1, 2, 3], &[3, 2, 4], name, true, sets).unwrap();
+        assert_eq!(common, [2, 3], "in A's order");
+        assert!(matches!(
+            common_keys(vec![1], &[2], name, true, sets),
+            Err(ReportError::NothingInCommon)
+        ));
+    }
+
+    #[test]
     fn pairs_parse() {
         let p = PairSpec::parse("single-queue:host-tags").unwrap();
         assert_eq!(p.base.variant, "single-queue");

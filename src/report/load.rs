@@ -397,3 +397,62 @@ pub(crate) fn load_sides(args: &[String], pairs: bool) -> Result<(Side, Option<S
         _ => Err(LoadError::SideCount),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::run::ShardInfo;
+
+    fn fixture_run() -> RunDocument {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/runs/aa");
+        crate::record::read(&dir.join("run.json")).unwrap()
+    }
+
+    fn shard(run: &RunDocument, index: u32) -> RunDocument {
+        let mut r = run.clone();
+        r.shard = Some(ShardInfo {
+            index,
+            count: 3,
+            plan: run.order.clone(),
+        });
+        r
+    }
+
+    #[test]
+    fn shards_of_another_plan_twice_or_elsewhere_are_told_apart() {
+        let run = fixture_run();
+        let first = shard(&run, 1);
+        assert!(shard_mismatch(&first, &shard(&run, 2), &[1]).is_none());
+        assert!(matches!(
+            shard_mismatch(&first, &shard(&run, 1), &[1]),
+            Some(MergeError::GivenTwice { index: 1, count: 3 })
+        ));
+        let mut other = shard(&run, 2);
+        other.shard.as_mut().unwrap().plan.pop();
+        assert!(matches!(
+            shard_mismatch(&first, &other, &[1]),
+            Some(MergeError::DifferentPlans)
+        ));
+        let mut other = shard(&run, 2);
+        other.deterministic = !run.deterministic;
+        let Some(MergeError::Differs { what, .. }) = shard_mismatch(&first, &other, &[1]) else {
+            panic!("a shard run otherwise is refused");
+        };
+        assert_eq!(what, "--deterministic");
+    }
+
+    #[test]
+    fn a_merge_error_keeps_its_reason_as_its_source() {
+        let e = LoadError::Merge {
+            a: "x".into(),
+            b: "y".into(),
+            source: MergeError::DifferentPlans,
+        };
+        let source = std::error::Error::source(&e).unwrap();
+        assert!(source.downcast_ref::<MergeError>().is_some());
+        assert_eq!(
+            e.to_string(),
+            format!("cannot merge x and y: {}", MergeError::DifferentPlans)
+        );
+    }
+}
