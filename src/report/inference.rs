@@ -574,6 +574,14 @@ pub(crate) fn did(
 mod tests {
     use super::*;
 
+    /// Wikipedia, "Welch's t-test", example 1: the two samples.
+    const WELCH_A1: [f64; 15] = [
+        27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4,
+    ];
+    const WELCH_A2: [f64; 15] = [
+        27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5, 24.4,
+    ];
+
     fn close(a: f64, b: f64, tol: f64) -> bool {
         (a - b).abs() <= tol
     }
@@ -606,14 +614,7 @@ mod tests {
         // Wikipedia, "Welch's t-test", example 1: |t| = 2.46, df = 24.99
         // (cross-checked with Python's statistics module: t = 2.4554,
         // df = 24.9885; we compute B − A, A2 being larger).
-        let a1 = [
-            27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7,
-            21.4,
-        ];
-        let a2 = [
-            27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5,
-            24.4,
-        ];
+        let (a1, a2) = (WELCH_A1, WELCH_A2);
         let (t, df, _) = welch_t(&a1, &a2).unwrap();
         assert!(close(t, 2.4554, 1e-3), "t = {t}");
         assert!(close(df, 24.9885, 1e-3), "df = {df}");
@@ -646,14 +647,7 @@ mod tests {
     #[test]
     fn p_values_are_textbook() {
         // Wikipedia example 1: p = 0.021.
-        let a1 = [
-            27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7,
-            21.4,
-        ];
-        let a2 = [
-            27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5,
-            24.4,
-        ];
+        let (a1, a2) = (WELCH_A1, WELCH_A2);
         let p = welch_p(&a1, &a2).unwrap();
         assert!(close(p, 0.021, 0.001), "p = {p}");
         assert_eq!(welch_p(&[1.0, 2.0], &[1.0, 2.0]), Some(1.0));
