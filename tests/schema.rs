@@ -192,7 +192,7 @@ fn recorded_runs_load_as_their_types_and_validate() {
             "a summary",
         );
         // The report reads the same directory through the same types.
-        let (_, loaded) = blklab::report::compare::load_dir(&dir).unwrap();
+        let (_, loaded) = blklab::report::load::load_dir(&dir).unwrap();
         assert_eq!(loaded, records);
     }
     assert_eq!(runs, 4);

@@ -1,56 +1,39 @@
-//! Building an A/B comparison from `blklab run` output directories.
+//! Building an A/B comparison from the sides [`load`](crate::report::load)
+//! read: one builder whose rows come from one of three resolvers (kernel
+//! against kernel, variant pairs on one kernel, the pairs' difference in
+//! differences on two kernels), what differs between the sides, and the
+//! report's types.
+//!
+//! It knows neither how the sides are read from disk nor how the report
+//! is rendered.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 
 use crate::record::metrics::{self, RowLabels};
-use crate::record::result::{ResultRecord, RESULT_SCHEMA};
+use crate::record::result::ResultRecord;
 use crate::record::run::RunDocument;
 use crate::record::scenario::Variant;
-use crate::record::RecordError;
-use crate::report::inference::{self, Comparison, DiffInDiff, Tested};
-use crate::report::profile;
+use crate::report::inference::{self, Comparison, DiffInDiff, Outcome};
+use crate::report::load::{self, LoadError, Side};
+use crate::report::profile::{self, RowProfile};
 
 #[derive(Debug, Error)]
 pub enum ReportError {
-    #[error("{0} is not a directory written by `blklab run` (no run.json)")]
-    NotARun(PathBuf),
-    #[error("cannot read {path}: {why}")]
-    Read { path: PathBuf, why: String },
     #[error(transparent)]
-    Record(#[from] RecordError),
-    #[error("{dir} has no results (no *.json records of blklab-run-result/1)")]
-    Empty { dir: PathBuf },
-    #[error("{dir} has no kernel {kernel:?} (it has: {have})")]
-    NoKernel {
-        dir: PathBuf,
-        kernel: String,
-        have: String,
-    },
-    #[error("{dir} holds {n} kernels ({have}); name one side as {dir}:KERNEL")]
-    Ambiguous {
-        dir: PathBuf,
-        n: usize,
-        have: String,
-    },
-    #[error("one directory compares its two kernels, but {dir} holds {n} ({have}); give two sides as DIR:KERNEL")]
-    NotAPair {
-        dir: PathBuf,
-        n: usize,
-        have: String,
-    },
-    #[error("unknown metric {0:?} (known: {1})")]
-    UnknownMetric(String, String),
+    Load(#[from] LoadError),
+    #[error("unknown metric {0:?} (known: {known})", known = known_metrics())]
+    UnknownMetric(String),
     #[error("the two sides ran different scenario sets: only in A: [{only_a}]; only in B: [{only_b}] (--force compares the common rows)")]
     ScenarioSets { only_a: String, only_b: String },
     #[error("the two sides have no scenario row in common")]
     NothingInCommon,
-    #[error("the two sides differ in more than the kernel: {0} (--force compares anyway)")]
-    Differs(String),
+    #[error("the two sides differ in more than the kernel: {} (--force compares anyway)", blocking_list(.0))]
+    Differs(Vec<Difference>),
     #[error("bad --pair {0:?}: want BASE:OTHER, each VARIANT or SCENARIO/VARIANT (e.g. single-queue:host-tags)")]
     BadPair(String),
     #[error("--pair {pair}: no scenario of {side} has both variants (it has: {have})")]
@@ -61,268 +44,8 @@ pub enum ReportError {
     },
     #[error("the pairs match different rows on the two sides: only on A: [{only_a}]; only on B: [{only_b}] (--force compares the common rows)")]
     PairSets { only_a: String, only_b: String },
-    #[error("{0}")]
-    Usage(String),
-    #[error("cannot merge {a} and {b}: {why}")]
-    Merge { a: PathBuf, b: PathBuf, why: String },
-}
-
-/// One side of a comparison: the records of one kernel in one run.
-#[derive(Debug, Clone)]
-pub struct Side {
-    pub dir: PathBuf,
-    pub kernel: String,
-    pub run: RunDocument,
-    pub records: Vec<ResultRecord>,
-}
-
-/// Is this document's `schema` a result record's (of any version)?
-fn is_result(schema: &str) -> bool {
-    let name = |s: &str| {
-        s.rsplit_once('/')
-            .map_or(s.to_string(), |(n, _)| n.to_string())
-    };
-    name(schema) == name(RESULT_SCHEMA)
-}
-
-/// A run directory: run.json and every record in it (files of other
-/// documents are left alone; a record or run.json of a schema version this
-/// blklab does not read is an error).
-pub fn load_dir(dir: &Path) -> Result<(RunDocument, Vec<ResultRecord>), ReportError> {
-    let (run, named) = load_dir_named(dir)?;
-    Ok((run, named.into_iter().map(|(_, r)| r).collect()))
-}
-
-/// [`load_dir`] with each record's file name, in file-name order.
-fn load_dir_named(dir: &Path) -> Result<(RunDocument, Vec<(String, ResultRecord)>), ReportError> {
-    let run_path = dir.join("run.json");
-    if !run_path.is_file() {
-        return Err(ReportError::NotARun(dir.to_path_buf()));
-    }
-    let run: RunDocument = crate::record::read(&run_path)?;
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| ReportError::Read {
-            path: dir.to_path_buf(),
-            why: e.to_string(),
-        })?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    let mut records = Vec::new();
-    for f in files {
-        let name = f.file_name().unwrap_or_default().to_string_lossy();
-        if name == "run.json" || name == "summary.json" {
-            continue;
-        }
-        let v = crate::record::read_value(&f)?;
-        if crate::record::schema_of(&v).is_some_and(is_result) {
-            records.push((name.into_owned(), crate::record::from_value(&f, &v)?));
-        }
-    }
-    if records.is_empty() {
-        return Err(ReportError::Empty {
-            dir: dir.to_path_buf(),
-        });
-    }
-    Ok((run, records))
-}
-
-/// Several run directories as one: the shards of one plan (`blklab run
-/// --shard I/N`), merged. They must come from the same plan (run.json's
-/// `shard.plan`) under the same accelerator, QEMU version and instruction
-/// counting, and no boot may appear twice. The merged run is the first
-/// shard's document with every shard's boots in plan order (and no shard
-/// record). One directory is just [`load_dir`].
-pub fn load_dirs(dirs: &[PathBuf]) -> Result<(RunDocument, Vec<ResultRecord>), ReportError> {
-    let Some((first, rest)) = dirs.split_first() else {
-        return Err(ReportError::Usage("no run directory".into()));
-    };
-    let (mut run, mut records) = load_dir_named(first)?;
-    if rest.is_empty() {
-        return Ok((run, records.into_iter().map(|(_, r)| r).collect()));
-    }
-    let merge_err = |b: &Path, why: String| ReportError::Merge {
-        a: first.clone(),
-        b: b.to_path_buf(),
-        why,
-    };
-    let Some(plan) = run.shard.as_ref().map(|s| s.plan.clone()) else {
-        return Err(merge_err(
-            &rest[0],
-            format!(
-                "{} is not a shard of a run (blklab run --shard I/N)",
-                first.display()
-            ),
-        ));
-    };
-    let mut shards = vec![run.shard.as_ref().map_or(0, |s| s.index)];
-    let mut order = run.order.clone();
-    for d in rest {
-        let (r, recs) = load_dir_named(d)?;
-        let Some(sh) = &r.shard else {
-            return Err(merge_err(
-                d,
-                format!("{} is not a shard of a run", d.display()),
-            ));
-        };
-        if sh.plan != plan || Some(sh.count) != run.shard.as_ref().map(|s| s.count) {
-            return Err(merge_err(d, "they are shards of different plans (kernels, scenarios, iterations or machines differ)".into()));
-        }
-        if shards.contains(&sh.index) {
-            return Err(merge_err(
-                d,
-                format!("shard {}/{} is given twice", sh.index, sh.count),
-            ));
-        }
-        for (what, x, y) in [
-            (
-                "accelerator",
-                format!("{:?}", run.accel),
-                format!("{:?}", r.accel),
-            ),
-            (
-                "--deterministic",
-                run.deterministic.to_string(),
-                r.deterministic.to_string(),
-            ),
-            (
-                "QEMU version",
-                run.qemu.version.clone().unwrap_or_default(),
-                r.qemu.version.clone().unwrap_or_default(),
-            ),
-            (
-                "instruction counting",
-                run.count_insns.is_some().to_string(),
-                r.count_insns.is_some().to_string(),
-            ),
-        ] {
-            if x != y {
-                return Err(merge_err(
-                    d,
-                    format!("their {what} differs ({x} against {y})"),
-                ));
-            }
-        }
-        shards.push(sh.index);
-        order.extend(r.order.iter().cloned());
-        records.extend(recs);
-    }
-    // As one directory would list them: by file name.
-    records.sort_by(|a, b| a.0.cmp(&b.0));
-    let records: Vec<ResultRecord> = records.into_iter().map(|(_, r)| r).collect();
-    let mut seen = std::collections::BTreeSet::new();
-    for r in &records {
-        if !seen.insert((&r.kernel, &r.scenario, &r.variant, r.iteration)) {
-            return Err(ReportError::Usage(format!(
-                "{} {} {} iteration {} is in two of the merged directories",
-                r.kernel, r.scenario, r.variant, r.iteration
-            )));
-        }
-    }
-    order.sort_by_key(|o| plan.iter().position(|p| p == o).unwrap_or(usize::MAX));
-    run.order = order;
-    run.shard = None;
-    Ok((run, records))
-}
-
-/// Kernels of a run that have records, in run order.
-pub(crate) fn kernels(run: &RunDocument, records: &[ResultRecord]) -> Vec<String> {
-    let mut k: Vec<String> = run.kernels.iter().map(|k| k.label.clone()).collect();
-    for r in records {
-        if !k.contains(&r.kernel) {
-            k.push(r.kernel.clone());
-        }
-    }
-    k.retain(|l| records.iter().any(|r| &r.kernel == l));
-    k
-}
-
-fn side_of(dir: &Path, run: &RunDocument, records: &[ResultRecord], kernel: &str) -> Side {
-    Side {
-        dir: dir.to_path_buf(),
-        kernel: kernel.to_string(),
-        run: run.clone(),
-        records: records
-            .iter()
-            .filter(|r| r.kernel == kernel)
-            .cloned()
-            .collect(),
-    }
-}
-
-/// `DIR[,DIR...]` or `DIR[,DIR...]:KERNEL` → (dirs, kernel). Several
-/// directories are the shards of one run, merged ([`load_dirs`]).
-fn split_arg(arg: &str) -> (Vec<PathBuf>, Option<String>) {
-    let dirs = |s: &str| -> Option<Vec<PathBuf>> {
-        let v: Vec<PathBuf> = s.split(',').map(PathBuf::from).collect();
-        v.iter().all(|d| d.is_dir()).then_some(v)
-    };
-    if Path::new(arg).is_dir() {
-        return (vec![PathBuf::from(arg)], None);
-    }
-    if let Some(v) = dirs(arg) {
-        return (v, None);
-    }
-    match arg.rsplit_once(':') {
-        Some((d, k)) if !k.is_empty() => match dirs(d) {
-            Some(v) => (v, Some(k.to_string())),
-            None => (vec![PathBuf::from(arg)], None),
-        },
-        _ => (vec![PathBuf::from(arg)], None),
-    }
-}
-
-/// How a side's directories are shown: `DIR` or `DIR,DIR,...`.
-fn dirs_label(dirs: &[PathBuf]) -> PathBuf {
-    let s: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
-    PathBuf::from(s.join(","))
-}
-
-/// One side from `DIR` (a run with one kernel) or `DIR:KERNEL`.
-pub fn load_side(arg: &str) -> Result<Side, ReportError> {
-    let (dirs, kernel) = split_arg(arg);
-    let (run, records) = load_dirs(&dirs)?;
-    let dir = dirs_label(&dirs);
-    let ks = kernels(&run, &records);
-    match kernel {
-        Some(k) => {
-            if !ks.contains(&k) {
-                return Err(ReportError::NoKernel {
-                    dir,
-                    kernel: k,
-                    have: ks.join(", "),
-                });
-            }
-            Ok(side_of(&dir, &run, &records, &k))
-        }
-        None if ks.len() == 1 => Ok(side_of(&dir, &run, &records, &ks[0])),
-        None => Err(ReportError::Ambiguous {
-            n: ks.len(),
-            have: ks.join(", "),
-            dir,
-        }),
-    }
-}
-
-/// The two sides of one run directory holding exactly two kernels (A is
-/// the first in run order).
-pub fn load_pair(arg: &str) -> Result<(Side, Side), ReportError> {
-    let (dirs, _) = split_arg(arg);
-    let (run, records) = load_dirs(&dirs)?;
-    let dir = &dirs_label(&dirs);
-    let ks = kernels(&run, &records);
-    if ks.len() != 2 {
-        return Err(ReportError::NotAPair {
-            dir: dir.to_path_buf(),
-            n: ks.len(),
-            have: ks.join(", "),
-        });
-    }
-    Ok((
-        side_of(dir, &run, &records, &ks[0]),
-        side_of(dir, &run, &records, &ks[1]),
-    ))
+    #[error("--confidence must be between 0.5 and 1 (e.g. 0.95)")]
+    Confidence(f64),
 }
 
 /// What a report compares.
@@ -477,13 +200,13 @@ pub struct Group {
 
 impl Group {
     /// The samples of one side's records of one (scenario, variant).
-    fn new(label: String, side: usize, key: &Key, samples: BTreeMap<String, Vec<f64>>) -> Group {
+    fn new(label: String, side: usize, picked: Picked) -> Group {
         Group {
             label,
             side,
-            scenario: key.0.clone(),
-            variant: key.1.clone(),
-            samples,
+            scenario: picked.key.0.clone(),
+            variant: picked.key.1.clone(),
+            samples: picked.samples,
         }
     }
 }
@@ -614,6 +337,69 @@ fn first_str(s: &Side, f: impl Fn(&ResultRecord) -> String) -> String {
     s.records.first().map(f).unwrap_or_default()
 }
 
+/// How the sides' backend configurations differ: (A's, B's), naming only
+/// the fields that differ; `None` when they are the same.
+fn device_difference(a: &Side, b: &Side) -> Option<(String, String)> {
+    let dev = |s: &Side| {
+        let mut set: Vec<Value> = Vec::new();
+        for r in &s.records {
+            let d = device_identity(r);
+            if !set.contains(&d) {
+                set.push(d);
+            }
+        }
+        set
+    };
+    let (da, db) = (dev(a), dev(b));
+    if da == db {
+        return None;
+    }
+    // Name only the fields that differ (of the first disk's
+    // configuration that differs, which is what a user changed).
+    let first = |v: &[Value]| {
+        v.first()
+            .and_then(|d| d.get(0))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let (fa, fb) = (first(&da), first(&db));
+    let mut fields = Vec::new();
+    if let (Some(oa), Some(ob)) = (fa.as_object(), fb.as_object()) {
+        let mut keys: Vec<&String> = oa.keys().chain(ob.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        for k in keys {
+            if oa.get(k) != ob.get(k) {
+                fields.push(k.clone());
+            }
+        }
+    }
+    let show = |o: &Value, disks: usize| {
+        let mut parts: Vec<String> = fields
+            .iter()
+            .map(|k| format!("{k}={}", o.get(k).cloned().unwrap_or(Value::Null)))
+            .collect();
+        if fields.is_empty() {
+            parts.push(o.to_string());
+        }
+        if disks > 1 {
+            parts.push(format!("({disks} distinct configurations)"));
+        }
+        parts.join(" ")
+    };
+    let disks_a = da.first().and_then(|d| d.as_array()).map_or(0, |v| v.len());
+    let disks_b = db.first().and_then(|d| d.as_array()).map_or(0, |v| v.len());
+    let mut va = show(&fa, da.len());
+    let mut vb = show(&fb, db.len());
+    if disks_a != disks_b {
+        va.push_str(&format!(" disks={disks_a}"));
+        vb.push_str(&format!(" disks={disks_b}"));
+    }
+    Some((va, vb))
+}
+
+/// What differs between the sides' setups besides the kernel: the backend,
+/// QEMU, the accelerator, vCPUs, the host and blklab's commit.
 fn differences(a: &Side, b: &Side) -> Vec<Difference> {
     let mut d = Vec::new();
     let mut check = |what: &str, va: String, vb: String, blocking: bool| {
@@ -627,59 +413,7 @@ fn differences(a: &Side, b: &Side) -> Vec<Difference> {
             });
         }
     };
-    let dev = |s: &Side| {
-        let mut set: Vec<Value> = Vec::new();
-        for r in &s.records {
-            let d = device_identity(r);
-            if !set.contains(&d) {
-                set.push(d);
-            }
-        }
-        set
-    };
-    let (da, db) = (dev(a), dev(b));
-    if da != db {
-        // Name only the fields that differ (of the first disk's
-        // configuration that differs, which is what a user changed).
-        let first = |v: &[Value]| {
-            v.first()
-                .and_then(|d| d.get(0))
-                .cloned()
-                .unwrap_or(Value::Null)
-        };
-        let (fa, fb) = (first(&da), first(&db));
-        let mut fields = Vec::new();
-        if let (Some(oa), Some(ob)) = (fa.as_object(), fb.as_object()) {
-            let mut keys: Vec<&String> = oa.keys().chain(ob.keys()).collect();
-            keys.sort();
-            keys.dedup();
-            for k in keys {
-                if oa.get(k) != ob.get(k) {
-                    fields.push(k.clone());
-                }
-            }
-        }
-        let show = |o: &Value, disks: usize| {
-            let mut parts: Vec<String> = fields
-                .iter()
-                .map(|k| format!("{k}={}", o.get(k).cloned().unwrap_or(Value::Null)))
-                .collect();
-            if fields.is_empty() {
-                parts.push(o.to_string());
-            }
-            if disks > 1 {
-                parts.push(format!("({disks} distinct configurations)"));
-            }
-            parts.join(" ")
-        };
-        let disks_a = da.first().and_then(|d| d.as_array()).map_or(0, |v| v.len());
-        let disks_b = db.first().and_then(|d| d.as_array()).map_or(0, |v| v.len());
-        let mut va = show(&fa, da.len());
-        let mut vb = show(&fb, db.len());
-        if disks_a != disks_b {
-            va.push_str(&format!(" disks={disks_a}"));
-            vb.push_str(&format!(" disks={disks_b}"));
-        }
+    if let Some((va, vb)) = device_difference(a, b) {
         check("backend configuration", va, vb, true);
     }
     check(
@@ -865,16 +599,29 @@ fn resolve_pairs(side: &Side, pairs: &[PairSpec]) -> Result<Vec<Resolved>, Repor
     Ok(out)
 }
 
-/// A side's ok records of one (scenario, variant) and how many failed.
-fn pick<'a>(side: &'a Side, (s, v): &Key) -> (Vec<&'a ResultRecord>, usize) {
+/// A side's records of one (scenario, variant): the ok ones, how many
+/// failed, and their samples.
+struct Picked<'a> {
+    key: &'a Key,
+    records: Vec<&'a ResultRecord>,
+    failed: usize,
+    samples: BTreeMap<String, Vec<f64>>,
+}
+
+fn pick<'a>(side: &'a Side, key: &'a Key) -> Picked<'a> {
+    let (s, v) = key;
     let all: Vec<&ResultRecord> = side
         .records
         .iter()
         .filter(|r| &r.scenario == s && &r.variant == v)
         .collect();
-    let ok: Vec<&ResultRecord> = all.iter().copied().filter(|r| r.ok).collect();
-    let failed = all.len() - ok.len();
-    (ok, failed)
+    let records: Vec<&ResultRecord> = all.iter().copied().filter(|r| r.ok).collect();
+    Picked {
+        key,
+        failed: all.len() - records.len(),
+        samples: samples(&records),
+        records,
+    }
 }
 
 /// Every metric's samples over `records` (metrics without data left out).
@@ -898,29 +645,35 @@ fn labels_of(records: &[&ResultRecord]) -> RowLabels {
 fn check_metric_keys(metric_keys: &[String]) -> Result<(), ReportError> {
     for k in metric_keys {
         if metrics::find(k).is_none() {
-            return Err(ReportError::UnknownMetric(
-                k.clone(),
-                metrics::METRICS
-                    .iter()
-                    .map(|m| m.key)
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            ));
+            return Err(ReportError::UnknownMetric(k.clone()));
         }
     }
     Ok(())
 }
 
+/// Every metric's key, for an unknown metric's error.
+fn known_metrics() -> String {
+    metrics::METRICS
+        .iter()
+        .map(|m| m.key)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The blocking differences, for their error.
+fn blocking_list(blocking: &[Difference]) -> String {
+    blocking
+        .iter()
+        .map(|d| format!("{}: A {} / B {}", d.what, d.a, d.b))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Refuse the comparison over the blocking differences, unless forced.
 fn refuse_blocking(diffs: &[Difference], force: bool) -> Result<(), ReportError> {
-    let blocking: Vec<&Difference> = diffs.iter().filter(|d| d.blocking).collect();
+    let blocking: Vec<Difference> = diffs.iter().filter(|d| d.blocking).cloned().collect();
     if !blocking.is_empty() && !force {
-        return Err(ReportError::Differs(
-            blocking
-                .iter()
-                .map(|d| format!("{}: A {} / B {}", d.what, d.a, d.b))
-                .collect::<Vec<_>>()
-                .join("; "),
-        ));
+        return Err(ReportError::Differs(blocking));
     }
     Ok(())
 }
@@ -977,309 +730,335 @@ fn info(s: &Side) -> SideInfo {
     }
 }
 
-/// Holm over every comparison and difference in differences the report
-/// shows (the metrics asked for).
-fn correct(rows: &mut [Row], metric_keys: &[String], confidence: f64) {
-    let mut shown: Vec<&mut dyn Tested> = Vec::new();
-    for r in rows.iter_mut() {
-        for (k, c) in r.metrics.iter_mut() {
-            if metric_keys.contains(k) {
-                shown.push(c);
-            }
-        }
-        for (k, c) in r.did.iter_mut() {
-            if metric_keys.contains(k) {
-                shown.push(&mut c.a);
-                shown.push(&mut c.b);
-                shown.push(&mut c.did);
-            }
-        }
-    }
-    inference::holm(&mut shown, confidence);
-}
-
-/// Build the comparison of `b` against `a` (profiles with
-/// [`profile::DEFAULT_TOP`] functions a row).
-pub(crate) fn build(
-    a: &Side,
-    b: &Side,
-    metric_keys: &[String],
-    confidence: f64,
-    force: bool,
-) -> Result<Report, ReportError> {
-    build_with_top(a, b, metric_keys, confidence, force, profile::DEFAULT_TOP)
-}
-
-/// [`build`] with `profile_top` functions per row in the differential
-/// instruction profile.
-pub fn build_with_top(
-    a: &Side,
-    b: &Side,
-    metric_keys: &[String],
-    confidence: f64,
-    force: bool,
-    profile_top: usize,
-) -> Result<Report, ReportError> {
-    check_metric_keys(metric_keys)?;
-    let (ka, kb) = (keys(a), keys(b));
-    let only_a: Vec<String> = ka
-        .iter()
-        .filter(|k| !kb.contains(k))
-        .map(|(s, v)| format!("{s}/{v}"))
-        .collect();
-    let only_b: Vec<String> = kb
-        .iter()
-        .filter(|k| !ka.contains(k))
-        .map(|(s, v)| format!("{s}/{v}"))
-        .collect();
-    if (!only_a.is_empty() || !only_b.is_empty()) && !force {
-        return Err(ReportError::ScenarioSets {
-            only_a: only_a.join(", "),
-            only_b: only_b.join(", "),
-        });
-    }
-    let mut common: Vec<Key> = ka.into_iter().filter(|k| kb.contains(k)).collect();
-    // Rows in the order the scenarios define their variants.
-    common.sort_by_key(|k| (position(&a.run, k), k.clone()));
-    if common.is_empty() {
-        return Err(ReportError::NothingInCommon);
-    }
-    let mut diffs = differences(a, b);
-    diffs.extend(definitions_across(a, b, &common));
-    refuse_blocking(&diffs, force)?;
-    let mut profiles = Vec::new();
-    let mut rows: Vec<Row> = common
-        .iter()
-        .map(|k| {
-            let (ra, fa) = pick(a, k);
-            let (rb, fb) = pick(b, k);
-            if let Some(mut p) = profile::row_profile(&k.0, &k.1, &ra, &rb, profile_top) {
-                p.a_label.clone_from(&a.kernel);
-                p.b_label.clone_from(&b.kernel);
-                profiles.push(p);
-            }
-            let (sa, sb) = (samples(&ra), samples(&rb));
-            let m = sa
-                .iter()
-                .filter_map(|(key, xa)| {
-                    let xb = sb.get(key)?;
-                    Some((key.clone(), inference::compare(xa, xb, confidence)))
-                })
-                .collect();
-            Row {
-                scenario: k.0.clone(),
-                variant: k.1.clone(),
-                pair: None,
-                labels: labels_of(if ra.is_empty() { &rb } else { &ra }),
-                labels_other: None,
-                failed_a: fa,
-                failed_b: fb,
-                metrics: m,
-                did: BTreeMap::new(),
-                groups: vec![
-                    Group::new(format!("A {}", a.kernel), 0, k, sa),
-                    Group::new(format!("B {}", b.kernel), 1, k, sb),
-                ],
-            }
-        })
-        .collect();
-    correct(&mut rows, metric_keys, confidence);
-    Ok(Report {
-        schema: "blklab-compare/1",
-        mode: Mode::Kernels,
-        a: info(a),
-        b: info(b),
-        pairs: Vec::new(),
-        confidence,
-        metrics: metric_keys.to_vec(),
-        rows,
-        differences: diffs,
-        forced: force,
-        profiles,
-    })
-}
-
 /// The labels of a pair's other variant, when they differ from the base's.
 fn other_labels(base: &RowLabels, other: &[&ResultRecord]) -> Option<RowLabels> {
     let o = labels_of(other);
     (!other.is_empty() && &o != base).then_some(o)
 }
 
-/// Variant against variant on one kernel: for each pair, its other variant
-/// (B) against its base (A), in every scenario that has both.
-pub fn build_pairs(
-    side: &Side,
-    pairs: &[PairSpec],
-    metric_keys: &[String],
-    confidence: f64,
-    force: bool,
-    profile_top: usize,
-) -> Result<Report, ReportError> {
-    check_metric_keys(metric_keys)?;
-    let resolved = resolve_pairs(side, pairs)?;
-    let diffs = pair_definitions(side, &resolved);
-    let mut profiles = Vec::new();
-    let mut rows: Vec<Row> = resolved
-        .iter()
-        .map(|rp| {
-            let (base, other) = rp;
-            let (ra, fa) = pick(side, base);
-            let (rb, fb) = pick(side, other);
-            let pair = row_pair(rp);
-            if let Some(mut p) = profile::row_profile(&base.0, &base.1, &ra, &rb, profile_top) {
-                p.a_label.clone_from(&pair.base);
-                p.b_label.clone_from(&pair.other);
-                p.pair = Some(pair.clone());
-                profiles.push(p);
+/// Holm over every comparison and difference in differences the report
+/// shows (the metrics asked for).
+fn correct(rows: &mut [Row], metric_keys: &[String], confidence: f64) {
+    let mut shown: Vec<&mut Outcome> = Vec::new();
+    for r in rows.iter_mut() {
+        for (k, c) in r.metrics.iter_mut() {
+            if metric_keys.contains(k) {
+                shown.push(&mut c.outcome);
             }
-            let (sa, sb) = (samples(&ra), samples(&rb));
-            let m = sa
-                .iter()
-                .filter_map(|(key, xa)| {
-                    let xb = sb.get(key)?;
-                    Some((key.clone(), inference::compare(xa, xb, confidence)))
-                })
-                .collect();
-            let labels = labels_of(&ra);
-            Row {
-                scenario: base.0.clone(),
-                variant: base.1.clone(),
-                labels_other: other_labels(&labels, &rb),
-                labels,
-                failed_a: fa,
-                failed_b: fb,
-                metrics: m,
-                did: BTreeMap::new(),
-                groups: vec![
-                    Group::new(format!("A {}", pair.base), 0, base, sa),
-                    Group::new(format!("B {}", pair.other), 1, other, sb),
-                ],
-                pair: Some(pair),
+        }
+        for (k, c) in r.did.iter_mut() {
+            if metric_keys.contains(k) {
+                shown.push(&mut c.a.outcome);
+                shown.push(&mut c.b.outcome);
+                shown.push(&mut c.did.outcome);
             }
-        })
-        .collect();
-    correct(&mut rows, metric_keys, confidence);
-    Ok(Report {
-        schema: "blklab-compare/1",
-        mode: Mode::Variants,
-        a: info(side),
-        b: info(side),
-        pairs: pairs.iter().map(|p| p.to_string()).collect(),
-        confidence,
-        metrics: metric_keys.to_vec(),
-        rows,
-        differences: diffs,
-        forced: force,
-        profiles,
-    })
+        }
+    }
+    inference::holm(&mut shown, confidence);
 }
 
-/// The difference in differences: each pair's effect on kernel B against
-/// its effect on kernel A (see [`inference::DiffInDiff`]).
-pub fn build_did(
-    a: &Side,
-    b: &Side,
-    pairs: &[PairSpec],
-    metric_keys: &[String],
-    confidence: f64,
+/// How a comparison is computed and what it lets through.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Options {
+    /// The confidence of the intervals, and 1 − the family-wise level of
+    /// the multiple-comparison correction (e.g. 0.95).
+    pub confidence: f64,
+    /// Compare the common rows of sides whose rows or setups differ.
+    pub force: bool,
+    /// Functions per row in the differential instruction profile.
+    pub profile_top: usize,
+}
+
+/// The keys both sides have, in A's order. A key on one side only is
+/// refused (by `mismatch`, given the names only on A and only on B)
+/// unless forced; no key in common is always refused.
+fn common_keys<K: PartialEq>(
+    ka: Vec<K>,
+    kb: &[K],
+    name: impl Fn(&K) -> String,
     force: bool,
-    profile_top: usize,
-) -> Result<Report, ReportError> {
-    check_metric_keys(metric_keys)?;
-    let (pa, pb) = (resolve_pairs(a, pairs)?, resolve_pairs(b, pairs)?);
-    let name = |r: &Resolved| row_pair(r).name();
-    let only_a: Vec<String> = pa.iter().filter(|r| !pb.contains(r)).map(name).collect();
-    let only_b: Vec<String> = pb.iter().filter(|r| !pa.contains(r)).map(name).collect();
+    mismatch: impl FnOnce(String, String) -> ReportError,
+) -> Result<Vec<K>, ReportError> {
+    let only = |x: &[K], y: &[K]| -> Vec<String> {
+        x.iter().filter(|k| !y.contains(k)).map(&name).collect()
+    };
+    let (only_a, only_b) = (only(&ka, kb), only(kb, &ka));
     if (!only_a.is_empty() || !only_b.is_empty()) && !force {
-        return Err(ReportError::PairSets {
-            only_a: only_a.join(", "),
-            only_b: only_b.join(", "),
-        });
+        return Err(mismatch(only_a.join(", "), only_b.join(", ")));
     }
-    let common: Vec<Resolved> = pa.into_iter().filter(|r| pb.contains(r)).collect();
+    let common: Vec<K> = ka.into_iter().filter(|k| kb.contains(k)).collect();
     if common.is_empty() {
         return Err(ReportError::NothingInCommon);
     }
-    let mut used: Vec<Key> = Vec::new();
-    for (x, y) in &common {
-        for k in [x, y] {
+    Ok(common)
+}
+
+/// Every metric's comparison of `b`'s samples against `a`'s (metrics with
+/// data on both sides).
+fn compare_samples(a: &Picked, b: &Picked, confidence: f64) -> BTreeMap<String, Comparison> {
+    a.samples
+        .iter()
+        .filter_map(|(key, xa)| {
+            let xb = b.samples.get(key)?;
+            Some((key.clone(), inference::compare(xa, xb, confidence)))
+        })
+        .collect()
+}
+
+/// Every metric's difference in differences of the four groups (A base,
+/// A other, B base, B other), with each kernel's pair effect.
+fn did_cells(g: [&Picked; 4], confidence: f64) -> BTreeMap<String, DidCell> {
+    let mut did = BTreeMap::new();
+    for m in metrics::METRICS {
+        let s: Vec<&Vec<f64>> = g.iter().filter_map(|x| x.samples.get(m.key)).collect();
+        let [ab, ao, bb, bo] = s.as_slice() else {
+            continue;
+        };
+        did.insert(
+            m.key.to_string(),
+            DidCell {
+                a: inference::compare(ab, ao, confidence),
+                b: inference::compare(bb, bo, confidence),
+                did: inference::did(ab, ao, bb, bo, confidence),
+            },
+        );
+    }
+    did
+}
+
+/// The differential profile of a row (`other` against `base` records),
+/// its series named by `labels`.
+fn labelled_profile(
+    base: &Picked,
+    other: &Picked,
+    top: usize,
+    labels: (String, String),
+    pair: Option<&RowPair>,
+    kernel: Option<&str>,
+) -> Option<RowProfile> {
+    let key = base.key;
+    let mut p = profile::row_profile(&key.0, &key.1, &base.records, &other.records, top)?;
+    (p.a_label, p.b_label) = labels;
+    p.pair = pair.cloned();
+    p.kernel = kernel.map(str::to_string);
+    Some(p)
+}
+
+impl Row {
+    /// A row of `key` (a pair's base) with no failures, cells or groups yet.
+    fn new(
+        key: &Key,
+        pair: Option<RowPair>,
+        labels: RowLabels,
+        labels_other: Option<RowLabels>,
+    ) -> Row {
+        Row {
+            scenario: key.0.clone(),
+            variant: key.1.clone(),
+            pair,
+            labels,
+            labels_other,
+            failed_a: 0,
+            failed_b: 0,
+            metrics: BTreeMap::new(),
+            did: BTreeMap::new(),
+            groups: Vec::new(),
+        }
+    }
+
+    /// The row's cells and groups with two groups: B against A, legends
+    /// `labels`.
+    fn compared(mut self, a: Picked, b: Picked, labels: [String; 2], confidence: f64) -> Row {
+        self.failed_a = a.failed;
+        self.failed_b = b.failed;
+        self.metrics = compare_samples(&a, &b, confidence);
+        let [la, lb] = labels;
+        self.groups = vec![Group::new(la, 0, a), Group::new(lb, 1, b)];
+        self
+    }
+}
+
+/// What a report compares: sides A and B (the same side twice for
+/// variant pairs on one kernel) and the `--pair` arguments.
+pub(crate) struct Subject<'a> {
+    pub a: &'a Side,
+    pub b: &'a Side,
+    pub pairs: &'a [PairSpec],
+}
+
+/// Which rows a report of a [`Subject`] has, and how one row is made from
+/// the sides' records.
+pub(crate) trait RowResolver {
+    /// What names a row: a (scenario, variant), or a pair resolved to
+    /// its rows.
+    type Key;
+    const MODE: Mode;
+    /// The rows, in report order, and what differs between what they
+    /// compare (refused where blocking, unless forced).
+    fn rows(s: &Subject, force: bool) -> Result<(Vec<Self::Key>, Vec<Difference>), ReportError>;
+    /// One row; its differential profiles go to `profiles`.
+    fn row(s: &Subject, key: &Self::Key, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row;
+}
+
+/// Kernel B against kernel A, row by row (scenario, variant).
+pub(crate) struct KernelRows;
+
+impl RowResolver for KernelRows {
+    type Key = Key;
+    const MODE: Mode = Mode::Kernels;
+
+    fn rows(s: &Subject, force: bool) -> Result<(Vec<Key>, Vec<Difference>), ReportError> {
+        let (a, b) = (s.a, s.b);
+        let name = |(s, v): &Key| format!("{s}/{v}");
+        let scenario_sets = |only_a, only_b| ReportError::ScenarioSets { only_a, only_b };
+        let mut common = common_keys(keys(a), &keys(b), name, force, scenario_sets)?;
+        // Rows in the order the scenarios define their variants.
+        common.sort_by_key(|k| (position(&a.run, k), k.clone()));
+        let mut diffs = differences(a, b);
+        diffs.extend(definitions_across(a, b, &common));
+        refuse_blocking(&diffs, force)?;
+        Ok((common, diffs))
+    }
+
+    fn row(s: &Subject, key: &Key, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
+        let (a, b) = (pick(s.a, key), pick(s.b, key));
+        let names = (s.a.kernel.clone(), s.b.kernel.clone());
+        profiles.extend(labelled_profile(
+            &a,
+            &b,
+            opts.profile_top,
+            names,
+            None,
+            None,
+        ));
+        let labels = labels_of(if a.records.is_empty() {
+            &b.records
+        } else {
+            &a.records
+        });
+        let legends = [format!("A {}", s.a.kernel), format!("B {}", s.b.kernel)];
+        Row::new(key, None, labels, None).compared(a, b, legends, opts.confidence)
+    }
+}
+
+/// On one kernel, each pair's other variant (B) against its base (A), in
+/// every scenario that has both.
+pub(crate) struct PairRows;
+
+impl RowResolver for PairRows {
+    type Key = Resolved;
+    const MODE: Mode = Mode::Variants;
+
+    fn rows(s: &Subject, _force: bool) -> Result<(Vec<Resolved>, Vec<Difference>), ReportError> {
+        let resolved = resolve_pairs(s.a, s.pairs)?;
+        let diffs = pair_definitions(s.a, &resolved);
+        Ok((resolved, diffs))
+    }
+
+    fn row(s: &Subject, rp: &Resolved, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
+        let (base, other) = rp;
+        let pair = row_pair(rp);
+        let (a, b) = (pick(s.a, base), pick(s.a, other));
+        let names = (pair.base.clone(), pair.other.clone());
+        profiles.extend(labelled_profile(
+            &a,
+            &b,
+            opts.profile_top,
+            names,
+            Some(&pair),
+            None,
+        ));
+        let labels = labels_of(&a.records);
+        let labels_other = other_labels(&labels, &b.records);
+        let legends = [format!("A {}", pair.base), format!("B {}", pair.other)];
+        Row::new(base, Some(pair), labels, labels_other).compared(a, b, legends, opts.confidence)
+    }
+}
+
+/// On two kernels, each pair's effect on kernel B against its effect on
+/// kernel A (see [`inference::DiffInDiff`]).
+pub(crate) struct DidRows;
+
+impl RowResolver for DidRows {
+    type Key = Resolved;
+    const MODE: Mode = Mode::Did;
+
+    fn rows(s: &Subject, force: bool) -> Result<(Vec<Resolved>, Vec<Difference>), ReportError> {
+        let (a, b) = (s.a, s.b);
+        let (pa, pb) = (resolve_pairs(a, s.pairs)?, resolve_pairs(b, s.pairs)?);
+        let name = |r: &Resolved| row_pair(r).name();
+        let pair_sets = |only_a, only_b| ReportError::PairSets { only_a, only_b };
+        let common = common_keys(pa, &pb, name, force, pair_sets)?;
+        let mut used: Vec<Key> = Vec::new();
+        for k in common.iter().flat_map(|(x, y)| [x, y]) {
             if !used.contains(k) {
                 used.push(k.clone());
             }
         }
+        let mut diffs = differences(a, b);
+        diffs.extend(definitions_across(a, b, &used));
+        refuse_blocking(&diffs, force)?;
+        diffs.extend(pair_definitions(a, &common));
+        Ok((common, diffs))
     }
-    let mut diffs = differences(a, b);
-    diffs.extend(definitions_across(a, b, &used));
-    refuse_blocking(&diffs, force)?;
-    diffs.extend(pair_definitions(a, &common));
+
+    fn row(s: &Subject, rp: &Resolved, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
+        let (base, other) = rp;
+        let pair = row_pair(rp);
+        let (a, b) = (s.a, s.b);
+        let [ab, ao, bb, bo] = [pick(a, base), pick(a, other), pick(b, base), pick(b, other)];
+        for (side, x, y) in [(a, &ab, &ao), (b, &bb, &bo)] {
+            let k = &side.kernel;
+            let names = (
+                format!("{} on {k}", pair.base),
+                format!("{} on {k}", pair.other),
+            );
+            let p = labelled_profile(x, y, opts.profile_top, names, Some(&pair), Some(k));
+            profiles.extend(p);
+        }
+        let labels = labels_of(&ab.records);
+        let labels_other = other_labels(&labels, &ao.records);
+        let mut row = Row::new(base, Some(pair), labels, labels_other);
+        row.failed_a = ab.failed + ao.failed;
+        row.failed_b = bb.failed + bo.failed;
+        row.did = did_cells([&ab, &ao, &bb, &bo], opts.confidence);
+        row.groups = vec![
+            Group::new(format!("A {} {}", a.kernel, base.1), 0, ab),
+            Group::new(format!("A {} {}", a.kernel, other.1), 0, ao),
+            Group::new(format!("B {} {}", b.kernel, base.1), 1, bb),
+            Group::new(format!("B {} {}", b.kernel, other.1), 1, bo),
+        ];
+        row
+    }
+}
+
+/// The comparison of `subject` with the rows resolver `R` gives: its rows,
+/// what differs, the differential profiles and the multiple-comparison
+/// correction.
+pub(crate) fn build<R: RowResolver>(
+    subject: &Subject,
+    metric_keys: &[String],
+    opts: &Options,
+) -> Result<Report, ReportError> {
+    check_metric_keys(metric_keys)?;
+    let (keys, differences) = R::rows(subject, opts.force)?;
     let mut profiles = Vec::new();
-    let mut rows: Vec<Row> = common
+    let mut rows: Vec<Row> = keys
         .iter()
-        .map(|rp| {
-            let (base, other) = rp;
-            let pair = row_pair(rp);
-            let (rab, fab) = pick(a, base);
-            let (rao, fao) = pick(a, other);
-            let (rbb, fbb) = pick(b, base);
-            let (rbo, fbo) = pick(b, other);
-            for (side, rx, ry) in [(a, &rab, &rao), (b, &rbb, &rbo)] {
-                if let Some(mut p) = profile::row_profile(&base.0, &base.1, rx, ry, profile_top) {
-                    p.a_label = format!("{} on {}", pair.base, side.kernel);
-                    p.b_label = format!("{} on {}", pair.other, side.kernel);
-                    p.pair = Some(pair.clone());
-                    p.kernel = Some(side.kernel.clone());
-                    profiles.push(p);
-                }
-            }
-            let s = [samples(&rab), samples(&rao), samples(&rbb), samples(&rbo)];
-            let mut did = BTreeMap::new();
-            for m in metrics::METRICS {
-                let g: Vec<&Vec<f64>> = s.iter().filter_map(|x| x.get(m.key)).collect();
-                let [ab, ao, bb, bo] = g.as_slice() else {
-                    continue;
-                };
-                did.insert(
-                    m.key.to_string(),
-                    DidCell {
-                        a: inference::compare(ab, ao, confidence),
-                        b: inference::compare(bb, bo, confidence),
-                        did: inference::did(ab, ao, bb, bo, confidence),
-                    },
-                );
-            }
-            let labels = labels_of(&rab);
-            let [sab, sao, sbb, sbo] = s;
-            Row {
-                scenario: base.0.clone(),
-                variant: base.1.clone(),
-                labels_other: other_labels(&labels, &rao),
-                labels,
-                failed_a: fab + fao,
-                failed_b: fbb + fbo,
-                metrics: BTreeMap::new(),
-                did,
-                groups: vec![
-                    Group::new(format!("A {} {}", a.kernel, base.1), 0, base, sab),
-                    Group::new(format!("A {} {}", a.kernel, other.1), 0, other, sao),
-                    Group::new(format!("B {} {}", b.kernel, base.1), 1, base, sbb),
-                    Group::new(format!("B {} {}", b.kernel, other.1), 1, other, sbo),
-                ],
-                pair: Some(pair),
-            }
-        })
+        .map(|k| R::row(subject, k, opts, &mut profiles))
         .collect();
-    correct(&mut rows, metric_keys, confidence);
+    correct(&mut rows, metric_keys, opts.confidence);
     Ok(Report {
         schema: "blklab-compare/1",
-        mode: Mode::Did,
-        a: info(a),
-        b: info(b),
-        pairs: pairs.iter().map(|p| p.to_string()).collect(),
-        confidence,
+        mode: R::MODE,
+        a: info(subject.a),
+        b: info(subject.b),
+        pairs: subject.pairs.iter().map(|p| p.to_string()).collect(),
+        confidence: opts.confidence,
         metrics: metric_keys.to_vec(),
         rows,
-        differences: diffs,
-        forced: force,
+        differences,
+        forced: opts.force,
         profiles,
     })
 }
@@ -1297,6 +1076,28 @@ pub struct Request {
     pub profile_top: usize,
 }
 
+impl Request {
+    fn options(&self) -> Options {
+        Options {
+            confidence: self.confidence,
+            force: self.force,
+            profile_top: self.profile_top,
+        }
+    }
+
+    /// The metrics asked for: as given, every metric for `all`, else the
+    /// defaults for the sides' records.
+    fn metric_keys(&self, a: &Side, b: Option<&Side>) -> Vec<String> {
+        if self.metrics.is_empty() {
+            metrics::default_metrics(a.records.iter().chain(b.iter().flat_map(|b| &b.records)))
+        } else if self.metrics.iter().any(|m| m == "all") {
+            metrics::METRICS.iter().map(|m| m.key.to_string()).collect()
+        } else {
+            self.metrics.clone()
+        }
+    }
+}
+
 /// A report and the sides it read (the same side twice for variant pairs
 /// on one kernel).
 pub struct Compared {
@@ -1311,71 +1112,23 @@ pub struct Compared {
 /// compares the pairs' variants.
 pub fn run(req: &Request) -> Result<Compared, ReportError> {
     if !(req.confidence > 0.5 && req.confidence < 1.0) {
-        return Err(ReportError::Usage(
-            "--confidence must be between 0.5 and 1 (e.g. 0.95)".into(),
-        ));
+        return Err(ReportError::Confidence(req.confidence));
     }
-    let (a, b) = match (req.sides.as_slice(), req.pairs.is_empty()) {
-        ([one], true) => {
-            let (a, b) = load_pair(one)?;
-            (a, Some(b))
-        }
-        ([one], false) => {
-            let (dirs, kernel) = split_arg(one);
-            if kernel.is_some() {
-                (load_side(one)?, None)
-            } else {
-                let (run, records) = load_dirs(&dirs)?;
-                let dir = dirs_label(&dirs);
-                let ks = kernels(&run, &records);
-                match ks.as_slice() {
-                    [k] => (side_of(&dir, &run, &records, k), None),
-                    [x, y] => (
-                        side_of(&dir, &run, &records, x),
-                        Some(side_of(&dir, &run, &records, y)),
-                    ),
-                    _ => {
-                        return Err(ReportError::Ambiguous {
-                            n: ks.len(),
-                            have: ks.join(", "),
-                            dir,
-                        })
-                    }
-                }
-            }
-        }
-        ([x, y], _) => (load_side(x)?, Some(load_side(y)?)),
-        _ => {
-            return Err(ReportError::Usage(
-                "give one or two sides (DIR or DIR:KERNEL)".into(),
-            ))
-        }
+    let (a, b) = load::load_sides(&req.sides, !req.pairs.is_empty())?;
+    let keys = req.metric_keys(&a, b.as_ref());
+    let opts = req.options();
+    let subject = Subject {
+        a: &a,
+        b: b.as_ref().unwrap_or(&a),
+        pairs: &req.pairs,
     };
-    let keys: Vec<String> = if req.metrics.is_empty() {
-        metrics::default_metrics(a.records.iter().chain(b.iter().flat_map(|b| &b.records)))
-    } else if req.metrics.iter().any(|m| m == "all") {
-        metrics::METRICS.iter().map(|m| m.key.to_string()).collect()
-    } else {
-        req.metrics.clone()
+    let report = match (&b, req.pairs.is_empty()) {
+        (None, _) => build::<PairRows>(&subject, &keys, &opts)?,
+        (Some(_), true) => build::<KernelRows>(&subject, &keys, &opts)?,
+        (Some(_), false) => build::<DidRows>(&subject, &keys, &opts)?,
     };
-    let (c, f, t) = (req.confidence, req.force, req.profile_top);
-    Ok(match b {
-        None => Compared {
-            report: build_pairs(&a, &req.pairs, &keys, c, f, t)?,
-            b: a.clone(),
-            a,
-        },
-        Some(b) if req.pairs.is_empty() => Compared {
-            report: build_with_top(&a, &b, &keys, c, f, t)?,
-            a,
-            b,
-        },
-        Some(b) => Compared {
-            report: build_did(&a, &b, &req.pairs, &keys, c, f, t)?,
-            a,
-            b,
-        },
-    })
+    let b = b.unwrap_or_else(|| a.clone());
+    Ok(Compared { report, a, b })
 }
 
 #[cfg(test)]
@@ -1383,6 +1136,23 @@ mod tests {
     use super::*;
     use crate::record::result::test_record;
     use serde_json::json;
+
+    #[test]
+    fn common_keys_refuse_a_one_sided_key_unless_forced() {
+        let name = |k: &u32| k.to_string();
+        let sets = |only_a, only_b| ReportError::ScenarioSets { only_a, only_b };
+        let e = common_keys(vec![1, 2, 3], &[3, 2, 4], name, false, sets).unwrap_err();
+        assert!(
+            matches!(&e, ReportError::ScenarioSets { only_a, only_b } if only_a == "1" && only_b == "4"),
+            "{e}"
+        );
+        let common = common_keys(vec![1, 2, 3], &[3, 2, 4], name, true, sets).unwrap();
+        assert_eq!(common, [2, 3], "in A's order");
+        assert!(matches!(
+            common_keys(vec![1], &[2], name, true, sets),
+            Err(ReportError::NothingInCommon)
+        ));
+    }
 
     #[test]
     fn pairs_parse() {

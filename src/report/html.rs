@@ -10,10 +10,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use plotters::prelude::*;
+use thiserror::Error;
 
 use crate::record::metrics;
-use crate::report::compare::{Mode, Report, Side};
+use crate::report::compare::{Mode, Report};
 use crate::report::inference;
+use crate::report::load::Side;
 use crate::report::render;
 
 const A_COLOR: RGBColor = RGBColor(31, 119, 180);
@@ -57,8 +59,25 @@ fn series_labels(report: &Report) -> Vec<String> {
     }
 }
 
-fn plot_err<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> std::io::Error + '_ {
-    move |e| std::io::Error::other(format!("{what}: {e:?}"))
+/// A plot that plotters could not draw: what was being drawn, and why.
+#[derive(Debug, Error)]
+#[error("{what}: {source:?}")]
+struct PlotError {
+    what: &'static str,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// Plotters' error while drawing `what`, as the I/O error of the page.
+fn plot_err<E: std::error::Error + Send + Sync + 'static>(
+    what: &'static str,
+) -> impl Fn(E) -> std::io::Error {
+    move |e| {
+        std::io::Error::other(PlotError {
+            what,
+            source: Box::new(e),
+        })
+    }
 }
 
 /// Half-width of the 95 % interval of a mean (0 with one sample).
@@ -333,7 +352,6 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// Write `dir/report.html` and `dir/plots/*.svg`; returns the files written.
 /// Horizontal bars of the top functions' per-IO difference (B − A) of one
 /// row's differential instruction profile, with each side's sd as whiskers.
 fn profile_bars(p: &crate::report::profile::RowProfile, path: &Path) -> std::io::Result<bool> {
@@ -410,20 +428,31 @@ fn profile_bars(p: &crate::report::profile::RowProfile, path: &Path) -> std::io:
     Ok(true)
 }
 
-pub(crate) fn write(
-    report: &Report,
-    a: &Side,
-    b: &Side,
-    dir: &Path,
-) -> std::io::Result<Vec<PathBuf>> {
-    let plots = dir.join("plots");
-    std::fs::create_dir_all(&plots)?;
-    let mut written = Vec::new();
-    let mut body = String::new();
-    body.push_str(&format!(
-        "<h1>{}</h1>\n<p>{}</p>\n",
-        esc(&render::heading(report)),
-        esc(&match report.mode {
+/// A group's points in one plot, from its side's records of its
+/// (scenario, variant).
+type GroupPoints = fn(&Side, &str, &str) -> Vec<(f64, f64)>;
+
+/// The page being written: its body so far and the files written.
+struct Page {
+    plots: PathBuf,
+    body: String,
+    written: Vec<PathBuf>,
+}
+
+impl Page {
+    /// Show the plot written to `file` as a figure.
+    fn figure(&mut self, file: PathBuf, alt: &str) {
+        self.body.push_str(&format!(
+            "<figure><img src=\"plots/{}\" alt=\"{}\"></figure>\n",
+            esc(&file.file_name().unwrap_or_default().to_string_lossy()),
+            esc(alt)
+        ));
+        self.written.push(file);
+    }
+
+    /// The heading, what A and B are, and the text table.
+    fn heading(&mut self, report: &Report) {
+        let sides = match report.mode {
             Mode::Variants => format!(
                 "A: each pair's base variant, B: its other variant, on {} in {}; {:.0}% confidence",
                 report.a.kernel_spec,
@@ -438,27 +467,38 @@ pub(crate) fn write(
                 report.b.dir.display(),
                 report.confidence * 100.0
             ),
-        })
-    ));
-    let table = render::table(report);
-    body.push_str(&format!("<pre>{}</pre>\n", esc(&table)));
-    body.push_str("<h2>Metrics</h2>\n");
-    for key in &report.metrics {
-        let f = plots.join(format!("metric-{}.svg", file_safe(key)));
-        if bars(report, key, &f)? {
-            body.push_str(&format!(
-                "<figure><img src=\"plots/{}\" alt=\"{}\"></figure>\n",
-                esc(&f.file_name().unwrap_or_default().to_string_lossy()),
-                esc(key)
-            ));
-            written.push(f);
-        }
+        };
+        self.body.push_str(&format!(
+            "<h1>{}</h1>\n<p>{}</p>\n",
+            esc(&render::heading(report)),
+            esc(&sides)
+        ));
+        let table = render::table(report);
+        self.body.push_str(&format!("<pre>{}</pre>\n", esc(&table)));
     }
-    if !report.profiles.is_empty() {
-        body.push_str("<h2>Differential instruction profile</h2>\n");
+
+    /// Each metric's bars.
+    fn metrics(&mut self, report: &Report) -> std::io::Result<()> {
+        self.body.push_str("<h2>Metrics</h2>\n");
+        for key in &report.metrics {
+            let f = self.plots.join(format!("metric-{}.svg", file_safe(key)));
+            if bars(report, key, &f)? {
+                self.figure(f, key);
+            }
+        }
+        Ok(())
+    }
+
+    /// Each row's differential instruction profile, with its warnings.
+    fn profiles(&mut self, report: &Report) -> std::io::Result<()> {
+        if report.profiles.is_empty() {
+            return Ok(());
+        }
+        self.body
+            .push_str("<h2>Differential instruction profile</h2>\n");
         for p in &report.profiles {
             for w in &p.warnings {
-                body.push_str(&format!(
+                self.body.push_str(&format!(
                     "<p class=\"warning\"><strong>{}</strong>: {}</p>\n",
                     esc(&p.title()),
                     esc(&crate::report::profile::warning_line(
@@ -470,85 +510,89 @@ pub(crate) fn write(
                 None => format!("{}-{}", p.scenario, p.variant),
                 Some(_) => p.title(),
             };
-            let f = plots.join(format!("profile-{}.svg", file_safe(&name)));
+            let f = self.plots.join(format!("profile-{}.svg", file_safe(&name)));
             if profile_bars(p, &f)? {
-                body.push_str(&format!(
-                    "<figure><img src=\"plots/{}\" alt=\"profile\"></figure>\n",
-                    esc(&f.file_name().unwrap_or_default().to_string_lossy())
-                ));
-                written.push(f);
+                self.figure(f, "profile");
             }
         }
+        Ok(())
     }
-    body.push_str("<h2>Distributions per scenario</h2>\n");
-    let sides = [a, b];
-    for r in &report.rows {
-        let name = r.name();
-        let base = match &r.pair {
-            None => file_safe(&format!("{}-{}", r.scenario, r.variant)),
-            Some(_) => file_safe(&name),
-        };
-        body.push_str(&format!("<h3>{}</h3>\n", esc(&name)));
+
+    /// Each row's latency and requests-per-kick distributions, a curve per
+    /// group of the row.
+    fn distributions(&mut self, report: &Report, sides: [&Side; 2]) -> std::io::Result<()> {
+        self.body.push_str("<h2>Distributions per scenario</h2>\n");
         let palette = colors(report);
-        let lat = plots.join(format!("latency-{base}.svg"));
-        let title = format!("{name}: fio completion latency");
-        // Latency on x, percentile on y: the curve reads as a CDF.
-        let curves: Vec<Curve> = r
-            .groups
-            .iter()
-            .enumerate()
-            .map(|(i, g)| {
-                (
-                    swap(&latency_curve(sides[g.side], &g.scenario, &g.variant)),
-                    palette[i.min(3)],
-                    g.label.as_str(),
-                )
-            })
-            .collect();
-        if overlay(&lat, &title, "latency (µs)", "percentile", &curves, true)? {
-            body.push_str(&format!(
-                "<figure><img src=\"plots/{}\" alt=\"latency\"></figure>\n",
-                esc(&lat.file_name().unwrap_or_default().to_string_lossy())
-            ));
-            written.push(lat);
+        for r in &report.rows {
+            let name = r.name();
+            let base = match &r.pair {
+                None => file_safe(&format!("{}-{}", r.scenario, r.variant)),
+                Some(_) => file_safe(&name),
+            };
+            self.body.push_str(&format!("<h3>{}</h3>\n", esc(&name)));
+            let curves = |points: GroupPoints| -> Vec<Curve> {
+                r.groups
+                    .iter()
+                    .enumerate()
+                    .map(|(i, g)| {
+                        let p = points(sides[g.side], &g.scenario, &g.variant);
+                        (p, palette[i.min(3)], g.label.as_str())
+                    })
+                    .collect()
+            };
+            let lat = self.plots.join(format!("latency-{base}.svg"));
+            let title = format!("{name}: fio completion latency");
+            // Latency on x, percentile on y: the curve reads as a CDF.
+            let lat_curves = curves(|s, sc, v| swap(&latency_curve(s, sc, v)));
+            if overlay(
+                &lat,
+                &title,
+                "latency (µs)",
+                "percentile",
+                &lat_curves,
+                true,
+            )? {
+                self.figure(lat, "latency");
+            }
+            let kick = self.plots.join(format!("requests-per-kick-{base}.svg"));
+            let title = format!("{name}: requests per kick");
+            let (x, y) = ("requests per kick", "share of kicks");
+            if overlay(&kick, &title, x, y, &curves(kick_distribution), false)? {
+                self.figure(kick, "requests per kick");
+            }
         }
-        let kick = plots.join(format!("requests-per-kick-{base}.svg"));
-        let title = format!("{name}: requests per kick");
-        let curves: Vec<Curve> = r
-            .groups
-            .iter()
-            .enumerate()
-            .map(|(i, g)| {
-                (
-                    kick_distribution(sides[g.side], &g.scenario, &g.variant),
-                    palette[i.min(3)],
-                    g.label.as_str(),
-                )
-            })
-            .collect();
-        if overlay(
-            &kick,
-            &title,
-            "requests per kick",
-            "share of kicks",
-            &curves,
-            false,
-        )? {
-            body.push_str(&format!(
-                "<figure><img src=\"plots/{}\" alt=\"requests per kick\"></figure>\n",
-                esc(&kick.file_name().unwrap_or_default().to_string_lossy())
-            ));
-            written.push(kick);
-        }
+        Ok(())
     }
+}
+
+/// Write `dir/report.html` and `dir/plots/*.svg`; returns the files written.
+pub(crate) fn write(
+    report: &Report,
+    a: &Side,
+    b: &Side,
+    dir: &Path,
+) -> std::io::Result<Vec<PathBuf>> {
+    let plots = dir.join("plots");
+    std::fs::create_dir_all(&plots)?;
+    let mut page = Page {
+        plots,
+        body: String::new(),
+        written: Vec::new(),
+    };
+    page.heading(report);
+    page.metrics(report)?;
+    page.profiles(report)?;
+    page.distributions(report, [a, b])?;
+    let body = page.body;
     let html = format!(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>blklab compare</title>\n\
          <style>body{{font-family:sans-serif;margin:2em}}pre{{font-size:12px}}figure{{display:inline-block;margin:0.5em}}.warning{{color:#a00}}</style>\n\
          </head><body>\n{body}</body></html>\n"
     );
-    let page = dir.join("report.html");
-    std::fs::write(&page, html)?;
-    written.insert(0, page);
+    let path = dir.join("report.html");
+    std::fs::write(&path, html)?;
+    let mut written = page.written;
+    written.insert(0, path);
     Ok(written)
 }
 

@@ -217,6 +217,82 @@ pub enum Method {
     None,
 }
 
+/// What the test of "no difference" concluded, for a [`Comparison`] or a
+/// [`DiffInDiff`].
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub method: Method,
+    /// Two-sided p-value of "no difference" (from the same method).
+    pub p_value: Option<f64>,
+    /// The interval excludes 0.
+    pub ci_excludes_zero: bool,
+    /// Enough samples in every group, and the difference survives the
+    /// multiple-comparison correction of the report it is in ([`holm`]);
+    /// alone, enough samples and the interval excluding 0.
+    pub significant: bool,
+    /// A group's coefficient of variation exceeds |delta|.
+    pub noisy: bool,
+    /// Why the row cannot be significant, when that is the reason.
+    pub note: Option<String>,
+}
+
+impl Outcome {
+    /// The outcome of a test by `method` whose `interval` (of the
+    /// difference, in any unit where 0 is "no difference") and `p_value`
+    /// were computed; `enough` says every group had enough samples, and
+    /// `groups` names them in the note when not.
+    fn tested(
+        method: Method,
+        interval: Option<Interval>,
+        p_value: Option<f64>,
+        enough: bool,
+        noisy: bool,
+        groups: &str,
+    ) -> Outcome {
+        let excludes_zero = interval.is_some_and(|i| i.lo > 0.0 || i.hi < 0.0);
+        Outcome {
+            method,
+            p_value,
+            ci_excludes_zero: excludes_zero,
+            significant: enough && excludes_zero,
+            noisy,
+            note: (!enough)
+                .then(|| format!("fewer than {MIN_SAMPLES_FOR_SIGNIFICANCE} samples {groups}")),
+        }
+    }
+
+    /// No test: `why`.
+    fn untested(why: &str) -> Outcome {
+        Outcome {
+            method: Method::None,
+            p_value: None,
+            ci_excludes_zero: false,
+            significant: false,
+            noisy: false,
+            note: Some(why.to_string()),
+        }
+    }
+}
+
+/// The wider of two intervals (either, when one is missing).
+fn wider(x: Option<Interval>, y: Option<Interval>) -> Option<Interval> {
+    match (x, y) {
+        (Some(x), Some(y)) => Some(Interval {
+            lo: x.lo.min(y.lo),
+            hi: x.hi.max(y.hi),
+        }),
+        (x, y) => x.or(y),
+    }
+}
+
+/// The larger of two p-values (either, when one is missing).
+fn larger(x: Option<f64>, y: Option<f64>) -> Option<f64> {
+    match (x, y) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, y) => x.or(y),
+    }
+}
+
 /// One metric of one row, A against B.
 #[derive(Debug, Clone, Serialize)]
 pub struct Comparison {
@@ -226,19 +302,8 @@ pub struct Comparison {
     pub delta_pct: f64,
     /// The interval of the difference, as % of |mean A|.
     pub ci_pct: Option<Interval>,
-    pub method: Method,
-    /// Two-sided p-value of "no difference" (from the same method).
-    pub p_value: Option<f64>,
-    /// The interval excludes 0.
-    pub ci_excludes_zero: bool,
-    /// Enough samples a side, and the difference survives the multiple-
-    /// comparison correction of the report it is in ([`holm`]); alone,
-    /// enough samples and the interval excluding 0.
-    pub significant: bool,
-    /// A side's coefficient of variation exceeds |delta|.
-    pub noisy: bool,
-    /// Why the row cannot be significant, when that is the reason.
-    pub note: Option<String>,
+    #[serde(flatten)]
+    pub outcome: Outcome,
 }
 
 /// Compare samples `a` and `b` at `confidence` (e.g. 0.95).
@@ -267,71 +332,27 @@ pub(crate) fn compare(a: &[f64], b: &[f64], confidence: f64) -> Comparison {
             Method::Bootstrap,
         )
     } else {
-        let w = welch_interval(a, b, confidence);
-        let bs = bootstrap_interval(a, b, confidence);
-        let wider = match (w, bs) {
-            (Some(w), Some(bs)) => Some(Interval {
-                lo: w.lo.min(bs.lo),
-                hi: w.hi.max(bs.hi),
-            }),
-            (x, y) => x.or(y),
-        };
-        let p = match (welch_p(a, b), bootstrap_p(a, b)) {
-            (Some(x), Some(y)) => Some(x.max(y)),
-            (x, y) => x.or(y),
-        };
-        (wider, p, Method::Conservative)
+        (
+            wider(
+                welch_interval(a, b, confidence),
+                bootstrap_interval(a, b, confidence),
+            ),
+            larger(welch_p(a, b), bootstrap_p(a, b)),
+            Method::Conservative,
+        )
     };
     let ci_pct = interval.filter(|_| base > 0.0).map(|i| Interval {
         lo: i.lo / base * 100.0,
         hi: i.hi / base * 100.0,
     });
     let enough = sa.n >= MIN_SAMPLES_FOR_SIGNIFICANCE && sb.n >= MIN_SAMPLES_FOR_SIGNIFICANCE;
-    let excludes_zero = interval.map(|i| i.lo > 0.0 || i.hi < 0.0).unwrap_or(false);
     let noisy = sa.cv_pct.max(sb.cv_pct) > delta_pct.abs();
-    let note = if !enough {
-        Some(format!(
-            "fewer than {MIN_SAMPLES_FOR_SIGNIFICANCE} samples a side"
-        ))
-    } else {
-        None
-    };
     Comparison {
         a: sa,
         b: sb,
         delta_pct,
         ci_pct,
-        method,
-        p_value,
-        ci_excludes_zero: excludes_zero,
-        significant: enough && excludes_zero,
-        noisy,
-        note,
-    }
-}
-
-/// Something a report marks significant or not: a [`Comparison`] or a
-/// [`DiffInDiff`].
-pub(crate) trait Tested {
-    fn p_value(&self) -> Option<f64>;
-    fn significant_mut(&mut self) -> &mut bool;
-}
-
-impl Tested for Comparison {
-    fn p_value(&self) -> Option<f64> {
-        self.p_value
-    }
-    fn significant_mut(&mut self) -> &mut bool {
-        &mut self.significant
-    }
-}
-
-impl Tested for DiffInDiff {
-    fn p_value(&self) -> Option<f64> {
-        self.p_value
-    }
-    fn significant_mut(&mut self) -> &mut bool {
-        &mut self.significant
+        outcome: Outcome::tested(method, interval, p_value, enough, noisy, "a side"),
     }
 }
 
@@ -340,9 +361,9 @@ impl Tested for DiffInDiff {
 /// family-wise level `1 − confidence` (and it had enough samples and an
 /// interval excluding 0). An A/A report then shows a significant row with
 /// probability at most 1 − confidence, however many rows and metrics it has.
-pub(crate) fn holm(comparisons: &mut [&mut dyn Tested], confidence: f64) {
+pub(crate) fn holm(comparisons: &mut [&mut Outcome], confidence: f64) {
     let alpha = 1.0 - confidence;
-    let ps: Vec<Option<f64>> = comparisons.iter().map(|c| c.p_value()).collect();
+    let ps: Vec<Option<f64>> = comparisons.iter().map(|c| c.p_value).collect();
     let mut order: Vec<usize> = (0..ps.len()).filter(|&i| ps[i].is_some()).collect();
     let m = order.len();
     order.sort_by(|&x, &y| ps[x].unwrap_or(1.0).total_cmp(&ps[y].unwrap_or(1.0)));
@@ -355,8 +376,7 @@ pub(crate) fn holm(comparisons: &mut [&mut dyn Tested], confidence: f64) {
         }
     }
     for (i, c) in comparisons.iter_mut().enumerate() {
-        let s = c.significant_mut();
-        *s = *s && passed[i];
+        c.significant = c.significant && passed[i];
     }
 }
 
@@ -385,15 +405,10 @@ pub struct DiffInDiff {
     pub se: Option<f64>,
     /// Welch–Satterthwaite degrees of freedom of `se`.
     pub df: Option<f64>,
-    pub method: Method,
-    pub p_value: Option<f64>,
-    pub ci_excludes_zero: bool,
-    /// As [`Comparison::significant`] (every group with enough samples,
-    /// Holm over the report).
-    pub significant: bool,
-    /// A group's coefficient of variation exceeds |delta|.
-    pub noisy: bool,
-    pub note: Option<String>,
+    /// Significant as a [`Comparison`] is: every group with enough
+    /// samples, Holm over the report.
+    #[serde(flatten)]
+    pub outcome: Outcome,
 }
 
 /// ln(mean(bo)/mean(bb)) − ln(mean(ao)/mean(ab)); `None` unless every mean
@@ -509,15 +524,10 @@ pub(crate) fn did(
             ci_pct: None,
             se: None,
             df: None,
-            method: Method::None,
-            p_value: None,
-            ci_excludes_zero: false,
-            significant: false,
-            noisy: false,
-            note: Some(if n.contains(&0) {
-                "a group has no samples".to_string()
+            outcome: Outcome::untested(if n.contains(&0) {
+                "a group has no samples"
             } else {
-                "a group's mean is not positive (no ratio)".to_string()
+                "a group's mean is not positive (no ratio)"
             }),
         };
     };
@@ -533,20 +543,11 @@ pub(crate) fn did(
         (b.map(|x| x.0), b.map(|x| x.1), Method::Bootstrap)
     } else {
         let (w, b) = (did_welch(g, confidence), did_bootstrap(g, confidence));
-        match (w, b) {
-            (Some(w), Some(b)) => (
-                Some(Interval {
-                    lo: w.0.lo.min(b.0.lo),
-                    hi: w.0.hi.max(b.0.hi),
-                }),
-                Some(w.1.max(b.1)),
-                Method::Conservative,
-            ),
-            (x, y) => {
-                let one = x.or(y);
-                (one.map(|x| x.0), one.map(|x| x.1), Method::Conservative)
-            }
-        }
+        (
+            wider(w.map(|x| x.0), b.map(|x| x.0)),
+            larger(w.map(|x| x.1), b.map(|x| x.1)),
+            Method::Conservative,
+        )
     };
     let (se, df) = match did_delta_method(g) {
         Some((_, se, df)) => (Some(se), Some(df).filter(|d| d.is_finite())),
@@ -554,7 +555,7 @@ pub(crate) fn did(
     };
     let delta_pct = pct(d);
     let enough = n.iter().all(|&k| k >= MIN_SAMPLES_FOR_SIGNIFICANCE);
-    let excludes_zero = interval.map(|i| i.lo > 0.0 || i.hi < 0.0).unwrap_or(false);
+    let noisy = s.iter().map(|x| x.cv_pct).fold(0.0, f64::max) > delta_pct.abs();
     DiffInDiff {
         n,
         log_ratio: d,
@@ -565,19 +566,21 @@ pub(crate) fn did(
         }),
         se,
         df,
-        method,
-        p_value,
-        ci_excludes_zero: excludes_zero,
-        significant: enough && excludes_zero,
-        noisy: s.iter().map(|x| x.cv_pct).fold(0.0, f64::max) > delta_pct.abs(),
-        note: (!enough)
-            .then(|| format!("fewer than {MIN_SAMPLES_FOR_SIGNIFICANCE} samples in a group")),
+        outcome: Outcome::tested(method, interval, p_value, enough, noisy, "in a group"),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Wikipedia, "Welch's t-test", example 1: the two samples.
+    const WELCH_A1: [f64; 15] = [
+        27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7, 21.4,
+    ];
+    const WELCH_A2: [f64; 15] = [
+        27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5, 24.4,
+    ];
 
     fn close(a: f64, b: f64, tol: f64) -> bool {
         (a - b).abs() <= tol
@@ -611,14 +614,7 @@ mod tests {
         // Wikipedia, "Welch's t-test", example 1: |t| = 2.46, df = 24.99
         // (cross-checked with Python's statistics module: t = 2.4554,
         // df = 24.9885; we compute B − A, A2 being larger).
-        let a1 = [
-            27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7,
-            21.4,
-        ];
-        let a2 = [
-            27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5,
-            24.4,
-        ];
+        let (a1, a2) = (WELCH_A1, WELCH_A2);
         let (t, df, _) = welch_t(&a1, &a2).unwrap();
         assert!(close(t, 2.4554, 1e-3), "t = {t}");
         assert!(close(df, 24.9885, 1e-3), "df = {df}");
@@ -626,8 +622,8 @@ mod tests {
         let d = summarize(&a2).mean - summarize(&a1).mean;
         assert!(i.lo > 0.0 && i.lo < d && d < i.hi);
         let c = compare(&a1, &a2, 0.95);
-        assert_eq!(c.method, Method::Welch);
-        assert!(c.significant);
+        assert_eq!(c.outcome.method, Method::Welch);
+        assert!(c.outcome.significant);
     }
 
     #[test]
@@ -639,26 +635,19 @@ mod tests {
         assert_eq!(i1, i2);
         assert!(i1.lo > 0.0 && i1.lo <= 2.0 && 2.0 <= i1.hi, "{i1:?}");
         let c = compare(&a, &b, 0.95);
-        assert_eq!(c.method, Method::Conservative);
-        assert!(c.significant, "{c:?}");
+        assert_eq!(c.outcome.method, Method::Conservative);
+        assert!(c.outcome.significant, "{c:?}");
         let wi = welch_interval(&a, &b, 0.95).unwrap();
         let ci = c.ci_pct.unwrap();
         assert!(ci.lo <= wi.lo / 10.0 * 100.0 + 1e-9 && ci.hi >= wi.hi / 10.0 * 100.0 - 1e-9);
-        assert!(c.p_value.unwrap() >= welch_p(&a, &b).unwrap());
+        assert!(c.outcome.p_value.unwrap() >= welch_p(&a, &b).unwrap());
         assert!(close(c.delta_pct, 20.0, 1e-9));
     }
 
     #[test]
     fn p_values_are_textbook() {
         // Wikipedia example 1: p = 0.021.
-        let a1 = [
-            27.5, 21.0, 19.0, 23.6, 17.0, 17.9, 16.9, 20.1, 21.9, 22.6, 23.1, 19.6, 19.0, 21.7,
-            21.4,
-        ];
-        let a2 = [
-            27.1, 22.0, 20.8, 23.4, 23.4, 23.5, 25.8, 22.0, 24.8, 20.2, 21.9, 22.1, 22.9, 20.5,
-            24.4,
-        ];
+        let (a1, a2) = (WELCH_A1, WELCH_A2);
         let p = welch_p(&a1, &a2).unwrap();
         assert!(close(p, 0.021, 0.001), "p = {p}");
         assert_eq!(welch_p(&[1.0, 2.0], &[1.0, 2.0]), Some(1.0));
@@ -670,49 +659,57 @@ mod tests {
     fn holm_controls_the_family() {
         let mk = |p: f64| {
             let mut c = compare(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0], 0.95);
-            c.p_value = Some(p);
-            c.significant = true;
+            c.outcome.p_value = Some(p);
+            c.outcome.significant = true;
             c
         };
         // Holm at 5 % over 4: thresholds 0.0125, 0.0167, 0.025, 0.05.
         let (mut a, mut b, mut c, mut d) = (mk(0.010), mk(0.016), mk(0.051), mk(0.001));
-        holm(&mut [&mut a, &mut b, &mut c, &mut d], 0.95);
-        assert!(d.significant && a.significant && b.significant);
-        assert!(!c.significant);
+        holm(
+            &mut [
+                &mut a.outcome,
+                &mut b.outcome,
+                &mut c.outcome,
+                &mut d.outcome,
+            ],
+            0.95,
+        );
+        assert!(d.outcome.significant && a.outcome.significant && b.outcome.significant);
+        assert!(!c.outcome.significant);
         let (mut a, mut b) = (mk(0.02), mk(0.001));
-        holm(&mut [&mut a, &mut b], 0.95);
-        assert!(b.significant && a.significant);
+        holm(&mut [&mut a.outcome, &mut b.outcome], 0.95);
+        assert!(b.outcome.significant && a.outcome.significant);
         // The step-down stops at the first failure: 0.03 > 0.05/2.
         let (mut a, mut b) = (mk(0.03), mk(0.04));
-        holm(&mut [&mut a, &mut b], 0.95);
-        assert!(!a.significant && !b.significant);
+        holm(&mut [&mut a.outcome, &mut b.outcome], 0.95);
+        assert!(!a.outcome.significant && !b.outcome.significant);
         // A second-smallest p that would pass alone does not pass after a failure.
         let (mut a, mut b, mut c) = (mk(0.02), mk(0.018), mk(0.04));
-        holm(&mut [&mut a, &mut b, &mut c], 0.95);
-        assert!(!a.significant && !b.significant && !c.significant);
+        holm(&mut [&mut a.outcome, &mut b.outcome, &mut c.outcome], 0.95);
+        assert!(!a.outcome.significant && !b.outcome.significant && !c.outcome.significant);
     }
 
     #[test]
     fn one_sample_a_side_has_no_interval() {
         let c = compare(&[10.0], &[20.0], 0.95);
-        assert_eq!(c.method, Method::None);
-        assert!(c.ci_pct.is_none() && c.p_value.is_none());
+        assert_eq!(c.outcome.method, Method::None);
+        assert!(c.ci_pct.is_none() && c.outcome.p_value.is_none());
     }
 
     #[test]
     fn too_few_samples_are_never_significant() {
         let c = compare(&[10.0, 10.1], &[20.0, 20.1], 0.95);
-        assert!(!c.significant);
-        assert!(c.note.is_some());
+        assert!(!c.outcome.significant);
+        assert!(c.outcome.note.is_some());
         let c = compare(&[10.0], &[20.0], 0.95);
-        assert!(!c.significant);
+        assert!(!c.outcome.significant);
     }
 
     #[test]
     fn a_against_itself_is_not_significant() {
         let a = [5.0, 5.2, 4.9, 5.1, 5.05, 4.95];
         let c = compare(&a, &a, 0.95);
-        assert!(!c.significant);
+        assert!(!c.outcome.significant);
         assert_eq!(c.delta_pct, 0.0);
         let i = c.ci_pct.unwrap();
         assert!(i.lo <= 0.0 && i.hi >= 0.0);
@@ -723,8 +720,8 @@ mod tests {
         let a = [100.0, 150.0, 50.0];
         let b = [105.0, 155.0, 55.0];
         let c = compare(&a, &b, 0.95);
-        assert!(c.noisy);
-        assert!(!c.significant);
+        assert!(c.outcome.noisy);
+        assert!(!c.outcome.significant);
     }
 
     #[test]
@@ -755,14 +752,14 @@ mod tests {
         assert!(p > 0.05 && p < 0.06, "{p}");
         let r = did(&ab, &ao, &bb, &bo, 0.95);
         assert!(close(r.delta_pct, 50.0, 1e-9));
-        assert_eq!(r.method, Method::Conservative);
+        assert_eq!(r.outcome.method, Method::Conservative);
         assert_eq!(r.n, [3, 3, 3, 3]);
         // Few samples: the wider of Welch and the bootstrap, the larger p.
         let ci = r.ci_pct.unwrap();
         assert!(ci.lo <= (i.lo.exp() - 1.0) * 100.0 + 1e-9, "{ci:?}");
         assert!(ci.hi >= (i.hi.exp() - 1.0) * 100.0 - 1e-9, "{ci:?}");
-        assert!(r.p_value.unwrap() >= p);
-        assert!(!r.significant, "the interval includes 0: {r:?}");
+        assert!(r.outcome.p_value.unwrap() >= p);
+        assert!(!r.outcome.significant, "the interval includes 0: {r:?}");
         // Swapping the kernels negates d; swapping base and other too.
         let s = did(&bb, &bo, &ab, &ao, 0.95);
         assert!(close(s.log_ratio, -d, 1e-12));
@@ -778,26 +775,29 @@ mod tests {
         let bb = [5.0, 5.1, 4.9, 5.05, 4.95];
         let bo: Vec<f64> = bb.iter().map(|x| x * 3.0).collect();
         let r = did(&ab, &ao, &bb, &bo, 0.95);
-        assert_eq!(r.method, Method::Welch);
+        assert_eq!(r.outcome.method, Method::Welch);
         assert!(close(r.delta_pct, 50.0, 1e-9), "{r:?}");
-        assert!(r.significant && !r.noisy, "{r:?}");
+        assert!(r.outcome.significant && !r.outcome.noisy, "{r:?}");
         let ci = r.ci_pct.unwrap();
         assert!(ci.lo > 40.0 && ci.hi < 60.0, "{ci:?}");
         // The same pair effect on both kernels: nothing to call.
         let r = did(&ab, &ao, &bb, &bb.map(|x| x * 2.0), 0.95);
         assert!(close(r.delta_pct, 0.0, 1e-9), "{r:?}");
-        assert!(!r.significant && r.ci_pct.unwrap().lo < 0.0, "{r:?}");
+        assert!(
+            !r.outcome.significant && r.ci_pct.unwrap().lo < 0.0,
+            "{r:?}"
+        );
         // No ratio without positive means.
         let r = did(&[0.0, 0.0, 0.0], &ao, &bb, &bo, 0.95);
-        assert_eq!(r.method, Method::None);
-        assert!(r.note.is_some() && !r.significant);
+        assert_eq!(r.outcome.method, Method::None);
+        assert!(r.outcome.note.is_some() && !r.outcome.significant);
     }
 
     #[test]
     fn holm_covers_did_and_comparisons_together() {
         let mut c = compare(&[1.0, 2.0, 3.0], &[4.0, 5.0, 6.0], 0.95);
-        c.p_value = Some(0.03);
-        c.significant = true;
+        c.outcome.p_value = Some(0.03);
+        c.outcome.significant = true;
         let mut d = did(
             &[10.0, 10.2, 9.8],
             &[20.0, 20.4, 19.6],
@@ -805,14 +805,14 @@ mod tests {
             &[15.0, 15.3, 14.7],
             0.95,
         );
-        d.p_value = Some(0.001);
-        d.significant = true;
+        d.outcome.p_value = Some(0.001);
+        d.outcome.significant = true;
         // 0.001 <= 0.05/2, then 0.03 > 0.05/1? No: 0.03 <= 0.05: both pass.
-        holm(&mut [&mut c, &mut d], 0.95);
-        assert!(c.significant && d.significant);
-        c.p_value = Some(0.03);
-        d.p_value = Some(0.04);
-        holm(&mut [&mut c, &mut d], 0.95);
-        assert!(!c.significant && !d.significant);
+        holm(&mut [&mut c.outcome, &mut d.outcome], 0.95);
+        assert!(c.outcome.significant && d.outcome.significant);
+        c.outcome.p_value = Some(0.03);
+        d.outcome.p_value = Some(0.04);
+        holm(&mut [&mut c.outcome, &mut d.outcome], 0.95);
+        assert!(!c.outcome.significant && !d.outcome.significant);
     }
 }

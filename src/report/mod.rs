@@ -3,13 +3,16 @@
 //! - [`stats`]: summaries, Welch and bootstrap intervals, significance;
 //! - [`metrics`]: the metrics derived from each `blklab run` record;
 //! - [`profile`]: the differential instruction profile (per function);
-//! - [`compare`]: loading run directories and building the comparison;
+//! - [`load`]: reading run directories (and merging a run's shards) into
+//!   the sides of a comparison;
+//! - [`compare`]: building the comparison;
 //! - [`render`]: terminal table, Markdown, CSV, JSON;
 //! - [`html`]: the HTML page with SVG plots.
 
 pub mod compare;
 pub mod html;
 pub mod inference;
+pub mod load;
 pub mod profile;
 pub mod render;
 
@@ -19,8 +22,8 @@ use std::path::{Path, PathBuf};
 /// report.csv, report.json, report.html and plots/. Returns the files.
 pub fn write_all(
     report: &compare::Report,
-    a: &compare::Side,
-    b: &compare::Side,
+    a: &load::Side,
+    b: &load::Side,
     dir: &Path,
 ) -> std::io::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
@@ -44,14 +47,24 @@ pub fn write_all(
 pub fn run_comparisons(
     out_dir: &Path,
     metrics: &[String],
-) -> Result<Vec<(compare::Report, compare::Side, compare::Side)>, compare::ReportError> {
-    let (run, records) = compare::load_dir(out_dir)?;
-    let kernels = compare::kernels(&run, &records);
+) -> Result<Vec<(compare::Report, load::Side, load::Side)>, compare::ReportError> {
+    let (run, records) = load::load_dir(out_dir)?;
+    let kernels = load::kernels(&run, &records);
+    let opts = compare::Options {
+        confidence: 0.95,
+        force: false,
+        profile_top: profile::DEFAULT_TOP,
+    };
     let mut out = Vec::new();
     for k in kernels.iter().skip(1) {
-        let a = compare::load_side(&format!("{}:{}", out_dir.display(), kernels[0]))?;
-        let b = compare::load_side(&format!("{}:{k}", out_dir.display()))?;
-        let r = compare::build(&a, &b, metrics, 0.95, false)?;
+        let a = load::load_side(&format!("{}:{}", out_dir.display(), kernels[0]))?;
+        let b = load::load_side(&format!("{}:{k}", out_dir.display()))?;
+        let subject = compare::Subject {
+            a: &a,
+            b: &b,
+            pairs: &[],
+        };
+        let r = compare::build::<compare::KernelRows>(&subject, metrics, &opts)?;
         out.push((r, a, b));
     }
     Ok(out)

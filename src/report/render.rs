@@ -2,7 +2,9 @@
 
 use crate::record::metrics;
 use crate::report::compare::{DidCell, Mode, Report, Row};
-use crate::report::inference::{Comparison, DiffInDiff, Method, MIN_SAMPLES_FOR_SIGNIFICANCE};
+use crate::report::inference::{
+    Comparison, DiffInDiff, Method, Outcome, MIN_SAMPLES_FOR_SIGNIFICANCE,
+};
 
 use crate::util::text::{aligned_lines, num};
 
@@ -17,25 +19,22 @@ fn pct(v: f64) -> String {
 /// The significance mark: `*` significant, `~` noise exceeds the delta,
 /// `n<3` too few samples to say.
 pub(crate) fn mark(c: &Comparison) -> &'static str {
-    if c.a.n < MIN_SAMPLES_FOR_SIGNIFICANCE || c.b.n < MIN_SAMPLES_FOR_SIGNIFICANCE {
-        "n<3"
-    } else if c.significant {
-        "*"
-    } else if c.noisy {
-        "~"
-    } else {
-        ""
-    }
+    outcome_mark([c.a.n, c.b.n], &c.outcome)
 }
 
 /// The mark of a difference in differences (as [`mark`], over its four
 /// groups).
 pub(crate) fn did_mark(d: &DiffInDiff) -> &'static str {
-    if d.n.iter().any(|&n| n < MIN_SAMPLES_FOR_SIGNIFICANCE) {
+    outcome_mark(d.n, &d.outcome)
+}
+
+/// The mark of an outcome whose groups have `n` samples each.
+fn outcome_mark<const N: usize>(n: [usize; N], o: &Outcome) -> &'static str {
+    if n.iter().any(|&n| n < MIN_SAMPLES_FOR_SIGNIFICANCE) {
         "n<3"
-    } else if d.significant {
+    } else if o.significant {
         "*"
-    } else if d.noisy {
+    } else if o.noisy {
         "~"
     } else {
         ""
@@ -449,10 +448,19 @@ fn comparison_fields(c: &Comparison) -> Vec<String> {
         f(c.delta_pct),
         c.ci_pct.map(|i| f(i.lo)).unwrap_or_default(),
         c.ci_pct.map(|i| f(i.hi)).unwrap_or_default(),
-        method(c.method).to_string(),
-        c.p_value.map(f).unwrap_or_default(),
-        c.significant.to_string(),
-        c.noisy.to_string(),
+    ]
+    .into_iter()
+    .chain(outcome_fields(&c.outcome))
+    .collect()
+}
+
+/// An outcome's CSV fields: method, p_value, significant, noisy.
+fn outcome_fields(o: &Outcome) -> [String; 4] {
+    [
+        method(o.method).to_string(),
+        o.p_value.map(f).unwrap_or_default(),
+        o.significant.to_string(),
+        o.noisy.to_string(),
     ]
 }
 
@@ -551,7 +559,7 @@ fn csv_did(report: &Report) -> String {
                     f(c.delta_pct),
                     c.ci_pct.map(|i| f(i.lo)).unwrap_or_default(),
                     c.ci_pct.map(|i| f(i.hi)).unwrap_or_default(),
-                    c.significant.to_string(),
+                    c.outcome.significant.to_string(),
                 ]);
             }
             fields.extend([
@@ -561,11 +569,8 @@ fn csv_did(report: &Report) -> String {
                 f(did.log_ratio),
                 did.se.map(f).unwrap_or_default(),
                 did.df.map(f).unwrap_or_default(),
-                method(did.method).to_string(),
-                did.p_value.map(f).unwrap_or_default(),
-                did.significant.to_string(),
-                did.noisy.to_string(),
             ]);
+            fields.extend(outcome_fields(&did.outcome));
             out.push_str(&csv_line(&fields));
         }
     }

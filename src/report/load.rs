@@ -1,0 +1,458 @@
+//! Reading the sides of a comparison from `blklab run` output directories:
+//! a run directory's records, the shards of one plan merged into one run,
+//! and the `DIR[,DIR...][:KERNEL]` arguments that name a side.
+//!
+//! It knows the documents of `record/` and nothing of statistics,
+//! comparison rows or rendering.
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::record::result::{ResultRecord, RESULT_SCHEMA};
+use crate::record::run::RunDocument;
+use crate::record::RecordError;
+
+/// Why the sides of a comparison could not be read.
+#[derive(Debug, Error)]
+pub enum LoadError {
+    #[error("{0} is not a directory written by `blklab run` (no run.json)")]
+    NotARun(PathBuf),
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Record(#[from] RecordError),
+    #[error("{dir} has no results (no *.json records of blklab-run-result/1)")]
+    Empty { dir: PathBuf },
+    #[error("{dir} has no kernel {kernel:?} (it has: {have})")]
+    NoKernel {
+        dir: PathBuf,
+        kernel: String,
+        have: String,
+    },
+    #[error("{dir} holds {n} kernels ({have}); name one side as {dir}:KERNEL")]
+    Ambiguous {
+        dir: PathBuf,
+        n: usize,
+        have: String,
+    },
+    #[error("one directory compares its two kernels, but {dir} holds {n} ({have}); give two sides as DIR:KERNEL")]
+    NotAPair {
+        dir: PathBuf,
+        n: usize,
+        have: String,
+    },
+    #[error("no run directory")]
+    NoRunDirectory,
+    #[error("give one or two sides (DIR or DIR:KERNEL)")]
+    SideCount,
+    #[error("cannot merge {a} and {b}: {source}")]
+    Merge {
+        a: PathBuf,
+        b: PathBuf,
+        #[source]
+        source: MergeError,
+    },
+    #[error(
+        "{kernel} {scenario} {variant} iteration {iteration} is in two of the merged directories"
+    )]
+    BootTwice {
+        kernel: String,
+        scenario: String,
+        variant: String,
+        iteration: u32,
+    },
+}
+
+/// Why two run directories are not shards of one run.
+#[derive(Debug, Error)]
+pub enum MergeError {
+    #[error("{0} is not a shard of a run (blklab run --shard I/N)")]
+    FirstNotAShard(PathBuf),
+    #[error("{0} is not a shard of a run")]
+    NotAShard(PathBuf),
+    #[error(
+        "they are shards of different plans (kernels, scenarios, iterations or machines differ)"
+    )]
+    DifferentPlans,
+    #[error("shard {index}/{count} is given twice")]
+    GivenTwice { index: u32, count: u32 },
+    #[error("their {what} differs ({a} against {b})")]
+    Differs {
+        what: &'static str,
+        a: String,
+        b: String,
+    },
+}
+
+/// One side of a comparison: the records of one kernel in one run.
+#[derive(Debug, Clone)]
+pub struct Side {
+    pub dir: PathBuf,
+    pub kernel: String,
+    pub run: RunDocument,
+    pub records: Vec<ResultRecord>,
+}
+
+/// Is this document's `schema` a result record's (of any version)?
+fn is_result(schema: &str) -> bool {
+    let name = |s: &str| {
+        s.rsplit_once('/')
+            .map_or(s.to_string(), |(n, _)| n.to_string())
+    };
+    name(schema) == name(RESULT_SCHEMA)
+}
+
+/// A run directory: run.json and every record in it (files of other
+/// documents are left alone; a record or run.json of a schema version this
+/// blklab does not read is an error).
+pub fn load_dir(dir: &Path) -> Result<(RunDocument, Vec<ResultRecord>), LoadError> {
+    let (run, named) = load_dir_named(dir)?;
+    Ok((run, named.into_iter().map(|(_, r)| r).collect()))
+}
+
+/// [`load_dir`] with each record's file name, in file-name order.
+fn load_dir_named(dir: &Path) -> Result<(RunDocument, Vec<(String, ResultRecord)>), LoadError> {
+    let run_path = dir.join("run.json");
+    if !run_path.is_file() {
+        return Err(LoadError::NotARun(dir.to_path_buf()));
+    }
+    let run: RunDocument = crate::record::read(&run_path)?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|source| LoadError::Read {
+            path: dir.to_path_buf(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    let mut records = Vec::new();
+    for f in files {
+        let name = f.file_name().unwrap_or_default().to_string_lossy();
+        if name == "run.json" || name == "summary.json" {
+            continue;
+        }
+        let v = crate::record::read_value(&f)?;
+        if crate::record::schema_of(&v).is_some_and(is_result) {
+            records.push((name.into_owned(), crate::record::from_value(&f, &v)?));
+        }
+    }
+    if records.is_empty() {
+        return Err(LoadError::Empty {
+            dir: dir.to_path_buf(),
+        });
+    }
+    Ok((run, records))
+}
+
+/// Why shard `r` cannot join `run`: another plan, a shard given twice, or
+/// another accelerator, QEMU version or instruction counting.
+fn shard_mismatch(run: &RunDocument, r: &RunDocument, seen: &[u32]) -> Option<MergeError> {
+    let sh = r.shard.as_ref()?;
+    let plan = run.shard.as_ref()?;
+    if sh.plan != plan.plan || sh.count != plan.count {
+        return Some(MergeError::DifferentPlans);
+    }
+    if seen.contains(&sh.index) {
+        return Some(MergeError::GivenTwice {
+            index: sh.index,
+            count: sh.count,
+        });
+    }
+    [
+        (
+            "accelerator",
+            format!("{:?}", run.accel),
+            format!("{:?}", r.accel),
+        ),
+        (
+            "--deterministic",
+            run.deterministic.to_string(),
+            r.deterministic.to_string(),
+        ),
+        (
+            "QEMU version",
+            run.qemu.version.clone().unwrap_or_default(),
+            r.qemu.version.clone().unwrap_or_default(),
+        ),
+        (
+            "instruction counting",
+            run.count_insns.is_some().to_string(),
+            r.count_insns.is_some().to_string(),
+        ),
+    ]
+    .into_iter()
+    .find(|(_, a, b)| a != b)
+    .map(|(what, a, b)| MergeError::Differs { what, a, b })
+}
+
+/// Several run directories as one: the shards of one plan (`blklab run
+/// --shard I/N`), merged. They must come from the same plan (run.json's
+/// `shard.plan`) under the same accelerator, QEMU version and instruction
+/// counting, and no boot may appear twice. The merged run is the first
+/// shard's document with every shard's boots in plan order (and no shard
+/// record). One directory is just [`load_dir`].
+pub(crate) fn load_dirs(dirs: &[PathBuf]) -> Result<(RunDocument, Vec<ResultRecord>), LoadError> {
+    let Some((first, rest)) = dirs.split_first() else {
+        return Err(LoadError::NoRunDirectory);
+    };
+    let (mut run, mut records) = load_dir_named(first)?;
+    if rest.is_empty() {
+        return Ok((run, records.into_iter().map(|(_, r)| r).collect()));
+    }
+    let merge_err = |b: &Path, source: MergeError| LoadError::Merge {
+        a: first.clone(),
+        b: b.to_path_buf(),
+        source,
+    };
+    let Some(plan) = run.shard.as_ref().map(|s| s.plan.clone()) else {
+        return Err(merge_err(
+            &rest[0],
+            MergeError::FirstNotAShard(first.clone()),
+        ));
+    };
+    let mut shards = vec![run.shard.as_ref().map_or(0, |s| s.index)];
+    let mut order = run.order.clone();
+    for d in rest {
+        let (r, recs) = load_dir_named(d)?;
+        let Some(sh) = &r.shard else {
+            return Err(merge_err(d, MergeError::NotAShard(d.clone())));
+        };
+        if let Some(why) = shard_mismatch(&run, &r, &shards) {
+            return Err(merge_err(d, why));
+        }
+        shards.push(sh.index);
+        order.extend(r.order.iter().cloned());
+        records.extend(recs);
+    }
+    // As one directory would list them: by file name.
+    records.sort_by(|a, b| a.0.cmp(&b.0));
+    let records: Vec<ResultRecord> = records.into_iter().map(|(_, r)| r).collect();
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &records {
+        if !seen.insert((&r.kernel, &r.scenario, &r.variant, r.iteration)) {
+            return Err(LoadError::BootTwice {
+                kernel: r.kernel.clone(),
+                scenario: r.scenario.clone(),
+                variant: r.variant.clone(),
+                iteration: r.iteration,
+            });
+        }
+    }
+    order.sort_by_key(|o| plan.iter().position(|p| p == o).unwrap_or(usize::MAX));
+    run.order = order;
+    run.shard = None;
+    Ok((run, records))
+}
+
+/// Kernels of a run that have records, in run order.
+pub(crate) fn kernels(run: &RunDocument, records: &[ResultRecord]) -> Vec<String> {
+    let mut k: Vec<String> = run.kernels.iter().map(|k| k.label.clone()).collect();
+    for r in records {
+        if !k.contains(&r.kernel) {
+            k.push(r.kernel.clone());
+        }
+    }
+    k.retain(|l| records.iter().any(|r| &r.kernel == l));
+    k
+}
+
+fn side_of(dir: &Path, run: &RunDocument, records: &[ResultRecord], kernel: &str) -> Side {
+    Side {
+        dir: dir.to_path_buf(),
+        kernel: kernel.to_string(),
+        run: run.clone(),
+        records: records
+            .iter()
+            .filter(|r| r.kernel == kernel)
+            .cloned()
+            .collect(),
+    }
+}
+
+/// `DIR[,DIR...]` or `DIR[,DIR...]:KERNEL` → (dirs, kernel). Several
+/// directories are the shards of one run, merged ([`load_dirs`]).
+fn split_arg(arg: &str) -> (Vec<PathBuf>, Option<String>) {
+    let dirs = |s: &str| -> Option<Vec<PathBuf>> {
+        let v: Vec<PathBuf> = s.split(',').map(PathBuf::from).collect();
+        v.iter().all(|d| d.is_dir()).then_some(v)
+    };
+    if Path::new(arg).is_dir() {
+        return (vec![PathBuf::from(arg)], None);
+    }
+    if let Some(v) = dirs(arg) {
+        return (v, None);
+    }
+    match arg.rsplit_once(':') {
+        Some((d, k)) if !k.is_empty() => match dirs(d) {
+            Some(v) => (v, Some(k.to_string())),
+            None => (vec![PathBuf::from(arg)], None),
+        },
+        _ => (vec![PathBuf::from(arg)], None),
+    }
+}
+
+/// How a side's directories are shown: `DIR` or `DIR,DIR,...`.
+fn dirs_label(dirs: &[PathBuf]) -> PathBuf {
+    let s: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+    PathBuf::from(s.join(","))
+}
+
+/// A run named by a side argument's directories, and how it is shown.
+struct LoadedRun {
+    dir: PathBuf,
+    run: RunDocument,
+    records: Vec<ResultRecord>,
+    kernels: Vec<String>,
+}
+
+impl LoadedRun {
+    fn load(dirs: &[PathBuf]) -> Result<LoadedRun, LoadError> {
+        let (run, records) = load_dirs(dirs)?;
+        let kernels = kernels(&run, &records);
+        Ok(LoadedRun {
+            dir: dirs_label(dirs),
+            run,
+            records,
+            kernels,
+        })
+    }
+
+    fn side(&self, kernel: &str) -> Side {
+        side_of(&self.dir, &self.run, &self.records, kernel)
+    }
+
+    fn ambiguous(self) -> LoadError {
+        LoadError::Ambiguous {
+            n: self.kernels.len(),
+            have: self.kernels.join(", "),
+            dir: self.dir,
+        }
+    }
+}
+
+/// One side from `DIR` (a run with one kernel) or `DIR:KERNEL`.
+pub(crate) fn load_side(arg: &str) -> Result<Side, LoadError> {
+    let (dirs, kernel) = split_arg(arg);
+    let loaded = LoadedRun::load(&dirs)?;
+    match kernel {
+        Some(k) => {
+            if !loaded.kernels.contains(&k) {
+                return Err(LoadError::NoKernel {
+                    have: loaded.kernels.join(", "),
+                    dir: loaded.dir,
+                    kernel: k,
+                });
+            }
+            Ok(loaded.side(&k))
+        }
+        None if loaded.kernels.len() == 1 => Ok(loaded.side(&loaded.kernels[0])),
+        None => Err(loaded.ambiguous()),
+    }
+}
+
+/// The two sides of one run directory holding exactly two kernels (A is
+/// the first in run order).
+fn load_pair(arg: &str) -> Result<(Side, Side), LoadError> {
+    let (dirs, _) = split_arg(arg);
+    let loaded = LoadedRun::load(&dirs)?;
+    match loaded.kernels.as_slice() {
+        [x, y] => Ok((loaded.side(x), loaded.side(y))),
+        ks => Err(LoadError::NotAPair {
+            n: ks.len(),
+            have: ks.join(", "),
+            dir: loaded.dir,
+        }),
+    }
+}
+
+/// The sides `blklab compare` reads: A, and B unless variant pairs are
+/// compared on one kernel. One argument without pairs is a run of two
+/// kernels; one argument with pairs is `DIR:KERNEL` or a run of one or two
+/// kernels; two arguments are two sides.
+pub(crate) fn load_sides(args: &[String], pairs: bool) -> Result<(Side, Option<Side>), LoadError> {
+    match (args, pairs) {
+        ([one], false) => {
+            let (a, b) = load_pair(one)?;
+            Ok((a, Some(b)))
+        }
+        ([one], true) => {
+            let (dirs, kernel) = split_arg(one);
+            if kernel.is_some() {
+                return Ok((load_side(one)?, None));
+            }
+            let loaded = LoadedRun::load(&dirs)?;
+            match loaded.kernels.as_slice() {
+                [k] => Ok((loaded.side(k), None)),
+                [x, y] => Ok((loaded.side(x), Some(loaded.side(y)))),
+                _ => Err(loaded.ambiguous()),
+            }
+        }
+        ([x, y], _) => Ok((load_side(x)?, Some(load_side(y)?))),
+        _ => Err(LoadError::SideCount),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::run::ShardInfo;
+
+    fn fixture_run() -> RunDocument {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/runs/aa");
+        crate::record::read(&dir.join("run.json")).unwrap()
+    }
+
+    fn shard(run: &RunDocument, index: u32) -> RunDocument {
+        let mut r = run.clone();
+        r.shard = Some(ShardInfo {
+            index,
+            count: 3,
+            plan: run.order.clone(),
+        });
+        r
+    }
+
+    #[test]
+    fn shards_of_another_plan_twice_or_elsewhere_are_told_apart() {
+        let run = fixture_run();
+        let first = shard(&run, 1);
+        assert!(shard_mismatch(&first, &shard(&run, 2), &[1]).is_none());
+        assert!(matches!(
+            shard_mismatch(&first, &shard(&run, 1), &[1]),
+            Some(MergeError::GivenTwice { index: 1, count: 3 })
+        ));
+        let mut other = shard(&run, 2);
+        other.shard.as_mut().unwrap().plan.pop();
+        assert!(matches!(
+            shard_mismatch(&first, &other, &[1]),
+            Some(MergeError::DifferentPlans)
+        ));
+        let mut other = shard(&run, 2);
+        other.deterministic = !run.deterministic;
+        let Some(MergeError::Differs { what, .. }) = shard_mismatch(&first, &other, &[1]) else {
+            panic!("a shard run otherwise is refused");
+        };
+        assert_eq!(what, "--deterministic");
+    }
+
+    #[test]
+    fn a_merge_error_keeps_its_reason_as_its_source() {
+        let e = LoadError::Merge {
+            a: "x".into(),
+            b: "y".into(),
+            source: MergeError::DifferentPlans,
+        };
+        let source = std::error::Error::source(&e).unwrap();
+        assert!(source.downcast_ref::<MergeError>().is_some());
+        assert_eq!(
+            e.to_string(),
+            format!("cannot merge x and y: {}", MergeError::DifferentPlans)
+        );
+    }
+}
