@@ -133,3 +133,38 @@ pub fn build(
         seconds: start.elapsed(),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_script_says_why_in_one_line() {
+        let lab = tempfile::tempdir().unwrap();
+        std::fs::create_dir(lab.path().join("images")).unwrap();
+        let script = lab.path().join("images/build-tree.sh");
+        let out = lab.path().join("out");
+        std::fs::write(
+            &script,
+            "echo 'ERROR: no .config for this tree' >&2; exit 3\n",
+        )
+        .unwrap();
+        let e = build(lab.path(), lab.path(), &out, None, "c0ffee").unwrap_err();
+        assert!(
+            matches!(&e, BuildError::Script { said, .. } if said == "no .config for this tree"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "no .config for this tree");
+        std::fs::write(&script, "exit 4\n").unwrap();
+        let e = build(lab.path(), lab.path(), &out, None, "c0ffee").unwrap_err();
+        assert!(matches!(e, BuildError::Failed { .. }), "{e:?}");
+        assert!(
+            e.to_string().starts_with("images/build-tree.sh failed ("),
+            "{e}"
+        );
+        // It succeeds but leaves no manifest.
+        std::fs::write(&script, "exit 0\n").unwrap();
+        let e = build(lab.path(), lab.path(), &out, None, "c0ffee").unwrap_err();
+        assert!(matches!(e, BuildError::ManifestRead { .. }), "{e:?}");
+    }
+}

@@ -78,7 +78,7 @@ pub enum BisectError {
         role: &'static str,
         commit: String,
         #[source]
-        source: StepError,
+        source: Box<StepError>,
     },
     #[error(transparent)]
     EndsOverlap(#[from] EndsOverlap),

@@ -312,4 +312,33 @@ mod tests {
         );
         assert_eq!(parse_next("fatal: something"), None);
     }
+
+    #[test]
+    fn a_missing_directory_a_plain_one_and_an_unknown_rev_are_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Git::open(&dir.path().join("nope")).unwrap_err();
+        assert!(matches!(e, GitError::NoSuchDirectory { .. }), "{e}");
+        // A directory outside any work tree (the temporary directory).
+        let e = Git::open(dir.path()).unwrap_err();
+        assert!(matches!(e, GitError::NotAWorkTree { .. }), "{e}");
+        let init = Command::new("git")
+            .arg("-C")
+            .arg(dir.path())
+            .args(["init", "-q"])
+            .status()
+            .unwrap();
+        assert!(init.success());
+        let g = Git::open(dir.path()).unwrap();
+        let e = g.resolve("v0.0-nope", "--good").unwrap_err();
+        assert!(
+            matches!(&e, GitError::NoSuchCommit { flag: "--good", rev, .. } if rev == "v0.0-nope"),
+            "{e}"
+        );
+        let e = g.output(&["rev-parse", "--verify", "HEAD"]).unwrap_err();
+        assert!(matches!(e, GitError::Failed { .. }), "{e}");
+        assert!(
+            e.to_string().starts_with("git rev-parse --verify HEAD: "),
+            "{e}"
+        );
+    }
 }

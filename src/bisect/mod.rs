@@ -357,10 +357,10 @@ impl Bisection<'_> {
     /// An end of the range, which must be measurable.
     fn end(&mut self, commit: &str, role: &'static str) -> Result<Vec<f64>, BisectError> {
         self.test(commit, role)?
-            .map_err(|source| BisectError::EndNotMeasured {
+            .map_err(|e| BisectError::EndNotMeasured {
                 role,
                 commit: commit.to_string(),
-                source,
+                source: Box::new(e),
             })
     }
 
