@@ -11,7 +11,8 @@
 //! [`versus_qsd`] runs identical loads against qemu-storage-daemon and
 //! `blklab serve` in one run and prints their ratios. [`client`] is the
 //! libblkio connection and [`daemon`] the backend spawner; the tests and
-//! benches (`tests/common`) use both.
+//! benches (`tests/common`) use both. Both comparisons end in [`Verdict`]s;
+//! every failure is a [`BenchError`] kind.
 
 pub mod callgrind;
 pub mod client;

@@ -13,7 +13,9 @@
 //! - [`measure`]: one lab run of a built commit, the metric per boot;
 //! - [`judge`]: good/bad/skip from values, spread and boundary;
 //! - [`progress`]: steps, elapsed time, estimate;
-//! - [`report`]: the table, `bisect.json`, the differential profile.
+//! - [`report`]: the table, `bisect.json`, the differential profile;
+//! - `error`: what stops a bisection ([`BisectError`]) and why one commit
+//!   could not be measured ([`StepError`]).
 
 pub mod build;
 mod error;
@@ -406,9 +408,8 @@ impl Bisection<'_> {
     }
 
     /// Test each commit `git bisect` asks for, starting with `next`, until
-    /// it names the first bad one or only skipped ones are left; then
-    /// measure the first bad commit and its parent (the last good one) for
-    /// the differential profile.
+    /// it names the first bad one or only skipped ones are left (the last
+    /// good one is left for [`Bisection::last_good`]).
     fn walk(&mut self, mut next: Next, boundary: &Boundary) -> Result<Answer, BisectError> {
         let (first_bad, candidates) = loop {
             match next {
