@@ -178,12 +178,14 @@ fn bench(args: &blklab::cli::BenchArgs) -> Result<()> {
         let opts = bench::versus_qsd::CompareOpts {
             blklab_bin: std::env::current_exe().context("cannot find the blklab binary")?,
             qsd_bin: bench::reference_qsd::resolve(&args.qsd).context("--qsd")?,
-            queues: args.queues,
-            depth: args.depth,
-            bs: bs as usize,
-            rw: args.rw,
-            time: args.time,
-            warmup: std::time::Duration::from_millis(500),
+            shape: bench::LoadShape {
+                queues: args.queues,
+                depth: args.depth,
+                bs: bs as usize,
+                rw: args.rw,
+                time: args.time,
+                warmup: std::time::Duration::from_millis(500),
+            },
             size: blklab::util::units::parse_size(&args.size).context("--size")?,
             rounds: args.rounds,
             poll: (args.poll != "off").then(|| args.poll.clone()),
@@ -208,11 +210,11 @@ fn bench(args: &blklab::cli::BenchArgs) -> Result<()> {
     }
     let socket = args.socket.clone().context("--socket is required")?;
     let mut load = bench::Load::new(&socket);
-    load.queues = args.queues;
-    load.depth = args.depth;
-    load.bs = bs as usize;
-    load.rw = args.rw;
-    load.time = args.time;
+    load.shape.queues = args.queues;
+    load.shape.depth = args.depth;
+    load.shape.bs = bs as usize;
+    load.shape.rw = args.rw;
+    load.shape.time = args.time;
     load.client_poll = args.client_poll;
     load.backend_pid = args.backend_pid;
     let report = bench::run(&load).with_context(|| format!("blklab bench {}", socket.display()))?;

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use blklab::bench::versus_qsd::{self, Backend, CompareOpts};
-use blklab::bench::{self, Load, RwMode};
+use blklab::bench::{self, BenchError, Load, LoadShape, RwMode};
 
 fn qsd() -> PathBuf {
     let p = PathBuf::from("/usr/bin/qemu-storage-daemon");
@@ -26,12 +26,14 @@ fn compare_runs_identical_loads_on_both_backends() {
     let opts = CompareOpts {
         blklab_bin: common::blklab_bin(),
         qsd_bin: qsd(),
-        queues: 1,
-        depth: 16,
-        bs: 4096,
-        rw: RwMode::Randrw,
-        time: Duration::from_millis(700),
-        warmup: Duration::from_millis(100),
+        shape: LoadShape {
+            queues: 1,
+            depth: 16,
+            bs: 4096,
+            rw: RwMode::Randrw,
+            time: Duration::from_millis(700),
+            warmup: Duration::from_millis(100),
+        },
         size: 64 << 20,
         rounds: 1,
         poll: Some("20us".into()),
@@ -88,17 +90,20 @@ fn compare_refuses_a_bad_poll_spin_before_starting_daemons() {
         // No daemon may start: a missing qemu-storage-daemon would fail
         // differently.
         qsd_bin: "/nonexistent/qemu-storage-daemon".into(),
-        queues: 1,
-        depth: 16,
-        bs: 4096,
-        rw: RwMode::Randread,
-        time: Duration::from_millis(100),
-        warmup: Duration::from_millis(10),
+        shape: LoadShape {
+            queues: 1,
+            depth: 16,
+            bs: 4096,
+            rw: RwMode::Randread,
+            time: Duration::from_millis(100),
+            warmup: Duration::from_millis(10),
+        },
         size: 64 << 20,
         rounds: 1,
         poll: Some("bogus".into()),
     };
     let err = versus_qsd::run(&opts, |_| {}).expect_err("a bad --poll is refused");
+    assert!(matches!(err, BenchError::BadPoll(_)), "{err}");
     let msg = err.to_string();
     assert!(msg.contains("invalid --poll \"bogus\""), "{msg}");
 }
@@ -173,17 +178,20 @@ fn bench_cli_reports_backend_cpu_and_poll_counters() {
 fn library_load_against_plain_blklab() {
     let d = common::Daemon::spawn(&["--disk", "mem", "--size", "16M", "--num-queues", "2"], 1);
     let mut load = Load::new(&d.socket);
-    load.queues = 2;
-    load.depth = 8;
-    load.rw = RwMode::Randrw;
-    load.time = Duration::from_millis(400);
-    load.warmup = Duration::from_millis(50);
+    load.shape.queues = 2;
+    load.shape.depth = 8;
+    load.shape.rw = RwMode::Randrw;
+    load.shape.time = Duration::from_millis(400);
+    load.shape.warmup = Duration::from_millis(50);
     load.backend_pid = Some(d.pid());
     let r = bench::run(&load).expect("bench runs");
     assert!(r.requests > 0 && r.iops > 0.0);
     assert_eq!(r.errors, 0);
     assert!(r.text().contains("IOPS"));
     // Bad options are refused before connecting.
-    load.bs = 1000;
-    assert!(bench::run(&load).is_err());
+    load.shape.bs = 1000;
+    assert!(matches!(
+        bench::run(&load),
+        Err(BenchError::BadShape { bs: 1000, .. })
+    ));
 }

@@ -12,6 +12,7 @@
 //! `(id)` afterwards.
 
 use std::collections::HashMap;
+use std::num::ParseIntError;
 use std::path::Path;
 use std::process::Command;
 
@@ -25,7 +26,36 @@ pub enum CallgrindError {
         source: std::io::Error,
     },
     #[error("{path}: not a callgrind output file ({why})")]
-    Format { path: String, why: String },
+    Format {
+        path: String,
+        #[source]
+        why: FormatError,
+    },
+}
+
+/// Why a text is not callgrind output as [`command`] records it.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum FormatError {
+    #[error("bad cost line {line:?}: {source}")]
+    BadCost {
+        line: String,
+        #[source]
+        source: ParseIntError,
+    },
+    #[error("cost line before any fn=: {line:?}")]
+    CostBeforeFunction { line: String },
+    #[error("first event is not Ir: {events:?}")]
+    NotInstructions { events: String },
+    #[error("bad total {line:?}: {source}")]
+    BadTotal {
+        line: String,
+        #[source]
+        source: ParseIntError,
+    },
+    #[error("no events: line")]
+    NoEvents,
+    #[error("the cost lines add up to {lines} instructions, the file says {stated}")]
+    TotalMismatch { lines: u64, stated: u64 },
 }
 
 /// `valgrind --tool=callgrind` writing its counts to `out`, running
@@ -64,7 +94,7 @@ impl Profile {
 
     /// Parse callgrind output text (one event, `Ir`, as [`command`]
     /// records; any number of parts).
-    pub fn parse(text: &str) -> Result<Profile, String> {
+    pub fn parse(text: &str) -> Result<Profile, FormatError> {
         let mut names: HashMap<String, String> = HashMap::new();
         let mut p = Profile::default();
         let mut current: Option<String> = None;
@@ -87,10 +117,15 @@ impl Profile {
                     .nth(1)
                     .map(|v| v.parse::<u64>())
                     .transpose()
-                    .map_err(|e| format!("bad cost line {line:?}: {e}"))?
+                    .map_err(|source| FormatError::BadCost {
+                        line: line.to_string(),
+                        source,
+                    })?
                     .unwrap_or(0);
                 let Some(f) = &current else {
-                    return Err(format!("cost line before any fn=: {line:?}"));
+                    return Err(FormatError::CostBeforeFunction {
+                        line: line.to_string(),
+                    });
                 };
                 *p.self_cost.entry(f.clone()).or_default() += ir;
                 p.total += ir;
@@ -104,7 +139,9 @@ impl Profile {
             } else if let Some(v) = line.strip_prefix("events:") {
                 saw_events = true;
                 if v.split_ascii_whitespace().next() != Some("Ir") {
-                    return Err(format!("first event is not Ir: {v:?}"));
+                    return Err(FormatError::NotInstructions {
+                        events: v.to_string(),
+                    });
                 }
             } else if let Some(v) = line
                 .strip_prefix("totals:")
@@ -115,19 +152,22 @@ impl Profile {
                     .next()
                     .unwrap_or("")
                     .parse::<u64>()
-                    .map_err(|e| format!("bad total {line:?}: {e}"))?;
+                    .map_err(|source| FormatError::BadTotal {
+                        line: line.to_string(),
+                        source,
+                    })?;
                 stated_total = Some(stated_total.map_or(n, |t: u64| t.max(n)));
             }
         }
         if !saw_events {
-            return Err("no events: line".into());
+            return Err(FormatError::NoEvents);
         }
         if let Some(t) = stated_total {
             if t != p.total {
-                return Err(format!(
-                    "the cost lines add up to {} instructions, the file says {t}",
-                    p.total
-                ));
+                return Err(FormatError::TotalMismatch {
+                    lines: p.total,
+                    stated: t,
+                });
             }
         }
         Ok(p)
@@ -209,10 +249,22 @@ fn=(3) helper
     #[test]
     fn a_mismatched_total_or_a_foreign_file_is_an_error() {
         let bad = SAMPLE.replace("summary: 1110", "summary: 1111");
-        assert!(Profile::parse(&bad).unwrap_err().contains("add up to 1110"));
-        assert!(Profile::parse("hello\n").unwrap_err().contains("no events"));
+        assert_eq!(
+            Profile::parse(&bad).unwrap_err(),
+            FormatError::TotalMismatch {
+                lines: 1110,
+                stated: 1111
+            }
+        );
+        assert_eq!(
+            Profile::parse("hello\n").unwrap_err(),
+            FormatError::NoEvents
+        );
         let cache = SAMPLE.replace("events: Ir", "events: Dr");
-        assert!(Profile::parse(&cache).is_err());
+        assert!(matches!(
+            Profile::parse(&cache),
+            Err(FormatError::NotInstructions { .. })
+        ));
     }
 
     #[test]

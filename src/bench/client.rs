@@ -58,9 +58,7 @@ impl Connected {
     /// Connect to `socket` (read-only: libblkio refuses to open a read-only
     /// device read-write).
     pub(crate) fn connect(socket: &Path, read_only: bool) -> Result<Connected, BenchError> {
-        let path = socket
-            .to_str()
-            .ok_or_else(|| BenchError::Option("the socket path must be UTF-8".into()))?;
+        let path = socket.to_str().ok_or(BenchError::SocketNotUtf8)?;
         let mut blkio = Blkio::new("virtio-blk-vhost-user").map_err(blkio_err("create"))?;
         blkio.set_str("path", path).map_err(blkio_err("path"))?;
         blkio

@@ -56,12 +56,17 @@ impl Daemon {
             |(p, old): (&PathBuf, &Option<_>)| identity(p).is_some_and(|id| Some(id) != *old);
         while !ready.iter().zip(&stale).all(is_ready) {
             if let Some(st) = d.exited() {
-                return Err(BenchError::Backend(format!("{name} exited early: {st}")));
+                return Err(BenchError::ExitedEarly {
+                    name: name.to_string(),
+                    status: st,
+                });
             }
             if Instant::now() >= deadline {
-                return Err(BenchError::Backend(format!(
-                    "{name}: {ready:?} did not appear within {patience:?}"
-                )));
+                return Err(BenchError::NotReady {
+                    name: name.to_string(),
+                    paths: ready.to_vec(),
+                    patience,
+                });
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -105,10 +110,10 @@ impl Daemon {
             if Instant::now() >= deadline {
                 let _ = self.child.kill();
                 let _ = self.child.wait();
-                return Err(BenchError::Backend(format!(
-                    "{} did not exit within {patience:?} of SIGTERM",
-                    self.name
-                )));
+                return Err(BenchError::NoExit {
+                    name: self.name.clone(),
+                    patience,
+                });
             }
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -161,6 +166,7 @@ mod tests {
         )
         .err()
         .unwrap();
+        assert!(matches!(e, BenchError::ExitedEarly { .. }), "{e}");
         assert!(e.to_string().starts_with("true exited early"), "{e}");
         let e = Daemon::start(
             "nothing",
@@ -179,6 +185,7 @@ mod tests {
         )
         .err()
         .unwrap();
+        assert!(matches!(e, BenchError::NotReady { .. }), "{e}");
         assert!(e.to_string().contains("did not appear"), "{e}");
     }
 }

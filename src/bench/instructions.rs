@@ -13,7 +13,7 @@
 //! little with the client's speed).
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -21,7 +21,7 @@ use serde::Serialize;
 use super::callgrind::{self, Profile};
 use super::daemon::Daemon;
 use super::versus_qsd::{qsd_command, qsd_version};
-use super::{BenchError, Load, RwMode};
+use super::{BenchError, Load, RwMode, Verdict};
 
 /// Who is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -59,10 +59,9 @@ pub const QD1_THINK: Duration = Duration::from_millis(1);
 impl CountedLoad {
     /// `RW:QD` (`randwrite:64`, `randread:1`), as `--load` takes it.
     pub fn parse(s: &str) -> Result<CountedLoad, BenchError> {
-        let bad = |why: &str| {
-            BenchError::Option(format!(
-                "--load {s:?}: {why} (expected RW:QD with RW randread or randwrite and QD 1..=256, e.g. randwrite:64)"
-            ))
+        let bad = |why: &'static str| BenchError::BadCountedLoad {
+            spec: s.to_string(),
+            why,
         };
         let (rw, qd) = s.split_once(':').ok_or_else(|| bad("no ':'"))?;
         let rw = match rw {
@@ -149,14 +148,6 @@ pub struct Cell {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct Verdict {
-    pub what: String,
-    pub value: f64,
-    pub target: String,
-    pub pass: bool,
-}
-
-#[derive(Debug, Clone, Serialize)]
 pub struct InsnReport {
     pub valgrind: String,
     pub qsd_version: Option<String>,
@@ -167,23 +158,17 @@ pub struct InsnReport {
 
 /// `valgrind --version`, or why valgrind cannot run.
 pub fn valgrind_version(bin: &Path) -> Result<String, BenchError> {
-    let out = Command::new(bin)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| {
-            BenchError::Backend(format!(
-                "cannot run {} --version: {e} (Debian: apt-get install valgrind; .ci/install-deps does)",
-                bin.display()
-            ))
-        })?;
+    let out = super::version_output(
+        bin,
+        "Debian: apt-get install valgrind; .ci/install-deps does",
+    )?;
     let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || v.is_empty() {
-        return Err(BenchError::Backend(format!(
-            "{} --version failed ({})",
-            bin.display(),
-            out.status
-        )));
+        return Err(BenchError::VersionFailed {
+            bin: bin.to_path_buf(),
+            status: out.status,
+            stderr: None,
+        });
     }
     Ok(v)
 }
@@ -200,15 +185,11 @@ pub fn count(
     let long = count_run(opts, subject, load, 2 * n, dir)?;
     let per = n as f64;
     if long.total <= short.total {
-        return Err(BenchError::Backend(format!(
-            "{} {}: {} requests took no more instructions than {} ({} vs {}): the count is not usable",
-            subject.label(),
-            load.name(),
-            2 * n,
-            n,
-            long.total,
-            short.total
-        )));
+        return Err(BenchError::CountNotUsable {
+            cell: format!("{} {}", subject.label(), load.name()),
+            requests: [n, 2 * n],
+            totals: [short.total, long.total],
+        });
     }
     let diff = short.difference(&long, per);
     let zero_fill = diff
@@ -267,10 +248,7 @@ fn count_run(
     let _ = std::fs::remove_file(&out);
     let mut cmd = match subject {
         Subject::Qsd => {
-            let qsd = opts
-                .qsd_bin
-                .as_deref()
-                .ok_or_else(|| BenchError::Option("no qemu-storage-daemon to count".to_string()))?;
+            let qsd = opts.qsd_bin.as_deref().ok_or(BenchError::NoQsdBinary)?;
             let q = qsd_command(
                 qsd,
                 &format!(
@@ -307,35 +285,32 @@ fn count_run(
         Duration::from_secs(120),
     )?;
     let mut l = Load::new(&socket);
-    l.depth = load.depth;
-    l.rw = load.rw;
-    l.bs = 4096;
+    l.shape.depth = load.depth;
+    l.shape.rw = load.rw;
+    l.shape.bs = 4096;
     l.count = Some(requests);
     l.think = load.think();
-    let rep = super::run(&l).map_err(|e| {
-        BenchError::Backend(format!(
-            "{} {} under callgrind: {e}",
-            subject.label(),
-            load.name()
-        ))
+    let cell = || format!("{} {}", subject.label(), load.name());
+    let rep = super::run(&l).map_err(|e| BenchError::Counted {
+        cell: cell(),
+        source: Box::new(e),
     })?;
     if rep.errors > 0 || rep.requests != requests {
-        return Err(BenchError::Backend(format!(
-            "{} {}: {} of {requests} requests completed, {} failed",
-            subject.label(),
-            load.name(),
-            rep.requests,
-            rep.errors
-        )));
+        return Err(BenchError::Incomplete {
+            cell: cell(),
+            requests,
+            completed: rep.requests,
+            failed: rep.errors,
+        });
     }
     daemon.terminate(Duration::from_secs(120))?;
     drop(daemon);
-    let p = Profile::read(&out).map_err(|e| BenchError::Backend(e.to_string()))?;
+    let p = Profile::read(&out)?;
     if let Some(keep) = &opts.keep_profiles {
         let to = keep.join(format!("{tag}.callgrind"));
         std::fs::create_dir_all(keep)
             .and_then(|()| std::fs::copy(&out, &to).map(|_| ()))
-            .map_err(|e| BenchError::Backend(format!("keeping {}: {e}", to.display())))?;
+            .map_err(|source| BenchError::KeepProfile { path: to, source })?;
     }
     let _ = std::fs::remove_file(&out);
     Ok(p)
@@ -344,16 +319,12 @@ fn count_run(
 /// Count every subject under every load. `progress` gets a line per cell.
 pub fn run(opts: &InsnOpts, mut progress: impl FnMut(&str)) -> Result<InsnReport, BenchError> {
     if opts.requests == 0 {
-        return Err(BenchError::Option("--requests must be at least 1".into()));
+        return Err(BenchError::ZeroRequests);
     }
     let valgrind = valgrind_version(&opts.valgrind)?;
     let qsd_version = match (&opts.qsd_bin, opts.subjects.contains(&Subject::Qsd)) {
         (Some(b), true) => Some(qsd_version(b)?),
-        (None, true) => {
-            return Err(BenchError::Option(
-                "counting qemu-storage-daemon needs its binary".into(),
-            ))
-        }
+        (None, true) => return Err(BenchError::NoQsdBinary),
         _ => None,
     };
     progress(&format!(
@@ -365,7 +336,7 @@ pub fn run(opts: &InsnOpts, mut progress: impl FnMut(&str)) -> Result<InsnReport
     let dir = tempfile::Builder::new()
         .prefix("blklab-insns")
         .tempdir()
-        .map_err(|e| BenchError::Backend(format!("tempdir: {e}")))?;
+        .map_err(BenchError::Tempdir)?;
     let mut cells = Vec::new();
     for load in &opts.loads {
         for &subject in &opts.subjects {
@@ -609,16 +580,21 @@ mod tests {
         let l = CountedLoad::parse("randwrite:64").unwrap();
         assert_eq!((l.rw, l.depth), (RwMode::Randwrite, 64));
         assert_eq!(CountedLoad::parse("randread:1").unwrap().depth, 1);
-        for bad in [
-            "randwrite",
-            "randrw:4",
-            "randread:0",
-            "randread:999",
-            "write:x",
-            "",
+        for (bad, why) in [
+            ("randwrite", "no ':'"),
+            ("randrw:4", "unknown RW"),
+            ("randread:0", "QD out of range"),
+            ("randread:999", "QD out of range"),
+            ("randread:x", "QD is not a number"),
+            ("write:x", "unknown RW"),
+            ("", "no ':'"),
         ] {
-            let e = CountedLoad::parse(bad).unwrap_err().to_string();
-            assert!(e.contains("RW:QD"), "{bad}: {e}");
+            let e = CountedLoad::parse(bad).unwrap_err();
+            assert!(
+                matches!(&e, BenchError::BadCountedLoad { spec, why: w } if spec == bad && *w == why),
+                "{bad}: {e:?}"
+            );
+            assert!(e.to_string().contains("RW:QD"), "{bad}: {e}");
         }
     }
 

@@ -11,51 +11,31 @@
 //! [`versus_qsd`] runs identical loads against qemu-storage-daemon and
 //! `blklab serve` in one run and prints their ratios. [`client`] is the
 //! libblkio connection and [`daemon`] the backend spawner; the tests and
-//! benches (`tests/common`) use both.
+//! benches (`tests/common`) use both. Both comparisons end in [`Verdict`]s;
+//! every failure is a [`BenchError`] kind.
 
 pub mod callgrind;
 pub mod client;
 pub mod daemon;
+mod error;
 pub mod instructions;
 pub mod reference_qsd;
+pub mod verdict;
 pub mod versus_qsd;
 
 use std::mem::MaybeUninit;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use blkio::{Completion, ReqFlags};
 use serde::Serialize;
-use thiserror::Error;
 
 use crate::stats::histogram::{Hist, HistSummary};
-use client::{Connected, Queue, QueueSetup};
-
-#[derive(Debug, Error)]
-pub enum BenchError {
-    #[error("libblkio: {what}: {msg}")]
-    Blkio { what: &'static str, msg: String },
-    #[error("invalid benchmark option: {0}")]
-    Option(String),
-    #[error("cannot start {name}: {source}")]
-    Start {
-        name: String,
-        source: std::io::Error,
-    },
-    #[error("client thread {0} panicked")]
-    Panicked(usize),
-    #[error("cannot start the client thread: {0}")]
-    Thread(std::io::Error),
-    #[error("{0}")]
-    Backend(String),
-}
-
-fn blkio_err(what: &'static str) -> impl FnOnce(blkio::Error) -> BenchError {
-    move |e| BenchError::Blkio {
-        what,
-        msg: e.to_string(),
-    }
-}
+use client::{Connected, Connection, Queue, QueueSetup};
+pub(crate) use error::blkio_err;
+pub use error::BenchError;
+pub use verdict::Verdict;
 
 /// What the requests do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -77,10 +57,10 @@ impl std::fmt::Display for RwMode {
     }
 }
 
-/// One load: where, how many queues, how deep, what size and kind, how long.
-#[derive(Debug, Clone, Serialize)]
-pub struct Load {
-    pub socket: PathBuf,
+/// What a load asks of a device: how many queues, how deep, what size and
+/// kind of request, how long.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct LoadShape {
     pub queues: usize,
     /// Requests kept in flight per queue.
     pub depth: usize,
@@ -91,6 +71,14 @@ pub struct Load {
     pub time: Duration,
     /// Unmeasured interval before it.
     pub warmup: Duration,
+}
+
+/// One load: where, its shape, and how it is driven and measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Load {
+    pub socket: PathBuf,
+    #[serde(flatten)]
+    pub shape: LoadShape,
     /// Use libblkio poll queues: the client busy-waits for completions
     /// instead of sleeping on its completion eventfd.
     pub client_poll: bool,
@@ -113,12 +101,14 @@ impl Load {
     pub fn new(socket: &Path) -> Load {
         Load {
             socket: socket.to_path_buf(),
-            queues: 1,
-            depth: 64,
-            bs: 4096,
-            rw: RwMode::Randread,
-            time: Duration::from_secs(10),
-            warmup: Duration::from_millis(500),
+            shape: LoadShape {
+                queues: 1,
+                depth: 64,
+                bs: 4096,
+                rw: RwMode::Randread,
+                time: Duration::from_secs(10),
+                warmup: Duration::from_millis(500),
+            },
             client_poll: false,
             backend_pid: None,
             seed: 1,
@@ -129,12 +119,13 @@ impl Load {
 
     /// A short description: `randread 4k q1 qd64`.
     pub(crate) fn describe(&self) -> String {
+        let shape = &self.shape;
         format!(
             "{} {} q{} qd{}{}",
-            self.rw,
-            crate::util::units::format_size(self.bs as u64).to_lowercase(),
-            self.queues,
-            self.depth,
+            shape.rw,
+            crate::util::units::format_size(shape.bs as u64).to_lowercase(),
+            shape.queues,
+            shape.depth,
             if self.client_poll { " poll-client" } else { "" }
         )
     }
@@ -205,6 +196,20 @@ pub(crate) fn process_cpu_s(pid: i32) -> Option<f64> {
     crate::util::procfs::process(pid).map(|s| s.cpu_s())
 }
 
+/// What `BIN --version` printed, or why it could not run (`hint`: how to
+/// install it).
+pub(crate) fn version_output(bin: &Path, hint: &'static str) -> Result<Output, BenchError> {
+    Command::new(bin)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| BenchError::VersionRun {
+            bin: bin.to_path_buf(),
+            hint,
+            source,
+        })
+}
+
 /// CPU seconds of this process (every thread), from getrusage.
 fn self_cpu_s() -> f64 {
     let mut ru = MaybeUninit::<libc::rusage>::zeroed();
@@ -247,14 +252,57 @@ struct Phases {
     end: Instant,
 }
 
+/// CPU time at one instant: the backend's (when measured) and this
+/// process's.
+#[derive(Clone, Copy)]
+struct CpuSample {
+    backend_s: Option<f64>,
+    client_s: f64,
+    at: Instant,
+}
+
+impl CpuSample {
+    fn now(backend_pid: Option<i32>) -> CpuSample {
+        CpuSample {
+            backend_s: backend_pid.and_then(process_cpu_s),
+            client_s: self_cpu_s(),
+            at: Instant::now(),
+        }
+    }
+}
+
+/// Sleep until `t` (at once if it has passed).
+fn sleep_until(t: Instant) {
+    let now = Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
+    }
+}
+
 /// Run one load and report it.
 pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
-    if load.queues == 0 || load.depth == 0 || load.bs == 0 || load.bs % 512 != 0 {
-        return Err(BenchError::Option(format!(
-            "queues and depth must be at least 1 and bs a multiple of 512 (got queues {}, depth {}, bs {})",
-            load.queues, load.depth, load.bs
-        )));
+    check_shape(&load.shape)?;
+    let (conn, blocks) = open(load)?;
+    let phases = phases(load)?;
+    let (results, before, after) = drive(conn, load, blocks, phases)?;
+    summarise(load, &results, before, after)
+}
+
+fn check_shape(shape: &LoadShape) -> Result<(), BenchError> {
+    if shape.queues == 0 || shape.depth == 0 || shape.bs == 0 || shape.bs % 512 != 0 {
+        return Err(BenchError::BadShape {
+            queues: shape.queues,
+            depth: shape.depth,
+            bs: shape.bs,
+        });
     }
+    Ok(())
+}
+
+/// Connect, start the queues with room for `depth` requests each, and
+/// size the disk: the connection and the disk's length in requests.
+fn open(load: &Load) -> Result<(Connection, u64), BenchError> {
+    let shape = &load.shape;
     let connected = Connected::connect(&load.socket, false)?;
     let max_qs = connected
         .blkio()
@@ -264,38 +312,40 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
     // At least 64 entries: a request takes three descriptors, and a ring
     // too small for one without indirect descriptors hangs some backends
     // (qemu-storage-daemon never completes on a 2-entry ring).
-    let queue_size = (load.depth.next_power_of_two().max(64) as i32).min(max_qs);
-    if (queue_size as usize) < load.depth {
-        return Err(BenchError::Option(format!(
-            "depth {} exceeds the device's largest queue size {max_qs}",
-            load.depth
-        )));
+    let queue_size = (shape.depth.next_power_of_two().max(64) as i32).min(max_qs);
+    if (queue_size as usize) < shape.depth {
+        return Err(BenchError::DepthOverQueueSize {
+            depth: shape.depth,
+            max: max_qs,
+        });
     }
     // Each queue's buffers: `depth` slots of `bs` bytes.
     let conn = connected.start(QueueSetup {
-        queues: load.queues,
+        queues: shape.queues,
         queue_size,
         poll: load.client_poll,
-        buf_per_queue: load.depth * load.bs,
+        buf_per_queue: shape.depth * shape.bs,
     })?;
     let capacity = conn
         .blkio
         .get_u64("capacity")
         .map_err(blkio_err("capacity"))?;
-    let bs = load.bs as u64;
+    let bs = shape.bs as u64;
     let blocks = capacity / bs;
     if blocks == 0 {
-        return Err(BenchError::Option(format!(
-            "the disk ({capacity} bytes) is smaller than one {bs}-byte request"
-        )));
+        return Err(BenchError::DiskTooSmall { capacity, bs });
     }
+    Ok((conn, blocks))
+}
+
+/// When the load measures and ends: after the warm-up for `time`, or for a
+/// counted load from the start until the last request completes.
+fn phases(load: &Load) -> Result<Phases, BenchError> {
     if load.count == Some(0) {
-        return Err(BenchError::Option(
-            "a counted load needs at least 1 request".into(),
-        ));
+        return Err(BenchError::NoRequests);
     }
     let start = Instant::now() + Duration::from_millis(20);
-    let phases = match load.count {
+    Ok(match load.count {
         // Counted: measured from the start; the end is when the last
         // request completes (a day is only an upper bound).
         Some(_) => Phases {
@@ -303,12 +353,21 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
             end: start + Duration::from_secs(86_400),
         },
         None => Phases {
-            measure_from: start + load.warmup,
-            end: start + load.warmup + load.time,
+            measure_from: start + load.shape.warmup,
+            end: start + load.shape.warmup + load.shape.time,
         },
-    };
-    let cpu_before = std::sync::Mutex::new(None::<(Option<f64>, f64, Instant)>);
-    let results = std::thread::scope(|s| {
+    })
+}
+
+/// One client thread per queue, CPU sampled at the start and the end of
+/// the measured interval: what each queue counted, and the two samples.
+fn drive(
+    conn: Connection,
+    load: &Load,
+    blocks: u64,
+    phases: Phases,
+) -> Result<(Vec<QueueResult>, CpuSample, CpuSample), BenchError> {
+    std::thread::scope(|s| {
         let mut handles = Vec::new();
         for (i, q) in conn.queues.into_iter().enumerate() {
             let seed = load.seed.wrapping_mul(1000).wrapping_add(i as u64);
@@ -318,19 +377,10 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
                 .map_err(BenchError::Thread)?;
             handles.push(h);
         }
-        // Sample CPU at the start of the measured interval.
-        let now = Instant::now();
-        if phases.measure_from > now {
-            std::thread::sleep(phases.measure_from - now);
-        }
-        *cpu_before.lock().unwrap_or_else(|p| p.into_inner()) = Some((
-            load.backend_pid.and_then(process_cpu_s),
-            self_cpu_s(),
-            Instant::now(),
-        ));
-        let now = Instant::now();
-        if load.count.is_none() && phases.end > now {
-            std::thread::sleep(phases.end - now);
+        sleep_until(phases.measure_from);
+        let before = CpuSample::now(load.backend_pid);
+        if load.count.is_none() {
+            sleep_until(phases.end);
         }
         let mut out = Vec::new();
         for (i, h) in handles.into_iter().enumerate() {
@@ -339,37 +389,35 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
                 Err(_) => return Err(BenchError::Panicked(i)),
             }
         }
-        let after = (
-            load.backend_pid.and_then(process_cpu_s),
-            self_cpu_s(),
-            Instant::now(),
-        );
-        Ok((out, after))
-    });
-    let (results, after) = results?;
-    let before = cpu_before
-        .into_inner()
-        .unwrap_or_else(|p| p.into_inner())
-        .ok_or_else(|| BenchError::Backend("no CPU sample".into()))?;
+        Ok((out, before, CpuSample::now(load.backend_pid)))
+    })
+}
+
+/// The queues' counts and the CPU samples as one report.
+fn summarise(
+    load: &Load,
+    results: &[QueueResult],
+    before: CpuSample,
+    after: CpuSample,
+) -> Result<BenchReport, BenchError> {
     let mut latency = Hist::new_latency();
     let (mut requests, mut errors, mut bytes) = (0, 0, 0);
-    for r in &results {
+    for r in results {
         latency.merge(&r.latency);
         requests += r.requests;
         errors += r.errors;
         bytes += r.bytes;
     }
     let seconds = match load.count {
-        Some(_) => after.2.saturating_duration_since(before.2).as_secs_f64(),
-        None => load.time.as_secs_f64(),
+        Some(_) => after.at.saturating_duration_since(before.at).as_secs_f64(),
+        None => load.shape.time.as_secs_f64(),
     };
-    let backend_cpu_s = match (before.0, after.0) {
+    let backend_cpu_s = match (before.backend_s, after.backend_s) {
         (Some(a), Some(b)) => Some((b - a).max(0.0)),
         (None, _) if load.backend_pid.is_some() => {
-            return Err(BenchError::Backend(format!(
-                "cannot read /proc/{}/stat",
-                load.backend_pid.unwrap_or(0)
-            )))
+            return Err(BenchError::ProcStat {
+                pid: load.backend_pid.unwrap_or(0),
+            })
         }
         _ => None,
     };
@@ -386,114 +434,151 @@ pub fn run(load: &Load) -> Result<BenchReport, BenchError> {
         iops_per_backend_cpu_s: backend_cpu_s
             .filter(|c| *c > 0.0)
             .map(|c| requests as f64 / c),
-        client_cpu_s: (after.1 - before.1).max(0.0),
+        client_cpu_s: (after.client_s - before.client_s).max(0.0),
     })
 }
 
 /// One queue's closed loop: keep `depth` requests in flight until the end,
 /// then collect the stragglers.
 fn queue_loop(
-    mut queue: Queue,
+    queue: Queue,
     load: &Load,
     blocks: u64,
     seed: u64,
     phases: Phases,
 ) -> Result<QueueResult, BenchError> {
-    let depth = load.depth;
-    let bs = load.bs;
-    let mut rng = Rng(seed);
-    let mut issued_at = vec![phases.measure_from; depth];
-    let mut res = QueueResult {
-        requests: 0,
-        errors: 0,
-        bytes: 0,
-        latency: Hist::new_latency(),
-    };
-    let mut comps: Vec<MaybeUninit<Completion>> =
-        (0..depth).map(|_| MaybeUninit::uninit()).collect();
-    let submit = |queue: &mut Queue, slot: usize, rng: &mut Rng| {
-        let off = (rng.next() % blocks) * bs as u64;
-        let write = match load.rw {
-            RwMode::Randread => false,
-            RwMode::Randwrite => true,
-            RwMode::Randrw => rng.next() & 1 == 1,
-        };
-        // slot < depth: inside this queue's `depth * bs` bytes.
-        let buf = queue.ptr(slot * bs, bs);
-        if write {
-            queue.q.write(off, buf, bs, slot, ReqFlags::empty());
-        } else {
-            queue.q.read(off, buf, bs, slot, ReqFlags::empty());
-        }
+    let mut client = QueueClient {
+        queue,
+        load,
+        blocks,
+        rng: Rng(seed),
+        issued_at: vec![phases.measure_from; load.shape.depth],
+        counted: QueueResult {
+            requests: 0,
+            errors: 0,
+            bytes: 0,
+            latency: Hist::new_latency(),
+        },
     };
     // Wait for the start line so every queue begins together.
     let warmup = if load.count.is_some() {
         Duration::ZERO
     } else {
-        load.warmup
+        load.shape.warmup
     };
-    let start = phases
-        .measure_from
-        .checked_sub(warmup)
-        .unwrap_or(phases.measure_from);
-    let now = Instant::now();
-    if start > now {
-        std::thread::sleep(start - now);
-    }
-    let now = Instant::now();
-    let first_batch = load.count.map_or(depth, |n| {
-        depth.min(usize::try_from(n).unwrap_or(usize::MAX))
+    sleep_until(
+        phases
+            .measure_from
+            .checked_sub(warmup)
+            .unwrap_or(phases.measure_from),
+    );
+    let first_batch = load.count.map_or(load.shape.depth, |n| {
+        load.shape
+            .depth
+            .min(usize::try_from(n).unwrap_or(usize::MAX))
     });
-    for (slot, t) in issued_at.iter_mut().enumerate().take(first_batch) {
-        *t = now;
-        submit(&mut queue, slot, &mut rng);
+    let now = Instant::now();
+    for slot in 0..first_batch {
+        client.submit(slot, now);
     }
-    let mut issued = first_batch as u64;
-    let mut outstanding = first_batch;
-    let mut ending = false;
-    while outstanding > 0 {
-        let mut timeout = Duration::from_secs(30);
-        let got = queue
-            .q
-            .do_io(&mut comps, 1, Some(&mut timeout), None)
-            .map_err(blkio_err("do_io"))?;
-        if got == 0 {
-            return Err(BenchError::Backend(format!(
-                "no completion within 30 s ({outstanding} requests in flight)"
-            )));
+    client.complete_all(first_batch, phases)?;
+    Ok(client.counted)
+}
+
+/// One queue's client: its slots (one request in flight each), the offset
+/// and op stream, and what it has counted.
+struct QueueClient<'a> {
+    queue: Queue,
+    load: &'a Load,
+    /// The disk's length in requests.
+    blocks: u64,
+    rng: Rng,
+    /// When each slot's request was submitted.
+    issued_at: Vec<Instant>,
+    counted: QueueResult,
+}
+
+impl QueueClient<'_> {
+    /// Submit slot `slot`'s request (issued `at`) at a fresh random offset.
+    fn submit(&mut self, slot: usize, at: Instant) {
+        let bs = self.load.shape.bs;
+        self.issued_at[slot] = at;
+        let off = (self.rng.next() % self.blocks) * bs as u64;
+        let write = match self.load.shape.rw {
+            RwMode::Randread => false,
+            RwMode::Randwrite => true,
+            RwMode::Randrw => self.rng.next() & 1 == 1,
+        };
+        // slot < depth: inside this queue's `depth * bs` bytes.
+        let buf = self.queue.ptr(slot * bs, bs);
+        if write {
+            self.queue.q.write(off, buf, bs, slot, ReqFlags::empty());
+        } else {
+            self.queue.q.read(off, buf, bs, slot, ReqFlags::empty());
         }
-        let now = Instant::now();
-        let measuring = now >= phases.measure_from && now < phases.end;
-        if now >= phases.end {
-            ending = true;
-        }
-        for c in &comps[..got] {
-            // SAFETY: do_io initialised the first `got` entries.
-            let c = unsafe { c.assume_init_ref() };
-            let slot = c.user_data;
-            if measuring {
-                res.requests += 1;
-                res.bytes += bs as u64;
-                if c.ret != 0 {
-                    res.errors += 1;
+    }
+
+    /// Replace each completion with a new request until the end (or, for a
+    /// counted load, until all are issued), then collect the stragglers.
+    fn complete_all(&mut self, first_batch: usize, phases: Phases) -> Result<(), BenchError> {
+        let mut comps: Vec<MaybeUninit<Completion>> = (0..self.load.shape.depth)
+            .map(|_| MaybeUninit::uninit())
+            .collect();
+        let mut issued = first_batch as u64;
+        let mut outstanding = first_batch;
+        let mut ending = false;
+        while outstanding > 0 {
+            let mut timeout = Duration::from_secs(30);
+            let got = self
+                .queue
+                .q
+                .do_io(&mut comps, 1, Some(&mut timeout), None)
+                .map_err(blkio_err("do_io"))?;
+            if got == 0 {
+                return Err(BenchError::Stalled {
+                    in_flight: outstanding,
+                });
+            }
+            let now = Instant::now();
+            let measuring = now >= phases.measure_from && now < phases.end;
+            if now >= phases.end {
+                ending = true;
+            }
+            for c in &comps[..got] {
+                // SAFETY: do_io initialised the first `got` entries.
+                let c = unsafe { c.assume_init_ref() };
+                self.count(c, measuring, now);
+                if ending || self.load.count.is_some_and(|n| issued >= n) {
+                    outstanding -= 1;
+                } else {
+                    if !self.load.think.is_zero() {
+                        std::thread::sleep(self.load.think);
+                    }
+                    self.submit(c.user_data, Instant::now());
+                    issued += 1;
                 }
-                res.latency
-                    .record(now.saturating_duration_since(issued_at[slot]).as_nanos() as u64);
-            } else if c.ret != 0 {
-                // Errors count even outside the measured interval.
+            }
+        }
+        Ok(())
+    }
+
+    /// Count completion `c`, seen at `now`: in full while `measuring`,
+    /// else only an error.
+    fn count(&mut self, c: &Completion, measuring: bool, now: Instant) {
+        let res = &mut self.counted;
+        if measuring {
+            res.requests += 1;
+            res.bytes += self.load.shape.bs as u64;
+            if c.ret != 0 {
                 res.errors += 1;
             }
-            if ending || load.count.is_some_and(|n| issued >= n) {
-                outstanding -= 1;
-            } else {
-                if !load.think.is_zero() {
-                    std::thread::sleep(load.think);
-                }
-                issued_at[slot] = Instant::now();
-                submit(&mut queue, slot, &mut rng);
-                issued += 1;
-            }
+            res.latency.record(
+                now.saturating_duration_since(self.issued_at[c.user_data])
+                    .as_nanos() as u64,
+            );
+        } else if c.ret != 0 {
+            // Errors count even outside the measured interval.
+            res.errors += 1;
         }
     }
-    Ok(res)
 }

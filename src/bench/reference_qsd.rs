@@ -14,15 +14,17 @@ pub fn resolve(spec: &str) -> Result<PathBuf, BenchError> {
     if spec != "auto" {
         return Ok(PathBuf::from(spec));
     }
-    let lab = crate::lab::images::lab_dir(None)
-        .map_err(|e| BenchError::Backend(format!("--qsd auto needs images/fetch-qsd.sh: {e}")))?;
+    let lab = crate::lab::images::lab_dir(None).map_err(BenchError::NoLabDir)?;
     let script = lab.join("images/fetch-qsd.sh");
     let out = Command::new("sh")
         .arg(&script)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()
-        .map_err(|e| BenchError::Backend(format!("cannot run {}: {e}", script.display())))?;
+        .map_err(|source| BenchError::ScriptRun {
+            script: script.clone(),
+            source,
+        })?;
     let path = String::from_utf8_lossy(&out.stdout)
         .lines()
         .last()
@@ -30,11 +32,10 @@ pub fn resolve(spec: &str) -> Result<PathBuf, BenchError> {
         .trim()
         .to_string();
     if !out.status.success() || path.is_empty() {
-        return Err(BenchError::Backend(format!(
-            "{} failed ({}): no qemu-storage-daemon 7.2 (give one with --qsd PATH)",
-            script.display(),
-            out.status
-        )));
+        return Err(BenchError::FetchQsd {
+            script,
+            status: out.status,
+        });
     }
     Ok(PathBuf::from(path))
 }

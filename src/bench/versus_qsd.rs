@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::daemon::Daemon;
-use super::{BenchError, BenchReport, Load, RwMode};
+use super::{BenchError, BenchReport, Load, LoadShape, Verdict};
 
 /// The backends a comparison can start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -45,13 +45,8 @@ pub struct CompareOpts {
     /// The `blklab` binary to start (`std::env::current_exe()` from the CLI).
     pub blklab_bin: PathBuf,
     pub qsd_bin: PathBuf,
-    pub queues: usize,
-    /// Depth of the throughput row (the latency rows use QD1).
-    pub depth: usize,
-    pub bs: usize,
-    pub rw: RwMode,
-    pub time: Duration,
-    pub warmup: Duration,
+    /// The throughput row's load (the latency rows use QD1).
+    pub shape: LoadShape,
     /// Disk size in bytes (both backends).
     pub size: u64,
     pub rounds: usize,
@@ -97,7 +92,7 @@ impl Running {
                 ),
                 &socket,
                 true,
-                opts.queues,
+                opts.shape.queues,
             ),
             _ => {
                 let mut c = Command::new(&opts.blklab_bin);
@@ -107,7 +102,7 @@ impl Running {
                     .args(["--disk", "null", "--size"])
                     .arg(opts.size.to_string())
                     .arg("--num-queues")
-                    .arg(opts.queues.to_string())
+                    .arg(opts.shape.queues.to_string())
                     .env("RUST_LOG", "warn");
                 match backend {
                     Backend::BlklabNoStats => {
@@ -129,9 +124,9 @@ impl Running {
             Duration::from_secs(20),
         )
         .map_err(|e| match e {
-            BenchError::Start { .. } if backend == Backend::Qsd => BenchError::Backend(format!(
-                "{e} (Debian: .ci/install-deps installs qemu-utils)"
-            )),
+            BenchError::Start { name, source } if backend == Backend::Qsd => {
+                BenchError::StartQsd { name, source }
+            }
             e => e,
         })?;
         Ok(Running {
@@ -173,15 +168,6 @@ pub struct RowResult {
     pub cells: Vec<Cell>,
 }
 
-/// A target from the issue, as measured.
-#[derive(Debug, Clone, Serialize)]
-pub struct Verdict {
-    pub what: String,
-    pub value: f64,
-    pub target: String,
-    pub pass: bool,
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct CompareReport {
     pub machine: String,
@@ -204,13 +190,13 @@ pub(crate) fn plan(opts: &CompareOpts) -> Vec<Row> {
     };
     let mut rows = vec![
         Row {
-            name: format!("{} qd{}", opts.rw, opts.depth),
-            depth: opts.depth,
+            name: format!("{} qd{}", opts.shape.rw, opts.shape.depth),
+            depth: opts.shape.depth,
             client_poll: false,
             backends: poll(vec![Backend::Qsd, Backend::Blklab, Backend::BlklabNoStats]),
         },
         Row {
-            name: format!("{} qd1", opts.rw),
+            name: format!("{} qd1", opts.shape.rw),
             depth: 1,
             client_poll: false,
             backends: poll(vec![Backend::Qsd, Backend::Blklab]),
@@ -218,7 +204,7 @@ pub(crate) fn plan(opts: &CompareOpts) -> Vec<Row> {
     ];
     if opts.poll.is_some() {
         rows.push(Row {
-            name: format!("{} qd1 poll-client", opts.rw),
+            name: format!("{} qd1 poll-client", opts.shape.rw),
             depth: 1,
             client_poll: true,
             backends: vec![Backend::Qsd, Backend::BlklabPoll],
@@ -254,25 +240,15 @@ pub fn machine() -> String {
 /// The first line of `BIN --version` (e.g. "qemu-storage-daemon version
 /// 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)").
 pub(crate) fn qsd_version(bin: &Path) -> Result<String, BenchError> {
-    let out = Command::new(bin)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| {
-            BenchError::Backend(format!(
-                "cannot run {} --version: {e} (Debian: .ci/install-deps installs qemu-utils)",
-                bin.display()
-            ))
-        })?;
+    let out = super::version_output(bin, "Debian: .ci/install-deps installs qemu-utils")?;
     let text = String::from_utf8_lossy(&out.stdout);
     match text.lines().next().map(str::trim) {
         Some(l) if out.status.success() && !l.is_empty() => Ok(l.to_string()),
-        _ => Err(BenchError::Backend(format!(
-            "{} --version failed ({}): {}",
-            bin.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))),
+        _ => Err(BenchError::VersionFailed {
+            bin: bin.to_path_buf(),
+            status: out.status,
+            stderr: Some(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        }),
     }
 }
 
@@ -283,7 +259,7 @@ pub fn run(
 ) -> Result<CompareReport, BenchError> {
     // A bad --poll is refused before any daemon starts.
     if let Some(p) = &opts.poll {
-        crate::device::config::parse_poll_spin(p).map_err(|e| BenchError::Option(e.to_string()))?;
+        crate::device::config::parse_poll_spin(p).map_err(BenchError::BadPoll)?;
     }
     let qsd_version = qsd_version(&opts.qsd_bin)?;
     progress(&format!("measuring {qsd_version}"));
@@ -291,111 +267,15 @@ pub fn run(
     let dir = tempfile::Builder::new()
         .prefix("blklab-bench")
         .tempdir()
-        .map_err(|e| BenchError::Backend(format!("tempdir: {e}")))?;
-    let mut wanted: Vec<Backend> = Vec::new();
-    for r in &rows {
-        for b in &r.backends {
-            if !wanted.contains(b) {
-                wanted.push(*b);
-            }
-        }
-    }
-    let mut daemons = Vec::new();
-    for b in wanted {
-        daemons.push(Running::start(b, opts, dir.path())?);
-    }
+        .map_err(BenchError::Tempdir)?;
+    let mut daemons = start_daemons(&rows, opts, dir.path())?;
     let machine = machine();
-    let mut results: Vec<RowResult> = rows
-        .iter()
-        .map(|r| RowResult {
-            row: r.clone(),
-            cells: r
-                .backends
-                .iter()
-                .map(|b| Cell {
-                    backend: *b,
-                    requests: 0,
-                    errors: 0,
-                    seconds: 0.0,
-                    backend_cpu_s: 0.0,
-                    iops: 0.0,
-                    iops_per_backend_cpu_s: 0.0,
-                    p50_ns: 0.0,
-                    p99_ns: 0.0,
-                    rounds: Vec::new(),
-                })
-                .collect(),
-        })
-        .collect();
+    let mut results: Vec<RowResult> = rows.iter().map(RowResult::empty).collect();
     for round in 0..opts.rounds.max(1) {
-        for rr in results.iter_mut() {
-            let mut order: Vec<usize> = (0..rr.cells.len()).collect();
-            if round % 2 == 1 {
-                order.reverse();
-            }
-            for ci in order {
-                let backend = rr.cells[ci].backend;
-                let d = daemons
-                    .iter_mut()
-                    .find(|d| d.backend == backend)
-                    .ok_or_else(|| BenchError::Backend("daemon missing".into()))?;
-                if !d.daemon.alive() {
-                    return Err(BenchError::Backend(format!(
-                        "{} exited during the comparison",
-                        backend.label()
-                    )));
-                }
-                let load = Load {
-                    socket: d.socket.clone(),
-                    queues: opts.queues,
-                    depth: rr.row.depth,
-                    bs: opts.bs,
-                    rw: opts.rw,
-                    time: opts.time,
-                    warmup: opts.warmup,
-                    client_poll: rr.row.client_poll,
-                    backend_pid: Some(d.daemon.pid()),
-                    seed: round as u64 + 1,
-                    count: None,
-                    think: Duration::ZERO,
-                };
-                let rep = super::run(&load)
-                    .map_err(|e| BenchError::Backend(format!("{}: {e}", backend.label())))?;
-                progress(&format!(
-                    "round {} {:<24} {:<20} {:>9.0} IOPS  p50 {:>7.1} us  {:>9.0} IOPS/CPU-s  {} errors",
-                    round + 1,
-                    rr.row.name,
-                    backend.label(),
-                    rep.iops,
-                    rep.latency_ns.p50 as f64 / 1e3,
-                    rep.iops_per_backend_cpu_s.unwrap_or(0.0),
-                    rep.errors
-                ));
-                rr.cells[ci].rounds.push(rep);
-            }
-        }
+        measure_round(round, &mut results, &mut daemons, opts, &mut progress)?;
     }
-    for rr in &mut results {
-        for c in &mut rr.cells {
-            let n = c.rounds.len().max(1) as f64;
-            c.requests = c.rounds.iter().map(|r| r.requests).sum();
-            c.errors = c.rounds.iter().map(|r| r.errors).sum();
-            c.seconds = c.rounds.iter().map(|r| r.seconds).sum();
-            c.backend_cpu_s = c.rounds.iter().filter_map(|r| r.backend_cpu_s).sum();
-            c.iops = c.requests as f64 / c.seconds.max(1e-9);
-            c.iops_per_backend_cpu_s = if c.backend_cpu_s > 0.0 {
-                c.requests as f64 / c.backend_cpu_s
-            } else {
-                0.0
-            };
-            // Mean over the rounds of a per-round percentile.
-            let mean = |pct: fn(&BenchReport) -> u64| {
-                c.rounds.iter().map(|r| pct(r) as f64).sum::<f64>() / n
-            };
-            let (p50, p99) = (mean(|r| r.latency_ns.p50), mean(|r| r.latency_ns.p99));
-            c.p50_ns = p50;
-            c.p99_ns = p99;
-        }
+    for cell in results.iter_mut().flat_map(|rr| rr.cells.iter_mut()) {
+        cell.sum_rounds();
     }
     let verdicts = verdicts(&results);
     Ok(CompareReport {
@@ -404,6 +284,140 @@ pub fn run(
         rows: results,
         verdicts,
     })
+}
+
+/// Every backend the rows name, once each, in the order they first appear.
+fn start_daemons(rows: &[Row], opts: &CompareOpts, dir: &Path) -> Result<Vec<Running>, BenchError> {
+    let mut wanted: Vec<Backend> = Vec::new();
+    for r in rows {
+        for b in &r.backends {
+            if !wanted.contains(b) {
+                wanted.push(*b);
+            }
+        }
+    }
+    wanted
+        .into_iter()
+        .map(|b| Running::start(b, opts, dir))
+        .collect()
+}
+
+/// One round: each row's backends in turn, in the plan's order on even
+/// rounds and the reverse on odd ones.
+fn measure_round(
+    round: usize,
+    results: &mut [RowResult],
+    daemons: &mut [Running],
+    opts: &CompareOpts,
+    progress: &mut impl FnMut(&str),
+) -> Result<(), BenchError> {
+    for rr in results.iter_mut() {
+        let mut order: Vec<usize> = (0..rr.cells.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for ci in order {
+            let backend = rr.cells[ci].backend;
+            let d = daemons.iter_mut().find(|d| d.backend == backend).ok_or(
+                BenchError::DaemonMissing {
+                    backend: backend.label(),
+                },
+            )?;
+            let rep = d.measure(&rr.row, opts, round)?;
+            progress(&format!(
+                "round {} {:<24} {:<20} {:>9.0} IOPS  p50 {:>7.1} us  {:>9.0} IOPS/CPU-s  {} errors",
+                round + 1,
+                rr.row.name,
+                backend.label(),
+                rep.iops,
+                rep.latency_ns.p50 as f64 / 1e3,
+                rep.iops_per_backend_cpu_s.unwrap_or(0.0),
+                rep.errors
+            ));
+            rr.cells[ci].rounds.push(rep);
+        }
+    }
+    Ok(())
+}
+
+impl Running {
+    /// One load of `row` against this daemon in round `round` (its seed).
+    fn measure(
+        &mut self,
+        row: &Row,
+        opts: &CompareOpts,
+        round: usize,
+    ) -> Result<BenchReport, BenchError> {
+        let label = self.backend.label();
+        if !self.daemon.alive() {
+            return Err(BenchError::ExitedDuringComparison { name: label });
+        }
+        let load = Load {
+            socket: self.socket.clone(),
+            shape: LoadShape {
+                depth: row.depth,
+                ..opts.shape
+            },
+            client_poll: row.client_poll,
+            backend_pid: Some(self.daemon.pid()),
+            seed: round as u64 + 1,
+            count: None,
+            think: Duration::ZERO,
+        };
+        super::run(&load).map_err(|e| BenchError::Load {
+            backend: label,
+            source: Box::new(e),
+        })
+    }
+}
+
+impl RowResult {
+    /// `row` with an empty cell per backend.
+    fn empty(row: &Row) -> RowResult {
+        RowResult {
+            row: row.clone(),
+            cells: row.backends.iter().map(|b| Cell::empty(*b)).collect(),
+        }
+    }
+}
+
+impl Cell {
+    fn empty(backend: Backend) -> Cell {
+        Cell {
+            backend,
+            requests: 0,
+            errors: 0,
+            seconds: 0.0,
+            backend_cpu_s: 0.0,
+            iops: 0.0,
+            iops_per_backend_cpu_s: 0.0,
+            p50_ns: 0.0,
+            p99_ns: 0.0,
+            rounds: Vec::new(),
+        }
+    }
+
+    /// The totals and rates over the rounds measured.
+    fn sum_rounds(&mut self) {
+        let n = self.rounds.len().max(1) as f64;
+        self.requests = self.rounds.iter().map(|r| r.requests).sum();
+        self.errors = self.rounds.iter().map(|r| r.errors).sum();
+        self.seconds = self.rounds.iter().map(|r| r.seconds).sum();
+        self.backend_cpu_s = self.rounds.iter().filter_map(|r| r.backend_cpu_s).sum();
+        self.iops = self.requests as f64 / self.seconds.max(1e-9);
+        self.iops_per_backend_cpu_s = if self.backend_cpu_s > 0.0 {
+            self.requests as f64 / self.backend_cpu_s
+        } else {
+            0.0
+        };
+        // Mean over the rounds of a per-round percentile.
+        let mean = |pct: fn(&BenchReport) -> u64| {
+            self.rounds.iter().map(|r| pct(r) as f64).sum::<f64>() / n
+        };
+        let (p50, p99) = (mean(|r| r.latency_ns.p50), mean(|r| r.latency_ns.p99));
+        self.p50_ns = p50;
+        self.p99_ns = p99;
+    }
 }
 
 fn cell(rows: &[RowResult], row: usize, b: Backend) -> Option<&Cell> {
@@ -701,8 +715,10 @@ mod tests {
             qsd_version(Path::new("qemu-storage-daemon")).expect("installed by .ci/install-deps");
         assert!(v.starts_with("qemu-storage-daemon version "), "{v}");
         let e = qsd_version(Path::new("/nonexistent/qsd")).unwrap_err();
+        assert!(matches!(e, BenchError::VersionRun { .. }), "{e}");
         assert!(e.to_string().contains("/nonexistent/qsd"), "{e}");
         let e = qsd_version(Path::new("false")).unwrap_err();
+        assert!(matches!(e, BenchError::VersionFailed { .. }), "{e}");
         assert!(e.to_string().contains("--version failed"), "{e}");
     }
 }

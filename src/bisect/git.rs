@@ -4,7 +4,38 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::bisect::BisectError;
+use thiserror::Error;
+
+/// What went wrong with the tree or with git.
+#[derive(Debug, Error)]
+pub enum GitError {
+    #[error("--git {}: no such directory", dir.display())]
+    NoSuchDirectory { dir: PathBuf },
+    #[error(
+        "--git {}: not a git work tree (git rev-parse --show-toplevel failed)",
+        dir.display()
+    )]
+    NotAWorkTree { dir: PathBuf },
+    /// `rev` (given as `flag`) names no commit.
+    #[error("{flag} {rev:?}: no such commit in {}", dir.display())]
+    NoSuchCommit {
+        flag: &'static str,
+        rev: String,
+        dir: PathBuf,
+    },
+    #[error("{command}: cannot run git: {source} (apt-get install git)")]
+    Spawn {
+        command: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// git ran and failed; `said` is the last line of its stderr.
+    #[error("{command}: {said}")]
+    Failed { command: String, said: String },
+    /// `git bisect` answered something [`parse_next`] does not know.
+    #[error("{command}: unexpected answer: {answer}")]
+    UnexpectedAnswer { command: String, answer: String },
+}
 
 /// A git work tree.
 #[derive(Debug, Clone)]
@@ -62,22 +93,20 @@ pub fn parse_next(out: &str) -> Option<Next> {
 
 impl Git {
     /// The work tree at `dir`, or why it is not one.
-    pub fn open(dir: &Path) -> Result<Git, BisectError> {
+    pub fn open(dir: &Path) -> Result<Git, GitError> {
         if !dir.is_dir() {
-            return Err(BisectError::Usage(format!(
-                "--git {}: no such directory",
-                dir.display()
-            )));
+            return Err(GitError::NoSuchDirectory {
+                dir: dir.to_path_buf(),
+            });
         }
         let g = Git {
             dir: dir.to_path_buf(),
         };
-        let top = g.output(&["rev-parse", "--show-toplevel"]).map_err(|_| {
-            BisectError::Usage(format!(
-                "--git {}: not a git work tree (git rev-parse --show-toplevel failed)",
-                dir.display()
-            ))
-        })?;
+        let top =
+            g.output(&["rev-parse", "--show-toplevel"])
+                .map_err(|_| GitError::NotAWorkTree {
+                    dir: dir.to_path_buf(),
+                })?;
         Ok(Git {
             dir: PathBuf::from(top.trim()),
         })
@@ -99,11 +128,14 @@ impl Git {
     }
 
     /// Run git; its stdout and stderr together, and whether it succeeded.
-    fn run(&self, args: &[&str]) -> Result<(bool, String, String), BisectError> {
-        let out = self.command(args).output().map_err(|e| BisectError::Git {
-            what: format!("git {}", args.join(" ")),
-            why: format!("cannot run git: {e} (apt-get install git)"),
-        })?;
+    fn run(&self, args: &[&str]) -> Result<(bool, String, String), GitError> {
+        let out = self
+            .command(args)
+            .output()
+            .map_err(|source| GitError::Spawn {
+                command: format!("git {}", args.join(" ")),
+                source,
+            })?;
         Ok((
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -112,20 +144,20 @@ impl Git {
     }
 
     /// git's stdout, or an error with its stderr.
-    pub fn output(&self, args: &[&str]) -> Result<String, BisectError> {
+    pub fn output(&self, args: &[&str]) -> Result<String, GitError> {
         let (ok, out, err) = self.run(args)?;
         if ok {
             Ok(out)
         } else {
-            Err(BisectError::Git {
-                what: format!("git {}", args.join(" ")),
-                why: err.trim().lines().last().unwrap_or("failed").to_string(),
+            Err(GitError::Failed {
+                command: format!("git {}", args.join(" ")),
+                said: err.trim().lines().last().unwrap_or("failed").to_string(),
             })
         }
     }
 
-    /// The commit `rev` names, in full.
-    pub fn resolve(&self, rev: &str, what: &str) -> Result<String, BisectError> {
+    /// The commit `rev` (given as `flag`) names, in full.
+    pub fn resolve(&self, rev: &str, flag: &'static str) -> Result<String, GitError> {
         let (ok, out, _) = self.run(&[
             "rev-parse",
             "--verify",
@@ -134,21 +166,22 @@ impl Git {
         ])?;
         let sha = out.trim();
         if !ok || !is_sha(sha) {
-            return Err(BisectError::Usage(format!(
-                "{what} {rev:?}: no such commit in {}",
-                self.dir.display()
-            )));
+            return Err(GitError::NoSuchCommit {
+                flag,
+                rev: rev.to_string(),
+                dir: self.dir.clone(),
+            });
         }
         Ok(sha.to_string())
     }
 
     /// Whether `a` is an ancestor of `b`.
-    pub fn is_ancestor(&self, a: &str, b: &str) -> Result<bool, BisectError> {
+    pub fn is_ancestor(&self, a: &str, b: &str) -> Result<bool, GitError> {
         Ok(self.run(&["merge-base", "--is-ancestor", a, b])?.0)
     }
 
     /// Tracked files with changes (a bisection checks out other commits).
-    pub fn changed_files(&self) -> Result<Vec<String>, BisectError> {
+    pub fn changed_files(&self) -> Result<Vec<String>, GitError> {
         Ok(self
             .output(&["status", "--porcelain", "--untracked-files=no"])?
             .lines()
@@ -157,7 +190,7 @@ impl Git {
     }
 
     /// Whether a `git bisect` is already under way in this work tree.
-    pub fn bisecting(&self) -> Result<bool, BisectError> {
+    pub fn bisecting(&self) -> Result<bool, GitError> {
         let p = self.output(&["rev-parse", "--git-path", "BISECT_START"])?;
         let p = PathBuf::from(p.trim());
         let p = if p.is_absolute() { p } else { self.dir.join(p) };
@@ -165,7 +198,7 @@ impl Git {
     }
 
     /// Where HEAD is, for a person: the branch, else the commit.
-    pub fn head_name(&self) -> Result<String, BisectError> {
+    pub fn head_name(&self) -> Result<String, GitError> {
         let (ok, out, _) = self.run(&["symbolic-ref", "-q", "--short", "HEAD"])?;
         if ok && !out.trim().is_empty() {
             return Ok(out.trim().to_string());
@@ -173,7 +206,7 @@ impl Git {
         Ok(self.output(&["rev-parse", "HEAD"])?.trim().to_string())
     }
 
-    pub fn head(&self) -> Result<String, BisectError> {
+    pub fn head(&self) -> Result<String, GitError> {
         Ok(self.output(&["rev-parse", "HEAD"])?.trim().to_string())
     }
 
@@ -185,32 +218,32 @@ impl Git {
     }
 
     /// Commits in `good..bad`.
-    pub fn count(&self, good: &str, bad: &str) -> Result<u32, BisectError> {
+    pub fn count(&self, good: &str, bad: &str) -> Result<u32, GitError> {
         let n = self.output(&["rev-list", "--count", &format!("{good}..{bad}")])?;
         Ok(n.trim().parse().unwrap_or(0))
     }
 
     /// The first parent of `commit`.
-    pub fn parent(&self, commit: &str) -> Result<String, BisectError> {
+    pub fn parent(&self, commit: &str) -> Result<String, GitError> {
         Ok(self
             .output(&["rev-parse", &format!("{commit}^")])?
             .trim()
             .to_string())
     }
 
-    pub fn checkout(&self, commit: &str) -> Result<(), BisectError> {
+    pub fn checkout(&self, commit: &str) -> Result<(), GitError> {
         self.output(&["checkout", "-q", "--detach", commit])
             .map(|_| ())
     }
 
     /// `git bisect start BAD GOOD`.
-    pub fn bisect_start(&self, bad: &str, good: &str) -> Result<Next, BisectError> {
+    pub fn bisect_start(&self, bad: &str, good: &str) -> Result<Next, GitError> {
         let out = self.output(&["bisect", "start", bad, good, "--"])?;
         self.next_of("git bisect start", &out)
     }
 
     /// `git bisect good|bad|skip COMMIT`.
-    pub fn bisect_mark(&self, word: &str, commit: &str) -> Result<Next, BisectError> {
+    pub fn bisect_mark(&self, word: &str, commit: &str) -> Result<Next, GitError> {
         let (_, out, err) = self.run(&["bisect", word, commit])?;
         // `skip` that leaves only skipped commits exits non-zero; what it
         // says decides.
@@ -218,7 +251,7 @@ impl Git {
         self.next_of(&format!("git bisect {word} {commit}"), &all)
     }
 
-    fn next_of(&self, what: &str, out: &str) -> Result<Next, BisectError> {
+    fn next_of(&self, what: &str, out: &str) -> Result<Next, GitError> {
         match parse_next(out) {
             Some(Next::Test { commit, steps }) => {
                 // git checked it out; trust HEAD over the text.
@@ -233,21 +266,18 @@ impl Git {
                 })
             }
             Some(n) => Ok(n),
-            None => Err(BisectError::Git {
-                what: what.to_string(),
-                why: format!(
-                    "unexpected answer: {}",
-                    out.trim().lines().take(3).collect::<Vec<_>>().join(" / ")
-                ),
+            None => Err(GitError::UnexpectedAnswer {
+                command: what.to_string(),
+                answer: out.trim().lines().take(3).collect::<Vec<_>>().join(" / "),
             }),
         }
     }
 
-    pub fn bisect_log(&self) -> Result<String, BisectError> {
+    pub fn bisect_log(&self) -> Result<String, GitError> {
         self.output(&["bisect", "log"])
     }
 
-    pub fn bisect_reset(&self) -> Result<(), BisectError> {
+    pub fn bisect_reset(&self) -> Result<(), GitError> {
         self.output(&["bisect", "reset"]).map(|_| ())
     }
 }
@@ -281,5 +311,34 @@ mod tests {
             Some(Next::OnlySkipped(vec![A.into(), B.into()]))
         );
         assert_eq!(parse_next("fatal: something"), None);
+    }
+
+    #[test]
+    fn a_missing_directory_a_plain_one_and_an_unknown_rev_are_told_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = Git::open(&dir.path().join("nope")).unwrap_err();
+        assert!(matches!(e, GitError::NoSuchDirectory { .. }), "{e}");
+        // A directory outside any work tree (the temporary directory).
+        let e = Git::open(dir.path()).unwrap_err();
+        assert!(matches!(e, GitError::NotAWorkTree { .. }), "{e}");
+        let init = Command::new("git")
+            .arg("-C")
+            .arg(dir.path())
+            .args(["init", "-q"])
+            .status()
+            .unwrap();
+        assert!(init.success());
+        let g = Git::open(dir.path()).unwrap();
+        let e = g.resolve("v0.0-nope", "--good").unwrap_err();
+        assert!(
+            matches!(&e, GitError::NoSuchCommit { flag: "--good", rev, .. } if rev == "v0.0-nope"),
+            "{e}"
+        );
+        let e = g.output(&["rev-parse", "--verify", "HEAD"]).unwrap_err();
+        assert!(matches!(e, GitError::Failed { .. }), "{e}");
+        assert!(
+            e.to_string().starts_with("git rev-parse --verify HEAD: "),
+            "{e}"
+        );
     }
 }

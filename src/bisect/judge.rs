@@ -9,6 +9,7 @@
 //! values overlap (nothing to bisect at this spread).
 
 use serde::Serialize;
+use thiserror::Error;
 
 /// What a tested commit is, for `git bisect`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -38,6 +39,31 @@ pub struct Boundary {
     pub bad_above: bool,
 }
 
+impl Boundary {
+    /// Which side of the value is bad: `above` or `below`.
+    pub fn bad_side(&self) -> &'static str {
+        if self.bad_above {
+            "above"
+        } else {
+            "below"
+        }
+    }
+}
+
+/// `--toward bad` finds no boundary: the ends' values (mean, smallest,
+/// largest) overlap or are equal.
+#[derive(Debug, Clone, Copy, PartialEq, Error)]
+#[error(
+    "the ends do not differ beyond their spread: good {:.1} ({:.1}..{:.1}), \
+     bad {:.1} ({:.1}..{:.1}); nothing to bisect with this metric and variant \
+     (more --iterations, another --variant or --metric)",
+    good.0, good.1, good.2, bad.0, bad.1, bad.2
+)]
+pub struct EndsOverlap {
+    pub good: (f64, f64, f64),
+    pub bad: (f64, f64, f64),
+}
+
 /// Mean, smallest and largest of `v` (not empty).
 pub fn spread(v: &[f64]) -> (f64, f64, f64) {
     let mean = v.iter().sum::<f64>() / v.len() as f64;
@@ -63,17 +89,16 @@ pub fn judge(values: &[f64], b: &Boundary) -> Verdict {
 
 /// `--toward bad`: the boundary halfway between the ends' means, or why
 /// there is none (the ends' values overlap or are equal).
-pub fn toward_bad(good: &[f64], bad: &[f64]) -> Result<Boundary, String> {
+pub fn toward_bad(good: &[f64], bad: &[f64]) -> Result<Boundary, EndsOverlap> {
     let (gm, gmin, gmax) = spread(good);
     let (bm, bmin, bmax) = spread(bad);
     let bad_above = bm > gm;
     let apart = if bad_above { bmin > gmax } else { bmax < gmin };
     if !apart {
-        return Err(format!(
-            "the ends do not differ beyond their spread: good {gm:.1} ({gmin:.1}..{gmax:.1}), \
-             bad {bm:.1} ({bmin:.1}..{bmax:.1}); nothing to bisect with this metric and variant \
-             (more --iterations, another --variant or --metric)"
-        ));
+        return Err(EndsOverlap {
+            good: (gm, gmin, gmax),
+            bad: (bm, bmin, bmax),
+        });
     }
     Ok(Boundary {
         value: (gm + bm) / 2.0,
@@ -113,7 +138,14 @@ mod tests {
         assert!(!b.bad_above);
         assert_eq!(judge(&[10100.0], &b), Verdict::Bad);
         let e = toward_bad(&[10000.0, 12000.0], &[11500.0, 13000.0]).unwrap_err();
+        assert_eq!(e.good, (11000.0, 10000.0, 12000.0));
+        assert_eq!(e.bad, (12250.0, 11500.0, 13000.0));
+        let e = e.to_string();
         assert!(e.contains("do not differ beyond their spread"), "{e}");
+        assert!(
+            e.contains("good 11000.0 (10000.0..12000.0), bad 12250.0"),
+            "{e}"
+        );
         assert!(toward_bad(&[5.0], &[5.0]).is_err());
     }
 }

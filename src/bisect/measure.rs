@@ -7,11 +7,38 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use thiserror::Error;
 
 use crate::bisect::build::Built;
 use crate::lab::options::RunArgs;
-use crate::lab::runner::{self, RunOutcome};
+use crate::lab::runner::{self, RunError, RunOutcome};
 use crate::record::metrics::Metric;
+
+/// Why a built commit could not be measured; one line.
+#[derive(Debug, Error)]
+pub enum MeasureError {
+    /// The `blklab run` arguments made for it do not parse.
+    #[error("{0}")]
+    RunArgs(#[source] clap::Error),
+    /// The lab run failed.
+    #[error("{0}")]
+    Run(#[source] RunError),
+    #[error("the lab planned instead of running")]
+    Planned,
+    #[error("the guest run failed: {}", failures.join("; "))]
+    GuestFailed { failures: Vec<String> },
+    #[error("boot {iteration} of {label} has no {metric} (no instruction counts?)")]
+    NoValue {
+        iteration: u32,
+        label: String,
+        metric: &'static str,
+    },
+    #[error("the run recorded no {metric} of variant {variant}")]
+    NoValues {
+        metric: &'static str,
+        variant: String,
+    },
+}
 
 /// What one commit measured.
 #[derive(Debug, Clone)]
@@ -45,7 +72,7 @@ pub struct Setup<'a> {
 }
 
 /// The `blklab run` arguments for `kernel` (a `path:` spec).
-fn run_args(s: &Setup, kernel: &str, out: &Path) -> Result<RunArgs, String> {
+fn run_args(s: &Setup, kernel: &str, out: &Path) -> Result<RunArgs, MeasureError> {
     let mut argv: Vec<String> = vec![
         "run".into(),
         "--kernel".into(),
@@ -81,12 +108,16 @@ fn run_args(s: &Setup, kernel: &str, out: &Path) -> Result<RunArgs, String> {
     }
     RunLine::try_parse_from(argv)
         .map(|l| l.run)
-        .map_err(|e| e.to_string())
+        .map_err(MeasureError::RunArgs)
 }
 
-/// Boot `built` (labelled `label`) and read the metric; the error is one
-/// line.
-pub fn measure(s: &Setup, built: &Built, label: &str, out: &Path) -> Result<Measured, String> {
+/// Boot `built` (labelled `label`) and read the metric.
+pub fn measure(
+    s: &Setup,
+    built: &Built,
+    label: &str,
+    out: &Path,
+) -> Result<Measured, MeasureError> {
     let start = Instant::now();
     let mut spec = format!(
         "path:{},map={}",
@@ -98,34 +129,35 @@ pub fn measure(s: &Setup, built: &Built, label: &str, out: &Path) -> Result<Meas
     }
     spec.push_str(&format!(",name={label}"));
     let args = run_args(s, &spec, out)?;
-    let (run_dir, records, failures) = match runner::run(&args).map_err(|e| e.to_string())? {
+    let (run_dir, records, failures) = match runner::run(&args).map_err(MeasureError::Run)? {
         RunOutcome::Ran {
             out_dir,
             records,
             failures,
         } => (out_dir, records, failures),
-        RunOutcome::Plan(_) => return Err("the lab planned instead of running".into()),
+        RunOutcome::Plan(_) => return Err(MeasureError::Planned),
     };
     if !failures.is_empty() {
-        return Err(format!("the guest run failed: {}", failures.join("; ")));
+        return Err(MeasureError::GuestFailed { failures });
     }
     let mut values = Vec::new();
     for r in records.iter().filter(|r| r.variant == s.variant) {
         match (s.metric.get)(r) {
             Some(v) if v.is_finite() => values.push(v),
             _ => {
-                return Err(format!(
-                    "boot {} of {label} has no {} (no instruction counts?)",
-                    r.iteration, s.metric.key
-                ))
+                return Err(MeasureError::NoValue {
+                    iteration: r.iteration,
+                    label: label.to_string(),
+                    metric: s.metric.key,
+                })
             }
         }
     }
     if values.is_empty() {
-        return Err(format!(
-            "the run recorded no {} of variant {}",
-            s.metric.key, s.variant
-        ));
+        return Err(MeasureError::NoValues {
+            metric: s.metric.key,
+            variant: s.variant.to_string(),
+        });
     }
     Ok(Measured {
         run_dir,

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use thiserror::Error;
+
 use crate::lab::location::LabLocation;
 use crate::lab::options::parse_interval;
 
@@ -15,11 +17,20 @@ pub enum Threshold {
     Relative(f64),
 }
 
+/// A `--threshold` that is neither a finite value nor a non-zero `N%`.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error(
+    "invalid --threshold {given:?}: expected a value of the metric (12000) or a change from the good end (+20%)"
+)]
+pub struct BadThreshold {
+    pub given: String,
+}
+
 impl std::str::FromStr for Threshold {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Threshold, String> {
-        let bad = || {
-            format!("invalid --threshold {s:?}: expected a value of the metric (12000) or a change from the good end (+20%)")
+    type Err = BadThreshold;
+    fn from_str(s: &str) -> Result<Threshold, BadThreshold> {
+        let bad = || BadThreshold {
+            given: s.to_string(),
         };
         let t = s.trim();
         if let Some(p) = t.strip_suffix('%') {
@@ -109,8 +120,11 @@ mod tests {
         assert_eq!("12000".parse(), Ok(Threshold::Absolute(12000.0)));
         assert_eq!("+20%".parse(), Ok(Threshold::Relative(20.0)));
         assert_eq!("-5 %".parse(), Ok(Threshold::Relative(-5.0)));
-        assert!("0%".parse::<Threshold>().is_err());
-        assert!("lots".parse::<Threshold>().is_err());
-        assert!("nan".parse::<Threshold>().is_err());
+        for bad in ["0%", "lots", "nan"] {
+            assert_eq!(
+                bad.parse::<Threshold>(),
+                Err(BadThreshold { given: bad.into() })
+            );
+        }
     }
 }
