@@ -528,10 +528,9 @@ fn write_text(path: &Path, text: &str) -> Result<(), BisectError> {
 
 /// `--out`, else `blklab-bisect/STAMP`, created.
 fn out_dir(args: &BisectArgs) -> Result<PathBuf, BisectError> {
-    let out_dir = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("blklab-bisect").join(crate::lab::runner::utc_stamp()));
+    let out_dir = args.out.clone().unwrap_or_else(|| {
+        PathBuf::from("blklab-bisect").join(crate::util::wallclock::utc_stamp())
+    });
     std::fs::create_dir_all(&out_dir).map_err(|source| BisectError::Write {
         path: out_dir.clone(),
         source,

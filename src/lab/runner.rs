@@ -38,7 +38,7 @@ use crate::util::{host, wallclock};
 
 /// `YYYYmmdd-HHMMSS` in UTC, the default output directory's name (also
 /// `blklab bisect`'s).
-pub(crate) use crate::util::wallclock::utc_stamp;
+use crate::util::wallclock::utc_stamp;
 
 /// Why `blklab run` failed, by kind: a bad argument or scenario, the
 /// images, the accelerator, QEMU, writing the results, or a boot.
