@@ -27,7 +27,6 @@ pub mod server;
 mod vhost_user;
 mod worker;
 
-use std::cmp::Reverse;
 use std::io;
 use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -131,7 +130,7 @@ impl BlkBackend {
                 )?;
             }
             for &q in queues {
-                let timer_fd = self.lock_queue(q).timer.as_raw_fd();
+                let timer_fd = self.lock_queue(q).timer_fd();
                 h.register_listener(timer_fd, EventSet::IN, ids.encode(Event::Timer(q)))?;
                 if self.disk.tag_slots[q].is_some() {
                     h.register_listener(
@@ -206,11 +205,10 @@ impl Drop for BlkBackend {
     /// in service: give their command slots back so a shared pool does not
     /// shrink. And close the exit-event consumers (`exit_consumers`).
     fn drop(&mut self) {
-        for (qi, q) in self.queues.iter_mut().enumerate() {
-            let q = q.get_mut().unwrap_or_else(|p| p.into_inner());
-            for Reverse(p) in q.pending.drain() {
-                self.disk.put_tag(qi, p.tag);
-            }
+        for q in &mut self.queues {
+            q.get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .release_slots(&self.disk);
         }
         let fds = std::mem::take(
             self.exit_consumers

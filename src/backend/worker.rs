@@ -11,8 +11,9 @@ use std::cell::RefCell;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use log::warn;
 use vhost_user_backend::{VringState, VringT};
@@ -25,16 +26,16 @@ use crate::backend::{BlkBackend, Disk, GM};
 use crate::device::execute::{serve_chain, Device, Outcome};
 use crate::device::faults::{FaultDecision, FaultState};
 use crate::device::latency::{LatOp, LatencySampler};
-use crate::device::tags::Tag;
+use crate::device::tags::{QueueId, Tag, TagPool};
 use crate::stats::queue::{current_tid, QueueStats};
 use crate::virtio_blk::request::{Op, Segment, STATUS_IOERR, STATUS_OK, STATUS_UNSUPP};
 use crate::virtq::guest_map::GuestMap;
-use crate::virtq::split_ring::{RingError, RingLayout, SplitRing};
+use crate::virtq::split_ring::{Popped, RingError, RingLayout, SplitRing};
 
 /// A request in service: executed, waiting for its emulated completion time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Pending {
-    pub(super) deadline: Instant,
+    deadline: Instant,
     /// Pop order, to keep completions with equal deadlines in order.
     seq: u64,
     head: u16,
@@ -43,7 +44,7 @@ pub(super) struct Pending {
     /// Pop time in ticks of the queue statistics' clock
     /// ([`QueueStats::popped`]; 0 without statistics).
     popped_at: u64,
-    pub(super) tag: Option<Tag>,
+    tag: Option<Tag>,
 }
 
 impl Ord for Pending {
@@ -58,37 +59,106 @@ impl PartialOrd for Pending {
     }
 }
 
+/// Why a queue's ring cannot be served: the driver broke it.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum BrokenRing {
+    /// A part of the ring, its avail index or a head it offered.
+    #[error(transparent)]
+    Ring(#[from] RingError),
+    /// Turns told to look again twice in a row found nothing to pop.
+    #[error("the avail index moves but nothing can be popped")]
+    AvailMovesEmpty,
+}
+
+impl BrokenRing {
+    /// A part of the ring is outside guest memory: a new memory table may
+    /// put it back inside.
+    fn by_memory(&self) -> bool {
+        matches!(self, BrokenRing::Ring(RingError::Outside { .. }))
+    }
+}
+
+/// Whether a queue's ring may be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RingHealth {
+    Usable,
+    /// The driver broke the ring (extents outside guest memory, a head
+    /// beyond the queue size, an avail index that moves with nothing to
+    /// pop, ...): the queue is not served until the driver stops and
+    /// restarts it (GET_VRING_BASE) or reconnects, as libvhost-user's
+    /// `vu_panic` and QEMU's `virtio_error` do.
+    Broken,
+    /// Broken because a part of the ring is outside guest memory: a new
+    /// memory table checks it again (the frontend may have removed the
+    /// region and added it back).
+    BrokenByMemory,
+}
+
+/// Why a worker serves its queue now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wake {
+    /// The guest kicked the queue.
+    Kick,
+    /// The queue's completion timer fired (a deadline, or the rest of a
+    /// pass cut at the queue size).
+    Timer,
+    /// The queue's tag pool freed a command slot.
+    SlotFree,
+    /// The poll loop looks at a ring it polls.
+    Poll,
+}
+
+/// What the worker does after a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// Turn guest notifications back on (EVENT_IDX), look again while the
+    /// guest added buffers meanwhile, then wait for a kick or the timer.
+    Notify,
+    /// One pass, guest notifications left off: the worker goes on polling
+    /// the ring (see [`BlkBackend::poll_loop`]).
+    Poll,
+}
+
+/// What [`BlkBackend::serve_queue`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Served {
+    /// A request was popped or completed.
+    pub(super) worked: bool,
+    /// The ring can be polled: it is not broken and does not wait for a
+    /// command slot (its own wake-up, a driver reset or a free slot,
+    /// brings it back).
+    pub(super) pollable: bool,
+}
+
+impl Served {
+    const NOTHING: Served = Served {
+        worked: false,
+        pollable: false,
+    };
+}
+
 /// State owned by one queue's worker thread.
 pub(super) struct QueueState {
     pub(super) index: usize,
-    pub(super) mem: Option<GM>,
+    mem: Option<GM>,
     /// Scratch list of the current chain's buffers, reused.
     segs: Vec<Segment>,
     warned_ring: bool,
     warned_drop: bool,
     warned_signal: bool,
-    /// The ring is unusable (the driver broke it: extents outside guest
-    /// memory, a head beyond the queue size, an avail index that moves
-    /// with nothing to pop, ...): the queue is not served until the driver
-    /// stops and restarts it (GET_VRING_BASE) or reconnects, as
-    /// libvhost-user's `vu_panic` and QEMU's `virtio_error` do.
-    pub(super) broken: bool,
-    /// The ring is broken because a part of it is outside guest memory:
-    /// a new memory table checks it again (the frontend may have removed
-    /// the region and added it back).
-    pub(super) broken_by_memory: bool,
+    health: RingHealth,
     /// The ring, checked against the memory table and translated to host
     /// pointers once; `None` after a memory change or a stop, so the next
     /// pass checks it again (a pass also checks it again when the ring's
     /// addresses or the memory table changed under it).
-    pub(super) ring: Option<SplitRing>,
+    ring: Option<SplitRing>,
     /// Kernel thread id of the worker serving this queue.
     worker_tid: Option<i32>,
     /// Requests in service, earliest deadline first.
-    pub(super) pending: BinaryHeap<Reverse<Pending>>,
+    pending: BinaryHeap<Reverse<Pending>>,
     seq: u64,
     /// Fires at the earliest pending deadline.
-    pub(super) timer: DeadlineTimer,
+    timer: DeadlineTimer,
     /// Latency sequences per op kind (read, write, flush, other).
     samplers: Vec<LatencySampler>,
     /// Where this queue starts looking in its tag pool's bitmap.
@@ -96,13 +166,13 @@ pub(super) struct QueueState {
     /// Since when the queue has been waiting for a slot.
     waiting_since: Option<Instant>,
     /// The queue's vring, kept to complete requests from `stop_vring`.
-    pub(super) vring: Option<KickCountingVring<GM>>,
+    vring: Option<KickCountingVring<GM>>,
     /// Fault injection decisions, counted per queue.
     faults: Option<RefCell<FaultState>>,
     /// Poll mode: the worker is polling this ring with notifications off.
-    pub(super) polling: bool,
+    polling: bool,
     /// Poll mode: since when the ring has been found empty (the spin).
-    pub(super) idle_since: Option<Instant>,
+    idle_since: Option<Instant>,
     /// When the queue state was made: the deadline of requests served at
     /// once, which never wait for one (no clock read for them).
     epoch: Instant,
@@ -125,8 +195,7 @@ impl QueueState {
             warned_ring: false,
             warned_drop: false,
             warned_signal: false,
-            broken: false,
-            broken_by_memory: false,
+            health: RingHealth::Usable,
             ring: None,
             worker_tid: None,
             pending: BinaryHeap::new(),
@@ -142,6 +211,139 @@ impl QueueState {
             idle_since: None,
             epoch: Instant::now(),
         })
+    }
+
+    /// The guest memory the queue's ring lives in, once the frontend has
+    /// sent a memory table.
+    pub(super) fn memory(&self) -> Option<Arc<GuestMemoryMmap>> {
+        self.mem.as_ref().map(|m| m.memory().into_inner())
+    }
+
+    /// A new memory table: the ring is checked against it at the next
+    /// pass, and a ring broken by a part outside the old memory is served
+    /// again, at once (a kick that came meanwhile was consumed while the
+    /// ring could not be served).
+    pub(super) fn new_memory(&mut self, mem: GM) {
+        self.mem = Some(mem);
+        self.ring = None;
+        if self.health == RingHealth::BrokenByMemory {
+            self.health = RingHealth::Usable;
+            self.wake_now();
+        }
+    }
+
+    /// The driver restarts the ring (GET_VRING_BASE): check it again at
+    /// the next pass, and serve it again if it was broken.
+    pub(super) fn restart(&mut self) {
+        self.health = RingHealth::Usable;
+        self.ring = None;
+    }
+
+    /// The driver broke the ring: not served until it resets it.
+    pub(super) fn is_broken(&self) -> bool {
+        self.health != RingHealth::Usable
+    }
+
+    /// Count an unusable ring in `st`, mark it broken (not served until the
+    /// driver resets it) and say so once per queue (`socket` names the
+    /// disk).
+    pub(super) fn mark_broken(&mut self, st: &mut QueueStats, socket: &Path, why: &BrokenRing) {
+        st.counters.ring_errors += 1;
+        self.health = if why.by_memory() {
+            RingHealth::BrokenByMemory
+        } else {
+            RingHealth::Broken
+        };
+        if !self.warned_ring {
+            self.warned_ring = true;
+            warn!(
+                "{} queue {}: {why}; the queue is unusable until the driver resets it (further errors only counted)",
+                socket.display(),
+                self.index
+            );
+        }
+    }
+
+    /// Poll mode: the worker is polling this ring.
+    pub(super) fn is_polling(&self) -> bool {
+        self.polling
+    }
+
+    /// Poll mode: the worker polls this ring from now on.
+    pub(super) fn start_polling(&mut self) {
+        self.polling = true;
+    }
+
+    /// Poll mode: the worker no longer polls this ring; returns since when
+    /// it had been spinning on it idle, if it had.
+    pub(super) fn end_polling(&mut self) -> Option<Instant> {
+        self.polling = false;
+        self.idle_since.take()
+    }
+
+    /// Poll mode: the ring had work; returns since when it had been idle,
+    /// if it had (that spin ended in a hit).
+    pub(super) fn found_work(&mut self) -> Option<Instant> {
+        self.idle_since.take()
+    }
+
+    /// Poll mode: the ring had no work at `now`; returns how long it has
+    /// been idle (zero when this is the first look that found nothing).
+    pub(super) fn found_idle(&mut self, now: Instant) -> Duration {
+        now - *self.idle_since.get_or_insert(now)
+    }
+
+    /// Set the completion timer to fire at `at` (off for `None`).
+    pub(super) fn set_timer(&mut self, at: Option<Instant>) {
+        if let Err(e) = self.timer.set(at) {
+            let what = if at.is_some() { "arm" } else { "stop" };
+            warn!(
+                "queue {}: cannot {what} the completion timer: {e}",
+                self.index
+            );
+        }
+    }
+
+    /// The completion timer's fd, for the worker's epoll loop.
+    pub(super) fn timer_fd(&self) -> std::os::fd::RawFd {
+        std::os::fd::AsRawFd::as_raw_fd(&self.timer)
+    }
+
+    /// The completion timer woke the worker: clear its expiry.
+    pub(super) fn acknowledge_timer(&mut self) {
+        self.timer.acknowledge();
+    }
+
+    /// Whether the earliest request in service is due within `d` of `now`.
+    pub(super) fn due_within(&self, now: Instant, d: Duration) -> bool {
+        self.pending
+            .peek()
+            .is_some_and(|Reverse(p)| p.deadline <= now + d)
+    }
+
+    /// Drop the requests in service, giving their command slots back to
+    /// `disk`'s pools (a shared pool must not shrink).
+    pub(super) fn release_slots(&mut self, disk: &Disk) {
+        for Reverse(p) in self.pending.drain() {
+            disk.put_tag(self.index, p.tag);
+        }
+    }
+
+    /// Come back to this queue as soon as the epoll loop has run.
+    fn wake_now(&mut self) {
+        self.set_timer(Some(Instant::now()));
+    }
+
+    /// Keep `vring`, to complete requests from `stop_vring`.
+    fn keep_vring(&mut self, vring: &KickCountingVring<GM>) {
+        if self.vring.is_none() {
+            self.vring = Some(vring.clone());
+        }
+    }
+
+    /// The kernel thread id of the worker serving this queue.
+    fn worker_tid(&mut self) -> i32 {
+        *self.worker_tid.get_or_insert_with(current_tid)
     }
 }
 
@@ -196,21 +398,29 @@ pub(super) fn prepare_ring(
     Ok(Prepared { ring, fresh: true })
 }
 
-/// What one pass over the avail ring did.
+/// Why a drain of the avail ring stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct DrainResult {
+pub(super) enum DrainStop {
+    /// Nothing more available.
+    Empty,
+    /// The ring is unusable (counted, and the queue marked broken).
+    Broken,
+    /// No command slot was free: the queue waits for its pool's wake-up.
+    NoSlot,
+    /// A queue size popped with more available: the rest waits for the
+    /// next pass, so that no ring state keeps a worker from its lock, its
+    /// messages or its shutdown.
+    Bounded,
+}
+
+/// What one drain of the avail ring did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Drained {
     /// Chains put on the used ring (completed at once or dropped).
     pub(super) used: usize,
     /// Chains popped.
     pub(super) popped: u64,
-    /// False when the avail ring is unusable.
-    pub(super) ring_ok: bool,
-    /// Stopped because no command slot was free.
-    pub(super) tag_blocked: bool,
-    /// Stopped after a queue size of pops with more available: the rest
-    /// waits for the next pass, so that no ring state keeps a worker from
-    /// its lock, its messages or its shutdown.
-    pub(super) bounded: bool,
+    pub(super) stop: DrainStop,
 }
 
 /// What one [`Pass::turn`] did.
@@ -218,12 +428,18 @@ pub(super) struct DrainResult {
 pub(super) struct Turn {
     /// Requests in service completed (their deadline had come).
     pub(super) completed: usize,
-    /// The drain of the avail ring; `None` when the ring could not be
-    /// prepared for it.
-    pub(super) drained: Option<DrainResult>,
+    /// The drain of the avail ring.
+    pub(super) drained: Drained,
     /// Look again: the guest added buffers after the last look and before
     /// it saw the notifications back on (EVENT_IDX).
     pub(super) again: bool,
+}
+
+impl Turn {
+    /// The turn completed or popped a request.
+    fn progressed(&self) -> bool {
+        self.completed > 0 || self.drained.popped > 0
+    }
 }
 
 /// The ring a worker serves: a virtio queue and the guest's used-buffer
@@ -271,7 +487,7 @@ pub(super) fn with_pass<R: UsedRing, T>(
     ring: &mut R,
     mem: &Arc<GuestMemoryMmap>,
     f: impl FnOnce(&mut Pass<'_, R>) -> T,
-) -> Result<T, ()> {
+) -> Result<T, BrokenRing> {
     let prepared = prepare_ring(q.ring.take(), ring.queue(), mem).and_then(|p| {
         if p.fresh {
             be.claim_ring(q.index, p.ring.layout())?;
@@ -282,9 +498,9 @@ pub(super) fn with_pass<R: UsedRing, T>(
         Ok(vq) => vq,
         Err(e) => {
             be.release_ring(q.index);
-            ring_error(be, q, st, &e.to_string());
-            q.broken_by_memory = matches!(e, RingError::Outside { .. });
-            return Err(());
+            let why = BrokenRing::from(e);
+            q.mark_broken(st, &be.disk.cfg.socket, &why);
+            return Err(why);
         }
     };
     let out = f(&mut Pass {
@@ -301,54 +517,40 @@ pub(super) fn with_pass<R: UsedRing, T>(
     Ok(out)
 }
 
-/// Count an unusable ring, mark it broken (not served until the driver
-/// resets it) and say so once per queue.
-pub(super) fn ring_error(be: &BlkBackend, q: &mut QueueState, st: &mut QueueStats, what: &str) {
-    st.counters.ring_errors += 1;
-    q.broken = true;
-    if !q.warned_ring {
-        q.warned_ring = true;
-        warn!(
-            "{} queue {}: {what}; the queue is unusable until the driver resets it (further errors only counted)",
-            be.disk.cfg.socket.display(),
-            q.index
-        );
-    }
-}
+/// No command slot was free for the next request.
+struct NoSlot;
 
 impl<R: UsedRing> Pass<'_, R> {
     /// One look at the ring: turn guest notifications off (EVENT_IDX),
     /// complete the requests whose time has come, pop and execute what the
     /// guest made available, and notify the guest. Then, with EVENT_IDX
-    /// and unless `poll` (the worker goes on polling with notifications
-    /// off), turn notifications back on and say whether to look again.
-    pub(super) fn turn(&mut self, event_idx: bool, poll: bool) -> Turn {
-        let mut t = Turn {
-            completed: 0,
-            drained: None,
-            again: false,
-        };
+    /// and in [`Mode::Notify`], turn notifications back on and say whether
+    /// to look again.
+    pub(super) fn turn(&mut self, event_idx: bool, mode: Mode) -> Turn {
         if event_idx {
             self.vq.disable_notification();
         }
-        t.completed = self.complete_due(Instant::now());
-        let d = self.drain();
-        t.drained = Some(d);
-        if !event_idx && t.completed + d.used > 0 {
+        let completed = self.complete_due(Instant::now());
+        let drained = self.drain();
+        if !event_idx && completed + drained.used > 0 {
             // Without EVENT_IDX: one signal for the pass (see used_added).
             self.notify_if_needed();
         }
-        // A broken ring stays broken until the driver resets it, and a
-        // queue without a free slot waits for its pool's wake-up: do not
-        // spin on either.
-        // A pass cut at the queue size comes back through the timer.
-        if poll || !event_idx || !d.ring_ok || d.tag_blocked || d.bounded {
-            return t;
+        // Only an emptied ring waits for the guest: a broken ring stays
+        // broken until the driver resets it, a queue without a free slot
+        // waits for its pool's wake-up (do not spin on either), and a pass
+        // cut at the queue size comes back through the timer. Re-enable
+        // notifications, then look again: the guest may have added buffers
+        // after our last look and before it saw the flag.
+        let again = event_idx
+            && mode == Mode::Notify
+            && drained.stop == DrainStop::Empty
+            && self.vq.enable_notification();
+        Turn {
+            completed,
+            drained,
+            again,
         }
-        // Re-enable notifications, then look again: the guest may have
-        // added buffers after our last look and before it saw the flag.
-        t.again = self.vq.enable_notification();
-        t
     }
 
     /// Complete every pending request whose deadline is at or before `now`
@@ -411,7 +613,7 @@ impl<R: UsedRing> Pass<'_, R> {
     /// clock, [`QueueStats::now`]; None: the caller records it).
     pub(super) fn finish(&mut self, p: Pending, done: Option<u64>) {
         self.be.disk.put_tag(self.q.index, p.tag);
-        if self.q.broken {
+        if self.q.is_broken() {
             // The ring is not touched again until the driver resets it.
             return;
         }
@@ -422,10 +624,16 @@ impl<R: UsedRing> Pass<'_, R> {
         }
     }
 
+    /// The driver broke the ring: count it and stop serving the queue.
+    fn ring_broke(&mut self, e: RingError) {
+        self.q
+            .mark_broken(self.st, &self.be.disk.cfg.socket, &BrokenRing::Ring(e));
+    }
+
     /// Pop and execute every available chain, as far as command slots
     /// allow. Requests without emulated latency complete at once; the
     /// others wait in the queue's deadline heap.
-    pub(super) fn drain(&mut self) -> DrainResult {
+    pub(super) fn drain(&mut self) -> Drained {
         let timed = self.st.histograms;
         // The last request served at once: its service time ends at the
         // next pop (or at the end of the pass).
@@ -437,69 +645,35 @@ impl<R: UsedRing> Pass<'_, R> {
         r
     }
 
-    fn drain_timed(&mut self, timed: bool, served_at_once: &mut Option<(Op, u64)>) -> DrainResult {
-        let mut r = DrainResult {
+    /// The drain: for each available chain, take a command slot, pop and
+    /// serve the chain, and complete it at once or schedule its
+    /// completion. `timed`: record service times (the statistics'
+    /// histograms are on), `served_at_once` holding the last request
+    /// completed at once.
+    #[inline]
+    fn drain_timed(&mut self, timed: bool, served_at_once: &mut Option<(Op, u64)>) -> Drained {
+        let mut r = Drained {
             used: 0,
             popped: 0,
-            ring_ok: true,
-            tag_blocked: false,
-            bounded: false,
+            stop: DrainStop::Empty,
         };
-        let disk = &*self.be.disk;
+        let disk: &Disk = &self.be.disk;
         let slots = disk.tag_slots[self.q.index].as_ref();
         let no_latency = disk.cfg.latency.is_zero();
         loop {
-            if self.q.broken {
-                r.ring_ok = false;
+            if let Some(stop) = self.stop_before_pop(r.popped) {
+                r.stop = stop;
                 return r;
             }
-            // Anything to pop? (Read the index only: the slot comes first.)
-            match self.vq.pending() {
-                Ok(0) => return r,
-                Ok(_) if r.popped >= u64::from(self.vq.size()) => {
-                    r.bounded = true;
-                    return r;
-                }
-                Ok(_) => {}
-                Err(e) => {
-                    self.ring_error(&e.to_string());
-                    r.ring_ok = false;
-                    return r;
-                }
-            }
-            let tag = match slots {
-                None => None,
-                Some((pool, id)) => match pool.try_get(*id, &mut self.q.tag_hint) {
-                    Some(t) => {
-                        if let Some(since) = self.q.waiting_since.take() {
-                            self.st.tag_waited(since.elapsed());
-                        }
-                        Some(t)
-                    }
-                    None => {
-                        if self.q.waiting_since.is_none() {
-                            self.q.waiting_since = Some(Instant::now());
-                            self.st.counters.tag_waits += 1;
-                        }
-                        r.tag_blocked = true;
-                        return r;
-                    }
-                },
+            let Ok(tag) = self.take_slot(slots) else {
+                r.stop = DrainStop::NoSlot;
+                return r;
             };
-            let popped = match self.vq.pop(&mut self.q.segs) {
-                Ok(p) => p,
-                Err(e) => {
-                    // virtio 1.2 §2.7.13.1: a head is a descriptor index.
-                    // One beyond the table cannot be put on the used ring:
-                    // the driver broke the ring, as libvhost-user and QEMU
-                    // judge it.
-                    disk.put_tag(self.q.index, tag);
-                    self.ring_error(&e.to_string());
-                    r.ring_ok = false;
-                    return r;
-                }
+            let Some(head) = self.pop(tag) else {
+                r.stop = DrainStop::Broken;
+                return r;
             };
-            let head = popped.head;
+            r.popped += 1;
             // One clock read per request: it is this request's pop time and
             // the completion time of the previous one served at once. With
             // --no-stats nothing needs it (emulated latency reads the
@@ -508,58 +682,138 @@ impl<R: UsedRing> Pass<'_, R> {
             // inter-arrival time.
             let served_before = served_at_once.take().map(|(op, _)| op);
             let popped_at = self.st.popped(self.q.pending.len() as u64, served_before);
-            r.popped += 1;
-            let dev = Device {
-                storage: disk.storage.as_ref(),
-                cfg: &disk.cfg,
-                capacity: disk.cfg.size,
-                writeback: self.be.writeback(),
-                faults: self.q.faults.as_ref(),
-            };
-            let outcome = serve_chain(&dev, &self.q.segs, popped.truncated, self.vq.map());
+            let outcome = self.serve_popped(head.truncated);
             let used_len = self.account(outcome);
             let Outcome::Completed { op, fault, .. } = outcome else {
                 // Malformed: returned at once, no emulated service time.
                 disk.put_tag(self.q.index, tag);
-                self.vq.add_used(head, 0);
+                self.vq.add_used(head.head, 0);
                 r.used += 1;
                 self.used_added();
                 continue;
             };
-            let mut delay = if no_latency {
-                std::time::Duration::ZERO
-            } else {
-                self.q.samplers[LatOp::of(op).index()].sample()
-            };
-            if let FaultDecision::Stall(d) = fault {
-                delay += d;
-            }
             let p = Pending {
-                // Only requests with a delay wait for their deadline.
-                deadline: if delay.is_zero() {
-                    self.q.epoch
-                } else {
-                    Instant::now() + delay
-                },
+                deadline: self.q.epoch,
                 seq: self.q.seq,
-                head,
+                head: head.head,
                 used_len,
                 op,
                 popped_at,
                 tag,
             };
             self.q.seq += 1;
-            if delay.is_zero() {
-                self.finish(p, None);
+            if self.complete_or_hold(p, fault, no_latency) {
                 if timed {
                     *served_at_once = Some((op, popped_at));
                 }
                 r.used += 1;
-            } else {
-                self.q.pending.push(Reverse(p));
             }
         }
     }
+
+    /// Why the drain stops before its next pop, if it does: the ring is
+    /// broken, empty, or a queue size was popped in this pass. Reads the
+    /// avail index only: the command slot comes before the pop.
+    #[inline]
+    fn stop_before_pop(&mut self, popped: u64) -> Option<DrainStop> {
+        if self.q.is_broken() {
+            return Some(DrainStop::Broken);
+        }
+        match self.vq.pending() {
+            Ok(0) => Some(DrainStop::Empty),
+            Ok(_) if popped >= u64::from(self.vq.size()) => Some(DrainStop::Bounded),
+            Ok(_) => None,
+            Err(e) => {
+                self.ring_broke(e);
+                Some(DrainStop::Broken)
+            }
+        }
+    }
+
+    /// A command slot from the queue's tag pool (`Ok(None)` when the disk
+    /// has no pool); counts the wait for one, which starts when none is
+    /// free and ends when one is taken.
+    #[inline]
+    fn take_slot(
+        &mut self,
+        slots: Option<&(Arc<TagPool>, QueueId)>,
+    ) -> Result<Option<Tag>, NoSlot> {
+        let Some((pool, id)) = slots else {
+            return Ok(None);
+        };
+        match pool.try_get(*id, &mut self.q.tag_hint) {
+            Some(t) => {
+                if let Some(since) = self.q.waiting_since.take() {
+                    self.st.tag_waited(since.elapsed());
+                }
+                Ok(Some(t))
+            }
+            None => {
+                if self.q.waiting_since.is_none() {
+                    self.q.waiting_since = Some(Instant::now());
+                    self.st.counters.tag_waits += 1;
+                }
+                Err(NoSlot)
+            }
+        }
+    }
+
+    /// Pop the next chain into the queue's segment list, holding `tag`;
+    /// `None` when the driver broke the ring (the slot is given back).
+    #[inline]
+    fn pop(&mut self, tag: Option<Tag>) -> Option<Popped> {
+        match self.vq.pop(&mut self.q.segs) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                // virtio 1.2 §2.7.13.1: a head is a descriptor index. One
+                // beyond the table cannot be put on the used ring: the
+                // driver broke the ring, as libvhost-user and QEMU judge it.
+                self.be.disk.put_tag(self.q.index, tag);
+                self.ring_broke(e);
+                None
+            }
+        }
+    }
+
+    /// Parse, execute and answer the chain just popped (`truncated`: its
+    /// walk stopped early).
+    #[inline]
+    fn serve_popped(&mut self, truncated: bool) -> Outcome {
+        let disk = &*self.be.disk;
+        let dev = Device {
+            storage: disk.storage.as_ref(),
+            cfg: &disk.cfg,
+            capacity: disk.cfg.size,
+            writeback: self.be.writeback(),
+            faults: self.q.faults.as_ref(),
+        };
+        serve_chain(&dev, &self.q.segs, truncated, self.vq.map())
+    }
+
+    /// Complete a served request at once, or hold it in the deadline heap
+    /// for its emulated service time (its op's latency sample, plus an
+    /// injected stall). True when it completed at once.
+    #[inline]
+    fn complete_or_hold(&mut self, mut p: Pending, fault: FaultDecision, no_latency: bool) -> bool {
+        let mut delay = if no_latency {
+            Duration::ZERO
+        } else {
+            self.q.samplers[LatOp::of(p.op).index()].sample()
+        };
+        if let FaultDecision::Stall(d) = fault {
+            delay += d;
+        }
+        if delay.is_zero() {
+            // Its deadline stays the epoch: only requests with a delay
+            // wait for theirs.
+            self.finish(p, None);
+            return true;
+        }
+        p.deadline = Instant::now() + delay;
+        self.q.pending.push(Reverse(p));
+        false
+    }
+
     /// Count a chain's outcome; returns its used length.
     fn account(&mut self, outcome: Outcome) -> u32 {
         let c = &mut self.st.counters;
@@ -614,132 +868,150 @@ impl<R: UsedRing> Pass<'_, R> {
             }
         }
     }
+}
 
-    /// Count an unusable ring, mark it broken (not served until the driver
-    /// resets it) and say so once per queue.
-    pub(super) fn ring_error(&mut self, what: &str) {
-        ring_error(self.be, self.q, self.st, what);
+/// What the turns of one wake-up did together.
+struct Turns {
+    /// Guest kicks that belong to this wake-up.
+    kicks: u64,
+    popped: u64,
+    served: Served,
+    /// The last turn stopped at the queue size with more available.
+    bounded: bool,
+}
+
+impl Turns {
+    /// Add what turn `t` did.
+    #[inline]
+    fn add(&mut self, t: &Turn) {
+        let d = &t.drained;
+        self.popped += d.popped;
+        self.served.worked |= t.completed + d.used > 0 || d.popped > 0;
+        self.served.pollable = !matches!(d.stop, DrainStop::Broken | DrainStop::NoSlot);
+        self.bounded = d.stop == DrainStop::Bounded;
     }
 }
 
 impl BlkBackend {
-    /// Serve one queue: complete requests whose time has come, pop and
-    /// execute what the guest made available (as far as command slots
-    /// allow), notify the guest, and re-arm the completion timer.
-    /// `woken_by_kick`: a guest kick woke us (not a timer or slot wake-up).
-    ///
-    /// `poll`: one pass only, leaving guest notifications off (the worker
-    /// goes on polling the ring, see [`BlkBackend::poll_loop`]). Returns
-    /// whether the pass found work, and whether the ring can be polled
-    /// (false when it is broken or waits for a command slot).
+    /// Serve one queue, woken by `wake`: complete requests whose time has
+    /// come, pop and execute what the guest made available (as far as
+    /// command slots allow), notify the guest, and re-arm the completion
+    /// timer. In [`Mode::Poll`], one pass only, leaving guest
+    /// notifications off (the worker goes on polling the ring).
     pub(super) fn serve_queue(
         &self,
         q: &mut QueueState,
         vring: &KickCountingVring<GM>,
-        woken_by_kick: bool,
-        poll: bool,
-    ) -> (bool, bool) {
-        let Some(mem) = q.mem.as_ref().map(|m| m.memory().into_inner()) else {
-            return (false, false);
+        wake: Wake,
+        mode: Mode,
+    ) -> Served {
+        let Some(mem) = q.memory() else {
+            return Served::NOTHING;
         };
-        if q.vring.is_none() {
-            q.vring = Some(vring.clone());
-        }
-        if q.broken {
+        q.keep_vring(vring);
+        if q.is_broken() {
             // Not served until the driver resets it; a kick must not even
             // look at the ring.
-            return (false, false);
+            return Served::NOTHING;
         }
         let mut st = self.disk.queue_stats(q.index);
-        let tid = *q.worker_tid.get_or_insert_with(current_tid);
-        st.set_worker(tid);
-        if !woken_by_kick {
-            // A timer wake-up comes up to --latency-spin early: spin until
-            // the earliest completion is due, so completions follow their
-            // deadlines rather than the host's timer slack.
-            if let Some(Reverse(p)) = q.pending.peek() {
-                let spin = self.disk.cfg.latency_spin();
-                let now = Instant::now();
-                if p.deadline > now && p.deadline - now <= spin {
-                    while Instant::now() < p.deadline {
-                        std::hint::spin_loop();
-                    }
-                    st.counters.latency_spin_ns += now.elapsed().as_nanos() as u64;
-                }
-            }
+        st.set_worker(q.worker_tid());
+        if wake != Wake::Kick {
+            self.spin_to_deadline(q, &mut st);
         }
-        let mut kicks = vring.take_kicks();
-        let mut popped = 0u64;
+        let turns = self.turn_until_settled(q, &mut st, vring, &mem, mode);
+        if q.is_broken() {
+            drop(st);
+            self.release_broken(q);
+            return Served {
+                worked: turns.served.worked,
+                pollable: false,
+            };
+        }
+        if wake == Wake::Kick || turns.kicks > 0 {
+            st.wakeup(turns.kicks, turns.popped);
+        }
+        if mode == Mode::Poll && q.is_polling() {
+            // The poll loop re-arms the timer when it stops polling.
+            return turns.served;
+        }
+        self.arm_timer(q);
+        if turns.bounded {
+            // More is available: come back after the epoll loop has run
+            // (messages, other queues, the exit event).
+            q.wake_now();
+        }
+        turns.served
+    }
+
+    /// A wake-up other than a kick comes up to --latency-spin early: spin
+    /// until the earliest completion is due, so completions follow their
+    /// deadlines rather than the host's timer slack.
+    fn spin_to_deadline(&self, q: &QueueState, st: &mut QueueStats) {
+        let Some(Reverse(p)) = q.pending.peek() else {
+            return;
+        };
+        let spin = self.disk.cfg.latency_spin();
+        let now = Instant::now();
+        if p.deadline > now && p.deadline - now <= spin {
+            while Instant::now() < p.deadline {
+                std::hint::spin_loop();
+            }
+            st.counters.latency_spin_ns += now.elapsed().as_nanos() as u64;
+        }
+    }
+
+    /// Turn over the ring until it settles: in [`Mode::Notify`] with
+    /// EVENT_IDX, look again while the guest added buffers before it saw
+    /// the notifications back on. Counts the kicks of the wake-up.
+    #[inline]
+    fn turn_until_settled(
+        &self,
+        q: &mut QueueState,
+        st: &mut QueueStats,
+        vring: &KickCountingVring<GM>,
+        mem: &Arc<GuestMemoryMmap>,
+        mode: Mode,
+    ) -> Turns {
+        let mut turns = Turns {
+            kicks: vring.take_kicks(),
+            popped: 0,
+            served: Served {
+                worked: false,
+                pollable: true,
+            },
+            bounded: false,
+        };
         let event_idx = vring.get_ref().get_queue().event_idx_enabled();
-        let mut first = true;
-        let mut worked = false;
-        let mut pollable = true;
-        let mut bounded = false;
         // Turns in a row that were told to look again and found nothing.
         let mut idle_agains = 0u32;
         loop {
-            if !first {
-                // Kicks the guest sent while we were serving belong to this
-                // wake-up: count them before looking at the ring again.
-                vring.collect_kicks();
-                kicks += vring.take_kicks();
-            }
-            first = false;
             let mut vs = vring.get_mut();
-            let Ok(t) = with_pass(self, q, &mut st, &mut *vs, &mem, |p| {
-                p.turn(event_idx, poll)
-            }) else {
+            let Ok(t) = with_pass(self, q, st, &mut *vs, mem, |p| p.turn(event_idx, mode)) else {
                 // The ring is not inside guest memory (checked once per
                 // memory table or ring address change).
-                pollable = false;
-                break;
+                turns.served.pollable = false;
+                return turns;
             };
-            if let Some(d) = t.drained {
-                popped += d.popped;
-                worked |= t.completed + d.used > 0 || d.popped > 0;
-                pollable = d.ring_ok && !d.tag_blocked;
-                bounded = d.bounded;
-            }
+            turns.add(&t);
             if !t.again {
-                break;
+                return turns;
             }
             // A turn told to look again finds what the guest added after
             // the previous look, so two in a row finding nothing mean the
             // avail index moves without anything to pop: never spin on it.
-            let progress = t.completed > 0 || t.drained.is_some_and(|d| d.popped > 0);
-            idle_agains = if progress { 0 } else { idle_agains + 1 };
+            idle_agains = if t.progressed() { 0 } else { idle_agains + 1 };
             if idle_agains >= 2 {
-                ring_error(
-                    self,
-                    q,
-                    &mut st,
-                    "the avail index moves but nothing can be popped",
-                );
-                pollable = false;
-                break;
+                q.mark_broken(st, &self.disk.cfg.socket, &BrokenRing::AvailMovesEmpty);
+                turns.served.pollable = false;
+                return turns;
             }
+            drop(vs);
+            // Kicks the guest sent while we were serving belong to this
+            // wake-up: count them before looking at the ring again.
+            vring.collect_kicks();
+            turns.kicks += vring.take_kicks();
         }
-        if q.broken {
-            drop(st);
-            self.release_broken(q);
-            return (worked, false);
-        }
-        if woken_by_kick || kicks > 0 {
-            st.wakeup(kicks, popped);
-        }
-        if poll && q.polling {
-            // The poll loop re-arms the timer when it stops polling.
-            return (worked, pollable);
-        }
-        self.arm_timer(q);
-        if bounded {
-            // More is available: come back after the epoll loop has run
-            // (messages, other queues, the exit event).
-            if let Err(e) = q.timer.set(Some(Instant::now())) {
-                warn!("queue {}: cannot arm the completion timer: {e}", q.index);
-            }
-        }
-        (worked, pollable)
     }
 
     /// GET_VRING_BASE: put the requests in service whose deadline has come
@@ -749,10 +1021,7 @@ impl BlkBackend {
         if q.pending.is_empty() {
             return None;
         }
-        let (Some(vring), Some(mem)) = (
-            q.vring.clone(),
-            q.mem.as_ref().map(|m| m.memory().into_inner()),
-        ) else {
+        let (Some(vring), Some(mem)) = (q.vring.clone(), q.memory()) else {
             self.release_broken(q);
             return None;
         };
@@ -773,11 +1042,11 @@ impl BlkBackend {
             n
         });
         match done {
-            Ok(n) if n > 0 && !q.broken => {
+            Ok(n) if n > 0 && !q.is_broken() => {
                 let _ = vs.signal_used_queue();
             }
             Ok(_) => {}
-            Err(()) => {
+            Err(_) => {
                 drop(vs);
                 drop(st);
                 self.release_broken(q);
@@ -791,14 +1060,9 @@ impl BlkBackend {
     /// its requests' command slots back (a shared pool must not shrink)
     /// and stop its completion timer.
     pub(super) fn release_broken(&self, q: &mut QueueState) {
-        for Reverse(p) in q.pending.drain() {
-            self.disk.put_tag(q.index, p.tag);
-        }
-        q.polling = false;
-        q.idle_since = None;
-        if let Err(e) = q.timer.set(None) {
-            warn!("queue {}: cannot stop the completion timer: {e}", q.index);
-        }
+        q.release_slots(&self.disk);
+        q.end_polling();
+        q.set_timer(None);
     }
 
     /// Arm queue `q`'s completion timer for its earliest deadline (off when
@@ -810,9 +1074,7 @@ impl BlkBackend {
             .pending
             .peek()
             .map(|Reverse(p)| p.deadline.checked_sub(spin).unwrap_or(p.deadline));
-        if let Err(e) = q.timer.set(next) {
-            warn!("queue {}: cannot arm the completion timer: {e}", q.index);
-        }
+        q.set_timer(next);
     }
 }
 
@@ -904,7 +1166,7 @@ mod tests {
             let mut turns = Vec::new();
             loop {
                 let Ok(t) = with_pass(&self.be, &mut q, &mut st, &mut *ring, &self.mem, |p| {
-                    p.turn(event_idx, false)
+                    p.turn(event_idx, Mode::Notify)
                 }) else {
                     // The ring is not inside guest memory.
                     return turns;
@@ -1094,13 +1356,11 @@ mod tests {
         assert_eq!(turns.len(), 1);
         assert_eq!(
             turns[0].drained,
-            Some(DrainResult {
+            Drained {
                 used: 7,
                 popped: 7,
-                ring_ok: true,
-                tag_blocked: false,
-                bounded: false,
-            })
+                stop: DrainStop::Empty,
+            }
         );
 
         // Every chain on the used ring, in pop order, with the bytes
@@ -1151,7 +1411,7 @@ mod tests {
 
         // Nothing new: the next pass pops nothing and signals nothing.
         let t = r.serve(&mut ring);
-        assert_eq!(t[0].drained.map(|d| d.popped), Some(0));
+        assert_eq!(t[0].drained.popped, 0);
         assert_eq!(ring.signals.get(), 1);
     }
 
@@ -1240,7 +1500,7 @@ mod tests {
 
         let mut ring = d.ring(false);
         let turns = r.serve(&mut ring);
-        assert_eq!(turns[0].drained.map(|d| (d.popped, d.used)), Some((5, 5)));
+        assert_eq!((turns[0].drained.popped, turns[0].drained.used), (5, 5));
         let want: Vec<(u32, u32)> = heads
             .iter()
             .zip([0, 0, 0, 0, 513])
@@ -1300,7 +1560,7 @@ mod tests {
         let mut ring = d.ring(false);
         let t = r.serve(&mut ring);
         // Executed (status written, counted), not yet on the used ring.
-        assert_eq!(t[0].drained.map(|d| (d.popped, d.used)), Some((1, 0)));
+        assert_eq!((t[0].drained.popped, t[0].drained.used), (1, 0));
         assert_eq!(r.byte(st_at(0)), STATUS_OK);
         assert!(d.used().is_empty());
         assert_eq!(ring.signals.get(), 0);
@@ -1344,13 +1604,11 @@ mod tests {
         let t = r.serve(&mut ring);
         assert_eq!(
             t[0].drained,
-            Some(DrainResult {
+            Drained {
                 used: 0,
                 popped: 0,
-                ring_ok: false,
-                tag_blocked: false,
-                bounded: false,
-            })
+                stop: DrainStop::Broken,
+            }
         );
         assert!(!t[0].again);
         assert!(d.used().is_empty());
@@ -1368,15 +1626,15 @@ mod tests {
         let mut ring = d.ring(true);
         let t = r.serve(&mut ring);
         assert_eq!(t.len(), 1);
-        assert_eq!(t[0].drained.map(|d| d.ring_ok), Some(false));
+        assert_eq!(t[0].drained.stop, DrainStop::Broken);
         assert!(d.used().is_empty());
-        assert!(r.be.lock_queue(0).broken);
+        assert!(r.be.lock_queue(0).is_broken());
         // Broken until the driver resets it: the good request after it is
         // not served, and nothing more is counted.
         let t = r.serve(&mut ring);
         assert_eq!(
-            t[0].drained.map(|d| (d.popped, d.ring_ok)),
-            Some((0, false))
+            (t[0].drained.popped, t[0].drained.stop),
+            (0, DrainStop::Broken)
         );
         assert!(d.used().is_empty());
         let c = r.counters();
@@ -1411,13 +1669,13 @@ mod tests {
         ring.on_signal = Some(Box::new(reoffer));
         let t = r.serve(&mut ring);
         assert_eq!(t.len(), 1, "{t:?}");
-        let dr = t[0].drained.unwrap();
+        let dr = t[0].drained;
         assert_eq!((dr.popped, dr.used), (u64::from(QSIZE), usize::from(QSIZE)));
-        assert!(dr.bounded && dr.ring_ok, "{dr:?}");
+        assert_eq!(dr.stop, DrainStop::Bounded, "{dr:?}");
         assert!(!t[0].again);
         // The next pass takes the next queue size.
         let t = r.serve(&mut ring);
-        assert_eq!(t[0].drained.unwrap().popped, u64::from(QSIZE));
+        assert_eq!(t[0].drained.popped, u64::from(QSIZE));
         assert_eq!(r.counters().flushes, 2 * u64::from(QSIZE));
     }
 }

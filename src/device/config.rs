@@ -62,8 +62,30 @@ pub enum ConfigError {
     SizeMax(u32),
     #[error("--direct is only meaningful for file disks")]
     DirectNotFile,
-    #[error("config file {path}: {msg}")]
-    File { path: PathBuf, msg: String },
+    #[error("config file {path}: {source}")]
+    ReadFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {source}")]
+    ParseFile {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("config file {path}: no [[disk]] tables")]
+    NoDiskTables { path: PathBuf },
+    #[error("config file {path}: disk #{index}: {source}")]
+    DiskTable {
+        path: PathBuf,
+        index: usize,
+        source: Box<toml::de::Error>,
+    },
+    #[error("config file {path}: disk #{index}: {source}")]
+    DiskEntry {
+        path: PathBuf,
+        index: usize,
+        source: Box<ConfigError>,
+    },
     #[error("two disks use the same socket {0}")]
     DuplicateSocket(PathBuf),
     #[error("invalid --tags {0:?}: expected none, per-queue or shared")]
@@ -335,10 +357,78 @@ impl DiskArgs {
     pub fn to_configs(&self) -> Result<Vec<DiskConfig>, ConfigError> {
         let socket = self.socket.clone().ok_or(ConfigError::NoSocket)?;
         let storage: StorageSpec = self.disk.as_deref().ok_or(ConfigError::NoDisk)?.parse()?;
+        let size = self.checked_size(&storage)?;
+        self.check_geometry(&storage)?;
+        let mut features = FeatureSet::default_on();
+        for name in &self.disable_features {
+            let f: BlkFeature = name.parse()?;
+            features = features.with(f, false);
+        }
+        features = features.with(BlkFeature::Ro, self.read_only);
+        let queues_per_thread = parse_thread_masks(&self.queues_per_thread, self.num_queues)?;
+        let tags = self.tag_policy()?;
+        let faults = self.fault_config()?;
+        let latency = self.op_latency()?;
+        let latency_spin_ns = self.latency_spin_ns()?;
+        let poll_spin_ns = match self.poll.as_deref() {
+            None => 0,
+            Some(p) => parse_poll_spin(p)?.as_nanos() as u64,
+        };
+        let socket_mode = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| ConfigError::SocketMode(self.socket_mode.clone()))?;
+        let first = DiskConfig {
+            serial: self.serial_of(&storage, None),
+            socket: socket.clone(),
+            storage,
+            size: size.unwrap_or(0),
+            num_queues: self.num_queues,
+            queue_size: self.queue_size,
+            block_size: self.block_size,
+            read_only: self.read_only,
+            direct: self.direct,
+            features,
+            queues_per_thread,
+            socket_mode,
+            size_max: self.size_max,
+            max_discard_sectors: 32768,
+            max_discard_seg: 32,
+            max_write_zeroes_sectors: 32768,
+            max_write_zeroes_seg: 32,
+            tags,
+            latency,
+            seed: self.seed,
+            faults,
+            no_stats: self.no_stats,
+            latency_spin_ns,
+            poll_spin_ns,
+        };
+        if self.count == 1 {
+            return Ok(vec![first]);
+        }
+        Ok((0..self.count)
+            .map(|i| {
+                let mut s = socket.clone().into_os_string();
+                s.push(format!("-{i}"));
+                DiskConfig {
+                    socket: PathBuf::from(s),
+                    serial: self.serial_of(&first.storage, Some(i)),
+                    ..first.clone()
+                }
+            })
+            .collect())
+    }
+}
+
+impl DiskArgs {
+    /// The disk's size in bytes (`None`: a file disk's own size), after
+    /// checking the block size it must be a multiple of.
+    fn checked_size(&self, storage: &StorageSpec) -> Result<Option<u64>, ConfigError> {
         if !matches!(self.block_size, 512 | 4096) {
             return Err(ConfigError::BlockSize(self.block_size));
         }
-        let size = match (&self.size, &storage) {
+        let size = match (&self.size, storage) {
             (Some(s), _) => Some(parse_size(s)?),
             (None, StorageSpec::File(_)) => None,
             (None, s) => return Err(ConfigError::NoSize(s.kind())),
@@ -351,6 +441,12 @@ impl DiskArgs {
                 });
             }
         }
+        Ok(size)
+    }
+
+    /// Check the queues, the disk count, the serial and the options that
+    /// depend on the kind of storage against their limits.
+    fn check_geometry(&self, storage: &StorageSpec) -> Result<(), ConfigError> {
         if self.num_queues == 0 || self.num_queues > MAX_QUEUES {
             return Err(ConfigError::NumQueues(self.num_queues));
         }
@@ -371,15 +467,26 @@ impl DiskArgs {
         if self.size_max < 4096 {
             return Err(ConfigError::SizeMax(self.size_max));
         }
-        let mut features = FeatureSet::default_on();
-        for name in &self.disable_features {
-            let f: BlkFeature = name.parse()?;
-            features = features.with(f, false);
+        Ok(())
+    }
+
+    /// The serial of the disk at `index` of `--count` (`None`: the only
+    /// one): `--serial` (suffixed with the index, cut to 20 bytes), or one
+    /// that says what the disk is.
+    fn serial_of(&self, storage: &StorageSpec, index: Option<u32>) -> String {
+        match (&self.serial, index) {
+            (Some(s), None) => s.clone(),
+            (Some(s), Some(i)) => {
+                let suffix = format!("-{i}");
+                let keep = 20usize.saturating_sub(suffix.len()).min(s.len());
+                format!("{}{}", &s[..floor_char_boundary(s, keep)], suffix)
+            }
+            (None, _) => default_serial(storage, index),
         }
-        features = features.with(BlkFeature::Ro, self.read_only);
-        let queues_per_thread = parse_thread_masks(&self.queues_per_thread, self.num_queues)?;
-        let tags = self.tag_policy()?;
-        let faults = FaultConfig {
+    }
+
+    fn fault_config(&self) -> Result<FaultConfig, ConfigError> {
+        Ok(FaultConfig {
             fail_every: self
                 .fail_every
                 .iter()
@@ -391,80 +498,24 @@ impl DiskArgs {
                 .map(|v| v.parse())
                 .collect::<Result<_, _>>()?,
             stall_every: self.stall_every.as_deref().map(str::parse).transpose()?,
-        };
-        let latency = self.op_latency()?;
-        let latency_spin_ns = match self.latency_spin.parse::<LatencySpec>() {
-            Ok(LatencySpec::Zero) => 0,
-            Ok(LatencySpec::Fixed(d)) if d <= std::time::Duration::from_millis(1) => {
-                d.as_nanos() as u64
-            }
-            Ok(_) => return Err(ConfigError::LatencySpin(self.latency_spin.clone())),
-            Err(source) => {
-                return Err(ConfigError::Latency {
-                    flag: "latency-spin",
-                    source,
-                })
-            }
-        };
-        let poll_spin_ns = match self.poll.as_deref() {
-            None => 0,
-            Some(p) => parse_poll_spin(p)?.as_nanos() as u64,
-        };
-        let socket_mode = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
-            .ok()
-            .filter(|m| *m <= 0o777)
-            .ok_or_else(|| ConfigError::SocketMode(self.socket_mode.clone()))?;
-
-        let mut out = Vec::new();
-        for i in 0..self.count {
-            let (sock, index) = if self.count == 1 {
-                (socket.clone(), None)
-            } else {
-                let mut s = socket.clone().into_os_string();
-                s.push(format!("-{i}"));
-                (PathBuf::from(s), Some(i))
-            };
-            let serial = match &self.serial {
-                Some(s) if index.is_none() => s.clone(),
-                Some(s) => {
-                    let suffix = format!("-{}", index.unwrap_or(0));
-                    let keep = 20usize.saturating_sub(suffix.len()).min(s.len());
-                    format!("{}{}", &s[..floor_char_boundary(s, keep)], suffix)
-                }
-                None => default_serial(&storage, index),
-            };
-            out.push(DiskConfig {
-                socket: sock,
-                storage: storage.clone(),
-                size: size.unwrap_or(0),
-                num_queues: self.num_queues,
-                queue_size: self.queue_size,
-                block_size: self.block_size,
-                read_only: self.read_only,
-                serial,
-                direct: self.direct,
-                features,
-                queues_per_thread: queues_per_thread.clone(),
-                socket_mode,
-                size_max: self.size_max,
-                max_discard_sectors: 32768,
-                max_discard_seg: 32,
-                max_write_zeroes_sectors: 32768,
-                max_write_zeroes_seg: 32,
-                tags,
-                latency,
-                seed: self.seed,
-                faults: faults.clone(),
-                no_stats: self.no_stats,
-                latency_spin_ns,
-                poll_spin_ns,
-            });
-        }
-        Ok(out)
+        })
     }
-}
 
-impl DiskArgs {
+    /// `--latency-spin` in nanoseconds: 0 or a duration of at most 1 ms.
+    fn latency_spin_ns(&self) -> Result<u64, ConfigError> {
+        match self.latency_spin.parse::<LatencySpec>() {
+            Ok(LatencySpec::Zero) => Ok(0),
+            Ok(LatencySpec::Fixed(d)) if d <= std::time::Duration::from_millis(1) => {
+                Ok(d.as_nanos() as u64)
+            }
+            Ok(_) => Err(ConfigError::LatencySpin(self.latency_spin.clone())),
+            Err(source) => Err(ConfigError::Latency {
+                flag: "latency-spin",
+                source,
+            }),
+        }
+    }
+
     fn tag_policy(&self) -> Result<TagPolicy, ConfigError> {
         let mode = match self.tags.as_str() {
             "none" => TagMode::None,
@@ -690,9 +741,9 @@ struct ConfigFile {
 /// num-queues = 4
 /// ```
 pub fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
         path: path.to_path_buf(),
-        msg: e.to_string(),
+        source,
     })?;
     parse_config_file(&text, path)
 }
@@ -701,29 +752,35 @@ pub fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
 /// [`load_config_file`] does after reading the file; the fuzz target
 /// `config` feeds it directly).
 pub fn parse_config_file(text: &str, path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
-    let err = |msg: String| ConfigError::File {
-        path: path.to_path_buf(),
-        msg,
-    };
-    let file: ConfigFile = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+    let path = path.to_path_buf();
+    let file: ConfigFile = toml::from_str(text).map_err(|e| ConfigError::ParseFile {
+        path: path.clone(),
+        source: Box::new(e),
+    })?;
     if file.disk.is_empty() {
-        return Err(err("no [[disk]] tables".into()));
+        return Err(ConfigError::NoDiskTables { path });
     }
     let mut out = Vec::new();
-    for (i, table) in file.disk.into_iter().enumerate() {
+    for (index, table) in file.disk.into_iter().enumerate() {
         // Keys missing from the table take the command line's defaults
         // (`Default for DiskArgs`).
         let mut merged = toml::Table::new();
         for (k, v) in table {
             merged.insert(k.replace('_', "-"), v);
         }
-        let args: DiskArgs = merged
-            .try_into()
-            .map_err(|e: toml::de::Error| err(format!("disk #{i}: {e}")))?;
-        out.extend(
-            args.to_configs()
-                .map_err(|e| err(format!("disk #{i}: {e}")))?,
-        );
+        let args: DiskArgs =
+            merged
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::DiskTable {
+                    path: path.clone(),
+                    index,
+                    source: Box::new(e),
+                })?;
+        out.extend(args.to_configs().map_err(|e| ConfigError::DiskEntry {
+            path: path.clone(),
+            index,
+            source: Box::new(e),
+        })?);
     }
     check_unique_sockets(&out)?;
     Ok(out)
