@@ -6,9 +6,11 @@
 //! so data survives reconnects while ring state starts fresh.
 //!
 //! - `disk.rs`: the served disk;
-//! - `worker.rs`: a queue's worker state and its pass over the ring (pop,
+//! - `worker.rs`: a queue's worker (why it woke, the turns of one
+//!   wake-up), with `worker/queue.rs` (its state, and the methods that name
+//!   what happens to it) and `worker/pass.rs` (one pass over the ring: pop,
 //!   execute, complete, notify), unit-tested in process on virtio-queue's
-//!   `MockSplitQueue`;
+//!   `MockSplitQueue` (`worker/tests.rs`);
 //! - `poll.rs`: poll mode;
 //! - `events.rs`: the ids of the worker threads' epoll events;
 //! - `vhost_user.rs`: the [`VhostUserBackend`] implementation;

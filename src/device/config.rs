@@ -53,7 +53,7 @@ pub enum ConfigError {
     #[error("--count must be 1..={MAX_COUNT}, got {0}")]
     Count(u32),
     #[error("invalid --queues-per-thread: {0}")]
-    QueuesPerThread(String),
+    QueuesPerThread(#[from] ThreadMaskError),
     #[error("invalid --disable-features: {0}")]
     Feature(#[from] crate::virtio_blk::features::UnknownFeature),
     #[error("invalid --socket-mode {0:?}: expected an octal mode such as 0600")]
@@ -111,6 +111,25 @@ pub enum ConfigError {
         flag: &'static str,
         source: crate::device::latency::LatencyParseError,
     },
+}
+
+/// Why the `--queues-per-thread` masks were rejected.
+#[derive(Debug, Error)]
+pub enum ThreadMaskError {
+    #[error("{mask:?} is not a number (use 0x3 or 3)")]
+    NotANumber {
+        mask: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    #[error("{0:?} selects no queue")]
+    NoQueue(String),
+    #[error("{mask:?} names queues beyond --num-queues {num_queues}")]
+    BeyondQueues { mask: String, num_queues: u16 },
+    #[error("{0:?} names a queue another thread already serves")]
+    Shared(String),
+    #[error("queues {0:#x} are served by no thread")]
+    Unserved(u64),
 }
 
 /// The spin of `--poll[=SPIN]`: a fixed duration of 1us..=100ms.
@@ -599,7 +618,7 @@ fn default_serial(storage: &StorageSpec, index: Option<u32>) -> String {
 pub(crate) fn parse_thread_masks(
     masks: &[String],
     num_queues: u16,
-) -> Result<Vec<u64>, ConfigError> {
+) -> Result<Vec<u64>, ThreadMaskError> {
     let all: u64 = if num_queues >= 64 {
         u64::MAX
     } else {
@@ -619,32 +638,27 @@ pub(crate) fn parse_thread_masks(
         } else {
             t.parse::<u64>()
         }
-        .map_err(|_| {
-            ConfigError::QueuesPerThread(format!("{m:?} is not a number (use 0x3 or 3)"))
+        .map_err(|source| ThreadMaskError::NotANumber {
+            mask: m.clone(),
+            source,
         })?;
         if v == 0 {
-            return Err(ConfigError::QueuesPerThread(format!(
-                "{m:?} selects no queue"
-            )));
+            return Err(ThreadMaskError::NoQueue(m.clone()));
         }
         if v & !all != 0 {
-            return Err(ConfigError::QueuesPerThread(format!(
-                "{m:?} names queues beyond --num-queues {num_queues}"
-            )));
+            return Err(ThreadMaskError::BeyondQueues {
+                mask: m.clone(),
+                num_queues,
+            });
         }
         if v & seen != 0 {
-            return Err(ConfigError::QueuesPerThread(format!(
-                "{m:?} names a queue another thread already serves"
-            )));
+            return Err(ThreadMaskError::Shared(m.clone()));
         }
         seen |= v;
         out.push(v);
     }
     if seen != all {
-        return Err(ConfigError::QueuesPerThread(format!(
-            "queues {:#x} are served by no thread",
-            all & !seen
-        )));
+        return Err(ThreadMaskError::Unserved(all & !seen));
     }
     Ok(out)
 }
@@ -1005,6 +1019,67 @@ mod tests {
         );
         assert!(parse_thread_masks(&m(&["zz"]), 4).is_err());
         assert_eq!(parse_thread_masks(&[], 64).unwrap().len(), 64);
+    }
+
+    /// Each way a mask can be wrong is its own error, and the message
+    /// says which mask and why.
+    #[test]
+    fn thread_mask_errors_say_which_mask_and_why() {
+        let m = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let e = parse_thread_masks(&m(&["0x3"]), 4).unwrap_err();
+        assert!(matches!(e, ThreadMaskError::Unserved(0xc)), "{e:?}");
+        assert_eq!(e.to_string(), "queues 0xc are served by no thread");
+        let e = parse_thread_masks(&m(&["0x3", "0x6"]), 3).unwrap_err();
+        assert!(
+            matches!(&e, ThreadMaskError::Shared(s) if s == "0x6"),
+            "{e:?}"
+        );
+        let e = parse_thread_masks(&m(&["0x0"]), 1).unwrap_err();
+        assert!(matches!(e, ThreadMaskError::NoQueue(_)), "{e:?}");
+        let e = parse_thread_masks(&m(&["0x10"]), 4).unwrap_err();
+        assert_eq!(e.to_string(), "\"0x10\" names queues beyond --num-queues 4");
+        let e = parse_thread_masks(&m(&["zz"]), 4).unwrap_err();
+        assert!(matches!(e, ThreadMaskError::NotANumber { .. }), "{e:?}");
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "carries its source"
+        );
+        let e = base(&["--queues-per-thread", "zz"])
+            .to_configs()
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid --queues-per-thread: \"zz\" is not a number (use 0x3 or 3)"
+        );
+    }
+
+    /// A config file's errors name the file (and the disk table) and carry
+    /// what went wrong as their source.
+    #[test]
+    fn config_file_errors_carry_their_source() {
+        let p = Path::new("/cfg.toml");
+        let e = parse_config_file("[[disk]", p).unwrap_err();
+        assert!(matches!(e, ConfigError::ParseFile { .. }), "{e:?}");
+        assert!(std::error::Error::source(&e).is_some());
+        let e = parse_config_file("", p).unwrap_err();
+        assert_eq!(e.to_string(), "config file /cfg.toml: no [[disk]] tables");
+        let e = parse_config_file("[[disk]]\nsocket='/x'\ndisk='mem'\n", p).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::DiskEntry { index: 0, source, .. }
+                if matches!(**source, ConfigError::NoSize("mem"))),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "config file /cfg.toml: disk #0: --size is required for mem disks"
+        );
+        let e = parse_config_file("[[disk]]\nnum-queues='x'\n", p).unwrap_err();
+        assert!(
+            matches!(e, ConfigError::DiskTable { index: 0, .. }),
+            "{e:?}"
+        );
+        let e = load_config_file(Path::new("/nonexistent/blklab.toml")).unwrap_err();
+        assert!(matches!(e, ConfigError::ReadFile { .. }), "{e:?}");
     }
 
     #[test]

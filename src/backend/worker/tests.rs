@@ -5,6 +5,7 @@
 
 use std::cell::Cell;
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
 
 use virtio_bindings::virtio_blk::*;
@@ -16,6 +17,7 @@ use virtio_queue::{Queue, QueueT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryMmap};
 
 use crate::backend::worker::pass::{with_pass, DrainStop, Drained, Mode, Turn, UsedRing};
+use crate::backend::worker::queue::BrokenRing;
 use crate::backend::{BlkBackend, Disk};
 use crate::device::config::DiskArgs;
 use crate::stats::queue::QueueCounters;
@@ -599,4 +601,37 @@ fn a_pass_pops_at_most_a_queue_size() {
     let t = r.serve(&mut ring);
     assert_eq!(t[0].drained.popped, u64::from(QSIZE));
     assert_eq!(r.counters().flushes, 2 * u64::from(QSIZE));
+}
+
+/// A ring outside guest memory breaks the queue until a new memory
+/// table comes (the frontend may add the region back); a ring the driver
+/// broke otherwise waits for its reset, whatever the memory does.
+#[test]
+fn only_a_ring_outside_memory_is_served_again_after_a_new_memory_table() {
+    let r = rig(&[]);
+    let d = Driver::new(&r.mem);
+    let mut ring = d.ring(false);
+    // The used ring beyond the 1 MiB of guest memory.
+    ring.queue
+        .try_set_used_ring_address(GuestAddress(0x20_0000))
+        .unwrap();
+    assert!(r.serve(&mut ring).is_empty(), "the ring was served");
+    assert_eq!(r.counters().ring_errors, 1);
+    let memory = || crate::backend::GM::new((*r.mem).clone());
+    let mut q = r.be.lock_queue(0);
+    assert!(q.is_broken());
+    q.new_memory(memory());
+    assert!(!q.is_broken());
+
+    let mut st = r.be.disk.queue_stats(0);
+    q.mark_broken(
+        &mut st,
+        Path::new("/tmp/w.sock"),
+        &BrokenRing::AvailMovesEmpty,
+    );
+    assert!(q.is_broken());
+    q.new_memory(memory());
+    assert!(q.is_broken(), "a new memory table does not repair the ring");
+    q.restart();
+    assert!(!q.is_broken());
 }
