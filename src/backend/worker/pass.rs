@@ -174,6 +174,7 @@ pub(super) struct Pass<'a, R: UsedRing> {
 /// (or taken from the queue's cache), its indices taken from the vring's
 /// queue, and written back when `f` returns. `Err`: the ring cannot be
 /// served (the queue is then marked broken and the error counted).
+#[inline]
 pub(super) fn with_pass<R: UsedRing, T>(
     be: &BlkBackend,
     q: &mut QueueState,

@@ -167,6 +167,7 @@ impl QueueState {
 
     /// The guest memory the queue's ring lives in, once the frontend has
     /// sent a memory table.
+    #[inline]
     pub(crate) fn memory(&self) -> Option<Arc<GuestMemoryMmap>> {
         self.mem.as_ref().map(|m| m.memory().into_inner())
     }
@@ -192,6 +193,7 @@ impl QueueState {
     }
 
     /// The driver broke the ring: not served until it resets it.
+    #[inline]
     pub(crate) fn is_broken(&self) -> bool {
         self.health != RingHealth::Usable
     }
@@ -217,6 +219,7 @@ impl QueueState {
     }
 
     /// Poll mode: the worker is polling this ring.
+    #[inline]
     pub(crate) fn is_polling(&self) -> bool {
         self.polling
     }
@@ -287,6 +290,7 @@ impl QueueState {
     }
 
     /// Keep `vring`, to complete requests from `stop_vring`.
+    #[inline]
     pub(super) fn keep_vring(&mut self, vring: &KickCountingVring<GM>) {
         if self.vring.is_none() {
             self.vring = Some(vring.clone());
@@ -294,6 +298,7 @@ impl QueueState {
     }
 
     /// The kernel thread id of the worker serving this queue.
+    #[inline]
     pub(super) fn worker_tid(&mut self) -> i32 {
         *self.worker_tid.get_or_insert_with(current_tid)
     }
