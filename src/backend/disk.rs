@@ -13,6 +13,15 @@ use crate::device::storage::{self, Storage, StorageError};
 use crate::device::tags::{PoolStats, QueueId, Tag, TagPool};
 use crate::stats::queue::QueueStats;
 
+/// Why a disk cannot be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("cannot create a tag wake-up eventfd: {0}")]
+    TagWaker(#[source] std::io::Error),
+}
+
 /// A served disk: its configuration and contents, shared by every
 /// connection for the life of the process.
 pub struct Disk {
@@ -38,7 +47,7 @@ pub struct Disk {
 
 impl Disk {
     /// Open the disk's storage (file disks without a size take the image's).
-    pub fn open(cfg: DiskConfig) -> Result<Disk, StorageError> {
+    pub fn open(cfg: DiskConfig) -> Result<Disk, DiskError> {
         Self::open_with_host_pool(cfg, None)
     }
 
@@ -47,7 +56,7 @@ impl Disk {
     pub(crate) fn open_with_host_pool(
         mut cfg: DiskConfig,
         host_pool: Option<Arc<TagPool>>,
-    ) -> Result<Disk, StorageError> {
+    ) -> Result<Disk, DiskError> {
         let storage = storage::open(&mut cfg)?;
         let n = usize::from(cfg.num_queues);
         let stats = (0..n)
@@ -59,12 +68,8 @@ impl Disk {
             .collect();
         let mut tag_wakers = Vec::with_capacity(n);
         for _ in 0..n {
-            let efd = EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC).map_err(|e| {
-                StorageError::Alloc {
-                    size: 0,
-                    msg: format!("cannot create a tag wake-up eventfd: {e}"),
-                }
-            })?;
+            let efd = EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC)
+                .map_err(DiskError::TagWaker)?;
             tag_wakers.push(Arc::new(efd));
         }
         let p = cfg.tags;

@@ -6,9 +6,11 @@
 //! so data survives reconnects while ring state starts fresh.
 //!
 //! - `disk.rs`: the served disk;
-//! - `worker.rs`: a queue's worker state and its pass over the ring (pop,
+//! - `worker.rs`: a queue's worker (why it woke, the turns of one
+//!   wake-up), with `worker/queue.rs` (its state, and the methods that name
+//!   what happens to it) and `worker/pass.rs` (one pass over the ring: pop,
 //!   execute, complete, notify), unit-tested in process on virtio-queue's
-//!   `MockSplitQueue`;
+//!   `MockSplitQueue` (`worker/tests.rs`);
 //! - `poll.rs`: poll mode;
 //! - `events.rs`: the ids of the worker threads' epoll events;
 //! - `vhost_user.rs`: the [`VhostUserBackend`] implementation;
@@ -27,7 +29,6 @@ pub mod server;
 mod vhost_user;
 mod worker;
 
-use std::cmp::Reverse;
 use std::io;
 use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -131,7 +132,7 @@ impl BlkBackend {
                 )?;
             }
             for &q in queues {
-                let timer_fd = self.lock_queue(q).timer.as_raw_fd();
+                let timer_fd = self.lock_queue(q).timer_fd();
                 h.register_listener(timer_fd, EventSet::IN, ids.encode(Event::Timer(q)))?;
                 if self.disk.tag_slots[q].is_some() {
                     h.register_listener(
@@ -206,11 +207,10 @@ impl Drop for BlkBackend {
     /// in service: give their command slots back so a shared pool does not
     /// shrink. And close the exit-event consumers (`exit_consumers`).
     fn drop(&mut self) {
-        for (qi, q) in self.queues.iter_mut().enumerate() {
-            let q = q.get_mut().unwrap_or_else(|p| p.into_inner());
-            for Reverse(p) in q.pending.drain() {
-                self.disk.put_tag(qi, p.tag);
-            }
+        for q in &mut self.queues {
+            q.get_mut()
+                .unwrap_or_else(|p| p.into_inner())
+                .release_slots(&self.disk);
         }
         let fds = std::mem::take(
             self.exit_consumers

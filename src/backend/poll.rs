@@ -1,27 +1,18 @@
 //! Poll mode (`--poll`): a worker thread keeps serving its rings with
 //! guest notifications off until each has been idle for the spin time.
 
-use std::cmp::Reverse;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
-use vm_memory::GuestAddressSpace;
 
 use crate::backend::kick_vring::KickCountingVring;
-use crate::backend::worker::QueueState;
+use crate::backend::worker::{Mode, QueueState, Wake};
 use crate::backend::{BlkBackend, GM};
 
-/// Whether queue `q`'s earliest emulated completion is due within `d`.
-fn due_within(q: &QueueState, now: Instant, d: std::time::Duration) -> bool {
-    q.pending
-        .peek()
-        .is_some_and(|Reverse(p)| p.deadline <= now + d)
-}
-
 /// Longest a worker polls before returning to its epoll loop once.
-const POLL_YIELD: std::time::Duration = std::time::Duration::from_millis(1);
+const POLL_YIELD: Duration = Duration::from_millis(1);
 
 impl BlkBackend {
     /// Poll mode: keep serving every ring of worker thread `thread` that is
@@ -49,55 +40,16 @@ impl BlkBackend {
                     continue;
                 };
                 let mut q = self.lock_queue(qi);
-                if !q.polling {
+                if !q.is_polling() {
                     // A ring of this thread waiting for a kick: serve it
                     // here if it has work, since the epoll loop is not
                     // running while we poll.
                     if !self.ring_has_work(&q, vring) {
                         continue;
                     }
-                    q.polling = true;
+                    q.start_polling();
                 }
-                if !vring.started() {
-                    q.polling = false;
-                    q.idle_since = None;
-                    continue;
-                }
-                let (worked, pollable) = self.serve_queue(&mut q, vring, false, true);
-                let now = Instant::now();
-                if !pollable {
-                    // Broken ring or no command slot: its own wake-up
-                    // (driver reset, slot free) brings it back.
-                    self.stop_polling(&mut q, now, false);
-                    continue;
-                }
-                if worked {
-                    if let Some(since) = q.idle_since.take() {
-                        let mut st = self.disk.queue_stats(qi);
-                        st.counters.poll_hits += 1;
-                        st.counters.poll_spin_ns += (now - since).as_nanos() as u64;
-                    }
-                } else {
-                    match q.idle_since {
-                        None => q.idle_since = Some(now),
-                        // A request due within the spin is work about to
-                        // happen: keep polling so it completes at its
-                        // deadline, not at a late timer wake-up.
-                        Some(since) if now - since >= spin && !due_within(&q, now, spin) => {
-                            if self.rearm(&mut q, vring) {
-                                // Work arrived before the guest saw the
-                                // notifications on (it may not have
-                                // kicked): keep polling.
-                                any = true;
-                                continue;
-                            }
-                            self.stop_polling(&mut q, now, true);
-                            continue;
-                        }
-                        Some(_) => {}
-                    }
-                }
-                any = true;
+                any |= self.poll_ring(&mut q, vring, spin);
             }
             if !any {
                 return;
@@ -113,16 +65,54 @@ impl BlkBackend {
         }
     }
 
+    /// One look at a polled ring; true while the worker keeps polling it,
+    /// false once it is left to epoll (stopped, broken, waiting for a
+    /// command slot, or idle for the spin time `spin`).
+    fn poll_ring(&self, q: &mut QueueState, vring: &KickCountingVring<GM>, spin: Duration) -> bool {
+        if !vring.started() {
+            q.end_polling();
+            return false;
+        }
+        let served = self.serve_queue(q, vring, Wake::Poll, Mode::Poll);
+        let now = Instant::now();
+        if !served.pollable {
+            // Broken ring or no command slot: its own wake-up (driver
+            // reset, slot free) brings it back.
+            self.stop_polling(q, now, false);
+            return false;
+        }
+        if served.worked {
+            if let Some(since) = q.found_work() {
+                let mut st = self.disk.queue_stats(q.index);
+                st.counters.poll_hits += 1;
+                st.counters.poll_spin_ns += (now - since).as_nanos() as u64;
+            }
+            return true;
+        }
+        // A request due within the spin is work about to happen: keep
+        // polling so it completes at its deadline, not at a late timer
+        // wake-up.
+        if q.found_idle(now) < spin || q.due_within(now, spin) {
+            return true;
+        }
+        if self.rearm(q, vring) {
+            // Work arrived before the guest saw the notifications on (it
+            // may not have kicked): keep polling.
+            return true;
+        }
+        self.stop_polling(q, now, true);
+        false
+    }
+
     /// Whether the avail ring has a request we have not popped (one read
     /// of the avail index).
     fn ring_has_work(&self, q: &QueueState, vring: &KickCountingVring<GM>) -> bool {
-        let Some(atomic) = q.mem.as_ref() else {
+        let Some(mem) = q.memory() else {
             return false;
         };
-        if q.broken {
+        if q.is_broken() {
             return false;
         }
-        let mem = atomic.memory();
         let vs = vring.get_ref();
         let queue = vs.get_queue();
         queue.ready()
@@ -132,11 +122,10 @@ impl BlkBackend {
     }
 
     /// Turn guest notifications back on; true if the ring has work after all.
-    fn rearm(&self, q: &mut QueueState, vring: &KickCountingVring<GM>) -> bool {
-        let Some(atomic) = q.mem.clone() else {
+    fn rearm(&self, q: &QueueState, vring: &KickCountingVring<GM>) -> bool {
+        let Some(mem) = q.memory() else {
             return false;
         };
-        let mem = atomic.memory();
         let mut vs = vring.get_mut();
         vs.get_queue_mut()
             .enable_notification(&*mem)
@@ -146,8 +135,7 @@ impl BlkBackend {
     /// Leave a ring to epoll: count the spin (a miss when it ran out) and
     /// arm the completion timer for requests still in service.
     pub(super) fn stop_polling(&self, q: &mut QueueState, now: Instant, miss: bool) {
-        q.polling = false;
-        if let Some(since) = q.idle_since.take() {
+        if let Some(since) = q.end_polling() {
             let mut st = self.disk.queue_stats(q.index);
             st.counters.poll_spin_ns += now.saturating_duration_since(since).as_nanos() as u64;
             if miss {

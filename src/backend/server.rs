@@ -18,16 +18,16 @@ use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::backend::disk::DiskError;
 use crate::backend::{BlkBackend, Disk};
 use crate::device::config::{DiskConfig, TagMode, TagScope};
-use crate::device::storage::StorageError;
 use crate::device::tags::TagPool;
 use crate::util::fd;
 
 #[derive(Debug, Error)]
 pub enum ServeError {
     #[error("{0}")]
-    Storage(#[from] StorageError),
+    Disk(#[from] DiskError),
     #[error("socket {path} already exists and a process is listening on it; is another blklab serving it?")]
     SocketInUse { path: PathBuf },
     #[error("socket path {path} exists and is not a socket; refusing to replace it")]

@@ -18,6 +18,7 @@ use vmm_sys_util::event::{
 
 use crate::backend::events::Event;
 use crate::backend::kick_vring::KickCountingVring;
+use crate::backend::worker::{Mode, Wake};
 use crate::backend::{BlkBackend, GM};
 use crate::device::config_space;
 use crate::virtio_blk::features::BlkFeature;
@@ -29,10 +30,24 @@ const STOP_WAIT_MAX: Duration = Duration::from_secs(60);
 /// lock), to see a shutdown promptly.
 const STOP_WAIT_SLICE: Duration = Duration::from_millis(50);
 
+/// Why a memory region the frontend sent is refused.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum RegionError {
+    #[error("cannot stat the region's file: {0}")]
+    Stat(#[source] io::Error),
+    #[error("region at guest address {at:#x}: mmap offset {offset:#x} + size {len:#x} exceeds its file's size {size:#x}")]
+    BeyondFile {
+        at: u64,
+        offset: u64,
+        len: u64,
+        size: u64,
+    },
+}
+
 /// The guest memory `mem` without its regions whose backing file is
 /// shorter than the region (mmap offset + size beyond the file's size),
 /// and why they were refused (`None`: all were fine).
-pub(super) fn checked_memory(mem: &GuestMemoryMmap) -> (GuestMemoryMmap, Option<String>) {
+pub(super) fn checked_memory(mem: &GuestMemoryMmap) -> (GuestMemoryMmap, Option<RegionError>) {
     let mut kept = mem.clone();
     let mut why = None;
     for r in mem.iter() {
@@ -59,23 +74,22 @@ pub(super) fn checked_memory(mem: &GuestMemoryMmap) -> (GuestMemoryMmap, Option<
 /// that cannot be sealed (a plain file, hugetlbfs, a memfd without
 /// sealing) is accepted as QEMU accepts it; a frontend that truncates it
 /// after the check can still SIGBUS the daemon (README, Guarantees).
-fn region_backing_error(r: &GuestRegionMmap) -> Option<String> {
+fn region_backing_error(r: &GuestRegionMmap) -> Option<RegionError> {
     let fo = r.file_offset()?;
     seal_against_shrinking(fo.file());
     let size = match fo.file().metadata() {
         Ok(m) => m.len(),
-        Err(e) => return Some(format!("cannot stat the region's file: {e}")),
+        Err(e) => return Some(RegionError::Stat(e)),
     };
     let end = fo.start().checked_add(r.len());
     match end {
         Some(end) if end <= size => None,
-        _ => Some(format!(
-            "region at guest address {:#x}: mmap offset {:#x} + size {:#x} exceeds its file's size {:#x}",
-            r.start_addr().0,
-            fo.start(),
-            r.len(),
-            size
-        )),
+        _ => Some(RegionError::BeyondFile {
+            at: r.start_addr().0,
+            offset: fo.start(),
+            len: r.len(),
+            size,
+        }),
     }
 }
 
@@ -183,20 +197,7 @@ impl VhostUserBackend for BlkBackend {
         }
         let ours = GM::new(checked);
         for q in 0..self.queues.len() {
-            let mut q = self.lock_queue(q);
-            q.mem = Some(ours.clone());
-            // Check the rings against the new memory at the next pass.
-            q.ring = None;
-            if q.broken && q.broken_by_memory {
-                // Its rings were outside the old memory: check them against
-                // the new one now (a kick that came meanwhile was consumed
-                // while the ring could not be served).
-                q.broken = false;
-                q.broken_by_memory = false;
-                if let Err(e) = q.timer.set(Some(Instant::now())) {
-                    warn!("queue {}: cannot arm the completion timer: {e}", q.index);
-                }
-            }
+            self.lock_queue(q).new_memory(ours.clone());
         }
         match refused {
             None => Ok(()),
@@ -244,14 +245,11 @@ impl VhostUserBackend for BlkBackend {
             let now = Instant::now();
             let all = now >= give_up || self.disk.stopping.load(Ordering::SeqCst);
             let next = self.complete_for_stop(&mut q, all);
-            // The driver restarts the ring from here: check it again, and
-            // serve it again if it was broken.
-            q.broken = false;
-            q.broken_by_memory = false;
-            q.ring = None;
+            // The driver restarts the ring from here.
+            q.restart();
             self.release_ring(qi);
             let Some(next) = next else {
-                let _ = q.timer.set(None);
+                q.set_timer(None);
                 return Ok(());
             };
             drop(q);
@@ -278,16 +276,16 @@ impl VhostUserBackend for BlkBackend {
         };
         // Which queue, and why: a kick (thread-local vring index), its
         // completion timer, or a free command slot.
-        let (qi, by_kick) = match self.event_ids.decode(device_event, vrings.len()) {
+        let (qi, wake) = match self.event_ids.decode(device_event, vrings.len()) {
             Some(Event::Kick(local)) => match mine.get(local) {
-                Some(&qi) => (qi, true),
+                Some(&qi) => (qi, Wake::Kick),
                 None => return Ok(()),
             },
-            Some(Event::Timer(qi)) => (qi, false),
+            Some(Event::Timer(qi)) => (qi, Wake::Timer),
             Some(Event::TagFree(qi)) => {
                 // Clear the wake-up; a pool writes it again on the next free.
                 let _ = self.disk.tag_wakers[qi].read();
-                (qi, false)
+                (qi, Wake::SlotFree)
             }
             Some(Event::Repoll(t)) if t == thread_id && !self.repoll.is_empty() => {
                 if let Some(efd) = self.repoll.get(thread_id) {
@@ -307,8 +305,8 @@ impl VhostUserBackend for BlkBackend {
             return Ok(());
         };
         let mut q = self.lock_queue(qi);
-        if !by_kick {
-            q.timer.acknowledge();
+        if wake != Wake::Kick {
+            q.acknowledge_timer();
         }
         // Serve only a started ring, checked under the queue's lock:
         // GET_VRING_BASE marks the ring stopped before it takes this lock,
@@ -319,12 +317,11 @@ impl VhostUserBackend for BlkBackend {
             return Ok(());
         }
         if self.poll_spin.is_none() {
-            self.serve_queue(&mut q, vring, by_kick, false);
+            self.serve_queue(&mut q, vring, wake, Mode::Notify);
             return Ok(());
         }
-        q.polling = true;
-        let (_, pollable) = self.serve_queue(&mut q, vring, by_kick, true);
-        if !pollable {
+        q.start_polling();
+        if !self.serve_queue(&mut q, vring, wake, Mode::Poll).pollable {
             self.stop_polling(&mut q, Instant::now(), false);
         }
         drop(q);

@@ -53,7 +53,7 @@ pub enum ConfigError {
     #[error("--count must be 1..={MAX_COUNT}, got {0}")]
     Count(u32),
     #[error("invalid --queues-per-thread: {0}")]
-    QueuesPerThread(String),
+    QueuesPerThread(#[from] ThreadMaskError),
     #[error("invalid --disable-features: {0}")]
     Feature(#[from] crate::virtio_blk::features::UnknownFeature),
     #[error("invalid --socket-mode {0:?}: expected an octal mode such as 0600")]
@@ -62,8 +62,30 @@ pub enum ConfigError {
     SizeMax(u32),
     #[error("--direct is only meaningful for file disks")]
     DirectNotFile,
-    #[error("config file {path}: {msg}")]
-    File { path: PathBuf, msg: String },
+    #[error("config file {path}: {source}")]
+    ReadFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {source}")]
+    ParseFile {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("config file {path}: no [[disk]] tables")]
+    NoDiskTables { path: PathBuf },
+    #[error("config file {path}: disk #{index}: {source}")]
+    DiskTable {
+        path: PathBuf,
+        index: usize,
+        source: Box<toml::de::Error>,
+    },
+    #[error("config file {path}: disk #{index}: {source}")]
+    DiskEntry {
+        path: PathBuf,
+        index: usize,
+        source: Box<ConfigError>,
+    },
     #[error("two disks use the same socket {0}")]
     DuplicateSocket(PathBuf),
     #[error("invalid --tags {0:?}: expected none, per-queue or shared")]
@@ -89,6 +111,25 @@ pub enum ConfigError {
         flag: &'static str,
         source: crate::device::latency::LatencyParseError,
     },
+}
+
+/// Why the `--queues-per-thread` masks were rejected.
+#[derive(Debug, Error)]
+pub enum ThreadMaskError {
+    #[error("{mask:?} is not a number (use 0x3 or 3)")]
+    NotANumber {
+        mask: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    #[error("{0:?} selects no queue")]
+    NoQueue(String),
+    #[error("{mask:?} names queues beyond --num-queues {num_queues}")]
+    BeyondQueues { mask: String, num_queues: u16 },
+    #[error("{0:?} names a queue another thread already serves")]
+    Shared(String),
+    #[error("queues {0:#x} are served by no thread")]
+    Unserved(u64),
 }
 
 /// The spin of `--poll[=SPIN]`: a fixed duration of 1us..=100ms.
@@ -335,10 +376,78 @@ impl DiskArgs {
     pub fn to_configs(&self) -> Result<Vec<DiskConfig>, ConfigError> {
         let socket = self.socket.clone().ok_or(ConfigError::NoSocket)?;
         let storage: StorageSpec = self.disk.as_deref().ok_or(ConfigError::NoDisk)?.parse()?;
+        let size = self.checked_size(&storage)?;
+        self.check_geometry(&storage)?;
+        let mut features = FeatureSet::default_on();
+        for name in &self.disable_features {
+            let f: BlkFeature = name.parse()?;
+            features = features.with(f, false);
+        }
+        features = features.with(BlkFeature::Ro, self.read_only);
+        let queues_per_thread = parse_thread_masks(&self.queues_per_thread, self.num_queues)?;
+        let tags = self.tag_policy()?;
+        let faults = self.fault_config()?;
+        let latency = self.op_latency()?;
+        let latency_spin_ns = self.latency_spin_ns()?;
+        let poll_spin_ns = match self.poll.as_deref() {
+            None => 0,
+            Some(p) => parse_poll_spin(p)?.as_nanos() as u64,
+        };
+        let socket_mode = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o777)
+            .ok_or_else(|| ConfigError::SocketMode(self.socket_mode.clone()))?;
+        let first = DiskConfig {
+            serial: self.serial_of(&storage, None),
+            socket: socket.clone(),
+            storage,
+            size: size.unwrap_or(0),
+            num_queues: self.num_queues,
+            queue_size: self.queue_size,
+            block_size: self.block_size,
+            read_only: self.read_only,
+            direct: self.direct,
+            features,
+            queues_per_thread,
+            socket_mode,
+            size_max: self.size_max,
+            max_discard_sectors: 32768,
+            max_discard_seg: 32,
+            max_write_zeroes_sectors: 32768,
+            max_write_zeroes_seg: 32,
+            tags,
+            latency,
+            seed: self.seed,
+            faults,
+            no_stats: self.no_stats,
+            latency_spin_ns,
+            poll_spin_ns,
+        };
+        if self.count == 1 {
+            return Ok(vec![first]);
+        }
+        Ok((0..self.count)
+            .map(|i| {
+                let mut s = socket.clone().into_os_string();
+                s.push(format!("-{i}"));
+                DiskConfig {
+                    socket: PathBuf::from(s),
+                    serial: self.serial_of(&first.storage, Some(i)),
+                    ..first.clone()
+                }
+            })
+            .collect())
+    }
+}
+
+impl DiskArgs {
+    /// The disk's size in bytes (`None`: a file disk's own size), after
+    /// checking the block size it must be a multiple of.
+    fn checked_size(&self, storage: &StorageSpec) -> Result<Option<u64>, ConfigError> {
         if !matches!(self.block_size, 512 | 4096) {
             return Err(ConfigError::BlockSize(self.block_size));
         }
-        let size = match (&self.size, &storage) {
+        let size = match (&self.size, storage) {
             (Some(s), _) => Some(parse_size(s)?),
             (None, StorageSpec::File(_)) => None,
             (None, s) => return Err(ConfigError::NoSize(s.kind())),
@@ -351,6 +460,12 @@ impl DiskArgs {
                 });
             }
         }
+        Ok(size)
+    }
+
+    /// Check the queues, the disk count, the serial and the options that
+    /// depend on the kind of storage against their limits.
+    fn check_geometry(&self, storage: &StorageSpec) -> Result<(), ConfigError> {
         if self.num_queues == 0 || self.num_queues > MAX_QUEUES {
             return Err(ConfigError::NumQueues(self.num_queues));
         }
@@ -371,15 +486,26 @@ impl DiskArgs {
         if self.size_max < 4096 {
             return Err(ConfigError::SizeMax(self.size_max));
         }
-        let mut features = FeatureSet::default_on();
-        for name in &self.disable_features {
-            let f: BlkFeature = name.parse()?;
-            features = features.with(f, false);
+        Ok(())
+    }
+
+    /// The serial of the disk at `index` of `--count` (`None`: the only
+    /// one): `--serial` (suffixed with the index, cut to 20 bytes), or one
+    /// that says what the disk is.
+    fn serial_of(&self, storage: &StorageSpec, index: Option<u32>) -> String {
+        match (&self.serial, index) {
+            (Some(s), None) => s.clone(),
+            (Some(s), Some(i)) => {
+                let suffix = format!("-{i}");
+                let keep = 20usize.saturating_sub(suffix.len()).min(s.len());
+                format!("{}{}", &s[..floor_char_boundary(s, keep)], suffix)
+            }
+            (None, _) => default_serial(storage, index),
         }
-        features = features.with(BlkFeature::Ro, self.read_only);
-        let queues_per_thread = parse_thread_masks(&self.queues_per_thread, self.num_queues)?;
-        let tags = self.tag_policy()?;
-        let faults = FaultConfig {
+    }
+
+    fn fault_config(&self) -> Result<FaultConfig, ConfigError> {
+        Ok(FaultConfig {
             fail_every: self
                 .fail_every
                 .iter()
@@ -391,80 +517,24 @@ impl DiskArgs {
                 .map(|v| v.parse())
                 .collect::<Result<_, _>>()?,
             stall_every: self.stall_every.as_deref().map(str::parse).transpose()?,
-        };
-        let latency = self.op_latency()?;
-        let latency_spin_ns = match self.latency_spin.parse::<LatencySpec>() {
-            Ok(LatencySpec::Zero) => 0,
-            Ok(LatencySpec::Fixed(d)) if d <= std::time::Duration::from_millis(1) => {
-                d.as_nanos() as u64
-            }
-            Ok(_) => return Err(ConfigError::LatencySpin(self.latency_spin.clone())),
-            Err(source) => {
-                return Err(ConfigError::Latency {
-                    flag: "latency-spin",
-                    source,
-                })
-            }
-        };
-        let poll_spin_ns = match self.poll.as_deref() {
-            None => 0,
-            Some(p) => parse_poll_spin(p)?.as_nanos() as u64,
-        };
-        let socket_mode = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
-            .ok()
-            .filter(|m| *m <= 0o777)
-            .ok_or_else(|| ConfigError::SocketMode(self.socket_mode.clone()))?;
-
-        let mut out = Vec::new();
-        for i in 0..self.count {
-            let (sock, index) = if self.count == 1 {
-                (socket.clone(), None)
-            } else {
-                let mut s = socket.clone().into_os_string();
-                s.push(format!("-{i}"));
-                (PathBuf::from(s), Some(i))
-            };
-            let serial = match &self.serial {
-                Some(s) if index.is_none() => s.clone(),
-                Some(s) => {
-                    let suffix = format!("-{}", index.unwrap_or(0));
-                    let keep = 20usize.saturating_sub(suffix.len()).min(s.len());
-                    format!("{}{}", &s[..floor_char_boundary(s, keep)], suffix)
-                }
-                None => default_serial(&storage, index),
-            };
-            out.push(DiskConfig {
-                socket: sock,
-                storage: storage.clone(),
-                size: size.unwrap_or(0),
-                num_queues: self.num_queues,
-                queue_size: self.queue_size,
-                block_size: self.block_size,
-                read_only: self.read_only,
-                serial,
-                direct: self.direct,
-                features,
-                queues_per_thread: queues_per_thread.clone(),
-                socket_mode,
-                size_max: self.size_max,
-                max_discard_sectors: 32768,
-                max_discard_seg: 32,
-                max_write_zeroes_sectors: 32768,
-                max_write_zeroes_seg: 32,
-                tags,
-                latency,
-                seed: self.seed,
-                faults: faults.clone(),
-                no_stats: self.no_stats,
-                latency_spin_ns,
-                poll_spin_ns,
-            });
-        }
-        Ok(out)
+        })
     }
-}
 
-impl DiskArgs {
+    /// `--latency-spin` in nanoseconds: 0 or a duration of at most 1 ms.
+    fn latency_spin_ns(&self) -> Result<u64, ConfigError> {
+        match self.latency_spin.parse::<LatencySpec>() {
+            Ok(LatencySpec::Zero) => Ok(0),
+            Ok(LatencySpec::Fixed(d)) if d <= std::time::Duration::from_millis(1) => {
+                Ok(d.as_nanos() as u64)
+            }
+            Ok(_) => Err(ConfigError::LatencySpin(self.latency_spin.clone())),
+            Err(source) => Err(ConfigError::Latency {
+                flag: "latency-spin",
+                source,
+            }),
+        }
+    }
+
     fn tag_policy(&self) -> Result<TagPolicy, ConfigError> {
         let mode = match self.tags.as_str() {
             "none" => TagMode::None,
@@ -548,7 +618,7 @@ fn default_serial(storage: &StorageSpec, index: Option<u32>) -> String {
 pub(crate) fn parse_thread_masks(
     masks: &[String],
     num_queues: u16,
-) -> Result<Vec<u64>, ConfigError> {
+) -> Result<Vec<u64>, ThreadMaskError> {
     let all: u64 = if num_queues >= 64 {
         u64::MAX
     } else {
@@ -568,32 +638,27 @@ pub(crate) fn parse_thread_masks(
         } else {
             t.parse::<u64>()
         }
-        .map_err(|_| {
-            ConfigError::QueuesPerThread(format!("{m:?} is not a number (use 0x3 or 3)"))
+        .map_err(|source| ThreadMaskError::NotANumber {
+            mask: m.clone(),
+            source,
         })?;
         if v == 0 {
-            return Err(ConfigError::QueuesPerThread(format!(
-                "{m:?} selects no queue"
-            )));
+            return Err(ThreadMaskError::NoQueue(m.clone()));
         }
         if v & !all != 0 {
-            return Err(ConfigError::QueuesPerThread(format!(
-                "{m:?} names queues beyond --num-queues {num_queues}"
-            )));
+            return Err(ThreadMaskError::BeyondQueues {
+                mask: m.clone(),
+                num_queues,
+            });
         }
         if v & seen != 0 {
-            return Err(ConfigError::QueuesPerThread(format!(
-                "{m:?} names a queue another thread already serves"
-            )));
+            return Err(ThreadMaskError::Shared(m.clone()));
         }
         seen |= v;
         out.push(v);
     }
     if seen != all {
-        return Err(ConfigError::QueuesPerThread(format!(
-            "queues {:#x} are served by no thread",
-            all & !seen
-        )));
+        return Err(ThreadMaskError::Unserved(all & !seen));
     }
     Ok(out)
 }
@@ -690,9 +755,9 @@ struct ConfigFile {
 /// num-queues = 4
 /// ```
 pub fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
         path: path.to_path_buf(),
-        msg: e.to_string(),
+        source,
     })?;
     parse_config_file(&text, path)
 }
@@ -701,29 +766,35 @@ pub fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
 /// [`load_config_file`] does after reading the file; the fuzz target
 /// `config` feeds it directly).
 pub fn parse_config_file(text: &str, path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
-    let err = |msg: String| ConfigError::File {
-        path: path.to_path_buf(),
-        msg,
-    };
-    let file: ConfigFile = toml::from_str(text).map_err(|e| err(e.to_string()))?;
+    let path = path.to_path_buf();
+    let file: ConfigFile = toml::from_str(text).map_err(|e| ConfigError::ParseFile {
+        path: path.clone(),
+        source: Box::new(e),
+    })?;
     if file.disk.is_empty() {
-        return Err(err("no [[disk]] tables".into()));
+        return Err(ConfigError::NoDiskTables { path });
     }
     let mut out = Vec::new();
-    for (i, table) in file.disk.into_iter().enumerate() {
+    for (index, table) in file.disk.into_iter().enumerate() {
         // Keys missing from the table take the command line's defaults
         // (`Default for DiskArgs`).
         let mut merged = toml::Table::new();
         for (k, v) in table {
             merged.insert(k.replace('_', "-"), v);
         }
-        let args: DiskArgs = merged
-            .try_into()
-            .map_err(|e: toml::de::Error| err(format!("disk #{i}: {e}")))?;
-        out.extend(
-            args.to_configs()
-                .map_err(|e| err(format!("disk #{i}: {e}")))?,
-        );
+        let args: DiskArgs =
+            merged
+                .try_into()
+                .map_err(|e: toml::de::Error| ConfigError::DiskTable {
+                    path: path.clone(),
+                    index,
+                    source: Box::new(e),
+                })?;
+        out.extend(args.to_configs().map_err(|e| ConfigError::DiskEntry {
+            path: path.clone(),
+            index,
+            source: Box::new(e),
+        })?);
     }
     check_unique_sockets(&out)?;
     Ok(out)
@@ -948,6 +1019,67 @@ mod tests {
         );
         assert!(parse_thread_masks(&m(&["zz"]), 4).is_err());
         assert_eq!(parse_thread_masks(&[], 64).unwrap().len(), 64);
+    }
+
+    /// Each way a mask can be wrong is its own error, and the message
+    /// says which mask and why.
+    #[test]
+    fn thread_mask_errors_say_which_mask_and_why() {
+        let m = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let e = parse_thread_masks(&m(&["0x3"]), 4).unwrap_err();
+        assert!(matches!(e, ThreadMaskError::Unserved(0xc)), "{e:?}");
+        assert_eq!(e.to_string(), "queues 0xc are served by no thread");
+        let e = parse_thread_masks(&m(&["0x3", "0x6"]), 3).unwrap_err();
+        assert!(
+            matches!(&e, ThreadMaskError::Shared(s) if s == "0x6"),
+            "{e:?}"
+        );
+        let e = parse_thread_masks(&m(&["0x0"]), 1).unwrap_err();
+        assert!(matches!(e, ThreadMaskError::NoQueue(_)), "{e:?}");
+        let e = parse_thread_masks(&m(&["0x10"]), 4).unwrap_err();
+        assert_eq!(e.to_string(), "\"0x10\" names queues beyond --num-queues 4");
+        let e = parse_thread_masks(&m(&["zz"]), 4).unwrap_err();
+        assert!(matches!(e, ThreadMaskError::NotANumber { .. }), "{e:?}");
+        assert!(
+            std::error::Error::source(&e).is_some(),
+            "carries its source"
+        );
+        let e = base(&["--queues-per-thread", "zz"])
+            .to_configs()
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid --queues-per-thread: \"zz\" is not a number (use 0x3 or 3)"
+        );
+    }
+
+    /// A config file's errors name the file (and the disk table) and carry
+    /// what went wrong as their source.
+    #[test]
+    fn config_file_errors_carry_their_source() {
+        let p = Path::new("/cfg.toml");
+        let e = parse_config_file("[[disk]", p).unwrap_err();
+        assert!(matches!(e, ConfigError::ParseFile { .. }), "{e:?}");
+        assert!(std::error::Error::source(&e).is_some());
+        let e = parse_config_file("", p).unwrap_err();
+        assert_eq!(e.to_string(), "config file /cfg.toml: no [[disk]] tables");
+        let e = parse_config_file("[[disk]]\nsocket='/x'\ndisk='mem'\n", p).unwrap_err();
+        assert!(
+            matches!(&e, ConfigError::DiskEntry { index: 0, source, .. }
+                if matches!(**source, ConfigError::NoSize("mem"))),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "config file /cfg.toml: disk #0: --size is required for mem disks"
+        );
+        let e = parse_config_file("[[disk]]\nnum-queues='x'\n", p).unwrap_err();
+        assert!(
+            matches!(e, ConfigError::DiskTable { index: 0, .. }),
+            "{e:?}"
+        );
+        let e = load_config_file(Path::new("/nonexistent/blklab.toml")).unwrap_err();
+        assert!(matches!(e, ConfigError::ReadFile { .. }), "{e:?}");
     }
 
     #[test]

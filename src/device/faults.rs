@@ -83,8 +83,15 @@ pub enum FaultParseError {
     Sector { input: String },
     #[error("--fail-range: START {start} must be less than END {end} (END is exclusive)")]
     RangeOrder { start: u64, end: u64 },
-    #[error("--stall-every: invalid duration {input:?}: {reason}")]
-    Duration { input: String, reason: String },
+    #[error("--stall-every: invalid duration {input:?}: must be greater than 0")]
+    ZeroStall { input: String },
+    #[error("--stall-every: invalid duration {input:?}: expected a fixed duration such as 35s, not a distribution")]
+    StallDistribution { input: String },
+    #[error("--stall-every: invalid duration {input:?}: {source}")]
+    StallDuration {
+        input: String,
+        source: crate::device::latency::LatencyParseError,
+    },
 }
 
 const FAIL_EVERY: &str = "--fail-every";
@@ -287,21 +294,19 @@ impl FromStr for StallEvery {
             return Err(form());
         }
         let n = parse_count(STALL_EVERY, n)?;
-        let derr = |reason: String| FaultParseError::Duration {
-            input: duration.trim().into(),
-            reason,
-        };
+        let input = || duration.trim().to_string();
         let duration = match duration.parse::<LatencySpec>() {
             Ok(LatencySpec::Fixed(d)) if !d.is_zero() => d,
             Ok(LatencySpec::Zero) | Ok(LatencySpec::Fixed(_)) => {
-                return Err(derr("must be greater than 0".into()))
+                return Err(FaultParseError::ZeroStall { input: input() })
             }
-            Ok(_) => {
-                return Err(derr(
-                    "expected a fixed duration such as 35s, not a distribution".into(),
-                ))
+            Ok(_) => return Err(FaultParseError::StallDistribution { input: input() }),
+            Err(source) => {
+                return Err(FaultParseError::StallDuration {
+                    input: input(),
+                    source,
+                })
             }
-            Err(e) => return Err(derr(e.to_string())),
         };
         Ok(StallEvery { n, duration })
     }
@@ -574,20 +579,23 @@ mod tests {
         assert_eq!(se("3:750ns").unwrap().duration, Duration::from_nanos(750));
         for bad in ["3:0s", "3:0", "3:0ms"] {
             let e = se(bad).unwrap_err();
-            assert!(matches!(e, FaultParseError::Duration { .. }), "{bad}");
+            assert!(matches!(e, FaultParseError::ZeroStall { .. }), "{bad}");
             assert!(e.to_string().contains("greater than 0"), "{e}");
         }
         let e = se("3:uniform:1ms..2ms").unwrap_err();
-        assert!(matches!(e, FaultParseError::Duration { .. }));
+        assert!(matches!(e, FaultParseError::StallDistribution { .. }));
         assert!(e.to_string().contains("distribution"), "{e}");
         assert!(matches!(
             se("3:normal:1ms,1us"),
-            Err(FaultParseError::Duration { .. })
+            Err(FaultParseError::StallDistribution { .. })
         ));
-        assert!(matches!(se("3:5"), Err(FaultParseError::Duration { .. })));
+        assert!(matches!(
+            se("3:5"),
+            Err(FaultParseError::StallDuration { .. })
+        ));
         assert!(matches!(
             se("3:5parsecs"),
-            Err(FaultParseError::Duration { .. })
+            Err(FaultParseError::StallDuration { .. })
         ));
         assert!(matches!(se("0:1s"), Err(FaultParseError::Count { .. })));
         assert!(matches!(se("x:1s"), Err(FaultParseError::Count { .. })));

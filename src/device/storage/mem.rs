@@ -19,14 +19,9 @@ const PAGE: u64 = 4096;
 
 impl MemStorage {
     pub(crate) fn new(size: u64) -> Result<Self, StorageError> {
-        let len = usize::try_from(size).map_err(|_| StorageError::Alloc {
-            size,
-            msg: "larger than the address space".into(),
-        })?;
-        let region = MmapRegion::<()>::new(len).map_err(|e| StorageError::Alloc {
-            size,
-            msg: e.to_string(),
-        })?;
+        let len = usize::try_from(size).map_err(|_| StorageError::TooLarge { size })?;
+        let region =
+            MmapRegion::<()>::new(len).map_err(|source| StorageError::Alloc { size, source })?;
         Ok(MemStorage { region, size })
     }
 

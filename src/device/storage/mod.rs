@@ -33,8 +33,13 @@ pub enum StorageError {
     Unaligned { path: String, size: u64, block: u32 },
     #[error("cannot size image {path}: {source}")]
     Resize { path: String, source: io::Error },
-    #[error("cannot allocate {size} bytes of RAM for a mem disk: {msg}")]
-    Alloc { size: u64, msg: String },
+    #[error("cannot allocate {size} bytes of RAM for a mem disk: larger than the address space")]
+    TooLarge { size: u64 },
+    #[error("cannot allocate {size} bytes of RAM for a mem disk: {source}")]
+    Alloc {
+        size: u64,
+        source: vm_memory::mmap::MmapRegionError,
+    },
 }
 
 /// What a disk's contents can do. Offsets and lengths are in bytes and have
