@@ -131,7 +131,7 @@ def vhost_user_seeds():
     # on, a kick: the worker of b3897d5 popped nothing, saw avail idx !=
     # next_avail when it re-enabled notifications and looped for ever,
     # logging an error per pass; the next connection then timed out.
-    # libFuzzer found it as a hang after ~10,000 inputs (issue 15, item 1).
+    # libFuzzer found it as a hang after ~10,000 inputs.
     spin_img = bytearray(img.ljust(0xFFFF, b"\0"))
     spin_img[0xFFFE] = 1
     spin_mem = msg(5, struct.pack("<II", 1, 0) + region, [memfd(16, bytes(spin_img))],

@@ -85,7 +85,7 @@ impl<'a> Input<'a> {
 }
 
 /// Size of the first guest memory region of [`request`], at address 0.
-pub const REQUEST_MEM_SIZE: usize = 0x1_0000;
+pub(crate) const REQUEST_MEM_SIZE: usize = 0x1_0000;
 
 /// The disk configurations [`request`] picks from with the low four bits
 /// of its first byte: bit 0 read-only, bit 1 null (else mem), bit 2
@@ -266,7 +266,7 @@ const DAEMON_PATIENCE: Duration = Duration::from_secs(120);
 
 /// The `kick` pseudo-message of [`Daemon::vhost_user`]: write every
 /// eventfd sent so far instead of sending a message.
-pub const VHOST_USER_KICK: u8 = 0xff;
+pub(crate) const VHOST_USER_KICK: u8 = 0xff;
 
 /// A real `blklab serve` server in this process (one 1 MiB mem disk with
 /// two queues of 64, and a control socket) in a private directory, for the

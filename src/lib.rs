@@ -35,4 +35,4 @@ pub mod stats;
 pub mod stats_view;
 pub mod util;
 pub mod virtio_blk;
-pub mod virtq;
+pub(crate) mod virtq;

@@ -538,7 +538,7 @@ fn prepare_rejects_bad_specs() {
     );
 }
 
-/// A developer's own kernel keeps its System.map (issue 17): `path:` takes
+/// A developer's own kernel keeps its System.map: `path:` takes
 /// the System.map beside the image, or at the top of the tree for
 /// `arch/x86/boot/bzImage`, or `map=FILE`, and copies it into the cached
 /// kernel's directory (where `blklab run` looks for it), keyed by its
@@ -632,7 +632,7 @@ fn blklab(args: &[&str], path: Option<&std::ffi::OsStr>) -> (Output, String) {
     (out, stderr)
 }
 
-/// Prebuilt images (issue 17): `blklab images build` then `export` from
+/// Prebuilt images: `blklab images build` then `export` from
 /// the shared cache, `import` into an empty cache, and `images build` from
 /// it again with apt-get, apt-cache, gcc, cc and make replaced by scripts
 /// that fail loudly: every step is a cache hit (kernel, fio, mpstat,

@@ -6,8 +6,8 @@
 //! when a change makes the request path more expensive. It counts the
 //! release binary (the one users run; built here if `cargo test` has not),
 //! one queue, 4 KiB random requests on a null disk, statistics on, as the
-//! README's table does, for a short run of each load and one twice as long,
-//! and takes the difference per request.
+//! table in docs/benchmarks.md does, for a short run of each load and one
+//! twice as long, and takes the difference per request.
 //!
 //! The margin is 10 %. What still moves between runs of the same binary is
 //! how many requests each wake-up finds at QD64, and with it the share of
@@ -22,7 +22,8 @@
 //! `cargo run --release -- bench --instructions --blklab-only` three times,
 //! take the highest blklab figure of each load (reads without the zero
 //! fill, which is memset's and not ours), put it in `BUDGET` below with the
-//! commit, and record the table in the README ("Instructions per request").
+//! commit, and record the table in docs/benchmarks.md ("Instructions per
+//! request").
 
 mod common;
 

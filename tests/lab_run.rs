@@ -454,7 +454,7 @@ fn the_plan_is_printed_without_building_and_shards_slice_it() {
     }
 }
 
-/// A kernel against itself, the way the CI workflow runs it (issue 17):
+/// A kernel against itself, the way the CI workflow runs it:
 /// `--plan`, the images exported from the shared cache and imported into
 /// a fresh one, three shards (`--shard I/3`, one A/B pair of boots each,
 /// as three CI machines would) in separate directories from that imported

@@ -47,7 +47,7 @@ pub const MAX_CONNECTIONS: usize = 16;
 /// connecting or from the previous answer), and to take an answer.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Pause after a failed `accept` (e.g. EMFILE/ENFILE) before trying again.
-pub const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
+pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(200);
 /// How much of a bad line an error message quotes.
 const QUOTE_PREFIX: usize = 64;
 

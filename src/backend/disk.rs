@@ -47,7 +47,8 @@ pub struct Disk {
 
 impl Disk {
     /// Open the disk's storage (file disks without a size take the image's).
-    pub fn open(cfg: DiskConfig) -> Result<Disk, DiskError> {
+    #[cfg(test)]
+    pub(crate) fn open(cfg: DiskConfig) -> Result<Disk, DiskError> {
         Self::open_with_host_pool(cfg, None)
     }
 
@@ -137,11 +138,6 @@ impl Disk {
         if let (Some(t), Some((pool, id))) = (tag, &self.tag_slots[q]) {
             pool.put(*id, t);
         }
-    }
-
-    /// The eventfd that wakes queue `q` when a slot frees.
-    pub fn tag_waker(&self, q: usize) -> &Arc<EventFd> {
-        &self.tag_wakers[q]
     }
 
     /// Lock one queue's statistics.

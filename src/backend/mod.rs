@@ -19,10 +19,10 @@
 //! [`VhostUserBackend`]: vhost_user_backend::VhostUserBackend
 
 pub mod control;
-pub mod deadline;
+pub(crate) mod deadline;
 mod disk;
 mod events;
-pub mod kick_vring;
+pub(crate) mod kick_vring;
 mod poll;
 pub mod qemu_args;
 pub mod server;

@@ -60,7 +60,7 @@ pub enum FormatError {
 
 /// `valgrind --tool=callgrind` writing its counts to `out`, running
 /// `program` (arguments are added by the caller).
-pub fn command(valgrind: &Path, out: &Path, program: &Path) -> Command {
+pub(crate) fn command(valgrind: &Path, out: &Path, program: &Path) -> Command {
     let mut c = Command::new(valgrind);
     c.arg("--tool=callgrind")
         .arg(format!("--callgrind-out-file={}", out.display()))
@@ -74,14 +74,14 @@ pub fn command(valgrind: &Path, out: &Path, program: &Path) -> Command {
 /// What one callgrind output file says: the instructions executed in all,
 /// and each function's own (exclusive) instructions.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Profile {
+pub(crate) struct Profile {
     pub total: u64,
     /// Function name (as callgrind demangled it) → its own instructions.
     pub self_cost: HashMap<String, u64>,
 }
 
 impl Profile {
-    pub fn read(path: &Path) -> Result<Profile, CallgrindError> {
+    pub(crate) fn read(path: &Path) -> Result<Profile, CallgrindError> {
         let text = std::fs::read_to_string(path).map_err(|source| CallgrindError::Read {
             path: path.display().to_string(),
             source,
@@ -94,7 +94,7 @@ impl Profile {
 
     /// Parse callgrind output text (one event, `Ir`, as [`command`]
     /// records; any number of parts).
-    pub fn parse(text: &str) -> Result<Profile, FormatError> {
+    pub(crate) fn parse(text: &str) -> Result<Profile, FormatError> {
         let mut names: HashMap<String, String> = HashMap::new();
         let mut p = Profile::default();
         let mut current: Option<String> = None;
@@ -176,7 +176,7 @@ impl Profile {
     /// `later − self`, per function, divided by `per`: what the extra work
     /// of the longer run cost, per unit of it. Most expensive first; only
     /// functions with a positive difference.
-    pub fn difference(&self, later: &Profile, per: f64) -> Vec<(String, f64)> {
+    pub(crate) fn difference(&self, later: &Profile, per: f64) -> Vec<(String, f64)> {
         let mut v: Vec<(String, f64)> = later
             .self_cost
             .iter()

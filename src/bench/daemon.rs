@@ -73,10 +73,6 @@ impl Daemon {
         Ok(d)
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }

@@ -35,7 +35,7 @@ pub enum Subject {
 }
 
 impl Subject {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Subject::Blklab => "blklab",
             Subject::BlklabNoStats => "blklab --no-stats",
@@ -54,7 +54,7 @@ pub struct CountedLoad {
 /// The client's pause between a completion and the next request at QD1:
 /// long enough for the backend (slowed some 50-fold by callgrind) to go
 /// back to sleep, so every request costs a wake-up, as at QD1 in a guest.
-pub const QD1_THINK: Duration = Duration::from_millis(1);
+pub(crate) const QD1_THINK: Duration = Duration::from_millis(1);
 
 impl CountedLoad {
     /// `RW:QD` (`randwrite:64`, `randread:1`), as `--load` takes it.
@@ -81,7 +81,7 @@ impl CountedLoad {
     }
 
     /// The client's pause after each completion ([`QD1_THINK`] at QD1).
-    pub fn think(&self) -> Duration {
+    pub(crate) fn think(&self) -> Duration {
         if self.depth == 1 {
             QD1_THINK
         } else {
@@ -91,7 +91,7 @@ impl CountedLoad {
 
     /// Requests of the shorter run for `--requests n`: a quarter at QD1,
     /// where every request also waits [`QD1_THINK`].
-    pub fn requests(&self, n: u64) -> u64 {
+    pub(crate) fn requests(&self, n: u64) -> u64 {
         if self.depth == 1 {
             (n / 4).max(1)
         } else {
@@ -220,7 +220,7 @@ pub fn count(
 /// (a few instructions each, in the caller) are not included; what is
 /// left with `--no-stats` (the counters, one test of the flag per call) is
 /// not statistics either.
-pub fn is_statistics(name: &str) -> bool {
+pub(crate) fn is_statistics(name: &str) -> bool {
     name.starts_with("blklab::stats::") || name.starts_with("blklab::util::clock::")
 }
 

@@ -14,13 +14,13 @@
 //! benches (`tests/common`) use both. Both comparisons end in [`Verdict`]s;
 //! every failure is a [`BenchError`] kind.
 
-pub mod callgrind;
+pub(crate) mod callgrind;
 pub mod client;
 pub mod daemon;
 mod error;
 pub mod instructions;
 pub mod reference_qsd;
-pub mod verdict;
+pub(crate) mod verdict;
 pub mod versus_qsd;
 
 use std::mem::MaybeUninit;
@@ -35,7 +35,7 @@ use crate::stats::histogram::{Hist, HistSummary};
 use client::{Connected, Connection, Queue, QueueSetup};
 pub(crate) use error::blkio_err;
 pub use error::BenchError;
-pub use verdict::Verdict;
+pub(crate) use verdict::Verdict;
 
 /// What the requests do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]

@@ -45,8 +45,7 @@ pub enum BuildError {
 
 /// A built candidate: what `path:` needs to boot it with its System.map.
 #[derive(Debug, Clone)]
-pub struct Built {
-    pub dir: PathBuf,
+pub(crate) struct Built {
     pub vmlinuz: PathBuf,
     pub system_map: PathBuf,
     pub modules: Option<PathBuf>,
@@ -62,7 +61,7 @@ struct Manifest {
 }
 
 /// Build the tree's HEAD into `out`.
-pub fn build(
+pub(crate) fn build(
     lab_dir: &Path,
     tree: &Path,
     out: &Path,
@@ -129,7 +128,6 @@ pub fn build(
         system_map: out.join("System.map"),
         modules: modules.is_dir().then_some(modules),
         kernel_version: m.kernel_version,
-        dir: out.to_path_buf(),
         seconds: start.elapsed(),
     })
 }

@@ -16,7 +16,7 @@ use crate::record::metrics;
 
 #[derive(Debug, Error)]
 pub enum BisectError {
-    #[error("--metric {name:?}: no such metric (known: {})", known_metrics())]
+    #[error("--metric {name:?}: no such metric (known: {})", metrics::known_keys())]
     UnknownMetric { name: String },
     #[error("--iterations must be at least 1")]
     ZeroIterations,
@@ -119,14 +119,6 @@ pub enum StepError {
 /// A commit's first 12 hex digits (a full one has 40).
 pub(crate) fn short(commit: &str) -> &str {
     commit.get(..12).unwrap_or(commit)
-}
-
-fn known_metrics() -> String {
-    metrics::METRICS
-        .iter()
-        .map(|m| m.key)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// The first three of `files`, and an ellipsis when there are more.

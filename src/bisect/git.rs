@@ -39,13 +39,13 @@ pub enum GitError {
 
 /// A git work tree.
 #[derive(Debug, Clone)]
-pub struct Git {
+pub(crate) struct Git {
     dir: PathBuf,
 }
 
 /// What `git bisect` says after `start` or a verdict.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Next {
+pub(crate) enum Next {
     /// Test this commit (checked out); about `steps` more after it.
     Test { commit: String, steps: u32 },
     /// The first bad commit.
@@ -59,7 +59,7 @@ fn is_sha(w: &str) -> bool {
 }
 
 /// Parse `git bisect`'s output (LC_ALL=C).
-pub fn parse_next(out: &str) -> Option<Next> {
+pub(crate) fn parse_next(out: &str) -> Option<Next> {
     if let Some(line) = out.lines().find(|l| l.contains(" is the first bad commit")) {
         let sha = line.split_whitespace().next()?;
         return is_sha(sha).then(|| Next::Found(sha.to_string()));
@@ -93,7 +93,7 @@ pub fn parse_next(out: &str) -> Option<Next> {
 
 impl Git {
     /// The work tree at `dir`, or why it is not one.
-    pub fn open(dir: &Path) -> Result<Git, GitError> {
+    pub(crate) fn open(dir: &Path) -> Result<Git, GitError> {
         if !dir.is_dir() {
             return Err(GitError::NoSuchDirectory {
                 dir: dir.to_path_buf(),
@@ -112,7 +112,7 @@ impl Git {
         })
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.dir
     }
 
@@ -144,7 +144,7 @@ impl Git {
     }
 
     /// git's stdout, or an error with its stderr.
-    pub fn output(&self, args: &[&str]) -> Result<String, GitError> {
+    pub(crate) fn output(&self, args: &[&str]) -> Result<String, GitError> {
         let (ok, out, err) = self.run(args)?;
         if ok {
             Ok(out)
@@ -157,7 +157,7 @@ impl Git {
     }
 
     /// The commit `rev` (given as `flag`) names, in full.
-    pub fn resolve(&self, rev: &str, flag: &'static str) -> Result<String, GitError> {
+    pub(crate) fn resolve(&self, rev: &str, flag: &'static str) -> Result<String, GitError> {
         let (ok, out, _) = self.run(&[
             "rev-parse",
             "--verify",
@@ -176,12 +176,12 @@ impl Git {
     }
 
     /// Whether `a` is an ancestor of `b`.
-    pub fn is_ancestor(&self, a: &str, b: &str) -> Result<bool, GitError> {
+    pub(crate) fn is_ancestor(&self, a: &str, b: &str) -> Result<bool, GitError> {
         Ok(self.run(&["merge-base", "--is-ancestor", a, b])?.0)
     }
 
     /// Tracked files with changes (a bisection checks out other commits).
-    pub fn changed_files(&self) -> Result<Vec<String>, GitError> {
+    pub(crate) fn changed_files(&self) -> Result<Vec<String>, GitError> {
         Ok(self
             .output(&["status", "--porcelain", "--untracked-files=no"])?
             .lines()
@@ -190,7 +190,7 @@ impl Git {
     }
 
     /// Whether a `git bisect` is already under way in this work tree.
-    pub fn bisecting(&self) -> Result<bool, GitError> {
+    pub(crate) fn bisecting(&self) -> Result<bool, GitError> {
         let p = self.output(&["rev-parse", "--git-path", "BISECT_START"])?;
         let p = PathBuf::from(p.trim());
         let p = if p.is_absolute() { p } else { self.dir.join(p) };
@@ -198,7 +198,7 @@ impl Git {
     }
 
     /// Where HEAD is, for a person: the branch, else the commit.
-    pub fn head_name(&self) -> Result<String, GitError> {
+    pub(crate) fn head_name(&self) -> Result<String, GitError> {
         let (ok, out, _) = self.run(&["symbolic-ref", "-q", "--short", "HEAD"])?;
         if ok && !out.trim().is_empty() {
             return Ok(out.trim().to_string());
@@ -206,44 +206,44 @@ impl Git {
         Ok(self.output(&["rev-parse", "HEAD"])?.trim().to_string())
     }
 
-    pub fn head(&self) -> Result<String, GitError> {
+    pub(crate) fn head(&self) -> Result<String, GitError> {
         Ok(self.output(&["rev-parse", "HEAD"])?.trim().to_string())
     }
 
     /// The first line of the commit message.
-    pub fn subject(&self, commit: &str) -> String {
+    pub(crate) fn subject(&self, commit: &str) -> String {
         self.output(&["log", "-1", "--format=%s", commit])
             .map(|s| s.trim().to_string())
             .unwrap_or_default()
     }
 
     /// Commits in `good..bad`.
-    pub fn count(&self, good: &str, bad: &str) -> Result<u32, GitError> {
+    pub(crate) fn count(&self, good: &str, bad: &str) -> Result<u32, GitError> {
         let n = self.output(&["rev-list", "--count", &format!("{good}..{bad}")])?;
         Ok(n.trim().parse().unwrap_or(0))
     }
 
     /// The first parent of `commit`.
-    pub fn parent(&self, commit: &str) -> Result<String, GitError> {
+    pub(crate) fn parent(&self, commit: &str) -> Result<String, GitError> {
         Ok(self
             .output(&["rev-parse", &format!("{commit}^")])?
             .trim()
             .to_string())
     }
 
-    pub fn checkout(&self, commit: &str) -> Result<(), GitError> {
+    pub(crate) fn checkout(&self, commit: &str) -> Result<(), GitError> {
         self.output(&["checkout", "-q", "--detach", commit])
             .map(|_| ())
     }
 
     /// `git bisect start BAD GOOD`.
-    pub fn bisect_start(&self, bad: &str, good: &str) -> Result<Next, GitError> {
+    pub(crate) fn bisect_start(&self, bad: &str, good: &str) -> Result<Next, GitError> {
         let out = self.output(&["bisect", "start", bad, good, "--"])?;
         self.next_of("git bisect start", &out)
     }
 
     /// `git bisect good|bad|skip COMMIT`.
-    pub fn bisect_mark(&self, word: &str, commit: &str) -> Result<Next, GitError> {
+    pub(crate) fn bisect_mark(&self, word: &str, commit: &str) -> Result<Next, GitError> {
         let (_, out, err) = self.run(&["bisect", word, commit])?;
         // `skip` that leaves only skipped commits exits non-zero; what it
         // says decides.
@@ -273,11 +273,11 @@ impl Git {
         }
     }
 
-    pub fn bisect_log(&self) -> Result<String, GitError> {
+    pub(crate) fn bisect_log(&self) -> Result<String, GitError> {
         self.output(&["bisect", "log"])
     }
 
-    pub fn bisect_reset(&self) -> Result<(), GitError> {
+    pub(crate) fn bisect_reset(&self) -> Result<(), GitError> {
         self.output(&["bisect", "reset"]).map(|_| ())
     }
 }

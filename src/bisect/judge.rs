@@ -22,7 +22,7 @@ pub enum Verdict {
 
 impl Verdict {
     /// The `git bisect` subcommand.
-    pub fn git_word(self) -> &'static str {
+    pub(crate) fn git_word(self) -> &'static str {
         match self {
             Verdict::Good => "good",
             Verdict::Bad => "bad",
@@ -41,7 +41,7 @@ pub struct Boundary {
 
 impl Boundary {
     /// Which side of the value is bad: `above` or `below`.
-    pub fn bad_side(&self) -> &'static str {
+    pub(crate) fn bad_side(&self) -> &'static str {
         if self.bad_above {
             "above"
         } else {
@@ -65,7 +65,7 @@ pub struct EndsOverlap {
 }
 
 /// Mean, smallest and largest of `v` (not empty).
-pub fn spread(v: &[f64]) -> (f64, f64, f64) {
+pub(crate) fn spread(v: &[f64]) -> (f64, f64, f64) {
     let mean = v.iter().sum::<f64>() / v.len() as f64;
     let min = v.iter().copied().fold(f64::INFINITY, f64::min);
     let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
@@ -73,7 +73,7 @@ pub fn spread(v: &[f64]) -> (f64, f64, f64) {
 }
 
 /// The verdict on `values` (not empty).
-pub fn judge(values: &[f64], b: &Boundary) -> Verdict {
+pub(crate) fn judge(values: &[f64], b: &Boundary) -> Verdict {
     let (_, min, max) = spread(values);
     let (bad, good) = if b.bad_above {
         (min > b.value, max < b.value)
@@ -89,7 +89,7 @@ pub fn judge(values: &[f64], b: &Boundary) -> Verdict {
 
 /// `--toward bad`: the boundary halfway between the ends' means, or why
 /// there is none (the ends' values overlap or are equal).
-pub fn toward_bad(good: &[f64], bad: &[f64]) -> Result<Boundary, EndsOverlap> {
+pub(crate) fn toward_bad(good: &[f64], bad: &[f64]) -> Result<Boundary, EndsOverlap> {
     let (gm, gmin, gmax) = spread(good);
     let (bm, bmin, bmax) = spread(bad);
     let bad_above = bm > gm;

@@ -42,7 +42,7 @@ pub enum MeasureError {
 
 /// What one commit measured.
 #[derive(Debug, Clone)]
-pub struct Measured {
+pub(crate) struct Measured {
     /// The run directory (records, consoles), for `blklab compare`.
     pub run_dir: PathBuf,
     /// The kernel's label in that run.
@@ -59,7 +59,7 @@ struct RunLine {
 }
 
 /// What every measurement shares.
-pub struct Setup<'a> {
+pub(crate) struct Setup<'a> {
     pub lab_dir: &'a Path,
     pub cache: Option<&'a Path>,
     pub scenario: &'a str,
@@ -112,7 +112,7 @@ fn run_args(s: &Setup, kernel: &str, out: &Path) -> Result<RunArgs, MeasureError
 }
 
 /// Boot `built` (labelled `label`) and read the metric.
-pub fn measure(
+pub(crate) fn measure(
     s: &Setup,
     built: &Built,
     label: &str,

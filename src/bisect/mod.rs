@@ -17,14 +17,14 @@
 //! - `error`: what stops a bisection ([`BisectError`]) and why one commit
 //!   could not be measured ([`StepError`]).
 
-pub mod build;
+pub(crate) mod build;
 mod error;
-pub mod git;
-pub mod judge;
-pub mod measure;
+pub(crate) mod git;
+pub(crate) mod judge;
+pub(crate) mod measure;
 pub mod options;
 pub(crate) mod progress;
-pub mod report;
+pub(crate) mod report;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -36,7 +36,7 @@ use crate::lab::images;
 use crate::lab::scenario;
 use crate::record::metrics::{self, Better};
 use error::short;
-pub use error::{BisectError, StepError};
+pub(crate) use error::{BisectError, StepError};
 use git::{Git, Next};
 use judge::{Boundary, Verdict};
 use measure::{Measured, Setup};

@@ -10,7 +10,7 @@ use crate::bisect::judge::{spread, Boundary, Verdict};
 use crate::bisect::BisectError;
 use crate::report::{compare, render};
 
-pub const BISECT_SCHEMA: &str = "blklab-bisect/1";
+pub(crate) const BISECT_SCHEMA: &str = "blklab-bisect/1";
 
 /// One tested commit.
 #[derive(Debug, Clone, Serialize)]
@@ -34,7 +34,7 @@ pub struct Step {
 }
 
 impl Step {
-    pub fn new(commit: &str, subject: &str, role: &str) -> Step {
+    pub(crate) fn new(commit: &str, subject: &str, role: &str) -> Step {
         Step {
             commit: commit.to_string(),
             subject: subject.to_string(),
@@ -51,7 +51,7 @@ impl Step {
         }
     }
 
-    pub fn set_values(&mut self, v: &[f64]) {
+    pub(crate) fn set_values(&mut self, v: &[f64]) {
         self.values = v.to_vec();
         if !v.is_empty() {
             let (mean, min, max) = spread(v);
@@ -109,7 +109,7 @@ fn secs(v: Option<f64>) -> String {
 }
 
 /// The metric per tested commit, in test order.
-pub fn table(rec: &BisectRecord) -> String {
+pub(crate) fn table(rec: &BisectRecord) -> String {
     let mut rows: Vec<[String; 8]> = vec![[
         "commit".into(),
         "role".into(),
@@ -177,7 +177,7 @@ pub fn table(rec: &BisectRecord) -> String {
 /// The differential profile of `good` (A) against `bad` (B): `blklab
 /// compare DIR_A:LABEL_A DIR_B:LABEL_B` on the metric, its report files
 /// written to `out`; returns the text.
-pub fn profile(
+pub(crate) fn profile(
     good: (&Path, &str),
     bad: (&Path, &str),
     metric: &str,

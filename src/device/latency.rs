@@ -107,10 +107,11 @@ impl LatencySpec {
         }
     }
 
-    /// The expected value of a sample (for reports). For `Normal` this is
-    /// `mean`, ignoring the small shift that clamping negatives at 0 causes
-    /// when `stddev` is not small against `mean`.
-    pub fn mean(&self) -> Duration {
+    /// The expected value of a sample. For `Normal` this is `mean`,
+    /// ignoring the small shift that clamping negatives at 0 causes when
+    /// `stddev` is not small against `mean`.
+    #[cfg(test)]
+    pub(crate) fn mean(&self) -> Duration {
         match *self {
             LatencySpec::Zero => Duration::ZERO,
             LatencySpec::Fixed(d) => d,

@@ -4,9 +4,9 @@
 //! statistics or the lab.
 
 pub mod config;
-pub mod config_space;
-pub mod execute;
-pub mod faults;
-pub mod latency;
-pub mod storage;
-pub mod tags;
+pub(crate) mod config_space;
+pub(crate) mod execute;
+pub(crate) mod faults;
+pub(crate) mod latency;
+pub(crate) mod storage;
+pub(crate) mod tags;

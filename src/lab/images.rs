@@ -10,9 +10,9 @@
 //! - [`command`]: the `blklab images` verbs.
 
 pub mod archive;
-pub mod cache;
+pub(crate) mod cache;
 pub mod command;
-pub mod index;
+pub(crate) mod index;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -73,7 +73,7 @@ pub(crate) const BUILD_SERIES: &[&str] = &["5.10", "6.12"];
 
 /// A guest kernel as the user names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub enum KernelSpec {
+pub(crate) enum KernelSpec {
     /// `debian-6.1`, `debian-6.12`: Debian's prebuilt kernels.
     Debian(String),
     /// `build:6.12`, `build:6.12+noplug`, `build:5.10`: built from
@@ -96,7 +96,7 @@ pub enum KernelSpec {
 
 impl KernelSpec {
     /// The form `images/prepare.sh` takes.
-    pub fn to_prepare_arg(&self) -> String {
+    pub(crate) fn to_prepare_arg(&self) -> String {
         match self {
             KernelSpec::Debian(s) => format!("debian-{s}"),
             KernelSpec::Build { series, patch } => match patch {
@@ -126,7 +126,7 @@ impl KernelSpec {
 
     /// Check what can be checked before anything is built: a path kernel
     /// must exist and be a bzImage.
-    pub fn check(&self) -> Result<(), ImageError> {
+    pub(crate) fn check(&self) -> Result<(), ImageError> {
         if let KernelSpec::Path {
             kernel,
             modules,
@@ -239,7 +239,7 @@ impl std::str::FromStr for KernelSpec {
 
 /// A guest ready to boot, as `images/prepare.sh` reports it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PreparedGuest {
+pub(crate) struct PreparedGuest {
     pub spec: String,
     /// Short label for tables and file names.
     pub name: String,
@@ -267,7 +267,7 @@ impl PreparedGuest {
 
 /// The blklab source tree (images/, guest-scripts/): `--lab-dir`, else
 /// `BLKLAB_LAB_DIR`, else the tree this binary was built from.
-pub fn lab_dir(explicit: Option<&Path>) -> Result<PathBuf, ImageError> {
+pub(crate) fn lab_dir(explicit: Option<&Path>) -> Result<PathBuf, ImageError> {
     let dir = match explicit {
         Some(d) => d.to_path_buf(),
         None => match std::env::var_os("BLKLAB_LAB_DIR") {
@@ -284,7 +284,7 @@ pub fn lab_dir(explicit: Option<&Path>) -> Result<PathBuf, ImageError> {
 
 /// Run `images/prepare.sh` for `specs` (its progress goes to our stderr)
 /// and return one prepared guest per spec, in order.
-pub fn prepare(
+pub(crate) fn prepare(
     lab_dir: &Path,
     cache: Option<&Path>,
     specs: &[KernelSpec],
@@ -390,7 +390,7 @@ pub struct PluginKey {
 }
 
 /// Parse and check `specs` (as `--kernel` takes them).
-pub fn parse_specs(specs: &[String]) -> Result<Vec<KernelSpec>, ImageError> {
+pub(crate) fn parse_specs(specs: &[String]) -> Result<Vec<KernelSpec>, ImageError> {
     let parsed: Vec<KernelSpec> = specs.iter().map(|s| s.parse()).collect::<Result<_, _>>()?;
     for s in &parsed {
         s.check()?;
@@ -440,7 +440,7 @@ fn json_lines<T: serde::de::DeserializeOwned>(
 }
 
 /// Each spec's offline key (`images/prepare.sh --keys`), in order.
-pub fn keys(lab_dir: &Path, specs: &[KernelSpec]) -> Result<Vec<SpecKey>, ImageError> {
+pub(crate) fn keys(lab_dir: &Path, specs: &[KernelSpec]) -> Result<Vec<SpecKey>, ImageError> {
     let mut args = vec!["--keys".to_string()];
     args.extend(specs.iter().map(|s| s.to_prepare_arg()));
     let keys: Vec<SpecKey> = json_lines(&lab_dir.join("images/prepare.sh"), &args)?;
@@ -454,7 +454,7 @@ pub fn keys(lab_dir: &Path, specs: &[KernelSpec]) -> Result<Vec<SpecKey>, ImageE
 }
 
 /// The plugin's key for `qemu` (`images/build-qemu-plugin.sh --key`).
-pub fn plugin_key(lab_dir: &Path, qemu: &str) -> Result<PluginKey, ImageError> {
+pub(crate) fn plugin_key(lab_dir: &Path, qemu: &str) -> Result<PluginKey, ImageError> {
     let script = lab_dir.join("images/build-qemu-plugin.sh");
     let args = ["--key".to_string(), "--qemu".to_string(), qemu.to_string()];
     let mut keys: Vec<PluginKey> = json_lines(&script, &args)?;
@@ -471,7 +471,7 @@ pub fn plugin_key(lab_dir: &Path, qemu: &str) -> Result<PluginKey, ImageError> {
 /// `blklab images build`: prepare `specs` as `blklab run` does and, with
 /// `qemu`, build the instruction-count plugin for it; returns the prepared
 /// guests and the plugin's path.
-pub fn build(
+pub(crate) fn build(
     lab_dir: &Path,
     cache: &Path,
     specs: &[KernelSpec],

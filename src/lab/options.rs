@@ -167,3 +167,18 @@ pub(crate) fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
         )),
     }
 }
+
+#[cfg(test)]
+impl RunArgs {
+    /// `blklab run FLAGS…` parsed as the command line would be, for tests.
+    pub(crate) fn from_flags(flags: &[&str]) -> RunArgs {
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let mut v = vec!["blklab"];
+        v.extend_from_slice(flags);
+        <Line as clap::Parser>::parse_from(v).run
+    }
+}

@@ -443,7 +443,7 @@ pub(crate) fn shell_words(args: &[String]) -> String {
 
 /// Why KVM is not usable.
 #[derive(Debug, Error)]
-pub enum KvmProbeError {
+pub(crate) enum KvmProbeError {
     #[error("cannot open /dev/kvm: {0}")]
     DevKvm(#[source] std::io::Error),
     #[error(transparent)]

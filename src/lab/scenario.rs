@@ -57,7 +57,7 @@ struct Settings {
 /// The names a `device NAME=VALUE` setting may have: `blklab run`'s device
 /// options (`--tags` is `tags`, `--tag-scope` is `tag_scope`, …). Their
 /// values are checked by the host (`lab::settings`), not by the parsers.
-pub const DEVICE_SETTINGS: &[&str] = &[
+pub(crate) const DEVICE_SETTINGS: &[&str] = &[
     "disk",
     "size",
     "tags",
@@ -142,7 +142,7 @@ fn is_module_param(s: &str) -> bool {
 }
 
 /// The path selectors dm-multipath offers (the modules the guest image has).
-pub const PATH_SELECTORS: &[&str] = &["service-time", "round-robin", "queue-length"];
+pub(crate) const PATH_SELECTORS: &[&str] = &["service-time", "round-robin", "queue-length"];
 
 /// `stack KIND PARAM…`: None for `stack none`; the message of the error.
 fn parse_stack(kind: &str, params: &[&str]) -> Result<Option<Stack>, String> {

@@ -296,18 +296,9 @@ fn resolve(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    #[derive(Parser)]
-    struct Wrap {
-        #[command(flatten)]
-        run: RunArgs,
-    }
 
     fn args(flags: &[&str]) -> RunArgs {
-        let mut v = vec!["blklab"];
-        v.extend_from_slice(flags);
-        Wrap::parse_from(v).run
+        RunArgs::from_flags(flags)
     }
 
     fn scenario(text: &str) -> Scenario {

@@ -7,13 +7,13 @@ use crate::record::result::ResultRecord;
 /// Which direction is better, for the reader (a delta is never hidden).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Better {
+pub(crate) enum Better {
     Lower,
     Higher,
 }
 
 /// One comparable metric.
-pub struct Metric {
+pub(crate) struct Metric {
     pub key: &'static str,
     pub title: &'static str,
     pub unit: &'static str,
@@ -93,7 +93,7 @@ fn insns(
     f(r.instructions.as_ref()?)
 }
 
-// --- the block layer's mechanism (issue 14) --------------------------------
+// --- the block layer's mechanism ----------------------------------------
 // Counts per IO of what the two regressions are made of: hardware queue
 // runs, kblockd work, plug flushes, tag waits. From blk-mq's debugfs (the
 // kernels that still have the counter: `run` 5.10/6.1, `queued` and
@@ -131,7 +131,7 @@ const fn mech(
 }
 
 /// Every metric, in report order.
-pub const METRICS: &[Metric] = &[
+pub(crate) const METRICS: &[Metric] = &[
     Metric {
         key: "guest_busy_pct",
         title: "guest busy",
@@ -373,6 +373,11 @@ pub(crate) const DEFAULT_METRICS: &[&str] = &[
     "iops",
     "host_vcpu_us_per_io",
 ];
+
+/// Every metric's key, comma-separated, for an unknown metric's error.
+pub(crate) fn known_keys() -> String {
+    METRICS.iter().map(|m| m.key).collect::<Vec<_>>().join(", ")
+}
 
 pub(crate) fn find(key: &str) -> Option<&'static Metric> {
     METRICS.iter().find(|m| m.key == key)

@@ -16,12 +16,12 @@
 //! docs/schema/ are generated from these types ([`schema::all`]).
 
 pub mod guest;
-pub mod instructions;
-pub mod machine;
+pub(crate) mod instructions;
+pub(crate) mod machine;
 pub mod metrics;
 pub mod result;
 pub mod run;
-pub mod scenario;
+pub(crate) mod scenario;
 pub mod schema;
 pub mod summary;
 pub mod symbol_groups;

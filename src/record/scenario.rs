@@ -47,7 +47,7 @@ pub enum Layout {
 
 impl Layout {
     /// The name used in scenario files.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Layout::All => "all",
             Layout::PerDisk => "per-disk",
@@ -116,7 +116,8 @@ pub struct Scenario {
 
 impl Scenario {
     /// Does any variant use the host's virtio disks?
-    pub fn uses_virtio(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn uses_virtio(&self) -> bool {
         self.variants.iter().any(|v| v.target.kind == "virtio")
     }
 

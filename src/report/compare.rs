@@ -26,7 +26,7 @@ use crate::report::profile::{self, RowProfile};
 pub enum ReportError {
     #[error(transparent)]
     Load(#[from] LoadError),
-    #[error("unknown metric {0:?} (known: {known})", known = known_metrics())]
+    #[error("unknown metric {0:?} (known: {known})", known = metrics::known_keys())]
     UnknownMetric(String),
     #[error("the two sides ran different scenario sets: only in A: [{only_a}]; only in B: [{only_b}] (--force compares the common rows)")]
     ScenarioSets { only_a: String, only_b: String },
@@ -79,7 +79,7 @@ pub struct PairSpec {
 impl PairSpec {
     /// `BASE:OTHER`, each `VARIANT` or `SCENARIO/VARIANT`; a scenario given
     /// on one side only holds for both.
-    pub fn parse(s: &str) -> Result<PairSpec, ReportError> {
+    pub(crate) fn parse(s: &str) -> Result<PairSpec, ReportError> {
         let bad = || ReportError::BadPair(s.to_string());
         let (b, o) = s.split_once(':').ok_or_else(bad)?;
         let part = |x: &str| -> Result<VariantRef, ReportError> {
@@ -119,7 +119,7 @@ impl std::fmt::Display for PairSpec {
     }
 }
 
-pub use crate::report::profile::RowPair;
+pub(crate) use crate::report::profile::RowPair;
 
 /// (scenario, variant).
 type Key = (String, String);
@@ -166,7 +166,7 @@ pub struct Row {
 
 impl Row {
     /// `SCENARIO/VARIANT`, or the pair's `SCENARIO/BASE → OTHER`.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         match &self.pair {
             Some(p) => p.name(),
             None => format!("{}/{}", self.scenario, self.variant),
@@ -649,15 +649,6 @@ fn check_metric_keys(metric_keys: &[String]) -> Result<(), ReportError> {
         }
     }
     Ok(())
-}
-
-/// Every metric's key, for an unknown metric's error.
-fn known_metrics() -> String {
-    metrics::METRICS
-        .iter()
-        .map(|m| m.key)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// The blocking differences, for their error.

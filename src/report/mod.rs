@@ -10,10 +10,10 @@
 //! - [`html`]: the HTML page with SVG plots.
 
 pub mod compare;
-pub mod html;
-pub mod inference;
+pub(crate) mod html;
+pub(crate) mod inference;
 pub mod load;
-pub mod profile;
+pub(crate) mod profile;
 pub mod render;
 
 use std::path::{Path, PathBuf};

@@ -66,7 +66,7 @@ pub struct RowPair {
 
 impl RowPair {
     /// `SCENARIO/BASE → OTHER` (the other's scenario too when it differs).
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         let (bs, _) = self.base.rsplit_once('/').unwrap_or(("", &self.base));
         let other = match self.other.rsplit_once('/') {
             Some((os, ov)) if os == bs => ov.to_string(),
@@ -400,7 +400,7 @@ pub(crate) fn row_profile(
 
 impl RowProfile {
     /// The heading of this profile.
-    pub fn title(&self) -> String {
+    pub(crate) fn title(&self) -> String {
         match (&self.pair, &self.kernel) {
             (Some(p), Some(k)) => format!("{} on {k}", p.name()),
             (Some(p), None) => p.name(),

@@ -347,7 +347,8 @@ impl Hist {
 
     /// The largest value this histogram keeps; larger values are recorded
     /// as this.
-    pub fn limit(&self) -> u64 {
+    #[cfg(test)]
+    pub(crate) fn limit(&self) -> u64 {
         self.limit
     }
 
@@ -363,7 +364,7 @@ impl Hist {
 
     /// Records `v` `n` times, saturating at [`limit`](Self::limit).
     #[inline]
-    pub fn record_n(&mut self, v: u64, n: u64) {
+    pub(crate) fn record_n(&mut self, v: u64, n: u64) {
         let v = v.min(self.limit);
         self.sum = self.sum.wrapping_add(self.in_sum_units(v).wrapping_mul(n));
         if let Some(c) = self.counts.get_mut(index(self.bits, v)) {
@@ -468,7 +469,7 @@ impl Hist {
     }
 
     /// Forgets every recorded value; the range and precision stay.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         self.counts.fill(0);
         self.sum = 0;
     }
@@ -552,7 +553,8 @@ impl Hist {
     /// boundaries, so the counts are exact. The counts sum to
     /// [`count`](Self::count). For a Prometheus histogram, use the bounds as
     /// `le` and accumulate the counts.
-    pub fn buckets(&self) -> Vec<(u64, u64)> {
+    #[cfg(test)]
+    pub(crate) fn buckets(&self) -> Vec<(u64, u64)> {
         let mut out: Vec<(u64, u64)> = Vec::new();
         for (i, n) in self.nonempty() {
             let low = bounds(self.bits, i).0;

@@ -39,22 +39,23 @@ use crate::stats::prometheus::{render, CONTENT_TYPE};
 use crate::stats::queue::StatsDocument;
 
 /// The address `--metrics` binds when given no other: loopback only.
-pub const DEFAULT_ADDR: &str = "127.0.0.1:9188";
+#[cfg(test)]
+pub(crate) const DEFAULT_ADDR: &str = "127.0.0.1:9188";
 
 /// Time a client has to send its request head.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// Everything a connection may take, from accept to close: the request
 /// head, taking the answer, and the lingering close.
-pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const CONNECTION_DEADLINE: Duration = Duration::from_secs(5);
 /// Longest lingering close (draining what the client still sends).
-pub const LINGER: Duration = Duration::from_millis(500);
+pub(crate) const LINGER: Duration = Duration::from_millis(500);
 /// Most connections served at once.
 pub const MAX_CONNECTIONS: usize = 8;
 /// How often the accept loop and connection threads look at the shutdown
 /// flag.
 const POLL_INTERVAL_MS: i32 = 100;
 /// Largest request head (request line and headers) we read.
-pub const MAX_HEAD: usize = 8192;
+pub(crate) const MAX_HEAD: usize = 8192;
 
 // ---------------------------------------------------------------------------
 // Addresses

@@ -4,5 +4,5 @@
 
 pub mod histogram;
 pub mod http;
-pub mod prometheus;
+pub(crate) mod prometheus;
 pub mod queue;

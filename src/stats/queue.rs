@@ -350,7 +350,7 @@ impl QueueStats {
     /// requests at one time ([`completed`](Self::completed)); 0 without
     /// histograms.
     #[inline]
-    pub fn now(&self) -> u64 {
+    pub(crate) fn now(&self) -> u64 {
         if self.histograms {
             self.read_clock()
         } else {
@@ -367,7 +367,7 @@ impl QueueStats {
     /// (ticks of the queue's clock: [`popped`](Self::popped),
     /// [`now`](Self::now)).
     #[inline]
-    pub fn completed(&mut self, op: Op, popped_at: u64, done: u64) {
+    pub(crate) fn completed(&mut self, op: Op, popped_at: u64, done: u64) {
         if self.histograms {
             self.record_completion(op, popped_at, done);
         }
@@ -387,7 +387,7 @@ impl QueueStats {
     /// A request of kind `op` popped at `popped_at` and served at once
     /// completes now (the end of a pass, with no pop to end its service).
     #[inline]
-    pub fn served(&mut self, op: Op, popped_at: u64) {
+    pub(crate) fn served(&mut self, op: Op, popped_at: u64) {
         if self.histograms {
             (self.served_fn)(self, op, popped_at);
         }

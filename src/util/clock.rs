@@ -22,11 +22,11 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 /// How long the counter's rate is measured.
-pub const CALIBRATION: Duration = Duration::from_millis(5);
+pub(crate) const CALIBRATION: Duration = Duration::from_millis(5);
 
 /// Which source a [`Clock`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Source {
     /// The time-stamp counter, `mult / 2^32` ns per tick.
     Tsc { mult: u64 },
     /// `clock_gettime(CLOCK_MONOTONIC)`.
@@ -35,7 +35,7 @@ pub enum Source {
 
 /// A monotonic clock in nanoseconds from an arbitrary origin.
 #[derive(Debug, Clone, Copy)]
-pub struct Clock {
+pub(crate) struct Clock {
     source: Source,
 }
 
@@ -69,12 +69,12 @@ fn tsc() -> u64 {
 /// A source of [`Clock::ticks`] as a type, to choose it once (a function
 /// pointer to code monomorphised for it) instead of testing the clock's
 /// source on every reading.
-pub trait TickSource {
+pub(crate) trait TickSource {
     fn read() -> u64;
 }
 
 /// The time-stamp counter's ticks ([`Source::Tsc`]).
-pub struct TscTicks;
+pub(crate) struct TscTicks;
 
 impl TickSource for TscTicks {
     #[inline(always)]
@@ -84,7 +84,7 @@ impl TickSource for TscTicks {
 }
 
 /// `CLOCK_MONOTONIC`'s ns ([`Source::Monotonic`]).
-pub struct MonotonicTicks;
+pub(crate) struct MonotonicTicks;
 
 impl TickSource for MonotonicTicks {
     #[inline(always)]
@@ -121,7 +121,7 @@ fn bracketed_pair() -> (u64, u64) {
 
 impl Clock {
     /// The process's clock (measured on first use).
-    pub fn get() -> &'static Clock {
+    pub(crate) fn get() -> &'static Clock {
         static CLOCK: OnceLock<Clock> = OnceLock::new();
         CLOCK.get_or_init(|| {
             if kernel_uses_tsc() {
@@ -133,7 +133,7 @@ impl Clock {
     }
 
     /// A clock on `clock_gettime(CLOCK_MONOTONIC)`.
-    pub fn monotonic() -> Clock {
+    pub(crate) fn monotonic() -> Clock {
         Clock {
             source: Source::Monotonic,
         }
@@ -163,7 +163,8 @@ impl Clock {
         }
     }
 
-    pub fn source(&self) -> Source {
+    #[cfg(test)]
+    pub(crate) fn source(&self) -> Source {
         self.source
     }
 
@@ -183,7 +184,7 @@ impl Clock {
     /// Always inlined: the statistics' functions that read it count it as
     /// theirs (`blklab bench --instructions`).
     #[inline(always)]
-    pub fn ticks(&self) -> u64 {
+    pub(crate) fn ticks(&self) -> u64 {
         match self.source {
             Source::Tsc { .. } => TscTicks::read(),
             Source::Monotonic => MonotonicTicks::read(),
@@ -192,13 +193,13 @@ impl Clock {
 
     /// Whether [`ticks`](Self::ticks) are [`TscTicks`] (else
     /// [`MonotonicTicks`]).
-    pub fn is_tsc(&self) -> bool {
+    pub(crate) fn is_tsc(&self) -> bool {
         matches!(self.source, Source::Tsc { .. })
     }
 
     /// Nanoseconds per tick of [`ticks`](Self::ticks) (1 on the monotonic
     /// clock).
-    pub fn ns_per_tick(&self) -> f64 {
+    pub(crate) fn ns_per_tick(&self) -> f64 {
         match self.source {
             Source::Tsc { mult } => mult as f64 / (1u64 << 32) as f64,
             Source::Monotonic => 1.0,
@@ -206,8 +207,9 @@ impl Clock {
     }
 
     /// `ticks` in ns, as [`now`](Self::now) converts a reading.
+    #[cfg(test)]
     #[inline]
-    pub fn ticks_to_ns(&self, ticks: u64) -> u64 {
+    pub(crate) fn ticks_to_ns(&self, ticks: u64) -> u64 {
         match self.source {
             Source::Tsc { mult } => ((u128::from(ticks) * u128::from(mult)) >> 32) as u64,
             Source::Monotonic => ticks,
@@ -217,8 +219,9 @@ impl Clock {
     /// Nanoseconds since an arbitrary origin (the same for every thread).
     /// Never inlined: `blklab bench --instructions` counts the statistics'
     /// clock reads as this function's.
+    #[cfg(test)]
     #[inline(never)]
-    pub fn now(&self) -> u64 {
+    pub(crate) fn now(&self) -> u64 {
         self.ticks_to_ns(self.ticks())
     }
 }

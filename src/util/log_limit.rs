@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 /// One kind of event's log budget: a line per `interval`.
 #[derive(Debug)]
-pub struct LogLimit {
+pub(crate) struct LogLimit {
     interval: Duration,
     /// When the last line was let through, and how many events were held
     /// back since.
@@ -16,7 +16,7 @@ pub struct LogLimit {
 }
 
 impl LogLimit {
-    pub const fn new(interval: Duration) -> LogLimit {
+    pub(crate) const fn new(interval: Duration) -> LogLimit {
         LogLimit {
             interval,
             state: Mutex::new((None, 0)),
@@ -26,7 +26,7 @@ impl LogLimit {
     /// An event happened at `now`: `Some(held_back)` when a line may be
     /// logged for it (with the number of events since the last line that
     /// were not logged), `None` when it is only counted.
-    pub fn event_at(&self, now: Instant) -> Option<u64> {
+    pub(crate) fn event_at(&self, now: Instant) -> Option<u64> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match st.0 {
             Some(last) if now.saturating_duration_since(last) < self.interval => {
@@ -42,13 +42,13 @@ impl LogLimit {
     }
 
     /// [`event_at`](Self::event_at) now.
-    pub fn event(&self) -> Option<u64> {
+    pub(crate) fn event(&self) -> Option<u64> {
         self.event_at(Instant::now())
     }
 
     /// " (N more not logged)" for a line after `held` events were held
     /// back, or nothing.
-    pub fn held_note(held: u64) -> String {
+    pub(crate) fn held_note(held: u64) -> String {
         if held == 0 {
             String::new()
         } else {

@@ -3,14 +3,14 @@
 //! time per thread from it (hostcpu), what the host is (host), the wall
 //! clock and its UTC timestamps (wallclock).
 
-pub mod clock;
-pub mod fd;
+pub(crate) mod clock;
+pub(crate) mod fd;
 pub(crate) mod host;
-pub mod hostcpu;
+pub(crate) mod hostcpu;
 pub(crate) mod log_limit;
-pub mod procfs;
-pub mod schema;
+pub(crate) mod procfs;
+pub(crate) mod schema;
 pub(crate) mod slots;
-pub mod text;
+pub(crate) mod text;
 pub mod units;
 pub(crate) mod wallclock;

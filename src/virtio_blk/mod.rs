@@ -2,6 +2,6 @@
 //! values, sectors and byte offsets, and the parse of a chain into a
 //! request. Knows nothing of how a request is served.
 
-pub mod features;
+pub(crate) mod features;
 pub mod request;
-pub mod sector;
+pub(crate) mod sector;

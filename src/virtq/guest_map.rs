@@ -27,7 +27,7 @@ struct Region {
 
 /// The guest's memory as a sorted list of regions, kept alive by the
 /// memory table's `Arc`.
-pub struct GuestMap {
+pub(crate) struct GuestMap {
     mem: Arc<GuestMemoryMmap>,
     /// Sorted by `start`, non-overlapping (vm-memory refuses overlaps).
     regions: Vec<Region>,
@@ -50,7 +50,7 @@ unsafe impl Sync for GuestMap {}
 
 impl GuestMap {
     /// List `mem`'s regions.
-    pub fn new(mem: Arc<GuestMemoryMmap>) -> GuestMap {
+    pub(crate) fn new(mem: Arc<GuestMemoryMmap>) -> GuestMap {
         let mut regions: Vec<Region> = GuestMemoryBackend::iter(&*mem)
             .filter_map(|r| {
                 let host = r.get_host_address(vm_memory::MemoryRegionAddress(0)).ok()?;
@@ -67,13 +67,13 @@ impl GuestMap {
     }
 
     /// The memory table this map was made from.
-    pub fn memory(&self) -> &GuestMemoryMmap {
+    pub(crate) fn memory(&self) -> &GuestMemoryMmap {
         &self.mem
     }
 
     /// Whether this map was made from `mem` (the same table, not an equal
     /// one).
-    pub fn is_of(&self, mem: &Arc<GuestMemoryMmap>) -> bool {
+    pub(crate) fn is_of(&self, mem: &Arc<GuestMemoryMmap>) -> bool {
         Arc::ptr_eq(&self.mem, mem)
     }
 
@@ -81,7 +81,7 @@ impl GuestMap {
     /// lie inside one region (`len` may be 0: then `gpa` must be inside a
     /// region).
     #[inline]
-    pub fn host(&self, gpa: u64, len: u64) -> Option<*mut u8> {
+    pub(crate) fn host(&self, gpa: u64, len: u64) -> Option<*mut u8> {
         // The last region starting at or before gpa.
         let i = self.regions.partition_point(|r| r.start <= gpa);
         let r = self.regions.get(i.checked_sub(1)?)?;
@@ -97,7 +97,7 @@ impl GuestMap {
     /// `len` bytes at `gpa` as one volatile slice, when they lie inside
     /// one region.
     #[inline]
-    pub fn slice(&self, gpa: u64, len: usize) -> Option<VolatileSlice<'_>> {
+    pub(crate) fn slice(&self, gpa: u64, len: usize) -> Option<VolatileSlice<'_>> {
         let p = self.host(gpa, len as u64)?;
         // SAFETY: `host` checked that [p, p + len) lies inside a region's
         // mapping, which `self.mem` keeps mapped for as long as the
@@ -110,7 +110,7 @@ impl GuestMap {
     /// (vm-memory's checked walk; the common one-region case is
     /// [`slice`](Self::slice)). `None` when any byte is outside guest
     /// memory.
-    pub fn slices<'a>(
+    pub(crate) fn slices<'a>(
         &'a self,
         gpa: u64,
         len: usize,

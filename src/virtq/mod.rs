@@ -3,5 +3,5 @@
 //! ring read and written through host pointers checked once
 //! ([`split_ring`]).
 
-pub mod guest_map;
-pub mod split_ring;
+pub(crate) mod guest_map;
+pub(crate) mod split_ring;

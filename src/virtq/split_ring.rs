@@ -37,7 +37,7 @@ const DESC_SIZE: u64 = 16;
 
 /// One descriptor's buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Segment {
+pub(crate) struct Segment {
     pub addr: u64,
     pub len: u32,
     /// Device-writable.
@@ -46,7 +46,7 @@ pub struct Segment {
 
 /// A split ring's place in guest memory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RingLayout {
+pub(crate) struct RingLayout {
     pub desc: u64,
     pub avail: u64,
     pub used: u64,
@@ -58,7 +58,7 @@ impl RingLayout {
     /// alignment §2.7 requires of the guest address, the alignment our
     /// accesses need of the host address: the rings' u16/u32 atomics need
     /// theirs, descriptors are read bytewise when not 8-byte aligned).
-    pub fn parts(&self) -> [Part; 3] {
+    pub(crate) fn parts(&self) -> [Part; 3] {
         let n = u64::from(self.size);
         [
             ("descriptor table", self.desc, 16 * n, 16, 1),
@@ -70,7 +70,7 @@ impl RingLayout {
     /// The first pair of parts, one of `self` and one of `other`, whose
     /// bytes overlap (the device writes the used ring, so a used ring over
     /// any other part would have the device feed itself).
-    pub fn overlap_with(&self, other: &RingLayout) -> Option<(&'static str, &'static str)> {
+    pub(crate) fn overlap_with(&self, other: &RingLayout) -> Option<(&'static str, &'static str)> {
         let mine = self.parts();
         let theirs = other.parts();
         mine.iter().find_map(|&(a, at, len, ..)| {
@@ -91,7 +91,7 @@ impl RingLayout {
 }
 
 /// A ring part: name, guest address, length, guest and host alignment.
-pub type Part = (&'static str, u64, u64, u64, u64);
+pub(crate) type Part = (&'static str, u64, u64, u64, u64);
 
 /// Whether [a, a + alen) and [b, b + blen) share a byte (ends saturate:
 /// a part that wraps the address space is refused elsewhere).
@@ -101,7 +101,7 @@ fn ranges_overlap(a: u64, alen: u64, b: u64, blen: u64) -> bool {
 
 /// Why a ring cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RingError {
+pub(crate) enum RingError {
     #[error("the {what} ({len} bytes at guest address {at:#x}, queue size {size}) is not inside one guest memory region")]
     Outside {
         what: &'static str,
@@ -140,7 +140,7 @@ pub enum RingError {
 
 /// What [`SplitRing::pop`] took off the avail ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Popped {
+pub(crate) struct Popped {
     pub head: u16,
     /// The walk stopped on a descriptor that says more follow (a loop, a
     /// chain longer than its table, a next index outside the table, an
@@ -150,7 +150,7 @@ pub struct Popped {
 
 /// A split ring's indices and notification state, and host pointers to
 /// its three parts.
-pub struct SplitRing {
+pub(crate) struct SplitRing {
     map: GuestMap,
     layout: RingLayout,
     desc: *const u8,
@@ -202,7 +202,7 @@ impl SplitRing {
     /// Check `layout` against `map` and keep pointers to it. Indices start
     /// at `next_avail` / `next_used` (the queue's, as the frontend set
     /// them).
-    pub fn new(
+    pub(crate) fn new(
         map: GuestMap,
         layout: RingLayout,
         event_idx: bool,
@@ -233,12 +233,12 @@ impl SplitRing {
         })
     }
 
-    pub fn map(&self) -> &GuestMap {
+    pub(crate) fn map(&self) -> &GuestMap {
         &self.map
     }
 
     /// The memory map, to check another layout against it.
-    pub fn into_map(self) -> GuestMap {
+    pub(crate) fn into_map(self) -> GuestMap {
         self.map
     }
 
@@ -246,7 +246,7 @@ impl SplitRing {
     /// last pass). A used index set elsewhere starts the notification
     /// arithmetic afresh.
     #[inline]
-    pub fn set_indices(&mut self, next_avail: u16, next_used: u16) {
+    pub(crate) fn set_indices(&mut self, next_avail: u16, next_used: u16) {
         if self.next_used.0 != next_used {
             self.num_added = Wrapping(0);
         }
@@ -254,15 +254,15 @@ impl SplitRing {
         self.next_used = Wrapping(next_used);
     }
 
-    pub fn layout(&self) -> RingLayout {
+    pub(crate) fn layout(&self) -> RingLayout {
         self.layout
     }
 
-    pub fn event_idx(&self) -> bool {
+    pub(crate) fn event_idx(&self) -> bool {
         self.event_idx
     }
 
-    pub fn size(&self) -> u16 {
+    pub(crate) fn size(&self) -> u16 {
         self.layout.size
     }
 
@@ -292,14 +292,14 @@ impl SplitRing {
     /// The driver's avail index (acquire: the entries before it and their
     /// descriptors are visible after this load).
     #[inline]
-    pub fn avail_idx(&self) -> Wrapping<u16> {
+    pub(crate) fn avail_idx(&self) -> Wrapping<u16> {
         Wrapping(u16::from_le(self.avail_u16(1).load(Ordering::Acquire)))
     }
 
     /// Entries the driver made available and we have not popped; an error
     /// when the index moved further than the ring holds.
     #[inline]
-    pub fn pending(&self) -> Result<u16, RingError> {
+    pub(crate) fn pending(&self) -> Result<u16, RingError> {
         let idx = self.avail_idx();
         let n = (idx - self.next_avail).0;
         if n > self.layout.size {
@@ -316,7 +316,7 @@ impl SplitRing {
     /// walk it into `segs` (cleared first).
     ///
     /// [`pending`]: Self::pending
-    pub fn pop(&mut self, segs: &mut Vec<Segment>) -> Result<Popped, RingError> {
+    pub(crate) fn pop(&mut self, segs: &mut Vec<Segment>) -> Result<Popped, RingError> {
         let size = self.layout.size;
         let slot = usize::from(self.next_avail.0 % size);
         let head = u16::from_le(self.avail_u16(2 + slot).load(Ordering::Relaxed));
@@ -326,11 +326,6 @@ impl SplitRing {
         }
         let truncated = self.walk(head, segs);
         Ok(Popped { head, truncated })
-    }
-
-    /// Give the last popped chain back (it stays available).
-    pub fn unpop(&mut self) {
-        self.next_avail -= Wrapping(1);
     }
 
     /// Walk the chain at `head` into `segs`, as virtio-queue's
@@ -435,7 +430,7 @@ impl SplitRing {
     /// Put `head` on the used ring with `len` bytes written, and publish
     /// the used index (release: the entry and the data are visible first).
     #[inline]
-    pub fn add_used(&mut self, head: u16, len: u32) {
+    pub(crate) fn add_used(&mut self, head: u16, len: u32) {
         let slot = usize::from(self.next_used.0 % self.layout.size);
         self.used_u32(4 + 8 * slot)
             .store(u32::from(head).to_le(), Ordering::Relaxed);
@@ -451,7 +446,7 @@ impl SplitRing {
     /// signalled: with EVENT_IDX when they cross the driver's used_event
     /// (Linux's `vring_need_event`), without it always.
     #[inline]
-    pub fn needs_notification(&mut self) -> bool {
+    pub(crate) fn needs_notification(&mut self) -> bool {
         // Complete the used ring writes before reading used_event.
         fence(Ordering::SeqCst);
         if !self.event_idx {
@@ -471,7 +466,7 @@ impl SplitRing {
     /// Ask the driver for notifications again (EVENT_IDX: avail_event =
     /// next_avail; otherwise clear NO_NOTIFY), then say whether entries
     /// arrived meanwhile (look again before sleeping).
-    pub fn enable_notification(&mut self) -> bool {
+    pub(crate) fn enable_notification(&mut self) -> bool {
         if self.event_idx {
             let off = 4 + 8 * usize::from(self.layout.size);
             self.used_u16(off)
@@ -485,7 +480,7 @@ impl SplitRing {
 
     /// Tell the driver not to notify (without EVENT_IDX; with it, the
     /// driver stops by itself once avail_event is passed).
-    pub fn disable_notification(&mut self) {
+    pub(crate) fn disable_notification(&mut self) {
         if !self.event_idx {
             self.used_u16(0)
                 .store(USED_F_NO_NOTIFY.to_le(), Ordering::Relaxed);
@@ -498,7 +493,7 @@ impl SplitRing {
 /// the reference [`SplitRing::pop`] is checked against (the `request` fuzz
 /// target, this module's tests). `Err` when virtio-queue refuses the avail
 /// index, `Ok(None)` when it finds nothing to pop.
-pub fn reference_walk(
+pub(crate) fn reference_walk(
     q: &mut virtio_queue::Queue,
     mem: &vm_memory::GuestMemoryMmap,
 ) -> Result<Option<(u16, Vec<Segment>, bool)>, virtio_queue::Error> {

@@ -12,17 +12,17 @@ use blklab::bench::client::{Connection, Queue, QueueSetup};
 use blklab::bench::BenchError;
 
 /// Bytes of request buffers per queue.
-pub const BUF_PER_QUEUE: usize = 1 << 20;
+pub(crate) const BUF_PER_QUEUE: usize = 1 << 20;
 
 /// A connected disk with its queues (dropped before the device).
-pub struct Client {
+pub(crate) struct Client {
     pub queues: Vec<ClientQueue>,
     pub blkio: Blkio,
 }
 
 /// One queue and its [`BUF_PER_QUEUE`] bytes of buffers (the library's
 /// [`Queue`], which it dereferences to: `q.q` is the `Blkioq`).
-pub struct ClientQueue(Queue);
+pub(crate) struct ClientQueue(Queue);
 
 impl Deref for ClientQueue {
     type Target = Queue;
@@ -39,26 +39,29 @@ impl DerefMut for ClientQueue {
 
 /// A request to submit: (kind, byte offset, length, fill byte for writes).
 #[derive(Clone, Copy, Debug)]
-pub enum Op {
+pub(crate) enum Op {
     Read,
     Write(u8),
 }
 
 impl Client {
     /// Connect to `socket` with `num_queues` queues of 128 entries.
-    pub fn connect(socket: &Path, num_queues: usize) -> Result<Client, BenchError> {
+    pub(crate) fn connect(socket: &Path, num_queues: usize) -> Result<Client, BenchError> {
         Self::connect_opts(socket, num_queues, false, false)
     }
 
     /// Connect to a read-only disk (libblkio refuses to open a read-only
     /// device read-write).
-    pub fn connect_read_only(socket: &Path, num_queues: usize) -> Result<Client, BenchError> {
+    pub(crate) fn connect_read_only(
+        socket: &Path,
+        num_queues: usize,
+    ) -> Result<Client, BenchError> {
         Self::connect_opts(socket, num_queues, true, false)
     }
 
     /// Connect with libblkio poll queues: `do_io` busy-waits for
     /// completions instead of sleeping on the completion eventfd.
-    pub fn connect_polling(socket: &Path, num_queues: usize) -> Result<Client, BenchError> {
+    pub(crate) fn connect_polling(socket: &Path, num_queues: usize) -> Result<Client, BenchError> {
         Self::connect_opts(socket, num_queues, false, true)
     }
 
@@ -81,18 +84,18 @@ impl Client {
         })
     }
 
-    pub fn capacity(&self) -> u64 {
+    pub(crate) fn capacity(&self) -> u64 {
         self.blkio.get_u64("capacity").expect("capacity")
     }
 
-    pub fn read_only(&self) -> bool {
+    pub(crate) fn read_only(&self) -> bool {
         self.blkio.get_bool("read-only").expect("read-only")
     }
 }
 
 impl ClientQueue {
     /// Wait for `n` completions; returns their (user_data, ret).
-    pub fn wait(&mut self, n: usize) -> Vec<(usize, i32)> {
+    pub(crate) fn wait(&mut self, n: usize) -> Vec<(usize, i32)> {
         let mut out = Vec::with_capacity(n);
         let mut comps: Vec<MaybeUninit<Completion>> =
             (0..n).map(|_| MaybeUninit::uninit()).collect();
@@ -116,7 +119,7 @@ impl ClientQueue {
     /// Submit a batch of reads/writes of `len` bytes each, at most
     /// BUF_PER_QUEUE / len at once, and wait for all. Write buffers are
     /// filled with their fill byte; read data is returned per request.
-    pub fn batch(&mut self, reqs: &[(Op, u64)], len: usize) -> Vec<(i32, Vec<u8>)> {
+    pub(crate) fn batch(&mut self, reqs: &[(Op, u64)], len: usize) -> Vec<(i32, Vec<u8>)> {
         assert!(
             reqs.len() * len <= self.len(),
             "batch too large for the buffer"
@@ -149,14 +152,14 @@ impl ClientQueue {
         out
     }
 
-    pub fn write(&mut self, off: u64, data: &[u8]) -> i32 {
+    pub(crate) fn write(&mut self, off: u64, data: &[u8]) -> i32 {
         self.buf()[..data.len()].copy_from_slice(data);
         let ptr = self.ptr(0, data.len());
         self.q.write(off, ptr, data.len(), 0, ReqFlags::empty());
         self.wait(1)[0].1
     }
 
-    pub fn read(&mut self, off: u64, len: usize) -> (i32, Vec<u8>) {
+    pub(crate) fn read(&mut self, off: u64, len: usize) -> (i32, Vec<u8>) {
         self.buf()[..len].fill(0xcc);
         let ptr = self.ptr(0, len);
         self.q.read(off, ptr, len, 0, ReqFlags::empty());
@@ -164,17 +167,17 @@ impl ClientQueue {
         (r, self.buf()[..len].to_vec())
     }
 
-    pub fn flush(&mut self) -> i32 {
+    pub(crate) fn flush(&mut self) -> i32 {
         self.q.flush(0, ReqFlags::empty());
         self.wait(1)[0].1
     }
 
-    pub fn discard(&mut self, off: u64, len: u64) -> i32 {
+    pub(crate) fn discard(&mut self, off: u64, len: u64) -> i32 {
         self.q.discard(off, len, 0, ReqFlags::empty());
         self.wait(1)[0].1
     }
 
-    pub fn write_zeroes(&mut self, off: u64, len: u64, unmap: bool) -> i32 {
+    pub(crate) fn write_zeroes(&mut self, off: u64, len: u64, unmap: bool) -> i32 {
         let flags = if unmap {
             ReqFlags::empty()
         } else {

@@ -4,28 +4,28 @@
 //! socket and stopped cleanly.
 #![allow(dead_code)]
 
-pub mod client;
-pub mod offline;
-pub mod tools;
+pub(crate) mod client;
+pub(crate) mod offline;
+pub(crate) mod tools;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 /// Path of the `blklab` binary cargo built for this test run.
-pub fn blklab_bin() -> PathBuf {
+pub(crate) fn blklab_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_blklab"))
 }
 
 /// The repository root.
-pub fn root() -> PathBuf {
+pub(crate) fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
 /// The image cache the QEMU tests share:
 /// `${BLKLAB_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images}`
 /// (what `images/prepare.sh` uses by default).
-pub fn image_cache() -> PathBuf {
+pub(crate) fn image_cache() -> PathBuf {
     if let Some(p) = std::env::var_os("BLKLAB_IMAGE_CACHE") {
         return PathBuf::from(p);
     }
@@ -38,7 +38,7 @@ pub fn image_cache() -> PathBuf {
 
 /// The JSON document in file `path`; panics naming the file if it cannot
 /// be read or is not JSON.
-pub fn read_json(path: &Path) -> serde_json::Value {
+pub(crate) fn read_json(path: &Path) -> serde_json::Value {
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
@@ -46,7 +46,7 @@ pub fn read_json(path: &Path) -> serde_json::Value {
 
 /// A running `blklab serve` process with its own temporary directory
 /// (started and stopped by the library's [`blklab::bench::daemon::Daemon`]).
-pub struct Daemon {
+pub(crate) struct Daemon {
     /// The process; declared before `dir`, so it is stopped before its
     /// directory is removed.
     pub process: blklab::bench::daemon::Daemon,
@@ -63,7 +63,7 @@ impl Daemon {
     /// Start `blklab serve --socket DIR/vd.sock ARGS…` and wait until every
     /// expected socket exists. `sockets` is the number of sockets to wait for
     /// (1 for a single disk, N for `--count N`).
-    pub fn spawn(args: &[&str], sockets: usize) -> Daemon {
+    pub(crate) fn spawn(args: &[&str], sockets: usize) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("vd.sock");
         Self::spawn_at(dir, socket, args, sockets)
@@ -71,7 +71,7 @@ impl Daemon {
 
     /// [`Daemon::spawn`] with a control socket, `--control DIR/ctl.sock`
     /// ([`Daemon::control`]), waited for too.
-    pub fn with_control(args: &[&str], sockets: usize) -> Daemon {
+    pub(crate) fn with_control(args: &[&str], sockets: usize) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("vd.sock");
         let control = dir.path().join("ctl.sock");
@@ -80,7 +80,7 @@ impl Daemon {
 
     /// [`Daemon::with_control`] with the daemon's stderr (its log, at
     /// `RUST_LOG=info`) in a file of the daemon's directory, returned.
-    pub fn with_control_logged(args: &[&str]) -> (Daemon, PathBuf) {
+    pub(crate) fn with_control_logged(args: &[&str]) -> (Daemon, PathBuf) {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("vd.sock");
         let ctl = dir.path().join("ctl.sock");
@@ -115,7 +115,7 @@ impl Daemon {
     /// [`Daemon::spawn`] with the socket at `socket` (a stale socket already
     /// there must be replaced, not mistaken for the new one) and `dir` as
     /// the daemon's directory.
-    pub fn spawn_at(
+    pub(crate) fn spawn_at(
         dir: tempfile::TempDir,
         socket: PathBuf,
         args: &[&str],
@@ -158,43 +158,43 @@ impl Daemon {
     }
 
     /// Socket of disk `i` when started with `--count`.
-    pub fn socket_n(&self, i: usize) -> PathBuf {
+    pub(crate) fn socket_n(&self, i: usize) -> PathBuf {
         socket_n(&self.socket, i)
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.dir.path()
     }
 
     /// The control socket ([`Daemon::with_control`]).
-    pub fn control(&self) -> &Path {
+    pub(crate) fn control(&self) -> &Path {
         self.control
             .as_deref()
             .expect("a daemon started with_control")
     }
 
     /// `blklab::backend::control::query` on the control socket.
-    pub fn query(&self, cmd: &str) -> serde_json::Value {
+    pub(crate) fn query(&self, cmd: &str) -> serde_json::Value {
         blklab::backend::control::query(self.control(), cmd)
             .unwrap_or_else(|e| panic!("control query {cmd:?}: {e}"))
     }
 
-    pub fn pid(&self) -> i32 {
+    pub(crate) fn pid(&self) -> i32 {
         self.process.pid()
     }
 
     /// True while the process is still running.
-    pub fn alive(&mut self) -> bool {
+    pub(crate) fn alive(&mut self) -> bool {
         self.process.alive()
     }
 
     /// The exit status once the process has exited.
-    pub fn exited(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
         self.process.exited()
     }
 
     /// Send SIGTERM and wait for a clean exit; returns the exit status.
-    pub fn terminate(&mut self) -> ExitStatus {
+    pub(crate) fn terminate(&mut self) -> ExitStatus {
         self.process
             .terminate(PATIENCE)
             .unwrap_or_else(|e| panic!("{e}"))
@@ -210,11 +210,11 @@ fn socket_n(socket: &Path, i: usize) -> PathBuf {
 
 /// How long a test waits for something that must happen: long enough for
 /// a loaded 2-core machine (the point is that it happens, not how fast).
-pub const PATIENCE: Duration = Duration::from_secs(30);
+pub(crate) const PATIENCE: Duration = Duration::from_secs(30);
 
 /// Poll `f` until it returns `Some`, for at most `timeout`; `None` on
 /// timeout. Polls quickly at first, then every 20 ms.
-pub fn try_wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+pub(crate) fn try_wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + timeout;
     let mut pause = Duration::from_micros(500);
     loop {
@@ -231,13 +231,13 @@ pub fn try_wait_for<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> O
 
 /// Poll `f` until it returns `Some` and return the value; panic with
 /// `what` if that takes longer than `timeout`.
-pub fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_for<T>(what: &str, timeout: Duration, f: impl FnMut() -> Option<T>) -> T {
     try_wait_for(timeout, f)
         .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting for {what}"))
 }
 
 /// Wait (up to [`PATIENCE`]) until `cond` holds; panic with `what` if not.
-pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+pub(crate) fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
     wait_for(what, PATIENCE, || cond().then_some(()))
 }
 
@@ -250,7 +250,7 @@ pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
 /// did (its kicks, notifications, returned slots): waiting for the
 /// request count to reach N means waiting until the pass that served
 /// request N has ended and the worker has re-armed guest notifications.
-pub fn wait_for_counters(
+pub(crate) fn wait_for_counters(
     ctl: &Path,
     disk: usize,
     queue: usize,

@@ -9,9 +9,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// The tools an imported cache must not need.
-pub const FORBIDDEN: &[&str] = &["apt-get", "apt-cache", "apt", "gcc", "gcc-12", "cc", "make"];
+pub(crate) const FORBIDDEN: &[&str] =
+    &["apt-get", "apt-cache", "apt", "gcc", "gcc-12", "cc", "make"];
 
-pub struct NoBuildTools {
+pub(crate) struct NoBuildTools {
     /// The PATH to give the child: the failing scripts first.
     pub path: OsString,
     /// One line per forbidden call: `TOOL ARGS...`.
@@ -20,7 +21,7 @@ pub struct NoBuildTools {
 
 impl NoBuildTools {
     /// Write the scripts into `dir/bin` and the log's path `dir/calls.log`.
-    pub fn new(dir: &Path) -> NoBuildTools {
+    pub(crate) fn new(dir: &Path) -> NoBuildTools {
         let bin = dir.join("bin");
         std::fs::create_dir_all(&bin).unwrap();
         let log = dir.join("calls.log");
@@ -43,12 +44,12 @@ impl NoBuildTools {
     }
 
     /// The forbidden calls made so far (empty when none).
-    pub fn calls(&self) -> String {
+    pub(crate) fn calls(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// The scripts do fail and log under this PATH (a check of the check).
-    pub fn assert_armed(&self) {
+    pub(crate) fn assert_armed(&self) {
         for tool in FORBIDDEN {
             let st = std::process::Command::new(tool)
                 .arg("--version")

@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 
 /// Panic, naming the install command, unless `argv` runs and succeeds.
-pub fn require(argv: &[&str], install: &str) {
+pub(crate) fn require(argv: &[&str], install: &str) {
     let ok = Command::new(argv[0])
         .args(&argv[1..])
         .stdin(Stdio::null())
@@ -21,6 +21,6 @@ pub fn require(argv: &[&str], install: &str) {
 
 /// busybox: the initramfs's shell and awk, which the guest-script tests run
 /// under besides dash.
-pub fn require_busybox() {
+pub(crate) fn require_busybox() {
     require(&["busybox", "true"], "apt-get install busybox-static");
 }

@@ -121,7 +121,7 @@ fn record(cache: &Path, rel: &str) -> Result<FileRecord, ArchiveError> {
 
 /// What an export wrote.
 #[derive(Debug)]
-pub struct Exported {
+pub(crate) struct Exported {
     pub index: Index,
     /// Bytes of the archive.
     pub size: u64,
@@ -130,7 +130,7 @@ pub struct Exported {
 /// Write the images of `specs` (and the plugin, with `plugin`) from `cache`
 /// to the archive `out` (written as `out.tmp`, then renamed). Every entry
 /// must be in the cache under its key.
-pub fn export(
+pub(crate) fn export(
     cache: &Path,
     specs: &[SpecKey],
     plugin: Option<&PluginKey>,
@@ -249,7 +249,7 @@ fn first_index<R: Read>(
 
 /// What an import installed.
 #[derive(Debug)]
-pub struct Imported {
+pub(crate) struct Imported {
     pub index: Index,
     /// Files and bytes verified and installed.
     pub files: usize,
@@ -258,7 +258,7 @@ pub struct Imported {
 
 /// Verify `archive` completely, then install its entries into `cache`
 /// (see the module): on any error nothing in the cache changed.
-pub fn import(archive: &Path, cache: &Path) -> Result<Imported, ArchiveError> {
+pub(crate) fn import(archive: &Path, cache: &Path) -> Result<Imported, ArchiveError> {
     std::fs::create_dir_all(cache).map_err(io(cache))?;
     let stage = tempfile::Builder::new()
         .prefix(".import.")

@@ -46,7 +46,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CacheError + '_ {
 /// The image cache: `explicit` (`--cache`), else `$BLKLAB_IMAGE_CACHE`,
 /// else `${XDG_CACHE_HOME:-$HOME/.cache}/blklab/images`, as images/lib.sh
 /// (`image_cache`) decides it.
-pub fn dir(explicit: Option<&Path>) -> PathBuf {
+pub(crate) fn dir(explicit: Option<&Path>) -> PathBuf {
     if let Some(d) = explicit {
         return d.to_path_buf();
     }
@@ -62,13 +62,13 @@ pub fn dir(explicit: Option<&Path>) -> PathBuf {
 
 /// The lock `images/prepare.sh` takes on a cache (`.prepare.lock`): while
 /// held, no prepare.sh reads or writes the cache's entries.
-pub struct Lock {
+pub(crate) struct Lock {
     _file: File,
 }
 
 impl Lock {
     /// Wait for and take the cache's lock (creating the cache directory).
-    pub fn take(cache: &Path) -> Result<Lock, CacheError> {
+    pub(crate) fn take(cache: &Path) -> Result<Lock, CacheError> {
         let path = cache.join(".prepare.lock");
         std::fs::create_dir_all(cache).map_err(io(cache))?;
         let file = std::fs::OpenOptions::new()
@@ -104,7 +104,7 @@ pub enum Kind {
 /// One cache entry, installed as a whole: a directory (kernels, tools, the
 /// plugin) or an initramfs with its `.manifest.json` and `.inputs-hash`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub kind: Kind,
     /// Relative to the cache: `kernel-build-6.12`, `tools/fio`,
     /// `initramfs/kernel-build-6.12.cpio.gz`.
@@ -117,7 +117,7 @@ pub struct Entry {
 /// The suffixes of an initramfs entry's files (`X.cpio.gz`,
 /// `X.cpio.gz.manifest.json`, `X.cpio.gz.inputs-hash`), the inputs hash last:
 /// prepare.sh takes the entry as cached only when all three agree.
-pub const INITRAMFS_SUFFIXES: [&str; 3] = ["", ".manifest.json", ".inputs-hash"];
+pub(crate) const INITRAMFS_SUFFIXES: [&str; 3] = ["", ".manifest.json", ".inputs-hash"];
 
 fn manifest_key(dir: &Path) -> Option<String> {
     read_json(&dir.join("manifest.json"))?
@@ -188,7 +188,7 @@ fn dir_entry(
 /// The entries of `specs`' images (kernels, initramfs, fio, mpstat), each
 /// once, checked to be in `cache` under the specs' keys; and the plugin's
 /// with `plugin`.
-pub fn entries(
+pub(crate) fn entries(
     cache: &Path,
     specs: &[SpecKey],
     plugin: Option<&PluginKey>,
@@ -270,7 +270,7 @@ pub fn entries(
 /// One line of `blklab images list`: a cache entry and what it was built
 /// from, from its manifest.
 #[derive(Debug, Clone, Serialize)]
-pub struct Listed {
+pub(crate) struct Listed {
     pub kind: Kind,
     pub path: String,
     /// Its key (the manifest's `inputs_hash`); null for entries made
@@ -358,7 +358,7 @@ fn listed(cache: &Path, kind: Kind, path: &str, manifest: Value, files: &[String
 }
 
 /// Every entry of `cache` with what it was built from, by path.
-pub fn list(cache: &Path) -> Result<Vec<Listed>, CacheError> {
+pub(crate) fn list(cache: &Path) -> Result<Vec<Listed>, CacheError> {
     let mut out = Vec::new();
     if !cache.is_dir() {
         return Ok(out);
@@ -425,7 +425,7 @@ fn human(bytes: u64) -> String {
 }
 
 /// `blklab images list` as text: one line per entry.
-pub fn list_table(entries: &[Listed]) -> String {
+pub(crate) fn list_table(entries: &[Listed]) -> String {
     let mut out = String::new();
     if entries.is_empty() {
         out.push_str("(no images in the cache)\n");

@@ -14,11 +14,11 @@ use super::cache::{Entry, Kind, INITRAMFS_SUFFIXES};
 use super::{PluginKey, SpecKey};
 
 /// The archive's format name.
-pub const FORMAT: &str = "blklab-images";
+pub(crate) const FORMAT: &str = "blklab-images";
 /// The version of the format this blklab reads and writes.
-pub const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 1;
 /// The archive member holding the index, first in the archive.
-pub const INDEX_NAME: &str = "index.json";
+pub(crate) const INDEX_NAME: &str = "index.json";
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum IndexError {
@@ -78,7 +78,7 @@ pub struct Index {
 
 /// A path of the archive is relative, non-empty, of plain components
 /// (no `.`, `..`, empty component, backslash or NUL).
-pub fn safe_path(p: &str) -> bool {
+pub(crate) fn safe_path(p: &str) -> bool {
     !p.is_empty()
         && !p.starts_with('/')
         && !p.contains('\\')
@@ -113,7 +113,11 @@ fn inside(e: &EntryRecord, file: &str) -> bool {
 
 impl Index {
     /// A new index of `entries` (their files' records made by the caller).
-    pub fn new(specs: Vec<SpecKey>, plugin: Option<PluginKey>, entries: Vec<EntryRecord>) -> Index {
+    pub(crate) fn new(
+        specs: Vec<SpecKey>,
+        plugin: Option<PluginKey>,
+        entries: Vec<EntryRecord>,
+    ) -> Index {
         Index {
             format: FORMAT.to_string(),
             version: VERSION,
@@ -129,7 +133,7 @@ impl Index {
     }
 
     /// Check the format, the version and every path (see the module).
-    pub fn check(&self) -> Result<(), IndexError> {
+    pub(crate) fn check(&self) -> Result<(), IndexError> {
         if self.format != FORMAT {
             return Err(IndexError::Format(self.format.clone()));
         }
