@@ -251,3 +251,18 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SIZE", default_value = "1G")]
     pub guest_memory: String,
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Cli;
+
+    /// clap's own consistency checks over every subcommand (unique
+    /// argument ids across flattened option sets, valid defaults), which
+    /// it otherwise runs only when that subcommand is parsed.
+    #[test]
+    fn every_subcommand_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -193,7 +193,7 @@ mod tests {
         assert!(a.deterministic);
         assert_eq!(a.count_insns, crate::lab::options::CountInsns::On);
         assert_eq!(a.accel, crate::lab::qemu::Accel::Tcg);
-        assert_eq!(a.place.cache.as_deref(), Some(Path::new("/cache")));
+        assert_eq!(a.place.cache.get(), Some(Path::new("/cache")));
         assert_eq!(a.boot_timeout, Duration::from_secs(180));
     }
 }

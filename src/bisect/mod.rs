@@ -185,7 +185,7 @@ fn check(args: &BisectArgs) -> Result<Checked, BisectError> {
     if args.jobs == Some(0) {
         return Err(BisectError::ZeroJobs);
     }
-    let lab_dir = images::lab_dir(args.place.lab_dir.as_deref())?;
+    let lab_dir = images::lab_dir(args.place.lab_dir.get())?;
     let (s, _) = scenario::load(&args.scenario, &lab_dir.join("guest-scripts/scenarios"))?;
     let variant = pick_variant(&s, args.variant.as_deref())?;
     let git = Git::open(&args.tree)?;
@@ -268,7 +268,7 @@ impl Bisection<'_> {
     fn setup(&self) -> Setup<'_> {
         Setup {
             lab_dir: &self.c.lab_dir,
-            cache: self.args.place.cache.as_deref(),
+            cache: self.args.place.cache.get(),
             scenario: &self.args.scenario,
             variant: &self.c.variant,
             metric: self.c.metric,

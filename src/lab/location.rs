@@ -1,18 +1,45 @@
 //! Where a lab's images and recipes are: the `--cache` and `--lab-dir`
-//! options that `blklab run`, `blklab bisect` and `blklab images` share.
-//! It only names the places; [`crate::lab::images`] resolves them.
+//! options that `blklab run`, `blklab bisect` and `blklab images` share,
+//! each declared once here. It only names the places;
+//! [`crate::lab::images`] resolves them.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-/// `--cache DIR` and `--lab-dir DIR`.
+/// `--cache DIR`, alone (`images import`, `images list`).
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct LabLocation {
+pub struct CacheOption {
     /// Image cache (default $BLKLAB_IMAGE_CACHE, else
     /// ${XDG_CACHE_HOME:-~/.cache}/blklab/images).
     #[arg(long, value_name = "DIR")]
     pub cache: Option<PathBuf>,
+}
+
+/// `--lab-dir DIR`, alone (`images key`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct LabDirOption {
     /// The blklab source tree holding images/ and guest-scripts/ (default:
     /// $BLKLAB_LAB_DIR, else the tree this binary was built from).
     #[arg(long, value_name = "DIR")]
     pub lab_dir: Option<PathBuf>,
+}
+
+/// `--cache DIR` and `--lab-dir DIR`.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct LabLocation {
+    #[command(flatten)]
+    pub cache: CacheOption,
+    #[command(flatten)]
+    pub lab_dir: LabDirOption,
+}
+
+impl CacheOption {
+    pub(crate) fn get(&self) -> Option<&Path> {
+        self.cache.as_deref()
+    }
+}
+
+impl LabDirOption {
+    pub(crate) fn get(&self) -> Option<&Path> {
+        self.lab_dir.as_deref()
+    }
 }

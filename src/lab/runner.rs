@@ -221,7 +221,7 @@ fn check_arguments(args: &RunArgs) -> Result<Setup, RunError> {
     if args.vcpus.is_some_and(|v| v == 0 || v > 64) {
         return Err(RunError::VcpusOutOfRange);
     }
-    let lab_dir = images::lab_dir(args.place.lab_dir.as_deref())?;
+    let lab_dir = images::lab_dir(args.place.lab_dir.get())?;
     let scenarios: Vec<Scenario> = load_scenarios(&args.scenario, &lab_dir)?
         .into_iter()
         .map(|s| apply_overrides(s, args))
@@ -433,7 +433,7 @@ fn prepare_lab(args: &RunArgs, setup: &Setup, plan: &Plan) -> Result<Lab, RunErr
         std::fs::create_dir_all(&d).map_err(|source| RunError::Write { path: d, source })?;
     }
     info!("preparing {} guest image(s)", setup.specs.len());
-    let guests = images::prepare(&setup.lab_dir, args.place.cache.as_deref(), &setup.specs)?;
+    let guests = images::prepare(&setup.lab_dir, args.place.cache.get(), &setup.specs)?;
     let prepared = labels(&guests);
     if prepared != plan.labels {
         return Err(RunError::LabelMismatch {
@@ -494,7 +494,7 @@ fn choose_accel(
     }
     let plugin = if decision.count_insns {
         info!("building the instruction-count plugin for {qemu}");
-        match insns::build_plugin(lab_dir, args.place.cache.as_deref(), qemu) {
+        match insns::build_plugin(lab_dir, args.place.cache.get(), qemu) {
             Ok(p) => Some(p),
             Err(e) if args.count_insns != CountInsns::On => {
                 warn!("no instruction counts (--count-insns auto): {e}");

@@ -10,7 +10,7 @@ use thiserror::Error;
 use super::archive::{self, ArchiveError};
 use super::cache::{self, CacheError};
 use super::{ImageError, PluginKey};
-use crate::lab::location::LabLocation;
+use crate::lab::location::{CacheOption, LabDirOption, LabLocation};
 
 #[derive(Debug, Error)]
 pub enum CommandError {
@@ -96,18 +96,14 @@ pub struct ImportArgs {
     /// An archive of `blklab images export`.
     #[arg(value_name = "FILE")]
     pub archive: PathBuf,
-    /// Image cache (default $BLKLAB_IMAGE_CACHE, else
-    /// ${XDG_CACHE_HOME:-~/.cache}/blklab/images).
-    #[arg(long, value_name = "DIR")]
-    pub cache: Option<PathBuf>,
+    #[command(flatten)]
+    pub cache: CacheOption,
 }
 
 #[derive(Debug, Args)]
 pub struct ListArgs {
-    /// Image cache (default $BLKLAB_IMAGE_CACHE, else
-    /// ${XDG_CACHE_HOME:-~/.cache}/blklab/images).
-    #[arg(long, value_name = "DIR")]
-    pub cache: Option<PathBuf>,
+    #[command(flatten)]
+    pub cache: CacheOption,
     /// Print JSON (every entry with its whole manifest).
     #[arg(long)]
     pub json: bool,
@@ -117,9 +113,8 @@ pub struct ListArgs {
 pub struct KeyArgs {
     #[arg(value_name = "SPEC", required = true)]
     pub specs: Vec<String>,
-    /// The blklab source tree holding images/ and guest-scripts/.
-    #[arg(long, value_name = "DIR")]
-    pub lab_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub lab_dir: LabDirOption,
     #[command(flatten)]
     pub plugin: PluginArgs,
     /// Print JSON: the specs' keys and where their images live in the cache.
@@ -172,8 +167,8 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
     let mut out = String::new();
     match &args.command {
         ImagesCommand::Build(a) => {
-            let lab = super::lab_dir(a.place.lab_dir.as_deref())?;
-            let cache = cache::dir(a.place.cache.as_deref());
+            let lab = super::lab_dir(a.place.lab_dir.get())?;
+            let cache = cache::dir(a.place.cache.get());
             let specs = super::parse_specs(&a.specs)?;
             let qemu = (!a.plugin.no_plugin).then_some(a.plugin.qemu.as_str());
             let (guests, plugin) = super::build(&lab, &cache, &specs, qemu)?;
@@ -190,8 +185,8 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
             }
         }
         ImagesCommand::Export(a) => {
-            let lab = super::lab_dir(a.place.lab_dir.as_deref())?;
-            let cache = cache::dir(a.place.cache.as_deref());
+            let lab = super::lab_dir(a.place.lab_dir.get())?;
+            let cache = cache::dir(a.place.cache.get());
             let specs = super::parse_specs(&a.specs)?;
             let keys = super::keys(&lab, &specs)?;
             let plugin = plugin_key(&lab, &a.plugin)?;
@@ -208,7 +203,7 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
             }
         }
         ImagesCommand::Import(a) => {
-            let cache = cache::dir(a.cache.as_deref());
+            let cache = cache::dir(a.cache.get());
             let im = archive::import(&a.archive, &cache)?;
             out.push_str(&format!(
                 "imported {} entries ({} files, {} bytes, every sha256 checked) into {}\n",
@@ -228,7 +223,7 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
             }
         }
         ImagesCommand::List(a) => {
-            let cache = cache::dir(a.cache.as_deref());
+            let cache = cache::dir(a.cache.get());
             let entries = cache::list(&cache)?;
             if a.json {
                 out.push_str(&serde_json::to_string_pretty(&entries).expect("entries serialize"));
@@ -238,7 +233,7 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
             }
         }
         ImagesCommand::Key(a) => {
-            let lab = super::lab_dir(a.lab_dir.as_deref())?;
+            let lab = super::lab_dir(a.lab_dir.get())?;
             let specs = super::parse_specs(&a.specs)?;
             let keys = super::keys(&lab, &specs)?;
             let plugin = plugin_key(&lab, &a.plugin)?;
