@@ -294,9 +294,36 @@ fn qemu_identity(r: &ResultRecord) -> String {
             out.push(a.split(",path=").next().unwrap_or(a).to_string());
             continue;
         }
-        out.push(a.clone());
+        out.push(boot_dirs_named(a));
     }
     out.join(" ")
+}
+
+/// `arg` with each boot's own socket directory (`…/blklab-run-SEQ-RANDOM`,
+/// made fresh per boot: the plugin's `ctl=` socket lives there) named
+/// `blklab-run-…`, so that two runs' command lines differ only where an
+/// option, a device or a value does.
+fn boot_dirs_named(arg: &str) -> String {
+    const DIR: &str = "blklab-run-";
+    let mut out = String::with_capacity(arg.len());
+    let mut rest = arg;
+    while let Some(at) = rest.find(DIR) {
+        let starts_segment = at == 0 || rest[..at].ends_with('/');
+        let after = &rest[at + DIR.len()..];
+        let end = after.find(['/', ',', ' ']).unwrap_or(after.len());
+        let per_boot = after[..end].split_once('-').is_some_and(|(seq, tail)| {
+            !seq.is_empty() && seq.bytes().all(|c| c.is_ascii_digit()) && !tail.is_empty()
+        });
+        out.push_str(&rest[..at + DIR.len()]);
+        if starts_segment && per_boot {
+            out.push('…');
+            rest = &after[end..];
+        } else {
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The guest's vCPU count: QEMU's `-smp` (`N` or `cpus=N`), else the CPUs
@@ -1165,6 +1192,68 @@ mod tests {
         assert_eq!(p.other.scenario.as_deref(), Some("b"));
         for bad in ["x", "x:", ":y", "x:x", "/x:y", "x:y:z"] {
             assert!(PairSpec::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn boot_directories_are_not_a_difference_options_are() {
+        let r = |cl: Value| test_record(json!({ "qemu_command_line": cl }));
+        let plugin = |dir: &str| format!("/c/libblklab-insns.so,ctl=/tmp/{dir}/insns.sock");
+        let a = r(json!([
+            "qemu",
+            "-plugin",
+            plugin("blklab-run-0-Ab3xYz"),
+            "-m",
+            "1G"
+        ]));
+        let b = r(json!([
+            "qemu",
+            "-plugin",
+            plugin("blklab-run-1-Qw9eRt"),
+            "-m",
+            "1G"
+        ]));
+        assert_eq!(qemu_identity(&a), qemu_identity(&b));
+        assert!(qemu_identity(&a).contains("ctl=/tmp/blklab-run-…/insns.sock"));
+        let c = r(json!([
+            "qemu",
+            "-plugin",
+            plugin("blklab-run-1-Qw9eRt"),
+            "-m",
+            "2G"
+        ]));
+        assert_ne!(qemu_identity(&a), qemu_identity(&c));
+        // A different plugin or socket name outside the boot directory is
+        // a real difference.
+        let d = r(json!([
+            "qemu",
+            "-plugin",
+            "/c/other.so,ctl=/tmp/blklab-run-2-Zx/insns.sock",
+            "-m",
+            "1G"
+        ]));
+        assert_ne!(qemu_identity(&a), qemu_identity(&d));
+    }
+
+    #[test]
+    fn only_per_boot_directory_names_are_replaced() {
+        assert_eq!(
+            boot_dirs_named("/t/blklab-run-12-aZ9/s"),
+            "/t/blklab-run-…/s"
+        );
+        assert_eq!(boot_dirs_named("blklab-run-3-x"), "blklab-run-…");
+        assert_eq!(
+            boot_dirs_named("a=/x/blklab-run-0-p/s,b=/y/blklab-run-1-q/s"),
+            "a=/x/blklab-run-…/s,b=/y/blklab-run-…/s"
+        );
+        for kept in [
+            "/t/blklab-run-x-aZ9/s",
+            "/t/blklab-run-12/s",
+            "/t/blklab-run-12-/s",
+            "/t/my-blklab-run-1-a/s",
+            "blklab-run-result/1",
+        ] {
+            assert_eq!(boot_dirs_named(kept), kept);
         }
     }
 
