@@ -42,6 +42,13 @@ pub enum Command {
     /// Guest images in the image cache: build, export to an archive,
     /// import (verified), list, and their offline keys.
     Images(crate::lab::images::command::ImagesArgs),
+    /// Inside a nested host (`blklab run --accel nested`): run the outer
+    /// lab's plan under KVM, relaying every SYNC on the console.
+    #[command(hide = true)]
+    NestedInner {
+        /// The run disk's `inner.json`.
+        file: PathBuf,
+    },
 }
 
 /// `blklab bench`.

@@ -20,6 +20,9 @@ fn main() {
             .map(|text| print!("{text}"))
             .context("blklab images"),
         Command::Bisect(args) => bisect(&args),
+        Command::NestedInner { file } => {
+            blklab::lab::nested::inner::run(&file).context("blklab nested-inner")
+        }
     };
     if let Err(e) = result {
         eprintln!("blklab: error: {}", error_chain(&e));

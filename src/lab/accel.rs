@@ -50,6 +50,11 @@ pub(crate) fn decide_accel<E: std::fmt::Display>(
         (false, false) => None,
     };
     let (accel, reason) = match (needs_tcg, want) {
+        // The emulated host runs under TCG: counts and -icount apply to it.
+        (_, Accel::Nested) => (
+            Accel::Nested,
+            "forced with --accel nested: KVM inside an emulated (TCG) host".to_string(),
+        ),
         (Some(what), Accel::Kvm) => return Err(AccelError::NeedsTcg { what }),
         (Some(what), _) => (Accel::Tcg, format!("{what} needs TCG")),
         (None, Accel::Kvm) => (Accel::Kvm, "forced with --accel kvm".to_string()),
@@ -70,7 +75,7 @@ pub(crate) fn decide_accel<E: std::fmt::Display>(
     let (count_insns, no_insns_because) = match count {
         CountInsns::On => (true, None),
         CountInsns::Off => (false, None),
-        CountInsns::Auto if accel != Accel::Tcg => (
+        CountInsns::Auto if accel == Accel::Kvm => (
             false,
             Some("the guests run under KVM, where QEMU's plugins do not run".to_string()),
         ),
@@ -127,6 +132,22 @@ mod tests {
         assert_eq!(d.accel, Accel::Tcg);
         assert!(!d.count_insns);
         assert!(d.no_insns_because.unwrap().contains("System.map"));
+    }
+
+    #[test]
+    fn nested_never_probes_and_counts_like_tcg() {
+        let no_probe = || -> Result<f64, String> { panic!("probed") };
+        for (count, det, maps, counts) in [
+            (CountInsns::Auto, false, true, true),
+            (CountInsns::Auto, true, true, true),
+            (CountInsns::Auto, false, false, false),
+            (CountInsns::On, true, false, true),
+            (CountInsns::Off, false, true, false),
+        ] {
+            let d = super::decide_accel(Accel::Nested, count, det, no_probe, || maps).unwrap();
+            assert_eq!(d.accel, Accel::Nested);
+            assert_eq!(d.count_insns, counts, "{count:?} det={det} maps={maps}");
+        }
     }
 
     #[test]

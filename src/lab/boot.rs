@@ -16,6 +16,7 @@ use crate::backend::Disk;
 use crate::device::config::DiskConfig;
 use crate::lab::images::PreparedGuest;
 use crate::lab::insns::{self, InsnsError, SymbolMap};
+use crate::lab::nested::relay::{RelayError, SyncRelay};
 use crate::lab::options::RunArgs;
 use crate::lab::plan::Boot;
 use crate::lab::progress::Progress;
@@ -44,6 +45,8 @@ pub(crate) struct BootCtx<'a> {
     pub plugin: Option<&'a Path>,
     /// The kernel's System.map (--count-insns).
     pub symbols: Option<Arc<SymbolMap>>,
+    /// Inside a nested host: the outer lab, told of every SYNC.
+    pub relay: Option<&'a dyn SyncRelay>,
 }
 
 impl BootCtx<'_> {
@@ -104,6 +107,9 @@ pub enum BootFailure {
         #[source]
         source: InsnsError,
     },
+    /// Inside a nested host: the outer lab could not be told of a SYNC.
+    #[error("relaying the SYNC to the outer lab: {0}")]
+    Relay(#[from] RelayError),
     /// A result document ended under another name than it began.
     #[error("result framing mismatch: began {began}, ended {ended}")]
     ResultFraming { began: String, ended: String },
@@ -138,6 +144,7 @@ impl BootFailure {
             | BootFailure::DeviceSettings(_)
             | BootFailure::Serve(_)
             | BootFailure::Plugin { .. }
+            | BootFailure::Relay(_)
             | BootFailure::ResultFraming { .. }
             | BootFailure::WriteRecord(_)
             | BootFailure::NeverBooted => Retry::Never,
@@ -151,7 +158,7 @@ impl BootFailure {
 pub(crate) struct SocketDir(pub PathBuf);
 
 impl SocketDir {
-    fn new(seq: usize) -> Result<SocketDir, BootFailure> {
+    pub(crate) fn new(seq: usize) -> Result<SocketDir, BootFailure> {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::Builder::new()
             .prefix(&format!("blklab-run-{seq}-"))

@@ -569,3 +569,26 @@ mod tests {
         assert!(spec.check().unwrap_err().to_string().contains("System.map"));
     }
 }
+
+// TEMP-MERGE: replaced by the nested host recipe's module.
+#[derive(Debug, Clone)]
+pub(crate) struct NestedHostImage {
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+}
+pub(crate) fn prepare_nested_host(
+    _lab_dir: &Path,
+    _cache: Option<&Path>,
+    _qemu: &str,
+) -> Result<NestedHostImage, ImageError> {
+    let k = std::env::var_os("BLKLAB_TMP_HOST_KERNEL")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let i = std::env::var_os("BLKLAB_TMP_HOST_INITRD")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    Ok(NestedHostImage {
+        kernel: k,
+        initramfs: i,
+    })
+}

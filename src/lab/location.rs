@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 /// `--cache DIR`, alone (`images import`, `images list`).
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args, serde::Serialize, serde::Deserialize)]
 pub struct CacheOption {
     /// Image cache (default $BLKLAB_IMAGE_CACHE, else
     /// ${XDG_CACHE_HOME:-~/.cache}/blklab/images).
@@ -15,7 +15,7 @@ pub struct CacheOption {
 }
 
 /// `--lab-dir DIR`, alone (`images key`).
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args, serde::Serialize, serde::Deserialize)]
 pub struct LabDirOption {
     /// The blklab source tree holding images/ and guest-scripts/ (default:
     /// $BLKLAB_LAB_DIR, else the tree this binary was built from).
@@ -24,7 +24,7 @@ pub struct LabDirOption {
 }
 
 /// `--cache DIR` and `--lab-dir DIR`.
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, Clone, Default, clap::Args, serde::Serialize, serde::Deserialize)]
 pub struct LabLocation {
     #[command(flatten)]
     pub cache: CacheOption,

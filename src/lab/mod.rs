@@ -8,6 +8,7 @@
 //! - [`console`]: the guest's console protocol (SYNC, results);
 //! - [`hostcpu`]: per-thread CPU of QEMU and of this process;
 //! - [`runner`]: the run's phases, from the arguments to the summary;
+//! - [`nested`]: `--accel nested`, guests under KVM inside an emulated host;
 //! - `accel`: KVM or TCG, and whether instructions are counted;
 //! - `boot`: one boot, its disks and why it fails (its retry policy);
 //! - `session`: one boot's console session and the records it writes;
@@ -22,6 +23,7 @@ pub mod console;
 pub mod images;
 pub mod insns;
 pub(crate) mod location;
+pub mod nested;
 pub mod options;
 pub(crate) mod plan;
 pub(crate) mod progress;

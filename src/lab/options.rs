@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use crate::lab::location::LabLocation;
 
 /// `blklab run --count-insns`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
 pub enum CountInsns {
     /// Count whenever the run ends up under TCG.
     Auto,
@@ -17,7 +19,7 @@ pub enum CountInsns {
 }
 
 /// `blklab run`: see docs/lab-protocol.md and docs/user-guide.md.
-#[derive(Debug, Clone, clap::Args)]
+#[derive(Debug, Clone, clap::Args, serde::Serialize, serde::Deserialize)]
 pub struct RunArgs {
     /// Guest kernel, repeatable: debian-6.1, debian-6.12, build:6.12,
     /// build:5.10 (before the 5.14 shared-tags fix), build:SERIES+PATCH

@@ -17,7 +17,7 @@ use crate::lab::images::KernelSpec;
 use crate::record::run::{BootOrder, ShardInfo};
 
 /// `--shard I/N`: slice `index` (1-based) of `count`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Shard {
     pub index: u32,
     pub count: u32,

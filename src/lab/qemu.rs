@@ -260,10 +260,19 @@ impl Guest {
     /// Start QEMU for `spec`; every console line is also appended to
     /// `console_log` when given.
     pub(crate) fn spawn(spec: &QemuSpec, console_log: Option<&Path>) -> Result<Guest, QemuError> {
-        let args = spec.args();
-        debug!("{} {}", spec.qemu, shell_words(&args));
-        let mut cmd = Command::new(&spec.qemu);
-        cmd.args(&args)
+        Guest::spawn_args(&spec.qemu, &spec.args(), console_log)
+    }
+
+    /// Start `qemu` with `args` (a whole command line of its own, such as
+    /// a nested host's); the console as in [`Guest::spawn`].
+    pub(crate) fn spawn_args(
+        qemu: &str,
+        args: &[String],
+        console_log: Option<&Path>,
+    ) -> Result<Guest, QemuError> {
+        debug!("{} {}", qemu, shell_words(args));
+        let mut cmd = Command::new(qemu);
+        cmd.args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -273,10 +282,10 @@ impl Guest {
         let mut registry = crate::lab::cleanup::lock();
         let mut child = cmd.spawn().map_err(|source| {
             if source.kind() == std::io::ErrorKind::NotFound {
-                QemuError::NotFound(spec.qemu.clone())
+                QemuError::NotFound(qemu.to_string())
             } else {
                 QemuError::Spawn {
-                    qemu: spec.qemu.clone(),
+                    qemu: qemu.to_string(),
                     source,
                 }
             }
@@ -284,7 +293,7 @@ impl Guest {
         registry.track_pid(child.id() as i32);
         drop(registry);
         let no_thread = |source| QemuError::Spawn {
-            qemu: spec.qemu.clone(),
+            qemu: qemu.to_string(),
             source,
         };
         let stdout = child.stdout.take().expect("piped stdout");

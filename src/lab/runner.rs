@@ -18,8 +18,14 @@ use thiserror::Error;
 
 use crate::lab::accel::{decide_accel, AccelError};
 use crate::lab::boot::{BootCtx, BootFailure, Retry};
+use crate::lab::images::NestedHostImage;
 use crate::lab::images::{self, KernelSpec, PreparedGuest};
 use crate::lab::insns::{self, SymbolMap};
+use crate::lab::nested::{
+    self,
+    host::{HostMachine, HostRun, NestedError},
+    relay::SyncRelay,
+};
 use crate::lab::options::{CountInsns, RunArgs};
 use crate::lab::plan::{self as run_plan, Boot};
 use crate::lab::progress::Progress;
@@ -104,6 +110,8 @@ pub enum RunError {
     },
     #[error(transparent)]
     Accel(#[from] AccelError),
+    #[error(transparent)]
+    Nested(#[from] NestedError),
     #[error(
         "--count-insns: no System.map next to {} (symbolisation needs the kernel's \
          System.map; self-built kernels have one, Debian's linux-image packages only a \
@@ -184,9 +192,35 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         return Ok(RunOutcome::Plan(plan_document(args, &setup, &plan)));
     }
     check_shard_not_empty(args, &plan)?;
-    let lab = prepare_lab(args, &setup, &plan)?;
+    let lab = prepare_lab(args, &setup, &plan, None)?;
     write_run_document(args, &setup, &plan, &lab)?;
-    let boots = boot_all(args, &setup, &plan, &lab)?;
+    let boots = match &lab.nested_host {
+        Some(host) => boot_nested_host(args, &setup, &plan, &lab, host)?,
+        None => boot_all(args, &setup, &plan, &lab, None)?,
+    };
+    finish(lab, boots)
+}
+
+/// The lab inside a nested host (`blklab nested-inner`): the outer lab
+/// prepared the `guests`; every variant's SYNC goes through `relay` to the
+/// outer lab, which counts instructions over the same window.
+pub(crate) fn run_inside(
+    args: &RunArgs,
+    guests: Vec<PreparedGuest>,
+    relay: &dyn SyncRelay,
+) -> Result<RunOutcome, RunError> {
+    crate::lab::cleanup::install();
+    let setup = check_arguments(args)?;
+    let plan = plan(args, &setup);
+    check_shard_not_empty(args, &plan)?;
+    let lab = prepare_lab(args, &setup, &plan, Some(guests))?;
+    write_run_document(args, &setup, &plan, &lab)?;
+    let boots = boot_all(args, &setup, &plan, &lab, Some(relay))?;
+    finish(lab, boots)
+}
+
+/// Write the summary; the run's outcome.
+fn finish(lab: Lab, boots: Boots) -> Result<RunOutcome, RunError> {
     write_summary(&lab.out_dir, &boots.records, &boots.failures, boots.retried)?;
     Ok(RunOutcome::Ran {
         out_dir: lab.out_dir,
@@ -418,12 +452,19 @@ struct Lab {
     plugin: Option<PathBuf>,
     /// By kernel; `Some` when instructions are counted.
     maps: Vec<Option<Arc<SymbolMap>>>,
+    /// `--accel nested`: the emulated host the guests boot in.
+    nested_host: Option<NestedHostImage>,
 }
 
-/// Find QEMU, make the output directory, prepare the guests' images,
-/// choose the accelerator and, to count instructions, build the plugin and
-/// read each kernel's System.map.
-fn prepare_lab(args: &RunArgs, setup: &Setup, plan: &Plan) -> Result<Lab, RunError> {
+/// Find QEMU, make the output directory, prepare the guests' images (or
+/// take the `given` ones), choose the accelerator and, to count
+/// instructions, build the plugin and read each kernel's System.map.
+fn prepare_lab(
+    args: &RunArgs,
+    setup: &Setup,
+    plan: &Plan,
+    given: Option<Vec<PreparedGuest>>,
+) -> Result<Lab, RunError> {
     let qemu = qemu::locate(&args.qemu)?.display().to_string();
     let out_dir = args
         .out
@@ -432,8 +473,13 @@ fn prepare_lab(args: &RunArgs, setup: &Setup, plan: &Plan) -> Result<Lab, RunErr
     for d in [out_dir.clone(), out_dir.join("console")] {
         std::fs::create_dir_all(&d).map_err(|source| RunError::Write { path: d, source })?;
     }
-    info!("preparing {} guest image(s)", setup.specs.len());
-    let guests = images::prepare(&setup.lab_dir, args.place.cache.get(), &setup.specs)?;
+    let guests = match given {
+        Some(guests) => guests,
+        None => {
+            info!("preparing {} guest image(s)", setup.specs.len());
+            images::prepare(&setup.lab_dir, args.place.cache.get(), &setup.specs)?
+        }
+    };
     let prepared = labels(&guests);
     if prepared != plan.labels {
         return Err(RunError::LabelMismatch {
@@ -443,7 +489,18 @@ fn prepare_lab(args: &RunArgs, setup: &Setup, plan: &Plan) -> Result<Lab, RunErr
     }
     let (accel, accel_reason, plugin) = choose_accel(args, &setup.lab_dir, &qemu, &guests)?;
     let maps = symbol_maps(&guests, plugin.is_some())?;
-    info!("accelerator: {accel:?} ({accel_reason})");
+    info!("accelerator: {} ({accel_reason})", accel.describe());
+    let nested_host = match accel {
+        Accel::Nested => {
+            info!("preparing the nested host's image");
+            Some(images::prepare_nested_host(
+                &setup.lab_dir,
+                args.place.cache.get(),
+                &qemu,
+            )?)
+        }
+        _ => None,
+    };
     Ok(Lab {
         qemu,
         out_dir,
@@ -452,6 +509,7 @@ fn prepare_lab(args: &RunArgs, setup: &Setup, plan: &Plan) -> Result<Lab, RunErr
         accel_reason,
         plugin,
         maps,
+        nested_host,
     })
 }
 
@@ -607,8 +665,15 @@ struct Boots {
     retried: Vec<RetriedBoot>,
 }
 
-/// Boot every planned boot in order, each with its retry policy.
-fn boot_all(args: &RunArgs, setup: &Setup, plan: &Plan, lab: &Lab) -> Result<Boots, RunError> {
+/// Boot every planned boot in order, each with its retry policy (inside a
+/// nested host, every SYNC relayed to the outer lab).
+fn boot_all(
+    args: &RunArgs,
+    setup: &Setup,
+    plan: &Plan,
+    lab: &Lab,
+    relay: Option<&dyn SyncRelay>,
+) -> Result<Boots, RunError> {
     let total: u64 = plan
         .boots
         .iter()
@@ -636,6 +701,7 @@ fn boot_all(args: &RunArgs, setup: &Setup, plan: &Plan, lab: &Lab) -> Result<Boo
             pb: &pb,
             plugin: lab.plugin.as_deref(),
             symbols: lab.maps[boot.kernel].clone(),
+            relay,
         };
         pb.boot(
             seq,
@@ -647,6 +713,52 @@ fn boot_all(args: &RunArgs, setup: &Setup, plan: &Plan, lab: &Lab) -> Result<Boo
     }
     pb.finish();
     Ok(out)
+}
+
+/// `--accel nested`: boot the emulated host once; inside it the lab runs
+/// every planned boot under KVM ([`run_inside`]); its records come back
+/// with the instructions the host and the guests executed in each window.
+fn boot_nested_host(
+    args: &RunArgs,
+    setup: &Setup,
+    plan: &Plan,
+    lab: &Lab,
+    host: &NestedHostImage,
+) -> Result<Boots, RunError> {
+    let variants: u64 = plan
+        .boots
+        .iter()
+        .map(|b| setup.units[b.unit].settings.variants.len() as u64)
+        .sum();
+    let longest_variant = setup
+        .scenarios
+        .iter()
+        .flat_map(|s| &s.variants)
+        .map(|v| v.runtime + v.ramp)
+        .max()
+        .unwrap_or(0);
+    let pb = Progress::new(variants, plan.boots.len(), !args.no_progress);
+    let run = HostRun {
+        args,
+        lab_dir: &setup.lab_dir,
+        guests: &lab.guests,
+        labels: &plan.labels,
+        out_dir: &lab.out_dir,
+        qemu: &lab.qemu,
+        image: host,
+        plugin: lab.plugin.as_deref(),
+        maps: &lab.maps,
+        machine: HostMachine::for_units(&setup.units),
+        longest_variant: std::time::Duration::from_secs(longest_variant),
+        pb: &pb,
+    };
+    let out = nested::host::boot(&run)?;
+    pb.finish();
+    Ok(Boots {
+        records: out.records,
+        failures: out.failures,
+        retried: out.retried,
+    })
 }
 
 /// One boot, and a second when the first failed in a way worth it

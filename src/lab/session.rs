@@ -18,6 +18,7 @@ use crate::device::config::DiskConfig;
 use crate::lab::boot::{qemu_spec, BootCtx, BootDisks, BootFailure};
 use crate::lab::console::{parse_line, Event, FaultScanner, Phase};
 use crate::lab::insns::{self, Dump, InsnsWindow};
+use crate::lab::nested::relay::WindowKey;
 use crate::lab::qemu::{self, Guest, Next};
 use crate::record::guest::{GuestResult, GUEST_SCHEMA};
 use crate::record::result::{Checks, HostWindow, ResultRecord, RESULT_SCHEMA};
@@ -279,9 +280,10 @@ impl<'a> Session<'a> {
             qemu: hostcpu::sample(self.qemu_pid),
             me: hostcpu::sample(self.my_pid),
             at: Instant::now(),
-            scenario,
+            scenario: scenario.clone(),
             variant: variant.clone(),
         });
+        self.relay(Phase::Begin, &scenario, &variant)?;
         let (rt, ramp) = c
             .scenario
             .variant(&variant)
@@ -297,6 +299,7 @@ impl<'a> Session<'a> {
     /// A variant's end SYNC: what the backend, the host and the plugin
     /// counted since its begin.
     fn end_window(&mut self, scenario: String, variant: String) -> Result<(), BootFailure> {
+        self.relay(Phase::End, &scenario, &variant)?;
         let b = self
             .begin
             .take()
@@ -343,6 +346,22 @@ impl<'a> Session<'a> {
         }
         self.expect(self.c.args.step_timeout, format!("the result of {variant}"));
         Ok(())
+    }
+
+    /// Inside a nested host, tell the outer lab of this SYNC and wait for
+    /// it (after the begin's samples, before the end's: the outer window
+    /// holds the variant, not our sampling).
+    fn relay(&self, phase: Phase, scenario: &str, variant: &str) -> Result<(), BootFailure> {
+        let Some(relay) = self.c.relay else {
+            return Ok(());
+        };
+        let key = WindowKey {
+            kernel: self.c.label.to_string(),
+            scenario: scenario.to_string(),
+            variant: variant.to_string(),
+            iteration: self.c.boot.iteration,
+        };
+        Ok(relay.sync(phase, key)?)
     }
 
     /// A variant's result document: its record, written.

@@ -15,7 +15,7 @@ use crate::record::Document;
 pub(crate) const RUN_SCHEMA: &str = "blklab-run/1";
 
 /// The accelerator QEMU runs the guest with (`--accel`; a record holds
-/// `kvm` or `tcg`, never `auto`).
+/// `kvm`, `tcg` or `nested`, never `auto`).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
 )]
@@ -25,6 +25,22 @@ pub enum Accel {
     Auto,
     Kvm,
     Tcg,
+    /// KVM, nested in TCG: the guests run under real KVM inside an
+    /// emulated host (TCG with AMD SVM) that runs the lab, the backend and
+    /// QEMU; the host's instructions are counted too.
+    Nested,
+}
+
+impl Accel {
+    /// How reports name it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Accel::Auto => "auto",
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+            Accel::Nested => "kvm, nested in tcg",
+        }
+    }
 }
 
 /// The image recipes' `manifest.json` files of a guest (docs/lab-protocol.md

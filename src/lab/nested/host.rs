@@ -1,0 +1,456 @@
+//! The outer lab's side of a nested run: the emulated host's machine, its
+//! boot, and its console session (the relay's SYNCs answered after the
+//! plugin's dumps; the host's own markers from its `/init`).
+//!
+//! Host console lines (from `images/nested-host/init`):
+//! `BLKLAB-HOST-INIT kernel=… kvm=yes|no cpus=N`, `BLKLAB-HOST-ERROR …`,
+//! `BLKLAB-HOST-END rc=N`; the relay's lines in between.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use log::{info, warn};
+use thiserror::Error;
+
+use crate::lab::boot::{BootFailure, SocketDir};
+use crate::lab::console::{FaultScanner, Phase};
+use crate::lab::images::{NestedHostImage, PreparedGuest};
+use crate::lab::insns::{self, Dump, InsnsError, SymbolMap};
+use crate::lab::nested::merge::{self, MergeError, Merged};
+use crate::lab::nested::relay::{self, SyncLine, WindowKey};
+use crate::lab::nested::transfer::{self, InnerRun, RunDisk, TransferError, RESULTS_DISK_BYTES};
+use crate::lab::options::RunArgs;
+use crate::lab::progress::Progress;
+use crate::lab::qemu::{Guest, Next, QemuError};
+use crate::lab::settings::Unit;
+use crate::util::units::parse_size;
+
+/// The host's kernel command line: its console on the serial port, quiet
+/// (the console also carries the relay).
+const HOST_APPEND: &str = "console=ttyS0 quiet loglevel=3 panic=-1";
+
+/// Memory the host needs besides its guest's: its initramfs (QEMU and its
+/// libraries), the run disk's files unpacked, QEMU's and blklab's own.
+const HOST_OVERHEAD_MIB: u64 = 1536;
+
+#[derive(Debug, Error)]
+pub enum NestedError {
+    #[error("the nested host's working directory: {0}")]
+    Stage(#[source] Box<BootFailure>),
+    #[error(transparent)]
+    Transfer(#[from] TransferError),
+    #[error("the nested host: {0}")]
+    Qemu(#[from] QemuError),
+    #[error("the nested host could not run the lab: {0}")]
+    Host(String),
+    #[error("the nested host's kernel reported a fault (console: {}):\n{report}", console.display())]
+    HostKernelFault { console: PathBuf, report: String },
+    #[error("the instruction-count plugin at the {edge} of {window}: {source}")]
+    Plugin {
+        edge: &'static str,
+        window: String,
+        #[source]
+        source: InsnsError,
+    },
+    #[error("the lab inside the nested host failed (its log: {}): {message}", log.display())]
+    Inner { message: String, log: PathBuf },
+    #[error(transparent)]
+    Merge(#[from] MergeError),
+}
+
+/// The emulated host's machine: a vCPU more than its largest guest (for
+/// the backend and QEMU's own threads), and its guest's memory plus
+/// [`HOST_OVERHEAD_MIB`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HostMachine {
+    pub vcpus: u32,
+    pub memory_mib: u64,
+}
+
+impl HostMachine {
+    pub(crate) fn for_units(units: &[Unit]) -> HostMachine {
+        let vcpus = units
+            .iter()
+            .map(|u| u.settings.machine.vcpus)
+            .max()
+            .unwrap_or(1);
+        let guest_mib = units
+            .iter()
+            .filter_map(|u| parse_size(&u.settings.machine.memory).ok())
+            .map(|b| b >> 20)
+            .max()
+            .unwrap_or(1024);
+        HostMachine {
+            vcpus: vcpus + 1,
+            memory_mib: guest_mib + HOST_OVERHEAD_MIB,
+        }
+    }
+}
+
+/// What the outer lab hands the nested host's boot.
+pub(crate) struct HostRun<'a> {
+    pub args: &'a RunArgs,
+    pub lab_dir: &'a Path,
+    pub guests: &'a [PreparedGuest],
+    pub labels: &'a [String],
+    pub out_dir: &'a Path,
+    pub qemu: &'a str,
+    pub image: &'a NestedHostImage,
+    /// The instruction-count plugin, for the outer QEMU.
+    pub plugin: Option<&'a Path>,
+    /// The guests' System.maps, by kernel (with the plugin).
+    pub maps: &'a [Option<Arc<SymbolMap>>],
+    pub machine: HostMachine,
+    /// The longest variant's runtime and ramp.
+    pub longest_variant: Duration,
+    pub pb: &'a Progress,
+}
+
+/// The host's records, failures and retried boots.
+pub(crate) type HostOutcome = Merged;
+
+/// Boot the host, follow its console to its end, and bring its records
+/// back with the outer lab's counts.
+pub(crate) fn boot(r: &HostRun) -> Result<HostOutcome, NestedError> {
+    let stage = SocketDir::new(0).map_err(|e| NestedError::Stage(Box::new(e)))?;
+    let run_disk = write_run_disk(r, &stage.0)?;
+    let results_disk = stage.0.join("results.img");
+    transfer::results_disk(&results_disk, RESULTS_DISK_BYTES)?;
+    let plugin = r
+        .plugin
+        .map(|_| insns::Control::new(stage.0.join("insns.sock")));
+    let args = qemu_args(r, &run_disk, &results_disk, plugin.as_ref());
+    let console = r.out_dir.join("console").join("nested-host.log");
+    let _ = std::fs::remove_file(&console);
+    info!(
+        "booting the nested host ({} vCPUs, {} MiB) under TCG",
+        r.machine.vcpus, r.machine.memory_mib
+    );
+    let guest = Guest::spawn_args(r.qemu, &args, Some(&console))?;
+    let mut session = HostSession::new(r, guest, plugin, &stage.0, console);
+    let windows = session.follow()?;
+    let results = stage.0.join("results");
+    transfer::unpack_results(&results_disk, &results)?;
+    Ok(merge::records(r, &results, windows)?)
+}
+
+/// The run disk: this blklab, `inner.json`, the guests' files and the
+/// scenarios (with `images/prepare.sh`, which marks a lab directory).
+fn write_run_disk(r: &HostRun, stage: &Path) -> Result<PathBuf, NestedError> {
+    let mut disk = RunDisk::create(&stage.join("run.tar"))?;
+    let exe = std::env::current_exe().map_err(|source| TransferError::Add {
+        from: PathBuf::from("/proc/self/exe"),
+        source,
+    })?;
+    disk.add_file(&exe, "blklab")?;
+    // One directory per distinct kernel (an A/A run gives one twice).
+    let mut dirs = Vec::new();
+    let mut seen: Vec<&Path> = Vec::new();
+    for g in r.guests {
+        let i = match seen.iter().position(|k| *k == g.kernel) {
+            Some(i) => i,
+            None => {
+                let i = seen.len();
+                seen.push(&g.kernel);
+                disk.add_file(&g.kernel, &format!("guests/{i}/vmlinuz"))?;
+                disk.add_file(&g.initramfs, &format!("guests/{i}/initramfs"))?;
+                for (m, name) in [
+                    (&g.kernel_manifest, "kernel.json"),
+                    (&g.initramfs_manifest, "initramfs.json"),
+                ] {
+                    if let Some(m) = m.as_ref().filter(|m| m.is_file()) {
+                        disk.add_file(m, &format!("guests/{i}/{name}"))?;
+                    }
+                }
+                i
+            }
+        };
+        dirs.push(i);
+    }
+    let inner = InnerRun::new(r.args, r.guests, &dirs);
+    let json = serde_json::to_vec_pretty(&inner).expect("an inner run serialises");
+    disk.add_bytes("inner.json", &json)?;
+    disk.add_file(
+        &r.lab_dir.join("images/prepare.sh"),
+        "lab/images/prepare.sh",
+    )?;
+    let scenarios = r.lab_dir.join("guest-scripts/scenarios");
+    let entries = std::fs::read_dir(&scenarios).map_err(|source| TransferError::Add {
+        from: scenarios.clone(),
+        source,
+    })?;
+    for e in entries.flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "scn") {
+            let name = format!(
+                "lab/guest-scripts/scenarios/{}",
+                e.file_name().to_string_lossy()
+            );
+            disk.add_file(&p, &name)?;
+        }
+    }
+    Ok(disk.finish()?)
+}
+
+/// The outer QEMU's command line: TCG (single-threaded with `-icount
+/// shift=0` under `--deterministic`) with an AMD CPU model whose SVM TCG
+/// emulates, the plugin, the host's kernel and initramfs, and the two
+/// transfer disks.
+fn qemu_args(
+    r: &HostRun,
+    run_disk: &Path,
+    results_disk: &Path,
+    plugin: Option<&insns::Control>,
+) -> Vec<String> {
+    let mut a: Vec<String> = Vec::new();
+    let mut push = |s: &[&str]| a.extend(s.iter().map(|x| x.to_string()));
+    if r.args.deterministic {
+        push(&["-accel", "tcg,thread=single", "-icount", "shift=0"]);
+    } else {
+        push(&["-accel", "tcg,thread=multi"]);
+    }
+    push(&["-M", "q35", "-cpu", "EPYC"]);
+    if let (Some(p), Some(ctl)) = (r.plugin, plugin) {
+        push(&[
+            "-plugin",
+            &format!("{},ctl={}", p.display(), ctl.path().display()),
+        ]);
+    }
+    push(&["-name", "blklab-host,debug-threads=on"]);
+    push(&[
+        "-smp",
+        &r.machine.vcpus.to_string(),
+        "-m",
+        &format!("{}M", r.machine.memory_mib),
+    ]);
+    push(&[
+        "-display",
+        "none",
+        "-serial",
+        "stdio",
+        "-monitor",
+        "none",
+        "-no-reboot",
+        "-nic",
+        "none",
+    ]);
+    push(&["-kernel", &r.image.kernel.display().to_string()]);
+    push(&["-initrd", &r.image.initramfs.display().to_string()]);
+    push(&["-append", HOST_APPEND]);
+    for (id, file, extra) in [
+        ("run", run_disk, ",readonly=on"),
+        ("results", results_disk, ""),
+    ] {
+        push(&[
+            "-drive",
+            &format!("file={},if=none,id={id},format=raw{extra}", file.display()),
+            "-device",
+            &format!("virtio-blk-pci,drive={id},serial=blklab-{id}"),
+        ]);
+    }
+    a
+}
+
+/// One window's plugin dumps: the begin's, then the window's counts.
+#[derive(Debug, Default)]
+pub(crate) struct Window {
+    begin: Option<Dump>,
+    pub counted: Option<Dump>,
+}
+
+/// The host's console session.
+struct HostSession<'a> {
+    r: &'a HostRun<'a>,
+    guest: Guest,
+    plugin: Option<insns::Control>,
+    stage: &'a Path,
+    console: PathBuf,
+    deadline: Instant,
+    waiting_for: String,
+    booted: bool,
+    fault: FaultScanner,
+    windows: BTreeMap<WindowKey, Window>,
+    /// The (kernel, scenario, iteration) of the last window, for progress.
+    last_boot: Option<(String, String, u32)>,
+    boots_seen: usize,
+}
+
+impl<'a> HostSession<'a> {
+    fn new(
+        r: &'a HostRun<'a>,
+        guest: Guest,
+        plugin: Option<insns::Control>,
+        stage: &'a Path,
+        console: PathBuf,
+    ) -> HostSession<'a> {
+        HostSession {
+            r,
+            guest,
+            plugin,
+            stage,
+            console,
+            deadline: Instant::now() + r.args.boot_timeout * slowdown(r.args),
+            waiting_for: "the nested host to boot (BLKLAB-HOST-INIT)".into(),
+            booted: false,
+            fault: FaultScanner::default(),
+            windows: BTreeMap::new(),
+            last_boot: None,
+            boots_seen: 0,
+        }
+    }
+
+    /// The longest the inner lab may be silent: a guest's boot, a step
+    /// and the longest variant, all inside the host.
+    fn inner_step(&self) -> Duration {
+        let a = self.r.args;
+        (a.boot_timeout + a.step_timeout + self.r.longest_variant) * slowdown(a)
+    }
+
+    /// Follow the console to `BLKLAB-HOST-END`; the windows counted.
+    fn follow(&mut self) -> Result<BTreeMap<WindowKey, Window>, NestedError> {
+        loop {
+            let line = match self.guest.next_line(self.deadline, &self.waiting_for)? {
+                Next::Line(l) => l,
+                Next::Closed => return Err(self.closed()),
+            };
+            if self.fault.feed(&line) {
+                if self.fault.complete() {
+                    return Err(self.kernel_fault());
+                }
+                continue;
+            }
+            if let Some(sync) = SyncLine::parse(&line) {
+                self.on_sync(sync)?;
+            } else if let Some(rest) = marker(&line, "BLKLAB-HOST-INIT") {
+                self.booted = true;
+                info!("nested host booted ({rest})");
+                self.expect("the lab inside the nested host".into());
+            } else if let Some(rest) = marker(&line, "BLKLAB-HOST-ERROR") {
+                return Err(NestedError::Host(rest.to_string()));
+            } else if let Some(rest) = marker(&line, "BLKLAB-HOST-END") {
+                let status = self.guest.wait_exit(Duration::from_secs(120));
+                info!("nested host finished ({rest}; QEMU {status})");
+                return Ok(std::mem::take(&mut self.windows));
+            }
+        }
+    }
+
+    fn expect(&mut self, what: String) {
+        self.deadline = Instant::now() + self.inner_step();
+        self.waiting_for = what;
+    }
+
+    /// A relayed SYNC: the plugin's dump for its window, then the answer.
+    fn on_sync(&mut self, sync: SyncLine) -> Result<(), NestedError> {
+        let key = &sync.key;
+        let name = format!(
+            "{} {}/{} #{}",
+            key.kernel, key.scenario, key.variant, key.iteration
+        );
+        let dump = match &self.plugin {
+            Some(ctl) => {
+                let edge = match sync.phase {
+                    Phase::Begin => "begin",
+                    Phase::End => "end",
+                };
+                let file = self.stage.join(format!("{edge}.insns"));
+                Some(ctl.dump(&file).map_err(|source| NestedError::Plugin {
+                    edge,
+                    window: name.clone(),
+                    source,
+                })?)
+            }
+            None => None,
+        };
+        match sync.phase {
+            Phase::Begin => {
+                self.progress_boot(key);
+                self.r.pb.variant(&name);
+                self.windows.insert(
+                    key.clone(),
+                    Window {
+                        begin: dump,
+                        counted: None,
+                    },
+                );
+            }
+            Phase::End => {
+                let w = self.windows.entry(key.clone()).or_default();
+                w.counted = match (w.begin.take(), dump) {
+                    (Some(first), Some(last)) => Some(last.since(&first)),
+                    _ => None,
+                };
+                self.r.pb.variant_done();
+            }
+        }
+        self.guest.answer(&relay::answer(sync.seq))?;
+        self.expect(format!("the lab inside the nested host after {name}"));
+        Ok(())
+    }
+
+    /// Tell the progress bar when the windows move to another boot.
+    fn progress_boot(&mut self, key: &WindowKey) {
+        let b = (key.kernel.clone(), key.scenario.clone(), key.iteration);
+        if self.last_boot.as_ref() != Some(&b) {
+            self.r
+                .pb
+                .boot(self.boots_seen, &format!("{} {} #{}", b.0, b.1, b.2));
+            self.boots_seen += 1;
+            self.last_boot = Some(b);
+        }
+    }
+
+    /// The console closed before `BLKLAB-HOST-END`.
+    fn closed(&mut self) -> NestedError {
+        if self.fault.started() {
+            return self.kernel_fault();
+        }
+        let e = self.guest.exited_error();
+        if !self.booted {
+            warn!("the nested host never said BLKLAB-HOST-INIT");
+        }
+        NestedError::Qemu(e)
+    }
+
+    fn kernel_fault(&self) -> NestedError {
+        NestedError::HostKernelFault {
+            console: self.console.clone(),
+            report: self.fault.report(),
+        }
+    }
+}
+
+/// Under `--deterministic` the host's time runs far slower than the
+/// wall's: its waits are stretched by this.
+fn slowdown(args: &RunArgs) -> u32 {
+    if args.deterministic {
+        20
+    } else {
+        1
+    }
+}
+
+/// The rest of `line` after its marker `tag`, when it is one.
+fn marker<'l>(line: &'l str, tag: &str) -> Option<&'l str> {
+    let line = line.trim();
+    let rest = line.strip_prefix(tag)?;
+    (rest.is_empty() || rest.starts_with(' ')).then(|| rest.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_markers_are_whole_words() {
+        assert_eq!(
+            marker("BLKLAB-HOST-INIT kernel=6.12 kvm=yes\r", "BLKLAB-HOST-INIT"),
+            Some("kernel=6.12 kvm=yes")
+        );
+        assert_eq!(marker("BLKLAB-HOST-END", "BLKLAB-HOST-END"), Some(""));
+        assert_eq!(marker("BLKLAB-HOST-ENDING", "BLKLAB-HOST-END"), None);
+        assert_eq!(marker("x BLKLAB-HOST-END", "BLKLAB-HOST-END"), None);
+    }
+}

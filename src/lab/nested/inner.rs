@@ -1,0 +1,81 @@
+//! `blklab nested-inner FILE`: the lab's side inside a nested host. The
+//! host's `/init` starts it with the host's console as stdin and stdout
+//! and its stderr into the results. It runs the outer lab's plan under
+//! KVM ([`crate::lab::runner`]'s `run_inside`), relaying every SYNC on the
+//! console; its run directory, the host's `/proc/kallsyms` (to symbolise
+//! the host's instructions) and, when it fails, `error.txt` go back out.
+
+use std::path::{Path, PathBuf};
+
+use log::warn;
+use thiserror::Error;
+
+use crate::lab::nested::relay;
+use crate::lab::nested::transfer::{InnerRun, RESULTS_ROOT};
+use crate::lab::runner::{self, RunError};
+
+/// The host's kernel symbols, as the outer lab reads them.
+pub(crate) const KALLSYMS: &str = "kallsyms";
+/// The inner run's error, when it failed.
+pub(crate) const ERROR_FILE: &str = "error.txt";
+
+#[derive(Debug, Error)]
+pub enum InnerError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not an inner run document: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Run(#[from] Box<RunError>),
+}
+
+/// Run the inner lab of `file` (`inner.json` on the run disk).
+pub fn run(file: &Path) -> Result<(), InnerError> {
+    let read = |source| InnerError::Read {
+        path: file.to_path_buf(),
+        source,
+    };
+    let text = std::fs::read_to_string(file).map_err(read)?;
+    let inner: InnerRun = serde_json::from_str(&text).map_err(|source| InnerError::Parse {
+        path: file.to_path_buf(),
+        source,
+    })?;
+    let results = Path::new(RESULTS_ROOT);
+    save_kallsyms(results);
+    let relay = relay::console();
+    match runner::run_inside(&inner.args, inner.guests, &relay) {
+        Ok(_) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::write(results.join(ERROR_FILE), error_chain(&e));
+            Err(InnerError::Run(Box::new(e)))
+        }
+    }
+}
+
+/// The host's `/proc/kallsyms` (its kernel and the modules loaded, KVM's
+/// among them) into the results.
+fn save_kallsyms(results: &Path) {
+    let to = results.join(KALLSYMS);
+    if let Err(e) = std::fs::copy("/proc/kallsyms", &to) {
+        warn!("cannot copy /proc/kallsyms to {}: {e}", to.display());
+    }
+}
+
+/// An error and its sources, one per line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(&format!("\ncaused by: {s}"));
+        source = s.source();
+    }
+    text
+}

