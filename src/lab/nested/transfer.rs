@@ -126,6 +126,8 @@ impl RunDisk {
         })?;
         let mut tar = tar::Builder::new(f);
         tar.follow_symlinks(true);
+        // busybox tar in the host reads no GNU sparse entries.
+        tar.sparse(false);
         Ok(RunDisk {
             path: path.to_path_buf(),
             tar,
