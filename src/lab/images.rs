@@ -575,6 +575,7 @@ mod tests {
 pub(crate) struct NestedHostImage {
     pub kernel: PathBuf,
     pub initramfs: PathBuf,
+    pub manifest: Option<serde_json::Value>,
 }
 pub(crate) fn prepare_nested_host(
     _lab_dir: &Path,
@@ -590,5 +591,6 @@ pub(crate) fn prepare_nested_host(
     Ok(NestedHostImage {
         kernel: k,
         initramfs: i,
+        manifest: None,
     })
 }

@@ -642,6 +642,10 @@ fn write_run_document(
         shard: args
             .shard
             .map(|sh| run_plan::shard_info(sh, &order_of(&plan.all))),
+        nested_host: lab
+            .nested_host
+            .as_ref()
+            .map(|h| nested::host::info(h, HostMachine::for_units(&setup.units))),
     };
     crate::record::write(&lab.out_dir.join("run.json"), &run_doc)?;
     Ok(())

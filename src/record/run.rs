@@ -159,6 +159,25 @@ pub struct RunDocument {
     /// `--shard I/N` (null: the whole run).
     #[serde(default)]
     pub shard: Option<ShardInfo>,
+    /// `--accel nested`: the emulated host the guests ran in (absent
+    /// otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nested_host: Option<NestedHostInfo>,
+}
+
+/// The emulated host of a nested run: its image, its machine under TCG,
+/// and the QEMU inside it (the outer one's binary).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct NestedHostInfo {
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+    /// The image recipe's manifest (null when absent).
+    #[serde(default)]
+    pub manifest: Option<Value>,
+    /// QEMU's `-cpu` for the host.
+    pub cpu: String,
+    pub vcpus: u32,
+    pub memory_mib: u64,
 }
 
 impl Document for RunDocument {

@@ -25,6 +25,7 @@ use crate::lab::options::RunArgs;
 use crate::lab::progress::Progress;
 use crate::lab::qemu::{Guest, Next, QemuError};
 use crate::lab::settings::Unit;
+use crate::record::run::NestedHostInfo;
 use crate::util::units::parse_size;
 
 /// The host's kernel command line: its console on the serial port, quiet
@@ -93,6 +94,18 @@ impl HostMachine {
             vcpus: vcpus + 1,
             memory_mib: guest_mib + HOST_OVERHEAD_MIB,
         }
+    }
+}
+
+/// What run.json says of the host.
+pub(crate) fn info(image: &NestedHostImage, machine: HostMachine) -> NestedHostInfo {
+    NestedHostInfo {
+        kernel: image.kernel.clone(),
+        initramfs: image.initramfs.clone(),
+        manifest: image.manifest.clone(),
+        cpu: HOST_CPU.to_string(),
+        vcpus: machine.vcpus,
+        memory_mib: machine.memory_mib,
     }
 }
 
