@@ -16,6 +16,7 @@ use crate::backend::Disk;
 use crate::device::config::DiskConfig;
 use crate::lab::images::PreparedGuest;
 use crate::lab::insns::{self, InsnsError, SymbolMap};
+use crate::lab::kvm_stats::KvmStatsError;
 use crate::lab::options::RunArgs;
 use crate::lab::plan::Boot;
 use crate::lab::progress::Progress;
@@ -104,6 +105,15 @@ pub enum BootFailure {
         #[source]
         source: InsnsError,
     },
+    /// KVM's statistics could not be read at a variant's window `edge`
+    /// (`SCENARIO/VARIANT begin` or `end`), under KVM; a QEMU without them
+    /// is not a failure (the records say why they have none).
+    #[error("{edge}: KVM statistics: {source}")]
+    KvmStats {
+        edge: String,
+        #[source]
+        source: KvmStatsError,
+    },
     /// A result document ended under another name than it began.
     #[error("result framing mismatch: began {began}, ended {ended}")]
     ResultFraming { began: String, ended: String },
@@ -138,6 +148,7 @@ impl BootFailure {
             | BootFailure::DeviceSettings(_)
             | BootFailure::Serve(_)
             | BootFailure::Plugin { .. }
+            | BootFailure::KvmStats { .. }
             | BootFailure::ResultFraming { .. }
             | BootFailure::WriteRecord(_)
             | BootFailure::NeverBooted => Retry::Never,
@@ -244,12 +255,14 @@ fn kernel_append(c: &BootCtx) -> String {
     append
 }
 
-/// What QEMU runs for one boot: the guest, its disks and, with
-/// `--count-insns`, the plugin with its control socket.
+/// What QEMU runs for one boot: the guest, its disks, with
+/// `--count-insns` the plugin with its control socket and, given `qmp`, a
+/// QMP socket (for KVM's statistics).
 pub(crate) fn qemu_spec(
     c: &BootCtx,
     configs: &[DiskConfig],
     plugin: Option<&insns::Control>,
+    qmp: Option<&Path>,
 ) -> QemuSpec {
     QemuSpec {
         qemu: c.qemu.to_string(),
@@ -272,6 +285,7 @@ pub(crate) fn qemu_spec(
             (Some(p), Some(ctl)) => Some(format!("{},ctl={}", p.display(), ctl.path().display())),
             _ => None,
         },
+        qmp: qmp.map(Path::to_path_buf),
     }
 }
 
@@ -341,6 +355,10 @@ mod tests {
                     path: "/tmp/insns.sock".into(),
                     why: "gone".into(),
                 },
+            },
+            BootFailure::KvmStats {
+                edge: "s/v end".into(),
+                source: KvmStatsError::NoQomPath,
             },
             BootFailure::ResultFraming {
                 began: "s/a".into(),
