@@ -392,5 +392,19 @@ mod tests {
         assert!(f
             .to_string()
             .starts_with("s/v end: the instruction-count plugin"));
+        let k = BootFailure::KvmStats {
+            edge: "s/v begin".into(),
+            source: KvmStatsError::Qmp(crate::lab::qmp::QmpError::Closed {
+                path: "/tmp/qmp.sock".into(),
+            }),
+        };
+        assert!(matches!(
+            k.source().and_then(|s| s.downcast_ref::<KvmStatsError>()),
+            Some(KvmStatsError::Qmp(_))
+        ));
+        assert_eq!(
+            k.to_string(),
+            "s/v begin: KVM statistics: QEMU's QMP socket /tmp/qmp.sock closed"
+        );
     }
 }
