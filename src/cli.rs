@@ -171,8 +171,14 @@ pub struct CompareArgs {
     /// kicks_per_io, requests_per_kick, notifications_per_io, ctxsw_per_io,
     /// irqs_per_io, lat_p50_us, lat_p99_us, instructions_per_io,
     /// kernel_instructions_per_io, user_instructions_per_io,
-    /// idle_entries_per_io. The default adds the instruction metrics when
-    /// the records have them (--count-insns).
+    /// idle_entries_per_io, and under KVM kvm_exits_per_io,
+    /// kvm_halt_exits_per_io, kvm_io_exits_per_io, kvm_mmio_exits_per_io,
+    /// kvm_irq_exits_per_io, kvm_irq_window_exits_per_io,
+    /// kvm_irq_injections_per_io, kvm_halt_successful_poll_per_io,
+    /// kvm_halt_attempted_poll_per_io, kvm_halt_poll_ns_per_io,
+    /// kvm_halt_wait_ns_per_io. The default adds the instruction metrics
+    /// when the records have them (--count-insns), and KVM's exits, HLT
+    /// exits and interrupt injections per IO when they have KVM's counters.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub metric: Vec<String>,
     /// What to print.

@@ -343,6 +343,24 @@ fn default_run_builds_the_pair_and_reports() {
                     .join(format!("{l}.seed002-quick.{v}.{i:02}.json"));
                 let r = read_json(&p);
                 check_record(&format!("{l}/{v}/{i}"), &r, 2);
+                // KVM's own vCPU counters under KVM (or why there are
+                // none), nothing under TCG.
+                let kvm = &r["kvm"];
+                if tcg {
+                    assert!(kvm.is_null(), "{l}/{v}/{i}: {}", short(kvm));
+                } else if kvm["unavailable"].is_null() {
+                    assert!(
+                        f(kvm, "/counters/exits") > 0.0,
+                        "{l}/{v}/{i}: {}",
+                        short(kvm)
+                    );
+                    assert!(f(kvm, "/per_io/exits") > 0.0, "{l}/{v}/{i}: {}", short(kvm));
+                    assert_eq!(
+                        kvm["per_vcpu"].as_array().map(|a| a.len() as u64),
+                        r["machine"]["vcpus"].as_u64(),
+                        "{l}/{v}/{i}"
+                    );
+                }
                 let ins = &r["instructions"];
                 if !tcg {
                     assert!(ins.is_null(), "{l}/{v}/{i}: {}", short(ins));

@@ -17,6 +17,7 @@ use crate::device::config::DiskConfig;
 use crate::lab::images::PreparedGuest;
 use crate::lab::insns::{self, InsnsError, SymbolMap};
 use crate::lab::nested::relay::{RelayError, SyncRelay};
+use crate::lab::kvm_stats::KvmStatsError;
 use crate::lab::options::RunArgs;
 use crate::lab::plan::Boot;
 use crate::lab::progress::Progress;
@@ -110,6 +111,15 @@ pub enum BootFailure {
     /// Inside a nested host: the outer lab could not be told of a SYNC.
     #[error("relaying the SYNC to the outer lab: {0}")]
     Relay(#[from] RelayError),
+    /// KVM's statistics could not be read at a variant's window `edge`
+    /// (`SCENARIO/VARIANT begin` or `end`), under KVM; a QEMU without them
+    /// is not a failure (the records say why they have none).
+    #[error("{edge}: KVM statistics: {source}")]
+    KvmStats {
+        edge: String,
+        #[source]
+        source: KvmStatsError,
+    },
     /// A result document ended under another name than it began.
     #[error("result framing mismatch: began {began}, ended {ended}")]
     ResultFraming { began: String, ended: String },
@@ -145,6 +155,7 @@ impl BootFailure {
             | BootFailure::Serve(_)
             | BootFailure::Plugin { .. }
             | BootFailure::Relay(_)
+            | BootFailure::KvmStats { .. }
             | BootFailure::ResultFraming { .. }
             | BootFailure::WriteRecord(_)
             | BootFailure::NeverBooted => Retry::Never,
@@ -251,12 +262,14 @@ fn kernel_append(c: &BootCtx) -> String {
     append
 }
 
-/// What QEMU runs for one boot: the guest, its disks and, with
-/// `--count-insns`, the plugin with its control socket.
+/// What QEMU runs for one boot: the guest, its disks, with
+/// `--count-insns` the plugin with its control socket and, given `qmp`, a
+/// QMP socket (for KVM's statistics).
 pub(crate) fn qemu_spec(
     c: &BootCtx,
     configs: &[DiskConfig],
     plugin: Option<&insns::Control>,
+    qmp: Option<&Path>,
 ) -> QemuSpec {
     QemuSpec {
         qemu: c.qemu.to_string(),
@@ -279,6 +292,7 @@ pub(crate) fn qemu_spec(
             (Some(p), Some(ctl)) => Some(format!("{},ctl={}", p.display(), ctl.path().display())),
             _ => None,
         },
+        qmp: qmp.map(Path::to_path_buf),
     }
 }
 
@@ -349,6 +363,10 @@ mod tests {
                     why: "gone".into(),
                 },
             },
+            BootFailure::KvmStats {
+                edge: "s/v end".into(),
+                source: KvmStatsError::NoQomPath,
+            },
             BootFailure::ResultFraming {
                 began: "s/a".into(),
                 ended: "s/b".into(),
@@ -381,5 +399,19 @@ mod tests {
         assert!(f
             .to_string()
             .starts_with("s/v end: the instruction-count plugin"));
+        let k = BootFailure::KvmStats {
+            edge: "s/v begin".into(),
+            source: KvmStatsError::Qmp(crate::lab::qmp::QmpError::Closed {
+                path: "/tmp/qmp.sock".into(),
+            }),
+        };
+        assert!(matches!(
+            k.source().and_then(|s| s.downcast_ref::<KvmStatsError>()),
+            Some(KvmStatsError::Qmp(_))
+        ));
+        assert_eq!(
+            k.to_string(),
+            "s/v begin: KVM statistics: QEMU's QMP socket /tmp/qmp.sock closed"
+        );
     }
 }

@@ -5,6 +5,9 @@
 //! - [`insns`]: the instruction-count plugin, System.map, symbol groups;
 //! - [`location`]: `--cache` and `--lab-dir`;
 //! - [`qemu`]: QEMU's command line, the KVM probe, a guest on pipes;
+//! - `qmp`: a small QMP client on QEMU's monitor socket;
+//! - `kvm_stats`: KVM's per-vCPU statistics over a variant's window (QMP
+//!   `query-stats`, under KVM);
 //! - [`console`]: the guest's console protocol (SYNC, results);
 //! - [`hostcpu`]: per-thread CPU of QEMU and of this process;
 //! - [`runner`]: the run's phases, from the arguments to the summary;
@@ -22,12 +25,14 @@ pub(crate) mod cleanup;
 pub mod console;
 pub mod images;
 pub mod insns;
+pub(crate) mod kvm_stats;
 pub(crate) mod location;
 pub mod nested;
 pub mod options;
 pub(crate) mod plan;
 pub(crate) mod progress;
 pub mod qemu;
+pub(crate) mod qmp;
 pub mod runner;
 pub mod scenario;
 pub(crate) mod session;

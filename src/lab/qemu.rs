@@ -78,6 +78,8 @@ pub(crate) struct QemuSpec {
     /// `-plugin` argument: the plugin's path and its arguments
     /// (`/x/libblklab-insns.so,ctl=/x/insns.sock`), TCG only.
     pub plugin: Option<String>,
+    /// A QMP socket QEMU listens on (`-qmp unix:PATH,server=on,wait=off`).
+    pub qmp: Option<PathBuf>,
 }
 
 impl QemuSpec {
@@ -92,6 +94,9 @@ impl QemuSpec {
         }
         if let (Some(p), false) = (&self.plugin, self.accel == Accel::Kvm) {
             push(&["-plugin", p]);
+        }
+        if let Some(q) = &self.qmp {
+            push(&["-qmp", &format!("unix:{},server=on,wait=off", q.display())]);
         }
         push(&["-name", "blklab,debug-threads=on"]);
         push(&["-smp", &self.vcpus.to_string(), "-m", &self.memory]);
@@ -490,6 +495,7 @@ pub(crate) fn probe_kvm(
         disks: Vec::new(),
         deterministic: false,
         plugin: None,
+        qmp: None,
     };
     let mut g = Guest::spawn(&spec, None)?;
     let deadline = Instant::now() + timeout;
@@ -559,6 +565,7 @@ mod tests {
             }],
             deterministic: false,
             plugin: None,
+            qmp: None,
         }
     }
 
@@ -580,6 +587,14 @@ mod tests {
         let s = shell_words(&d.args());
         assert!(
             s.starts_with("-accel tcg,thread=single -icount shift=0 -plugin /p/libblklab-insns.so,ctl=/s/insns.sock -name"),
+            "{s}"
+        );
+        assert!(!s.contains("-qmp"), "{s}");
+        let mut q = spec(Accel::Kvm);
+        q.qmp = Some("/s/qmp.sock".into());
+        let s = shell_words(&q.args());
+        assert!(
+            s.starts_with("-accel kvm -cpu host -qmp unix:/s/qmp.sock,server=on,wait=off -name"),
             "{s}"
         );
     }

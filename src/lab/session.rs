@@ -19,8 +19,10 @@ use crate::lab::boot::{qemu_spec, BootCtx, BootDisks, BootFailure};
 use crate::lab::console::{parse_line, Event, FaultScanner, Phase};
 use crate::lab::insns::{self, Dump, InsnsWindow};
 use crate::lab::nested::relay::WindowKey;
-use crate::lab::qemu::{self, Guest, Next};
+use crate::lab::kvm_stats::KvmSampler;
+use crate::lab::qemu::{self, Accel, Guest, Next};
 use crate::record::guest::{GuestResult, GUEST_SCHEMA};
+use crate::record::kvm::KvmWindow;
 use crate::record::result::{Checks, HostWindow, ResultRecord, RESULT_SCHEMA};
 use crate::stats::queue::{QueueStats, StatsDocument};
 use crate::util::hostcpu;
@@ -45,6 +47,8 @@ struct Measured {
     host: HostWindow,
     /// The plugin's counters over the window (with --count-insns).
     insns: Option<Dump>,
+    /// KVM's vCPU statistics over the window (under KVM).
+    kvm: Option<KvmWindow>,
 }
 
 /// How `instructions` windows are taken (recorded in run.json and records).
@@ -63,13 +67,19 @@ pub(crate) fn run_boot(c: &BootCtx) -> Result<(Vec<ResultRecord>, Vec<String>), 
     let plugin = c
         .plugin
         .map(|_| insns::Control::new(disks.sockets.0.join("insns.sock")));
-    let spec = qemu_spec(c, &disks.configs, plugin.as_ref());
+    let kvm = (c.accel == Accel::Kvm).then(|| KvmSampler::new(disks.sockets.0.join("qmp.sock")));
+    let spec = qemu_spec(
+        c,
+        &disks.configs,
+        plugin.as_ref(),
+        kvm.as_ref().map(KvmSampler::path),
+    );
     let mut command_line = vec![c.qemu.to_string()];
     command_line.extend(spec.args());
     let console_log = c.console_log();
     let _ = std::fs::remove_file(&console_log);
     let guest = Guest::spawn(&spec, Some(&console_log))?;
-    let mut session = Session::new(c, guest, plugin, disks, command_line);
+    let mut session = Session::new(c, guest, plugin, kvm, disks, command_line);
     let rc = loop {
         let line = session.next_line()?;
         if session.scan_fault(&line)? || session.collect(&line) {
@@ -91,6 +101,8 @@ struct Session<'a> {
     guest: Guest,
     /// The instruction-count plugin's control socket (--count-insns).
     plugin: Option<insns::Control>,
+    /// KVM's statistics from QEMU's QMP socket (under KVM).
+    kvm: Option<KvmSampler>,
     disks: BootDisks,
     c: &'a BootCtx<'a>,
     command_line: Vec<String>,
@@ -120,6 +132,7 @@ impl<'a> Session<'a> {
         c: &'a BootCtx<'a>,
         guest: Guest,
         plugin: Option<insns::Control>,
+        kvm: Option<KvmSampler>,
         disks: BootDisks,
         command_line: Vec<String>,
     ) -> Session<'a> {
@@ -128,6 +141,7 @@ impl<'a> Session<'a> {
             my_pid: std::process::id() as i32,
             guest,
             plugin,
+            kvm,
             disks,
             c,
             command_line,
@@ -274,6 +288,12 @@ impl<'a> Session<'a> {
             ),
             None => None,
         };
+        if let Some(k) = self.kvm.as_mut() {
+            k.begin().map_err(|source| BootFailure::KvmStats {
+                edge: format!("{scenario}/{variant} begin"),
+                source,
+            })?;
+        }
         self.begin = Some(Begin {
             insns: dump,
             backend: control::baselines(&self.disks.disks),
@@ -333,12 +353,20 @@ impl<'a> Session<'a> {
                     .ok()
                     .map(|s| s.trim().to_string()),
             };
+            let kvm = match self.kvm.as_mut() {
+                Some(k) => k.end().map_err(|source| BootFailure::KvmStats {
+                    edge: format!("{scenario}/{variant} end"),
+                    source,
+                })?,
+                None => None,
+            };
             self.measured.insert(
                 (scenario, variant.clone()),
                 Measured {
                     backend: doc,
                     host,
                     insns: insns_window,
+                    kvm,
                 },
             );
         } else {
@@ -506,9 +534,9 @@ fn assemble_record(
     guest: GuestResult,
     measured: Option<Measured>,
 ) -> ResultRecord {
-    let (backend, host, window) = match measured {
-        Some(m) => (Some(m.backend), Some(m.host), m.insns),
-        None => (None, None, None),
+    let (backend, host, window, kvm) = match measured {
+        Some(m) => (Some(m.backend), Some(m.host), m.insns, m.kvm),
+        None => (None, None, None, None),
     };
     let mut record = ResultRecord {
         schema: RESULT_SCHEMA.to_string(),
@@ -532,7 +560,9 @@ fn assemble_record(
         backend,
         host,
         instructions: None,
+        kvm: None,
     };
+    record.kvm = kvm.map(|w| w.with_per_io(crate::record::metrics::ios(&record)));
     if let (Some(w), Some(map)) = (window, &c.symbols) {
         let p = insns::profile(&w, map);
         let ios = crate::record::metrics::ios(&record);

@@ -115,6 +115,32 @@ fn entries_per_io(r: &ResultRecord, function: &str) -> Option<f64> {
     *r.instructions.as_ref()?.entries_per_io.get(function)?
 }
 
+// --- KVM's view of the vCPUs ----------------------------------------------
+// Under KVM: KVM's own cumulative vCPU counters over the window (QMP
+// `query-stats`, `record::kvm`), summed over the vCPUs, per IO. Absent from
+// TCG records and from KVM records without the statistics.
+
+/// The sum of KVM counters `names` over the window, per IO.
+fn kvm_per_io(r: &ResultRecord, names: &[&str]) -> Option<f64> {
+    per_io(r.kvm.as_ref()?.sum(names), r)
+}
+
+/// A KVM counter per IO (lower is better).
+const fn kvm(
+    key: &'static str,
+    title: &'static str,
+    unit: &'static str,
+    get: fn(&ResultRecord) -> Option<f64>,
+) -> Metric {
+    Metric {
+        key,
+        title,
+        unit,
+        better: Better::Lower,
+        get,
+    }
+}
+
 /// A per-IO metric (lower is better).
 const fn mech(
     key: &'static str,
@@ -340,6 +366,70 @@ pub(crate) const METRICS: &[Metric] = &[
         |r| entries_per_io(r, "sbitmap_queue_wake_up"),
     ),
     // --- end of the mechanism metrics ---
+    // --- KVM's counters (see `kvm`) ---
+    kvm("kvm_exits_per_io", "KVM exits per IO (exits)", "", |r| {
+        kvm_per_io(r, &["exits"])
+    }),
+    kvm(
+        "kvm_halt_exits_per_io",
+        "KVM HLT exits per IO (halt_exits)",
+        "",
+        |r| kvm_per_io(r, &["halt_exits"]),
+    ),
+    kvm(
+        "kvm_io_exits_per_io",
+        "KVM port IO exits per IO (io_exits)",
+        "",
+        |r| kvm_per_io(r, &["io_exits"]),
+    ),
+    kvm(
+        "kvm_mmio_exits_per_io",
+        "KVM MMIO exits per IO (mmio_exits)",
+        "",
+        |r| kvm_per_io(r, &["mmio_exits"]),
+    ),
+    kvm(
+        "kvm_irq_exits_per_io",
+        "KVM external-interrupt exits per IO (irq_exits)",
+        "",
+        |r| kvm_per_io(r, &["irq_exits"]),
+    ),
+    kvm(
+        "kvm_irq_window_exits_per_io",
+        "KVM interrupt-window exits per IO (irq_window_exits)",
+        "",
+        |r| kvm_per_io(r, &["irq_window_exits"]),
+    ),
+    kvm(
+        "kvm_irq_injections_per_io",
+        "KVM interrupt injections per IO (irq_injections)",
+        "",
+        |r| kvm_per_io(r, &["irq_injections"]),
+    ),
+    kvm(
+        "kvm_halt_successful_poll_per_io",
+        "KVM successful halt polls per IO (halt_successful_poll)",
+        "",
+        |r| kvm_per_io(r, &["halt_successful_poll"]),
+    ),
+    kvm(
+        "kvm_halt_attempted_poll_per_io",
+        "KVM attempted halt polls per IO (halt_attempted_poll)",
+        "",
+        |r| kvm_per_io(r, &["halt_attempted_poll"]),
+    ),
+    kvm(
+        "kvm_halt_poll_ns_per_io",
+        "KVM halt-polling time per IO (halt_poll_success_ns + halt_poll_fail_ns)",
+        "ns",
+        |r| kvm_per_io(r, &["halt_poll_success_ns", "halt_poll_fail_ns"]),
+    ),
+    kvm(
+        "kvm_halt_wait_ns_per_io",
+        "KVM halted time per IO (halt_wait_ns)",
+        "ns",
+        |r| kvm_per_io(r, &["halt_wait_ns"]),
+    ),
 ];
 
 /// The metrics added to the defaults when records carry instruction counts
@@ -353,15 +443,26 @@ pub(crate) const INSTRUCTION_METRICS: &[&str] = &[
     "ctxsw_per_io",
 ];
 
+/// The metrics added to the defaults when records carry KVM's counters
+/// (runs under KVM): how often the vCPUs left the guest, halted, and were
+/// sent an interrupt.
+pub(crate) const KVM_METRICS: &[&str] = &[
+    "kvm_exits_per_io",
+    "kvm_halt_exits_per_io",
+    "kvm_irq_injections_per_io",
+];
+
 /// The default metrics for `records`: [`DEFAULT_METRICS`], plus
-/// [`INSTRUCTION_METRICS`] when any record has instruction counts.
+/// [`INSTRUCTION_METRICS`] when any record has instruction counts and
+/// [`KVM_METRICS`] when any has KVM's counters.
 pub fn default_metrics<'a>(records: impl IntoIterator<Item = &'a ResultRecord>) -> Vec<String> {
+    let records: Vec<&ResultRecord> = records.into_iter().collect();
     let mut v: Vec<String> = DEFAULT_METRICS.iter().map(|s| s.to_string()).collect();
-    if records
-        .into_iter()
-        .any(|r| insns(r, |i| i.per_io).is_some())
-    {
+    if records.iter().any(|r| insns(r, |i| i.per_io).is_some()) {
         v.extend(INSTRUCTION_METRICS.iter().map(|s| s.to_string()));
+    }
+    if records.iter().any(|r| kvm_per_io(r, &["exits"]).is_some()) {
+        v.extend(KVM_METRICS.iter().map(|s| s.to_string()));
     }
     v
 }
@@ -536,6 +637,73 @@ mod tests {
                 .contains(f),
                 "{f}"
             );
+        }
+    }
+
+    #[test]
+    fn kvm_metrics_divide_kvm_counters_by_the_ios() {
+        let counters = json!({"exits": 7000, "halt_exits": 2500, "io_exits": 4, "mmio_exits": 2,
+            "irq_exits": 35, "irq_window_exits": 8, "irq_injections": 3000,
+            "halt_successful_poll": 1500, "halt_attempted_poll": 2400,
+            "halt_poll_success_ns": 21000000, "halt_poll_fail_ns": 5000000,
+            "halt_wait_ns": 1000000000});
+        let r = test_record(json!({
+            "checks": {"guest_block_ios": 2000},
+            "kvm": {"source": "s", "counters": counters},
+        }));
+        let v = |k: &str| (find(k).unwrap_or_else(|| panic!("{k}")).get)(&r);
+        assert_eq!(v("kvm_exits_per_io"), Some(3.5));
+        assert_eq!(v("kvm_halt_exits_per_io"), Some(1.25));
+        assert_eq!(v("kvm_io_exits_per_io"), Some(0.002));
+        assert_eq!(v("kvm_mmio_exits_per_io"), Some(0.001));
+        assert_eq!(v("kvm_irq_exits_per_io"), Some(0.0175));
+        assert_eq!(v("kvm_irq_window_exits_per_io"), Some(0.004));
+        assert_eq!(v("kvm_irq_injections_per_io"), Some(1.5));
+        assert_eq!(v("kvm_halt_successful_poll_per_io"), Some(0.75));
+        assert_eq!(v("kvm_halt_attempted_poll_per_io"), Some(1.2));
+        assert_eq!(v("kvm_halt_poll_ns_per_io"), Some(13000.0));
+        assert_eq!(v("kvm_halt_wait_ns_per_io"), Some(500000.0));
+        // Each KVM metric names the counters it reads, and each exists.
+        for m in METRICS.iter().filter(|m| m.key.starts_with("kvm_")) {
+            assert!((m.get)(&r).is_some(), "{}", m.key);
+            let (_, names) = m.title.rsplit_once('(').expect("counters in the title");
+            for n in names.trim_end_matches(')').split(" + ") {
+                assert!(counters.get(n).is_some(), "{}: {n}", m.key);
+            }
+        }
+        // Without an IO count, without KVM's statistics (TCG, or a QEMU
+        // without them), or without the counter: absent, not 0.
+        let mut no_ios = r.clone();
+        no_ios.checks.guest_block_ios = None;
+        let tcg = rec();
+        let old_qemu = test_record(json!({
+            "checks": {"guest_block_ios": 2000},
+            "kvm": {"source": "s", "unavailable": "no query-stats"},
+        }));
+        let mut no_halt_wait = r.clone();
+        no_halt_wait
+            .kvm
+            .as_mut()
+            .unwrap()
+            .counters
+            .remove("halt_wait_ns");
+        for m in METRICS.iter().filter(|m| m.key.starts_with("kvm_")) {
+            for x in [&no_ios, &tcg, &old_qemu] {
+                assert_eq!((m.get)(x), None, "{}", m.key);
+            }
+        }
+        assert_eq!(
+            (find("kvm_halt_wait_ns_per_io").unwrap().get)(&no_halt_wait),
+            None
+        );
+        // The defaults grow by the KVM metrics only with KVM's counters.
+        let plain = default_metrics([&tcg, &old_qemu]);
+        assert_eq!(plain, DEFAULT_METRICS);
+        let with_kvm = default_metrics([&tcg, &r]);
+        assert_eq!(with_kvm[..DEFAULT_METRICS.len()], *DEFAULT_METRICS);
+        assert_eq!(with_kvm[DEFAULT_METRICS.len()..], *KVM_METRICS);
+        for k in KVM_METRICS {
+            assert!(find(k).is_some(), "{k}");
         }
     }
 }

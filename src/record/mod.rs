@@ -7,8 +7,8 @@
 //!   variant and boot (`blklab-run-result/1`), embedding the guest's
 //!   document ([`guest`]), the backend's stats document
 //!   ([`crate::stats::queue::StatsDocument`], `blklab-stats/1`), the host's
-//!   CPU ([`crate::util::hostcpu::ProcessCpu`]) and the instruction
-//!   profile ([`instructions`]);
+//!   CPU ([`crate::util::hostcpu::ProcessCpu`]), the instruction
+//!   profile ([`instructions`]) and KVM's vCPU statistics ([`kvm`]);
 //! - [`summary::SummaryDocument`]: `summary.json` (`blklab-run-summary/1`).
 //!
 //! Each carries its `schema` string; [`read`] refuses another name or
@@ -17,6 +17,7 @@
 
 pub mod guest;
 pub(crate) mod instructions;
+pub(crate) mod kvm;
 pub(crate) mod machine;
 pub mod metrics;
 pub mod result;

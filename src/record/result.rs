@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use crate::device::config::DiskConfig;
 use crate::record::guest::GuestResult;
 use crate::record::instructions::Instructions;
+use crate::record::kvm::KvmWindow;
 use crate::record::machine::{Machine, Override};
 use crate::record::run::{Accel, Manifests};
 use crate::record::scenario::Variant;
@@ -172,6 +173,10 @@ pub struct ResultRecord {
     /// With `--count-insns` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instructions: Option<Instructions>,
+    /// Under KVM only: KVM's vCPU statistics over the window (absent from
+    /// TCG records and from records older than the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kvm: Option<KvmWindow>,
 }
 
 impl Document for ResultRecord {

@@ -1,0 +1,132 @@
+//! A record's `kvm` (runs under KVM): KVM's own per-vCPU statistics over
+//! the variant's window, read from QEMU (`lab::kvm_stats` produces it).
+//! Only cumulative counters are kept: their increase from the begin SYNC
+//! to the end SYNC, for each vCPU and summed over them, and the sum per IO.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Where the counters come from.
+pub(crate) const KVM_SOURCE: &str =
+    "qmp query-stats (target vcpu, provider kvm) at the variant's BLKLAB-SYNC begin and end";
+
+/// One vCPU's counters over the window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct KvmVcpu {
+    /// The vCPU's QOM path (`/machine/unattached/device[N]`).
+    pub qom_path: String,
+    /// Counter → its increase over the window.
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// KVM's vCPU statistics over one variant's window.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct KvmWindow {
+    /// How the counters were read ([`KVM_SOURCE`]).
+    pub source: String,
+    /// Why the record has no counters (QEMU without `query-stats`, or a
+    /// host kernel without KVM's binary statistics); absent when it has
+    /// them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<String>,
+    /// Cumulative counter (KVM's name: `exits`, `halt_exits`, …) → its
+    /// increase over the window, summed over the vCPUs.
+    #[serde(default)]
+    pub counters: BTreeMap<String, u64>,
+    /// Counter → its unit, for counters that have one (`ns`, `bytes`,
+    /// `cycles`); the others are counts.
+    #[serde(default)]
+    pub units: BTreeMap<String, String>,
+    /// Per vCPU, in vCPU order.
+    #[serde(default)]
+    pub per_vcpu: Vec<KvmVcpu>,
+    /// The IOs per-IO values divide by (`record::metrics::ios`); null
+    /// without an IO count.
+    #[serde(default)]
+    pub ios: Option<f64>,
+    /// Counter → its sum over the vCPUs per IO (empty without an IO count).
+    #[serde(default)]
+    pub per_io: BTreeMap<String, f64>,
+}
+
+impl KvmWindow {
+    /// A window without counters, and why.
+    pub(crate) fn unavailable(reason: String) -> KvmWindow {
+        KvmWindow {
+            source: KVM_SOURCE.to_string(),
+            unavailable: Some(reason),
+            ..KvmWindow::default()
+        }
+    }
+
+    /// The window with its per-IO values over `ios` IOs.
+    pub(crate) fn with_per_io(mut self, ios: Option<f64>) -> KvmWindow {
+        let ios = ios.filter(|n| *n > 0.0);
+        self.ios = ios;
+        self.per_io = match ios {
+            Some(n) => self
+                .counters
+                .iter()
+                .map(|(k, v)| (k.clone(), *v as f64 / n))
+                .collect(),
+            None => BTreeMap::new(),
+        };
+        self
+    }
+
+    /// The sum of `names` over the window (None when one is missing).
+    pub(crate) fn sum(&self, names: &[&str]) -> Option<f64> {
+        names
+            .iter()
+            .map(|n| self.counters.get(*n).map(|v| *v as f64))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window() -> KvmWindow {
+        KvmWindow {
+            source: KVM_SOURCE.into(),
+            counters: [("exits".to_string(), 3000), ("halt_exits".to_string(), 500)].into(),
+            ..KvmWindow::default()
+        }
+    }
+
+    #[test]
+    fn per_io_divides_every_counter_by_the_ios() {
+        let w = window().with_per_io(Some(1000.0));
+        assert_eq!(w.ios, Some(1000.0));
+        assert_eq!(w.per_io["exits"], 3.0);
+        assert_eq!(w.per_io["halt_exits"], 0.5);
+        for ios in [None, Some(0.0)] {
+            let w = window().with_per_io(ios);
+            assert_eq!((w.ios, w.per_io.is_empty()), (None, true));
+        }
+    }
+
+    #[test]
+    fn a_sum_needs_every_counter() {
+        assert_eq!(window().sum(&["exits", "halt_exits"]), Some(3500.0));
+        assert_eq!(window().sum(&["exits", "halt_wait_ns"]), None);
+        assert_eq!(
+            KvmWindow::unavailable("old QEMU".into()).sum(&["exits"]),
+            None
+        );
+    }
+
+    #[test]
+    fn an_unavailable_window_says_why_and_round_trips() {
+        let w = KvmWindow::unavailable("no query-stats".into());
+        let v = serde_json::to_value(&w).unwrap();
+        assert_eq!(v["unavailable"], "no query-stats");
+        assert_eq!(serde_json::from_value::<KvmWindow>(v).unwrap(), w);
+        // A window with counters leaves `unavailable` out.
+        let v = serde_json::to_value(window()).unwrap();
+        assert!(v.get("unavailable").is_none(), "{v}");
+    }
+}
