@@ -58,7 +58,7 @@ impl SyncLine {
     /// A console line as a relay SYNC (carriage returns and surrounding
     /// blanks ignored); `None` for anything else.
     pub(crate) fn parse(line: &str) -> Option<SyncLine> {
-        let mut w = line.trim().split_whitespace();
+        let mut w = line.split_whitespace();
         if (w.next()?, w.next()?) != (TAG, "sync") {
             return None;
         }
