@@ -7,12 +7,17 @@
 //!   and what each entry was built from (`blklab images list`);
 //! - [`index`]: the index of an image archive (its format, checked);
 //! - [`archive`]: `blklab images export` and `import`;
-//! - [`command`]: the `blklab images` verbs.
+//! - [`command`]: the `blklab images` verbs;
+//! - [`nested_host`]: the host image of the nested mode
+//!   (`images/build-nested-host.sh`).
 
 pub mod archive;
 pub(crate) mod cache;
 pub mod command;
 pub(crate) mod index;
+pub(crate) mod nested_host;
+
+pub use nested_host::NestedHostKey;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -62,6 +67,14 @@ pub enum ImageError {
         status: String,
         last: String,
     },
+    #[error("building the nested host image failed ({status}): {last}")]
+    HostFailed {
+        script: PathBuf,
+        status: String,
+        last: String,
+    },
+    #[error("{script} printed {stdout:?}, not the paths of the host's kernel and initramfs (one a line)")]
+    HostOutput { script: PathBuf, stdout: String },
 }
 
 /// The series `build:SERIES` takes: the Debian `linux-source-SERIES`
@@ -441,6 +454,9 @@ fn json_lines<T: serde::de::DeserializeOwned>(
 
 /// Each spec's offline key (`images/prepare.sh --keys`), in order.
 pub(crate) fn keys(lab_dir: &Path, specs: &[KernelSpec]) -> Result<Vec<SpecKey>, ImageError> {
+    if specs.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut args = vec!["--keys".to_string()];
     args.extend(specs.iter().map(|s| s.to_prepare_arg()));
     let keys: Vec<SpecKey> = json_lines(&lab_dir.join("images/prepare.sh"), &args)?;
@@ -477,7 +493,11 @@ pub(crate) fn build(
     specs: &[KernelSpec],
     qemu: Option<&str>,
 ) -> Result<(Vec<PreparedGuest>, Option<PathBuf>), ImageError> {
-    let guests = prepare(lab_dir, Some(cache), specs)?;
+    let guests = if specs.is_empty() {
+        Vec::new()
+    } else {
+        prepare(lab_dir, Some(cache), specs)?
+    };
     let plugin = match qemu {
         Some(q) => Some(
             crate::lab::insns::build_plugin(lab_dir, Some(cache), q).map_err(ImageError::Plugin)?,
@@ -570,27 +590,3 @@ mod tests {
     }
 }
 
-// TEMP-MERGE: replaced by the nested host recipe's module.
-#[derive(Debug, Clone)]
-pub(crate) struct NestedHostImage {
-    pub kernel: PathBuf,
-    pub initramfs: PathBuf,
-    pub manifest: Option<serde_json::Value>,
-}
-pub(crate) fn prepare_nested_host(
-    _lab_dir: &Path,
-    _cache: Option<&Path>,
-    _qemu: &str,
-) -> Result<NestedHostImage, ImageError> {
-    let k = std::env::var_os("BLKLAB_TMP_HOST_KERNEL")
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    let i = std::env::var_os("BLKLAB_TMP_HOST_INITRD")
-        .map(PathBuf::from)
-        .unwrap_or_default();
-    Ok(NestedHostImage {
-        kernel: k,
-        initramfs: i,
-        manifest: None,
-    })
-}

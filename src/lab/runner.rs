@@ -18,7 +18,7 @@ use thiserror::Error;
 
 use crate::lab::accel::{decide_accel, AccelError};
 use crate::lab::boot::{BootCtx, BootFailure, Retry};
-use crate::lab::images::NestedHostImage;
+use crate::lab::images::nested_host::{prepare_nested_host, NestedHostImage};
 use crate::lab::images::{self, KernelSpec, PreparedGuest};
 use crate::lab::insns::{self, SymbolMap};
 use crate::lab::nested::{
@@ -493,7 +493,7 @@ fn prepare_lab(
     let nested_host = match accel {
         Accel::Nested => {
             info!("preparing the nested host's image");
-            Some(images::prepare_nested_host(
+            Some(prepare_nested_host(
                 &setup.lab_dir,
                 args.place.cache.get(),
                 &qemu,

@@ -20,7 +20,7 @@ use thiserror::Error;
 
 use super::cache::{self, CacheError, Entry, Kind, INITRAMFS_SUFFIXES};
 use super::index::{EntryRecord, FileRecord, Index, IndexError, INDEX_NAME};
-use super::{PluginKey, SpecKey};
+use super::{NestedHostKey, PluginKey, SpecKey};
 
 /// The largest index an import reads (a guard against a bogus archive).
 const MAX_INDEX: u64 = 64 << 20;
@@ -127,16 +127,18 @@ pub(crate) struct Exported {
     pub size: u64,
 }
 
-/// Write the images of `specs` (and the plugin, with `plugin`) from `cache`
-/// to the archive `out` (written as `out.tmp`, then renamed). Every entry
-/// must be in the cache under its key.
+/// Write the images of `specs` (and the plugin, with `plugin`; the nested
+/// host image, with `host`) from `cache` to the archive `out` (written as
+/// `out.tmp`, then renamed). Every entry must be in the cache under its
+/// key.
 pub(crate) fn export(
     cache: &Path,
     specs: &[SpecKey],
     plugin: Option<&PluginKey>,
+    host: Option<&NestedHostKey>,
     out: &Path,
 ) -> Result<Exported, ArchiveError> {
-    let entries: Vec<Entry> = cache::entries(cache, specs, plugin)?;
+    let entries: Vec<Entry> = cache::entries(cache, specs, plugin, host)?;
     let mut records = Vec::new();
     for e in &entries {
         let mut r = EntryRecord::from(e);
@@ -145,7 +147,7 @@ pub(crate) fn export(
         }
         records.push(r);
     }
-    let index = Index::new(specs.to_vec(), plugin.cloned(), records);
+    let index = Index::new(specs.to_vec(), plugin.cloned(), host.cloned(), records);
     index.check().map_err(|source| ArchiveError::Index {
         archive: out.to_path_buf(),
         source,
@@ -462,7 +464,7 @@ mod tests {
         let a = t.path().join("a");
         let spec = cache_with_one_spec(&a);
         let ar = t.path().join("images.tar");
-        let ex = export(&a, std::slice::from_ref(&spec), None, &ar).unwrap();
+        let ex = export(&a, std::slice::from_ref(&spec), None, None, &ar).unwrap();
         assert_eq!(ex.index.entries.len(), 4);
         let b = t.path().join("b");
         let im = import(&ar, &b).unwrap();
@@ -481,11 +483,45 @@ mod tests {
         // A spec that is not built under its key is refused by export.
         let mut other = spec;
         other.kernel_key = "K2".into();
-        let e = export(&a, &[other], None, &t.path().join("x.tar"))
+        let e = export(&a, &[other], None, None, &t.path().join("x.tar"))
             .unwrap_err()
             .to_string();
         assert!(e.contains("not in the cache with key K2"), "{e}");
         assert!(!t.path().join("x.tar").exists());
+    }
+
+    #[test]
+    fn the_nested_host_image_goes_out_and_comes_back_whole() {
+        let t = tempfile::tempdir().unwrap();
+        let a = t.path().join("a");
+        let spec = cache_with_one_spec(&a);
+        let d = a.join("nested-host-0123456789abcdef");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("vmlinuz"), "bz").unwrap();
+        std::fs::write(d.join("host.cpio"), "070701").unwrap();
+        std::fs::write(d.join("manifest.json"), r#"{"inputs_hash": "HK"}"#).unwrap();
+        let host = NestedHostKey {
+            key: "HK".into(),
+            dir: "nested-host-0123456789abcdef".into(),
+            qemu: "qemu-system-x86 1:10.0.2".into(),
+            kernel_key: "KK".into(),
+        };
+        let ar = t.path().join("images.tar");
+        let ex = export(&a, std::slice::from_ref(&spec), None, Some(&host), &ar).unwrap();
+        assert_eq!(ex.index.entries.len(), 5);
+        assert_eq!(ex.index.entries[4].kind, Kind::NestedHost);
+        assert_eq!(read_index(&ar).unwrap().nested_host, Some(host.clone()));
+        let b = t.path().join("b");
+        import(&ar, &b).unwrap();
+        assert_eq!(tree(&a), tree(&b));
+        // Only the host image: no spec needed.
+        let only = t.path().join("host.tar");
+        let ex = export(&a, &[], None, Some(&host), &only).unwrap();
+        assert_eq!(ex.index.entries.len(), 1);
+        let mut stale = host;
+        stale.key = "other".into();
+        let e = export(&a, &[], None, Some(&stale), &only).unwrap_err();
+        assert!(e.to_string().contains("nested host image"), "{e}");
     }
 
     /// A change to one member: its name, header and data; false drops it.
@@ -517,7 +553,7 @@ mod tests {
         let a = t.path().join("a");
         let spec = cache_with_one_spec(&a);
         let good = t.path().join("good.tar");
-        export(&a, &[spec], None, &good).unwrap();
+        export(&a, &[spec], None, None, &good).unwrap();
         let cases: Vec<(&str, Box<Tamper>)> = vec![
             (
                 "sha256",

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 
-use super::{PluginKey, SpecKey};
+use super::{NestedHostKey, PluginKey, SpecKey};
 
 #[derive(Debug, Error)]
 pub enum CacheError {
@@ -24,6 +24,8 @@ pub enum CacheError {
     },
     #[error("the instruction-count plugin for {qemu} is not in the cache ({dir}; run `blklab images build`, or pass --no-plugin)")]
     NoPlugin { qemu: String, dir: String },
+    #[error("the nested host image for {qemu} is not in the cache ({dir}; run `blklab images build --nested-host`)")]
+    NoNestedHost { qemu: String, dir: String },
     #[error("cannot read {path}: {source}")]
     Io {
         path: PathBuf,
@@ -99,10 +101,11 @@ pub enum Kind {
     Fio,
     Mpstat,
     QemuPlugin,
+    NestedHost,
 }
 
 /// One cache entry, installed as a whole: a directory (kernels, tools, the
-/// plugin) or an initramfs with its `.manifest.json` and `.inputs-hash`.
+/// plugin, the nested host image) or an initramfs with its `.manifest.json` and `.inputs-hash`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
     pub kind: Kind,
@@ -186,12 +189,13 @@ fn dir_entry(
 }
 
 /// The entries of `specs`' images (kernels, initramfs, fio, mpstat), each
-/// once, checked to be in `cache` under the specs' keys; and the plugin's
-/// with `plugin`.
+/// once, checked to be in `cache` under the specs' keys; the plugin's with
+/// `plugin`, the nested host image's with `host`.
 pub(crate) fn entries(
     cache: &Path,
     specs: &[SpecKey],
     plugin: Option<&PluginKey>,
+    host: Option<&NestedHostKey>,
 ) -> Result<Vec<Entry>, CacheError> {
     let mut out: Vec<Entry> = Vec::new();
     let mut push = |e: Entry| {
@@ -264,6 +268,25 @@ pub(crate) fn entries(
             Err(e) => return Err(e),
         }
     }
+    if let Some(h) = host {
+        match dir_entry(
+            cache,
+            "nested-host",
+            Kind::NestedHost,
+            "nested host image",
+            &h.dir,
+            &h.key,
+        ) {
+            Ok(e) => push(e),
+            Err(CacheError::NotBuilt { .. }) => {
+                return Err(CacheError::NoNestedHost {
+                    qemu: h.qemu.clone(),
+                    dir: h.dir.clone(),
+                })
+            }
+            Err(e) => return Err(e),
+        }
+    }
     Ok(out)
 }
 
@@ -313,7 +336,7 @@ fn listed(cache: &Path, kind: Kind, path: &str, manifest: Value, files: &[String
         },
         Kind::Fio => (Some("fio (source)".into()), s(m, "source_version")),
         Kind::Mpstat => (s(m, "package"), s(m, "package_version")),
-        Kind::QemuPlugin => (s(m, "qemu_package"), s(m, "qemu_package_version")),
+        Kind::QemuPlugin | Kind::NestedHost => (s(m, "qemu_package"), s(m, "qemu_package_version")),
         Kind::Initramfs => (None, s(m, "kernel_version")),
     };
     let patch = m
@@ -329,6 +352,12 @@ fn listed(cache: &Path, kind: Kind, path: &str, manifest: Value, files: &[String
             m.pointer("/fio/version")
                 .and_then(Value::as_str)
                 .unwrap_or("?")
+        ),
+        Kind::NestedHost => format!(
+            "{} {}, kernel {}",
+            package.as_deref().unwrap_or("?"),
+            version.as_deref().unwrap_or("?"),
+            s(m, "kernel_version").as_deref().unwrap_or("?")
         ),
         _ => format!(
             "{} {}",
@@ -374,6 +403,8 @@ pub(crate) fn list(cache: &Path) -> Result<Vec<Listed>, CacheError> {
             Kind::Kernel
         } else if name.starts_with("qemu-plugin-") && !name.starts_with("qemu-plugin-header-") {
             Kind::QemuPlugin
+        } else if name.starts_with("nested-host-") {
+            Kind::NestedHost
         } else {
             continue;
         };
@@ -510,7 +541,7 @@ mod tests {
             fio_key: "F".into(),
             mpstat_key: "M".into(),
         };
-        let e = entries(c, &[spec.clone(), spec.clone()], None).unwrap();
+        let e = entries(c, &[spec.clone(), spec.clone()], None, None).unwrap();
         assert_eq!(e.len(), 4, "each entry once: {e:?}");
         assert_eq!(
             e[0].files,
@@ -521,11 +552,13 @@ mod tests {
             ]
         );
         spec.kernel_key = "K2".into();
-        let err = entries(c, &[spec.clone()], None).unwrap_err().to_string();
+        let err = entries(c, &[spec.clone()], None, None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("not in the cache with key K2"), "{err}");
         spec.kernel_key = "K1".into();
         spec.key = "S2".into();
-        let err = entries(c, &[spec], None).unwrap_err().to_string();
+        let err = entries(c, &[spec], None, None).unwrap_err().to_string();
         assert!(err.contains("initramfs"), "{err}");
         let listed = list(c).unwrap();
         let kinds: Vec<Kind> = listed.iter().map(|l| l.kind).collect();
@@ -535,5 +568,56 @@ mod tests {
         );
         assert_eq!(listed[3].key.as_deref(), Some("S1"));
         assert_eq!(listed[0].size, 2 + 21 + 2, "a.ko, manifest.json, vmlinuz");
+    }
+
+    #[test]
+    fn a_nested_host_entry_is_checked_by_its_key_and_listed() {
+        let t = tempfile::tempdir().unwrap();
+        let c = t.path();
+        let d = c.join("nested-host-0123456789abcdef");
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("vmlinuz"), b"bz").unwrap();
+        std::fs::write(d.join("host.cpio"), b"cpio").unwrap();
+        std::fs::write(
+            d.join("manifest.json"),
+            r#"{"kind": "nested-host", "inputs_hash": "H1", "qemu_package": "qemu-system-x86",
+                "qemu_package_version": "1:10.0.2", "kernel_version": "6.12.118", "built_at": "T"}"#,
+        )
+        .unwrap();
+        let mut key = NestedHostKey {
+            key: "H1".into(),
+            dir: "nested-host-0123456789abcdef".into(),
+            qemu: "qemu-system-x86 1:10.0.2".into(),
+            kernel_key: "K".into(),
+        };
+        let e = entries(c, &[], None, Some(&key)).unwrap();
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].kind, Kind::NestedHost);
+        assert_eq!(
+            e[0].files,
+            [
+                "nested-host-0123456789abcdef/host.cpio",
+                "nested-host-0123456789abcdef/manifest.json",
+                "nested-host-0123456789abcdef/vmlinuz"
+            ]
+        );
+        key.key = "H2".into();
+        let err = entries(c, &[], None, Some(&key)).unwrap_err();
+        assert!(matches!(err, CacheError::NoNestedHost { .. }), "{err}");
+        assert!(err.to_string().contains("--nested-host"), "{err}");
+        let listed = list(c).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].kind, Kind::NestedHost);
+        assert_eq!(listed[0].key.as_deref(), Some("H1"));
+        assert_eq!(listed[0].from, "qemu-system-x86 1:10.0.2, kernel 6.12.118");
+        let table = list_table(&listed);
+        assert!(
+            table
+                .lines()
+                .nth(1)
+                .unwrap()
+                .starts_with("nested-host nested-host-0123456789abcdef H1"),
+            "{table}"
+        );
     }
 }

@@ -9,7 +9,7 @@ use thiserror::Error;
 
 use super::archive::{self, ArchiveError};
 use super::cache::{self, CacheError};
-use super::{ImageError, PluginKey};
+use super::{ImageError, NestedHostKey, PluginKey};
 use crate::lab::location::{CacheOption, LabDirOption, LabLocation};
 
 #[derive(Debug, Error)]
@@ -33,7 +33,8 @@ pub struct ImagesArgs {
 pub enum ImagesCommand {
     /// Prepare SPECs as `blklab run` does (images/prepare.sh: fetch or
     /// build each kernel, its initramfs, fio, mpstat) and the
-    /// instruction-count plugin for the installed QEMU; print each spec's
+    /// instruction-count plugin for the installed QEMU (and, with
+    /// --nested-host, the nested mode's host image); print each spec's
     /// kernel and initramfs.
     Build(BuildArgs),
     /// Write the images of SPECs (kernels with System.map and modules,
@@ -65,16 +66,30 @@ pub struct PluginArgs {
     pub no_plugin: bool,
 }
 
+/// The nested mode's host image (images/build-nested-host.sh): not a
+/// guest kernel but, like the plugin, an artifact of the installed QEMU
+/// (`--qemu`), so a flag beside the plugin's rather than a SPEC.
+#[derive(Debug, Clone, Args)]
+pub struct NestedHostArgs {
+    /// Also the nested mode's host image: Debian's 6.12 kernel and an
+    /// initramfs with kvm_amd and this QEMU, booted under TCG as a KVM
+    /// host. With it, SPECs may be left out.
+    #[arg(long)]
+    pub nested_host: bool,
+}
+
 #[derive(Debug, Args)]
 pub struct BuildArgs {
     /// Kernels as `blklab run --kernel` takes them: debian-6.1,
     /// debian-6.12, build:SERIES[+PATCH], path:FILE[,modules=DIR][,map=FILE][,name=LABEL].
-    #[arg(value_name = "SPEC", required = true)]
+    #[arg(value_name = "SPEC", required_unless_present = "nested_host")]
     pub specs: Vec<String>,
     #[command(flatten)]
     pub place: LabLocation,
     #[command(flatten)]
     pub plugin: PluginArgs,
+    #[command(flatten)]
+    pub host: NestedHostArgs,
 }
 
 #[derive(Debug, Args)]
@@ -83,12 +98,14 @@ pub struct ExportArgs {
     #[arg(long, value_name = "FILE")]
     pub out: PathBuf,
     /// The kernels whose images go in (built first with `images build`).
-    #[arg(value_name = "SPEC", required = true)]
+    #[arg(value_name = "SPEC", required_unless_present = "nested_host")]
     pub specs: Vec<String>,
     #[command(flatten)]
     pub place: LabLocation,
     #[command(flatten)]
     pub plugin: PluginArgs,
+    #[command(flatten)]
+    pub host: NestedHostArgs,
 }
 
 #[derive(Debug, Args)]
@@ -111,12 +128,14 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct KeyArgs {
-    #[arg(value_name = "SPEC", required = true)]
+    #[arg(value_name = "SPEC", required_unless_present = "nested_host")]
     pub specs: Vec<String>,
     #[command(flatten)]
     pub lab_dir: LabDirOption,
     #[command(flatten)]
     pub plugin: PluginArgs,
+    #[command(flatten)]
+    pub host: NestedHostArgs,
     /// Print JSON: the specs' keys and where their images live in the cache.
     #[arg(long)]
     pub json: bool,
@@ -127,6 +146,18 @@ fn plugin_key(lab: &Path, p: &PluginArgs) -> Result<Option<PluginKey>, ImageErro
         Ok(None)
     } else {
         super::plugin_key(lab, &p.qemu).map(Some)
+    }
+}
+
+fn host_key(
+    lab: &Path,
+    h: &NestedHostArgs,
+    p: &PluginArgs,
+) -> Result<Option<NestedHostKey>, ImageError> {
+    if h.nested_host {
+        super::nested_host::nested_host_key(lab, &p.qemu).map(Some)
+    } else {
+        Ok(None)
     }
 }
 
@@ -183,6 +214,29 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
             if let Some(p) = plugin {
                 out.push_str(&format!("qemu-plugin\t{}\n", p.display()));
             }
+            if a.host.nested_host {
+                let h =
+                    super::nested_host::prepare_nested_host(&lab, Some(&cache), &a.plugin.qemu)?;
+                if let Some(m) = &h.manifest {
+                    let f = |k: &str| match m.get(k) {
+                        Some(serde_json::Value::String(s)) => s.clone(),
+                        Some(v) => v.to_string(),
+                        None => "?".into(),
+                    };
+                    log::info!(
+                        "nested host image: kernel {}, {} {}, host.cpio {} bytes",
+                        f("kernel_version"),
+                        f("qemu_package"),
+                        f("qemu_package_version"),
+                        f("host_cpio_size")
+                    );
+                }
+                out.push_str(&format!(
+                    "nested-host\t{}\t{}\n",
+                    h.kernel.display(),
+                    h.initramfs.display()
+                ));
+            }
         }
         ImagesCommand::Export(a) => {
             let lab = super::lab_dir(a.place.lab_dir.get())?;
@@ -190,7 +244,8 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
             let specs = super::parse_specs(&a.specs)?;
             let keys = super::keys(&lab, &specs)?;
             let plugin = plugin_key(&lab, &a.plugin)?;
-            let ex = archive::export(&cache, &keys, plugin.as_ref(), &a.out)?;
+            let host = host_key(&lab, &a.host, &a.plugin)?;
+            let ex = archive::export(&cache, &keys, plugin.as_ref(), host.as_ref(), &a.out)?;
             let files: usize = ex.index.entries.iter().map(|e| e.files.len()).sum();
             out.push_str(&format!(
                 "wrote {} ({} entries, {files} files, {} bytes)\n",
@@ -200,6 +255,9 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
             ));
             for s in &ex.index.specs {
                 out.push_str(&format!("{}  {}\n", s.key, s.spec));
+            }
+            if let Some(h) = &ex.index.nested_host {
+                out.push_str(&format!("{}  nested-host ({})\n", h.key, h.qemu));
             }
         }
         ImagesCommand::Import(a) => {
@@ -217,6 +275,9 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
             }
             if let Some(p) = &im.index.plugin {
                 out.push_str(&format!("{}  qemu-plugin ({})\n", p.key, p.qemu));
+            }
+            if let Some(h) = &im.index.nested_host {
+                out.push_str(&format!("{}  nested-host ({})\n", h.key, h.qemu));
             }
             for note in stale_keys(&im.index) {
                 log::warn!("{note}");
@@ -237,8 +298,9 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
             let specs = super::parse_specs(&a.specs)?;
             let keys = super::keys(&lab, &specs)?;
             let plugin = plugin_key(&lab, &a.plugin)?;
+            let host = host_key(&lab, &a.host, &a.plugin)?;
             if a.json {
-                let v = serde_json::json!({"specs": keys, "plugin": plugin});
+                let v = serde_json::json!({"specs": keys, "plugin": plugin, "nested_host": host});
                 out.push_str(&serde_json::to_string_pretty(&v).expect("keys serialize"));
                 out.push('\n');
             } else {
@@ -247,6 +309,9 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
                 }
                 if let Some(p) = plugin {
                     out.push_str(&format!("{}  qemu-plugin ({})\n", p.key, p.qemu));
+                }
+                if let Some(h) = host {
+                    out.push_str(&format!("{}  nested-host ({})\n", h.key, h.qemu));
                 }
             }
         }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::cache::{Entry, Kind, INITRAMFS_SUFFIXES};
-use super::{PluginKey, SpecKey};
+use super::{NestedHostKey, PluginKey, SpecKey};
 
 /// The archive's format name.
 pub(crate) const FORMAT: &str = "blklab-images";
@@ -73,6 +73,10 @@ pub struct Index {
     pub specs: Vec<SpecKey>,
     /// The instruction-count plugin and the QEMU it is for, when exported.
     pub plugin: Option<PluginKey>,
+    /// The nested mode's host image, when exported (absent from archives
+    /// without one, which older blklabs read as before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nested_host: Option<NestedHostKey>,
     pub entries: Vec<EntryRecord>,
 }
 
@@ -95,6 +99,7 @@ fn entry_path_ok(kind: Kind, p: &str) -> bool {
         Kind::Fio => p == "tools/fio",
         Kind::Mpstat => p == "tools/sysstat",
         Kind::QemuPlugin => one("qemu-plugin-") && !p.starts_with("qemu-plugin-header-"),
+        Kind::NestedHost => one("nested-host-"),
     }
 }
 
@@ -116,6 +121,7 @@ impl Index {
     pub(crate) fn new(
         specs: Vec<SpecKey>,
         plugin: Option<PluginKey>,
+        nested_host: Option<NestedHostKey>,
         entries: Vec<EntryRecord>,
     ) -> Index {
         Index {
@@ -128,6 +134,7 @@ impl Index {
                 .unwrap_or(0),
             specs,
             plugin,
+            nested_host,
             entries,
         }
     }
@@ -214,6 +221,7 @@ mod tests {
         Index::new(
             Vec::new(),
             None,
+            None,
             vec![
                 EntryRecord {
                     kind: Kind::Kernel,
@@ -241,8 +249,26 @@ mod tests {
     fn a_good_index_passes_and_round_trips() {
         let i = index();
         i.check().unwrap();
-        let back: Index = serde_json::from_str(&serde_json::to_string(&i).unwrap()).unwrap();
+        let text = serde_json::to_string(&i).unwrap();
+        assert!(!text.contains("nested_host"), "none is left out: {text}");
+        let back: Index = serde_json::from_str(&text).unwrap();
         assert_eq!(back, i);
+        let mut h = index();
+        h.nested_host = Some(NestedHostKey {
+            key: "h".into(),
+            dir: "nested-host-0123".into(),
+            qemu: "qemu-system-x86 1:10.0.2".into(),
+            kernel_key: "k".into(),
+        });
+        h.entries.push(EntryRecord {
+            kind: Kind::NestedHost,
+            path: "nested-host-0123".into(),
+            key: "h".into(),
+            files: vec![file("nested-host-0123/host.cpio")],
+        });
+        h.check().unwrap();
+        let back: Index = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
+        assert_eq!(back, h);
     }
 
     #[test]
@@ -275,6 +301,14 @@ mod tests {
         let mut i = index();
         i.entries[0].path = ".ssh".into();
         i.entries[0].kind = Kind::QemuPlugin;
+        assert!(matches!(i.check(), Err(IndexError::NotAnEntry(_))));
+        let mut i = index();
+        i.entries[0].path = "nested-host-0123/x".into();
+        i.entries[0].kind = Kind::NestedHost;
+        assert!(matches!(i.check(), Err(IndexError::NotAnEntry(_))));
+        let mut i = index();
+        i.entries[0].path = "kernel-build-6.12".into();
+        i.entries[0].kind = Kind::NestedHost;
         assert!(matches!(i.check(), Err(IndexError::NotAnEntry(_))));
         let mut i = index();
         i.entries[0].files[0].sha256 = "zz".into();

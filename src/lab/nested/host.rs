@@ -16,7 +16,8 @@ use thiserror::Error;
 
 use crate::lab::boot::{BootFailure, SocketDir};
 use crate::lab::console::{FaultScanner, Phase};
-use crate::lab::images::{NestedHostImage, PreparedGuest};
+use crate::lab::images::nested_host::NestedHostImage;
+use crate::lab::images::PreparedGuest;
 use crate::lab::insns::{self, Dump, InsnsError, SymbolMap};
 use crate::lab::nested::merge::{self, MergeError, Merged};
 use crate::lab::nested::relay::{self, SyncLine, WindowKey};
