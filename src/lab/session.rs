@@ -513,9 +513,10 @@ fn assemble_record(
         backend,
         host,
         instructions: None,
+        host_instructions: None,
     };
     if let (Some(w), Some(map)) = (window, &c.symbols) {
-        let p = insns::profile(&w, map);
+        let p = insns::profile(&w.level1, map);
         let ios = crate::record::metrics::ios(&record);
         let cs = record.guest.context_switches.map(|n| n as f64);
         let how = InsnsWindow {
