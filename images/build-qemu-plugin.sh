@@ -3,7 +3,8 @@
 #
 # Build images/qemu-plugin/blklab-insns.c, blklab's TCG plugin counting
 # executed guest instructions (kernel/user per vCPU, per kernel translation
-# block), for the installed QEMU, check that this QEMU loads it, and print the
+# block; the machine's own code and what it runs as an SVM guest apart),
+# for the installed QEMU, check that this QEMU loads it, and print the
 # plugin's path on stdout (progress goes to stderr).
 #
 # Debian ships neither qemu-plugin.h nor plugins. The header comes from the

@@ -86,9 +86,10 @@ fn symbolisation_against_a_known_system_map() {
     let dump_a = Dump::read(&fixture("begin.insns")).unwrap();
     let dump_b = Dump::read(&fixture("end.insns")).unwrap();
     let w = dump_b.since(&dump_a);
-    assert_eq!(w.kernel(), 1_000_000 - 400_000);
-    assert_eq!(w.user(), 300_000 - 100_000);
-    let p = insns::profile(&w, &map);
+    assert_eq!(w.level1.kernel(), 1_000_000 - 400_000);
+    assert_eq!(w.level1.user(), 300_000 - 100_000);
+    assert_eq!(w.level2.kernel() + w.level2.user(), 0);
+    let p = insns::profile(&w.level1, &map);
     // Two blocks inside blk_mq_flush_plug_list (one at its entry, one 0x10
     // into it) add up; a .constprop clone is folded into its base name; a
     // module address is outside the kernel's text.
@@ -121,7 +122,7 @@ fn symbolisation_against_a_known_system_map() {
     assert_eq!(r["entries"]["blk_mq_run_work_fn"], Value::Null);
     assert_eq!(r["entries_per_io"]["blk_mq_run_work_fn"], Value::Null);
     // Errors name the file and line.
-    let e = Dump::parse("blklab-insns 1\ntb zz 1 1\nend\n", Path::new("x.insns"))
+    let e = Dump::parse("blklab-insns 2\ntb zz 1 1\nend\n", Path::new("x.insns"))
         .unwrap_err()
         .to_string();
     assert!(e.contains("x.insns:2"), "{e}");

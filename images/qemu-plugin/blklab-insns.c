@@ -10,8 +10,45 @@
  * block start address: instructions executed in blocks starting there and
  * how often such a block ran (the entries of a function, when the address is
  * the function's). Every count is exact: each block execution runs a
- * callback that adds the block's instruction count with atomic operations,
- * so counts from several vCPU threads (-accel tcg,thread=multi) are not lost.
+ * callback that adds the block's instruction count; per-address counters
+ * are shared between vCPUs and use atomic operations, so counts from
+ * several vCPU threads (-accel tcg,thread=multi) are not lost.
+ *
+ * Levels. When the emulated CPU runs a hypervisor (QEMU's TCG emulates
+ * AMD SVM for -cpu EPYC and the like), each count is kept apart by level:
+ * level 1 is the machine's own code (for a nested lab: the host kernel with
+ * KVM, its QEMU, its processes), level 2 the code run in SVM guest mode (the
+ * nested guest). A vCPU is at level 1 until it executes VMRUN
+ * (0f 01 d8): a callback on each translated VMRUN sets the vCPU's level to
+ * 2. #VMEXIT resumes the host at the instruction after the VMRUN (QEMU's
+ * helper_vmrun saves eip + the instruction's length as the host's RIP in
+ * the host save area, do_vmexit reloads it; an invalid VMCB exits the same
+ * way), so the translation block starting there, the "return block", runs
+ * a callback that sets level 1 before it counts. VMRUN ends its block
+ * (DISAS_NORETURN), and that block's counting callback ran at the block's
+ * start, before the VMRUN's, so it counts at level 1.
+ *
+ * Return blocks are recognised by the host address of their code
+ * (qemu_plugin_insn_haddr: where QEMU maps the guest-physical page), not by
+ * virtual address: the nested guest's kernel modules live at the same
+ * virtual addresses as the host's kvm_amd and could start a block at the
+ * same address, never on the same physical page. A VMRUN whose next
+ * instruction is on the next virtual page (the VMRUN ends exactly at a page
+ * end, or spans two) cannot say which physical page that is; its return
+ * point is then recognised by virtual address alone (a kernel block
+ * starting there), which is exact unless the nested guest runs a kernel
+ * block at that very address.
+ *
+ * QEMU keys translation blocks by their physical address and flags, and
+ * the flags (cpu_get_tb_cpu_state: env->hflags) include HF_GUEST_MASK, so a
+ * translated block only ever runs at one level. The plugin checks this:
+ * "mixed" counts the translated blocks it saw run at both levels, which is
+ * 0 unless the level tracking went wrong (a VMRUN that faulted instead of
+ * entering the guest, a vCPU reset in guest mode, a nested guest running
+ * VMRUN itself). Per vCPU, "vmruns" counts VMRUN executions and "returns"
+ * executions of return blocks, i.e. the #VMEXITs the plugin saw: at any
+ * dump they are equal, or vmruns is one more while the vCPU is in the
+ * guest. Without SVM everything is level 1.
  *
  * Arguments (-plugin libblklab-insns.so,ctl=PATH[,out=FILE]):
  *   ctl=PATH   listen on a Unix stream socket at PATH; each line received is a
@@ -22,14 +59,19 @@
  *   out=FILE   write the counters to FILE at exit
  *
  * Dump format (text, one record a line):
- *   blklab-insns 1
+ *   blklab-insns 2
  *   vcpus N
- *   vcpu I kernel K user U          (one line per vCPU, I = 0..N-1)
- *   tb ADDR INSNS EXECS             (ADDR hex without 0x; kernel blocks that ran)
+ *   vcpu I kernel K user U l2kernel K2 l2user U2 vmruns R returns X
+ *                                   (one line per vCPU, I = 0..N-1; K, U at
+ *                                    level 1, K2, U2 at level 2)
+ *   mixed M                         (translated blocks seen at both levels)
+ *   tb ADDR INSNS EXECS             (level 1 kernel blocks that ran; ADDR hex
+ *                                    without 0x)
+ *   tb2 ADDR INSNS EXECS            (level 2 kernel blocks that ran)
  *   end
  *
  * Built against the installed QEMU's include/qemu/qemu-plugin.h (plugin API
- * version 1 for QEMU 7.2) by images/build-qemu-plugin.sh.
+ * version 4 for QEMU 10.0, 1 for QEMU 7.2) by images/build-qemu-plugin.sh.
  */
 #include <errno.h>
 #include <glib.h>
@@ -48,26 +90,34 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 
 #define KERNEL_START 0xffff800000000000ULL
 #define MAX_VCPUS 256
+#define PAGE_MASK (~(uint64_t)0xfff) /* x86's 4 KiB target page */
+#define LEVELS 2                     /* index 0: level 1, index 1: level 2 */
 
 typedef struct {
     uint64_t vaddr;
-    uint64_t insns;
-    uint64_t execs;
+    uint64_t insns[LEVELS];
+    uint64_t execs[LEVELS];
 } Block;
 
 typedef struct {
-    uint64_t kernel;
-    uint64_t user;
-    uint8_t pad[48]; /* one cache line per vCPU */
+    uint64_t kernel[LEVELS];
+    uint64_t user[LEVELS];
+    uint64_t vmruns;
+    uint64_t returns;
+    uint64_t level; /* 0 or 1: the index of the vCPU's current level */
+    uint8_t pad[8]; /* one cache line per vCPU */
 } VcpuCount;
+_Static_assert(sizeof(VcpuCount) == 64, "one cache line per vCPU");
 
-/* User blocks are not kept per address: their callback carries the block's
- * instruction count as its user data. */
+/* Only the vCPU's own thread writes its entry (the dump reads it). */
 static VcpuCount vcpus[MAX_VCPUS];
 static int max_vcpu_seen = -1;
+static uint64_t mixed;
 
-static GMutex lock;          /* guards blocks (the table, not the counts) */
-static GHashTable *blocks;   /* vaddr -> Block*, kernel blocks only */
+static GMutex lock;           /* guards the tables below (not the counts) */
+static GHashTable *blocks;    /* vaddr -> Block*, kernel blocks only */
+static GHashTable *ret_haddr; /* host addresses after a VMRUN */
+static GHashTable *ret_vaddr; /* the same by vaddr, for VMRUNs at a page end */
 static char *ctl_path;
 static char *out_path;
 static int listen_fd = -1;
@@ -86,54 +136,167 @@ static void vcpu_init(qemu_plugin_id_t id, unsigned int vcpu_index)
     note_vcpu(vcpu_index);
 }
 
-/* The user data of a translated kernel block: the address's counters and the
- * block's instruction count (blocks starting at one address may differ in
- * length, e.g. after a retranslation). */
+/* The user data of a translated block: its instruction count, the levels
+ * it ran at (bit 0: level 1, bit 1: level 2), and for a kernel block the
+ * counters of its start address (blocks starting at one address may differ
+ * in length, e.g. after a retranslation, or be two blocks, one per level). */
 typedef struct {
-    Block *block;
+    Block *block; /* NULL for a user block */
     uint64_t n;
-} KernelCb;
+    uint32_t levels;
+} BlockCb;
 
-static void kernel_exec(unsigned int vcpu_index, void *udata)
+/* Note that the block ran at `lvl`; count it once if it has now run at
+ * both levels. Writes only on a block's first run at a level. */
+static inline void note_level(BlockCb *b, uint64_t lvl)
 {
-    KernelCb *k = udata;
-    __atomic_fetch_add(&k->block->insns, k->n, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&k->block->execs, 1, __ATOMIC_RELAXED);
-    if (vcpu_index < MAX_VCPUS) {
-        vcpus[vcpu_index].kernel += k->n; /* only this vCPU's thread writes it */
+    uint32_t bit = 1u << lvl;
+    if (!(__atomic_load_n(&b->levels, __ATOMIC_RELAXED) & bit)) {
+        uint32_t old = __atomic_fetch_or(&b->levels, bit, __ATOMIC_RELAXED);
+        if (old && !(old & bit)) {
+            __atomic_fetch_add(&mixed, 1, __ATOMIC_RELAXED);
+        }
     }
 }
 
-static void user_exec(unsigned int vcpu_index, void *udata)
+static inline void count(VcpuCount *v, BlockCb *b)
+{
+    uint64_t lvl = v->level;
+    note_level(b, lvl);
+    if (b->block) {
+        __atomic_fetch_add(&b->block->insns[lvl], b->n, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&b->block->execs[lvl], 1, __ATOMIC_RELAXED);
+        v->kernel[lvl] += b->n;
+    } else {
+        v->user[lvl] += b->n;
+    }
+}
+
+static void block_exec(unsigned int vcpu_index, void *udata)
 {
     if (vcpu_index < MAX_VCPUS) {
-        vcpus[vcpu_index].user += (uint64_t)(uintptr_t)udata;
+        count(&vcpus[vcpu_index], udata);
     }
+}
+
+/* A return block: the host resumes here after #VMEXIT. */
+static void return_exec(unsigned int vcpu_index, void *udata)
+{
+    if (vcpu_index < MAX_VCPUS) {
+        VcpuCount *v = &vcpus[vcpu_index];
+        v->level = 0;
+        v->returns++;
+        count(v, udata);
+    }
+}
+
+static void vmrun_exec(unsigned int vcpu_index, void *udata)
+{
+    if (vcpu_index < MAX_VCPUS) {
+        vcpus[vcpu_index].level = 1;
+        vcpus[vcpu_index].vmruns++;
+    }
+}
+
+/* VMRUN: 0f 01 d8, after any legacy or REX prefixes. */
+static bool is_vmrun(const struct qemu_plugin_insn *insn)
+{
+    uint8_t buf[16];
+    size_t size = qemu_plugin_insn_size(insn);
+    if (size < 3 || size > sizeof(buf)) {
+        return false;
+    }
+#if QEMU_PLUGIN_VERSION >= 3
+    if (qemu_plugin_insn_data(insn, buf, sizeof(buf)) < size) {
+        return false;
+    }
+#else
+    memcpy(buf, qemu_plugin_insn_data(insn), size);
+#endif
+    for (size_t i = 0; i + 3 < size; i++) {
+        uint8_t p = buf[i];
+        bool prefix = p == 0x66 || p == 0x67 || p == 0xf2 || p == 0xf3 ||
+                      p == 0x2e || p == 0x36 || p == 0x3e || p == 0x26 ||
+                      p == 0x64 || p == 0x65 || (p & 0xf0) == 0x40;
+        if (!prefix) {
+            return false;
+        }
+    }
+    return buf[size - 3] == 0x0f && buf[size - 2] == 0x01 && buf[size - 1] == 0xd8;
+}
+
+/* Remember where a VMRUN's host resumes. Called with the lock held. */
+static void note_vmrun(const struct qemu_plugin_insn *insn)
+{
+    uint64_t vaddr = qemu_plugin_insn_vaddr(insn);
+    uint64_t next = vaddr + qemu_plugin_insn_size(insn);
+    uint8_t *h = qemu_plugin_insn_haddr(insn);
+    if (h && (vaddr & PAGE_MASK) == (next & PAGE_MASK)) {
+        g_hash_table_add(ret_haddr, h + (next - vaddr));
+    } else {
+        uint64_t *key = g_new(uint64_t, 1);
+        *key = next;
+        g_hash_table_add(ret_vaddr, key);
+    }
+}
+
+static bool is_return(struct qemu_plugin_tb *tb, uint64_t vaddr)
+{
+    void *h = qemu_plugin_insn_haddr(qemu_plugin_tb_get_insn(tb, 0));
+    return (h && g_hash_table_contains(ret_haddr, h)) ||
+           g_hash_table_contains(ret_vaddr, &vaddr);
 }
 
 static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     uint64_t vaddr = qemu_plugin_tb_vaddr(tb);
-    uint64_t n = qemu_plugin_tb_n_insns(tb);
-    if (vaddr >= KERNEL_START) {
-        KernelCb *k = g_new0(KernelCb, 1); /* lives as long as QEMU: a TB may be
-                                              retranslated, never freed here */
-        k->n = n;
-        g_mutex_lock(&lock);
-        Block *b = g_hash_table_lookup(blocks, &vaddr);
-        if (!b) {
-            b = g_new0(Block, 1);
-            b->vaddr = vaddr;
-            g_hash_table_insert(blocks, &b->vaddr, b);
+    size_t n = qemu_plugin_tb_n_insns(tb);
+    /* Lives as long as QEMU: a TB may be retranslated, never freed here. */
+    BlockCb *b = g_new0(BlockCb, 1);
+    b->n = n;
+    if (vaddr < KERNEL_START) {
+        /* VMRUN needs CPL 0, and so does the block it returns to. */
+        qemu_plugin_register_vcpu_tb_exec_cb(tb, block_exec,
+                                             QEMU_PLUGIN_CB_NO_REGS, b);
+        return;
+    }
+    struct qemu_plugin_insn *last = n ? qemu_plugin_tb_get_insn(tb, n - 1) : NULL;
+    bool vmrun = last && is_vmrun(last);
+    g_mutex_lock(&lock);
+    Block *blk = g_hash_table_lookup(blocks, &vaddr);
+    if (!blk) {
+        blk = g_new0(Block, 1);
+        blk->vaddr = vaddr;
+        g_hash_table_insert(blocks, &blk->vaddr, blk);
+    }
+    if (vmrun) {
+        note_vmrun(last);
+    }
+    bool ret = n && is_return(tb, vaddr);
+    g_mutex_unlock(&lock);
+    b->block = blk;
+    qemu_plugin_register_vcpu_tb_exec_cb(tb, ret ? return_exec : block_exec,
+                                         QEMU_PLUGIN_CB_NO_REGS, b);
+    if (vmrun) {
+        /* VMRUN ends its block (QEMU: DISAS_NORETURN), so it is the last. */
+        qemu_plugin_register_vcpu_insn_exec_cb(last, vmrun_exec,
+                                               QEMU_PLUGIN_CB_NO_REGS, NULL);
+    }
+}
+
+static void write_blocks(FILE *f, const char *tag, int lvl)
+{
+    GHashTableIter it;
+    gpointer key, value;
+    g_hash_table_iter_init(&it, blocks);
+    while (g_hash_table_iter_next(&it, &key, &value)) {
+        Block *b = value;
+        uint64_t insns = __atomic_load_n(&b->insns[lvl], __ATOMIC_RELAXED);
+        uint64_t execs = __atomic_load_n(&b->execs[lvl], __ATOMIC_RELAXED);
+        if (execs) {
+            fprintf(f, "%s %" PRIx64 " %" PRIu64 " %" PRIu64 "\n", tag,
+                    b->vaddr, insns, execs);
         }
-        g_mutex_unlock(&lock);
-        k->block = b;
-        qemu_plugin_register_vcpu_tb_exec_cb(tb, kernel_exec,
-                                             QEMU_PLUGIN_CB_NO_REGS, k);
-    } else {
-        qemu_plugin_register_vcpu_tb_exec_cb(tb, user_exec,
-                                             QEMU_PLUGIN_CB_NO_REGS,
-                                             (void *)(uintptr_t)n);
     }
 }
 
@@ -147,25 +310,23 @@ static int write_dump(const char *path, char *err, size_t errlen)
         return -1;
     }
     int n = __atomic_load_n(&max_vcpu_seen, __ATOMIC_RELAXED) + 1;
-    fprintf(f, "blklab-insns 1\nvcpus %d\n", n);
+    fprintf(f, "blklab-insns 2\nvcpus %d\n", n);
     for (int i = 0; i < n && i < MAX_VCPUS; i++) {
-        fprintf(f, "vcpu %d kernel %" PRIu64 " user %" PRIu64 "\n", i,
-                __atomic_load_n(&vcpus[i].kernel, __ATOMIC_RELAXED),
-                __atomic_load_n(&vcpus[i].user, __ATOMIC_RELAXED));
+        VcpuCount *v = &vcpus[i];
+        fprintf(f,
+                "vcpu %d kernel %" PRIu64 " user %" PRIu64 " l2kernel %" PRIu64
+                " l2user %" PRIu64 " vmruns %" PRIu64 " returns %" PRIu64 "\n",
+                i, __atomic_load_n(&v->kernel[0], __ATOMIC_RELAXED),
+                __atomic_load_n(&v->user[0], __ATOMIC_RELAXED),
+                __atomic_load_n(&v->kernel[1], __ATOMIC_RELAXED),
+                __atomic_load_n(&v->user[1], __ATOMIC_RELAXED),
+                __atomic_load_n(&v->vmruns, __ATOMIC_RELAXED),
+                __atomic_load_n(&v->returns, __ATOMIC_RELAXED));
     }
+    fprintf(f, "mixed %" PRIu64 "\n", __atomic_load_n(&mixed, __ATOMIC_RELAXED));
     g_mutex_lock(&lock);
-    GHashTableIter it;
-    gpointer key, value;
-    g_hash_table_iter_init(&it, blocks);
-    while (g_hash_table_iter_next(&it, &key, &value)) {
-        Block *b = value;
-        uint64_t insns = __atomic_load_n(&b->insns, __ATOMIC_RELAXED);
-        uint64_t execs = __atomic_load_n(&b->execs, __ATOMIC_RELAXED);
-        if (execs) {
-            fprintf(f, "tb %" PRIx64 " %" PRIu64 " %" PRIu64 "\n", b->vaddr,
-                    insns, execs);
-        }
-    }
+    write_blocks(f, "tb", 0);
+    write_blocks(f, "tb2", 1);
     g_mutex_unlock(&lock);
     fprintf(f, "end\n");
     if (fclose(f) != 0 || rename(tmp, path) != 0) {
@@ -316,6 +477,8 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
         }
     }
     blocks = g_hash_table_new(g_int64_hash, g_int64_equal);
+    ret_haddr = g_hash_table_new(g_direct_hash, g_direct_equal);
+    ret_vaddr = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
     if (ctl_path && start_ctl(ctl_path) != 0) {
         return -1;
     }

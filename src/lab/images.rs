@@ -589,4 +589,3 @@ mod tests {
         assert!(spec.check().unwrap_err().to_string().contains("System.map"));
     }
 }
-

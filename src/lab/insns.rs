@@ -4,6 +4,13 @@
 //! symbolisation against the kernel's `System.map`, and the record of a
 //! profile summed into the symbol groups of [`crate::record::symbol_groups`].
 //!
+//! A dump keeps two levels apart: level 1, the emulated machine's own code,
+//! and level 2, what it ran as an SVM guest. A plain TCG run has only
+//! level 1: the guest. A nested run (a host under TCG running the guest
+//! under its KVM) has both: [`record`] of level 2 against the guest's
+//! System.map is the guest's `instructions`, [`host_record`] of level 1
+//! against the host's `/proc/kallsyms` its `host_instructions`.
+//!
 //! The window: the runner asks for a dump when the guest prints `BLKLAB-SYNC
 //! n begin` and again at `BLKLAB-SYNC n end`, before answering either, while
 //! the guest waits on its console. The difference is exactly what the guest
@@ -21,9 +28,9 @@ use std::time::Duration;
 use thiserror::Error;
 
 pub(crate) use crate::record::instructions::{
-    InsnsWindow, Instructions, VcpuInsns, ENTRY_FUNCTIONS,
+    HostInstructions, InsnsWindow, Instructions, VcpuInsns, ENTRY_FUNCTIONS,
 };
-use crate::record::symbol_groups::{base_name, group_of, OUTSIDE};
+use crate::record::symbol_groups::{base_name, group_of, host_group_of, split_module, OUTSIDE};
 
 #[derive(Debug, Error)]
 pub enum InsnsError {
@@ -163,78 +170,26 @@ impl Control {
     }
 }
 
-/// One counter dump: per vCPU kernel/user instructions, and per kernel
-/// translation-block start address (instructions, executions).
+/// One level's counters in a dump: per vCPU (kernel, user) instructions,
+/// and per kernel translation-block start address (instructions,
+/// executions).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Dump {
+pub struct LevelCounts {
     pub vcpus: Vec<(u64, u64)>,
     pub blocks: BTreeMap<u64, (u64, u64)>,
 }
 
-impl Dump {
-    pub fn read(path: &Path) -> Result<Dump, InsnsError> {
-        let text = std::fs::read_to_string(path).map_err(|source| InsnsError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        Dump::parse(&text, path)
+impl LevelCounts {
+    pub fn kernel(&self) -> u64 {
+        self.vcpus.iter().map(|v| v.0).sum()
     }
 
-    pub fn parse(text: &str, path: &Path) -> Result<Dump, InsnsError> {
-        let err = |line: usize, why: &str| InsnsError::Parse {
-            path: path.to_path_buf(),
-            line,
-            why: why.to_string(),
-        };
-        let mut d = Dump::default();
-        let mut ended = false;
-        let mut lines = text.lines().enumerate();
-        match lines.next() {
-            Some((_, "blklab-insns 1")) => {}
-            _ => return Err(err(1, "not a blklab-insns 1 dump")),
-        }
-        let num = |s: Option<&str>, radix: u32, line: usize| -> Result<u64, InsnsError> {
-            s.and_then(|x| u64::from_str_radix(x, radix).ok())
-                .ok_or_else(|| err(line, "bad number"))
-        };
-        for (i, l) in lines {
-            let n = i + 1;
-            let mut w = l.split_ascii_whitespace();
-            match w.next() {
-                Some("vcpus") => {}
-                Some("vcpu") => {
-                    let idx = num(w.next(), 10, n)? as usize;
-                    if w.next() != Some("kernel") {
-                        return Err(err(n, "want 'vcpu I kernel K user U'"));
-                    }
-                    let k = num(w.next(), 10, n)?;
-                    if w.next() != Some("user") {
-                        return Err(err(n, "want 'vcpu I kernel K user U'"));
-                    }
-                    let u = num(w.next(), 10, n)?;
-                    if d.vcpus.len() <= idx {
-                        d.vcpus.resize(idx + 1, (0, 0));
-                    }
-                    d.vcpus[idx] = (k, u);
-                }
-                Some("tb") => {
-                    let a = num(w.next(), 16, n)?;
-                    let ins = num(w.next(), 10, n)?;
-                    let ex = num(w.next(), 10, n)?;
-                    d.blocks.insert(a, (ins, ex));
-                }
-                Some("end") => ended = true,
-                _ => return Err(err(n, "unknown record")),
-            }
-        }
-        if !ended {
-            return Err(err(text.lines().count(), "truncated dump (no 'end')"));
-        }
-        Ok(d)
+    pub fn user(&self) -> u64 {
+        self.vcpus.iter().map(|v| v.1).sum()
     }
 
     /// `self − earlier` (counters only grow; a block missing earlier is new).
-    pub fn since(&self, earlier: &Dump) -> Dump {
+    fn since(&self, earlier: &LevelCounts) -> LevelCounts {
         let vcpus = self
             .vcpus
             .iter()
@@ -253,25 +208,208 @@ impl Dump {
                 (de > 0 || di > 0).then_some((*a, (di, de)))
             })
             .collect();
-        Dump { vcpus, blocks }
-    }
-
-    pub fn kernel(&self) -> u64 {
-        self.vcpus.iter().map(|v| v.0).sum()
-    }
-
-    pub fn user(&self) -> u64 {
-        self.vcpus.iter().map(|v| v.1).sum()
+        LevelCounts { vcpus, blocks }
     }
 }
 
-/// The kernel's text symbols from its System.map.
+/// One vCPU's world switches: VMRUNs (entries into the SVM guest) and the
+/// returns to the host after them (#VMEXITs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Switches {
+    pub vmruns: u64,
+    pub returns: u64,
+}
+
+/// One counter dump (format 2, see the plugin's header comment), split by
+/// level: level 1 is the emulated machine's own code (the guest of a plain
+/// TCG run; the host of a nested run), level 2 what it ran in SVM guest
+/// mode (a nested run's guest; nothing without SVM).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Dump {
+    pub level1: LevelCounts,
+    pub level2: LevelCounts,
+    /// Per vCPU.
+    pub switches: Vec<Switches>,
+    /// Translated blocks the plugin saw run at both levels.
+    pub mixed: u64,
+}
+
+/// The header line of the dumps [`Dump::parse`] reads.
+const DUMP_HEADER: &str = "blklab-insns 2";
+
+/// The fields of a `vcpu` line after its index, in order.
+const VCPU_FIELDS: [&str; 6] = ["kernel", "user", "l2kernel", "l2user", "vmruns", "returns"];
+
+impl Dump {
+    pub fn read(path: &Path) -> Result<Dump, InsnsError> {
+        let text = std::fs::read_to_string(path).map_err(|source| InsnsError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Dump::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Dump, InsnsError> {
+        let err = |line: usize, why: &str| InsnsError::Parse {
+            path: path.to_path_buf(),
+            line,
+            why: why.to_string(),
+        };
+        let mut lines = text.lines().enumerate();
+        if lines.next().map(|(_, l)| l) != Some(DUMP_HEADER) {
+            return Err(err(
+                1,
+                "not a blklab-insns 2 dump (an older plugin? rebuild it: images/build-qemu-plugin.sh)",
+            ));
+        }
+        let mut d = Dump::default();
+        let (mut vcpus, mut seen, mut mixed, mut ended) = (None, 0usize, false, false);
+        for (i, l) in lines {
+            let n = i + 1;
+            if ended {
+                return Err(err(n, "a record after 'end'"));
+            }
+            let mut w = l.split_ascii_whitespace();
+            match w.next() {
+                Some("vcpus") => {
+                    let v = number(w.next(), 10).ok_or_else(|| err(n, "bad number"))?;
+                    d.set_vcpus(v as usize);
+                    vcpus = Some(v as usize);
+                }
+                Some("vcpu") => {
+                    let count = vcpus.ok_or_else(|| err(n, "a 'vcpu' record before 'vcpus'"))?;
+                    let (idx, v) = vcpu_line(w).ok_or_else(|| {
+                        err(n, "want 'vcpu I kernel K user U l2kernel K2 l2user U2 vmruns R returns X'")
+                    })?;
+                    if idx >= count {
+                        return Err(err(n, "vCPU index beyond 'vcpus'"));
+                    }
+                    d.level1.vcpus[idx] = (v[0], v[1]);
+                    d.level2.vcpus[idx] = (v[2], v[3]);
+                    d.switches[idx] = Switches {
+                        vmruns: v[4],
+                        returns: v[5],
+                    };
+                    seen += 1;
+                }
+                Some("mixed") => {
+                    d.mixed = number(w.next(), 10).ok_or_else(|| err(n, "bad number"))?;
+                    mixed = true;
+                }
+                Some(tag @ ("tb" | "tb2")) => {
+                    let b = block_line(w).ok_or_else(|| err(n, "want 'tb ADDR INSNS EXECS'"))?;
+                    let level = if tag == "tb" {
+                        &mut d.level1
+                    } else {
+                        &mut d.level2
+                    };
+                    level.blocks.insert(b.0, (b.1, b.2));
+                }
+                Some("end") => ended = true,
+                _ => return Err(err(n, "unknown record")),
+            }
+        }
+        let last = text.lines().count();
+        if !ended {
+            return Err(err(last, "truncated dump (no 'end')"));
+        }
+        if vcpus != Some(seen) || !mixed {
+            return Err(err(
+                last,
+                "incomplete dump (want 'vcpus N', N 'vcpu' records, 'mixed')",
+            ));
+        }
+        Ok(d)
+    }
+
+    fn set_vcpus(&mut self, n: usize) {
+        self.level1.vcpus = vec![(0, 0); n];
+        self.level2.vcpus = vec![(0, 0); n];
+        self.switches = vec![Switches::default(); n];
+    }
+
+    /// `self − earlier`, each level apart.
+    pub fn since(&self, earlier: &Dump) -> Dump {
+        let switches = self
+            .switches
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let s0 = earlier.switches.get(i).copied().unwrap_or_default();
+                Switches {
+                    vmruns: s.vmruns.saturating_sub(s0.vmruns),
+                    returns: s.returns.saturating_sub(s0.returns),
+                }
+            })
+            .collect();
+        Dump {
+            level1: self.level1.since(&earlier.level1),
+            level2: self.level2.since(&earlier.level2),
+            switches,
+            mixed: self.mixed.saturating_sub(earlier.mixed),
+        }
+    }
+
+    pub fn vmruns(&self) -> u64 {
+        self.switches.iter().map(|s| s.vmruns).sum()
+    }
+
+    pub fn returns(&self) -> u64 {
+        self.switches.iter().map(|s| s.returns).sum()
+    }
+
+    /// The plugin's self-check on its level split: no translated block ran
+    /// at both levels, and each vCPU's VMRUNs and returns differ by at most
+    /// one (a vCPU may be in the guest when a dump is taken).
+    pub fn levels_consistent(&self) -> bool {
+        self.mixed == 0
+            && self
+                .switches
+                .iter()
+                .all(|s| s.vmruns.abs_diff(s.returns) <= 1)
+    }
+}
+
+fn number(s: Option<&str>, radix: u32) -> Option<u64> {
+    s.and_then(|x| u64::from_str_radix(x, radix).ok())
+}
+
+/// `I kernel K user U l2kernel K2 l2user U2 vmruns R returns X` (after
+/// `vcpu`): the index and the six values.
+fn vcpu_line<'a>(mut w: impl Iterator<Item = &'a str>) -> Option<(usize, [u64; 6])> {
+    let idx = number(w.next(), 10)? as usize;
+    let mut v = [0; 6];
+    for (slot, name) in v.iter_mut().zip(VCPU_FIELDS) {
+        if w.next()? != name {
+            return None;
+        }
+        *slot = number(w.next(), 10)?;
+    }
+    w.next().is_none().then_some((idx, v))
+}
+
+/// `ADDR INSNS EXECS` (after `tb` or `tb2`).
+fn block_line<'a>(mut w: impl Iterator<Item = &'a str>) -> Option<(u64, u64, u64)> {
+    let b = (
+        number(w.next(), 16)?,
+        number(w.next(), 10)?,
+        number(w.next(), 10)?,
+    );
+    w.next().is_none().then_some(b)
+}
+
+/// A kernel's text symbols: from its System.map, or from a running
+/// kernel's `/proc/kallsyms` (whose module symbols,
+/// `ADDRESS t NAME\t[MODULE]`, are named `NAME [MODULE]`).
 #[derive(Debug, Clone)]
 pub struct SymbolMap {
     /// (address, name), sorted by address.
     syms: Vec<(u64, String)>,
     /// End of the kernel's text (`_etext`), when the map has it.
     etext: Option<u64>,
+    /// Addresses of modules' other symbols (data, read-only data), sorted:
+    /// a module's text ends before them.
+    module_data: Vec<u64>,
 }
 
 impl SymbolMap {
@@ -284,57 +422,80 @@ impl SymbolMap {
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<SymbolMap, InsnsError> {
-        let mut syms = Vec::new();
+        let err = |line: usize, why: String| InsnsError::Parse {
+            path: path.to_path_buf(),
+            line,
+            why,
+        };
+        let (mut syms, mut module_data) = (Vec::new(), Vec::new());
         let mut etext = None;
         for (i, l) in text.lines().enumerate() {
             let w: Vec<&str> = l.split_ascii_whitespace().collect();
             if w.is_empty() {
                 continue;
             }
-            if w.len() < 3 {
-                return Err(InsnsError::Parse {
-                    path: path.to_path_buf(),
-                    line: i + 1,
-                    why: "want 'ADDRESS TYPE NAME'".into(),
-                });
-            }
-            let addr = u64::from_str_radix(w[0], 16).map_err(|_| InsnsError::Parse {
-                path: path.to_path_buf(),
-                line: i + 1,
-                why: format!("bad address {:?}", w[0]),
-            })?;
-            if w[2] == "_etext" {
+            let module = match w[..] {
+                [_, _, _] => None,
+                [_, _, _, m] if m.len() > 2 && m.starts_with('[') && m.ends_with(']') => Some(m),
+                _ => return Err(err(i + 1, "want 'ADDRESS TYPE NAME [MODULE]'".into())),
+            };
+            let addr = u64::from_str_radix(w[0], 16)
+                .map_err(|_| err(i + 1, format!("bad address {:?}", w[0])))?;
+            if w[2] == "_etext" && module.is_none() {
                 etext = Some(addr);
             }
-            if matches!(w[1], "T" | "t" | "W" | "w") {
-                syms.push((addr, w[2].to_string()));
+            match (w[1], module) {
+                ("T" | "t" | "W" | "w", None) => syms.push((addr, w[2].to_string())),
+                ("T" | "t" | "W" | "w", Some(m)) => syms.push((addr, format!("{} {m}", w[2]))),
+                (_, Some(_)) => module_data.push(addr),
+                (_, None) => {}
             }
         }
         if syms.is_empty() {
-            return Err(InsnsError::Parse {
-                path: path.to_path_buf(),
-                line: 0,
-                why: "no text symbols (T/t/W/w): not a real System.map (Debian's linux-image \
-                      packages ship a placeholder; the real one is in the matching \
-                      linux-image-…-dbg package)"
+            return Err(err(
+                0,
+                "no text symbols (T/t/W/w): not a real System.map (Debian's linux-image \
+                 packages ship a placeholder; the real one is in the matching \
+                 linux-image-…-dbg package)"
                     .into(),
-            });
+            ));
+        }
+        if syms.iter().all(|(a, _)| *a == 0) {
+            return Err(err(
+                0,
+                "every address is 0: /proc/kallsyms read without the right to see \
+                 addresses (read it as root; kernel.kptr_restrict)"
+                    .into(),
+            ));
         }
         syms.sort();
-        Ok(SymbolMap { syms, etext })
+        module_data.sort_unstable();
+        Ok(SymbolMap {
+            syms,
+            etext,
+            module_data,
+        })
     }
 
     /// The function holding `addr`: the text symbol at or below it, or
-    /// `[outside kernel text]` (modules, trampolines) when it is past
-    /// `_etext` or below the first symbol.
+    /// `[outside kernel text]` (trampolines, and modules System.map does
+    /// not know) when it is below the first symbol, or past `_etext` and
+    /// the symbol below is the kernel's own, or a module's with a module's
+    /// data symbol in between (the module's text ended: e.g. its init code,
+    /// whose symbols kallsyms drops once it ran).
     pub(crate) fn lookup(&self, addr: u64) -> &str {
+        let (at, name) = match self.syms.partition_point(|(a, _)| *a <= addr) {
+            0 => return OUTSIDE,
+            i => (self.syms[i - 1].0, self.syms[i - 1].1.as_str()),
+        };
         if self.etext.is_some_and(|e| addr >= e) {
-            return OUTSIDE;
+            let data = self.module_data.partition_point(|a| *a <= addr);
+            let ended = data > 0 && self.module_data[data - 1] > at;
+            if split_module(name).1.is_none() || ended {
+                return OUTSIDE;
+            }
         }
-        match self.syms.partition_point(|(a, _)| *a <= addr) {
-            0 => OUTSIDE,
-            i => &self.syms[i - 1].1,
-        }
+        name
     }
 
     /// The address of a function, by exact name.
@@ -383,11 +544,14 @@ pub struct Profile {
 
 /// Executions of the translation block starting at `addr`: the entries of
 /// the function there.
-fn entries_at(window: &Dump, addr: u64) -> u64 {
+fn entries_at(window: &LevelCounts, addr: u64) -> u64 {
     window.blocks.get(&addr).map_or(0, |b| b.1)
 }
 
-pub fn profile(window: &Dump, map: &SymbolMap) -> Profile {
+/// The profile of one level of a window (`Dump::level1` of a plain TCG
+/// run, or `Dump::level2` of a nested run, against the guest's System.map;
+/// a nested run's `Dump::level1` against the host's `/proc/kallsyms`).
+pub fn profile(window: &LevelCounts, map: &SymbolMap) -> Profile {
     let mut functions: BTreeMap<String, u64> = BTreeMap::new();
     for (addr, (insns, _)) in &window.blocks {
         *functions
@@ -430,10 +594,7 @@ pub fn record(
     window: &InsnsWindow,
 ) -> Instructions {
     let per = |v: f64| ios.filter(|n| *n > 0.0).map(|n| v / n);
-    let mut groups: BTreeMap<&str, u64> = BTreeMap::new();
-    for (f, n) in &p.functions {
-        *groups.entry(group_of(f)).or_default() += n;
-    }
+    let groups = sum_groups(&p.functions, group_of);
     let total = p.kernel + p.user;
     Instructions {
         window: window.clone(),
@@ -461,13 +622,68 @@ pub fn record(
             .collect(),
         groups: groups
             .iter()
-            .map(|(g, n)| (g.to_string(), per(*n as f64)))
+            .map(|(g, n)| (g.clone(), per(*n as f64)))
             .collect(),
-        group_insns: groups.iter().map(|(g, n)| (g.to_string(), *n)).collect(),
+        group_insns: groups,
         functions: p
             .functions
             .iter()
             .map(|(f, n)| (f.clone(), per(*n as f64)))
+            .collect(),
+        function_insns: p.functions.clone(),
+    }
+}
+
+/// Kernel instructions per group of `functions` (base name →
+/// instructions), grouped by `group`.
+fn sum_groups(
+    functions: &BTreeMap<String, u64>,
+    group: fn(&str) -> &'static str,
+) -> BTreeMap<String, u64> {
+    let mut groups: BTreeMap<String, u64> = BTreeMap::new();
+    for (f, n) in functions {
+        *groups.entry(group(f).to_string()).or_default() += n;
+    }
+    groups
+}
+
+/// The `host_instructions` field of a nested run's result record: `p` the
+/// profile of the window's level 1 against the host's `/proc/kallsyms`,
+/// `window` the dump difference it came from (its world switches), `ios`
+/// the guest block layer's IO count of the window.
+pub fn host_record(
+    p: &Profile,
+    window: &Dump,
+    ios: Option<f64>,
+    how: &InsnsWindow,
+) -> HostInstructions {
+    let per = |v: u64| ios.filter(|n| *n > 0.0).map(|n| v as f64 / n);
+    let groups = sum_groups(&p.functions, host_group_of);
+    let total = p.kernel + p.user;
+    HostInstructions {
+        window: how.clone(),
+        ios,
+        total,
+        kernel: p.kernel,
+        user: p.user,
+        per_vcpu: p
+            .per_vcpu
+            .iter()
+            .map(|&(kernel, user)| VcpuInsns { kernel, user })
+            .collect(),
+        per_io: per(total),
+        kernel_per_io: per(p.kernel),
+        user_per_io: per(p.user),
+        world_switches: window.vmruns(),
+        world_switches_per_io: per(window.vmruns()),
+        exits: window.returns(),
+        mixed_blocks: window.mixed,
+        groups: groups.iter().map(|(g, n)| (g.clone(), per(*n))).collect(),
+        group_insns: groups,
+        functions: p
+            .functions
+            .iter()
+            .map(|(f, n)| (f.clone(), per(*n)))
             .collect(),
         function_insns: p.functions.clone(),
     }
@@ -515,14 +731,15 @@ ffffffff81000600 T _etext
 ";
         let m = SymbolMap::parse(map, Path::new("System.map")).unwrap();
         let w = Dump::parse(
-            "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 10 user 0\n\
+            "blklab-insns 2\nvcpus 1\n\
+             vcpu 0 kernel 10 user 0 l2kernel 0 l2user 0 vmruns 0 returns 0\nmixed 0\n\
              tb ffffffff81000100 50 5\ntb ffffffff81000120 90 9\n\
              tb ffffffff81000200 4 2\ntb ffffffff81000300 6 3\ntb ffffffff81000380 1 1\n\
              tb ffffffff81000400 7 7\nend\n",
             Path::new("w"),
         )
         .unwrap();
-        let p = profile(&w, &m);
+        let p = profile(&w.level1, &m);
         assert_eq!(p.entries["blk_mq_run_work_fn"], Some(5));
         assert_eq!(p.entries["sbitmap_queue_wake_up"], Some(5));
         assert_eq!(p.entries["blk_mq_get_tag"], None);
@@ -541,21 +758,34 @@ ffffffff81000600 T _etext
     #[test]
     fn dumps_difference_and_profile() {
         let a = Dump::parse(
-            "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 100 user 50\ntb ffffffff81000100 40 4\nend\n",
+            &format!(
+                "{}tb ffffffff81000100 40 4\nend\n",
+                head(&[(100, 50, 0, 0, 0, 0)], 0)
+            ),
             Path::new("a"),
         )
         .unwrap();
         let b = Dump::parse(
-            "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 300 user 60\ntb ffffffff81000100 60 6\n\
-             tb ffffffff81000500 30 3\ntb ffffffff81000310 7 1\nend\n",
+            &format!(
+                "{}tb ffffffff81000100 60 6\ntb ffffffff81000500 30 3\n\
+                 tb ffffffff81000310 7 1\nend\n",
+                head(&[(300, 60, 0, 0, 0, 0)], 0)
+            ),
             Path::new("b"),
         )
         .unwrap();
         let w = b.since(&a);
-        assert_eq!(w.kernel(), 200);
-        assert_eq!(w.user(), 10);
+        assert_eq!(w.level1.kernel(), 200);
+        assert_eq!(w.level1.user(), 10);
+        assert_eq!(
+            w.level2,
+            LevelCounts {
+                vcpus: vec![(0, 0)],
+                blocks: BTreeMap::new()
+            }
+        );
         let m = SymbolMap::parse(MAP, Path::new("System.map")).unwrap();
-        let p = profile(&w, &m);
+        let p = profile(&w.level1, &m);
         assert_eq!(p.functions["blk_mq_flush_plug_list"], 20);
         assert_eq!(p.functions["foo"], 7);
         assert_eq!(p.idle_entries, Some(3));
@@ -573,7 +803,196 @@ ffffffff81000600 T _etext
         assert_eq!(r.entries["blk_mq_run_work_fn"], None);
         assert_eq!(r.entries_per_io["blk_mq_run_work_fn"], None);
         assert_eq!(r.entries.len(), ENTRY_FUNCTIONS.len());
-        assert!(Dump::parse("blklab-insns 1\nvcpus 1\n", Path::new("t")).is_err());
-        assert!(Dump::parse("junk\n", Path::new("t")).is_err());
+    }
+
+    /// The head of a format-2 dump: `vcpus` and one `vcpu` line per
+    /// (kernel, user, l2kernel, l2user, vmruns, returns), then `mixed`.
+    fn head(vcpus: &[(u64, u64, u64, u64, u64, u64)], mixed: u64) -> String {
+        let mut s = format!("blklab-insns 2\nvcpus {}\n", vcpus.len());
+        for (i, (k, u, k2, u2, r, x)) in vcpus.iter().enumerate() {
+            s += &format!(
+                "vcpu {i} kernel {k} user {u} l2kernel {k2} l2user {u2} vmruns {r} returns {x}\n"
+            );
+        }
+        s + &format!("mixed {mixed}\n")
+    }
+
+    #[test]
+    fn dumps_keep_the_levels_apart() {
+        // vCPU 0 ran the host and entered the guest 3 times (in the guest at
+        // the second dump); vCPU 1 only the host. One address started a
+        // block at each level (the guest's module at the host's kvm_amd's
+        // address).
+        let a = Dump::parse(
+            &format!(
+                "{}tb ffffffffc0001000 10 1\ntb2 ffffffffc0001000 40 4\nend\n",
+                head(&[(100, 50, 1000, 500, 5, 5), (70, 7, 0, 0, 0, 0)], 0)
+            ),
+            Path::new("a"),
+        )
+        .unwrap();
+        let b = Dump::parse(
+            &format!(
+                "{}tb ffffffffc0001000 30 3\ntb2 ffffffffc0001000 40 4\n\
+                 tb2 ffffffff81000100 9 1\nend\n",
+                head(&[(300, 60, 1600, 700, 8, 7), (90, 8, 0, 0, 0, 0)], 0)
+            ),
+            Path::new("b"),
+        )
+        .unwrap();
+        assert_eq!(a.level1.blocks[&0xffffffffc0001000], (10, 1));
+        assert_eq!(a.level2.blocks[&0xffffffffc0001000], (40, 4));
+        let w = b.since(&a);
+        assert_eq!(w.level1.vcpus, vec![(200, 10), (20, 1)]);
+        assert_eq!(w.level2.vcpus, vec![(600, 200), (0, 0)]);
+        assert_eq!((w.level1.kernel(), w.level2.kernel()), (220, 600));
+        // Unchanged blocks drop out of the window, each level on its own.
+        assert_eq!(
+            w.level1.blocks.clone().into_iter().collect::<Vec<_>>(),
+            vec![(0xffffffffc0001000, (20, 2))]
+        );
+        assert_eq!(
+            w.level2.blocks.clone().into_iter().collect::<Vec<_>>(),
+            vec![(0xffffffff81000100, (9, 1))]
+        );
+        assert_eq!((w.vmruns(), w.returns()), (3, 2));
+        assert!(w.levels_consistent());
+        // The self-check: two VMRUNs without a return, or a block seen at
+        // both levels.
+        let mut bad = w.clone();
+        bad.switches[0].vmruns += 1;
+        assert!(!bad.levels_consistent());
+        let mut bad = w.clone();
+        bad.mixed = 1;
+        assert!(!bad.levels_consistent());
+    }
+
+    #[test]
+    fn dumps_are_read_strictly() {
+        let ok = format!(
+            "{}tb ffffffff81000100 1 1\nend\n",
+            head(&[(1, 2, 3, 4, 5, 5)], 0)
+        );
+        assert!(Dump::parse(&ok, Path::new("t")).is_ok());
+        let bad = |text: &str, line: usize| {
+            let e = Dump::parse(text, Path::new("t")).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("t:{line}: ")), "{text:?}: {e}");
+        };
+        // A format-1 dump, a truncated one, junk.
+        bad(
+            "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 1 user 1\ntb ffffffff81000100 1 1\nend\n",
+            1,
+        );
+        bad(&ok.replace("end\n", ""), 5);
+        bad("junk\n", 1);
+        // A vcpu line of format 1, with a field missing, extra or misnamed.
+        bad(
+            &ok.replace(" l2kernel 3 l2user 4 vmruns 5 returns 5", ""),
+            3,
+        );
+        bad(&ok.replace("returns 5", "returns 5 x"), 3);
+        bad(&ok.replace("l2user", "l2usr"), 3);
+        // An index beyond the vCPU count, a missing vcpu or mixed record.
+        bad(&ok.replace("vcpu 0 ", "vcpu 1 "), 3);
+        bad(&ok.replace("vcpus 1", "vcpus 2"), 6);
+        bad(&ok.replace("mixed 0\n", ""), 5);
+        // Bad block lines, a record after the end.
+        bad(&ok.replace("tb ", "tb3 "), 5);
+        bad(&ok.replace("1 1\n", "1\n"), 5);
+        bad(&ok.replace("tb ffffffff81000100", "tb2 zz"), 5);
+        bad(&format!("{ok}tb 1 1 1\n"), 7);
+    }
+
+    /// A host's /proc/kallsyms: the kernel's text, then modules' symbols
+    /// past `_etext`.
+    const KALLSYMS: &str = "\
+ffffffff81000000 T _stext
+ffffffff81000100 T __schedule
+ffffffff81000200 t do_idle
+ffffffff81000300 T _etext
+ffffffff81000400 d some_data
+ffffffffc0001000 t kvm_arch_vcpu_ioctl_run\t[kvm]
+ffffffffc0002000 t vcpu_enter_guest.constprop.0\t[kvm]
+ffffffffc0010000 t svm_vcpu_run\t[kvm_amd]
+ffffffffc0010800 t svm_vcpu_run.cold\t[kvm_amd]
+ffffffffc0020000 t virtblk_done\t[virtio_blk]
+ffffffffc0020100 d virtblk_data\t[virtio_blk]
+";
+
+    #[test]
+    fn kallsyms_with_module_symbols() {
+        let m = SymbolMap::parse(KALLSYMS, Path::new("kallsyms")).unwrap();
+        assert_eq!(m.lookup(0xffffffff81000150), "__schedule");
+        // Past _etext: a module's symbol names its module, the kernel's
+        // last symbol does not stretch that far.
+        assert_eq!(m.lookup(0xffffffffc0010010), "svm_vcpu_run [kvm_amd]");
+        assert_eq!(m.lookup(0xffffffffc0010900), "svm_vcpu_run.cold [kvm_amd]");
+        assert_eq!(m.lookup(0xffffffff81000350), OUTSIDE);
+        assert_eq!(m.lookup(0xffffffffc0000fff), OUTSIDE);
+        assert_eq!(m.lookup(0xffffffffc00200ff), "virtblk_done [virtio_blk]");
+        // Past a module's data: its text has ended (a freed init section).
+        assert_eq!(m.lookup(0xffffffffc0020100), OUTSIDE);
+        assert_eq!(m.lookup(0xffffffffc0030000), OUTSIDE);
+        assert_eq!(
+            m.address("kvm_arch_vcpu_ioctl_run [kvm]"),
+            Some(0xffffffffc0001000)
+        );
+        // A non-root read: every address 0. A malformed module column.
+        let zero = "0000000000000000 T _stext\n0000000000000000 t svm_vcpu_run\t[kvm_amd]\n";
+        let e = SymbolMap::parse(zero, Path::new("k"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("as root"), "{e}");
+        assert!(SymbolMap::parse("ffffffff81000000 T f kvm\n", Path::new("k")).is_err());
+        assert!(SymbolMap::parse("ffffffff81000000 T f [kvm] x\n", Path::new("k")).is_err());
+    }
+
+    #[test]
+    fn host_profile_of_a_nested_window() {
+        let m = SymbolMap::parse(KALLSYMS, Path::new("kallsyms")).unwrap();
+        // Level 1 is the host: KVM's run loop, the scheduler, idle, a
+        // module's interrupt handler. Level 2 (the guest) is not the host's.
+        let w = Dump::parse(
+            &format!(
+                "{}tb ffffffffc0001000 100 10\ntb ffffffffc0002040 50 10\n\
+                 tb ffffffffc0010000 300 20\ntb ffffffffc0010800 20 1\n\
+                 tb ffffffff81000100 80 4\ntb ffffffff81000200 30 3\n\
+                 tb ffffffffc0020010 5 1\ntb2 ffffffffc0010000 999 9\nend\n",
+                head(&[(400, 600, 5000, 2000, 20, 20), (185, 0, 0, 0, 0, 0)], 0)
+            ),
+            Path::new("w"),
+        )
+        .unwrap();
+        let p = profile(&w.level1, &m);
+        assert_eq!(p.functions["svm_vcpu_run [kvm_amd]"], 320);
+        assert_eq!(p.functions["vcpu_enter_guest [kvm]"], 50);
+        let r = host_record(&p, &w, Some(10.0), &InsnsWindow::default());
+        assert_eq!((r.total, r.kernel, r.user), (1185, 585, 600));
+        assert_eq!(r.per_io, Some(118.5));
+        assert_eq!(r.kernel_per_io, Some(58.5));
+        assert_eq!(r.user_per_io, Some(60.0));
+        assert_eq!(
+            r.per_vcpu[1],
+            VcpuInsns {
+                kernel: 185,
+                user: 0
+            }
+        );
+        assert_eq!((r.world_switches, r.exits, r.mixed_blocks), (20, 20, 0));
+        assert_eq!(r.world_switches_per_io, Some(2.0));
+        assert_eq!(r.group_insns["kvm"], 470);
+        assert_eq!(r.groups["kvm"], Some(47.0));
+        assert_eq!(r.group_insns["scheduler"], 80);
+        assert_eq!(r.group_insns["idle"], 30);
+        assert_eq!(r.group_insns["virtio"], 5);
+        assert_eq!(r.functions["__schedule"], Some(8.0));
+        assert_eq!(r.function_insns["virtblk_done [virtio_blk]"], 5);
+        // The level-1 kernel functions add up to the level-1 kernel count.
+        assert_eq!(r.function_insns.values().sum::<u64>(), r.kernel);
+        // Without an IO count the counts stay, the per-IO values are null.
+        let r = host_record(&p, &w, None, &InsnsWindow::default());
+        assert_eq!((r.per_io, r.world_switches_per_io), (None, None));
+        assert_eq!(r.groups["kvm"], None);
+        assert_eq!(r.group_insns["kvm"], 470);
     }
 }

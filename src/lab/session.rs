@@ -18,8 +18,8 @@ use crate::device::config::DiskConfig;
 use crate::lab::boot::{qemu_spec, BootCtx, BootDisks, BootFailure};
 use crate::lab::console::{parse_line, Event, FaultScanner, Phase};
 use crate::lab::insns::{self, Dump, InsnsWindow};
-use crate::lab::nested::relay::WindowKey;
 use crate::lab::kvm_stats::KvmSampler;
+use crate::lab::nested::relay::WindowKey;
 use crate::lab::qemu::{self, Accel, Guest, Next};
 use crate::record::guest::{GuestResult, GUEST_SCHEMA};
 use crate::record::kvm::KvmWindow;
@@ -561,10 +561,11 @@ fn assemble_record(
         host,
         instructions: None,
         kvm: None,
+        host_instructions: None,
     };
     record.kvm = kvm.map(|w| w.with_per_io(crate::record::metrics::ios(&record)));
     if let (Some(w), Some(map)) = (window, &c.symbols) {
-        let p = insns::profile(&w, map);
+        let p = insns::profile(&w.level1, map);
         let ios = crate::record::metrics::ios(&record);
         let cs = record.guest.context_switches.map(|n| n as f64);
         let how = InsnsWindow {

@@ -1,7 +1,8 @@
 //! A record's `instructions` (`blklab run --count-insns`): the guest's
 //! instructions over the variant's window, counted by blklab's TCG plugin
-//! and symbolised against the kernel's System.map (`lab::insns` produces
-//! it).
+//! and symbolised against the kernel's System.map; and, for a nested run,
+//! its `host_instructions`: the host's, symbolised against the host's
+//! `/proc/kallsyms` (`lab::insns` produces both).
 
 use std::collections::BTreeMap;
 
@@ -117,6 +118,50 @@ pub struct Instructions {
     pub functions: BTreeMap<String, Option<f64>>,
     /// Function (base name) → kernel instructions (absent from trimmed
     /// recordings).
+    #[serde(default)]
+    pub function_insns: BTreeMap<String, u64>,
+}
+
+/// The host's instructions over one variant's window of a nested run (the
+/// host under TCG, the guest under the host's KVM): level 1 of blklab's
+/// TCG plugin on the outer QEMU (the host kernel with KVM, the host's
+/// QEMU, blklab and every other host process), its kernel functions
+/// symbolised against the host's `/proc/kallsyms`. Per-IO values divide by
+/// the guest's IO count and are null without one.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct HostInstructions {
+    pub window: InsnsWindow,
+    /// The IOs per-IO values divide by: the guest block layer's count of
+    /// the window.
+    pub ios: Option<f64>,
+    /// Kernel + user.
+    pub total: u64,
+    pub kernel: u64,
+    pub user: u64,
+    pub per_vcpu: Vec<VcpuInsns>,
+    pub per_io: Option<f64>,
+    pub kernel_per_io: Option<f64>,
+    pub user_per_io: Option<f64>,
+    /// VMRUNs: the host's entries into the guest (world switches).
+    pub world_switches: u64,
+    pub world_switches_per_io: Option<f64>,
+    /// The #VMEXITs the plugin saw (returns to the host after a VMRUN):
+    /// per vCPU within one of its VMRUNs (a vCPU may be in the guest at
+    /// either end of the window).
+    pub exits: u64,
+    /// Translated blocks the plugin saw run at both levels in the window:
+    /// 0 unless its host/guest split went wrong (QEMU keys a block by the
+    /// SVM guest-mode flag, so a block runs at one level only).
+    pub mixed_blocks: u64,
+    /// Host symbol group → kernel instructions per IO
+    /// (`symbol_groups::host_group_of`: `kvm` for KVM's modules).
+    pub groups: BTreeMap<String, Option<f64>>,
+    /// Host symbol group → kernel instructions.
+    pub group_insns: BTreeMap<String, u64>,
+    /// Function (base name, a module's as `NAME [MODULE]`) → kernel
+    /// instructions per IO.
+    pub functions: BTreeMap<String, Option<f64>>,
+    /// Function → kernel instructions (absent from trimmed recordings).
     #[serde(default)]
     pub function_insns: BTreeMap<String, u64>,
 }

@@ -93,6 +93,14 @@ fn insns(
     f(r.instructions.as_ref()?)
 }
 
+/// A field of a nested run's host profile.
+fn host_insns(
+    r: &ResultRecord,
+    f: fn(&crate::record::instructions::HostInstructions) -> Option<f64>,
+) -> Option<f64> {
+    f(r.host_instructions.as_ref()?)
+}
+
 // --- the block layer's mechanism ----------------------------------------
 // Counts per IO of what the two regressions are made of: hardware queue
 // runs, kblockd work, plug flushes, tag waits. From blk-mq's debugfs (the
@@ -294,6 +302,34 @@ pub(crate) const METRICS: &[Metric] = &[
         better: Better::Lower,
         get: |r| insns(r, |i| i.idle_entries_per_io),
     },
+    Metric {
+        key: "host_instructions_per_io",
+        title: "host instructions per IO (nested)",
+        unit: "",
+        better: Better::Lower,
+        get: |r| host_insns(r, |h| h.per_io),
+    },
+    Metric {
+        key: "host_kernel_instructions_per_io",
+        title: "host kernel instructions per IO (nested)",
+        unit: "",
+        better: Better::Lower,
+        get: |r| host_insns(r, |h| h.kernel_per_io),
+    },
+    Metric {
+        key: "host_user_instructions_per_io",
+        title: "host user instructions per IO (nested)",
+        unit: "",
+        better: Better::Lower,
+        get: |r| host_insns(r, |h| h.user_per_io),
+    },
+    Metric {
+        key: "world_switches_per_io",
+        title: "world switches per IO (nested: VMRUNs)",
+        unit: "",
+        better: Better::Lower,
+        get: |r| host_insns(r, |h| h.world_switches_per_io),
+    },
     // --- the block layer's mechanism (see `mech`) ---
     mech(
         "hctx_runs_per_io",
@@ -452,9 +488,19 @@ pub(crate) const KVM_METRICS: &[&str] = &[
     "kvm_irq_injections_per_io",
 ];
 
+/// The metrics added to the defaults when records carry a nested run's
+/// host instruction counts.
+pub(crate) const HOST_INSTRUCTION_METRICS: &[&str] = &[
+    "host_instructions_per_io",
+    "host_kernel_instructions_per_io",
+    "host_user_instructions_per_io",
+    "world_switches_per_io",
+];
+
 /// The default metrics for `records`: [`DEFAULT_METRICS`], plus
-/// [`INSTRUCTION_METRICS`] when any record has instruction counts and
-/// [`KVM_METRICS`] when any has KVM's counters.
+/// [`INSTRUCTION_METRICS`] when any record has instruction counts,
+/// [`KVM_METRICS`] when any has KVM's counters and
+/// [`HOST_INSTRUCTION_METRICS`] when any has the host's.
 pub fn default_metrics<'a>(records: impl IntoIterator<Item = &'a ResultRecord>) -> Vec<String> {
     let records: Vec<&ResultRecord> = records.into_iter().collect();
     let mut v: Vec<String> = DEFAULT_METRICS.iter().map(|s| s.to_string()).collect();
@@ -463,6 +509,12 @@ pub fn default_metrics<'a>(records: impl IntoIterator<Item = &'a ResultRecord>) 
     }
     if records.iter().any(|r| kvm_per_io(r, &["exits"]).is_some()) {
         v.extend(KVM_METRICS.iter().map(|s| s.to_string()));
+    }
+    if records
+        .iter()
+        .any(|r| host_insns(r, |h| h.per_io).is_some())
+    {
+        v.extend(HOST_INSTRUCTION_METRICS.iter().map(|s| s.to_string()));
     }
     v
 }
@@ -587,6 +639,38 @@ mod tests {
         ] {
             assert!((find(k).unwrap().get)(&r).is_none(), "{k}");
         }
+    }
+
+    #[test]
+    fn host_instruction_metrics() {
+        // Absent (a TCG or KVM run): no value, and not in the defaults.
+        let r = rec();
+        for k in HOST_INSTRUCTION_METRICS {
+            assert_eq!((find(k).unwrap().get)(&r), None, "{k}");
+        }
+        assert_eq!(default_metrics([&r]), DEFAULT_METRICS);
+        // A nested run's record: 2000 IOs.
+        let mut nested = rec();
+        nested.host_instructions = Some(crate::record::instructions::HostInstructions {
+            ios: Some(2000.0),
+            total: 6_000_000,
+            kernel: 4_000_000,
+            user: 2_000_000,
+            per_io: Some(3000.0),
+            kernel_per_io: Some(2000.0),
+            user_per_io: Some(1000.0),
+            world_switches: 3000,
+            world_switches_per_io: Some(1.5),
+            exits: 3000,
+            ..Default::default()
+        });
+        let v = |k: &str| (find(k).unwrap().get)(&nested);
+        assert_eq!(v("host_instructions_per_io"), Some(3000.0));
+        assert_eq!(v("host_kernel_instructions_per_io"), Some(2000.0));
+        assert_eq!(v("host_user_instructions_per_io"), Some(1000.0));
+        assert_eq!(v("world_switches_per_io"), Some(1.5));
+        let d = default_metrics([&r, &nested]);
+        assert_eq!(&d[DEFAULT_METRICS.len()..], HOST_INSTRUCTION_METRICS);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::device::config::DiskConfig;
 use crate::record::guest::GuestResult;
-use crate::record::instructions::Instructions;
+use crate::record::instructions::{HostInstructions, Instructions};
 use crate::record::kvm::KvmWindow;
 use crate::record::machine::{Machine, Override};
 use crate::record::run::{Accel, Manifests};
@@ -177,6 +177,9 @@ pub struct ResultRecord {
     /// TCG records and from records older than the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kvm: Option<KvmWindow>,
+    /// Nested runs with `--count-insns` only: the host's instructions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_instructions: Option<HostInstructions>,
 }
 
 impl Document for ResultRecord {

@@ -4,15 +4,34 @@
 //! groups (`lab::insns::record`), and the report's differential profile
 //! labels each function with its group.
 
+use std::borrow::Cow;
+
 /// The name the lab gives instructions outside the kernel's text (modules,
 /// trampolines): their own group.
 pub const OUTSIDE: &str = "[outside kernel text]";
 
+/// A symbol's name and its module: `/proc/kallsyms` names a module's
+/// symbols `NAME [MODULE]` (`svm_vcpu_run [kvm_amd]`), System.map has
+/// none.
+pub(crate) fn split_module(sym: &str) -> (&str, Option<&str>) {
+    match sym.strip_suffix(']').and_then(|s| s.rsplit_once(" [")) {
+        Some((name, module)) => (name, Some(module)),
+        None => (sym, None),
+    }
+}
+
 /// The name a profile uses: the symbol without the compiler's clone
 /// suffixes (`.constprop.0`, `.isra.0`, `.part.0`, `.cold`), so that a
-/// function is one row whatever the compiler did with it in either kernel.
-pub(crate) fn base_name(sym: &str) -> &str {
-    sym.split('.').next().unwrap_or(sym)
+/// function is one row whatever the compiler did with it in either kernel;
+/// a module's symbol keeps its module (`svm_vcpu_run [kvm_amd]`).
+pub(crate) fn base_name(sym: &str) -> Cow<'_, str> {
+    let (name, module) = split_module(sym);
+    let base = name.split('.').next().unwrap_or(name);
+    match module {
+        Some(m) if base.len() < name.len() => Cow::Owned(format!("{base} [{m}]")),
+        Some(_) => Cow::Borrowed(sym),
+        None => Cow::Borrowed(base),
+    }
 }
 
 /// A documented symbol group: a function belongs to the first group (in
@@ -629,18 +648,38 @@ pub(crate) const GROUPS: &[Group] = &[
     },
 ];
 
-/// The group of a function (by its base name).
+/// The group of a function (by its base name; a module's function by its
+/// name alone).
 pub fn group_of(sym: &str) -> &'static str {
     if sym == OUTSIDE {
         return "outside kernel text";
     }
-    let b = base_name(sym);
+    let (name, _) = split_module(sym);
+    let b = name.split('.').next().unwrap_or(name);
     for g in GROUPS {
         if g.exact.contains(&b) || g.prefixes.iter().any(|p| b.starts_with(p)) {
             return g.name;
         }
     }
     "other"
+}
+
+/// The modules of the host's hypervisor: their functions are the host
+/// group [`KVM_GROUP`].
+pub(crate) const KVM_MODULES: &[&str] = &["kvm", "kvm_amd", "kvm_intel", "irqbypass"];
+
+/// The host group of the hypervisor's own code (KVM and its vendor module).
+pub(crate) const KVM_GROUP: &str = "kvm";
+
+/// The group of a host kernel function (a nested run's host profile, from
+/// `/proc/kallsyms`): [`KVM_GROUP`] for the functions of [`KVM_MODULES`],
+/// else the function's group in [`GROUPS`] (idle, scheduler, irq, timer,
+/// memory, …), other modules' functions by their names as well.
+pub(crate) fn host_group_of(sym: &str) -> &'static str {
+    match split_module(sym) {
+        (_, Some(m)) if KVM_MODULES.contains(&m) => KVM_GROUP,
+        _ => group_of(sym),
+    }
 }
 
 #[cfg(test)]
@@ -662,5 +701,28 @@ mod tests {
         assert_eq!(base_name("foo.constprop.0"), "foo");
         assert_eq!(group_of("blk_mq_flush_plug_list.cold"), "block");
         assert_eq!(group_of(OUTSIDE), "outside kernel text");
+    }
+
+    #[test]
+    fn module_symbols_keep_their_module() {
+        assert_eq!(
+            split_module("svm_vcpu_run [kvm_amd]"),
+            ("svm_vcpu_run", Some("kvm_amd"))
+        );
+        assert_eq!(split_module("schedule"), ("schedule", None));
+        assert_eq!(
+            base_name("svm_vcpu_run [kvm_amd]"),
+            "svm_vcpu_run [kvm_amd]"
+        );
+        assert_eq!(
+            base_name("kvm_arch_vcpu_ioctl_run.cold [kvm]"),
+            "kvm_arch_vcpu_ioctl_run [kvm]"
+        );
+        assert_eq!(host_group_of("svm_vcpu_run [kvm_amd]"), "kvm");
+        assert_eq!(host_group_of("vcpu_enter_guest.constprop.0 [kvm]"), "kvm");
+        assert_eq!(host_group_of("__schedule"), "scheduler");
+        assert_eq!(host_group_of("virtblk_done [virtio_blk]"), "virtio");
+        assert_eq!(host_group_of("do_idle"), "idle");
+        assert_eq!(host_group_of(OUTSIDE), "outside kernel text");
     }
 }

@@ -3,13 +3,16 @@
 //! --count-insns`), the guest kernel's instructions per IO by symbol group
 //! and by function on each side (mean and sd over the iterations), and the
 //! functions ranked by |mean(B) − mean(A)|. "The plug path costs 150
-//! instructions per IO, and here is where" in one table.
+//! instructions per IO, and here is where" in one table. Rows of nested
+//! runs whose records on both sides carry the host's profile
+//! (`host_instructions`) get the same for the host (its kernel's functions
+//! from `/proc/kallsyms`, its groups by `symbol_groups::host_group_of`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::record::instructions::Instructions;
+use crate::record::instructions::{HostInstructions, Instructions};
 use crate::record::result::ResultRecord;
 use crate::report::inference;
 
@@ -108,6 +111,25 @@ pub struct RowProfile {
     /// Measurement artefacts at the top of either side's profile (see
     /// [`artefacts`]); empty for a clean profile.
     pub warnings: Vec<ArtefactWarning>,
+    /// Nested runs: the host's profile, when both sides have one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostProfile>,
+}
+
+/// The host side of a nested row's profile: the host's instructions per IO
+/// (kernel, user, all, world switches), its kernel's by host group and by
+/// function, B − A.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostProfile {
+    pub totals: Vec<Entry>,
+    /// Every host group, largest |diff| first.
+    pub groups: Vec<Entry>,
+    /// The `top` functions, ranked as the guest's.
+    pub functions: Vec<Entry>,
+    /// Functions with a difference that were left out of `functions`.
+    pub more_functions: usize,
+    /// Sum of every host function's diff.
+    pub functions_diff_sum: f64,
 }
 
 /// A function near the top of one side's profile that says more about how
@@ -248,16 +270,17 @@ fn artefacts(all: &[Entry], kernel: (Option<f64>, Option<f64>)) -> Vec<ArtefactW
     out
 }
 
-/// Name → instructions per IO, of one record's profile.
-type PerName = fn(&Instructions) -> &BTreeMap<String, Option<f64>>;
+/// Name → instructions per IO, of one record's profile (`T`: the guest's
+/// [`Instructions`] or the host's [`HostInstructions`]).
+type PerName<T> = fn(&T) -> &BTreeMap<String, Option<f64>>;
 
 /// One per-IO quantity of a record's profile.
-type Scalar = fn(&Instructions) -> Option<f64>;
+type Scalar<T> = fn(&T) -> Option<f64>;
 
 /// Per-IO values of `field` (name → per IO) over `records` (which all have
 /// instruction counts); a name missing from a record, or null there,
 /// counts as 0.
-fn per_name(records: &[&Instructions], field: PerName) -> BTreeMap<String, Vec<f64>> {
+fn per_name<T>(records: &[&T], field: PerName<T>) -> BTreeMap<String, Vec<f64>> {
     let names: BTreeSet<String> = records
         .iter()
         .flat_map(|i| field(i).keys().cloned())
@@ -329,37 +352,20 @@ pub(crate) fn row_profile(
     rb: &[&ResultRecord],
     top: usize,
 ) -> Option<RowProfile> {
+    let host = host_profile(ra, rb, top);
     let ra: Vec<&Instructions> = ra.iter().filter_map(|r| r.instructions.as_ref()).collect();
     let rb: Vec<&Instructions> = rb.iter().filter_map(|r| r.instructions.as_ref()).collect();
     if ra.is_empty() || rb.is_empty() {
         return None;
     }
-    let scalar = |rs: &[&Instructions], key: Scalar| -> Vec<f64> {
-        rs.iter().filter_map(|i| key(i)).collect()
-    };
-    let mut totals = Vec::new();
-    let quantities: [(Scalar, &str); 5] = [
+    let quantities: [(Scalar<Instructions>, &str); 5] = [
         (|i| i.kernel_per_io, "kernel instructions"),
         (|i| i.user_per_io, "user instructions"),
         (|i| i.per_io, "all instructions"),
         (|i| i.idle_entries_per_io, "idle entries"),
         (|i| i.context_switches_per_io, "context switches"),
     ];
-    for (key, name) in quantities {
-        let (va, vb) = (scalar(&ra, key), scalar(&rb, key));
-        if va.is_empty() || vb.is_empty() {
-            continue;
-        }
-        let (sa, sb) = (side_value(&va), side_value(&vb));
-        totals.push(Entry {
-            name: name.to_string(),
-            group: String::new(),
-            diff: sb.mean - sa.mean,
-            separated: separated(&sa, &sb),
-            a: sa,
-            b: sb,
-        });
-    }
+    let totals = totals(&ra, &rb, &quantities);
     let groups = entries(
         &per_name(&ra, |i| &i.groups),
         &per_name(&rb, |i| &i.groups),
@@ -395,6 +401,81 @@ pub(crate) fn row_profile(
         functions,
         functions_diff_sum,
         warnings,
+        host,
+    })
+}
+
+/// The values of `key` over `records` that have one.
+fn scalar<T>(records: &[&T], key: Scalar<T>) -> Vec<f64> {
+    records.iter().filter_map(|i| key(i)).collect()
+}
+
+/// One entry per quantity that both sides have, in `quantities`' order.
+fn totals<T>(ra: &[&T], rb: &[&T], quantities: &[(Scalar<T>, &str)]) -> Vec<Entry> {
+    let mut out = Vec::new();
+    for (key, name) in quantities {
+        let (va, vb) = (scalar(ra, *key), scalar(rb, *key));
+        if va.is_empty() || vb.is_empty() {
+            continue;
+        }
+        let (sa, sb) = (side_value(&va), side_value(&vb));
+        out.push(Entry {
+            name: name.to_string(),
+            group: String::new(),
+            diff: sb.mean - sa.mean,
+            separated: separated(&sa, &sb),
+            a: sa,
+            b: sb,
+        });
+    }
+    out
+}
+
+/// The host profiles of `records` that have functions.
+fn host_sides<'a>(records: &[&'a ResultRecord]) -> Vec<&'a HostInstructions> {
+    records
+        .iter()
+        .filter_map(|r| r.host_instructions.as_ref())
+        .filter(|h| !h.functions.is_empty())
+        .collect()
+}
+
+/// The host side of a row, when both sides' records carry the host's
+/// functions (nested runs).
+fn host_profile(ra: &[&ResultRecord], rb: &[&ResultRecord], top: usize) -> Option<HostProfile> {
+    let (ha, hb) = (host_sides(ra), host_sides(rb));
+    if ha.is_empty() || hb.is_empty() {
+        return None;
+    }
+    let quantities: [(Scalar<HostInstructions>, &str); 4] = [
+        (|h| h.kernel_per_io, "host kernel instructions"),
+        (|h| h.user_per_io, "host user instructions"),
+        (|h| h.per_io, "host instructions"),
+        (|h| h.world_switches_per_io, "world switches"),
+    ];
+    let groups = entries(
+        &per_name(&ha, |h| &h.groups),
+        &per_name(&hb, |h| &h.groups),
+        ha.len(),
+        hb.len(),
+        |g| g.to_string(),
+    );
+    let all = entries(
+        &per_name(&ha, |h| &h.functions),
+        &per_name(&hb, |h| &h.functions),
+        ha.len(),
+        hb.len(),
+        |f| crate::record::symbol_groups::host_group_of(f).to_string(),
+    );
+    let functions_diff_sum = all.iter().map(|e| e.diff).sum();
+    let nonzero = all.iter().filter(|e| e.diff != 0.0).count();
+    let functions: Vec<Entry> = all.into_iter().take(top).collect();
+    Some(HostProfile {
+        totals: totals(&ha, &hb, &quantities),
+        groups,
+        more_functions: nonzero.saturating_sub(functions.len()),
+        functions,
+        functions_diff_sum,
     })
 }
 
@@ -425,6 +506,10 @@ pub(crate) fn warning_line(w: &ArtefactWarning, a: &str, b: &str) -> String {
     )
 }
 
+/// One table of a profile: its heading, its entries, and for a function
+/// list the functions left out and the sum of every function's diff.
+type Section<'a> = (&'a str, &'a Vec<Entry>, Option<(usize, f64)>);
+
 /// Text (or Markdown) of the profiles; `sides` says what A and B are
 /// (e.g. `A = 6.12, B = 6.12-noplug`).
 pub(crate) fn render(profiles: &[RowProfile], sides: &str, markdown: bool) -> String {
@@ -432,9 +517,14 @@ pub(crate) fn render(profiles: &[RowProfile], sides: &str, markdown: bool) -> St
     if profiles.is_empty() {
         return out;
     }
+    let host = if profiles.iter().any(|p| p.host.is_some()) {
+        "; the host's of nested runs after them, its kernel functions from /proc/kallsyms"
+    } else {
+        ""
+    };
     let head = format!(
         "differential profile: guest instructions per IO, B - A, mean ± sd over iterations \
-         ({sides}; kernel functions from System.map, grouped by name; \
+         ({sides}; kernel functions from System.map, grouped by name{host}; \
          = every run of one side beyond every run of the other, listed first)"
     );
     if markdown {
@@ -457,9 +547,24 @@ pub(crate) fn render(profiles: &[RowProfile], sides: &str, markdown: bool) -> St
     for p in profiles {
         let title = p.title();
         let (a, b) = (&p.a_label, &p.b_label);
-        let mut sections: Vec<(&str, &Vec<Entry>)> = vec![("per IO", &p.totals)];
-        sections.push(("group", &p.groups));
-        sections.push(("function", &p.functions));
+        let mut sections: Vec<Section> = vec![
+            ("per IO", &p.totals, None),
+            ("group", &p.groups, None),
+            (
+                "function",
+                &p.functions,
+                Some((p.more_functions, p.functions_diff_sum)),
+            ),
+        ];
+        if let Some(h) = &p.host {
+            sections.push(("host per IO", &h.totals, None));
+            sections.push(("host group", &h.groups, None));
+            sections.push((
+                "host function",
+                &h.functions,
+                Some((h.more_functions, h.functions_diff_sum)),
+            ));
+        }
         if markdown {
             out.push_str(&format!("*{title}*\n\n"));
             for w in &p.warnings {
@@ -471,10 +576,11 @@ pub(crate) fn render(profiles: &[RowProfile], sides: &str, markdown: bool) -> St
                 out.push_str(&format!("  {}\n", warning_line(w, a, b)));
             }
         }
-        for (what, list) in sections {
+        for (what, list, more) in sections {
+            let keep_group = more.is_some();
             let mut cells: Vec<Vec<String>> = vec![vec![
                 what.to_string(),
-                if what == "function" {
+                if keep_group {
                     "group".into()
                 } else {
                     String::new()
@@ -486,7 +592,7 @@ pub(crate) fn render(profiles: &[RowProfile], sides: &str, markdown: bool) -> St
             for e in list {
                 cells.push(vec![
                     e.name.clone(),
-                    if what == "function" {
+                    if keep_group {
                         e.group.clone()
                     } else {
                         String::new()
@@ -496,16 +602,15 @@ pub(crate) fn render(profiles: &[RowProfile], sides: &str, markdown: bool) -> St
                     format!("{:+.1}{}", e.diff, if e.separated { " =" } else { "" }),
                 ]);
             }
-            if what == "function" && p.more_functions > 0 {
+            if let Some((n, sum)) = more.filter(|(n, _)| *n > 0) {
                 cells.push(vec![
-                    format!("({} more functions differ)", p.more_functions),
+                    format!("({n} more functions differ)"),
                     String::new(),
                     String::new(),
                     String::new(),
-                    format!("{:+.1} all", p.functions_diff_sum),
+                    format!("{sum:+.1} all"),
                 ]);
             }
-            let keep_group = what == "function";
             let cells: Vec<Vec<String>> = cells
                 .into_iter()
                 .map(|mut l| {
@@ -604,6 +709,80 @@ mod tests {
         assert!(t.contains("-50.0"), "{t}");
         assert!(row_profile("s", "v", &[&test_record(json!({}))], &[&b1], 2).is_none());
         assert!(!t.contains("WARNING"), "{t}");
+    }
+
+    /// `rec` of a nested run: the host's kernel functions (per IO) and
+    /// world switches per IO.
+    fn nested(f: &[(&str, f64)], host: &[(&str, f64)], switches: f64) -> ResultRecord {
+        let mut r = rec(f, 100.0);
+        let kernel: f64 = host.iter().map(|(_, v)| v).sum();
+        r.host_instructions = Some(HostInstructions {
+            ios: Some(1.0),
+            kernel_per_io: Some(kernel),
+            user_per_io: Some(500.0),
+            per_io: Some(kernel + 500.0),
+            world_switches_per_io: Some(switches),
+            functions: host
+                .iter()
+                .map(|(k, v)| (k.to_string(), Some(*v)))
+                .collect(),
+            groups: [("kvm".to_string(), Some(kernel))].into(),
+            ..Default::default()
+        });
+        r
+    }
+
+    #[test]
+    fn host_side_of_nested_runs() {
+        let guest = [("blk_mq_flush_plug_list", 50.0)];
+        let a = nested(
+            &guest,
+            &[
+                ("svm_vcpu_run [kvm_amd]", 300.0),
+                ("kvm_arch_vcpu_ioctl_run [kvm]", 200.0),
+            ],
+            2.0,
+        );
+        let b = nested(
+            &guest,
+            &[
+                ("svm_vcpu_run [kvm_amd]", 450.0),
+                ("kvm_arch_vcpu_ioctl_run [kvm]", 200.0),
+            ],
+            3.0,
+        );
+        let p = row_profile("s", "v", &[&a], &[&b], 5).unwrap();
+        let h = p.host.as_ref().expect("a host profile");
+        assert_eq!(h.functions[0].name, "svm_vcpu_run [kvm_amd]");
+        assert_eq!(h.functions[0].group, "kvm");
+        assert_eq!(h.functions[0].diff, 150.0);
+        assert_eq!(h.functions_diff_sum, 150.0);
+        let names: Vec<&str> = h.totals.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "host kernel instructions",
+                "host user instructions",
+                "host instructions",
+                "world switches"
+            ]
+        );
+        assert_eq!(h.totals[3].diff, 1.0);
+        assert_eq!(h.groups[0].name, "kvm");
+        let t = render(std::slice::from_ref(&p), "A = a, B = b", false);
+        assert!(t.contains("host function"), "{t}");
+        assert!(t.contains("svm_vcpu_run [kvm_amd]"), "{t}");
+        assert!(t.contains("/proc/kallsyms"), "{t}");
+        let md = render(std::slice::from_ref(&p), "A = a, B = b", true);
+        assert!(md.contains("| host function | group |"), "{md}");
+        // One side without the host's profile: none, and the text is the
+        // guest's alone.
+        let plain = rec(&guest, 100.0);
+        let q = row_profile("s", "v", &[&a], &[&plain], 5).unwrap();
+        assert!(q.host.is_none());
+        let t = render(&[q], "A = a, B = b", false);
+        assert!(!t.contains("host") && !t.contains("kallsyms"), "{t}");
+        assert!(serde_json::to_value(&p).unwrap()["host"]["functions"].is_array());
     }
 
     /// A 5.10 built from plain tinyconfig: the HPET clocksource and SLOB on

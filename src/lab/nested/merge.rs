@@ -10,7 +10,7 @@ use std::sync::Arc;
 use log::warn;
 use thiserror::Error;
 
-use crate::lab::insns::SymbolMap;
+use crate::lab::insns::{self, Dump, InsnsWindow, SymbolMap};
 use crate::lab::nested::host::{HostRun, NestedError, Window};
 use crate::lab::nested::inner::{ERROR_FILE, KALLSYMS};
 use crate::lab::nested::relay::WindowKey;
@@ -162,15 +162,48 @@ fn host_symbols(results: &Path) -> Option<Arc<SymbolMap>> {
     }
 }
 
+/// How a nested run's instruction windows are taken (recorded in the
+/// records' `window.method`).
+pub(crate) const NESTED_WINDOW: &str = "outer plugin counters at the inner lab's relayed \
+     BLKLAB-SYNC begin and end (the guest waiting on its console, the host's lab on the \
+     outer lab's answer): the variant's fio run including its start-up and exit; level 2 \
+     (SVM guest mode) is the guest, level 1 the host";
+
 /// The window's counts in `record`: the guest's instructions (level 2,
 /// against its System.map) and the host's (level 1, against its
 /// kallsyms).
 fn attach_counts(
     record: &mut ResultRecord,
-    window: &crate::lab::insns::Dump,
+    window: &Dump,
     guest_map: Option<Arc<SymbolMap>>,
     host_map: Option<&Arc<SymbolMap>>,
     deterministic: bool,
 ) {
-    let _ = (record, window, guest_map, host_map, deterministic);
+    if !window.levels_consistent() {
+        warn!(
+            "{} {}/{} #{}: the plugin's level split is inconsistent ({} VMRUNs, {} returns, \
+             {} blocks seen at both levels)",
+            record.kernel,
+            record.scenario,
+            record.variant,
+            record.iteration,
+            window.vmruns(),
+            window.returns(),
+            window.mixed
+        );
+    }
+    let ios = crate::record::metrics::ios(record);
+    let how = InsnsWindow {
+        method: NESTED_WINDOW.to_string(),
+        deterministic,
+    };
+    if let Some(map) = guest_map {
+        let cs = record.guest.context_switches.map(|n| n as f64);
+        let p = insns::profile(&window.level2, &map);
+        record.instructions = Some(insns::record(&p, ios, cs, &how));
+    }
+    if let Some(map) = host_map {
+        let p = insns::profile(&window.level1, map);
+        record.host_instructions = Some(insns::host_record(&p, window, ios, &how));
+    }
 }
