@@ -82,11 +82,12 @@ BUSYBOX=${BUSYBOX:-/bin/busybox}
 # The modules /init loads; modprobe pulls in what they depend on (kvm_amd:
 # kvm, irqbypass, ccp). Built-in ones (Debian 6.12: virtio_pci) are skipped.
 MODULES="kvm_amd virtio_pci virtio_blk"
-# What QEMU reads to boot a bzImage with -kernel on q35 (-accel kvm or tcg,
-# -vga none, -nic none, memfd memory, vhost-user-blk-pci disks): SeaBIOS,
-# the TPR-patching option ROM and the DMA Linux loader (strace -e openat of
-# that command line). Nothing else: no VGA BIOS, no NIC ROMs, no modules.
-FIRMWARE="bios-256k.bin kvmvapic.bin linuxboot_dma.bin"
+# What QEMU reads to boot a lab guest (blklab run's command line: a
+# bzImage with -kernel on q35, -accel kvm, the default VGA, -nic none, memfd
+# memory, vhost-user-blk-pci disks): SeaBIOS, the standard VGA's BIOS, the
+# TPR-patching option ROM and the DMA Linux loader (strace -e openat of
+# that command line). Nothing else: no NIC ROMs, no modules.
+FIRMWARE="bios-256k.bin vgabios-stdvga.bin kvmvapic.bin linuxboot_dma.bin"
 # Libraries blklab's binary links besides QEMU's.
 BLKLAB_LIBS="libgcc_s.so.1 libm.so.6 libc.so.6"
 
