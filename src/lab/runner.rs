@@ -112,6 +112,8 @@ pub enum RunError {
     Accel(#[from] AccelError),
     #[error(transparent)]
     Nested(#[from] NestedError),
+    #[error("inside the nested host the guests would not run under KVM ({reason})")]
+    NoKvmInside { reason: String },
     #[error(
         "--count-insns: no System.map next to {} (symbolisation needs the kernel's \
          System.map; self-built kernels have one, Debian's linux-image packages only a \
@@ -214,6 +216,11 @@ pub(crate) fn run_inside(
     let plan = plan(args, &setup);
     check_shard_not_empty(args, &plan)?;
     let lab = prepare_lab(args, &setup, &plan, Some(guests))?;
+    if lab.accel != Accel::Kvm {
+        return Err(RunError::NoKvmInside {
+            reason: lab.accel_reason,
+        });
+    }
     write_run_document(args, &setup, &plan, &lab)?;
     let boots = boot_all(args, &setup, &plan, &lab, Some(relay))?;
     finish(lab, boots)

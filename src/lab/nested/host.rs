@@ -463,6 +463,25 @@ fn marker<'l>(line: &'l str, tag: &str) -> Option<&'l str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lab::scenario;
+    use crate::lab::settings;
+
+    #[test]
+    fn the_host_has_a_vcpu_more_than_its_largest_guest_and_room_for_its_memory() {
+        let s = |t: &str| scenario::parse(t, "t.scn", "t").unwrap();
+        let scenarios = [
+            s("vcpus 2\nmemory 1G\nvariant a\n"),
+            s("vcpus 4\nmemory 2048M\nvariant b\n"),
+        ];
+        let units = settings::units(&scenarios, &RunArgs::from_flags(&[]));
+        assert_eq!(
+            HostMachine::for_units(&units),
+            HostMachine {
+                vcpus: 5,
+                memory_mib: 2048 + HOST_OVERHEAD_MIB
+            }
+        );
+    }
 
     #[test]
     fn host_markers_are_whole_words() {

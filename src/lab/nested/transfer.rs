@@ -62,7 +62,12 @@ impl InnerRun {
             .iter()
             .map(|g| format!("path:{},name={}", g.kernel.display(), g.name))
             .collect();
-        a.accel = Accel::Kvm;
+        // The real KVM probe decides, as on a KVM host; the inner lab
+        // refuses to go on without KVM.
+        a.accel = Accel::Auto;
+        // The probe is a guest boot, and boots in the emulated host take
+        // several times as long as on hardware: give it a boot's time.
+        a.kvm_probe_timeout = a.kvm_probe_timeout.max(a.boot_timeout);
         a.count_insns = CountInsns::Off;
         a.deterministic = false;
         a.qemu = "qemu-system-x86_64".into();
@@ -220,6 +225,69 @@ pub(crate) fn unpack_results(disk: &Path, into: &Path) -> Result<(), TransferErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_inner_run_keeps_the_plan_and_runs_under_kvm_inside() {
+        let args = RunArgs::from_flags(&[
+            "--accel",
+            "nested",
+            "--kernel",
+            "build:6.12",
+            "--kernel",
+            "build:6.12",
+            "--scenario",
+            "smoke",
+            "--iterations",
+            "2",
+            "--deterministic",
+            "--runtime",
+            "3",
+            "--cache",
+            "/outer/cache",
+            "--shard",
+            "1/2",
+        ]);
+        let g = PreparedGuest {
+            spec: "build:6.12".into(),
+            name: "6.12".into(),
+            kernel: "/cache/k/vmlinuz".into(),
+            initramfs: "/cache/i.cpio.gz".into(),
+            kernel_manifest: Some("/cache/k/manifest.json".into()),
+            initramfs_manifest: None,
+        };
+        let inner = InnerRun::new(&args, &[g.clone(), g], &[0, 0]);
+        let a = &inner.args;
+        assert_eq!(
+            a.kernel,
+            vec![
+                "path:/lab/run/guests/0/vmlinuz,name=6.12",
+                "path:/lab/run/guests/0/vmlinuz,name=6.12"
+            ]
+        );
+        assert_eq!(a.accel, Accel::Auto);
+        assert_eq!(a.count_insns, CountInsns::Off);
+        assert!(!a.deterministic && a.no_progress && !a.plan);
+        assert_eq!(a.out.as_deref(), Some(Path::new("/results/out")));
+        assert_eq!(a.place.cache.get(), Some(Path::new("/tmp/blklab-cache")));
+        assert_eq!(a.place.lab_dir.get(), Some(Path::new("/lab/run/lab")));
+        assert_eq!(a.kvm_probe_timeout, a.boot_timeout);
+        // What the plan is made of stays the outer run's.
+        assert_eq!((a.iterations, a.runtime), (2, Some(3)));
+        assert_eq!(a.scenario, vec!["smoke"]);
+        assert_eq!(a.shard.map(|s| (s.index, s.count)), Some((1, 2)));
+        let g0 = &inner.guests[0];
+        assert_eq!(g0.spec, "build:6.12");
+        assert_eq!(g0.initramfs, Path::new("/lab/run/guests/0/initramfs"));
+        assert_eq!(
+            g0.kernel_manifest.as_deref(),
+            Some(Path::new("/lab/run/guests/0/kernel.json"))
+        );
+        assert_eq!(g0.initramfs_manifest, None);
+        // It survives inner.json.
+        let back: InnerRun =
+            serde_json::from_str(&serde_json::to_string(&inner).unwrap()).unwrap();
+        assert_eq!(back.args.kernel, a.kernel);
+    }
 
     #[test]
     fn a_run_disk_is_a_sector_padded_tar_and_results_unpack_safely() {
