@@ -749,6 +749,12 @@ fn a_different_accelerator_vcpu_count_or_qemu_is_refused_unless_forced() {
             Box::new(|r| r["accel"] = "kvm".into()),
             Box::new(|r| r["accel"] = "kvm".into()),
         ),
+        // KVM nested in TCG against plain TCG.
+        (
+            "accelerator",
+            Box::new(|r| r["accel"] = "nested".into()),
+            Box::new(|r| r["accel"] = "nested".into()),
+        ),
         (
             "QEMU version",
             Box::new(|r| r["qemu"]["version"] = "QEMU emulator version 10.0.2".into()),

@@ -284,8 +284,7 @@ mod tests {
         );
         assert_eq!(g0.initramfs_manifest, None);
         // It survives inner.json.
-        let back: InnerRun =
-            serde_json::from_str(&serde_json::to_string(&inner).unwrap()).unwrap();
+        let back: InnerRun = serde_json::from_str(&serde_json::to_string(&inner).unwrap()).unwrap();
         assert_eq!(back.args.kernel, a.kernel);
     }
 

@@ -1,0 +1,156 @@
+//! `blklab run --accel nested` end to end: the emulated host (Debian's
+//! 6.12 with kvm_amd, booted under TCG with SVM) runs the lab inside it,
+//! the guests under real KVM — the lab's KVM branch for real: the KVM
+//! probe, `-accel kvm`, KVM's statistics over QMP — and the outer plugin
+//! counts the guest's and the host's instructions apart.
+//!
+//! An A/A run: two boots of `smoke` on the same kernel. Images come from
+//! the image cache (built on first use, like the other lab tests).
+
+mod common;
+
+use std::process::Command;
+
+use common::read_json;
+use serde_json::Value;
+
+fn num(v: &Value, path: &[&str]) -> f64 {
+    let mut x = v;
+    for p in path {
+        x = &x[*p];
+    }
+    x.as_f64()
+        .unwrap_or_else(|| panic!("{} is not a number in {v:#}", path.join(".")))
+}
+
+#[test]
+fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("run");
+    let res = Command::new(common::blklab_bin())
+        .args(["run", "--cache"])
+        .arg(common::image_cache())
+        .args(["--no-progress", "--accel", "nested"])
+        .args(["--kernel", "build:6.12", "--kernel", "build:6.12"])
+        .args(["--scenario", "smoke", "--iterations", "1", "--out"])
+        .arg(&dir)
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run blklab");
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert!(
+        res.status.success(),
+        "blklab run --accel nested failed:\n{stderr}"
+    );
+
+    let run = read_json(&dir.join("run.json"));
+    assert_eq!(run["accel"], "nested", "{run:#}");
+    assert_eq!(
+        run["nested_host"]["vcpus"], 3,
+        "smoke's 2 vCPUs and one for the host"
+    );
+    assert!(run["count_insns"].is_object(), "{run:#}");
+    // The inner lab's own log: the real KVM probe chose KVM inside.
+    let log = std::fs::read_to_string(dir.join("console/nested-host.blklab.log")).unwrap();
+    assert!(log.contains("KVM probe booted the guest"), "{log}");
+
+    let records: Vec<Value> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "json")
+                && !matches!(
+                    p.file_name().and_then(|n| n.to_str()),
+                    Some("run.json" | "summary.json")
+                )
+        })
+        .map(|p| read_json(&p))
+        .collect();
+    assert_eq!(records.len(), 4, "2 kernels x 2 variants");
+    for r in &records {
+        let name = format!("{} {}", r["kernel"], r["variant"]);
+        assert_eq!(r["accel"], "nested", "{name}");
+        assert_eq!(r["ok"], true, "{name}");
+        assert_eq!(r["checks"]["fio_equals_backend"], true, "{name}");
+        let cl = &r["qemu_command_line"];
+        assert_eq!((&cl[1], &cl[2]), (&"-accel".into(), &"kvm".into()), "{name}");
+
+        // KVM's counters, per vCPU and summed, over the window.
+        let kvm = &r["kvm"];
+        assert_eq!(kvm["per_vcpu"].as_array().unwrap().len(), 2, "{name}");
+        let kvm_exits = num(kvm, &["counters", "exits"]);
+        assert!(num(kvm, &["per_io", "exits"]) > 0.5, "{name}: {kvm:#}");
+        assert!(num(kvm, &["counters", "halt_exits"]) > 0.0, "{name}");
+        assert!(num(kvm, &["counters", "irq_injections"]) > 0.0, "{name}");
+
+        // The guest's instructions: level 2 only, against its System.map.
+        let g = &r["instructions"];
+        assert!(
+            num(g, &["kernel"]) > 0.0 && num(g, &["user"]) > 0.0,
+            "{name}"
+        );
+        assert!(
+            num(g, &["functions", "blk_mq_submit_bio"]) > 0.0,
+            "{name}: {g:#}"
+        );
+
+        // The host's: level 1, its kernel against its kallsyms (KVM's
+        // modules by name), every exit seen as a world switch.
+        let h = &r["host_instructions"];
+        assert!(
+            num(h, &["kernel"]) > 0.0 && num(h, &["user"]) > 0.0,
+            "{name}"
+        );
+        assert_eq!(num(h, &["mixed_blocks"]), 0.0, "{name}");
+        let fns = h["functions"].as_object().unwrap();
+        for f in ["svm_vcpu_run [kvm_amd]", "kvm_arch_vcpu_ioctl_run [kvm]"] {
+            assert!(
+                fns.contains_key(f),
+                "{name}: no {f} among the host's functions"
+            );
+        }
+        assert!(
+            !fns.contains_key("blk_mq_submit_bio"),
+            "{name}: the guest's block layer counted as the host's"
+        );
+        let switches = num(h, &["world_switches"]);
+        let returns = num(h, &["exits"]);
+        assert!(
+            (switches - returns).abs() <= 2.0,
+            "{name}: {switches} vs {returns}"
+        );
+        // KVM's window holds the plugin's (the inner lab samples KVM just
+        // outside the relayed SYNCs), so it sees every exit the plugin
+        // saw, and a few more around the edges.
+        assert!(
+            kvm_exits + 2.0 >= returns,
+            "{name}: KVM {kvm_exits}, plugin {returns}"
+        );
+        assert!(
+            kvm_exits <= returns * 1.2 + 100.0,
+            "{name}: KVM {kvm_exits}, plugin {returns}"
+        );
+    }
+
+    // The report: KVM's exits and the host's instructions with CIs, and
+    // the host's side of the differential profile.
+    let cmp = Command::new(common::blklab_bin())
+        .arg("compare")
+        .arg(&dir)
+        .output()
+        .expect("run blklab compare");
+    let text = String::from_utf8_lossy(&cmp.stdout);
+    assert!(
+        cmp.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&cmp.stderr)
+    );
+    for want in [
+        "host instructions per IO (nested)",
+        "KVM exits per IO",
+        "/proc/kallsyms",
+    ] {
+        assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+}
