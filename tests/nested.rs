@@ -74,7 +74,11 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
         assert_eq!(r["ok"], true, "{name}");
         assert_eq!(r["checks"]["fio_equals_backend"], true, "{name}");
         let cl = &r["qemu_command_line"];
-        assert_eq!((&cl[1], &cl[2]), (&"-accel".into(), &"kvm".into()), "{name}");
+        assert_eq!(
+            (&cl[1], &cl[2]),
+            (&"-accel".into(), &"kvm".into()),
+            "{name}"
+        );
 
         // KVM's counters, per vCPU and summed, over the window.
         let kvm = &r["kvm"];

@@ -99,7 +99,9 @@ pub struct RunArgs {
     /// `memory`, else 1G).
     #[arg(long, value_name = "SIZE")]
     pub memory: Option<String>,
-    /// Accelerator: auto probes KVM by booting the guest under it.
+    /// Accelerator: auto probes KVM by booting the guest under it; nested
+    /// boots an emulated host under TCG and the guests under its KVM
+    /// (counting the host's instructions apart from the guest's).
     #[arg(long, value_enum, default_value = "auto")]
     pub accel: crate::lab::qemu::Accel,
     /// QEMU binary.
