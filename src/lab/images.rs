@@ -471,13 +471,21 @@ pub(crate) fn keys(lab_dir: &Path, specs: &[KernelSpec]) -> Result<Vec<SpecKey>,
 
 /// The plugin's key for `qemu` (`images/build-qemu-plugin.sh --key`).
 pub(crate) fn plugin_key(lab_dir: &Path, qemu: &str) -> Result<PluginKey, ImageError> {
-    let script = lab_dir.join("images/build-qemu-plugin.sh");
+    qemu_key(&lab_dir.join("images/build-qemu-plugin.sh"), qemu)
+}
+
+/// The one JSON line `script --key --qemu QEMU` prints: the key of an
+/// image tied to the installed QEMU.
+pub(crate) fn qemu_key<K: serde::de::DeserializeOwned>(
+    script: &Path,
+    qemu: &str,
+) -> Result<K, ImageError> {
     let args = ["--key".to_string(), "--qemu".to_string(), qemu.to_string()];
-    let mut keys: Vec<PluginKey> = json_lines(&script, &args)?;
+    let mut keys: Vec<K> = json_lines(script, &args)?;
     match keys.pop() {
         Some(k) if keys.is_empty() => Ok(k),
         _ => Err(ImageError::BadKey {
-            script,
+            script: script.to_path_buf(),
             line: String::new(),
             why: "expected one JSON line".into(),
         }),

@@ -57,6 +57,20 @@ pub(crate) use crate::record::run::Accel;
 /// unstable). A user's `--append` comes later and wins.
 pub(crate) const CLOCKSOURCE_ARGS: &str = "clocksource=tsc tsc=reliable";
 
+/// A machine with no display, monitor or network, its serial console on
+/// QEMU's stdin and stdout, that exits instead of rebooting.
+pub(crate) const HEADLESS: &[&str] = &[
+    "-display",
+    "none",
+    "-serial",
+    "stdio",
+    "-monitor",
+    "none",
+    "-no-reboot",
+    "-nic",
+    "none",
+];
+
 /// One vhost-user disk on the QEMU command line.
 pub(crate) use crate::backend::qemu_args::QemuDisk;
 
@@ -100,17 +114,7 @@ impl QemuSpec {
         }
         push(&["-name", "blklab,debug-threads=on"]);
         push(&["-smp", &self.vcpus.to_string(), "-m", &self.memory]);
-        push(&[
-            "-display",
-            "none",
-            "-serial",
-            "stdio",
-            "-monitor",
-            "none",
-            "-no-reboot",
-            "-nic",
-            "none",
-        ]);
+        push(HEADLESS);
         push(&["-kernel", &self.kernel.display().to_string()]);
         push(&["-initrd", &self.initramfs.display().to_string()]);
         push(&["-append", &self.append]);

@@ -44,17 +44,7 @@ pub struct NestedHostKey {
 
 /// The host image's key for `qemu`.
 pub(crate) fn nested_host_key(lab_dir: &Path, qemu: &str) -> Result<NestedHostKey, ImageError> {
-    let script = lab_dir.join(SCRIPT);
-    let args = ["--key".to_string(), "--qemu".to_string(), qemu.to_string()];
-    let mut keys: Vec<NestedHostKey> = super::json_lines(&script, &args)?;
-    match keys.pop() {
-        Some(k) if keys.is_empty() => Ok(k),
-        _ => Err(ImageError::BadKey {
-            script,
-            line: String::new(),
-            why: "expected one JSON line".into(),
-        }),
-    }
+    super::qemu_key(&lab_dir.join(SCRIPT), qemu)
 }
 
 /// Build the host image for `qemu` into `cache` (default: the image

@@ -24,7 +24,7 @@ use crate::lab::nested::relay::{self, SyncLine, WindowKey};
 use crate::lab::nested::transfer::{self, InnerRun, RunDisk, TransferError, RESULTS_DISK_BYTES};
 use crate::lab::options::RunArgs;
 use crate::lab::progress::Progress;
-use crate::lab::qemu::{Guest, Next, QemuError};
+use crate::lab::qemu::{Guest, Next, QemuError, HEADLESS};
 use crate::lab::settings::Unit;
 use crate::record::run::NestedHostInfo;
 use crate::util::units::parse_size;
@@ -246,17 +246,7 @@ fn qemu_args(
         "-m",
         &format!("{}M", r.machine.memory_mib),
     ]);
-    push(&[
-        "-display",
-        "none",
-        "-serial",
-        "stdio",
-        "-monitor",
-        "none",
-        "-no-reboot",
-        "-nic",
-        "none",
-    ]);
+    push(HEADLESS);
     push(&["-kernel", &r.image.kernel.display().to_string()]);
     push(&["-initrd", &r.image.initramfs.display().to_string()]);
     push(&["-append", HOST_APPEND]);
