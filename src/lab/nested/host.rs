@@ -18,8 +18,8 @@ use crate::lab::boot::{BootFailure, SocketDir};
 use crate::lab::console::{FaultScanner, Phase};
 use crate::lab::images::nested_host::NestedHostImage;
 use crate::lab::images::PreparedGuest;
-use crate::lab::insns::{self, Dump, InsnsError, SymbolMap};
-use crate::lab::nested::merge::{self, MergeError, Merged};
+use crate::lab::insns::{self, InsnsError, SymbolMap};
+use crate::lab::nested::merge::{self, MergeError, Merged, Window};
 use crate::lab::nested::relay::{self, SyncLine, WindowKey};
 use crate::lab::nested::transfer::{self, InnerRun, RunDisk, TransferError, RESULTS_DISK_BYTES};
 use crate::lab::options::RunArgs;
@@ -63,8 +63,6 @@ pub enum NestedError {
         #[source]
         source: InsnsError,
     },
-    #[error("the lab inside the nested host failed (its log: {}): {message}", log.display())]
-    Inner { message: String, log: PathBuf },
     #[error(transparent)]
     Merge(#[from] MergeError),
 }
@@ -154,7 +152,13 @@ pub(crate) fn boot(r: &HostRun) -> Result<HostOutcome, NestedError> {
     let windows = session.follow()?;
     let results = stage.0.join("results");
     transfer::unpack_results(&results_disk, &results)?;
-    merge::records(r, &results, windows)
+    let into = merge::Destination {
+        out_dir: r.out_dir,
+        labels: r.labels,
+        maps: r.maps,
+        deterministic: r.args.deterministic,
+    };
+    Ok(merge::records(&into, &results, windows)?)
 }
 
 /// The run disk: this blklab, `inner.json`, the guests' files and the
@@ -262,13 +266,6 @@ fn qemu_args(
         ]);
     }
     a
-}
-
-/// One window's plugin dumps: the begin's, then the window's counts.
-#[derive(Debug, Default)]
-pub(crate) struct Window {
-    begin: Option<Dump>,
-    pub counted: Option<Dump>,
 }
 
 /// The host's console session.

@@ -11,7 +11,6 @@ use log::warn;
 use thiserror::Error;
 
 use crate::lab::insns::{self, Dump, InsnsWindow, SymbolMap};
-use crate::lab::nested::host::{HostRun, NestedError, Window};
 use crate::lab::nested::inner::{ERROR_FILE, KALLSYMS};
 use crate::lab::nested::relay::WindowKey;
 use crate::lab::qemu::Accel;
@@ -35,6 +34,24 @@ pub enum MergeError {
     },
     #[error(transparent)]
     Record(#[from] RecordError),
+    #[error("the lab inside the nested host failed (its log: {}): {message}", log.display())]
+    Inner { message: String, log: PathBuf },
+}
+
+/// One window's plugin dumps: the begin's, then the window's counts.
+#[derive(Debug, Default)]
+pub(crate) struct Window {
+    pub begin: Option<Dump>,
+    pub counted: Option<Dump>,
+}
+
+/// Where the merged records go and what symbolises their counts.
+pub(crate) struct Destination<'a> {
+    pub out_dir: &'a Path,
+    /// The kernels' labels and, with counts, their System.maps.
+    pub labels: &'a [String],
+    pub maps: &'a [Option<Arc<SymbolMap>>],
+    pub deterministic: bool,
 }
 
 /// What the nested host's boots produced.
@@ -47,14 +64,14 @@ pub(crate) struct Merged {
 /// The inner run's records from `results` (the unpacked results disk),
 /// with `windows`' counts, into the outer run directory.
 pub(crate) fn records(
-    r: &HostRun,
+    r: &Destination,
     results: &Path,
     mut windows: BTreeMap<WindowKey, Window>,
-) -> Result<Merged, NestedError> {
+) -> Result<Merged, MergeError> {
     let log = r.out_dir.join("console").join("nested-host.blklab.log");
     copy_if_there(&results.join("blklab.log"), &log)?;
     if let Ok(message) = std::fs::read_to_string(results.join(ERROR_FILE)) {
-        return Err(NestedError::Inner {
+        return Err(MergeError::Inner {
             message: message.trim().to_string(),
             log,
         });
@@ -68,7 +85,7 @@ pub(crate) fn records(
         retried: Vec::new(),
     };
     for path in record_files(&inner)? {
-        let mut record: ResultRecord = crate::record::read(&path).map_err(MergeError::from)?;
+        let mut record: ResultRecord = crate::record::read(&path)?;
         record.accel = Accel::Nested;
         let key = WindowKey {
             kernel: record.kernel.clone(),
@@ -88,11 +105,11 @@ pub(crate) fn records(
                 w,
                 guest_map,
                 host_map.as_ref(),
-                r.args.deterministic,
+                r.deterministic,
             );
         }
         let name = path.file_name().expect("a record file has a name");
-        crate::record::write(&r.out_dir.join(name), &record).map_err(MergeError::from)?;
+        crate::record::write(&r.out_dir.join(name), &record)?;
         out.records.push(record);
     }
     if let Ok(summary) = crate::record::read::<SummaryDocument>(&inner.join("summary.json")) {
