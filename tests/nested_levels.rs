@@ -70,12 +70,6 @@ const HOST_USER_SLACK: u64 = 1_000;
 /// lines (230 to 260 measured). Far below either loop: neither loop is
 /// counted in the host's user space there.
 const GUEST_HOST_USER_SLACK: u64 = 1_000;
-/// Under `-icount shift=0`: the most of the guest's instructions that may
-/// count at level 1 in the guest window (90 measured: QEMU restarts blocks
-/// under -icount, and a block first run while the plugin still tracks the
-/// vCPU at level 1 keeps that level). Also what the guest window's level-1
-/// user count may exceed GUEST_HOST_USER_SLACK by.
-const ICOUNT_SLACK: u64 = 1_000;
 
 /// The whole boot's limit: boot, the two loops and power-off take about
 /// 20 s on an idle 2-core machine.
@@ -173,8 +167,6 @@ impl Drop for Qemu {
 struct Machine {
     vcpus: u32,
     tcg: &'static str,
-    /// `-icount shift=0`, as `--deterministic` runs the host.
-    icount: bool,
 }
 
 struct Boot<'a> {
@@ -188,11 +180,6 @@ struct Boot<'a> {
 fn boot(m: Machine, b: &Boot) -> Qemu {
     let child = Command::new("qemu-system-x86_64")
         .args(["-accel", m.tcg, "-M", "q35", "-cpu", HOST_CPU])
-        .args(if m.icount {
-            &["-icount", "shift=0"][..]
-        } else {
-            &[]
-        })
         .args(["-smp", &m.vcpus.to_string(), "-m", "1G", "-display", "none"])
         .args(["-serial", "stdio", "-monitor", "none", "-no-reboot"])
         .args(["-nic", "none", "-plugin"])
@@ -295,24 +282,14 @@ fn summary(d: &Dump) -> String {
 /// The boots share two CPUs: one at a time.
 static BOOT: Mutex<()> = Mutex::new(());
 
-/// One vCPU, TCG on one thread.
+/// One vCPU, TCG on one thread (as `blklab run --accel nested
+/// --deterministic` runs the host, there with `-icount shift=0`, which
+/// changes nothing the plugin counts).
 #[test]
 fn one_vcpu_a_guest_loop_counts_at_level_2_and_a_host_loop_at_level_1() {
     levels(Machine {
         vcpus: 1,
         tcg: "tcg,thread=single",
-        icount: false,
-    });
-}
-
-/// Three vCPUs on one TCG thread with `-icount shift=0`: how `blklab run
-/// --accel nested --deterministic` boots the host for a 2-vCPU guest.
-#[test]
-fn deterministic_three_vcpus_a_guest_loop_counts_at_level_2_and_a_host_loop_at_level_1() {
-    levels(Machine {
-        vcpus: 3,
-        tcg: "tcg,thread=single",
-        icount: true,
     });
 }
 
@@ -324,7 +301,6 @@ fn two_vcpus_a_guest_loop_counts_at_level_2_and_a_host_loop_at_level_1() {
     levels(Machine {
         vcpus: 2,
         tcg: "tcg,thread=multi",
-        icount: false,
     });
 }
 
@@ -385,29 +361,16 @@ fn levels(machine: Machine) {
         "guest window: {}",
         summary(&guest)
     );
-    // Under -icount a few of the guest's instructions count at level 1
-    // (QEMU re-runs blocks there, see the plugin's header): at most
-    // ICOUNT_SLACK, none lost.
-    let slack = if machine.icount { ICOUNT_SLACK } else { 0 };
-    let l2 = guest.level2.user();
-    assert!(
-        l2 <= GUEST_INSNS && l2 + slack >= GUEST_INSNS,
-        "guest window: level 2 is the guest's {GUEST_INSNS} instructions (less at most {slack}): {}",
-        summary(&guest)
-    );
-    assert!(
-        l2 + guest.level1.user() >= GUEST_INSNS,
-        "guest window: guest instructions lost: {}",
+    assert_eq!(
+        guest.level2.user(),
+        GUEST_INSNS,
+        "guest window: level 2 is the guest's {GUEST_INSNS} instructions: {}",
         summary(&guest)
     );
     assert!(guest.vmruns() >= 1, "{}", summary(&guest));
+    assert!(guest.levels_consistent(), "{}", summary(&guest));
     assert!(
-        machine.icount || guest.levels_consistent(),
-        "{}",
-        summary(&guest)
-    );
-    assert!(
-        guest.level1.user() <= GUEST_HOST_USER_SLACK + slack,
+        guest.level1.user() <= GUEST_HOST_USER_SLACK,
         "guest window: the guest's loop counted in the host's user space: {}",
         summary(&guest)
     );
@@ -421,11 +384,7 @@ fn levels(machine: Machine) {
         summary(&host)
     );
     assert_eq!(host.vmruns(), 0, "{}", summary(&host));
-    assert!(
-        machine.icount || host.levels_consistent(),
-        "{}",
-        summary(&host)
-    );
+    assert!(host.levels_consistent(), "{}", summary(&host));
     let user = host.level1.user();
     assert!(
         (HOST_LOOP_INSNS..=HOST_LOOP_INSNS + HOST_USER_SLACK).contains(&user),
@@ -434,9 +393,5 @@ fn levels(machine: Machine) {
     );
     // Over the whole run, as a dump's self-check says.
     let last = dumps.at("host-end");
-    assert!(
-        machine.icount || last.levels_consistent(),
-        "{}",
-        summary(last)
-    );
+    assert!(last.levels_consistent(), "{}", summary(last));
 }

@@ -41,25 +41,14 @@
  *
  * QEMU keys translation blocks by their physical address and flags, and
  * the flags (cpu_get_tb_cpu_state: env->hflags) include HF_GUEST_MASK, so a
- * translated block only ever runs at one level. The plugin uses this: a
- * block's level is the vCPU's tracked level at the block's first run, and
- * stays; every later run counts at the block's own level, and a block
- * whose level differs from the vCPU's tracked one corrects the vCPU's.
- * That matters under -icount: QEMU then restarts a block whose instruction
- * touches a device at the wrong moment (cpu_io_recompile) and may take an
- * interrupt before the restart, between a VMRUN's callback and the VMRUN
- * itself, or re-run a VMRUN in a block without callbacks (CF_MEMI_ONLY):
- * the tracker alone would then count host code as the guest's (measured:
- * the host's interrupt handling at level 2) or the guest's as the host's.
- * For the last case, a block ending in VMRUN also leaves a mark: if the
- * VMRUN's callback has not run when the vCPU's next block runs, that block
- * is the guest's (the VMRUN entered it) unless it is a return block.
- * "mixed" counts those corrections; it is 0 without -icount (measured
- * in every nested run), and the busy-loop test checks the counts under
- * -icount too. Per vCPU, "vmruns" counts VMRUN callbacks and "returns"
- * executions of return blocks, i.e. the #VMEXITs the plugin saw: without
- * -icount they are equal at any dump, or vmruns is one more while the vCPU
- * is in the guest. Without SVM everything is level 1.
+ * translated block only ever runs at one level. The plugin checks this:
+ * "mixed" counts the translated blocks it saw run at both levels, which is
+ * 0 unless the level tracking went wrong (a VMRUN that faulted instead of
+ * entering the guest, a vCPU reset in guest mode, a nested guest running
+ * VMRUN itself). Per vCPU, "vmruns" counts VMRUN executions and "returns"
+ * executions of return blocks, i.e. the #VMEXITs the plugin saw: at any
+ * dump they are equal, or vmruns is one more while the vCPU is in the
+ * guest. Without SVM everything is level 1.
  *
  * Arguments (-plugin libblklab-insns.so,ctl=PATH[,out=FILE]):
  *   ctl=PATH   listen on a Unix stream socket at PATH; each line received is a
@@ -75,7 +64,7 @@
  *   vcpu I kernel K user U l2kernel K2 l2user U2 vmruns R returns X
  *                                   (one line per vCPU, I = 0..N-1; K, U at
  *                                    level 1, K2, U2 at level 2)
- *   mixed M                         (level corrections, see above)
+ *   mixed M                         (translated blocks seen at both levels)
  *   tb ADDR INSNS EXECS             (level 1 kernel blocks that ran; ADDR hex
  *                                    without 0x)
  *   tb2 ADDR INSNS EXECS            (level 2 kernel blocks that ran)
@@ -115,8 +104,8 @@ typedef struct {
     uint64_t user[LEVELS];
     uint64_t vmruns;
     uint64_t returns;
-    uint64_t level;   /* 0 or 1: the index of the vCPU's current level */
-    uint64_t pending; /* a block ending in VMRUN ran, its VMRUN's callback not yet */
+    uint64_t level; /* 0 or 1: the index of the vCPU's current level */
+    uint8_t pad[8]; /* one cache line per vCPU */
 } VcpuCount;
 _Static_assert(sizeof(VcpuCount) == 64, "one cache line per vCPU");
 
@@ -154,35 +143,26 @@ static void vcpu_init(qemu_plugin_id_t id, unsigned int vcpu_index)
 typedef struct {
     Block *block; /* NULL for a user block */
     uint64_t n;
-    int32_t level; /* the block's level index, -1 before its first run */
-    bool vmrun;    /* it ends in VMRUN */
-    bool ret;      /* a return block */
+    uint32_t levels;
 } BlockCb;
 
-/* The block's level: the vCPU's at its first run, then always that one;
- * when it differs from the vCPU's tracked level, the vCPU's is corrected
- * (and counted in "mixed"). */
-static inline uint64_t block_level(VcpuCount *v, BlockCb *b)
+/* Note that the block ran at `lvl`; count it once if it has now run at
+ * both levels. Writes only on a block's first run at a level. */
+static inline void note_level(BlockCb *b, uint64_t lvl)
 {
-    int32_t lvl = __atomic_load_n(&b->level, __ATOMIC_RELAXED);
-    if (lvl < 0) {
-        int32_t unset = -1;
-        lvl = (int32_t)v->level;
-        if (!__atomic_compare_exchange_n(&b->level, &unset, lvl, false,
-                                         __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-            lvl = unset; /* another vCPU's first run won */
+    uint32_t bit = 1u << lvl;
+    if (!(__atomic_load_n(&b->levels, __ATOMIC_RELAXED) & bit)) {
+        uint32_t old = __atomic_fetch_or(&b->levels, bit, __ATOMIC_RELAXED);
+        if (old && !(old & bit)) {
+            __atomic_fetch_add(&mixed, 1, __ATOMIC_RELAXED);
         }
     }
-    if ((uint64_t)lvl != v->level) {
-        v->level = (uint64_t)lvl;
-        __atomic_fetch_add(&mixed, 1, __ATOMIC_RELAXED);
-    }
-    return (uint64_t)lvl;
 }
 
 static inline void count(VcpuCount *v, BlockCb *b)
 {
-    uint64_t lvl = block_level(v, b);
+    uint64_t lvl = v->level;
+    note_level(b, lvl);
     if (b->block) {
         __atomic_fetch_add(&b->block->insns[lvl], b->n, __ATOMIC_RELAXED);
         __atomic_fetch_add(&b->block->execs[lvl], 1, __ATOMIC_RELAXED);
@@ -192,32 +172,21 @@ static inline void count(VcpuCount *v, BlockCb *b)
     }
 }
 
-/* Every block's callback. A block after one that ended in VMRUN, when
- * the VMRUN's own callback did not run (QEMU re-ran the VMRUN in a block
- * without callbacks), is the guest's unless it is a return block; a
- * return block puts the vCPU back at level 1. Then the block counts at its
- * own level. */
 static void block_exec(unsigned int vcpu_index, void *udata)
 {
-    if (vcpu_index >= MAX_VCPUS) {
-        return;
+    if (vcpu_index < MAX_VCPUS) {
+        count(&vcpus[vcpu_index], udata);
     }
-    VcpuCount *v = &vcpus[vcpu_index];
-    BlockCb *b = udata;
-    if (v->pending) {
-        v->pending = 0;
-        if (!b->ret) {
-            v->level = 1;
-            v->vmruns++;
-        }
-    }
-    if (b->ret) {
+}
+
+/* A return block: the host resumes here after #VMEXIT. */
+static void return_exec(unsigned int vcpu_index, void *udata)
+{
+    if (vcpu_index < MAX_VCPUS) {
+        VcpuCount *v = &vcpus[vcpu_index];
         v->level = 0;
         v->returns++;
-    }
-    count(v, b);
-    if (b->vmrun) {
-        v->pending = 1;
+        count(v, udata);
     }
 }
 
@@ -226,7 +195,6 @@ static void vmrun_exec(unsigned int vcpu_index, void *udata)
     if (vcpu_index < MAX_VCPUS) {
         vcpus[vcpu_index].level = 1;
         vcpus[vcpu_index].vmruns++;
-        vcpus[vcpu_index].pending = 0;
     }
 }
 
@@ -286,7 +254,6 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     /* Lives as long as QEMU: a TB may be retranslated, never freed here. */
     BlockCb *b = g_new0(BlockCb, 1);
     b->n = n;
-    b->level = -1;
     if (vaddr < KERNEL_START) {
         /* VMRUN needs CPL 0, and so does the block it returns to. */
         qemu_plugin_register_vcpu_tb_exec_cb(tb, block_exec,
@@ -308,9 +275,8 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     bool ret = n && is_return(tb, vaddr);
     g_mutex_unlock(&lock);
     b->block = blk;
-    b->vmrun = vmrun;
-    b->ret = ret;
-    qemu_plugin_register_vcpu_tb_exec_cb(tb, block_exec, QEMU_PLUGIN_CB_NO_REGS, b);
+    qemu_plugin_register_vcpu_tb_exec_cb(tb, ret ? return_exec : block_exec,
+                                         QEMU_PLUGIN_CB_NO_REGS, b);
     if (vmrun) {
         /* VMRUN ends its block (QEMU: DISAS_NORETURN), so it is the last. */
         qemu_plugin_register_vcpu_insn_exec_cb(last, vmrun_exec,

@@ -16,6 +16,12 @@ pub enum AccelError {
         "{what} needs TCG (QEMU's plugins and -icount do not run under KVM); drop --accel kvm"
     )]
     NeedsTcg { what: &'static str },
+    #[error(
+        "--deterministic with --accel nested: under -icount the instruction-count plugin cannot \
+         tell the host's instructions from the guest's (QEMU restarts translation blocks there, \
+         some without the plugin's callbacks); run nested without --deterministic"
+    )]
+    NestedDeterministic,
 }
 
 /// What `blklab run` chose: the accelerator, why, and whether it counts
@@ -50,7 +56,8 @@ pub(crate) fn decide_accel<E: std::fmt::Display>(
         (false, false) => None,
     };
     let (accel, reason) = match (needs_tcg, want) {
-        // The emulated host runs under TCG: counts and -icount apply to it.
+        (_, Accel::Nested) if deterministic => return Err(AccelError::NestedDeterministic),
+        // The emulated host runs under TCG: instruction counts apply to it.
         (_, Accel::Nested) => (
             Accel::Nested,
             "forced with --accel nested: KVM inside an emulated (TCG) host".to_string(),
@@ -137,17 +144,21 @@ mod tests {
     #[test]
     fn nested_never_probes_and_counts_like_tcg() {
         let no_probe = || -> Result<f64, String> { panic!("probed") };
-        for (count, det, maps, counts) in [
-            (CountInsns::Auto, false, true, true),
-            (CountInsns::Auto, true, true, true),
-            (CountInsns::Auto, false, false, false),
-            (CountInsns::On, true, false, true),
-            (CountInsns::Off, false, true, false),
+        for (count, maps, counts) in [
+            (CountInsns::Auto, true, true),
+            (CountInsns::Auto, false, false),
+            (CountInsns::On, false, true),
+            (CountInsns::Off, true, false),
         ] {
-            let d = super::decide_accel(Accel::Nested, count, det, no_probe, || maps).unwrap();
+            let d = super::decide_accel(Accel::Nested, count, false, no_probe, || maps).unwrap();
             assert_eq!(d.accel, Accel::Nested);
-            assert_eq!(d.count_insns, counts, "{count:?} det={det} maps={maps}");
+            assert_eq!(d.count_insns, counts, "{count:?} maps={maps}");
         }
+        // -icount breaks the plugin's split of the host from the guest.
+        let e = super::decide_accel(Accel::Nested, CountInsns::Auto, true, no_probe, || true)
+            .unwrap_err();
+        assert!(matches!(e, AccelError::NestedDeterministic), "{e:?}");
+        assert!(e.to_string().contains("run nested without --deterministic"));
     }
 
     #[test]

@@ -219,9 +219,9 @@ fn write_run_disk(r: &HostRun, stage: &Path) -> Result<PathBuf, NestedError> {
     Ok(disk.finish()?)
 }
 
-/// The outer QEMU's command line: TCG (single-threaded with `-icount
-/// shift=0` under `--deterministic`) with an AMD CPU model whose SVM TCG
-/// emulates, the plugin, the host's kernel and initramfs, and the two
+/// The outer QEMU's command line: multi-threaded TCG (never `-icount`:
+/// the plugin cannot split the levels there) with an AMD CPU model whose
+/// SVM TCG emulates, the plugin, the host's kernel and initramfs, and the two
 /// transfer disks.
 fn qemu_args(
     r: &HostRun,
@@ -231,11 +231,7 @@ fn qemu_args(
 ) -> Vec<String> {
     let mut a: Vec<String> = Vec::new();
     let mut push = |s: &[&str]| a.extend(s.iter().map(|x| x.to_string()));
-    if r.args.deterministic {
-        push(&["-accel", "tcg,thread=single", "-icount", "shift=0"]);
-    } else {
-        push(&["-accel", "tcg,thread=multi"]);
-    }
+    push(&["-accel", "tcg,thread=multi"]);
     push(&["-M", "q35", "-cpu", HOST_CPU]);
     if let (Some(p), Some(ctl)) = (r.plugin, plugin) {
         push(&[
@@ -299,7 +295,7 @@ impl<'a> HostSession<'a> {
             plugin,
             stage,
             console,
-            deadline: Instant::now() + r.args.boot_timeout * slowdown(r.args),
+            deadline: Instant::now() + r.args.boot_timeout,
             waiting_for: "the nested host to boot (BLKLAB-HOST-INIT)".into(),
             booted: false,
             fault: FaultScanner::default(),
@@ -313,7 +309,7 @@ impl<'a> HostSession<'a> {
     /// and the longest variant, all inside the host.
     fn inner_step(&self) -> Duration {
         let a = self.r.args;
-        (a.boot_timeout + a.step_timeout + self.r.longest_variant) * slowdown(a)
+        a.boot_timeout + a.step_timeout + self.r.longest_variant
     }
 
     /// Follow the console to `BLKLAB-HOST-END`; the windows counted.
@@ -427,16 +423,6 @@ impl<'a> HostSession<'a> {
             console: self.console.clone(),
             report: self.fault.report(),
         }
-    }
-}
-
-/// Under `--deterministic` the host's time runs far slower than the
-/// wall's: its waits are stretched by this.
-fn slowdown(args: &RunArgs) -> u32 {
-    if args.deterministic {
-        20
-    } else {
-        1
     }
 }
 
