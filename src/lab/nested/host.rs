@@ -170,30 +170,7 @@ fn write_run_disk(r: &HostRun, stage: &Path) -> Result<PathBuf, NestedError> {
         source,
     })?;
     disk.add_file(&exe, "blklab")?;
-    // One directory per distinct kernel (an A/A run gives one twice).
-    let mut dirs = Vec::new();
-    let mut seen: Vec<&Path> = Vec::new();
-    for g in r.guests {
-        let i = match seen.iter().position(|k| *k == g.kernel) {
-            Some(i) => i,
-            None => {
-                let i = seen.len();
-                seen.push(&g.kernel);
-                disk.add_file(&g.kernel, &format!("guests/{i}/vmlinuz"))?;
-                disk.add_file(&g.initramfs, &format!("guests/{i}/initramfs"))?;
-                for (m, name) in [
-                    (&g.kernel_manifest, "kernel.json"),
-                    (&g.initramfs_manifest, "initramfs.json"),
-                ] {
-                    if let Some(m) = m.as_ref().filter(|m| m.is_file()) {
-                        disk.add_file(m, &format!("guests/{i}/{name}"))?;
-                    }
-                }
-                i
-            }
-        };
-        dirs.push(i);
-    }
+    let dirs = add_guests(&mut disk, r.guests)?;
     let inner = InnerRun::new(r.args, r.guests, &dirs);
     let json = serde_json::to_vec_pretty(&inner).expect("an inner run serialises");
     disk.add_bytes("inner.json", &json)?;
@@ -217,6 +194,33 @@ fn write_run_disk(r: &HostRun, stage: &Path) -> Result<PathBuf, NestedError> {
         }
     }
     Ok(disk.finish()?)
+}
+
+/// Each distinct guest's kernel, initramfs and manifests under
+/// `guests/I/` (an A/A run names one kernel twice); each guest's I.
+fn add_guests(disk: &mut RunDisk, guests: &[PreparedGuest]) -> Result<Vec<usize>, TransferError> {
+    let mut dirs = Vec::new();
+    let mut seen: Vec<&Path> = Vec::new();
+    for g in guests {
+        if let Some(i) = seen.iter().position(|k| *k == g.kernel) {
+            dirs.push(i);
+            continue;
+        }
+        let i = seen.len();
+        seen.push(&g.kernel);
+        disk.add_file(&g.kernel, &format!("guests/{i}/vmlinuz"))?;
+        disk.add_file(&g.initramfs, &format!("guests/{i}/initramfs"))?;
+        for (m, name) in [
+            (&g.kernel_manifest, "kernel.json"),
+            (&g.initramfs_manifest, "initramfs.json"),
+        ] {
+            if let Some(m) = m.as_ref().filter(|m| m.is_file()) {
+                disk.add_file(m, &format!("guests/{i}/{name}"))?;
+            }
+        }
+        dirs.push(i);
+    }
+    Ok(dirs)
 }
 
 /// The outer QEMU's command line: multi-threaded TCG (never `-icount`:
