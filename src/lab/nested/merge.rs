@@ -70,14 +70,15 @@ pub(crate) fn records(
 ) -> Result<Merged, MergeError> {
     let log = r.out_dir.join("console").join("nested-host.blklab.log");
     copy_if_there(&results.join("blklab.log"), &log)?;
+    // The inner boots' consoles first: a failed run names them.
+    let inner = results.join("out");
+    copy_consoles(&inner.join("console"), &r.out_dir.join("console"))?;
     if let Ok(message) = std::fs::read_to_string(results.join(ERROR_FILE)) {
         return Err(MergeError::Inner {
             message: message.trim().to_string(),
             log,
         });
     }
-    let inner = results.join("out");
-    copy_consoles(&inner.join("console"), &r.out_dir.join("console"))?;
     let host_map = host_symbols(results);
     let mut out = Merged {
         records: Vec::new(),
