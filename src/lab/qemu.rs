@@ -30,6 +30,9 @@ pub enum QemuError {
     #[error("QEMU exited ({status}) before the guest finished; its stderr: {stderr}; last console lines:\n{console}")]
     Exited {
         status: String,
+        /// QEMU's exit status was 0: under `-no-reboot`, the guest reset
+        /// itself or powered off.
+        clean: bool,
         stderr: String,
         console: String,
     },
@@ -423,6 +426,7 @@ impl Guest {
         // Give the stderr reader a moment to collect the last words.
         std::thread::sleep(Duration::from_millis(100));
         QemuError::Exited {
+            clean: status == "exit status: 0",
             status,
             stderr: if self.stderr_text().is_empty() {
                 "(empty)".into()

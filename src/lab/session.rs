@@ -180,8 +180,10 @@ impl<'a> Session<'a> {
             }
             Ok(Next::Closed) => {
                 let source = self.guest.exited_error();
+                let clean = matches!(source, qemu::QemuError::Exited { clean: true, .. });
                 return Err(match qemu::known_emulator_bug(&self.guest.stderr_text()) {
                     Some(bug) if !self.booted => BootFailure::EmulatorBug { bug, source },
+                    _ if clean && self.c.relay.is_some() => BootFailure::NestedGuestReset(source),
                     _ => BootFailure::Qemu(source),
                 });
             }
