@@ -127,12 +127,9 @@ pub(crate) struct HostRun<'a> {
     pub pb: &'a Progress,
 }
 
-/// The host's records, failures and retried boots.
-pub(crate) type HostOutcome = Merged;
-
 /// Boot the host, follow its console to its end, and bring its records
 /// back with the outer lab's counts.
-pub(crate) fn boot(r: &HostRun) -> Result<HostOutcome, NestedError> {
+pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
     let stage = SocketDir::new(0).map_err(|e| NestedError::Stage(Box::new(e)))?;
     let run_disk = write_run_disk(r, &stage.0)?;
     let results_disk = stage.0.join("results.img");
@@ -156,7 +153,6 @@ pub(crate) fn boot(r: &HostRun) -> Result<HostOutcome, NestedError> {
         out_dir: r.out_dir,
         labels: r.labels,
         maps: r.maps,
-        deterministic: r.args.deterministic,
     };
     Ok(merge::records(&into, &results, windows)?)
 }
