@@ -122,7 +122,7 @@ fn symbolisation_against_a_known_system_map() {
     assert_eq!(r["entries"]["blk_mq_run_work_fn"], Value::Null);
     assert_eq!(r["entries_per_io"]["blk_mq_run_work_fn"], Value::Null);
     // Errors name the file and line.
-    let e = Dump::parse("blklab-insns 2\ntb zz 1 1\nend\n", Path::new("x.insns"))
+    let e = Dump::parse("blklab-insns 3\ntb zz 1 1\nend\n", Path::new("x.insns"))
         .unwrap_err()
         .to_string();
     assert!(e.contains("x.insns:2"), "{e}");

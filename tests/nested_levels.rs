@@ -3,9 +3,13 @@
 //! as level 1 (the host), each to the instruction.
 //!
 //! The nested host image (`images/build-nested-host.sh`) boots under TCG
-//! with an SVM CPU (`-cpu EPYC`, as `blklab run --accel nested` boots it)
-//! and the plugin (`images/build-qemu-plugin.sh`) loaded with a control
-//! socket. Its /init runs `/lab/run/blklab`, here
+//! with an SVM CPU (`-cpu EPYC`), and, as `blklab run --accel nested` boots
+//! it, two NUMA nodes: node 1, without vCPUs, holds the host's 2 MiB huge
+//! pages, which the guest's memory is made of, and the plugin
+//! (`images/build-qemu-plugin.sh`, with a control socket) is told node 1's
+//! backing file (`l2ram=`): it counts a block at level 2 when its code lies
+//! there. Once with one vCPU under `-icount` (as `--deterministic` runs
+//! it), once with two vCPUs on two threads. Its /init runs `/lab/run/blklab`, here
 //! `tests/fixtures/nested-levels/levels.c` compiled with `gcc -static`
 //! (from a newc archive appended to host.cpio): it creates a KVM VM whose
 //! one real-mode vCPU counts `ecx` down from [`GUEST_ITERATIONS`] and halts,
@@ -32,7 +36,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-use blklab::lab::insns::Dump;
+use blklab::lab::insns::{Dump, LevelRule};
 
 use common::root;
 
@@ -162,16 +166,26 @@ impl Drop for Qemu {
     }
 }
 
-/// The host's machine: its vCPUs and TCG's threading.
+/// The host's machine: its vCPUs and TCG's accelerator options.
 #[derive(Debug, Clone, Copy)]
 struct Machine {
     vcpus: u32,
-    tcg: &'static str,
+    accel: &'static [&'static str],
 }
+
+/// The host's NUMA node 1 (no vCPUs), in MiB: its huge pages, which the
+/// guest's memory is, and their overhead (as the nested lab sizes it in
+/// src/lab/nested/host.rs).
+const GUEST_NODE_MIB: u32 = 128;
+
+/// 2 MiB huge pages on node 1: `levels` needs one.
+const HUGE_PAGES: u32 = 8;
 
 struct Boot<'a> {
     plugin: &'a Path,
     ctl: &'a Path,
+    /// Node 1's backing file, the plugin's `l2ram=`.
+    guest_node: &'a Path,
     kernel: &'a Path,
     initrd: &'a Path,
     log: &'a Path,
@@ -179,16 +193,38 @@ struct Boot<'a> {
 
 fn boot(m: Machine, b: &Boot) -> Qemu {
     let child = Command::new("qemu-system-x86_64")
-        .args(["-accel", m.tcg, "-M", "q35", "-cpu", HOST_CPU])
-        .args(["-smp", &m.vcpus.to_string(), "-m", "1G", "-display", "none"])
+        .args(m.accel)
+        .args(["-M", "q35", "-cpu", HOST_CPU])
+        .args(["-smp", &m.vcpus.to_string(), "-display", "none"])
+        .args(["-m", &format!("{}M", 1024 + GUEST_NODE_MIB)])
+        .args(["-object", "memory-backend-ram,id=host-node,size=1024M"])
+        .arg("-object")
+        .arg(format!(
+            "memory-backend-file,id=guest-node,size={GUEST_NODE_MIB}M,mem-path={},share=off",
+            b.guest_node.display()
+        ))
+        .arg("-numa")
+        .arg(format!(
+            "node,nodeid=0,cpus=0-{},memdev=host-node",
+            m.vcpus - 1
+        ))
+        .args(["-numa", "node,nodeid=1,memdev=guest-node"])
         .args(["-serial", "stdio", "-monitor", "none", "-no-reboot"])
         .args(["-nic", "none", "-plugin"])
-        .arg(format!("{},ctl={}", b.plugin.display(), b.ctl.display()))
+        .arg(format!(
+            "{},ctl={},l2ram={}",
+            b.plugin.display(),
+            b.ctl.display(),
+            b.guest_node.display()
+        ))
         .arg("-kernel")
         .arg(b.kernel)
         .arg("-initrd")
         .arg(b.initrd)
-        .args(["-append", "console=ttyS0 quiet loglevel=3 panic=-1"])
+        .arg("-append")
+        .arg(format!(
+            "console=ttyS0 quiet loglevel=3 panic=-1 nokaslr hugepagesz=2M hugepages=1:{HUGE_PAGES}"
+        ))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(b.log).unwrap())
@@ -268,40 +304,54 @@ fn drive(qemu: &mut Qemu, ctl: &Path, dir: &Path) -> (Dumps, String) {
 
 fn summary(d: &Dump) -> String {
     format!(
-        "level1 kernel {} user {}, level2 kernel {} user {}, vmruns {} returns {} mixed {}",
+        "level1 kernel {} user {}, level2 kernel {} user {}, vmruns {} returns {} mixed {} \
+         disagree {}",
         d.level1.kernel(),
         d.level1.user(),
         d.level2.kernel(),
         d.level2.user(),
         d.vmruns(),
         d.returns(),
-        d.mixed
+        d.mixed,
+        d.disagree
     )
 }
 
 /// The boots share two CPUs: one at a time.
 static BOOT: Mutex<()> = Mutex::new(());
 
-/// One vCPU, TCG on one thread (as `blklab run --accel nested
-/// --deterministic` runs the host, there with `-icount shift=0`, which
-/// changes nothing the plugin counts).
+/// One vCPU under `-icount` (as `blklab run --accel nested
+/// --deterministic` runs the host): QEMU restarts translation blocks
+/// there, some without the plugin's callbacks, so the VMRUN tracking may
+/// lose transitions; the levels by address stay exact.
 #[test]
-fn one_vcpu_a_guest_loop_counts_at_level_2_and_a_host_loop_at_level_1() {
+fn one_vcpu_under_icount_a_guest_loop_counts_at_level_2_and_a_host_loop_at_level_1() {
     levels(Machine {
         vcpus: 1,
-        tcg: "tcg,thread=single",
+        accel: &[
+            "-accel",
+            "tcg,thread=single",
+            "-icount",
+            "shift=0,sleep=off",
+        ],
     });
 }
 
 /// Two vCPUs, one TCG thread each (how `blklab run --accel nested` boots
 /// the host by default): the host's scheduler may move `levels`, and with
-/// it the KVM vCPU, between them; each vCPU's level is its own.
+/// it the KVM vCPU, between them; each vCPU's level is its own. Without
+/// `-icount` the VMRUN tracking agrees with the address block for block.
 #[test]
 fn two_vcpus_a_guest_loop_counts_at_level_2_and_a_host_loop_at_level_1() {
     levels(Machine {
         vcpus: 2,
-        tcg: "tcg,thread=multi",
+        accel: &["-accel", "tcg,thread=multi"],
     });
+}
+
+/// Whether the machine runs under `-icount`.
+fn icount(m: Machine) -> bool {
+    m.accel.contains(&"-icount")
 }
 
 /// Boot the host on `machine`, run `levels` in it, and check both windows:
@@ -323,12 +373,14 @@ fn levels(machine: Machine) {
     std::fs::write(&combined, initrd).unwrap();
 
     let ctl = dir.path().join("ctl.sock");
+    let guest_node = dir.path().join("guest-node.ram");
     let log = dir.path().join("qemu.log");
     let _g = BOOT.lock().unwrap_or_else(|p| p.into_inner());
     let t0 = Instant::now();
     let b = Boot {
         plugin: &plugin,
         ctl: &ctl,
+        guest_node: &guest_node,
         kernel,
         initrd: &combined,
         log: &log,
@@ -342,7 +394,10 @@ fn levels(machine: Machine) {
         "QEMU: {status}: {}",
         std::fs::read_to_string(&log).unwrap_or_default()
     );
-    let cpus = format!(" kvm=yes cpus={}\n", machine.vcpus);
+    let cpus = format!(
+        " kvm=yes cpus={} node1-huge-pages={HUGE_PAGES}\n",
+        machine.vcpus
+    );
     assert!(console.contains(&cpus), "want{cpus}in:\n{console}");
     assert!(console.contains("BLKLAB-HOST-END rc=0"), "{console}");
     let steps: Vec<&str> = dumps.steps.iter().map(|(s, _)| s.as_str()).collect();
@@ -368,7 +423,12 @@ fn levels(machine: Machine) {
         summary(&guest)
     );
     assert!(guest.vmruns() >= 1, "{}", summary(&guest));
-    assert!(guest.levels_consistent(), "{}", summary(&guest));
+    assert_eq!(guest.rule, LevelRule::Address);
+    assert!(
+        icount(machine) || guest.levels_consistent(),
+        "{}",
+        summary(&guest)
+    );
     assert!(
         guest.level1.user() <= GUEST_HOST_USER_SLACK,
         "guest window: the guest's loop counted in the host's user space: {}",
@@ -384,14 +444,26 @@ fn levels(machine: Machine) {
         summary(&host)
     );
     assert_eq!(host.vmruns(), 0, "{}", summary(&host));
-    assert!(host.levels_consistent(), "{}", summary(&host));
+    assert!(
+        icount(machine) || host.levels_consistent(),
+        "{}",
+        summary(&host)
+    );
     let user = host.level1.user();
     assert!(
         (HOST_LOOP_INSNS..=HOST_LOOP_INSNS + HOST_USER_SLACK).contains(&user),
         "host window: level 1 user {user}, want the loop's {HOST_LOOP_INSNS} + at most {HOST_USER_SLACK}: {}",
         summary(&host)
     );
-    // Over the whole run, as a dump's self-check says.
-    let last = dumps.at("host-end");
-    assert!(last.levels_consistent(), "{}", summary(last));
+    // From the first window on, as a dump's self-check says. Not from
+    // power-on: the firmware (SeaBIOS relocates its init code to the top
+    // of RAM, in node 1) counts at level 2 by address, some 400 000
+    // instructions before the kernel starts, which the VMRUN tracking
+    // counts at level 1.
+    let after_boot = dumps.window("guest-begin", "host-end");
+    assert!(
+        icount(machine) || after_boot.levels_consistent(),
+        "{}",
+        summary(&after_boot)
+    );
 }

@@ -39,6 +39,25 @@
  * starting there), which is exact unless the nested guest runs a kernel
  * block at that very address.
  *
+ * Levels by address (l2ram=PATH). Under -icount QEMU restarts blocks that
+ * touch a device partway (cpu_io_recompile), the rerun without the
+ * plugin's execution callbacks, and may take an interrupt between a
+ * VMRUN's callback and the VMRUN: the VMRUN tracking above then loses
+ * transitions. So a lab that knows where its nested guest's RAM lies in
+ * the machine's memory names it: PATH is the file of the memory backend
+ * that holds the level-2 guest's RAM and nothing else (the nested lab
+ * gives the host a second NUMA node on that backend and backs its guests'
+ * RAM with the node's huge pages, which nothing else may use). Each block
+ * is then counted at the level its code's place says, fixed when it is
+ * translated: level 2 when its first instruction lies in a mapping of
+ * PATH (/proc/self/maps, read at the first translation), else level 1.
+ * The nested guest's code only ever runs from its RAM (its firmware's ROM
+ * aside, while it boots) and the host never runs code from that RAM. The
+ * VMRUN tracking still runs and counts VMRUNs; "disagree" counts the
+ * block executions where it and the address differ: 0 in any window
+ * without -icount (tests/nested_levels.rs checks it), a diagnostic under
+ * -icount.
+ *
  * QEMU keys translation blocks by their physical address and flags, and
  * the flags (cpu_get_tb_cpu_state: env->hflags) include HF_GUEST_MASK, so a
  * translated block only ever runs at one level. The plugin checks this:
@@ -50,21 +69,27 @@
  * dump they are equal, or vmruns is one more while the vCPU is in the
  * guest. Without SVM everything is level 1.
  *
- * Arguments (-plugin libblklab-insns.so,ctl=PATH[,out=FILE]):
+ * Arguments (-plugin libblklab-insns.so,ctl=PATH[,out=FILE][,l2ram=FILE]):
  *   ctl=PATH   listen on a Unix stream socket at PATH; each line received is a
  *              command, each gets one line back:
  *                "dump FILE"  write the counters to FILE, reply "ok FILE"
  *                             (or "error MESSAGE")
  *                "ping"       reply "pong"
  *   out=FILE   write the counters to FILE at exit
+ *   l2ram=FILE levels by address: FILE backs level 2's RAM (see above)
  *
  * Dump format (text, one record a line):
- *   blklab-insns 2
+ *   blklab-insns 3
+ *   levels vmrun|address            (how levels are told apart)
  *   vcpus N
  *   vcpu I kernel K user U l2kernel K2 l2user U2 vmruns R returns X
  *                                   (one line per vCPU, I = 0..N-1; K, U at
  *                                    level 1, K2, U2 at level 2)
- *   mixed M                         (translated blocks seen at both levels)
+ *   mixed M                         (translated blocks seen at both levels
+ *                                    by the VMRUN tracking)
+ *   disagree D                      (block executions whose address level
+ *                                    is not the VMRUN tracking's; 0 by
+ *                                    levels vmrun)
  *   tb ADDR INSNS EXECS             (level 1 kernel blocks that ran; ADDR hex
  *                                    without 0x)
  *   tb2 ADDR INSNS EXECS            (level 2 kernel blocks that ran)
@@ -104,8 +129,8 @@ typedef struct {
     uint64_t user[LEVELS];
     uint64_t vmruns;
     uint64_t returns;
-    uint64_t level; /* 0 or 1: the index of the vCPU's current level */
-    uint8_t pad[8]; /* one cache line per vCPU */
+    uint64_t level;    /* 0 or 1: the index of the vCPU's current level */
+    uint64_t disagree; /* executions whose address level is not `level` */
 } VcpuCount;
 _Static_assert(sizeof(VcpuCount) == 64, "one cache line per vCPU");
 
@@ -120,6 +145,12 @@ static GHashTable *ret_haddr; /* host addresses after a VMRUN */
 static GHashTable *ret_vaddr; /* the same by vaddr, for VMRUNs at a page end */
 static char *ctl_path;
 static char *out_path;
+
+/* Levels by address: the host address ranges of l2ram's mappings. */
+#define MAX_L2_RANGES 8
+static char *l2ram_path;
+static uintptr_t l2_lo[MAX_L2_RANGES], l2_hi[MAX_L2_RANGES];
+static int l2_ranges = -1; /* -1: not read yet; 0: none found (an error) */
 static int listen_fd = -1;
 
 static void note_vcpu(unsigned int idx)
@@ -144,6 +175,7 @@ typedef struct {
     Block *block; /* NULL for a user block */
     uint64_t n;
     uint32_t levels;
+    int32_t fixed; /* levels by address: the block's level index; else -1 */
 } BlockCb;
 
 /* Note that the block ran at `lvl`; count it once if it has now run at
@@ -163,6 +195,10 @@ static inline void count(VcpuCount *v, BlockCb *b)
 {
     uint64_t lvl = v->level;
     note_level(b, lvl);
+    if (b->fixed >= 0) {
+        v->disagree += (uint64_t)b->fixed != lvl;
+        lvl = (uint64_t)b->fixed;
+    }
     if (b->block) {
         __atomic_fetch_add(&b->block->insns[lvl], b->n, __ATOMIC_RELAXED);
         __atomic_fetch_add(&b->block->execs[lvl], 1, __ATOMIC_RELAXED);
@@ -247,6 +283,78 @@ static bool is_return(struct qemu_plugin_tb *tb, uint64_t vaddr)
            g_hash_table_contains(ret_vaddr, &vaddr);
 }
 
+/* The mappings of l2ram_path in this process (QEMU's): called once, at
+ * the first translation (the machine's RAM is mapped by then), with the
+ * lock held. */
+static void read_l2_ranges(void)
+{
+    l2_ranges = 0;
+    char *want = realpath(l2ram_path, NULL);
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!want || !f) {
+        fprintf(stderr, "blklab-insns: l2ram=%s: %s\n", l2ram_path, strerror(errno));
+        free(want);
+        if (f) {
+            fclose(f);
+        }
+        return;
+    }
+    char line[4352];
+    while (fgets(line, sizeof(line), f) && l2_ranges < MAX_L2_RANGES) {
+        uintptr_t lo, hi;
+        int path_at = 0;
+        if (sscanf(line, "%" SCNxPTR "-%" SCNxPTR " %*s %*s %*s %*s %n", &lo, &hi,
+                   &path_at) < 2 || !path_at) {
+            continue;
+        }
+        char *path = line + path_at;
+        path[strcspn(path, "\n")] = 0;
+        char *deleted = strstr(path, " (deleted)");
+        if (deleted) {
+            *deleted = 0;
+        }
+        if (strcmp(path, want) == 0) {
+            l2_lo[l2_ranges] = lo;
+            l2_hi[l2_ranges] = hi;
+            l2_ranges++;
+        }
+    }
+    fclose(f);
+    if (!l2_ranges) {
+        fprintf(stderr, "blklab-insns: l2ram=%s is not mapped by QEMU (want a memory "
+                        "backend's mem-path)\n", want);
+    }
+    free(want);
+}
+
+/* Levels by address: the level index of code at host address h. Called
+ * with the lock held. */
+static int32_t address_level(const void *h)
+{
+    if (l2_ranges < 0) {
+        read_l2_ranges();
+    }
+    for (int i = 0; i < l2_ranges; i++) {
+        if ((uintptr_t)h >= l2_lo[i] && (uintptr_t)h < l2_hi[i]) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The block's fixed level index, or -1 without l2ram. */
+static int32_t fixed_level(struct qemu_plugin_tb *tb, size_t n)
+{
+    if (!l2ram_path || !n) {
+        return -1;
+    }
+    void *h = qemu_plugin_insn_haddr(qemu_plugin_tb_get_insn(tb, 0));
+    g_mutex_lock(&lock);
+    int32_t lvl = address_level(h);
+    g_mutex_unlock(&lock);
+    return lvl;
+}
+
 static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     uint64_t vaddr = qemu_plugin_tb_vaddr(tb);
@@ -254,6 +362,7 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     /* Lives as long as QEMU: a TB may be retranslated, never freed here. */
     BlockCb *b = g_new0(BlockCb, 1);
     b->n = n;
+    b->fixed = fixed_level(tb, n);
     if (vaddr < KERNEL_START) {
         /* VMRUN needs CPL 0, and so does the block it returns to. */
         qemu_plugin_register_vcpu_tb_exec_cb(tb, block_exec,
@@ -302,6 +411,14 @@ static void write_blocks(FILE *f, const char *tag, int lvl)
 
 static int write_dump(const char *path, char *err, size_t errlen)
 {
+    g_mutex_lock(&lock);
+    bool unmapped = l2ram_path && l2_ranges == 0;
+    g_mutex_unlock(&lock);
+    if (unmapped) {
+        snprintf(err, errlen, "l2ram=%s is not mapped by QEMU: levels by address "
+                 "cannot be told", l2ram_path);
+        return -1;
+    }
     char *tmp = g_strdup_printf("%s.tmp", path);
     FILE *f = fopen(tmp, "w");
     if (!f) {
@@ -310,7 +427,9 @@ static int write_dump(const char *path, char *err, size_t errlen)
         return -1;
     }
     int n = __atomic_load_n(&max_vcpu_seen, __ATOMIC_RELAXED) + 1;
-    fprintf(f, "blklab-insns 2\nvcpus %d\n", n);
+    fprintf(f, "blklab-insns 3\nlevels %s\nvcpus %d\n",
+            l2ram_path ? "address" : "vmrun", n);
+    uint64_t disagree = 0;
     for (int i = 0; i < n && i < MAX_VCPUS; i++) {
         VcpuCount *v = &vcpus[i];
         fprintf(f,
@@ -322,8 +441,10 @@ static int write_dump(const char *path, char *err, size_t errlen)
                 __atomic_load_n(&v->user[1], __ATOMIC_RELAXED),
                 __atomic_load_n(&v->vmruns, __ATOMIC_RELAXED),
                 __atomic_load_n(&v->returns, __ATOMIC_RELAXED));
+        disagree += __atomic_load_n(&v->disagree, __ATOMIC_RELAXED);
     }
     fprintf(f, "mixed %" PRIu64 "\n", __atomic_load_n(&mixed, __ATOMIC_RELAXED));
+    fprintf(f, "disagree %" PRIu64 "\n", disagree);
     g_mutex_lock(&lock);
     write_blocks(f, "tb", 0);
     write_blocks(f, "tb2", 1);
@@ -470,8 +591,10 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
             ctl_path = g_strdup(argv[i] + 4);
         } else if (strncmp(argv[i], "out=", 4) == 0) {
             out_path = g_strdup(argv[i] + 4);
+        } else if (strncmp(argv[i], "l2ram=", 6) == 0) {
+            l2ram_path = g_strdup(argv[i] + 6);
         } else {
-            fprintf(stderr, "blklab-insns: unknown argument %s (want ctl=PATH, out=FILE)\n",
+            fprintf(stderr, "blklab-insns: unknown argument %s (want ctl=PATH, out=FILE, l2ram=FILE)\n",
                     argv[i]);
             return -1;
         }

@@ -39,16 +39,33 @@ fn opt_value(v: &str) -> String {
     v.replace(',', ",,")
 }
 
+/// What backs a guest's RAM shared with its backends.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub(crate) enum GuestRam {
+    /// A memfd of ordinary pages.
+    #[default]
+    Memfd,
+    /// A memfd of 2 MiB huge pages (`hugetlb=on,hugetlbsize=2M`): the RAM
+    /// comes from the machine's huge-page pool only (the nested lab's host
+    /// keeps that pool on a NUMA node of its own).
+    HugeMemfd,
+}
+
 /// Guest RAM of `memory` (QEMU size syntax: `1G`, `1024M`) as a memfd
 /// shared with the backends, as an argument vector (each option and its
-/// value separate): `-object memory-backend-memfd,id=mem,size=MEMORY,share=on
+/// value separate): `-object
+/// memory-backend-memfd,id=mem,size=MEMORY,share=on[,hugetlb=on,hugetlbsize=2M]
 /// -machine [MACHINE,]memory-backend=mem`. `machine` names the machine type
 /// (`q35`) in the same `-machine` option; `None` leaves it to another
 /// `-machine` option of the caller's (QEMU merges them).
-pub(crate) fn shared_memory(memory: &str, machine: Option<&str>) -> Vec<String> {
+pub(crate) fn shared_memory(memory: &str, machine: Option<&str>, ram: GuestRam) -> Vec<String> {
+    let huge = match ram {
+        GuestRam::Memfd => "",
+        GuestRam::HugeMemfd => ",hugetlb=on,hugetlbsize=2M",
+    };
     vec![
         "-object".into(),
-        format!("memory-backend-memfd,id=mem,size={memory},share=on"),
+        format!("memory-backend-memfd,id=mem,size={memory},share=on{huge}"),
         "-machine".into(),
         match machine {
             Some(m) => format!("{m},memory-backend=mem"),
@@ -77,10 +94,20 @@ pub(crate) fn disks(disks: &[QemuDisk]) -> Vec<String> {
     out
 }
 
-/// [`shared_memory`] and then [`disks`]: every option a guest needs to use
+/// [`shared_memory`] of ordinary pages and then [`disks`]: every option a guest needs to use
 /// `disks`, as an argument vector.
 pub fn guest_args(memory: &str, machine: Option<&str>, disks: &[QemuDisk]) -> Vec<String> {
-    let mut out = shared_memory(memory, machine);
+    guest_args_on(GuestRam::Memfd, memory, machine, disks)
+}
+
+/// [`guest_args`] with the RAM backed as `ram` says.
+pub(crate) fn guest_args_on(
+    ram: GuestRam,
+    memory: &str,
+    machine: Option<&str>,
+    disks: &[QemuDisk],
+) -> Vec<String> {
+    let mut out = shared_memory(memory, machine, ram);
     out.extend(self::disks(disks));
     out
 }

@@ -16,12 +16,6 @@ pub enum AccelError {
         "{what} needs TCG (QEMU's plugins and -icount do not run under KVM); drop --accel kvm"
     )]
     NeedsTcg { what: &'static str },
-    #[error(
-        "--deterministic with --accel nested: under -icount the instruction-count plugin cannot \
-         tell the host's instructions from the guest's (QEMU restarts translation blocks there, \
-         some without the plugin's callbacks); run nested without --deterministic"
-    )]
-    NestedDeterministic,
 }
 
 /// What `blklab run` chose: the accelerator, why, and whether it counts
@@ -56,8 +50,8 @@ pub(crate) fn decide_accel<E: std::fmt::Display>(
         (false, false) => None,
     };
     let (accel, reason) = match (needs_tcg, want) {
-        (_, Accel::Nested) if deterministic => return Err(AccelError::NestedDeterministic),
-        // The emulated host runs under TCG: instruction counts apply to it.
+        // The emulated host runs under TCG (under -icount when
+        // deterministic): instruction counts apply to it.
         (_, Accel::Nested) => (
             Accel::Nested,
             "forced with --accel nested: KVM inside an emulated (TCG) host".to_string(),
@@ -154,11 +148,10 @@ mod tests {
             assert_eq!(d.accel, Accel::Nested);
             assert_eq!(d.count_insns, counts, "{count:?} maps={maps}");
         }
-        // -icount breaks the plugin's split of the host from the guest.
-        let e = super::decide_accel(Accel::Nested, CountInsns::Auto, true, no_probe, || true)
-            .unwrap_err();
-        assert!(matches!(e, AccelError::NestedDeterministic), "{e:?}");
-        assert!(e.to_string().contains("run nested without --deterministic"));
+        // Deterministic: the emulated host under -icount, still nested.
+        let d =
+            super::decide_accel(Accel::Nested, CountInsns::Auto, true, no_probe, || true).unwrap();
+        assert_eq!((d.accel, d.count_insns), (Accel::Nested, true));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+use crate::backend::qemu_args::GuestRam;
 use crate::backend::server::{ServeError, Server};
 use crate::backend::Disk;
 use crate::device::config::DiskConfig;
@@ -302,6 +303,11 @@ pub(crate) fn qemu_spec(
             _ => None,
         },
         qmp: qmp.map(Path::to_path_buf),
+        ram: if c.args.huge_page_guests {
+            GuestRam::HugeMemfd
+        } else {
+            GuestRam::Memfd
+        },
     }
 }
 

@@ -220,22 +220,37 @@ pub struct Switches {
     pub returns: u64,
 }
 
-/// One counter dump (format 2, see the plugin's header comment), split by
+/// How a dump's levels were told apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LevelRule {
+    /// By following VMRUN and the return after #VMEXIT, per vCPU.
+    #[default]
+    Vmrun,
+    /// By where each block's code lies: level 2 in the nested guest's RAM
+    /// (the plugin's `l2ram=`), exact under `-icount` too.
+    Address,
+}
+
+/// One counter dump (format 3, see the plugin's header comment), split by
 /// level: level 1 is the emulated machine's own code (the guest of a plain
 /// TCG run; the host of a nested run), level 2 what it ran in SVM guest
 /// mode (a nested run's guest; nothing without SVM).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Dump {
+    pub rule: LevelRule,
     pub level1: LevelCounts,
     pub level2: LevelCounts,
     /// Per vCPU.
     pub switches: Vec<Switches>,
-    /// Translated blocks the plugin saw run at both levels.
+    /// Translated blocks the VMRUN tracking saw run at both levels.
     pub mixed: u64,
+    /// Under [`LevelRule::Address`], block executions whose level by
+    /// address is not the VMRUN tracking's (0 otherwise).
+    pub disagree: u64,
 }
 
 /// The header line of the dumps [`Dump::parse`] reads.
-const DUMP_HEADER: &str = "blklab-insns 2";
+const DUMP_HEADER: &str = "blklab-insns 3";
 
 /// The fields of a `vcpu` line after its index, in order.
 const VCPU_FIELDS: [&str; 6] = ["kernel", "user", "l2kernel", "l2user", "vmruns", "returns"];
@@ -259,11 +274,12 @@ impl Dump {
         if lines.next().map(|(_, l)| l) != Some(DUMP_HEADER) {
             return Err(err(
                 1,
-                "not a blklab-insns 2 dump (an older plugin? rebuild it: images/build-qemu-plugin.sh)",
+                "not a blklab-insns 3 dump (an older plugin? rebuild it: images/build-qemu-plugin.sh)",
             ));
         }
         let mut d = Dump::default();
-        let (mut vcpus, mut seen, mut mixed, mut ended) = (None, 0usize, false, false);
+        let (mut vcpus, mut seen, mut ended) = (None, 0usize, false);
+        let (mut rule, mut mixed, mut disagree) = (false, false, false);
         for (i, l) in lines {
             let n = i + 1;
             if ended {
@@ -271,6 +287,18 @@ impl Dump {
             }
             let mut w = l.split_ascii_whitespace();
             match w.next() {
+                Some("levels") => {
+                    d.rule = match (w.next(), w.next()) {
+                        (Some("vmrun"), None) => LevelRule::Vmrun,
+                        (Some("address"), None) => LevelRule::Address,
+                        _ => return Err(err(n, "want 'levels vmrun' or 'levels address'")),
+                    };
+                    rule = true;
+                }
+                Some("disagree") => {
+                    d.disagree = number(w.next(), 10).ok_or_else(|| err(n, "bad number"))?;
+                    disagree = true;
+                }
                 Some("vcpus") => {
                     let v = number(w.next(), 10).ok_or_else(|| err(n, "bad number"))?;
                     d.set_vcpus(v as usize);
@@ -313,10 +341,10 @@ impl Dump {
         if !ended {
             return Err(err(last, "truncated dump (no 'end')"));
         }
-        if vcpus != Some(seen) || !mixed {
+        if vcpus != Some(seen) || !(rule && mixed && disagree) {
             return Err(err(
                 last,
-                "incomplete dump (want 'vcpus N', N 'vcpu' records, 'mixed')",
+                "incomplete dump (want 'levels', 'vcpus N', N 'vcpu' records, 'mixed', 'disagree')",
             ));
         }
         Ok(d)
@@ -343,10 +371,12 @@ impl Dump {
             })
             .collect();
         Dump {
+            rule: self.rule,
             level1: self.level1.since(&earlier.level1),
             level2: self.level2.since(&earlier.level2),
             switches,
             mixed: self.mixed.saturating_sub(earlier.mixed),
+            disagree: self.disagree.saturating_sub(earlier.disagree),
         }
     }
 
@@ -358,15 +388,23 @@ impl Dump {
         self.switches.iter().map(|s| s.returns).sum()
     }
 
-    /// The plugin's self-check on its level split: no translated block ran
-    /// at both levels, and each vCPU's VMRUNs and returns differ by at most
-    /// one (a vCPU may be in the guest when a dump is taken).
+    /// The plugin's self-check on its VMRUN tracking: no translated block
+    /// ran at both levels, each vCPU's VMRUNs and returns differ by at most
+    /// one (a vCPU may be in the guest when a dump is taken), and, by
+    /// address, no block ran at a level other than its address's.
     pub fn levels_consistent(&self) -> bool {
         self.mixed == 0
+            && self.disagree == 0
             && self
                 .switches
                 .iter()
                 .all(|s| s.vmruns.abs_diff(s.returns) <= 1)
+    }
+
+    /// Whether the counts' split into levels can be trusted: always by
+    /// address; by VMRUN, when the tracking checked out.
+    pub fn levels_trusted(&self) -> bool {
+        self.rule == LevelRule::Address || self.levels_consistent()
     }
 }
 
@@ -678,6 +716,14 @@ pub fn host_record(
         world_switches_per_io: per(window.vmruns()),
         exits: window.returns(),
         mixed_blocks: window.mixed,
+        levels: Some(
+            match window.rule {
+                LevelRule::Vmrun => "vmrun",
+                LevelRule::Address => "address",
+            }
+            .to_string(),
+        ),
+        level_disagreements: (window.rule == LevelRule::Address).then_some(window.disagree),
         groups: groups.iter().map(|(g, n)| (g.clone(), per(*n))).collect(),
         group_insns: groups,
         functions: p
@@ -731,8 +777,8 @@ ffffffff81000600 T _etext
 ";
         let m = SymbolMap::parse(map, Path::new("System.map")).unwrap();
         let w = Dump::parse(
-            "blklab-insns 2\nvcpus 1\n\
-             vcpu 0 kernel 10 user 0 l2kernel 0 l2user 0 vmruns 0 returns 0\nmixed 0\n\
+            "blklab-insns 3\nlevels vmrun\nvcpus 1\n\
+             vcpu 0 kernel 10 user 0 l2kernel 0 l2user 0 vmruns 0 returns 0\nmixed 0\ndisagree 0\n\
              tb ffffffff81000100 50 5\ntb ffffffff81000120 90 9\n\
              tb ffffffff81000200 4 2\ntb ffffffff81000300 6 3\ntb ffffffff81000380 1 1\n\
              tb ffffffff81000400 7 7\nend\n",
@@ -805,16 +851,17 @@ ffffffff81000600 T _etext
         assert_eq!(r.entries.len(), ENTRY_FUNCTIONS.len());
     }
 
-    /// The head of a format-2 dump: `vcpus` and one `vcpu` line per
-    /// (kernel, user, l2kernel, l2user, vmruns, returns), then `mixed`.
+    /// The head of a format-3 dump by VMRUN: `levels`, `vcpus` and one
+    /// `vcpu` line per (kernel, user, l2kernel, l2user, vmruns, returns),
+    /// then `mixed` and `disagree 0`.
     fn head(vcpus: &[(u64, u64, u64, u64, u64, u64)], mixed: u64) -> String {
-        let mut s = format!("blklab-insns 2\nvcpus {}\n", vcpus.len());
+        let mut s = format!("blklab-insns 3\nlevels vmrun\nvcpus {}\n", vcpus.len());
         for (i, (k, u, k2, u2, r, x)) in vcpus.iter().enumerate() {
             s += &format!(
                 "vcpu {i} kernel {k} user {u} l2kernel {k2} l2user {u2} vmruns {r} returns {x}\n"
             );
         }
-        s + &format!("mixed {mixed}\n")
+        s + &format!("mixed {mixed}\ndisagree 0\n")
     }
 
     #[test]
@@ -865,6 +912,33 @@ ffffffff81000600 T _etext
         let mut bad = w.clone();
         bad.mixed = 1;
         assert!(!bad.levels_consistent());
+        assert!(!bad.levels_trusted());
+    }
+
+    #[test]
+    fn levels_by_address_are_trusted_whatever_the_vmrun_tracking_says() {
+        // Under -icount: the VMRUN tracking lost transitions (a return
+        // without its VMRUN, blocks at both levels, 12 executions at a
+        // level other than their address's); the counts stand by address.
+        let text = |a: u64, d: u64| {
+            head(&[(100, 0, 40, 0, 3, 3 + a)], a)
+                .replace("levels vmrun", "levels address")
+                .replace("disagree 0", &format!("disagree {d}"))
+                + "end\n"
+        };
+        let a = Dump::parse(&text(0, 0), Path::new("a")).unwrap();
+        let b = Dump::parse(&text(1, 12), Path::new("b")).unwrap();
+        assert_eq!(b.rule, LevelRule::Address);
+        let w = b.since(&a);
+        assert_eq!((w.disagree, w.mixed, w.rule), (12, 1, LevelRule::Address));
+        assert!(!w.levels_consistent());
+        assert!(w.levels_trusted());
+        // By VMRUN the same window is not.
+        let w = Dump {
+            rule: LevelRule::Vmrun,
+            ..w
+        };
+        assert!(!w.levels_trusted());
     }
 
     #[test]
@@ -883,24 +957,28 @@ ffffffff81000600 T _etext
             "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 1 user 1\ntb ffffffff81000100 1 1\nend\n",
             1,
         );
-        bad(&ok.replace("end\n", ""), 5);
+        bad(&ok.replace("end\n", ""), 7);
         bad("junk\n", 1);
         // A vcpu line of format 1, with a field missing, extra or misnamed.
         bad(
             &ok.replace(" l2kernel 3 l2user 4 vmruns 5 returns 5", ""),
-            3,
+            4,
         );
-        bad(&ok.replace("returns 5", "returns 5 x"), 3);
-        bad(&ok.replace("l2user", "l2usr"), 3);
-        // An index beyond the vCPU count, a missing vcpu or mixed record.
-        bad(&ok.replace("vcpu 0 ", "vcpu 1 "), 3);
-        bad(&ok.replace("vcpus 1", "vcpus 2"), 6);
-        bad(&ok.replace("mixed 0\n", ""), 5);
+        bad(&ok.replace("returns 5", "returns 5 x"), 4);
+        bad(&ok.replace("l2user", "l2usr"), 4);
+        // An index beyond the vCPU count; a missing vcpu, mixed, disagree
+        // or levels record; an unknown rule.
+        bad(&ok.replace("vcpu 0 ", "vcpu 1 "), 4);
+        bad(&ok.replace("vcpus 1", "vcpus 2"), 8);
+        bad(&ok.replace("mixed 0\n", ""), 7);
+        bad(&ok.replace("disagree 0\n", ""), 7);
+        bad(&ok.replace("levels vmrun\n", ""), 7);
+        bad(&ok.replace("levels vmrun", "levels cr3"), 2);
         // Bad block lines, a record after the end.
-        bad(&ok.replace("tb ", "tb3 "), 5);
-        bad(&ok.replace("1 1\n", "1\n"), 5);
-        bad(&ok.replace("tb ffffffff81000100", "tb2 zz"), 5);
-        bad(&format!("{ok}tb 1 1 1\n"), 7);
+        bad(&ok.replace("tb ", "tb3 "), 7);
+        bad(&ok.replace("1 1\n", "1\n"), 7);
+        bad(&ok.replace("tb ffffffff81000100", "tb2 zz"), 7);
+        bad(&format!("{ok}tb 1 1 1\n"), 9);
     }
 
     /// A host's /proc/kallsyms: the kernel's text, then modules' symbols

@@ -125,6 +125,12 @@ pub struct RunArgs {
     /// instruction = 1 ns of guest time). Needs TCG.
     #[arg(long)]
     pub deterministic: bool,
+    /// Back each guest's RAM with 2 MiB huge pages: set by the nested lab
+    /// for the run inside its host, whose huge-page pool is the part of its
+    /// memory the plugin counts as the guest's (not a command-line option).
+    #[arg(skip)]
+    #[serde(default)]
+    pub huge_page_guests: bool,
     /// Output directory (default blklab-results/YYYYmmdd-HHMMSS).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,

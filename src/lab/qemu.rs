@@ -14,7 +14,7 @@ use log::{debug, warn};
 use serde::Serialize;
 use thiserror::Error;
 
-use crate::backend::qemu_args;
+use crate::backend::qemu_args::{self, GuestRam};
 
 #[derive(Debug, Error)]
 pub enum QemuError {
@@ -97,6 +97,8 @@ pub(crate) struct QemuSpec {
     pub plugin: Option<String>,
     /// A QMP socket QEMU listens on (`-qmp unix:PATH,server=on,wait=off`).
     pub qmp: Option<PathBuf>,
+    /// What backs the guest's RAM.
+    pub ram: GuestRam,
 }
 
 impl QemuSpec {
@@ -122,7 +124,8 @@ impl QemuSpec {
         push(&["-initrd", &self.initramfs.display().to_string()]);
         push(&["-append", &self.append]);
         // Guest RAM shared with the backend, and the disks.
-        a.extend(qemu_args::guest_args(
+        a.extend(qemu_args::guest_args_on(
+            self.ram,
             &self.memory,
             Some("q35"),
             &self.disks,
@@ -504,6 +507,7 @@ pub(crate) fn probe_kvm(
         deterministic: false,
         plugin: None,
         qmp: None,
+        ram: GuestRam::Memfd,
     };
     let mut g = Guest::spawn(&spec, None)?;
     let deadline = Instant::now() + timeout;
@@ -574,6 +578,7 @@ mod tests {
             deterministic: false,
             plugin: None,
             qmp: None,
+            ram: GuestRam::Memfd,
         }
     }
 

@@ -84,6 +84,15 @@ pub enum RunError {
         variants: String,
         vcpus: u32,
     },
+    #[error(
+        "scenario {scenario} ({variants}): memory {memory} is not a whole number of 2 MiB \
+         huge pages, which a nested run's guests are made of"
+    )]
+    UnitHugePages {
+        scenario: String,
+        variants: String,
+        memory: String,
+    },
     #[error("scenario {scenario} ({variants}): device settings: {source}")]
     UnitDevice {
         scenario: String,
@@ -262,16 +271,14 @@ fn check_arguments(args: &RunArgs) -> Result<Setup, RunError> {
     if args.vcpus.is_some_and(|v| v == 0 || v > 64) {
         return Err(RunError::VcpusOutOfRange);
     }
-    if args.accel == Accel::Nested && args.deterministic {
-        return Err(AccelError::NestedDeterministic.into());
-    }
     let lab_dir = images::lab_dir(args.place.lab_dir.get())?;
     let scenarios: Vec<Scenario> = load_scenarios(&args.scenario, &lab_dir)?
         .into_iter()
         .map(|s| apply_overrides(s, args))
         .collect::<Result<_, _>>()?;
     let units = settings::units(&scenarios, args);
-    check_units(&scenarios, &units)?;
+    let huge_pages = args.accel == Accel::Nested || args.huge_page_guests;
+    check_units(&scenarios, &units, huge_pages)?;
     Ok(Setup {
         specs,
         lab_dir,
@@ -329,7 +336,8 @@ fn load_scenarios(names: &[String], lab_dir: &Path) -> Result<Vec<Scenario>, Run
 
 /// Check every boot's machine and device settings once, before building
 /// or booting anything.
-fn check_units(scenarios: &[Scenario], units: &[Unit]) -> Result<(), RunError> {
+/// `huge_pages`: the guests' RAM is made of 2 MiB pages (nested runs).
+fn check_units(scenarios: &[Scenario], units: &[Unit], huge_pages: bool) -> Result<(), RunError> {
     for u in units {
         let s = &scenarios[u.scenario];
         let variants = u
@@ -345,6 +353,14 @@ fn check_units(scenarios: &[Scenario], units: &[Unit]) -> Result<(), RunError> {
                 scenario: s.name.clone(),
                 variants,
                 vcpus,
+            });
+        }
+        let memory = &u.settings.machine.memory;
+        if huge_pages && crate::util::units::parse_size(memory).is_ok_and(|b| b % (2 << 20) != 0) {
+            return Err(RunError::UnitHugePages {
+                scenario: s.name.clone(),
+                variants,
+                memory: memory.clone(),
             });
         }
         u.settings
@@ -877,13 +893,6 @@ mod tests {
         assert_eq!(e.to_string(), "--iterations must be at least 1");
         let e = check_arguments(&args(&["--vcpus", "65"])).err().unwrap();
         assert!(matches!(e, RunError::VcpusOutOfRange), "{e:?}");
-        let e = check_arguments(&args(&["--accel", "nested", "--deterministic"]))
-            .err()
-            .unwrap();
-        assert!(
-            matches!(e, RunError::Accel(AccelError::NestedDeterministic)),
-            "{e:?}"
-        );
         let e = check_arguments(&args(&["--kernel", "path:/nonexistent/vmlinuz"]))
             .err()
             .unwrap();
@@ -920,10 +929,22 @@ mod tests {
         let s = scenario("vcpus 64\nvariant a\n");
         let a = args(&["--vcpus", "64"]);
         let units = settings::units(std::slice::from_ref(&s), &a);
-        check_units(std::slice::from_ref(&s), &units).unwrap();
+        check_units(std::slice::from_ref(&s), &units, false).unwrap();
+        // A nested run's guests are made of 2 MiB pages.
+        let s = scenario("memory 1025M\nvariant a\n");
+        let units = settings::units(std::slice::from_ref(&s), &args(&[]));
+        check_units(std::slice::from_ref(&s), &units, false).unwrap();
+        let e = check_units(std::slice::from_ref(&s), &units, true).unwrap_err();
+        assert!(
+            matches!(&e, RunError::UnitHugePages { memory, .. } if memory == "1025M"),
+            "{e:?}"
+        );
+        let s = scenario("memory 1026M\nvariant a\n");
+        let units = settings::units(std::slice::from_ref(&s), &args(&[]));
+        check_units(std::slice::from_ref(&s), &units, true).unwrap();
         let s = scenario("device tags=sideways\nvariant a\nvariant b\n");
         let units = settings::units(std::slice::from_ref(&s), &args(&[]));
-        let e = check_units(std::slice::from_ref(&s), &units).unwrap_err();
+        let e = check_units(std::slice::from_ref(&s), &units, false).unwrap_err();
         assert!(
             matches!(&e, RunError::UnitDevice { variants, source: DeviceSettingsError::Config(_), .. }
                 if variants == "a, b"),

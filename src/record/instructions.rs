@@ -149,10 +149,22 @@ pub struct HostInstructions {
     /// per vCPU within one of its VMRUNs (a vCPU may be in the guest at
     /// either end of the window).
     pub exits: u64,
-    /// Translated blocks the plugin saw run at both levels in the window:
-    /// 0 unless its host/guest split went wrong (QEMU keys a block by the
-    /// SVM guest-mode flag, so a block runs at one level only).
+    /// Translated blocks the plugin's VMRUN tracking saw run at both
+    /// levels in the window: 0 unless that tracking went wrong (QEMU keys a
+    /// block by the SVM guest-mode flag, so a block runs at one level
+    /// only). Under `-icount` it loses transitions; the split is then by
+    /// address (`levels`).
     pub mixed_blocks: u64,
+    /// How the host's instructions were told from the guest's: `vmrun`
+    /// (following VMRUN and #VMEXIT) or `address` (by where each block's
+    /// code lies: the guest's RAM is the host's huge pages, on a NUMA node
+    /// of their own).
+    #[serde(default)]
+    pub levels: Option<String>,
+    /// By address: block executions in the window whose level by address
+    /// is not the VMRUN tracking's (0 without `-icount`).
+    #[serde(default)]
+    pub level_disagreements: Option<u64>,
     /// Host symbol group → kernel instructions per IO
     /// (`symbol_groups::host_group_of`: `kvm` for KVM's modules).
     pub groups: BTreeMap<String, Option<f64>>,

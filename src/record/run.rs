@@ -177,7 +177,15 @@ pub struct NestedHostInfo {
     /// QEMU's `-cpu` for the host.
     pub cpu: String,
     pub vcpus: u32,
+    /// Both NUMA nodes' memory.
     pub memory_mib: u64,
+    /// Node 1's memory (no vCPUs): the host's huge pages, which its guests'
+    /// RAM is made of, and their overhead.
+    #[serde(default)]
+    pub guest_node_mib: Option<u64>,
+    /// 2 MiB huge pages on node 1.
+    #[serde(default)]
+    pub huge_pages: Option<u64>,
 }
 
 impl Document for RunDocument {

@@ -31,7 +31,9 @@ use crate::util::units::parse_size;
 
 /// The host's kernel command line: its console on the serial port, quiet
 /// (the console also carries the relay).
-const HOST_APPEND: &str = "console=ttyS0 quiet loglevel=3 panic=-1";
+/// `nokaslr`: the kernel at its fixed physical address, in node 0, never
+/// among the guests' huge pages on node 1.
+const HOST_APPEND: &str = "console=ttyS0 quiet loglevel=3 panic=-1 nokaslr";
 
 /// The host's CPU: AMD's EPYC model, whose SVM TCG emulates, without the
 /// features TCG does not emulate (QEMU drops them anyway, with a warning
@@ -41,8 +43,25 @@ const HOST_CPU: &str =
     "EPYC,fxsr-opt=off,misalignsse=off,osvw=off,topoext=off,nrip-save=off,xsavec=off";
 
 /// Memory the host needs besides its guest's: its initramfs (QEMU and its
-/// libraries), the run disk's files unpacked, QEMU's and blklab's own.
+/// libraries), the run disk's files unpacked, QEMU's and blklab's own. The
+/// host's NUMA node 0, with every vCPU.
 const HOST_OVERHEAD_MIB: u64 = 1536;
+
+/// The host's huge page: its guests' RAM is made of them.
+const HUGE_PAGE_MIB: u64 = 2;
+
+/// What node 1 needs besides its huge pages: its own `struct page`s (1/64
+/// of it), kept on the node; the host's initramfs, which QEMU loads at the
+/// top of low memory (in node 1) and the kernel frees only after it has
+/// taken its huge pages; the firmware's tables there; and some room.
+fn guest_node_mib(huge_pages: u64) -> u64 {
+    let pages_mib = huge_pages * HUGE_PAGE_MIB;
+    (pages_mib + pages_mib / 32 + 160).next_multiple_of(HUGE_PAGE_MIB)
+}
+
+/// The file behind the host's NUMA node 1 in the stage directory, which
+/// the plugin is told is level 2's (`l2ram=`).
+const GUEST_NODE_FILE: &str = "guest-node.ram";
 
 #[derive(Debug, Error)]
 pub enum NestedError {
@@ -68,12 +87,22 @@ pub enum NestedError {
 }
 
 /// The emulated host's machine: a vCPU more than its largest guest (for
-/// the backend and QEMU's own threads), and its guest's memory plus
-/// [`HOST_OVERHEAD_MIB`].
+/// the backend and QEMU's own threads), and two NUMA nodes. Node 0 has
+/// every vCPU and [`HOST_OVERHEAD_MIB`]: the host's own memory. Node 1 has
+/// no vCPU and holds the host's whole pool of 2 MiB huge pages, as many as
+/// its largest guest's RAM, which the guests' RAM comes from
+/// (`hugetlb=on`) and nothing else uses. So the guest's code runs from
+/// node 1 and the host's never does, and the plugin, told node 1's
+/// backing file, counts each block at the level its code's place says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HostMachine {
     pub vcpus: u32,
+    /// Both nodes.
     pub memory_mib: u64,
+    /// Node 1's: the huge pages and their overhead.
+    pub guest_node_mib: u64,
+    /// 2 MiB pages on node 1.
+    pub huge_pages: u64,
 }
 
 impl HostMachine {
@@ -89,10 +118,45 @@ impl HostMachine {
             .map(|b| b >> 20)
             .max()
             .unwrap_or(1024);
+        let huge_pages = guest_mib.div_ceil(HUGE_PAGE_MIB);
+        let guest_node_mib = guest_node_mib(huge_pages);
         HostMachine {
             vcpus: vcpus + 1,
-            memory_mib: guest_mib + HOST_OVERHEAD_MIB,
+            memory_mib: HOST_OVERHEAD_MIB + guest_node_mib,
+            guest_node_mib,
+            huge_pages,
         }
+    }
+
+    /// The host's kernel command line: [`HOST_APPEND`] and the huge pages,
+    /// all on node 1.
+    fn append(&self) -> String {
+        format!(
+            "{HOST_APPEND} hugepagesz={HUGE_PAGE_MIB}M hugepages=1:{}",
+            self.huge_pages
+        )
+    }
+
+    /// `-m`, the nodes' memory backends and `-numa`: node 1's backed by
+    /// `guest_node` (a private mapping: nothing is written to the file).
+    fn memory_args(&self, guest_node: &Path) -> Vec<String> {
+        let host_mib = self.memory_mib - self.guest_node_mib;
+        vec![
+            "-m".into(),
+            format!("{}M", self.memory_mib),
+            "-object".into(),
+            format!("memory-backend-ram,id=host-node,size={host_mib}M"),
+            "-object".into(),
+            format!(
+                "memory-backend-file,id=guest-node,size={}M,mem-path={},share=off",
+                self.guest_node_mib,
+                guest_node.display().to_string().replace(',', ",,")
+            ),
+            "-numa".into(),
+            format!("node,nodeid=0,cpus=0-{},memdev=host-node", self.vcpus - 1),
+            "-numa".into(),
+            "node,nodeid=1,memdev=guest-node".into(),
+        ]
     }
 }
 
@@ -105,6 +169,8 @@ pub(crate) fn info(image: &NestedHostImage, machine: HostMachine) -> NestedHostI
         cpu: HOST_CPU.to_string(),
         vcpus: machine.vcpus,
         memory_mib: machine.memory_mib,
+        guest_node_mib: Some(machine.guest_node_mib),
+        huge_pages: Some(machine.huge_pages),
     }
 }
 
@@ -137,7 +203,7 @@ pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
     let plugin = r
         .plugin
         .map(|_| insns::Control::new(stage.0.join("insns.sock")));
-    let args = qemu_args(r, &run_disk, &results_disk, plugin.as_ref());
+    let args = qemu_args(r, &stage.0, &run_disk, &results_disk, plugin.as_ref());
     let console = r.out_dir.join("console").join("nested-host.log");
     let _ = std::fs::remove_file(&console);
     info!(
@@ -153,6 +219,7 @@ pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
         out_dir: r.out_dir,
         labels: r.labels,
         maps: r.maps,
+        deterministic: r.args.deterministic,
     };
     Ok(merge::records(&into, &results, windows)?)
 }
@@ -219,37 +286,59 @@ fn add_guests(disk: &mut RunDisk, guests: &[PreparedGuest]) -> Result<Vec<usize>
     Ok(dirs)
 }
 
-/// The outer QEMU's command line: multi-threaded TCG (never `-icount`:
-/// the plugin cannot split the levels there) with an AMD CPU model whose
-/// SVM TCG emulates, the plugin, the host's kernel and initramfs, and the two
-/// transfer disks.
+/// The outer QEMU's accelerator: multi-threaded TCG, or under
+/// `--deterministic` one thread with `-icount shift=0,sleep=off`. The
+/// backend runs inside the host, so nothing the host waits for during a
+/// variant comes from outside it: an idle host jumps to its next timer
+/// (`sleep=off`) instead of waiting in real time.
+pub(crate) fn accel_args(deterministic: bool) -> &'static [&'static str] {
+    if deterministic {
+        &[
+            "-accel",
+            "tcg,thread=single",
+            "-icount",
+            "shift=0,sleep=off",
+        ]
+    } else {
+        &["-accel", "tcg,thread=multi"]
+    }
+}
+
+/// The outer QEMU's command line: TCG ([`accel_args`]) with an AMD CPU
+/// model whose SVM TCG emulates, two NUMA nodes
+/// ([`HostMachine::memory_args`]), the plugin told node 1's file, the
+/// host's kernel and initramfs, and the two transfer disks.
 fn qemu_args(
     r: &HostRun,
+    stage: &Path,
     run_disk: &Path,
     results_disk: &Path,
     plugin: Option<&insns::Control>,
 ) -> Vec<String> {
+    let guest_node = stage.join(GUEST_NODE_FILE);
     let mut a: Vec<String> = Vec::new();
     let mut push = |s: &[&str]| a.extend(s.iter().map(|x| x.to_string()));
-    push(&["-accel", "tcg,thread=multi"]);
+    push(accel_args(r.args.deterministic));
     push(&["-M", "q35", "-cpu", HOST_CPU]);
     if let (Some(p), Some(ctl)) = (r.plugin, plugin) {
         push(&[
             "-plugin",
-            &format!("{},ctl={}", p.display(), ctl.path().display()),
+            &format!(
+                "{},ctl={},l2ram={}",
+                p.display(),
+                ctl.path().display(),
+                guest_node.display()
+            ),
         ]);
     }
     push(&["-name", "blklab-host,debug-threads=on"]);
-    push(&[
-        "-smp",
-        &r.machine.vcpus.to_string(),
-        "-m",
-        &format!("{}M", r.machine.memory_mib),
-    ]);
+    push(&["-smp", &r.machine.vcpus.to_string()]);
+    a.extend(r.machine.memory_args(&guest_node));
+    let mut push = |s: &[&str]| a.extend(s.iter().map(|x| x.to_string()));
     push(HEADLESS);
     push(&["-kernel", &r.image.kernel.display().to_string()]);
     push(&["-initrd", &r.image.initramfs.display().to_string()]);
-    push(&["-append", HOST_APPEND]);
+    push(&["-append", &r.machine.append()]);
     for (id, file, extra) in [
         ("run", run_disk, ",readonly=on"),
         ("results", results_disk, ""),
@@ -447,12 +536,47 @@ mod tests {
             s("vcpus 4\nmemory 2048M\nvariant b\n"),
         ];
         let units = settings::units(&scenarios, &RunArgs::from_flags(&[]));
+        let m = HostMachine::for_units(&units);
+        // Node 1: 1024 huge pages, their struct pages (64 MiB) and 160 MiB.
         assert_eq!(
-            HostMachine::for_units(&units),
+            m,
             HostMachine {
                 vcpus: 5,
-                memory_mib: 2048 + HOST_OVERHEAD_MIB
+                memory_mib: HOST_OVERHEAD_MIB + 2048 + 64 + 160,
+                guest_node_mib: 2048 + 64 + 160,
+                huge_pages: 1024,
             }
+        );
+        assert!(m.append().ends_with(" hugepagesz=2M hugepages=1:1024"));
+        let a = m.memory_args(Path::new("/s/guest-node.ram"));
+        assert_eq!(
+            a,
+            [
+                "-m",
+                "3808M",
+                "-object",
+                "memory-backend-ram,id=host-node,size=1536M",
+                "-object",
+                "memory-backend-file,id=guest-node,size=2272M,mem-path=/s/guest-node.ram,share=off",
+                "-numa",
+                "node,nodeid=0,cpus=0-4,memdev=host-node",
+                "-numa",
+                "node,nodeid=1,memdev=guest-node"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_deterministic_host_runs_on_one_thread_under_icount_without_sleeping() {
+        assert_eq!(accel_args(false), ["-accel", "tcg,thread=multi"]);
+        assert_eq!(
+            accel_args(true),
+            [
+                "-accel",
+                "tcg,thread=single",
+                "-icount",
+                "shift=0,sleep=off"
+            ]
         );
     }
 

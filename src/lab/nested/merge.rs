@@ -51,6 +51,8 @@ pub(crate) struct Destination<'a> {
     /// The kernels' labels and, with counts, their System.maps.
     pub labels: &'a [String],
     pub maps: &'a [Option<Arc<SymbolMap>>],
+    /// The host ran under `-icount`.
+    pub deterministic: bool,
 }
 
 /// What the nested host's boots produced.
@@ -100,7 +102,13 @@ pub(crate) fn records(
             .position(|l| *l == record.kernel)
             .and_then(|i| r.maps.get(i).cloned().flatten());
         if let Some(w) = &window {
-            attach_counts(&mut record, w, guest_map, host_map.as_ref());
+            attach_counts(
+                &mut record,
+                w,
+                guest_map,
+                host_map.as_ref(),
+                r.deterministic,
+            );
         }
         let name = path.file_name().expect("a record file has a name");
         crate::record::write(&r.out_dir.join(name), &record)?;
@@ -188,8 +196,9 @@ fn attach_counts(
     window: &Dump,
     guest_map: Option<Arc<SymbolMap>>,
     host_map: Option<&Arc<SymbolMap>>,
+    deterministic: bool,
 ) {
-    if !window.levels_consistent() {
+    if !window.levels_trusted() {
         warn!(
             "{} {}/{} #{}: the plugin's level split is inconsistent ({} VMRUNs, {} returns, \
              {} blocks seen at both levels)",
@@ -205,8 +214,7 @@ fn attach_counts(
     let ios = crate::record::metrics::ios(record);
     let how = InsnsWindow {
         method: NESTED_WINDOW.to_string(),
-        // A nested host never runs under -icount (the run refuses it).
-        deterministic: false,
+        deterministic,
     };
     if let Some(map) = guest_map {
         let cs = record.guest.context_switches.map(|n| n as f64);

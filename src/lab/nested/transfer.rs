@@ -70,6 +70,9 @@ impl InnerRun {
         a.kvm_probe_timeout = a.kvm_probe_timeout.max(a.boot_timeout);
         a.count_insns = CountInsns::Off;
         a.deterministic = false;
+        // The host's huge pages are its guests' RAM, where the outer
+        // plugin tells the guest's code from the host's.
+        a.huge_page_guests = true;
         a.qemu = "qemu-system-x86_64".into();
         a.out = Some(PathBuf::from(RESULTS_ROOT).join("out"));
         a.place = LabLocation {
