@@ -328,12 +328,7 @@ static BOOT: Mutex<()> = Mutex::new(());
 fn one_vcpu_under_icount_a_guest_loop_counts_at_level_2_and_a_host_loop_at_level_1() {
     levels(Machine {
         vcpus: 1,
-        accel: &[
-            "-accel",
-            "tcg,thread=single",
-            "-icount",
-            "shift=0,sleep=off",
-        ],
+        accel: &["-accel", "tcg,thread=single", "-icount", "shift=0"],
     });
 }
 
