@@ -271,6 +271,9 @@ fn check_arguments(args: &RunArgs) -> Result<Setup, RunError> {
     if args.vcpus.is_some_and(|v| v == 0 || v > 64) {
         return Err(RunError::VcpusOutOfRange);
     }
+    if args.accel == Accel::Nested && args.deterministic {
+        return Err(AccelError::NestedDeterministic.into());
+    }
     let lab_dir = images::lab_dir(args.place.lab_dir.get())?;
     let scenarios: Vec<Scenario> = load_scenarios(&args.scenario, &lab_dir)?
         .into_iter()
@@ -893,6 +896,13 @@ mod tests {
         assert_eq!(e.to_string(), "--iterations must be at least 1");
         let e = check_arguments(&args(&["--vcpus", "65"])).err().unwrap();
         assert!(matches!(e, RunError::VcpusOutOfRange), "{e:?}");
+        let e = check_arguments(&args(&["--accel", "nested", "--deterministic"]))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(e, RunError::Accel(AccelError::NestedDeterministic)),
+            "{e:?}"
+        );
         let e = check_arguments(&args(&["--kernel", "path:/nonexistent/vmlinuz"]))
             .err()
             .unwrap();

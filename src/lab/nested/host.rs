@@ -219,7 +219,6 @@ pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
         out_dir: r.out_dir,
         labels: r.labels,
         maps: r.maps,
-        deterministic: r.args.deterministic,
     };
     Ok(merge::records(&into, &results, windows)?)
 }
@@ -286,23 +285,9 @@ fn add_guests(disk: &mut RunDisk, guests: &[PreparedGuest]) -> Result<Vec<usize>
     Ok(dirs)
 }
 
-/// The outer QEMU's accelerator: multi-threaded TCG, or under
-/// `--deterministic` one thread with `-icount shift=0`, as a plain TCG
-/// guest runs. The backend runs inside the host, so during a variant the
-/// host waits for nothing from outside; an idle host's clock still follows
-/// real time (`sleep=on`, QEMU's default): with `sleep=off` (jump to the
-/// next timer) the KVM probe's guest spun in `queued_spin_lock_slowpath`
-/// for minutes without reaching its `/init`.
-pub(crate) fn accel_args(deterministic: bool) -> &'static [&'static str] {
-    if deterministic {
-        &["-accel", "tcg,thread=single", "-icount", "shift=0"]
-    } else {
-        &["-accel", "tcg,thread=multi"]
-    }
-}
-
-/// The outer QEMU's command line: TCG ([`accel_args`]) with an AMD CPU
-/// model whose SVM TCG emulates, two NUMA nodes
+/// The outer QEMU's command line: multi-threaded TCG (never `-icount`:
+/// the guest inside stops making progress there) with an AMD CPU model
+/// whose SVM TCG emulates, two NUMA nodes
 /// ([`HostMachine::memory_args`]), the plugin told node 1's file, the
 /// host's kernel and initramfs, and the two transfer disks.
 fn qemu_args(
@@ -315,7 +300,7 @@ fn qemu_args(
     let guest_node = stage.join(GUEST_NODE_FILE);
     let mut a: Vec<String> = Vec::new();
     let mut push = |s: &[&str]| a.extend(s.iter().map(|x| x.to_string()));
-    push(accel_args(r.args.deterministic));
+    push(&["-accel", "tcg,thread=multi"]);
     push(&["-M", "q35", "-cpu", HOST_CPU]);
     if let (Some(p), Some(ctl)) = (r.plugin, plugin) {
         push(&[
@@ -560,15 +545,6 @@ mod tests {
                 "-numa",
                 "node,nodeid=1,memdev=guest-node"
             ]
-        );
-    }
-
-    #[test]
-    fn a_deterministic_host_runs_on_one_thread_under_icount() {
-        assert_eq!(accel_args(false), ["-accel", "tcg,thread=multi"]);
-        assert_eq!(
-            accel_args(true),
-            ["-accel", "tcg,thread=single", "-icount", "shift=0"]
         );
     }
 

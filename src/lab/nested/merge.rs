@@ -51,8 +51,6 @@ pub(crate) struct Destination<'a> {
     /// The kernels' labels and, with counts, their System.maps.
     pub labels: &'a [String],
     pub maps: &'a [Option<Arc<SymbolMap>>],
-    /// The host ran under `-icount`.
-    pub deterministic: bool,
 }
 
 /// What the nested host's boots produced.
@@ -102,13 +100,7 @@ pub(crate) fn records(
             .position(|l| *l == record.kernel)
             .and_then(|i| r.maps.get(i).cloned().flatten());
         if let Some(w) = &window {
-            attach_counts(
-                &mut record,
-                w,
-                guest_map,
-                host_map.as_ref(),
-                r.deterministic,
-            );
+            attach_counts(&mut record, w, guest_map, host_map.as_ref());
         }
         let name = path.file_name().expect("a record file has a name");
         crate::record::write(&r.out_dir.join(name), &record)?;
@@ -196,7 +188,6 @@ fn attach_counts(
     window: &Dump,
     guest_map: Option<Arc<SymbolMap>>,
     host_map: Option<&Arc<SymbolMap>>,
-    deterministic: bool,
 ) {
     if !window.levels_trusted() {
         warn!(
@@ -214,7 +205,8 @@ fn attach_counts(
     let ios = crate::record::metrics::ios(record);
     let how = InsnsWindow {
         method: NESTED_WINDOW.to_string(),
-        deterministic,
+        // A nested host never runs under -icount (the run refuses it).
+        deterministic: false,
     };
     if let Some(map) = guest_map {
         let cs = record.guest.context_switches.map(|n| n as f64);
