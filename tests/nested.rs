@@ -107,6 +107,10 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
             "{name}"
         );
         assert_eq!(num(h, &["mixed_blocks"]), 0.0, "{name}");
+        // Levels by address (the guest's RAM on the host's node 1), and the
+        // VMRUN tracking agreeing with them block for block.
+        assert_eq!(h["levels"], "address", "{name}");
+        assert_eq!(num(h, &["level_disagreements"]), 0.0, "{name}");
         let fns = h["functions"].as_object().unwrap();
         for f in ["svm_vcpu_run [kvm_amd]", "kvm_arch_vcpu_ioctl_run [kvm]"] {
             assert!(
