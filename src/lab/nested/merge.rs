@@ -178,7 +178,8 @@ fn host_symbols(results: &Path) -> Option<Arc<SymbolMap>> {
 pub(crate) const NESTED_WINDOW: &str = "outer plugin counters at the inner lab's relayed \
      BLKLAB-SYNC begin and end (the guest waiting on its console, the host's lab on the \
      outer lab's answer): the variant's fio run including its start-up and exit; level 2 \
-     (SVM guest mode) is the guest, level 1 the host";
+     (code in the guest's RAM: the host's huge pages on its NUMA node 1) is the guest, level 1 \
+     the host";
 
 /// The window's counts in `record`: the guest's instructions (level 2,
 /// against its System.map) and the host's (level 1, against its
