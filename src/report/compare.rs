@@ -21,6 +21,7 @@ use crate::record::scenario::Variant;
 use crate::report::inference::{self, Comparison, DiffInDiff, Outcome};
 use crate::report::load::{self, LoadError, Side};
 use crate::report::profile::{self, RowProfile};
+use crate::report::verdict;
 
 #[derive(Debug, Error)]
 pub enum ReportError {
@@ -145,6 +146,9 @@ pub struct Row {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pair: Option<RowPair>,
     pub labels: RowLabels,
+    /// What the row measures: its scenario's description and the
+    /// variant's target and scheduler (the base variant's, for pairs).
+    pub about: String,
     /// Pairs: the other variant's labels, when they differ from the base's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub labels_other: Option<RowLabels>,
@@ -231,6 +235,59 @@ pub struct SideInfo {
     pub kernel: String,
     pub kernel_spec: String,
     pub records: usize,
+    /// The run the side's records come from.
+    pub run: RunIdentity,
+}
+
+/// What a run was, from its run.json: what a reader needs to trust or
+/// reproduce the numbers.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunIdentity {
+    /// When the run started, `YYYYmmdd-HHMMSS` UTC.
+    pub started: String,
+    pub accel: String,
+    pub accel_reason: String,
+    pub deterministic: bool,
+    /// Guest instructions counted (`--count-insns`).
+    pub instructions: bool,
+    /// `qemu --version`'s first line.
+    pub qemu: String,
+    /// The distinct vCPU counts of the side's records.
+    pub vcpus: String,
+    pub iterations: u32,
+    /// blklab's version and the commit it was built from.
+    pub blklab: String,
+    pub host: String,
+}
+
+fn run_identity(s: &Side) -> RunIdentity {
+    let r = &s.run;
+    let h = &r.host;
+    let host = [
+        h.hostname.clone(),
+        h.cpus.map(|n| format!("{n} CPUs")),
+        h.cpu_model.clone(),
+        h.kernel.as_ref().map(|k| format!("Linux {k}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>()
+    .join(", ");
+    RunIdentity {
+        started: format!(
+            "{} UTC",
+            crate::util::wallclock::utc_stamp_of(r.started_unix as i64)
+        ),
+        accel: r.accel.describe().to_string(),
+        accel_reason: r.accel_reason.clone(),
+        deterministic: r.deterministic,
+        instructions: r.count_insns.is_some(),
+        qemu: r.qemu.version.clone().unwrap_or_else(|| r.qemu.path.clone()),
+        vcpus: vcpu_counts(s),
+        iterations: r.iterations,
+        blklab: format!("{} ({})", r.blklab_version, r.git_commit),
+        host,
+    }
 }
 
 /// A complete comparison.
@@ -255,6 +312,8 @@ pub struct Report {
     /// per kernel and row.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub profiles: Vec<profile::RowProfile>,
+    /// What each row says, in words (computed last, from the rest).
+    pub verdict: Vec<verdict::RowVerdict>,
 }
 
 /// What a record's device configuration is, without the per-boot socket,
@@ -486,6 +545,27 @@ fn definition<'a>(side: &'a Side, (s, v): &Key) -> Option<&'a Variant> {
         .iter()
         .find(|r| &r.scenario == s && &r.variant == v)
         .and_then(|r| r.scenario_definition.as_ref())
+}
+
+/// What a row measures: the scenario's description, then the variant's
+/// target and scheduler as the side recorded them.
+fn about(side: &Side, key: &Key) -> String {
+    let description = side
+        .run
+        .scenarios
+        .iter()
+        .find(|sc| sc.name == key.0)
+        .and_then(|sc| sc.description.clone())
+        .unwrap_or_else(|| format!("scenario {}", key.0));
+    match definition(side, key) {
+        Some(v) => format!(
+            "{description}; variant {}: {} disk, scheduler {}",
+            key.1,
+            v.target.kind,
+            v.sched.as_deref().unwrap_or("the kernel's default")
+        ),
+        None => format!("{description}; variant {}", key.1),
+    }
 }
 
 /// How two variants' definitions differ: (A's, B's), the differing fields
@@ -745,6 +825,7 @@ fn info(s: &Side) -> SideInfo {
             .map(|r| r.kernel_spec.clone())
             .unwrap_or_default(),
         records: s.records.len(),
+        run: run_identity(s),
     }
 }
 
@@ -875,6 +956,7 @@ impl Row {
             variant: key.1.clone(),
             pair,
             labels,
+            about: String::new(),
             labels_other,
             failed_a: 0,
             failed_b: 0,
@@ -955,7 +1037,9 @@ impl RowResolver for KernelRows {
             &a.records
         });
         let legends = [format!("A {}", s.a.kernel), format!("B {}", s.b.kernel)];
-        Row::new(key, None, labels, None).compared(a, b, legends, opts.confidence)
+        let mut row = Row::new(key, None, labels, None);
+        row.about = about(s.a, key);
+        row.compared(a, b, legends, opts.confidence)
     }
 }
 
@@ -989,7 +1073,9 @@ impl RowResolver for PairRows {
         let labels = labels_of(&a.records);
         let labels_other = other_labels(&labels, &b.records);
         let legends = [format!("A {}", pair.base), format!("B {}", pair.other)];
-        Row::new(base, Some(pair), labels, labels_other).compared(a, b, legends, opts.confidence)
+        let mut row = Row::new(base, Some(pair), labels, labels_other);
+        row.about = about(s.a, base);
+        row.compared(a, b, legends, opts.confidence)
     }
 }
 
@@ -1037,6 +1123,7 @@ impl RowResolver for DidRows {
         let labels = labels_of(&ab.records);
         let labels_other = other_labels(&labels, &ao.records);
         let mut row = Row::new(base, Some(pair), labels, labels_other);
+        row.about = about(a, base);
         row.failed_a = ab.failed + ao.failed;
         row.failed_b = bb.failed + bo.failed;
         row.did = did_cells([&ab, &ao, &bb, &bo], opts.confidence);
@@ -1066,7 +1153,7 @@ pub(crate) fn build<R: RowResolver>(
         .map(|k| R::row(subject, k, opts, &mut profiles))
         .collect();
     correct(&mut rows, metric_keys, opts.confidence);
-    Ok(Report {
+    let mut report = Report {
         schema: "blklab-compare/1",
         mode: R::MODE,
         a: info(subject.a),
@@ -1078,7 +1165,10 @@ pub(crate) fn build<R: RowResolver>(
         differences,
         forced: opts.force,
         profiles,
-    })
+        verdict: Vec::new(),
+    };
+    report.verdict = verdict::judge(&report);
+    Ok(report)
 }
 
 /// What `blklab compare` was asked.

@@ -7,6 +7,7 @@
 //!   the sides of a comparison;
 //! - [`compare`]: building the comparison;
 //! - [`render`]: terminal table, Markdown, CSV, JSON;
+//! - [`verdict`]: what each row says, in words;
 //! - [`html`]: the HTML page with SVG plots.
 
 pub mod compare;
@@ -15,6 +16,7 @@ pub(crate) mod inference;
 pub mod load;
 pub(crate) mod profile;
 pub mod render;
+pub(crate) mod verdict;
 
 use std::path::{Path, PathBuf};
 

@@ -6,7 +6,7 @@ use crate::report::inference::{
     Comparison, DiffInDiff, Method, Outcome, MIN_SAMPLES_FOR_SIGNIFICANCE,
 };
 
-use crate::util::text::{aligned_lines, num};
+use crate::util::text::{aligned_lines, num, wrap};
 
 fn pct(v: f64) -> String {
     if v.is_finite() {
@@ -333,6 +333,14 @@ pub fn table(report: &Report) -> String {
     if !failed.is_empty() {
         out.push_str(&format!("failed runs left out: {}\n", failed.join(", ")));
     }
+    out.push_str("\nverdict:\n");
+    for v in &report.verdict {
+        out.push_str(&format!("  {} ({})\n", v.row, v.call.text()));
+        for l in wrap(&v.words, 96, "    ") {
+            out.push_str(&l);
+            out.push('\n');
+        }
+    }
     out
 }
 
@@ -363,6 +371,16 @@ fn md_escape(s: &str) -> String {
 /// Markdown, to paste into a mailing-list reply.
 pub fn markdown(report: &Report) -> String {
     let mut out = format!("### {}\n\n", md_escape(&heading(report)));
+    out.push_str("**Verdict**\n\n");
+    for v in &report.verdict {
+        out.push_str(&format!(
+            "- **{}** ({}): {}\n",
+            md_escape(&v.row),
+            md_escape(v.call.text()),
+            md_escape(&v.words)
+        ));
+    }
+    out.push('\n');
     for key in &report.metrics {
         let (title, cells) = section(report, key);
         if cells.len() == 1 {
