@@ -52,7 +52,7 @@ fn ci(c: &Comparison) -> String {
     ci_text(c.ci_pct)
 }
 
-fn method(m: Method) -> &'static str {
+pub(crate) fn method(m: Method) -> &'static str {
     match m {
         Method::Welch => "welch",
         Method::Bootstrap => "bootstrap",
@@ -67,7 +67,7 @@ fn row_name(r: &Row) -> String {
 
 /// The label cells of a row: iotype, qd, nj, rmix (`base→other` where a
 /// pair's variants differ).
-fn label_cells(r: &Row) -> Vec<String> {
+pub(crate) fn label_cells(r: &Row) -> Vec<String> {
     let l = &r.labels;
     let base = [&l.iotype, &l.qd, &l.nj, &l.rmix];
     match &r.labels_other {
@@ -86,7 +86,7 @@ fn label_cells(r: &Row) -> Vec<String> {
     }
 }
 
-fn title_of(key: &str) -> String {
+pub(crate) fn title_of(key: &str) -> String {
     let m = metrics::find(key).expect("metrics are checked when the report is built");
     let unit = if m.unit.is_empty() {
         String::new()
@@ -206,7 +206,7 @@ fn left_aligned(l: &[String], i: usize) -> bool {
 const MARKS: &str = "* significant after Holm's correction over every row and \
          metric shown, ~ noise (cv) exceeds the delta, n<3 too few samples to call";
 
-fn legend(report: &Report) -> String {
+pub(crate) fn legend(report: &Report) -> String {
     let conf = report.confidence * 100.0;
     match report.mode {
         Mode::Kernels => format!(
