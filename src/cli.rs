@@ -187,6 +187,10 @@ pub struct CompareArgs {
     /// Also write every format, the HTML page and its SVG plots here.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// With --out: also draw the HTML page into report.png beside it, with
+    /// a headless Chromium (warns and goes on without one).
+    #[arg(long, requires = "out")]
+    pub screenshot: bool,
     /// Confidence level of the intervals.
     #[arg(long, value_name = "P", default_value_t = 0.95)]
     pub confidence: f64,

@@ -145,6 +145,11 @@ pub struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Also draw each A/B report's HTML page into report.png beside it,
+    /// with a headless Chromium (warns and goes on without one).
+    #[arg(long)]
+    #[serde(default)]
+    pub screenshot: bool,
     /// Print the run's boots (kernel x scenario x iteration, in the order
     /// they would run; with --shard, that shard's) as JSON and exit:
     /// nothing is built or booted.

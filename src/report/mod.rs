@@ -8,7 +8,8 @@
 //! - [`compare`]: building the comparison;
 //! - [`render`]: terminal table, Markdown, CSV, JSON;
 //! - [`verdict`]: what each row says, in words;
-//! - [`html`]: the HTML page with SVG plots.
+//! - [`html`]: the HTML page with SVG plots;
+//! - [`screenshot`]: a PNG of the page, drawn by a headless Chromium.
 
 pub mod compare;
 pub(crate) mod html;
@@ -16,6 +17,7 @@ pub(crate) mod inference;
 pub mod load;
 pub(crate) mod profile;
 pub mod render;
+pub mod screenshot;
 pub(crate) mod verdict;
 
 use std::path::{Path, PathBuf};

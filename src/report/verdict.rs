@@ -124,14 +124,22 @@ fn row_verdict(report: &Report, row: &Row) -> RowVerdict {
         Call::TooFew
     };
     let (a, b) = sides(report, row);
-    let profile = report
+    // One profile per row; with two kernels and pairs, one per kernel.
+    let profiles: Vec<&RowProfile> = report
         .profiles
         .iter()
-        .find(|p| p.scenario == row.scenario && p.variant == row.variant && p.pair == row.pair);
+        .filter(|p| p.scenario == row.scenario && p.variant == row.variant && p.pair == row.pair)
+        .collect();
     let mut mechanism = count_changes(row, &a, &b);
-    if let Some(p) = profile {
-        mechanism.extend(profile_changes(p));
+    for p in &profiles {
+        let on = p.kernel.as_ref().map(|k| format!("on {k}, "));
+        mechanism.extend(
+            profile_changes(p)
+                .into_iter()
+                .map(|m| format!("{}{m}", on.as_deref().unwrap_or(""))),
+        );
     }
+    let profile = profiles.first().copied().filter(|p| p.kernel.is_none());
     let words = words(report, row, call, &changes, &shown, &mechanism, profile);
     RowVerdict {
         row: row.name(),
@@ -327,7 +335,7 @@ fn words(
             format!("{b} against {a}: {}.", list.join("; "))
         }
         Call::Noise => format!(
-            "Noise: no metric shown changes beyond its run-to-run noise ({} comparisons in the \
+            "No metric shown changes beyond its run-to-run noise ({} comparisons in the \
              report, Holm-corrected){}.",
             family_size(report),
             largest(shown, report.confidence)

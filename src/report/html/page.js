@@ -34,3 +34,7 @@
     });
   });
 }());
+// The page's full height, for a screenshot of all of it (blklab's
+// --screenshot reads it from the DOM).
+document.documentElement.setAttribute(
+  "data-height", String(document.documentElement.scrollHeight));
