@@ -16,6 +16,11 @@ use crate::lab::options::{parse_interval, RunArgs};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// More on the terminal: `blklab run` and `bisect` show every INFO
+    /// record (the backend's, QEMU's stderr) and not only their progress,
+    /// decisions and warnings; -vv DEBUG. RUST_LOG, when set, decides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
 }
 
 #[derive(Debug, Subcommand)]

@@ -6,10 +6,15 @@ use clap::Parser;
 use blklab::backend::server::Server;
 use blklab::cli::{Cli, Command, ServeArgs};
 use blklab::device::config::{check_unique_sockets, load_config_file};
+use blklab::util::logging::Terminal;
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
+    let verbose = cli.verbose;
+    blklab::util::logging::init(match cli.command {
+        Command::Run(_) | Command::Bisect(_) => Terminal::Lab { verbose },
+        _ => Terminal::Everything { verbose },
+    });
     let result = match cli.command {
         Command::Serve(args) => serve(*args),
         Command::Stats(args) => blklab::stats_view::run(&args).context("blklab stats"),
