@@ -358,10 +358,11 @@ fn qemu_identity(r: &ResultRecord) -> String {
     out.join(" ")
 }
 
-/// `arg` with each boot's own socket directory (`…/blklab-run-SEQ-RANDOM`,
-/// made fresh per boot: the plugin's `ctl=` socket lives there) named
-/// `blklab-run-…`, so that two runs' command lines differ only where an
-/// option, a device or a value does.
+/// `arg` with each boot's own socket directory (`$TMPDIR/blklab-run-SEQ-RANDOM`,
+/// made fresh per boot: the plugin's `ctl=` and QMP's sockets live there)
+/// named `…/blklab-run-…`, whatever the temporary directory it is in, so
+/// that two runs' command lines differ only where an option, a device or a
+/// value does.
 fn boot_dirs_named(arg: &str) -> String {
     const DIR: &str = "blklab-run-";
     let mut out = String::with_capacity(arg.len());
@@ -373,16 +374,56 @@ fn boot_dirs_named(arg: &str) -> String {
         let per_boot = after[..end].split_once('-').is_some_and(|(seq, tail)| {
             !seq.is_empty() && seq.bytes().all(|c| c.is_ascii_digit()) && !tail.is_empty()
         });
-        out.push_str(&rest[..at + DIR.len()]);
         if starts_segment && per_boot {
+            // The path before the directory: from the option's value on.
+            let path_start = rest[..at]
+                .rfind(['=', ',', ' ', ':'])
+                .map_or(0, |i| i + 1);
+            out.push_str(&rest[..path_start]);
+            if path_start < at {
+                out.push_str("…/");
+            }
+            out.push_str(DIR);
             out.push('…');
             rest = &after[end..];
         } else {
+            out.push_str(&rest[..at + DIR.len()]);
             rest = after;
         }
     }
     out.push_str(rest);
     out
+}
+
+/// A side's distinct QEMU command lines (per-boot paths named, see
+/// [`qemu_identity`]), sorted: one per machine its scenarios pin.
+fn qemu_lines(records: &[ResultRecord]) -> Vec<String> {
+    let mut v: Vec<String> = records.iter().map(qemu_identity).collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// How the sides' QEMU command lines differ: the lines only A has, and
+/// the lines only B has; `None` when they have the same.
+fn qemu_difference(a: &[ResultRecord], b: &[ResultRecord]) -> Option<(String, String)> {
+    let (la, lb) = (qemu_lines(a), qemu_lines(b));
+    if la == lb {
+        return None;
+    }
+    let only = |x: &[String], y: &[String]| -> String {
+        let v: Vec<&str> = x
+            .iter()
+            .filter(|l| !y.contains(l))
+            .map(String::as_str)
+            .collect();
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.join(" | ")
+        }
+    };
+    Some((only(&la, &lb), only(&lb, &la)))
 }
 
 /// The guest's vCPU count: QEMU's `-smp` (`N` or `cpus=N`), else the CPUs
@@ -419,9 +460,6 @@ fn json_text<T: Serialize>(v: &T) -> String {
     serde_json::to_value(v).unwrap_or(Value::Null).to_string()
 }
 
-fn first_str(s: &Side, f: impl Fn(&ResultRecord) -> String) -> String {
-    s.records.first().map(f).unwrap_or_default()
-}
 
 /// How the sides' backend configurations differ: (A's, B's), naming only
 /// the fields that differ; `None` when they are the same.
@@ -502,12 +540,9 @@ fn differences(a: &Side, b: &Side) -> Vec<Difference> {
     if let Some((va, vb)) = device_difference(a, b) {
         check("backend configuration", va, vb, true);
     }
-    check(
-        "QEMU command line",
-        first_str(a, qemu_identity),
-        first_str(b, qemu_identity),
-        false,
-    );
+    if let Some((va, vb)) = qemu_difference(&a.records, &b.records) {
+        check("QEMU command line", va, vb, false);
+    }
     // What decides a guest's CPU cost besides its kernel: the emulator, how
     // it runs the guest and how many vCPUs it has.
     check(
@@ -1288,27 +1323,37 @@ mod tests {
     #[test]
     fn boot_directories_are_not_a_difference_options_are() {
         let r = |cl: Value| test_record(json!({ "qemu_command_line": cl }));
-        let plugin = |dir: &str| format!("/c/libblklab-insns.so,ctl=/tmp/{dir}/insns.sock");
+        let plugin = |dir: &str| format!("/c/libblklab-insns.so,ctl={dir}/insns.sock");
         let a = r(json!([
             "qemu",
             "-plugin",
-            plugin("blklab-run-0-Ab3xYz"),
+            plugin("/tmp/blklab-run-0-Ab3xYz"),
             "-m",
             "1G"
         ]));
         let b = r(json!([
             "qemu",
             "-plugin",
-            plugin("blklab-run-1-Qw9eRt"),
+            plugin("/tmp/blklab-run-1-Qw9eRt"),
             "-m",
             "1G"
         ]));
         assert_eq!(qemu_identity(&a), qemu_identity(&b));
-        assert!(qemu_identity(&a).contains("ctl=/tmp/blklab-run-…/insns.sock"));
+        assert!(qemu_identity(&a).contains("ctl=…/blklab-run-…/insns.sock"));
+        // Another temporary directory ($TMPDIR) is no difference either.
+        let elsewhere = r(json!([
+            "qemu",
+            "-plugin",
+            plugin("/scratch/t/blklab-run-7-Zz0aB1"),
+            "-m",
+            "1G"
+        ]));
+        assert_eq!(qemu_identity(&a), qemu_identity(&elsewhere));
+        // A value is.
         let c = r(json!([
             "qemu",
             "-plugin",
-            plugin("blklab-run-1-Qw9eRt"),
+            plugin("/tmp/blklab-run-1-Qw9eRt"),
             "-m",
             "2G"
         ]));
@@ -1323,18 +1368,70 @@ mod tests {
             "1G"
         ]));
         assert_ne!(qemu_identity(&a), qemu_identity(&d));
+        let e = r(json!([
+            "qemu",
+            "-plugin",
+            plugin("/tmp/blklab-run-2-Zx").replace("insns.sock", "other.sock"),
+            "-m",
+            "1G"
+        ]));
+        assert_ne!(qemu_identity(&a), qemu_identity(&e));
+    }
+
+    #[test]
+    fn the_sides_differ_only_in_options_devices_and_values() {
+        let r = |dir: &str, extra: &[&str]| {
+            let mut cl = vec![
+                "qemu".to_string(),
+                "-qmp".into(),
+                format!("unix:{dir}/qmp.sock,server=on,wait=off"),
+                "-kernel".into(),
+                format!("/cache/{dir}/vmlinuz"),
+                "-chardev".into(),
+                format!("socket,id=blklab0,path={dir}/vd.sock"),
+            ];
+            cl.extend(extra.iter().map(|s| s.to_string()));
+            test_record(json!({ "qemu_command_line": cl }))
+        };
+        let dev = |q: u32| format!("vhost-user-blk-pci,chardev=blklab0,num-queues={q}");
+        let d2 = dev(2);
+        let base = ["-smp", "2", "-device", d2.as_str()];
+        let a = vec![r("/tmp/blklab-run-0-aaaaaa", &base)];
+        let b = vec![r("/var/tmp/blklab-run-1-bbbbbb", &base)];
+        assert_eq!(qemu_difference(&a, &b), None, "per-run paths only");
+        // Two machines per side (two scenarios), in any order: the same.
+        let one = ["-smp", "1", "-device", "x"];
+        let a2 = vec![a[0].clone(), r("/tmp/blklab-run-2-cccccc", &one)];
+        let b2 = vec![r("/tmp/blklab-run-3-dddddd", &one), b[0].clone()];
+        assert_eq!(qemu_difference(&a2, &b2), None, "the same machines");
+        // An option, a device and a value stay visible.
+        let option = vec![r("/tmp/blklab-run-1-bbbbbb", &[&base[..], &["-no-hpet"]].concat())];
+        let (_, vb) = qemu_difference(&a, &option).unwrap();
+        assert!(vb.ends_with("-no-hpet"), "{vb}");
+        let d4 = dev(4);
+        let device = vec![r("/tmp/blklab-run-1-bbbbbb", &["-smp", "2", "-device", &d4])];
+        let (va, vb) = qemu_difference(&a, &device).unwrap();
+        assert!(va.contains("num-queues=2") && vb.contains("num-queues=4"), "{va} | {vb}");
+        let value = vec![r("/tmp/blklab-run-1-bbbbbb", &["-smp", "4", "-device", &d2])];
+        let (va, vb) = qemu_difference(&a, &value).unwrap();
+        assert!(va.contains("-smp 2") && vb.contains("-smp 4"), "{va} | {vb}");
+        assert!(!va.contains("blklab-run-0"), "{va}");
     }
 
     #[test]
     fn only_per_boot_directory_names_are_replaced() {
         assert_eq!(
             boot_dirs_named("/t/blklab-run-12-aZ9/s"),
-            "/t/blklab-run-…/s"
+            "…/blklab-run-…/s"
         );
         assert_eq!(boot_dirs_named("blklab-run-3-x"), "blklab-run-…");
         assert_eq!(
             boot_dirs_named("a=/x/blklab-run-0-p/s,b=/y/blklab-run-1-q/s"),
-            "a=/x/blklab-run-…/s,b=/y/blklab-run-…/s"
+            "a=…/blklab-run-…/s,b=…/blklab-run-…/s"
+        );
+        assert_eq!(
+            boot_dirs_named("unix:/tmp/blklab-run-3-abc/qmp.sock,server=on"),
+            "unix:…/blklab-run-…/qmp.sock,server=on"
         );
         for kept in [
             "/t/blklab-run-x-aZ9/s",
