@@ -437,15 +437,26 @@ fn default_run_builds_the_pair_and_reports() {
     // The A/B report: printed, and written with its plots, including the
     // differential instruction profile.
     assert_eq!(stdout.contains("instructions"), tcg, "{stdout}");
-    assert!(stdout.contains("plug-inverse-quick/mq-deadline"), "{stdout}");
+    assert!(
+        stdout.contains("plug-inverse-quick/mq-deadline"),
+        "{stdout}"
+    );
     assert!(stdout.contains("\nverdict:\n"), "{stdout}");
     // Within one run the sides differ only in the kernel: no per-boot
     // path of the QEMU command lines counts as a difference.
     assert!(!stdout.contains("the sides differ in"), "{stdout}");
     // Quiet by default: progress and decisions, not the backend's INFO
     // lines, which go to the run's log file, named once.
-    for noise in ["blklab::backend", "frontend connected", "serving /", "queue 0:"] {
-        assert!(!stderr.contains(noise), "{noise:?} on the terminal:\n{stderr}");
+    for noise in [
+        "blklab::backend",
+        "frontend connected",
+        "serving /",
+        "queue 0:",
+    ] {
+        assert!(
+            !stderr.contains(noise),
+            "{noise:?} on the terminal:\n{stderr}"
+        );
     }
     let log = out_dir.path().join("blklab.log");
     assert_eq!(
@@ -497,9 +508,11 @@ fn default_run_builds_the_pair_and_reports() {
     if tcg {
         assert_eq!(r5["call"], "significant", "{r5}");
         assert!(
-            r5["changes"].as_array().unwrap().iter().any(|c| {
-                c["metric"] == "kernel_instructions_per_io" && c["worse"] == true
-            }),
+            r5["changes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| { c["metric"] == "kernel_instructions_per_io" && c["worse"] == true }),
             "{r5}"
         );
         assert!(r5["words"].as_str().unwrap().contains("kblockd"), "{r5}");

@@ -44,7 +44,10 @@ fn every_kind_of_report_page_works_in_a_real_browser() {
         // Two kernels with the differential instruction profile.
         ("profile", vec![&qd1]),
         // Variant pairs on one kernel.
-        ("pairs", vec![&pairs, "--pair", "read:write", "--pair", "read:read-again"]),
+        (
+            "pairs",
+            vec![&pairs, "--pair", "read:write", "--pair", "read:read-again"],
+        ),
         // The difference in differences, with each kernel's profile.
         ("did", vec![&qd1, "--pair", "none-10k:mq-deadline-10k"]),
     ];

@@ -21,7 +21,6 @@ use crate::record::scenario::Variant;
 use crate::report::inference::{self, Comparison, DiffInDiff, Outcome};
 use crate::report::load::{self, LoadError, Side};
 use crate::report::profile::{self, RowProfile};
-use crate::report::verdict;
 
 #[derive(Debug, Error)]
 pub enum ReportError {
@@ -282,7 +281,11 @@ fn run_identity(s: &Side) -> RunIdentity {
         accel_reason: r.accel_reason.clone(),
         deterministic: r.deterministic,
         instructions: r.count_insns.is_some(),
-        qemu: r.qemu.version.clone().unwrap_or_else(|| r.qemu.path.clone()),
+        qemu: r
+            .qemu
+            .version
+            .clone()
+            .unwrap_or_else(|| r.qemu.path.clone()),
         vcpus: vcpu_counts(s),
         iterations: r.iterations,
         blklab: format!("{} ({})", r.blklab_version, r.git_commit),
@@ -312,8 +315,6 @@ pub struct Report {
     /// per kernel and row.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub profiles: Vec<profile::RowProfile>,
-    /// What each row says, in words (computed last, from the rest).
-    pub verdict: Vec<verdict::RowVerdict>,
 }
 
 /// What a record's device configuration is, without the per-boot socket,
@@ -376,9 +377,7 @@ fn boot_dirs_named(arg: &str) -> String {
         });
         if starts_segment && per_boot {
             // The path before the directory: from the option's value on.
-            let path_start = rest[..at]
-                .rfind(['=', ',', ' ', ':'])
-                .map_or(0, |i| i + 1);
+            let path_start = rest[..at].rfind(['=', ',', ' ', ':']).map_or(0, |i| i + 1);
             out.push_str(&rest[..path_start]);
             if path_start < at {
                 out.push_str("…/");
@@ -459,7 +458,6 @@ fn vcpu_counts(s: &Side) -> String {
 fn json_text<T: Serialize>(v: &T) -> String {
     serde_json::to_value(v).unwrap_or(Value::Null).to_string()
 }
-
 
 /// How the sides' backend configurations differ: (A's, B's), naming only
 /// the fields that differ; `None` when they are the same.
@@ -1188,7 +1186,7 @@ pub(crate) fn build<R: RowResolver>(
         .map(|k| R::row(subject, k, opts, &mut profiles))
         .collect();
     correct(&mut rows, metric_keys, opts.confidence);
-    let mut report = Report {
+    Ok(Report {
         schema: "blklab-compare/1",
         mode: R::MODE,
         a: info(subject.a),
@@ -1200,10 +1198,7 @@ pub(crate) fn build<R: RowResolver>(
         differences,
         forced: opts.force,
         profiles,
-        verdict: Vec::new(),
-    };
-    report.verdict = verdict::judge(&report);
-    Ok(report)
+    })
 }
 
 /// What `blklab compare` was asked.
@@ -1405,16 +1400,31 @@ mod tests {
         let b2 = vec![r("/tmp/blklab-run-3-dddddd", &one), b[0].clone()];
         assert_eq!(qemu_difference(&a2, &b2), None, "the same machines");
         // An option, a device and a value stay visible.
-        let option = vec![r("/tmp/blklab-run-1-bbbbbb", &[&base[..], &["-no-hpet"]].concat())];
+        let option = vec![r(
+            "/tmp/blklab-run-1-bbbbbb",
+            &[&base[..], &["-no-hpet"]].concat(),
+        )];
         let (_, vb) = qemu_difference(&a, &option).unwrap();
         assert!(vb.ends_with("-no-hpet"), "{vb}");
         let d4 = dev(4);
-        let device = vec![r("/tmp/blklab-run-1-bbbbbb", &["-smp", "2", "-device", &d4])];
+        let device = vec![r(
+            "/tmp/blklab-run-1-bbbbbb",
+            &["-smp", "2", "-device", &d4],
+        )];
         let (va, vb) = qemu_difference(&a, &device).unwrap();
-        assert!(va.contains("num-queues=2") && vb.contains("num-queues=4"), "{va} | {vb}");
-        let value = vec![r("/tmp/blklab-run-1-bbbbbb", &["-smp", "4", "-device", &d2])];
+        assert!(
+            va.contains("num-queues=2") && vb.contains("num-queues=4"),
+            "{va} | {vb}"
+        );
+        let value = vec![r(
+            "/tmp/blklab-run-1-bbbbbb",
+            &["-smp", "4", "-device", &d2],
+        )];
         let (va, vb) = qemu_difference(&a, &value).unwrap();
-        assert!(va.contains("-smp 2") && vb.contains("-smp 4"), "{va} | {vb}");
+        assert!(
+            va.contains("-smp 2") && vb.contains("-smp 4"),
+            "{va} | {vb}"
+        );
         assert!(!va.contains("blklab-run-0"), "{va}");
     }
 

@@ -28,6 +28,7 @@ use crate::report::inference::{Comparison, DiffInDiff, Summary};
 use crate::report::load::Side;
 use crate::report::profile::{Entry, RowProfile};
 use crate::report::render;
+use crate::report::verdict::{judge, Call, RowVerdict};
 
 use plots::{BarRow, Curve, DiffBar, A2_COLOR, A_COLOR, B2_COLOR, B_COLOR};
 use table::{anchor, esc, Cell, Col, Table, Tint};
@@ -129,10 +130,8 @@ struct Page {
 impl Page {
     /// Open a top-level section.
     fn section(&mut self, id: &str, title: &str) {
-        self.body.push_str(&format!(
-            "<section id=\"{id}\">\n<h2>{}</h2>\n",
-            esc(title)
-        ));
+        self.body
+            .push_str(&format!("<section id=\"{id}\">\n<h2>{}</h2>\n", esc(title)));
         self.toc.push(TocEntry {
             id: id.to_string(),
             text: title.to_string(),
@@ -147,10 +146,8 @@ impl Page {
     /// Open a sub-section of the current section (listed in the table of
     /// contents under it).
     fn sub(&mut self, id: &str, title: &str) {
-        self.body.push_str(&format!(
-            "<section id=\"{id}\">\n<h3>{}</h3>\n",
-            esc(title)
-        ));
+        self.body
+            .push_str(&format!("<section id=\"{id}\">\n<h3>{}</h3>\n", esc(title)));
         if let Some(e) = self.toc.last_mut() {
             e.children.push((id.to_string(), title.to_string()));
         }
@@ -180,11 +177,7 @@ impl Page {
     fn toc_html(&self) -> String {
         let mut out = String::from("<nav id=\"toc\"><h2>Contents</h2><ol>\n");
         for e in &self.toc {
-            out.push_str(&format!(
-                "<li><a href=\"#{}\">{}</a>",
-                e.id,
-                esc(&e.text)
-            ));
+            out.push_str(&format!("<li><a href=\"#{}\">{}</a>", e.id, esc(&e.text)));
             if !e.children.is_empty() {
                 out.push_str("<ol>");
                 for (id, text) in &e.children {
@@ -233,7 +226,7 @@ fn header(report: &Report) -> String {
 }
 
 /// The verdict: each row in words, then every significant change.
-fn verdict(page: &mut Page, report: &Report) {
+fn verdict(page: &mut Page, report: &Report, verdicts: &[RowVerdict]) {
     page.section("verdict", "Verdict");
     page.body.push_str(&format!(
         "<p class=\"legend\">* significant: the change survives Holm's correction over every \
@@ -242,11 +235,11 @@ fn verdict(page: &mut Page, report: &Report) {
          two sides do not overlap.</p>\n",
         report.confidence * 100.0
     ));
-    for (v, r) in report.verdict.iter().zip(&report.rows) {
+    for (v, r) in verdicts.iter().zip(&report.rows) {
         let call = match v.call {
-            crate::report::verdict::Call::Significant => "significant",
-            crate::report::verdict::Call::Noise => "noise",
-            crate::report::verdict::Call::TooFew => "too_few",
+            Call::Significant => "significant",
+            Call::Noise => "noise",
+            Call::TooFew => "too_few",
         };
         page.body.push_str(&format!(
             "<div class=\"verdict-row\"><a href=\"#{}\"><strong>{}</strong></a> \
@@ -277,7 +270,7 @@ fn verdict(page: &mut Page, report: &Report) {
         "Significant changes, one line each (a row without any: one line with its call); {}",
         sides_caption(report)
     ));
-    for v in &report.verdict {
+    for v in verdicts {
         if v.changes.is_empty() {
             let mut cells = vec![Cell::text(&v.row), Cell::text(v.call.text())];
             cells.extend((0..8).map(|_| Cell::text("-")));
@@ -322,7 +315,12 @@ fn run(page: &mut Page, report: &Report) {
     let text_row = |t: &mut Table, what: &str, x: String, y: String| {
         t.row(vec![Cell::text(what), Cell::text(x), Cell::text(y)]);
     };
-    text_row(&mut t, "kernel", a.kernel_spec.clone(), b.kernel_spec.clone());
+    text_row(
+        &mut t,
+        "kernel",
+        a.kernel_spec.clone(),
+        b.kernel_spec.clone(),
+    );
     text_row(
         &mut t,
         "run directory",
@@ -334,8 +332,18 @@ fn run(page: &mut Page, report: &Report) {
         Cell::count(a.records),
         Cell::count(b.records),
     ]);
-    text_row(&mut t, "started", a.run.started.clone(), b.run.started.clone());
-    text_row(&mut t, "accelerator", a.run.accel.clone(), b.run.accel.clone());
+    text_row(
+        &mut t,
+        "started",
+        a.run.started.clone(),
+        b.run.started.clone(),
+    );
+    text_row(
+        &mut t,
+        "accelerator",
+        a.run.accel.clone(),
+        b.run.accel.clone(),
+    );
     text_row(
         &mut t,
         "why this accelerator",
@@ -361,22 +369,27 @@ fn run(page: &mut Page, report: &Report) {
         Cell::count(a.run.iterations as usize),
         Cell::count(b.run.iterations as usize),
     ]);
-    text_row(&mut t, "blklab (commit)", a.run.blklab.clone(), b.run.blklab.clone());
+    text_row(
+        &mut t,
+        "blklab (commit)",
+        a.run.blklab.clone(),
+        b.run.blklab.clone(),
+    );
     text_row(&mut t, "host", a.run.host.clone(), b.run.host.clone());
     page.body.push_str(&t.html());
     let mut s = Table::facts("run-statistics", vec![Col::text(""), Col::num("value")]);
     s.row(vec![
         Cell::text("confidence of the intervals"),
-        Cell::Num(report.confidence, format!("{:.0} %", report.confidence * 100.0)),
+        Cell::Num(
+            report.confidence,
+            format!("{:.0} %", report.confidence * 100.0),
+        ),
     ]);
     s.row(vec![
         Cell::text("metrics shown"),
         Cell::count(report.metrics.len()),
     ]);
-    s.row(vec![
-        Cell::text("rows"),
-        Cell::count(report.rows.len()),
-    ]);
+    s.row(vec![Cell::text("rows"), Cell::count(report.rows.len())]);
     s.row(vec![
         Cell::text("compared even though the setups differ (--force)"),
         Cell::text(yes(report.forced)),
@@ -510,7 +523,8 @@ fn metric_table(report: &Report, key: &str) -> Table {
         cells.extend(render::label_cells(r).into_iter().map(Cell::text));
         if report.mode == Mode::Did {
             let Some(c) = r.did.get(key) else { continue };
-            let sig = c.a.outcome.significant || c.b.outcome.significant || c.did.outcome.significant;
+            let sig =
+                c.a.outcome.significant || c.b.outcome.significant || c.did.outcome.significant;
             for e in [&c.a, &c.b] {
                 cells.extend(effect_cells(e.delta_pct, e.ci_pct));
                 cells.push(mark_cell(render::mark(e)));
@@ -519,7 +533,9 @@ fn metric_table(report: &Report, key: &str) -> Table {
             cells.push(mark_cell(render::did_mark(&c.did)));
             t.row_class(cells, sig.then_some("sig"));
         } else {
-            let Some(c) = r.metrics.get(key) else { continue };
+            let Some(c) = r.metrics.get(key) else {
+                continue;
+            };
             for s in [&c.a, &c.b] {
                 cells.extend([
                     Cell::num(s.mean),
@@ -563,8 +579,20 @@ fn metrics_section(page: &mut Page, report: &Report) -> std::io::Result<()> {
         let rows: Vec<BarRow> = report
             .rows
             .iter()
-            .filter(|r| r.groups.iter().all(|g| g.samples.contains_key(key.as_str())))
-            .map(|r| (r.name(), r.groups.iter().map(|g| g.samples.get(key.as_str())).collect()))
+            .filter(|r| {
+                r.groups
+                    .iter()
+                    .all(|g| g.samples.contains_key(key.as_str()))
+            })
+            .map(|r| {
+                (
+                    r.name(),
+                    r.groups
+                        .iter()
+                        .map(|g| g.samples.get(key.as_str()))
+                        .collect(),
+                )
+            })
             .collect();
         let figure = if rows.is_empty() {
             String::new()
@@ -610,7 +638,14 @@ fn profile_cols(first: &str, group: bool) -> Vec<Col> {
 }
 
 /// A profile table of `entries`.
-fn profile_table(id: &str, caption: &str, first: &str, entries: &[Entry], group: bool, p: &RowProfile) -> Table {
+fn profile_table(
+    id: &str,
+    caption: &str,
+    first: &str,
+    entries: &[Entry],
+    group: bool,
+    p: &RowProfile,
+) -> Table {
     let caption = format!("{caption} (A = {}, B = {})", p.a_label, p.b_label);
     let mut t = Table::new(id, profile_cols(first, group)).caption(caption);
     for e in entries {
@@ -668,11 +703,27 @@ fn profile(page: &mut Page, p: &RowProfile) -> std::io::Result<()> {
     for w in &p.warnings {
         page.body.push_str(&format!(
             "<p class=\"warning\"><strong>{}</strong></p>\n",
-            esc(&crate::report::profile::warning_line(w, &p.a_label, &p.b_label))
+            esc(&crate::report::profile::warning_line(
+                w, &p.a_label, &p.b_label
+            ))
         ));
     }
-    let totals = profile_table(&format!("{base}-totals"), "per IO", "per IO", &p.totals, false, p);
-    let groups = profile_table(&format!("{base}-groups"), "kernel instructions per IO by group", "group", &p.groups, false, p);
+    let totals = profile_table(
+        &format!("{base}-totals"),
+        "per IO",
+        "per IO",
+        &p.totals,
+        false,
+        p,
+    );
+    let groups = profile_table(
+        &format!("{base}-groups"),
+        "kernel instructions per IO by group",
+        "group",
+        &p.groups,
+        false,
+        p,
+    );
     page.body.push_str(&totals.html());
     page.body.push_str(&groups.html());
     let mut functions = profile_table(
@@ -706,9 +757,24 @@ fn profile(page: &mut Page, p: &RowProfile) -> std::io::Result<()> {
     };
     page.pair(&functions.html(), &figure);
     if let Some(h) = &p.host {
-        page.body.push_str("<h4>The host's profile (nested run)</h4>\n");
-        let totals = profile_table(&format!("{base}-host-totals"), "host per IO", "host per IO", &h.totals, false, p);
-        let groups = profile_table(&format!("{base}-host-groups"), "host kernel instructions per IO by group", "host group", &h.groups, false, p);
+        page.body
+            .push_str("<h4>The host's profile (nested run)</h4>\n");
+        let totals = profile_table(
+            &format!("{base}-host-totals"),
+            "host per IO",
+            "host per IO",
+            &h.totals,
+            false,
+            p,
+        );
+        let groups = profile_table(
+            &format!("{base}-host-groups"),
+            "host kernel instructions per IO by group",
+            "host group",
+            &h.groups,
+            false,
+            p,
+        );
         let mut functions = profile_table(
             &format!("{base}-host-functions"),
             "host kernel instructions per IO by function",
@@ -731,10 +797,15 @@ type GroupPoints = fn(&Side, &str, &str) -> Vec<(f64, f64)>;
 
 /// Each row: what it measures, its verdict, its profile(s) and its
 /// distributions.
-fn rows_section(page: &mut Page, report: &Report, sides: [&Side; 2]) -> std::io::Result<()> {
+fn rows_section(
+    page: &mut Page,
+    report: &Report,
+    verdicts: &[RowVerdict],
+    sides: [&Side; 2],
+) -> std::io::Result<()> {
     page.section("rows", "Scenarios");
     let style = groups_style(report);
-    for (r, v) in report.rows.iter().zip(&report.verdict) {
+    for (r, v) in report.rows.iter().zip(verdicts) {
         let name = r.name();
         page.sub(&row_id(r), &name);
         page.body.push_str(&format!(
@@ -911,7 +982,9 @@ fn numbers(page: &mut Page, report: &Report) {
         let mut t =
             Table::new(&format!("numbers-table-{}", r.name()), cols).caption(sides_caption(report));
         for m in metrics::METRICS {
-            let Some(c) = r.metrics.get(m.key) else { continue };
+            let Some(c) = r.metrics.get(m.key) else {
+                continue;
+            };
             let mut cells = vec![Cell::text(m.title), Cell::text(m.unit)];
             cells.extend(summary_cells(&c.a));
             cells.extend(summary_cells(&c.b));
@@ -962,7 +1035,10 @@ fn did_numbers(page: &mut Page, report: &Report, r: &Row) {
             row.extend(test_cells(e));
             t.row_class(row, e.outcome.significant.then_some("sig"));
         }
-        d.row_class(did_cells(m.title, &c.did), c.did.outcome.significant.then_some("sig"));
+        d.row_class(
+            did_cells(m.title, &c.did),
+            c.did.outcome.significant.then_some("sig"),
+        );
     }
     page.body.push_str(&t.html());
     page.body.push_str(&d.html());
@@ -1068,10 +1144,11 @@ pub(crate) fn write(
         toc: Vec::new(),
         written: Vec::new(),
     };
-    verdict(&mut page, report);
+    let verdicts = judge(report);
+    verdict(&mut page, report, &verdicts);
     run(&mut page, report);
     metrics_section(&mut page, report)?;
-    rows_section(&mut page, report, [a, b])?;
+    rows_section(&mut page, report, &verdicts, [a, b])?;
     differences(&mut page, report);
     numbers(&mut page, report);
     let vars = format!(

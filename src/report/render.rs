@@ -5,6 +5,7 @@ use crate::report::compare::{DidCell, Mode, Report, Row};
 use crate::report::inference::{
     Comparison, DiffInDiff, Method, Outcome, MIN_SAMPLES_FOR_SIGNIFICANCE,
 };
+use crate::report::verdict;
 
 use crate::util::text::{aligned_lines, num, wrap};
 
@@ -334,7 +335,7 @@ pub fn table(report: &Report) -> String {
         out.push_str(&format!("failed runs left out: {}\n", failed.join(", ")));
     }
     out.push_str("\nverdict:\n");
-    for v in &report.verdict {
+    for v in &verdict::judge(report) {
         out.push_str(&format!("  {} ({})\n", v.row, v.call.text()));
         for l in wrap(&v.words, 96, "    ") {
             out.push_str(&l);
@@ -372,7 +373,7 @@ fn md_escape(s: &str) -> String {
 pub fn markdown(report: &Report) -> String {
     let mut out = format!("### {}\n\n", md_escape(&heading(report)));
     out.push_str("**Verdict**\n\n");
-    for v in &report.verdict {
+    for v in &verdict::judge(report) {
         out.push_str(&format!(
             "- **{}** ({}): {}\n",
             md_escape(&v.row),
@@ -595,7 +596,19 @@ fn csv_did(report: &Report) -> String {
     out
 }
 
-/// The whole report as JSON.
+/// A report and, last, its verdict (a view of the rest).
+#[derive(serde::Serialize)]
+struct WithVerdict<'a> {
+    #[serde(flatten)]
+    report: &'a Report,
+    verdict: Vec<verdict::RowVerdict>,
+}
+
+/// The whole report as JSON, its verdict last.
 pub fn json(report: &Report) -> String {
-    serde_json::to_string_pretty(report).expect("reports serialize") + "\n"
+    let doc = WithVerdict {
+        report,
+        verdict: verdict::judge(report),
+    };
+    serde_json::to_string_pretty(&doc).expect("reports serialize") + "\n"
 }

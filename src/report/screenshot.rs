@@ -127,7 +127,10 @@ pub fn run_browser(browser: &Path, args: &[String]) -> Result<(String, String), 
 fn page_height(dom: &str) -> Option<u32> {
     let at = dom.find("data-height=\"")? + "data-height=\"".len();
     let end = dom[at..].find('"')?;
-    dom[at..at + end].parse::<f64>().ok().map(|h| h.ceil() as u32)
+    dom[at..at + end]
+        .parse::<f64>()
+        .ok()
+        .map(|h| h.ceil() as u32)
 }
 
 /// Draw `html` into `report.png` beside it; the PNG's path.
@@ -141,7 +144,11 @@ pub fn screenshot(html: &Path) -> Result<PathBuf, ScreenshotError> {
     })?;
     let url = format!("file://{}", html.display());
     let mut args = headless_args(profile.path());
-    args.extend([format!("--window-size={WIDTH},900"), "--dump-dom".into(), url.clone()]);
+    args.extend([
+        format!("--window-size={WIDTH},900"),
+        "--dump-dom".into(),
+        url.clone(),
+    ]);
     let (dom, _) = run_browser(&browser, &args)?;
     let height = page_height(&dom).unwrap_or(4000).clamp(600, MAX_HEIGHT);
     let _ = std::fs::remove_file(&png);

@@ -16,7 +16,7 @@ use crate::util::text::num;
 /// What a row says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Call {
+pub(crate) enum Call {
     /// At least one metric shown changed significantly (after Holm).
     Significant,
     /// Enough samples, and no metric shown changed beyond its noise.
@@ -38,33 +38,33 @@ impl Call {
 
 /// One significant change of a row.
 #[derive(Debug, Clone, Serialize)]
-pub struct Change {
-    pub metric: String,
+pub(crate) struct Change {
+    pub(crate) metric: String,
     /// Which effect: `B vs A`; with two kernels and pairs, the pair's
     /// effect on `A` or `B`, or `DiD`.
-    pub effect: String,
+    pub(crate) effect: String,
     /// The means of the two groups compared (none for a DiD).
-    pub a_mean: Option<f64>,
-    pub b_mean: Option<f64>,
-    pub delta_pct: f64,
-    pub ci_lo_pct: Option<f64>,
-    pub ci_hi_pct: Option<f64>,
+    pub(crate) a_mean: Option<f64>,
+    pub(crate) b_mean: Option<f64>,
+    pub(crate) delta_pct: f64,
+    pub(crate) ci_lo_pct: Option<f64>,
+    pub(crate) ci_hi_pct: Option<f64>,
     /// The change is for the worse, in the metric's better direction.
-    pub worse: bool,
+    pub(crate) worse: bool,
 }
 
 /// One row's verdict.
 #[derive(Debug, Clone, Serialize)]
-pub struct RowVerdict {
-    pub row: String,
-    pub call: Call,
+pub(crate) struct RowVerdict {
+    pub(crate) row: String,
+    pub(crate) call: Call,
     /// The significant changes, in the report's metric order.
-    pub changes: Vec<Change>,
+    pub(crate) changes: Vec<Change>,
     /// What moved beneath the metrics in every run: mechanism counts per IO,
     /// then the instruction profile's groups and functions.
-    pub mechanism: Vec<String>,
+    pub(crate) mechanism: Vec<String>,
     /// The verdict in words.
-    pub words: String,
+    pub(crate) words: String,
 }
 
 /// Counts per IO that say how a request travels; a change of at least
@@ -110,12 +110,10 @@ fn row_verdict(report: &Report, row: &Row) -> RowVerdict {
         .collect();
     let enough = shown.iter().any(|(_, c, _)| {
         c.a.n >= MIN_SAMPLES_FOR_SIGNIFICANCE && c.b.n >= MIN_SAMPLES_FOR_SIGNIFICANCE
-    }) || row.did.values().any(|d| {
-        d.did
-            .n
-            .iter()
-            .all(|&n| n >= MIN_SAMPLES_FOR_SIGNIFICANCE)
-    });
+    }) || row
+        .did
+        .values()
+        .any(|d| d.did.n.iter().all(|&n| n >= MIN_SAMPLES_FOR_SIGNIFICANCE));
     let call = if !changes.is_empty() {
         Call::Significant
     } else if enough {
@@ -256,11 +254,7 @@ fn signed(e: &Entry) -> String {
 /// not overlap, largest |B − A| first.
 fn profile_changes(p: &RowProfile) -> Vec<String> {
     let mut out = Vec::new();
-    let kernel_a = p
-        .totals
-        .first()
-        .map(|e| e.a.mean.abs())
-        .unwrap_or(0.0);
+    let kernel_a = p.totals.first().map(|e| e.a.mean.abs()).unwrap_or(0.0);
     // A group matters from 1 % of A's kernel instructions per IO on.
     let floor = (kernel_a * 0.01).max(1.0);
     let mut groups: Vec<&Entry> = p
@@ -292,10 +286,7 @@ fn profile_changes(p: &RowProfile) -> Vec<String> {
 /// `title +1.2 % (A → B; 95 % CI lo to hi %)`.
 fn change_text(c: &Change, confidence: f64) -> String {
     let ci = match (c.ci_lo_pct, c.ci_hi_pct) {
-        (Some(lo), Some(hi)) => format!(
-            "{:.0} % CI {lo:+.1} to {hi:+.1} %",
-            confidence * 100.0
-        ),
+        (Some(lo), Some(hi)) => format!("{:.0} % CI {lo:+.1} to {hi:+.1} %", confidence * 100.0),
         _ => "no interval".into(),
     };
     let means = match (c.a_mean, c.b_mean) {
@@ -368,7 +359,9 @@ fn family_size(report: &Report) -> usize {
             report
                 .metrics
                 .iter()
-                .map(|k| usize::from(r.metrics.contains_key(k)) + 3 * usize::from(r.did.contains_key(k)))
+                .map(|k| {
+                    usize::from(r.metrics.contains_key(k)) + 3 * usize::from(r.did.contains_key(k))
+                })
                 .sum::<usize>()
         })
         .sum()

@@ -195,12 +195,19 @@ mod tests {
         let v = filter(Terminal::Lab { verbose: 1 }, None);
         assert!(shows(&v, "blklab::backend::server", Info));
         assert!(!shows(&v, "blklab::backend::server", Debug));
-        assert!(shows(&filter(Terminal::Lab { verbose: 2 }, None), "blklab::lab::qemu", Debug));
+        assert!(shows(
+            &filter(Terminal::Lab { verbose: 2 }, None),
+            "blklab::lab::qemu",
+            Debug
+        ));
         // RUST_LOG decides whole.
         let env = filter(Terminal::Lab { verbose: 0 }, Some("blklab::backend=info"));
         assert!(shows(&env, "blklab::backend::server", Info));
         assert!(!shows(&env, "blklab::lab::progress", Info));
-        assert_eq!(terminal_filter(Terminal::Lab { verbose: 0 }, Some(" ")), LAB_QUIET);
+        assert_eq!(
+            terminal_filter(Terminal::Lab { verbose: 0 }, Some(" ")),
+            LAB_QUIET
+        );
     }
 
     #[test]

@@ -109,7 +109,10 @@ pub(crate) fn load(html: &Path, (table, col): (&str, usize)) -> Loaded {
     let probe = attribute(&dom, "<html", "data-probe")
         .map(|p| serde_json::from_str(&percent_decode(&p)).unwrap())
         .unwrap_or_else(|| {
-            panic!("the probe did not run in {}:\n{stderr}\n{dom}", html.display())
+            panic!(
+                "the probe did not run in {}:\n{stderr}\n{dom}",
+                html.display()
+            )
         });
     Loaded {
         dom,
@@ -295,7 +298,10 @@ pub(crate) fn check_report_page(dir: &Path) {
         .into_iter()
         .flatten()
         .collect();
-    assert_ne!(before, after, "{what}: sorting {table} by column {col} changed nothing");
+    assert_ne!(
+        before, after,
+        "{what}: sorting {table} by column {col} changed nothing"
+    );
     let mut sorted = before.clone();
     sorted.sort_by(f64::total_cmp);
     assert_eq!(after, sorted, "{what}: {table} by column {col}");

@@ -203,8 +203,14 @@ pub(crate) fn diff_bars(
     list: &[DiffBar],
     sides: [&str; 2],
 ) -> std::io::Result<String> {
-    let lo = list.iter().map(|e| e.diff - e.spread).fold(0.0f64, f64::min);
-    let hi = list.iter().map(|e| e.diff + e.spread).fold(0.0f64, f64::max);
+    let lo = list
+        .iter()
+        .map(|e| e.diff - e.spread)
+        .fold(0.0f64, f64::min);
+    let hi = list
+        .iter()
+        .map(|e| e.diff + e.spread)
+        .fold(0.0f64, f64::max);
     let pad = ((hi - lo) * 0.08).max(1.0);
     let n = list.len();
     let h = (80 + 24 * n as u32).max(200);
@@ -308,7 +314,11 @@ pub(crate) fn overlay(
 
 /// The mesh and every curve of an overlay, on either kind of x axis.
 fn draw_curves<X>(
-    mut chart: ChartContext<'_, SVGBackend<'_>, Cartesian2d<X, plotters::coord::types::RangedCoordf64>>,
+    mut chart: ChartContext<
+        '_,
+        SVGBackend<'_>,
+        Cartesian2d<X, plotters::coord::types::RangedCoordf64>,
+    >,
     x_desc: &str,
     y_desc: &str,
     curves: &[Curve],
@@ -361,12 +371,19 @@ mod tests {
         let series = [("A k1".to_string(), A_COLOR), ("B k2".to_string(), B_COLOR)];
         let svg = bars("IOPS", &rows, &series).unwrap();
         let doc = roxmltree::Document::parse(&svg).unwrap();
-        let h: f64 = doc.root_element().attribute("height").unwrap().parse().unwrap();
+        let h: f64 = doc
+            .root_element()
+            .attribute("height")
+            .unwrap()
+            .parse()
+            .unwrap();
         // The legend's labels sit in the strip under the plotting area.
         for label in ["A k1", "B k2"] {
             let t = doc
                 .descendants()
-                .find(|n| n.tag_name().name() == "text" && n.text().is_some_and(|t| t.trim() == label))
+                .find(|n| {
+                    n.tag_name().name() == "text" && n.text().is_some_and(|t| t.trim() == label)
+                })
                 .unwrap_or_else(|| panic!("{label} in {svg}"));
             let y: f64 = t.attribute("y").unwrap().parse().unwrap();
             assert!(y >= h - f64::from(LEGEND_H), "{label} at y {y} of {h}");
@@ -377,8 +394,10 @@ mod tests {
             .descendants()
             .filter(|n| {
                 n.tag_name().name() == "rect"
-                    && [fill(A_COLOR), fill(B_COLOR)].contains(&n.attribute("fill").unwrap_or("").to_uppercase())
-                    && n.attribute("y").is_some_and(|y| y.parse::<f64>().unwrap() < h - f64::from(LEGEND_H))
+                    && [fill(A_COLOR), fill(B_COLOR)]
+                        .contains(&n.attribute("fill").unwrap_or("").to_uppercase())
+                    && n.attribute("y")
+                        .is_some_and(|y| y.parse::<f64>().unwrap() < h - f64::from(LEGEND_H))
             })
             .map(|n| n.attribute("x").unwrap())
             .collect();
