@@ -215,6 +215,24 @@ fn apart(a: &Summary, b: &Summary) -> bool {
     a.n >= 2 && b.n >= 2 && (a.max < b.min || b.max < a.min)
 }
 
+/// A difference is clear when the runs do not overlap and it is at least
+/// [`CLEAR_SDS`] times either side's sd: with 3 runs a side, runs that
+/// merely do not overlap happen by chance one time in ten.
+const CLEAR_SDS: f64 = 4.0;
+
+fn clear(diff: f64, sd_a: f64, sd_b: f64) -> bool {
+    diff.abs() >= CLEAR_SDS * sd_a.max(sd_b)
+}
+
+/// A profile line whose sides differ clearly, and not in a function that
+/// is a measurement artefact (an emulated clock, an allocator slow path, a
+/// vCPU spinning on a lock).
+fn clear_entry(e: &Entry) -> bool {
+    e.separated
+        && clear(e.diff, e.a.sd, e.b.sd)
+        && crate::report::profile::artefact(&e.name).is_none()
+}
+
 /// The mechanism counts per IO that moved in every run, each with what
 /// it means where the change is one blklab knows.
 fn count_changes(row: &Row, a: &str, b: &str) -> Vec<String> {
@@ -223,7 +241,8 @@ fn count_changes(row: &Row, a: &str, b: &str) -> Vec<String> {
         let Some(c) = row.metrics.get(*key) else {
             continue;
         };
-        if !apart(&c.a, &c.b) || (c.b.mean - c.a.mean).abs() < MIN_COUNT_CHANGE {
+        let diff = c.b.mean - c.a.mean;
+        if !apart(&c.a, &c.b) || !clear(diff, c.a.sd, c.b.sd) || diff.abs() < MIN_COUNT_CHANGE {
             continue;
         }
         let mut s = format!("{} {} → {}", title(key), num(c.a.mean), num(c.b.mean));
@@ -245,6 +264,15 @@ fn count_changes(row: &Row, a: &str, b: &str) -> Vec<String> {
     out
 }
 
+/// The groups of the functions a profile warns about: a group holding a
+/// measurement artefact says more about the measurement than the kernel.
+fn tainted_groups(p: &RowProfile) -> Vec<&'static str> {
+    p.warnings
+        .iter()
+        .map(|w| crate::record::symbol_groups::group_of(&w.function))
+        .collect()
+}
+
 /// `name +12.3` for a profile entry.
 fn signed(e: &Entry) -> String {
     format!("{} {:+.0}", e.name, e.diff)
@@ -257,10 +285,11 @@ fn profile_changes(p: &RowProfile) -> Vec<String> {
     let kernel_a = p.totals.first().map(|e| e.a.mean.abs()).unwrap_or(0.0);
     // A group matters from 1 % of A's kernel instructions per IO on.
     let floor = (kernel_a * 0.01).max(1.0);
+    let tainted = tainted_groups(p);
     let mut groups: Vec<&Entry> = p
         .groups
         .iter()
-        .filter(|e| e.separated && e.diff.abs() >= floor)
+        .filter(|e| clear_entry(e) && e.diff.abs() >= floor && !tainted.contains(&e.name.as_str()))
         .collect();
     groups.sort_by(|x, y| y.diff.abs().total_cmp(&x.diff.abs()));
     if !groups.is_empty() {
@@ -273,7 +302,7 @@ fn profile_changes(p: &RowProfile) -> Vec<String> {
     let functions: Vec<String> = p
         .functions
         .iter()
-        .filter(|e| e.separated)
+        .filter(|e| clear_entry(e))
         .take(TOP_FUNCTIONS)
         .map(signed)
         .collect();
@@ -326,8 +355,8 @@ fn words(
             format!("{b} against {a}: {}.", list.join("; "))
         }
         Call::Noise => format!(
-            "No metric shown changes beyond its run-to-run noise ({} comparisons in the \
-             report, Holm-corrected){}.",
+            "No metric shown changes significantly: none survives Holm's correction over the \
+             report's {} comparisons{}.",
             family_size(report),
             largest(shown, report.confidence)
         ),
@@ -383,14 +412,15 @@ fn largest(shown: &[(&str, &Comparison, String)], confidence: f64) -> String {
     )
 }
 
-/// Where a row with no significant metric still has exact differences in
+/// Where a row with no significant metric still has clear differences in
 /// its profile: how large they are against the totals' spread.
 fn below_noise(row: &Row, profile: Option<&RowProfile>) -> Option<String> {
     let p = profile?;
+    let tainted = tainted_groups(p);
     let exact: f64 = p
         .groups
         .iter()
-        .filter(|e| e.separated)
+        .filter(|e| clear_entry(e) && !tainted.contains(&e.name.as_str()))
         .map(|e| e.diff)
         .sum();
     if exact == 0.0 {
@@ -399,15 +429,10 @@ fn below_noise(row: &Row, profile: Option<&RowProfile>) -> Option<String> {
     let kernel = row.metrics.get("kernel_instructions_per_io")?;
     let share = exact / kernel.a.mean.abs() * 100.0;
     let cv = kernel.a.cv_pct.max(kernel.b.cv_pct);
-    let against = if share.abs() < cv {
-        "smaller than"
-    } else {
-        "not smaller than"
-    };
     Some(format!(
-        "The exact profile's groups differ by {exact:+.0} kernel instructions per IO in every \
-         run ({share:+.1} % of A's), {against} the run-to-run spread of the kernel's total \
-         (cv up to {cv:.1} %): a real difference the totals cannot resolve."
+        "The profile still tells the sides apart: its groups that differ clearly differ by \
+         {exact:+.0} kernel instructions per IO ({share:+.1} % of A's), against a run-to-run \
+         spread of the kernel's total of cv {cv:.1} %."
     ))
 }
 
@@ -429,6 +454,37 @@ mod tests {
         assert!(t.ends_with(", worse)"), "{t}");
         let iops = change("iops", &c, "B vs A");
         assert!(!iops.worse, "more IOPS is better");
+    }
+
+    #[test]
+    fn a_clear_difference_is_apart_by_several_sds_and_no_artefact() {
+        assert!(clear(1.0, 0.0, 0.0));
+        assert!(clear(-4.0, 1.0, 0.5));
+        assert!(!clear(3.9, 1.0, 0.5));
+        let side = |mean: f64, sd: f64| crate::report::profile::SideValue {
+            mean,
+            sd,
+            n: 3,
+            min: mean - sd,
+            max: mean + sd,
+        };
+        let entry = |name: &str, a: f64, b: f64, sd: f64| Entry {
+            name: name.into(),
+            group: "g".into(),
+            a: side(a, sd),
+            b: side(b, sd),
+            diff: b - a,
+            separated: true,
+        };
+        assert!(clear_entry(&entry("__schedule", 10.0, 250.0, 5.0)));
+        assert!(
+            !clear_entry(&entry("__schedule", 10.0, 30.0, 6.0)),
+            "too near"
+        );
+        assert!(
+            !clear_entry(&entry("queued_spin_lock_slowpath", 10.0, 900.0, 5.0)),
+            "an artefact"
+        );
     }
 
     #[test]
