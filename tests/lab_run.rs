@@ -498,7 +498,10 @@ fn default_run_builds_the_pair_and_reports() {
     assert!(svg.contains("A 6.12") && svg.contains("B 6.12-noplug"));
     assert!(out_dir.path().join("summary.json").is_file());
     // The verdict: R5's effect, significant and explained, under TCG
-    // (exact instruction counts; wall-clock time under KVM may say less).
+    // (counted context switches and kblockd runs; wall-clock time under
+    // KVM may say less). Its kernel instructions per IO (+40-50 %) are
+    // significant too in the full default run, but not always with 2 s
+    // runs on a loaded host, which cut its fixed IO count short.
     let verdict = report["verdict"].as_array().unwrap();
     assert_eq!(verdict.len(), 5, "{}", short(&report["verdict"]));
     let r5 = verdict
@@ -512,7 +515,7 @@ fn default_run_builds_the_pair_and_reports() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|c| { c["metric"] == "kernel_instructions_per_io" && c["worse"] == true }),
+                .any(|c| { c["metric"] == "ctxsw_per_io" && c["worse"] == true }),
             "{r5}"
         );
         assert!(r5["words"].as_str().unwrap().contains("kblockd"), "{r5}");
