@@ -16,6 +16,11 @@ use crate::lab::options::{parse_interval, RunArgs};
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// More on the terminal: `blklab run` and `bisect` show every INFO
+    /// record (the backend's, QEMU's stderr) and not only their progress,
+    /// decisions and warnings; -vv DEBUG. RUST_LOG, when set, decides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
 }
 
 #[derive(Debug, Subcommand)]
@@ -187,6 +192,10 @@ pub struct CompareArgs {
     /// Also write every format, the HTML page and its SVG plots here.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// With --out: also draw the HTML page into report.png beside it, with
+    /// a headless Chromium (warns and goes on without one).
+    #[arg(long, requires = "out")]
+    pub screenshot: bool,
     /// Confidence level of the intervals.
     #[arg(long, value_name = "P", default_value_t = 0.95)]
     pub confidence: f64,

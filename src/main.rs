@@ -6,10 +6,15 @@ use clap::Parser;
 use blklab::backend::server::Server;
 use blklab::cli::{Cli, Command, ServeArgs};
 use blklab::device::config::{check_unique_sockets, load_config_file};
+use blklab::util::logging::Terminal;
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let cli = Cli::parse();
+    let verbose = cli.verbose;
+    blklab::util::logging::init(match cli.command {
+        Command::Run(_) | Command::Bisect(_) => Terminal::Lab { verbose },
+        _ => Terminal::Everything { verbose },
+    });
     let result = match cli.command {
         Command::Serve(args) => serve(*args),
         Command::Stats(args) => blklab::stats_view::run(&args).context("blklab stats"),
@@ -107,6 +112,9 @@ fn run(args: &blklab::lab::options::RunArgs) -> Result<()> {
                 blklab::report::write_all(&report, &a, &b, &dir)
                     .with_context(|| format!("cannot write the report to {}", dir.display()))?;
                 println!("report: {}", dir.join("report.html").display());
+                if args.screenshot {
+                    screenshot(&dir);
+                }
             }
         }
         Err(e) => log::warn!("no A/B report: {e}"),
@@ -255,8 +263,19 @@ fn compare(args: &blklab::cli::CompareArgs) -> Result<()> {
         let files = blklab::report::write_all(report, &compared.a, &compared.b, dir)
             .with_context(|| format!("cannot write the report to {}", dir.display()))?;
         eprintln!("wrote {} files to {}", files.len(), dir.display());
+        if args.screenshot {
+            screenshot(dir);
+        }
     }
     Ok(())
+}
+
+/// `report.png` beside `dir/report.html`, or a warning saying why not.
+fn screenshot(dir: &std::path::Path) {
+    match blklab::report::screenshot::screenshot(&dir.join("report.html")) {
+        Ok(png) => eprintln!("screenshot: {}", png.display()),
+        Err(e) => log::warn!("no screenshot: {e}"),
+    }
 }
 
 /// The error and its causes, leaving out a cause whose text the message

@@ -156,7 +156,14 @@ fn html_page_and_svg_plots_parse_and_hold_both_series() {
     ok_stdout(&compare(&[arg(&dir), "--out", arg(out.path())]));
     let (a, b) = aa_labels();
     let html = std::fs::read_to_string(out.path().join("report.html")).unwrap();
-    assert!(html.contains("<img src=\"plots/metric-guest_busy_pct.svg\""));
+    // The plots are inline, each in its metric's section (and in plots/).
+    let section = html
+        .split("<section id=\"metric-guest_busy_pct\">")
+        .nth(1)
+        .expect("the guest busy section");
+    let section = &section[..section.find("</section>").unwrap()];
+    assert!(section.contains("<table id=\"metric-table-guest_busy_pct\""));
+    assert!(section.contains("<svg role=\"img\""), "{section}");
     let plots: Vec<PathBuf> = std::fs::read_dir(out.path().join("plots"))
         .unwrap()
         .map(|e| e.unwrap().path())

@@ -143,6 +143,7 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
             "plug-inverse",
             vec!["mq-deadline", "none", "null-mq-deadline", "null-none"],
         ),
+        ("plug-inverse-quick", vec!["mq-deadline"]),
         (
             "seed000-virtio-tags",
             vec!["host-tags", "per-queue", "host-tags-none", "per-queue-none"],
@@ -338,8 +339,15 @@ fn check_scenario_content(name: &str, doc: &Value) {
                 }
             }
         }
-        "plug-inverse" => {
+        "plug-inverse" | "plug-inverse-quick" => {
             assert_eq!(doc["queues"], 1);
+            if name == "plug-inverse-quick" {
+                // The default run's contrasting case: one vCPU (no vCPU
+                // spinning on a lock a descheduled vCPU holds), a fixed IO
+                // count (fio's start-up weighs the same in every run).
+                assert_eq!(doc["vcpus"], 1);
+                has_args(&vs[0], &["--number_ios=15000"]);
+            }
             for v in vs {
                 let n = v["name"].as_str().unwrap();
                 if let Some(sched) = n.strip_prefix("null-") {

@@ -3,7 +3,7 @@
 //! `--deterministic` ask, and, under `--accel auto`, what a KVM probe boot
 //! says. It decides only; the probe and the System.map check are passed in.
 
-use log::info;
+use log::debug;
 use thiserror::Error;
 
 use crate::lab::options::CountInsns;
@@ -73,7 +73,7 @@ pub(crate) fn decide_accel<E: std::fmt::Display>(
                 format!("KVM probe booted the guest in {secs:.1} s"),
             ),
             Err(why) => {
-                info!("KVM not usable ({why}); using TCG");
+                debug!("KVM not usable ({why}); using TCG");
                 (Accel::Tcg, format!("KVM probe failed: {why}"))
             }
         },

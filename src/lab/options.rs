@@ -26,8 +26,11 @@ pub struct RunArgs {
     /// (images/patches/PATCH.patch) or path:FILE[,modules=DIR][,name=LABEL].
     #[arg(long, value_name = "SPEC", default_values_t = ["build:6.12".to_string(), "build:6.12+noplug".to_string()])]
     pub kernel: Vec<String>,
-    /// Scenario name (guest-scripts/scenarios/NAME.scn), repeatable.
-    #[arg(long, value_name = "NAME", default_values_t = ["seed002-quick".to_string()])]
+    /// Scenario name (guest-scripts/scenarios/NAME.scn), repeatable. The
+    /// default pairs the plug report's case, where the plug's cost is
+    /// within the noise, with R5's, where removing it costs a kblockd run
+    /// per IO.
+    #[arg(long, value_name = "NAME", default_values_t = ["seed002-quick".to_string(), "plug-inverse-quick".to_string()])]
     pub scenario: Vec<String>,
     /// Boots per (kernel, scenario); kernels alternate within an iteration.
     /// A report calls nothing significant below 3.
@@ -148,6 +151,11 @@ pub struct RunArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
+    /// Also draw each A/B report's HTML page into report.png beside it,
+    /// with a headless Chromium (warns and goes on without one).
+    #[arg(long)]
+    #[serde(default)]
+    pub screenshot: bool,
     /// Print the run's boots (kernel x scenario x iteration, in the order
     /// they would run; with --shard, that shard's) as JSON and exit:
     /// nothing is built or booted.

@@ -2,7 +2,7 @@
 //! KVM probe), and a running QEMU whose serial console we read and answer.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
@@ -10,7 +10,7 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use log::{debug, warn};
+use log::{debug, info, warn};
 use serde::Serialize;
 use thiserror::Error;
 
@@ -241,21 +241,26 @@ fn read_console(
     Ok(rx)
 }
 
-/// A thread collecting QEMU's stderr, whole, into the returned text.
-fn collect_stderr(stderr: ChildStderr) -> std::io::Result<Arc<Mutex<String>>> {
+/// A thread collecting QEMU's stderr, whole, into the returned text, and
+/// logging each line (INFO: the run's log file, not the terminal).
+fn collect_stderr(stderr: ChildStderr, pid: u32) -> std::io::Result<Arc<Mutex<String>>> {
     let text = Arc::new(Mutex::new(String::new()));
     let e = text.clone();
     std::thread::Builder::new()
         .name("blklab-qemu-err".into())
         .spawn(move || {
             let mut s = String::new();
-            let mut r = stderr;
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = r.read(&mut buf) {
-                if n == 0 {
-                    break;
+            let mut r = BufReader::new(stderr);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                match r.read_until(b'\n', &mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
                 }
-                s.push_str(&String::from_utf8_lossy(&buf[..n]));
+                let line = String::from_utf8_lossy(&buf);
+                info!("QEMU (pid {pid}): {}", line.trim_end());
+                s.push_str(&line);
                 *e.lock().unwrap_or_else(|p| p.into_inner()) = s.clone();
             }
         })?;
@@ -323,7 +328,7 @@ impl Guest {
         });
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         let lines = read_console(stdout, log, tail.clone()).map_err(no_thread)?;
-        let stderr = collect_stderr(stderr).map_err(no_thread)?;
+        let stderr = collect_stderr(stderr, child.id()).map_err(no_thread)?;
         Ok(Guest {
             stdin: child.stdin.take(),
             child,

@@ -502,6 +502,7 @@ fn prepare_lab(
     for d in [out_dir.clone(), out_dir.join("console")] {
         std::fs::create_dir_all(&d).map_err(|source| RunError::Write { path: d, source })?;
     }
+    log_to_results(&out_dir);
     let guests = match given {
         Some(guests) => guests,
         None => {
@@ -540,6 +541,21 @@ fn prepare_lab(
         maps,
         nested_host,
     })
+}
+
+/// Copy the log to `out_dir/blklab.log` and say so once: the backend's
+/// and QEMU's messages go there, not to the terminal.
+fn log_to_results(out_dir: &Path) {
+    let path = out_dir.join("blklab.log");
+    match crate::util::logging::log_to_file(&path) {
+        Ok(true) => info!(
+            "logs: {} (the backend's and QEMU's messages; -v shows them here too), guest consoles in {}",
+            path.display(),
+            out_dir.join("console").display()
+        ),
+        Ok(false) => {}
+        Err(e) => warn!("cannot write {}: {e}", path.display()),
+    }
 }
 
 /// Unique labels for the kernels (the prepared names, suffixed on clashes).

@@ -145,6 +145,9 @@ pub struct Row {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pair: Option<RowPair>,
     pub labels: RowLabels,
+    /// What the row measures: its scenario's description and the
+    /// variant's target and scheduler (the base variant's, for pairs).
+    pub about: String,
     /// Pairs: the other variant's labels, when they differ from the base's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub labels_other: Option<RowLabels>,
@@ -231,6 +234,63 @@ pub struct SideInfo {
     pub kernel: String,
     pub kernel_spec: String,
     pub records: usize,
+    /// The run the side's records come from.
+    pub run: RunIdentity,
+}
+
+/// What a run was, from its run.json: what a reader needs to trust or
+/// reproduce the numbers.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunIdentity {
+    /// When the run started, `YYYYmmdd-HHMMSS` UTC.
+    pub started: String,
+    pub accel: String,
+    pub accel_reason: String,
+    pub deterministic: bool,
+    /// Guest instructions counted (`--count-insns`).
+    pub instructions: bool,
+    /// `qemu --version`'s first line.
+    pub qemu: String,
+    /// The distinct vCPU counts of the side's records.
+    pub vcpus: String,
+    pub iterations: u32,
+    /// blklab's version and the commit it was built from.
+    pub blklab: String,
+    pub host: String,
+}
+
+fn run_identity(s: &Side) -> RunIdentity {
+    let r = &s.run;
+    let h = &r.host;
+    let host = [
+        h.hostname.clone(),
+        h.cpus.map(|n| format!("{n} CPUs")),
+        h.cpu_model.clone(),
+        h.kernel.as_ref().map(|k| format!("Linux {k}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>()
+    .join(", ");
+    RunIdentity {
+        started: format!(
+            "{} UTC",
+            crate::util::wallclock::utc_stamp_of(r.started_unix as i64)
+        ),
+        accel: r.accel.describe().to_string(),
+        accel_reason: r.accel_reason.clone(),
+        deterministic: r.deterministic,
+        instructions: r.count_insns.is_some(),
+        qemu: r
+            .qemu
+            .version
+            .clone()
+            .unwrap_or_else(|| r.qemu.path.clone()),
+        vcpus: vcpu_counts(s),
+        iterations: r.iterations,
+        blklab: format!("{} ({})", r.blklab_version, r.git_commit),
+        host,
+    }
 }
 
 /// A complete comparison.
@@ -299,10 +359,11 @@ fn qemu_identity(r: &ResultRecord) -> String {
     out.join(" ")
 }
 
-/// `arg` with each boot's own socket directory (`…/blklab-run-SEQ-RANDOM`,
-/// made fresh per boot: the plugin's `ctl=` socket lives there) named
-/// `blklab-run-…`, so that two runs' command lines differ only where an
-/// option, a device or a value does.
+/// `arg` with each boot's own socket directory (`$TMPDIR/blklab-run-SEQ-RANDOM`,
+/// made fresh per boot: the plugin's `ctl=` and QMP's sockets live there)
+/// named `…/blklab-run-…`, whatever the temporary directory it is in, so
+/// that two runs' command lines differ only where an option, a device or a
+/// value does.
 fn boot_dirs_named(arg: &str) -> String {
     const DIR: &str = "blklab-run-";
     let mut out = String::with_capacity(arg.len());
@@ -314,16 +375,54 @@ fn boot_dirs_named(arg: &str) -> String {
         let per_boot = after[..end].split_once('-').is_some_and(|(seq, tail)| {
             !seq.is_empty() && seq.bytes().all(|c| c.is_ascii_digit()) && !tail.is_empty()
         });
-        out.push_str(&rest[..at + DIR.len()]);
         if starts_segment && per_boot {
+            // The path before the directory: from the option's value on.
+            let path_start = rest[..at].rfind(['=', ',', ' ', ':']).map_or(0, |i| i + 1);
+            out.push_str(&rest[..path_start]);
+            if path_start < at {
+                out.push_str("…/");
+            }
+            out.push_str(DIR);
             out.push('…');
             rest = &after[end..];
         } else {
+            out.push_str(&rest[..at + DIR.len()]);
             rest = after;
         }
     }
     out.push_str(rest);
     out
+}
+
+/// A side's distinct QEMU command lines (per-boot paths named, see
+/// [`qemu_identity`]), sorted: one per machine its scenarios pin.
+fn qemu_lines(records: &[ResultRecord]) -> Vec<String> {
+    let mut v: Vec<String> = records.iter().map(qemu_identity).collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// How the sides' QEMU command lines differ: the lines only A has, and
+/// the lines only B has; `None` when they have the same.
+fn qemu_difference(a: &[ResultRecord], b: &[ResultRecord]) -> Option<(String, String)> {
+    let (la, lb) = (qemu_lines(a), qemu_lines(b));
+    if la == lb {
+        return None;
+    }
+    let only = |x: &[String], y: &[String]| -> String {
+        let v: Vec<&str> = x
+            .iter()
+            .filter(|l| !y.contains(l))
+            .map(String::as_str)
+            .collect();
+        if v.is_empty() {
+            "-".to_string()
+        } else {
+            v.join(" | ")
+        }
+    };
+    Some((only(&la, &lb), only(&lb, &la)))
 }
 
 /// The guest's vCPU count: QEMU's `-smp` (`N` or `cpus=N`), else the CPUs
@@ -358,10 +457,6 @@ fn vcpu_counts(s: &Side) -> String {
 /// what differs.
 fn json_text<T: Serialize>(v: &T) -> String {
     serde_json::to_value(v).unwrap_or(Value::Null).to_string()
-}
-
-fn first_str(s: &Side, f: impl Fn(&ResultRecord) -> String) -> String {
-    s.records.first().map(f).unwrap_or_default()
 }
 
 /// How the sides' backend configurations differ: (A's, B's), naming only
@@ -443,12 +538,9 @@ fn differences(a: &Side, b: &Side) -> Vec<Difference> {
     if let Some((va, vb)) = device_difference(a, b) {
         check("backend configuration", va, vb, true);
     }
-    check(
-        "QEMU command line",
-        first_str(a, qemu_identity),
-        first_str(b, qemu_identity),
-        false,
-    );
+    if let Some((va, vb)) = qemu_difference(&a.records, &b.records) {
+        check("QEMU command line", va, vb, false);
+    }
     // What decides a guest's CPU cost besides its kernel: the emulator, how
     // it runs the guest and how many vCPUs it has.
     check(
@@ -486,6 +578,27 @@ fn definition<'a>(side: &'a Side, (s, v): &Key) -> Option<&'a Variant> {
         .iter()
         .find(|r| &r.scenario == s && &r.variant == v)
         .and_then(|r| r.scenario_definition.as_ref())
+}
+
+/// What a row measures: the scenario's description, then the variant's
+/// target and scheduler as the side recorded them.
+fn about(side: &Side, key: &Key) -> String {
+    let description = side
+        .run
+        .scenarios
+        .iter()
+        .find(|sc| sc.name == key.0)
+        .and_then(|sc| sc.description.clone())
+        .unwrap_or_else(|| format!("scenario {}", key.0));
+    match definition(side, key) {
+        Some(v) => format!(
+            "{description}; variant {}: {} disk, scheduler {}",
+            key.1,
+            v.target.kind,
+            v.sched.as_deref().unwrap_or("the kernel's default")
+        ),
+        None => format!("{description}; variant {}", key.1),
+    }
 }
 
 /// How two variants' definitions differ: (A's, B's), the differing fields
@@ -745,6 +858,7 @@ fn info(s: &Side) -> SideInfo {
             .map(|r| r.kernel_spec.clone())
             .unwrap_or_default(),
         records: s.records.len(),
+        run: run_identity(s),
     }
 }
 
@@ -875,6 +989,7 @@ impl Row {
             variant: key.1.clone(),
             pair,
             labels,
+            about: String::new(),
             labels_other,
             failed_a: 0,
             failed_b: 0,
@@ -955,7 +1070,9 @@ impl RowResolver for KernelRows {
             &a.records
         });
         let legends = [format!("A {}", s.a.kernel), format!("B {}", s.b.kernel)];
-        Row::new(key, None, labels, None).compared(a, b, legends, opts.confidence)
+        let mut row = Row::new(key, None, labels, None);
+        row.about = about(s.a, key);
+        row.compared(a, b, legends, opts.confidence)
     }
 }
 
@@ -989,7 +1106,9 @@ impl RowResolver for PairRows {
         let labels = labels_of(&a.records);
         let labels_other = other_labels(&labels, &b.records);
         let legends = [format!("A {}", pair.base), format!("B {}", pair.other)];
-        Row::new(base, Some(pair), labels, labels_other).compared(a, b, legends, opts.confidence)
+        let mut row = Row::new(base, Some(pair), labels, labels_other);
+        row.about = about(s.a, base);
+        row.compared(a, b, legends, opts.confidence)
     }
 }
 
@@ -1037,6 +1156,7 @@ impl RowResolver for DidRows {
         let labels = labels_of(&ab.records);
         let labels_other = other_labels(&labels, &ao.records);
         let mut row = Row::new(base, Some(pair), labels, labels_other);
+        row.about = about(a, base);
         row.failed_a = ab.failed + ao.failed;
         row.failed_b = bb.failed + bo.failed;
         row.did = did_cells([&ab, &ao, &bb, &bo], opts.confidence);
@@ -1198,27 +1318,37 @@ mod tests {
     #[test]
     fn boot_directories_are_not_a_difference_options_are() {
         let r = |cl: Value| test_record(json!({ "qemu_command_line": cl }));
-        let plugin = |dir: &str| format!("/c/libblklab-insns.so,ctl=/tmp/{dir}/insns.sock");
+        let plugin = |dir: &str| format!("/c/libblklab-insns.so,ctl={dir}/insns.sock");
         let a = r(json!([
             "qemu",
             "-plugin",
-            plugin("blklab-run-0-Ab3xYz"),
+            plugin("/tmp/blklab-run-0-Ab3xYz"),
             "-m",
             "1G"
         ]));
         let b = r(json!([
             "qemu",
             "-plugin",
-            plugin("blklab-run-1-Qw9eRt"),
+            plugin("/tmp/blklab-run-1-Qw9eRt"),
             "-m",
             "1G"
         ]));
         assert_eq!(qemu_identity(&a), qemu_identity(&b));
-        assert!(qemu_identity(&a).contains("ctl=/tmp/blklab-run-…/insns.sock"));
+        assert!(qemu_identity(&a).contains("ctl=…/blklab-run-…/insns.sock"));
+        // Another temporary directory ($TMPDIR) is no difference either.
+        let elsewhere = r(json!([
+            "qemu",
+            "-plugin",
+            plugin("/scratch/t/blklab-run-7-Zz0aB1"),
+            "-m",
+            "1G"
+        ]));
+        assert_eq!(qemu_identity(&a), qemu_identity(&elsewhere));
+        // A value is.
         let c = r(json!([
             "qemu",
             "-plugin",
-            plugin("blklab-run-1-Qw9eRt"),
+            plugin("/tmp/blklab-run-1-Qw9eRt"),
             "-m",
             "2G"
         ]));
@@ -1233,18 +1363,85 @@ mod tests {
             "1G"
         ]));
         assert_ne!(qemu_identity(&a), qemu_identity(&d));
+        let e = r(json!([
+            "qemu",
+            "-plugin",
+            plugin("/tmp/blklab-run-2-Zx").replace("insns.sock", "other.sock"),
+            "-m",
+            "1G"
+        ]));
+        assert_ne!(qemu_identity(&a), qemu_identity(&e));
+    }
+
+    #[test]
+    fn the_sides_differ_only_in_options_devices_and_values() {
+        let r = |dir: &str, extra: &[&str]| {
+            let mut cl = vec![
+                "qemu".to_string(),
+                "-qmp".into(),
+                format!("unix:{dir}/qmp.sock,server=on,wait=off"),
+                "-kernel".into(),
+                format!("/cache/{dir}/vmlinuz"),
+                "-chardev".into(),
+                format!("socket,id=blklab0,path={dir}/vd.sock"),
+            ];
+            cl.extend(extra.iter().map(|s| s.to_string()));
+            test_record(json!({ "qemu_command_line": cl }))
+        };
+        let dev = |q: u32| format!("vhost-user-blk-pci,chardev=blklab0,num-queues={q}");
+        let d2 = dev(2);
+        let base = ["-smp", "2", "-device", d2.as_str()];
+        let a = vec![r("/tmp/blklab-run-0-aaaaaa", &base)];
+        let b = vec![r("/var/tmp/blklab-run-1-bbbbbb", &base)];
+        assert_eq!(qemu_difference(&a, &b), None, "per-run paths only");
+        // Two machines per side (two scenarios), in any order: the same.
+        let one = ["-smp", "1", "-device", "x"];
+        let a2 = vec![a[0].clone(), r("/tmp/blklab-run-2-cccccc", &one)];
+        let b2 = vec![r("/tmp/blklab-run-3-dddddd", &one), b[0].clone()];
+        assert_eq!(qemu_difference(&a2, &b2), None, "the same machines");
+        // An option, a device and a value stay visible.
+        let option = vec![r(
+            "/tmp/blklab-run-1-bbbbbb",
+            &[&base[..], &["-no-hpet"]].concat(),
+        )];
+        let (_, vb) = qemu_difference(&a, &option).unwrap();
+        assert!(vb.ends_with("-no-hpet"), "{vb}");
+        let d4 = dev(4);
+        let device = vec![r(
+            "/tmp/blklab-run-1-bbbbbb",
+            &["-smp", "2", "-device", &d4],
+        )];
+        let (va, vb) = qemu_difference(&a, &device).unwrap();
+        assert!(
+            va.contains("num-queues=2") && vb.contains("num-queues=4"),
+            "{va} | {vb}"
+        );
+        let value = vec![r(
+            "/tmp/blklab-run-1-bbbbbb",
+            &["-smp", "4", "-device", &d2],
+        )];
+        let (va, vb) = qemu_difference(&a, &value).unwrap();
+        assert!(
+            va.contains("-smp 2") && vb.contains("-smp 4"),
+            "{va} | {vb}"
+        );
+        assert!(!va.contains("blklab-run-0"), "{va}");
     }
 
     #[test]
     fn only_per_boot_directory_names_are_replaced() {
         assert_eq!(
             boot_dirs_named("/t/blklab-run-12-aZ9/s"),
-            "/t/blklab-run-…/s"
+            "…/blklab-run-…/s"
         );
         assert_eq!(boot_dirs_named("blklab-run-3-x"), "blklab-run-…");
         assert_eq!(
             boot_dirs_named("a=/x/blklab-run-0-p/s,b=/y/blklab-run-1-q/s"),
-            "a=/x/blklab-run-…/s,b=/y/blklab-run-…/s"
+            "a=…/blklab-run-…/s,b=…/blklab-run-…/s"
+        );
+        assert_eq!(
+            boot_dirs_named("unix:/tmp/blklab-run-3-abc/qmp.sock,server=on"),
+            "unix:…/blklab-run-…/qmp.sock,server=on"
         );
         for kept in [
             "/t/blklab-run-x-aZ9/s",

@@ -7,7 +7,9 @@
 //!   the sides of a comparison;
 //! - [`compare`]: building the comparison;
 //! - [`render`]: terminal table, Markdown, CSV, JSON;
-//! - [`html`]: the HTML page with SVG plots.
+//! - [`verdict`]: what each row says, in words;
+//! - [`html`]: the HTML page with SVG plots;
+//! - [`screenshot`]: a PNG of the page, drawn by a headless Chromium.
 
 pub mod compare;
 pub(crate) mod html;
@@ -15,6 +17,8 @@ pub(crate) mod inference;
 pub mod load;
 pub(crate) mod profile;
 pub mod render;
+pub mod screenshot;
+pub(crate) mod verdict;
 
 use std::path::{Path, PathBuf};
 

@@ -5,8 +5,9 @@ use crate::report::compare::{DidCell, Mode, Report, Row};
 use crate::report::inference::{
     Comparison, DiffInDiff, Method, Outcome, MIN_SAMPLES_FOR_SIGNIFICANCE,
 };
+use crate::report::verdict;
 
-use crate::util::text::{aligned_lines, num};
+use crate::util::text::{aligned_lines, num, wrap};
 
 fn pct(v: f64) -> String {
     if v.is_finite() {
@@ -52,7 +53,7 @@ fn ci(c: &Comparison) -> String {
     ci_text(c.ci_pct)
 }
 
-fn method(m: Method) -> &'static str {
+pub(crate) fn method(m: Method) -> &'static str {
     match m {
         Method::Welch => "welch",
         Method::Bootstrap => "bootstrap",
@@ -67,7 +68,7 @@ fn row_name(r: &Row) -> String {
 
 /// The label cells of a row: iotype, qd, nj, rmix (`base→other` where a
 /// pair's variants differ).
-fn label_cells(r: &Row) -> Vec<String> {
+pub(crate) fn label_cells(r: &Row) -> Vec<String> {
     let l = &r.labels;
     let base = [&l.iotype, &l.qd, &l.nj, &l.rmix];
     match &r.labels_other {
@@ -86,7 +87,7 @@ fn label_cells(r: &Row) -> Vec<String> {
     }
 }
 
-fn title_of(key: &str) -> String {
+pub(crate) fn title_of(key: &str) -> String {
     let m = metrics::find(key).expect("metrics are checked when the report is built");
     let unit = if m.unit.is_empty() {
         String::new()
@@ -206,7 +207,7 @@ fn left_aligned(l: &[String], i: usize) -> bool {
 const MARKS: &str = "* significant after Holm's correction over every row and \
          metric shown, ~ noise (cv) exceeds the delta, n<3 too few samples to call";
 
-fn legend(report: &Report) -> String {
+pub(crate) fn legend(report: &Report) -> String {
     let conf = report.confidence * 100.0;
     match report.mode {
         Mode::Kernels => format!(
@@ -333,6 +334,14 @@ pub fn table(report: &Report) -> String {
     if !failed.is_empty() {
         out.push_str(&format!("failed runs left out: {}\n", failed.join(", ")));
     }
+    out.push_str("\nverdict:\n");
+    for v in &verdict::judge(report) {
+        out.push_str(&format!("  {} ({})\n", v.row, v.call.text()));
+        for l in wrap(&v.words, 96, "    ") {
+            out.push_str(&l);
+            out.push('\n');
+        }
+    }
     out
 }
 
@@ -363,6 +372,16 @@ fn md_escape(s: &str) -> String {
 /// Markdown, to paste into a mailing-list reply.
 pub fn markdown(report: &Report) -> String {
     let mut out = format!("### {}\n\n", md_escape(&heading(report)));
+    out.push_str("**Verdict**\n\n");
+    for v in &verdict::judge(report) {
+        out.push_str(&format!(
+            "- **{}** ({}): {}\n",
+            md_escape(&v.row),
+            md_escape(v.call.text()),
+            md_escape(&v.words)
+        ));
+    }
+    out.push('\n');
     for key in &report.metrics {
         let (title, cells) = section(report, key);
         if cells.len() == 1 {
@@ -577,7 +596,19 @@ fn csv_did(report: &Report) -> String {
     out
 }
 
-/// The whole report as JSON.
+/// A report and, last, its verdict (a view of the rest).
+#[derive(serde::Serialize)]
+struct WithVerdict<'a> {
+    #[serde(flatten)]
+    report: &'a Report,
+    verdict: Vec<verdict::RowVerdict>,
+}
+
+/// The whole report as JSON, its verdict last.
 pub fn json(report: &Report) -> String {
-    serde_json::to_string_pretty(report).expect("reports serialize") + "\n"
+    let doc = WithVerdict {
+        report,
+        verdict: verdict::judge(report),
+    };
+    serde_json::to_string_pretty(&doc).expect("reports serialize") + "\n"
 }

@@ -8,6 +8,7 @@ pub(crate) mod fd;
 pub(crate) mod host;
 pub(crate) mod hostcpu;
 pub(crate) mod log_limit;
+pub mod logging;
 pub(crate) mod procfs;
 pub(crate) mod schema;
 pub(crate) mod slots;

@@ -39,6 +39,27 @@ pub(crate) fn aligned_lines(
     (lines, widths)
 }
 
+/// `text` in lines of at most `width` characters (a longer word stands
+/// alone), each after `indent`.
+pub(crate) fn wrap(text: &str, width: usize, indent: &str) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > width {
+            lines.push(format!("{indent}{line}"));
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(format!("{indent}{line}"));
+    }
+    lines
+}
+
 /// Numbers with a precision that suits their size.
 pub(crate) fn num(v: f64) -> String {
     if !v.is_finite() {
@@ -53,5 +74,17 @@ pub(crate) fn num(v: f64) -> String {
         format!("{v:.2}")
     } else {
         format!("{v:.3}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrap_keeps_words_whole_and_lines_short() {
+        let w = wrap("aa bb cc ddddddddd e", 5, "> ");
+        assert_eq!(w, ["> aa bb", "> cc", "> ddddddddd", "> e"]);
+        assert!(wrap("", 5, "").is_empty());
     }
 }

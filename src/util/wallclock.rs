@@ -18,7 +18,7 @@ pub(crate) fn utc_stamp() -> String {
 }
 
 /// `secs` since the epoch as `YYYYmmdd-HHMMSS` in UTC.
-fn utc_stamp_of(secs: i64) -> String {
+pub(crate) fn utc_stamp_of(secs: i64) -> String {
     let (days, rem) = (secs.div_euclid(86400), secs.rem_euclid(86400));
     // Howard Hinnant's civil_from_days.
     let z = days + 719_468;

@@ -4,6 +4,7 @@
 //! socket and stopped cleanly.
 #![allow(dead_code)]
 
+pub(crate) mod browser;
 pub(crate) mod client;
 pub(crate) mod offline;
 pub(crate) mod tools;
