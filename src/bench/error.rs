@@ -42,7 +42,7 @@ pub enum BenchError {
     #[error("invalid benchmark option: the socket path must be UTF-8")]
     SocketNotUtf8,
     #[error("invalid benchmark option: {0}")]
-    BadPoll(#[source] crate::device::config::ConfigError),
+    BadPoll(#[source] crate::device::polling::PollParseError),
     #[error(
         "invalid benchmark option: --load {spec:?}: {why} (expected RW:QD with RW randread or \
          randwrite and QD 1..=256, e.g. randwrite:64)"

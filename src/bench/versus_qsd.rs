@@ -259,7 +259,8 @@ pub fn run(
 ) -> Result<CompareReport, BenchError> {
     // A bad --poll is refused before any daemon starts.
     if let Some(p) = &opts.poll {
-        crate::device::config::parse_poll_spin(p).map_err(BenchError::BadPoll)?;
+        p.parse::<crate::device::polling::PollMode>()
+            .map_err(BenchError::BadPoll)?;
     }
     let qsd_version = qsd_version(&opts.qsd_bin)?;
     progress(&format!("measuring {qsd_version}"));
