@@ -160,7 +160,7 @@ fn parse_shard(s: &str) -> Result<crate::lab::plan::Shard, String> {
 }
 
 /// An interval such as `1s`, `500ms`, `2.5s`.
-pub(crate) fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
     match s.parse::<crate::device::latency::LatencySpec>() {
         Ok(crate::device::latency::LatencySpec::Fixed(d))
             if d >= std::time::Duration::from_millis(10) =>
