@@ -181,8 +181,9 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("pinning: none (one CPU)"), "{t}");
+        let idle = t.lines().find(|l| l.contains("blklab adaptive")).unwrap();
         assert!(
-            t.contains("blklab adaptive            0.062 % of one CPU (1234 us"),
+            idle.ends_with(" 0.062 % of one CPU (1234 us of CPU in 2.0 s)"),
             "{t}"
         );
         assert!(t.contains("FAIL"), "{t}");
