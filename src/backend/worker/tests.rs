@@ -648,7 +648,7 @@ fn polled_passes_keep_notifications_off_and_turning_them_on_looks_again() {
         let mut d = Driver::new(&r.mem);
         let mut ring = d.ring(event_idx);
         let flags = |r: &Rig| r.mem.read_obj::<u16>(GuestAddress(USED)).unwrap();
-        let mut flush = |d: &mut Driver, k: u64| {
+        let flush = |d: &mut Driver, k: u64| {
             r.header(hdr_at(k), VIRTIO_BLK_T_FLUSH, 0);
             d.push(&[(hdr_at(k), 16, 0), (st_at(k), 1, W)]);
         };
