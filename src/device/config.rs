@@ -714,8 +714,12 @@ impl DiskConfig {
 
     /// One-line description for logs.
     pub(crate) fn describe(&self) -> String {
+        let poll = match self.poll_mode() {
+            PollMode::Off => String::new(),
+            mode => format!(" poll={mode}"),
+        };
         format!(
-            "{} {} {} queues={} queue-size={} block-size={}{} features=[{}]",
+            "{} {} {} queues={} queue-size={} block-size={}{}{poll} features=[{}]",
             self.socket.display(),
             self.storage,
             format_size(self.size),
@@ -834,6 +838,34 @@ mod tests {
         assert_eq!(c.serial, "blklab-mem");
         assert_eq!(c.queues_per_thread, vec![1]);
         assert_eq!(c.socket_mode, 0o600);
+    }
+
+    #[test]
+    fn the_polling_mode_is_configured_recorded_and_described() {
+        use std::time::Duration;
+        let mode = |extra: &[&str]| base(extra).to_configs().unwrap().remove(0);
+        let c = mode(&[]);
+        assert_eq!(
+            (c.poll_mode(), c.poll_spin_ns, c.poll_adaptive_max_ns),
+            (PollMode::Off, 0, 0)
+        );
+        assert!(!c.describe().contains("poll"), "{}", c.describe());
+        assert_eq!(mode(&["--poll=off"]), c, "off is the default");
+        let c = mode(&["--poll"]);
+        assert_eq!(c.poll_mode(), PollMode::Fixed(Duration::from_micros(50)));
+        assert_eq!((c.poll_spin_ns, c.poll_adaptive_max_ns), (50_000, 0));
+        let c = mode(&["--poll=adaptive"]);
+        assert_eq!((c.poll_spin_ns, c.poll_adaptive_max_ns), (0, 32_000));
+        assert!(
+            c.describe().contains(" poll=adaptive:32us "),
+            "{}",
+            c.describe()
+        );
+        let e = base(&["--poll=adaptive:1s"]).to_configs().unwrap_err();
+        assert!(
+            e.to_string().starts_with("invalid --poll \"adaptive:1s\""),
+            "{e}"
+        );
     }
 
     #[test]
