@@ -94,6 +94,14 @@ pub struct BenchArgs {
     /// leaves the poll rows out).
     #[arg(long, value_name = "SPIN", default_value = "50us")]
     pub poll: String,
+    /// With --compare: the window bound of the `blklab serve
+    /// --poll=adaptive:MAX` side ("off" leaves the adaptive rows out).
+    #[arg(long, value_name = "MAX", default_value = "32us")]
+    pub adaptive: String,
+    /// With --compare: how long each daemon's CPU is measured with its
+    /// disk idle, after the rounds ("off": not measured).
+    #[arg(long, value_name = "DURATION|off", default_value = "2s")]
+    pub idle_time: String,
     /// With --compare: disk size.
     #[arg(long, value_name = "SIZE", default_value = "1G")]
     pub size: String,

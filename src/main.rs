@@ -200,6 +200,16 @@ fn bench(args: &blklab::cli::BenchArgs) -> Result<()> {
             size: blklab::util::units::parse_size(&args.size).context("--size")?,
             rounds: args.rounds,
             poll: (args.poll != "off").then(|| args.poll.clone()),
+            adaptive: (args.adaptive != "off").then(|| args.adaptive.clone()),
+            idle: match args.idle_time.as_str() {
+                "off" => None,
+                t => Some(bench::idle::IdleSpec {
+                    span: blklab::lab::options::parse_interval(t)
+                        .map_err(anyhow::Error::msg)
+                        .context("--idle-time")?,
+                    ..bench::idle::IdleSpec::DEFAULT
+                }),
+            },
         };
         let report = bench::versus_qsd::run(&opts, |line| eprintln!("{line}"))
             .context("blklab bench --compare")?;

@@ -79,7 +79,7 @@ pub(crate) fn table(doc: &StatsDocument, prev: Option<(&StatsDocument, f64)>) ->
                 cpu
             );
             if c.poll_hits + c.poll_misses > 0 {
-                let _ = writeln!(
+                let _ = write!(
                     out,
                     "{:<28} {:>3} poll: spin {:.3} s, {} hits, {} misses",
                     "",
@@ -88,6 +88,18 @@ pub(crate) fn table(doc: &StatsDocument, prev: Option<(&StatsDocument, f64)>) ->
                     c.poll_hits,
                     c.poll_misses
                 );
+                if q.poll_window_ns.count > 0 {
+                    let _ = write!(
+                        out,
+                        ", window now {:.1} us (p50 {:.1}, p90 {:.1}; {} grew, {} shrank)",
+                        q.poll_window_now_ns as f64 / 1e3,
+                        q.poll_window_ns.p50 as f64 / 1e3,
+                        q.poll_window_ns.p90 as f64 / 1e3,
+                        c.poll_window_grows,
+                        c.poll_window_shrinks
+                    );
+                }
+                let _ = writeln!(out);
             }
         }
     }

@@ -1,7 +1,8 @@
 //! `blklab bench` against both backends: a few seconds of load on
-//! qemu-storage-daemon and on `blklab serve` (plain, --no-stats, --poll) in
-//! one comparison, checking sane output only (non-zero IOPS, zero errors,
-//! backend CPU measured). No timing assertions.
+//! qemu-storage-daemon (main loop and IOThread) and on `blklab serve`
+//! (plain, --no-stats, adaptive, --poll) in one comparison, checking sane
+//! output only (non-zero IOPS, zero errors, backend and idle CPU
+//! measured). No timing assertions.
 
 mod common;
 
@@ -9,6 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use blklab::bench::idle::IdleSpec;
 use blklab::bench::versus_qsd::{self, Backend, CompareOpts};
 use blklab::bench::{self, BenchError, Load, LoadShape, RwMode};
 
@@ -37,6 +39,12 @@ fn compare_runs_identical_loads_on_both_backends() {
         size: 64 << 20,
         rounds: 1,
         poll: Some("20us".into()),
+        adaptive: Some("32us".into()),
+        idle: Some(IdleSpec {
+            load: Duration::from_millis(100),
+            settle: Duration::from_millis(50),
+            span: Duration::from_millis(300),
+        }),
     };
     let report = versus_qsd::run(&opts, |l| eprintln!("{l}")).expect("comparison runs");
     assert_eq!(report.rows.len(), 3, "throughput, QD1 and poll rows");
@@ -58,12 +66,24 @@ fn compare_runs_identical_loads_on_both_backends() {
     }
     for b in [
         Backend::Qsd,
+        Backend::QsdIothread,
         Backend::Blklab,
         Backend::BlklabNoStats,
+        Backend::BlklabAdaptive,
         Backend::BlklabPoll,
     ] {
         assert!(seen.contains(&b), "{b:?} not measured");
+        // Every daemon's idle CPU, measured in ns over the span.
+        let idle = report.idle.iter().find(|i| i.backend == b);
+        let idle = idle.unwrap_or_else(|| panic!("{b:?}: no idle CPU"));
+        assert!(
+            idle.cpu.span_s >= 0.3 && idle.cpu.pct_of_cpu >= 0.0,
+            "{idle:?}"
+        );
     }
+    // The QD1 rows ran with the backend and the client pinned apart.
+    assert!(report.rows[1].row.pinned && !report.rows[0].row.pinned);
+    assert!(report.pinning.is_some(), "a 2-CPU machine pins");
     let table = report.table();
     assert!(
         table.contains("qemu-storage-daemon") && table.contains("ratio to qsd"),
@@ -84,7 +104,7 @@ fn compare_runs_identical_loads_on_both_backends() {
 }
 
 #[test]
-fn compare_refuses_a_bad_poll_spin_before_starting_daemons() {
+fn compare_refuses_bad_polling_options_before_starting_daemons() {
     let opts = CompareOpts {
         blklab_bin: common::blklab_bin(),
         // No daemon may start: a missing qemu-storage-daemon would fail
@@ -101,11 +121,21 @@ fn compare_refuses_a_bad_poll_spin_before_starting_daemons() {
         size: 64 << 20,
         rounds: 1,
         poll: Some("bogus".into()),
+        adaptive: None,
+        idle: None,
     };
     let err = versus_qsd::run(&opts, |_| {}).expect_err("a bad --poll is refused");
     assert!(matches!(err, BenchError::BadPoll(_)), "{err}");
     let msg = err.to_string();
     assert!(msg.contains("invalid --poll \"bogus\""), "{msg}");
+    let opts = CompareOpts {
+        poll: None,
+        adaptive: Some("fast".into()),
+        ..opts
+    };
+    let err = versus_qsd::run(&opts, |_| {}).expect_err("a bad --adaptive is refused");
+    assert!(matches!(err, BenchError::BadAdaptive(_)), "{err}");
+    assert!(err.to_string().contains("--adaptive \"fast\""), "{err}");
 }
 
 #[test]

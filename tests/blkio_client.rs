@@ -481,3 +481,129 @@ fn block_size_4096_and_thread_mapping() {
     assert_eq!(c.blkio.get_i32("request-alignment").unwrap(), 4096);
     concurrent_verify(&mut c, 16 * MB, 5);
 }
+
+/// Busy-wait `d` (a sleep would round it up to the timer's granularity).
+fn spin_for(d: std::time::Duration) {
+    let until = std::time::Instant::now() + d;
+    while std::time::Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+/// Wait for request `i`'s completion, for at most 10 s: a request whose
+/// notification was lost would never complete.
+fn wait_one(q: &mut common::client::ClientQueue, i: usize) -> i32 {
+    let mut comps = [std::mem::MaybeUninit::<blkio::Completion>::uninit()];
+    let mut timeout = std::time::Duration::from_secs(10);
+    let n =
+        q.q.do_io(&mut comps, 1, Some(&mut timeout), None)
+            .expect("do_io");
+    assert_eq!(
+        n, 1,
+        "request {i} did not complete within 10 s: a lost notification"
+    );
+    // SAFETY: do_io initialised the first entry.
+    let c = unsafe { comps[0].assume_init_ref() };
+    assert_eq!(c.user_data, i, "request {i}: another completion");
+    c.ret
+}
+
+/// Adaptive polling at QD1 against a libblkio client that sleeps until
+/// each completion, with a pause before each request: mostly short
+/// (polling catches it once the window has grown past the client's
+/// wake-up), a quarter spread over 0-400 µs, across the window as it
+/// grows (so requests land just before, at and after the moment the
+/// worker turns notifications back on and sleeps), and one in twenty
+/// longer than the window's bound of 400 µs (the worker sleeps, the window
+/// resets). Every request completes and reads back what was written, the
+/// worker slept and was woken over a thousand times, and requests found
+/// by polling came without a kick. (A sleeping client leaves the worker a
+/// CPU to poll on a small machine; two busy-polling sides would fight for
+/// it.)
+fn adaptive_qd1_no_request_lost(extra: &[&str]) {
+    use blkio::ReqFlags;
+    use rand::Rng;
+    const N: usize = 6000;
+    // Request i writes 512-byte block i % BLOCKS from its own slot of the
+    // buffers, filled beforehand, so the pauses are the client's only work.
+    const BLOCKS: usize = 2048;
+    let mut args = vec![
+        "--disk",
+        "mem",
+        "--size",
+        "16M",
+        "--num-queues",
+        "1",
+        "--poll=adaptive:400us",
+    ];
+    args.extend_from_slice(extra);
+    let d = Daemon::with_control(&args, 1);
+    let mut c = Client::connect(&d.socket, 1).expect("connect");
+    let q = &mut c.queues[0];
+    let fill = |b: usize| (b % 251) as u8 + 1;
+    for b in 0..BLOCKS {
+        q.buf()[b * 512..(b + 1) * 512].fill(fill(b));
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(27);
+    for i in 0..N {
+        let pause = match rng.gen_range(0..20) {
+            0..=13 => rng.gen_range(0..3_000),
+            14..=18 => rng.gen_range(0..400_000),
+            _ => rng.gen_range(500_000..700_000),
+        };
+        spin_for(std::time::Duration::from_nanos(pause));
+        let b = i % BLOCKS;
+        let ptr = q.ptr(b * 512, 512);
+        q.q.write(b as u64 * 512, ptr, 512, i, ReqFlags::empty());
+        assert_eq!(wait_one(q, i), 0, "request {i} failed");
+    }
+    // Every block holds what its last write wrote.
+    q.buf().fill(0);
+    for b in 0..BLOCKS {
+        let ptr = q.ptr(b * 512, 512);
+        q.q.read(b as u64 * 512, ptr, 512, b, ReqFlags::empty());
+        assert_eq!(wait_one(q, b), 0, "read of block {b} failed");
+    }
+    for b in 0..BLOCKS {
+        assert!(
+            q.buf()[b * 512..(b + 1) * 512]
+                .iter()
+                .all(|x| *x == fill(b)),
+            "block {b}: data"
+        );
+    }
+    let total = (N + BLOCKS) as u64;
+    let doc = common::wait_for_counters(d.control(), 0, 0, &[("requests", total)]);
+    let qs = &doc["disks"][0]["queues"][0];
+    let n = |k: &str| qs["counters"][k].as_u64().unwrap();
+    let (requests, kicks, misses) = (n("requests"), n("kicks"), n("poll_misses"));
+    let report = format!("{extra:?}: {}", qs["counters"]);
+    assert_eq!(requests, total, "{report}");
+    // The worker went to sleep with notifications on, and was woken,
+    // over a thousand times.
+    assert!(misses >= 1000, "{report}");
+    // Requests came without a kick while the worker polled: caught by idle
+    // polling (`poll_hits`) or by the pass that completed the one before
+    // (the client answers while that pass is still going). How many
+    // depends on how busy the machine is (about half here); the bound is
+    // loose.
+    assert!(kicks <= requests * 9 / 10, "{report}");
+    // The window adapted both ways and was recorded.
+    assert!(
+        n("poll_window_grows") > 0 && n("poll_window_shrinks") > 0,
+        "{report}"
+    );
+    assert!(
+        qs["poll_window_ns"]["count"].as_u64().unwrap() > 0,
+        "{}",
+        qs
+    );
+}
+
+/// Both notification schemes, one after the other (two polling workers at
+/// once would take both CPUs of a small machine).
+#[test]
+fn adaptive_polling_loses_no_request_with_and_without_event_idx() {
+    adaptive_qd1_no_request_lost(&[]);
+    adaptive_qd1_no_request_lost(&["--disable-features", "event-idx"]);
+}

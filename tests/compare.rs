@@ -811,6 +811,39 @@ fn a_different_accelerator_vcpu_count_or_qemu_is_refused_unless_forced() {
     ok_stdout(&compare(&[&a, &b]));
 }
 
+/// Sides whose devices were polled differently are not comparable:
+/// adaptive polling against notify mode is refused unless forced, and the
+/// difference names the field. A record from before the polling modes
+/// existed (no `poll_*` fields) reads as notify mode and compares with a
+/// new notify-mode record without --force.
+#[test]
+fn a_different_polling_mode_is_refused_unless_forced() {
+    let set = |spin: u64, max: u64| {
+        move |r: &mut Value| {
+            for d in r["device"].as_array_mut().unwrap() {
+                d["poll_spin_ns"] = spin.into();
+                d["poll_adaptive_max_ns"] = max.into();
+            }
+        }
+    };
+    let (_tmp, a, b) = edited_aa(|_| {}, set(0, 32_000));
+    let e = err_text(&compare(&[&a, &b]));
+    assert!(
+        e.contains("backend configuration") && e.contains("poll_adaptive_max_ns"),
+        "{e}"
+    );
+    let v: Value = serde_json::from_str(&ok_stdout(&compare(&[
+        &a, &b, "--force", "--format", "json", "--metric", "iops",
+    ])))
+    .unwrap();
+    assert_eq!(v["forced"], true);
+    let (_tmp, a, b) = edited_aa(|_| {}, set(50_000, 0));
+    let e = err_text(&compare(&[&a, &b]));
+    assert!(e.contains("poll_spin_ns"), "{e}");
+    let (_tmp, a, b) = edited_aa(|_| {}, set(0, 0));
+    ok_stdout(&compare(&[&a, &b]));
+}
+
 /// `aa/` cut into the three shards `blklab run --shard I/3` would have
 /// written (one iteration each: the run has one boot unit, so a group is an
 /// iteration with both kernels), in `root`: each with the whole plan and

@@ -197,6 +197,10 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
             "seed000-null-blk",
             vec!["shared", "per-queue", "shared-none", "per-queue-none"],
         ),
+        (
+            "poll-modes",
+            vec!["notify", "adaptive", "adaptive-1ms", "always-poll"],
+        ),
     ]
     .into_iter()
     .collect();
@@ -572,6 +576,35 @@ fn check_scenario_content(name: &str, doc: &Value) {
                 let ios = if count == "2k" { 2000 } else { 10000 };
                 has_args(v, &[&format!("--number_ios={ios}")]);
             }
+        }
+        "poll-modes" => {
+            // One QD1 job on one queue; only the device's polling differs.
+            assert_eq!(
+                (doc["disks"].as_u64(), doc["queues"].as_u64()),
+                (Some(1), Some(1))
+            );
+            let mut polls = Vec::new();
+            for v in vs {
+                has_args(
+                    v,
+                    &[
+                        "--ioengine=libaio",
+                        "--rw=randread",
+                        "--iodepth=1",
+                        "--numjobs=1",
+                    ],
+                );
+                assert_eq!(v["sched"], "none");
+                let poll: Vec<&str> = v["device"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|d| d.as_str()?.strip_prefix("poll="))
+                    .collect();
+                polls.extend(poll);
+                assert_eq!(v["fio_args"], vs[0]["fio_args"]);
+            }
+            assert_eq!(polls, ["off", "adaptive:32us", "adaptive:1ms", "on"]);
         }
         other => panic!("no content check for {other}"),
     }

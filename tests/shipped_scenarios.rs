@@ -223,6 +223,29 @@ fn check_variant(r: &Value) {
             "tags" => assert_eq!(disk["tags"]["mode"], value, "{what}"),
             "depth" => assert_eq!(disk["tags"]["depth"].to_string(), value, "{what}"),
             "tag_scope" => assert_eq!(disk["tags"]["scope"], value, "{what}"),
+            "poll" => {
+                let mode = (u(&disk["poll_spin_ns"]), u(&disk["poll_adaptive_max_ns"]));
+                let want = match value {
+                    "off" => (0, 0),
+                    "on" => (50_000, 0),
+                    "adaptive:32us" => (0, 32_000),
+                    "adaptive:1ms" => (0, 1_000_000),
+                    other => panic!("{what}: poll={other} is not checked here"),
+                };
+                assert_eq!(mode, (Some(want.0), Some(want.1)), "{what}");
+                // A polled device's worker polled (each idle poll ends in
+                // a hit or a miss), a notify-mode one never did.
+                let polls: u64 = r["backend"]["disks"][0]["queues"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|q| {
+                        u(&q["counters"]["poll_hits"]).unwrap()
+                            + u(&q["counters"]["poll_misses"]).unwrap()
+                    })
+                    .sum();
+                assert_eq!(polls > 0, value != "off", "{what}: {polls} polls");
+            }
             _ => {}
         }
     }
@@ -290,6 +313,12 @@ fn every_shipped_scenario_runs_short_in_a_guest() {
         .filter(|b| b["scenario"] == "seed000-virtio-tags")
         .collect();
     assert_eq!(tags_boots.len(), 2, "{tags_boots:?}");
+    // Each polling mode of poll-modes in a boot of its own.
+    let poll_boots = order
+        .iter()
+        .filter(|b| b["scenario"] == "poll-modes")
+        .count();
+    assert_eq!(poll_boots, 4);
     // The backend's slot budgets bound: at 10 ms a request, both budgets
     // make requests wait for a slot.
     for r in recs

@@ -11,7 +11,8 @@
 //!   what happens to it) and `worker/pass.rs` (one pass over the ring: pop,
 //!   execute, complete, notify), unit-tested in process on virtio-queue's
 //!   `MockSplitQueue` (`worker/tests.rs`);
-//! - `poll.rs`: poll mode;
+//! - `poll.rs`: the poll modes, with `poll_window.rs` (adaptive polling's
+//!   window);
 //! - `events.rs`: the ids of the worker threads' epoll events;
 //! - `vhost_user.rs`: the [`VhostUserBackend`] implementation;
 //! - `server.rs` and `control.rs`: the sockets and the control socket.
@@ -24,6 +25,7 @@ mod disk;
 mod events;
 pub(crate) mod kick_vring;
 mod poll;
+pub(crate) mod poll_window;
 pub mod qemu_args;
 pub mod server;
 mod vhost_user;
@@ -44,6 +46,7 @@ use vmm_sys_util::eventfd::EventFd;
 pub(crate) use crate::backend::disk::Disk;
 use crate::backend::events::{Event, EventIds};
 use crate::backend::worker::QueueState;
+use crate::device::polling::PollMode;
 use crate::stats::queue::QueueCounters;
 use crate::virtq::split_ring::{RingError, RingLayout};
 
@@ -58,8 +61,8 @@ pub(crate) struct BlkBackend {
     /// The ids of the worker threads' events.
     event_ids: EventIds,
     acked_features: AtomicU64,
-    /// `--poll`: how long a worker keeps polling an idle ring.
-    poll_spin: Option<std::time::Duration>,
+    /// `--poll`: whether and how long a worker keeps polling an idle ring.
+    polling: PollMode,
     /// Poll mode: one eventfd per worker thread that the worker writes to
     /// come back to its polling after letting its epoll loop run (exit
     /// requests, timers, newly enabled rings).
@@ -93,12 +96,12 @@ impl BlkBackend {
             .iter()
             .map(|mask| (0..n).filter(|q| mask & (1u64 << q) != 0).collect())
             .collect();
-        let poll_spin = disk.cfg.poll_spin();
-        let repoll = match poll_spin {
-            Some(_) => (0..thread_queues.len())
+        let polling = disk.cfg.poll_mode();
+        let repoll = match polling {
+            PollMode::Off => Vec::new(),
+            _ => (0..thread_queues.len())
                 .map(|_| EventFd::new(libc::EFD_NONBLOCK | libc::EFD_CLOEXEC))
                 .collect::<io::Result<Vec<_>>>()?,
-            None => Vec::new(),
         };
         Ok(BlkBackend {
             disk,
@@ -106,7 +109,7 @@ impl BlkBackend {
             thread_queues,
             event_ids: EventIds::new(n),
             acked_features: AtomicU64::new(0),
-            poll_spin,
+            polling,
             repoll,
             exit_consumers: Mutex::new(Vec::new()),
             rings: Mutex::new(vec![None; n]),

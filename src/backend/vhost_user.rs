@@ -21,6 +21,7 @@ use crate::backend::kick_vring::KickCountingVring;
 use crate::backend::worker::{Mode, Wake};
 use crate::backend::{BlkBackend, GM};
 use crate::device::config_space;
+use crate::device::polling::PollMode;
 use crate::virtio_blk::features::BlkFeature;
 
 /// Longest GET_VRING_BASE waits for requests in service (emulated latency,
@@ -245,6 +246,7 @@ impl VhostUserBackend for BlkBackend {
             let now = Instant::now();
             let all = now >= give_up || self.disk.stopping.load(Ordering::SeqCst);
             let next = self.complete_for_stop(&mut q, all);
+            self.hand_back(&mut q);
             // The driver restarts the ring from here.
             q.restart();
             self.release_ring(qi);
@@ -306,7 +308,7 @@ impl VhostUserBackend for BlkBackend {
         };
         let mut q = self.lock_queue(qi);
         if wake != Wake::Kick {
-            q.acknowledge_timer();
+            q.acknowledge_timer(Instant::now());
         }
         // Serve only a started ring, checked under the queue's lock:
         // GET_VRING_BASE marks the ring stopped before it takes this lock,
@@ -316,12 +318,12 @@ impl VhostUserBackend for BlkBackend {
         if !vring.started() {
             return Ok(());
         }
-        if self.poll_spin.is_none() {
+        if self.polling == PollMode::Off {
             self.serve_queue(&mut q, vring, wake, Mode::Notify);
             return Ok(());
         }
         q.start_polling();
-        if !self.serve_queue(&mut q, vring, wake, Mode::Poll).pollable {
+        if !self.serve_polled(&mut q, vring, wake).pollable {
             self.stop_polling(&mut q, Instant::now(), false);
         }
         drop(q);

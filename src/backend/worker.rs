@@ -49,6 +49,8 @@ pub(super) enum Wake {
 pub(super) struct Served {
     /// A request was popped or completed.
     pub(super) worked: bool,
+    /// A request was popped: the guest's work arrived.
+    pub(super) arrived: bool,
     /// The ring can be polled: it is not broken and does not wait for a
     /// command slot (its own wake-up, a driver reset or a free slot,
     /// brings it back).
@@ -58,6 +60,7 @@ pub(super) struct Served {
 impl Served {
     const NOTHING: Served = Served {
         worked: false,
+        arrived: false,
         pollable: false,
     };
 }
@@ -79,6 +82,7 @@ impl Turns {
         let d = &t.drained;
         self.popped += d.popped;
         self.served.worked |= t.completed + d.used > 0 || d.popped > 0;
+        self.served.arrived |= d.popped > 0;
         self.served.pollable = !matches!(d.stop, DrainStop::Broken | DrainStop::NoSlot);
         self.bounded = d.stop == DrainStop::Bounded;
     }
@@ -116,8 +120,8 @@ impl BlkBackend {
             drop(st);
             self.release_broken(q);
             return Served {
-                worked: turns.served.worked,
                 pollable: false,
+                ..turns.served
             };
         }
         if wake == Wake::Kick || turns.kicks > 0 {
@@ -170,6 +174,7 @@ impl BlkBackend {
             popped: 0,
             served: Served {
                 worked: false,
+                arrived: false,
                 pollable: true,
             },
             bounded: false,
@@ -203,6 +208,39 @@ impl BlkBackend {
             // wake-up: count them before looking at the ring again.
             vring.collect_kicks();
             turns.kicks += vring.take_kicks();
+        }
+    }
+
+    /// Turn guest notifications back on for `q`'s ring after polling it,
+    /// and look once more: true when the guest made a request available
+    /// meanwhile (it may not have notified; keep serving the ring).
+    pub(super) fn enable_notifications(
+        &self,
+        q: &mut QueueState,
+        vring: &KickCountingVring<GM>,
+    ) -> bool {
+        let Some(mem) = q.memory() else {
+            return false;
+        };
+        if q.is_broken() {
+            return false;
+        }
+        let mut st = self.disk.queue_stats(q.index);
+        let mut vs = vring.get_mut();
+        with_pass(self, q, &mut st, &mut *vs, &mem, |p| {
+            p.vq.enable_notification()
+        })
+        .unwrap_or(false)
+    }
+
+    /// GET_VRING_BASE: a ring left with guest notifications off (it was
+    /// being polled) is handed back with them on, so that whoever serves
+    /// it next hears the guest.
+    pub(super) fn hand_back(&self, q: &mut QueueState) {
+        q.end_polling();
+        let off = q.ring.as_ref().is_some_and(|r| r.notifications_off());
+        if let (true, Some(vring)) = (off, q.vring.clone()) {
+            self.enable_notifications(q, &vring);
         }
     }
 
@@ -259,9 +297,10 @@ impl BlkBackend {
 
     /// Arm queue `q`'s completion timer for its earliest deadline (off when
     /// nothing is pending), waking a little early to spin the rest (see
-    /// --latency-spin).
+    /// --latency-spin) or, in adaptive mode, to poll it
+    /// ([`QueueState::timer_early`]).
     pub(super) fn arm_timer(&self, q: &mut QueueState) {
-        let spin = self.disk.cfg.latency_spin();
+        let spin = q.timer_early(self.disk.cfg.latency_spin());
         let next = q
             .pending
             .peek()

@@ -42,7 +42,13 @@ pub enum BenchError {
     #[error("invalid benchmark option: the socket path must be UTF-8")]
     SocketNotUtf8,
     #[error("invalid benchmark option: {0}")]
-    BadPoll(#[source] crate::device::config::ConfigError),
+    BadPoll(#[source] crate::device::polling::PollParseError),
+    #[error("invalid benchmark option: --adaptive {0:?}: expected off or a poll window bound of 1us..=100ms, e.g. 32us")]
+    BadAdaptive(String),
+    #[error("cannot pin a thread or process to its CPUs: {0}")]
+    Pin(#[source] std::io::Error),
+    #[error("cannot read the CPU time of process {pid} (/proc/{pid}/task/*/schedstat)")]
+    Schedstat { pid: i32 },
     #[error(
         "invalid benchmark option: --load {spec:?}: {why} (expected RW:QD with RW randread or \
          randwrite and QD 1..=256, e.g. randwrite:64)"

@@ -18,6 +18,7 @@ pub(crate) mod callgrind;
 pub mod client;
 pub mod daemon;
 mod error;
+pub mod idle;
 pub mod instructions;
 pub mod reference_qsd;
 pub(crate) mod verdict;
@@ -95,6 +96,8 @@ pub struct Load {
     /// QD1 load with a pause long enough for the backend to go back to
     /// sleep measures one wake-up per request).
     pub think: Duration,
+    /// Pin the client's queue threads to these CPUs (`None`: anywhere).
+    pub client_cpus: Option<Vec<usize>>,
 }
 
 impl Load {
@@ -114,6 +117,7 @@ impl Load {
             seed: 1,
             count: None,
             think: Duration::ZERO,
+            client_cpus: None,
         }
     }
 
@@ -447,6 +451,9 @@ fn queue_loop(
     seed: u64,
     phases: Phases,
 ) -> Result<QueueResult, BenchError> {
+    if let Some(cpus) = &load.client_cpus {
+        crate::util::affinity::pin_current_thread(cpus).map_err(BenchError::Pin)?;
+    }
     let mut client = QueueClient {
         queue,
         load,

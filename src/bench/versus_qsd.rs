@@ -1,13 +1,28 @@
 //! `blklab bench --compare`: identical loads against qemu-storage-daemon
-//! (`null-co`, `read-zeroes=on`) and `blklab serve --disk null` with the same
-//! queues, in one run, interleaved, and the ratios the issue's targets are
-//! stated in.
+//! (`null-co`, `read-zeroes=on`), in its main loop and in an IOThread, and
+//! `blklab serve --disk null` with the same queues, in one run,
+//! interleaved, and the ratios the targets are stated in
+//! (`versus_qsd/targets.rs`; the table in `versus_qsd/table.rs`).
 //!
-//! Daemons: qemu-storage-daemon, `blklab serve`, `blklab serve --no-stats`
-//! (the statistics' cost) and `blklab serve --poll` (busy-poll queues). All
-//! run for the whole comparison (idle daemons sleep in epoll); each load
-//! connects afresh. Rounds alternate the backend order (A B C, C B A, …) so
-//! drift on a shared machine hits every side.
+//! Daemons: qemu-storage-daemon (main loop, and `--object iothread` with
+//! the export in it: QEMU's adaptive polling), `blklab serve` (notify
+//! mode), `--no-stats` (the statistics' cost), `--poll=adaptive` and
+//! `--poll` (always-on polling). All run for the whole comparison (idle
+//! daemons sleep in epoll); each load connects afresh. Rounds alternate
+//! the backend order (A B C, C B A, …) so drift on a shared machine hits
+//! every side.
+//!
+//! The QD1 rows pin each backend's threads to one CPU and the client's to
+//! another (sched_setaffinity on every thread of the daemon, and on the
+//! client's queue thread), so that a backend that polls and a client that
+//! waits for it never share a CPU: on a 2-CPU machine an unpinned poller
+//! competes with the very client it serves, and QD1 figures scatter by
+//! an order of magnitude between rounds. The throughput row runs unpinned.
+//! After the rounds each daemon's CPU is measured with its disk idle
+//! (`idle.rs`).
+
+mod table;
+mod targets;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -16,15 +31,23 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::daemon::Daemon;
+use super::idle::{IdleCpu, IdleSpec};
 use super::{BenchError, BenchReport, Load, LoadShape, Verdict};
+use crate::device::polling::PollMode;
+use crate::util::affinity;
 
 /// The backends a comparison can start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Backend {
+    /// qemu-storage-daemon, the export in its main loop.
     Qsd,
+    /// qemu-storage-daemon, the export in an IOThread (adaptive polling,
+    /// QEMU's defaults).
+    QsdIothread,
     Blklab,
     BlklabNoStats,
+    BlklabAdaptive,
     BlklabPoll,
 }
 
@@ -32,10 +55,16 @@ impl Backend {
     pub fn label(self) -> &'static str {
         match self {
             Backend::Qsd => "qemu-storage-daemon",
+            Backend::QsdIothread => "qsd iothread",
             Backend::Blklab => "blklab",
             Backend::BlklabNoStats => "blklab --no-stats",
+            Backend::BlklabAdaptive => "blklab adaptive",
             Backend::BlklabPoll => "blklab --poll",
         }
+    }
+
+    fn is_qsd(self) -> bool {
+        matches!(self, Backend::Qsd | Backend::QsdIothread)
     }
 }
 
@@ -50,8 +79,28 @@ pub struct CompareOpts {
     /// Disk size in bytes (both backends).
     pub size: u64,
     pub rounds: usize,
-    /// `--poll` argument of the polling blklab (`None`: no poll rows).
+    /// `--poll` argument of the always-polling blklab (`None`: no poll
+    /// rows).
     pub poll: Option<String>,
+    /// The adaptive blklab's window bound, `--poll=adaptive:MAX` (`None`:
+    /// no adaptive rows).
+    pub adaptive: Option<String>,
+    /// How each daemon's idle CPU is measured (`None`: not measured).
+    pub idle: Option<IdleSpec>,
+}
+
+impl CompareOpts {
+    /// The adaptive blklab's `--poll` value, checked.
+    fn adaptive_poll(&self) -> Result<Option<String>, BenchError> {
+        let Some(max) = &self.adaptive else {
+            return Ok(None);
+        };
+        let value = format!("adaptive:{max}");
+        match value.parse::<PollMode>() {
+            Ok(PollMode::Adaptive { .. }) => Ok(Some(value)),
+            _ => Err(BenchError::BadAdaptive(max.clone())),
+        }
+    }
 }
 
 /// The qemu-storage-daemon command that exports `blockdev` (a `--blockdev`
@@ -64,12 +113,33 @@ pub fn qsd_command(
     writable: bool,
     num_queues: usize,
 ) -> Command {
+    qsd_command_in(qsd_bin, blockdev, socket, writable, num_queues, None)
+}
+
+/// [`qsd_command`] with the export in IOThread `iothread` (created by the
+/// command), when given.
+fn qsd_command_in(
+    qsd_bin: &Path,
+    blockdev: &str,
+    socket: &Path,
+    writable: bool,
+    num_queues: usize,
+    iothread: Option<&str>,
+) -> Command {
     let mut c = Command::new(qsd_bin);
-    c.arg("--blockdev").arg(blockdev).arg("--export").arg(format!(
+    let mut export = format!(
         "type=vhost-user-blk,id=e0,node-name=n0,addr.type=unix,addr.path={},writable={},num-queues={num_queues}",
         socket.display(),
         if writable { "on" } else { "off" }
-    ));
+    );
+    if let Some(t) = iothread {
+        c.arg("--object").arg(format!("iothread,id={t}"));
+        export.push_str(&format!(",iothread={t}"));
+    }
+    c.arg("--blockdev")
+        .arg(blockdev)
+        .arg("--export")
+        .arg(export);
     c
 }
 
@@ -83,8 +153,8 @@ struct Running {
 impl Running {
     fn start(backend: Backend, opts: &CompareOpts, dir: &Path) -> Result<Running, BenchError> {
         let socket = dir.join(format!("{backend:?}.sock").to_lowercase());
-        let mut cmd = match backend {
-            Backend::Qsd => qsd_command(
+        let mut cmd = if backend.is_qsd() {
+            qsd_command_in(
                 &opts.qsd_bin,
                 &format!(
                     "driver=null-co,node-name=n0,size={},read-zeroes=on",
@@ -93,28 +163,10 @@ impl Running {
                 &socket,
                 true,
                 opts.shape.queues,
-            ),
-            _ => {
-                let mut c = Command::new(&opts.blklab_bin);
-                c.arg("serve")
-                    .arg("--socket")
-                    .arg(&socket)
-                    .args(["--disk", "null", "--size"])
-                    .arg(opts.size.to_string())
-                    .arg("--num-queues")
-                    .arg(opts.shape.queues.to_string())
-                    .env("RUST_LOG", "warn");
-                match backend {
-                    Backend::BlklabNoStats => {
-                        c.arg("--no-stats");
-                    }
-                    Backend::BlklabPoll => {
-                        c.arg(format!("--poll={}", opts.poll.as_deref().unwrap_or("50us")));
-                    }
-                    _ => {}
-                }
-                c
-            }
+                (backend == Backend::QsdIothread).then_some("io0"),
+            )
+        } else {
+            blklab_command(backend, opts, &socket)?
         };
         cmd.stdout(Stdio::null());
         let daemon = Daemon::start(
@@ -124,7 +176,7 @@ impl Running {
             Duration::from_secs(20),
         )
         .map_err(|e| match e {
-            BenchError::Start { name, source } if backend == Backend::Qsd => {
+            BenchError::Start { name, source } if backend.is_qsd() => {
                 BenchError::StartQsd { name, source }
             }
             e => e,
@@ -137,12 +189,46 @@ impl Running {
     }
 }
 
+/// `blklab serve` on a null disk at `socket`, as `backend` runs it.
+fn blklab_command(
+    backend: Backend,
+    opts: &CompareOpts,
+    socket: &Path,
+) -> Result<Command, BenchError> {
+    let mut c = Command::new(&opts.blklab_bin);
+    c.arg("serve")
+        .arg("--socket")
+        .arg(socket)
+        .args(["--disk", "null", "--size"])
+        .arg(opts.size.to_string())
+        .arg("--num-queues")
+        .arg(opts.shape.queues.to_string())
+        .env("RUST_LOG", "warn");
+    match backend {
+        Backend::BlklabNoStats => {
+            c.arg("--no-stats");
+        }
+        Backend::BlklabPoll => {
+            c.arg(format!("--poll={}", opts.poll.as_deref().unwrap_or("on")));
+        }
+        Backend::BlklabAdaptive => {
+            let p = opts.adaptive_poll()?.unwrap_or_else(|| "adaptive".into());
+            c.arg(format!("--poll={p}"));
+        }
+        _ => {}
+    }
+    Ok(c)
+}
+
 /// One row of the plan: a load and the backends it runs against.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     pub name: String,
     pub depth: usize,
     pub client_poll: bool,
+    /// Backend and client pinned to CPUs of their own (see the module
+    /// documentation).
+    pub pinned: bool,
     pub backends: Vec<Backend>,
 }
 
@@ -159,6 +245,10 @@ pub struct Cell {
     /// Mean over rounds of each round's client latency p50 / p99, ns.
     pub p50_ns: f64,
     pub p99_ns: f64,
+    /// The spread over rounds: (lowest, highest) of the rounds' IOPS and
+    /// IOPS per backend CPU-second.
+    pub iops_range: (f64, f64),
+    pub iops_per_cpu_range: (f64, f64),
     pub rounds: Vec<BenchReport>,
 }
 
@@ -168,21 +258,47 @@ pub struct RowResult {
     pub cells: Vec<Cell>,
 }
 
+/// One daemon's CPU with its disk idle.
+#[derive(Debug, Clone, Serialize)]
+pub struct IdleResult {
+    pub backend: Backend,
+    #[serde(flatten)]
+    pub cpu: IdleCpu,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct CompareReport {
     pub machine: String,
     /// `qemu-storage-daemon --version`'s first line: which QEMU was measured.
     pub qsd_version: String,
+    /// How the pinned rows were pinned (`None`: a machine of one CPU, not
+    /// pinned).
+    pub pinning: Option<String>,
     pub rows: Vec<RowResult>,
+    pub idle: Vec<IdleResult>,
     pub verdicts: Vec<Verdict>,
+}
+
+/// The CPUs of a pinned row: the backend's, the client's (a lower one).
+const BACKEND_CPU: usize = 1;
+const CLIENT_CPU: usize = 0;
+
+/// How the pinned rows are pinned on this machine.
+fn pinning() -> Option<String> {
+    (affinity::cpu_count() > BACKEND_CPU).then(|| {
+        format!("QD1 rows: every backend thread on CPU {BACKEND_CPU}, the client's queue thread on CPU {CLIENT_CPU} (sched_setaffinity)")
+    })
 }
 
 /// The rows: throughput at `depth`, QD1 round trip, and (with `poll`) QD1
 /// with a polling client against qemu-storage-daemon and `blklab --poll`.
 pub(crate) fn plan(opts: &CompareOpts) -> Vec<Row> {
-    // With --poll, the polling blklab joins the throughput and QD1 rows
-    // too: the same loads, with the backend spinning instead of sleeping.
-    let poll = |mut v: Vec<Backend>| {
+    // The polling blklabs join the throughput and QD1 rows: the same
+    // loads, with the backend polling instead of sleeping.
+    let polling = |mut v: Vec<Backend>| {
+        if opts.adaptive.is_some() {
+            v.push(Backend::BlklabAdaptive);
+        }
         if opts.poll.is_some() {
             v.push(Backend::BlklabPoll);
         }
@@ -193,13 +309,20 @@ pub(crate) fn plan(opts: &CompareOpts) -> Vec<Row> {
             name: format!("{} qd{}", opts.shape.rw, opts.shape.depth),
             depth: opts.shape.depth,
             client_poll: false,
-            backends: poll(vec![Backend::Qsd, Backend::Blklab, Backend::BlklabNoStats]),
+            pinned: false,
+            backends: polling(vec![
+                Backend::Qsd,
+                Backend::QsdIothread,
+                Backend::Blklab,
+                Backend::BlklabNoStats,
+            ]),
         },
         Row {
             name: format!("{} qd1", opts.shape.rw),
             depth: 1,
             client_poll: false,
-            backends: poll(vec![Backend::Qsd, Backend::Blklab]),
+            pinned: true,
+            backends: polling(vec![Backend::Qsd, Backend::QsdIothread, Backend::Blklab]),
         },
     ];
     if opts.poll.is_some() {
@@ -207,6 +330,7 @@ pub(crate) fn plan(opts: &CompareOpts) -> Vec<Row> {
             name: format!("{} qd1 poll-client", opts.shape.rw),
             depth: 1,
             client_poll: true,
+            pinned: true,
             backends: vec![Backend::Qsd, Backend::BlklabPoll],
         });
     }
@@ -215,9 +339,7 @@ pub(crate) fn plan(opts: &CompareOpts) -> Vec<Row> {
 
 /// The machine, for the record: CPUs, kernel, CPU model, load average.
 pub fn machine() -> String {
-    let nproc = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(0);
+    let nproc = affinity::cpu_count();
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -228,13 +350,20 @@ pub fn machine() -> String {
                 .map(|s| s.trim().to_string())
         })
         .unwrap_or_default();
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let load: Vec<&str> = load.split_whitespace().take(3).collect();
     format!(
         "nproc {nproc}, kernel {}, CPU {cpu}, load average {}",
         kernel.trim(),
-        load.join(" ")
+        loadavg()
     )
+}
+
+/// The load average (1, 5, 15 minutes) now.
+pub(crate) fn loadavg() -> String {
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    load.split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The first line of `BIN --version` (e.g. "qemu-storage-daemon version
@@ -257,10 +386,11 @@ pub fn run(
     opts: &CompareOpts,
     mut progress: impl FnMut(&str),
 ) -> Result<CompareReport, BenchError> {
-    // A bad --poll is refused before any daemon starts.
+    // Bad polling options are refused before any daemon starts.
     if let Some(p) = &opts.poll {
-        crate::device::config::parse_poll_spin(p).map_err(BenchError::BadPoll)?;
+        p.parse::<PollMode>().map_err(BenchError::BadPoll)?;
     }
+    opts.adaptive_poll()?;
     let qsd_version = qsd_version(&opts.qsd_bin)?;
     progress(&format!("measuring {qsd_version}"));
     let rows = plan(opts);
@@ -277,11 +407,17 @@ pub fn run(
     for cell in results.iter_mut().flat_map(|rr| rr.cells.iter_mut()) {
         cell.sum_rounds();
     }
-    let verdicts = verdicts(&results);
+    let idle = match opts.idle {
+        Some(spec) => measure_idle(&mut daemons, spec, &mut progress)?,
+        None => Vec::new(),
+    };
+    let verdicts = targets::verdicts(&results, &idle);
     Ok(CompareReport {
         machine,
         qsd_version,
+        pinning: pinning(),
         rows: results,
+        idle,
         verdicts,
     })
 }
@@ -318,14 +454,10 @@ fn measure_round(
         }
         for ci in order {
             let backend = rr.cells[ci].backend;
-            let d = daemons.iter_mut().find(|d| d.backend == backend).ok_or(
-                BenchError::DaemonMissing {
-                    backend: backend.label(),
-                },
-            )?;
+            let d = find(daemons, backend)?;
             let rep = d.measure(&rr.row, opts, round)?;
             progress(&format!(
-                "round {} {:<24} {:<20} {:>9.0} IOPS  p50 {:>7.1} us  {:>9.0} IOPS/CPU-s  {} errors",
+                "round {} {:<30} {:<20} {:>9.0} IOPS  p50 {:>7.1} us  {:>9.0} IOPS/CPU-s  {} errors",
                 round + 1,
                 rr.row.name,
                 backend.label(),
@@ -340,6 +472,44 @@ fn measure_round(
     Ok(())
 }
 
+fn find(daemons: &mut [Running], backend: Backend) -> Result<&mut Running, BenchError> {
+    daemons
+        .iter_mut()
+        .find(|d| d.backend == backend)
+        .ok_or(BenchError::DaemonMissing {
+            backend: backend.label(),
+        })
+}
+
+/// Each daemon's CPU with its disk idle, one after another.
+fn measure_idle(
+    daemons: &mut [Running],
+    spec: IdleSpec,
+    progress: &mut impl FnMut(&str),
+) -> Result<Vec<IdleResult>, BenchError> {
+    let mut out = Vec::new();
+    for d in daemons.iter_mut() {
+        if !d.daemon.alive() {
+            return Err(BenchError::ExitedDuringComparison {
+                name: d.backend.label(),
+            });
+        }
+        let cpu = super::idle::measure(&d.socket, d.daemon.pid(), spec)?;
+        progress(&format!(
+            "idle {:<20} {:>8.3} % of a CPU ({} us of CPU in {:.1} s)",
+            d.backend.label(),
+            cpu.pct_of_cpu,
+            cpu.cpu_ns / 1000,
+            cpu.span_s
+        ));
+        out.push(IdleResult {
+            backend: d.backend,
+            cpu,
+        });
+    }
+    Ok(out)
+}
+
 impl Running {
     /// One load of `row` against this daemon in round `round` (its seed).
     fn measure(
@@ -352,6 +522,7 @@ impl Running {
         if !self.daemon.alive() {
             return Err(BenchError::ExitedDuringComparison { name: label });
         }
+        let pin = row.pinned && pinning().is_some();
         let load = Load {
             socket: self.socket.clone(),
             shape: LoadShape {
@@ -363,11 +534,19 @@ impl Running {
             seed: round as u64 + 1,
             count: None,
             think: Duration::ZERO,
+            client_cpus: pin.then(|| vec![CLIENT_CPU]),
         };
-        super::run(&load).map_err(|e| BenchError::Load {
+        if pin {
+            affinity::pin_process(self.daemon.pid(), &[BACKEND_CPU]).map_err(BenchError::Pin)?;
+        }
+        let rep = super::run(&load).map_err(|e| BenchError::Load {
             backend: label,
             source: Box::new(e),
-        })
+        });
+        if pin {
+            affinity::unpin_process(self.daemon.pid()).map_err(BenchError::Pin)?;
+        }
+        rep
     }
 }
 
@@ -393,6 +572,8 @@ impl Cell {
             iops_per_backend_cpu_s: 0.0,
             p50_ns: 0.0,
             p99_ns: 0.0,
+            iops_range: (0.0, 0.0),
+            iops_per_cpu_range: (0.0, 0.0),
             rounds: Vec::new(),
         }
     }
@@ -417,296 +598,130 @@ impl Cell {
         let (p50, p99) = (mean(|r| r.latency_ns.p50), mean(|r| r.latency_ns.p99));
         self.p50_ns = p50;
         self.p99_ns = p99;
+        self.iops_range = range(self.rounds.iter().map(|r| r.iops));
+        self.iops_per_cpu_range = range(
+            self.rounds
+                .iter()
+                .map(|r| r.iops_per_backend_cpu_s.unwrap_or(0.0)),
+        );
     }
 }
 
+/// (lowest, highest) of `v`; (0, 0) when empty.
+fn range(v: impl Iterator<Item = f64>) -> (f64, f64) {
+    v.fold(None, |acc: Option<(f64, f64)>, x| {
+        Some(acc.map_or((x, x), |(lo, hi)| (lo.min(x), hi.max(x))))
+    })
+    .unwrap_or((0.0, 0.0))
+}
+
+/// The cell of `b` in row `row`.
 fn cell(rows: &[RowResult], row: usize, b: Backend) -> Option<&Cell> {
     rows.get(row)?.cells.iter().find(|c| c.backend == b)
-}
-
-/// `num / den - offset` as a verdict, when `den` is positive.
-fn push_ratio(
-    v: &mut Vec<Verdict>,
-    what: String,
-    (num, den, offset): (f64, f64, f64),
-    target: &str,
-    pass: fn(f64) -> bool,
-) {
-    if den > 0.0 {
-        let value = num / den - offset;
-        v.push(Verdict {
-            what,
-            value,
-            target: target.into(),
-            pass: pass(value),
-        });
-    }
-}
-
-/// The issue's targets as ratios within this run.
-fn verdicts(rows: &[RowResult]) -> Vec<Verdict> {
-    let mut v = Vec::new();
-    let within_3 = |r: f64| r.abs() <= 0.03;
-    // blklab (default and --poll) over qemu-storage-daemon, per row.
-    type Target = (
-        usize,
-        &'static str,
-        fn(&Cell) -> f64,
-        &'static str,
-        fn(f64) -> bool,
-    );
-    let vs_qsd: [Target; 2] = [
-        (
-            0,
-            "IOPS per backend CPU-second",
-            |c| c.iops_per_backend_cpu_s,
-            ">= 2.0",
-            |r| r >= 2.0,
-        ),
-        (1, "round trip p50", |c| c.p50_ns, "<= 0.8", |r| r <= 0.8),
-    ];
-    for (row, metric, get, target, pass) in vs_qsd {
-        for b in [Backend::Blklab, Backend::BlklabPoll] {
-            if let (Some(q), Some(c)) = (cell(rows, row, Backend::Qsd), cell(rows, row, b)) {
-                push_ratio(
-                    &mut v,
-                    format!(
-                        "{}: {metric}, {} / qemu-storage-daemon",
-                        rows[row].row.name,
-                        b.label()
-                    ),
-                    (get(c), get(q), 0.0),
-                    target,
-                    pass,
-                );
-            }
-        }
-    }
-    if let (Some(b), Some(n)) = (
-        cell(rows, 0, Backend::Blklab),
-        cell(rows, 0, Backend::BlklabNoStats),
-    ) {
-        push_ratio(
-            &mut v,
-            format!(
-                "{}: statistics on vs --no-stats, IOPS per backend CPU-second",
-                rows[0].row.name
-            ),
-            (b.iops_per_backend_cpu_s, n.iops_per_backend_cpu_s, 1.0),
-            "within 3 %",
-            within_3,
-        );
-        push_ratio(
-            &mut v,
-            format!("{}: statistics on vs --no-stats, IOPS", rows[0].row.name),
-            (b.iops, n.iops, 1.0),
-            "within 3 %",
-            within_3,
-        );
-    }
-    if let Some(p) = cell(rows, 2, Backend::BlklabPoll) {
-        let us = p.p50_ns / 1e3;
-        v.push(Verdict {
-            what: format!("{}: blklab --poll round trip p50, us", rows[2].row.name),
-            value: us,
-            target: "<= 3".into(),
-            pass: us <= 3.0,
-        });
-    }
-    v
-}
-
-impl CompareReport {
-    /// The ratio table.
-    pub fn table(&self) -> String {
-        let mut s = format!(
-            "machine: {}\nqemu-storage-daemon: {}\n\n",
-            self.machine, self.qsd_version
-        );
-        s += &format!(
-            "{:<26} {:<20} {:>10} {:>9} {:>9} {:>9} {:>12} {:>7}\n",
-            "load", "backend", "IOPS", "p50 us", "p99 us", "CPU s", "IOPS/CPU-s", "errors"
-        );
-        for rr in &self.rows {
-            let base = rr.cells.first();
-            for (i, c) in rr.cells.iter().enumerate() {
-                s += &format!(
-                    "{:<26} {:<20} {:>10.0} {:>9.1} {:>9.1} {:>9.3} {:>12.0} {:>7}\n",
-                    if i == 0 { rr.row.name.as_str() } else { "" },
-                    c.backend.label(),
-                    c.iops,
-                    c.p50_ns / 1e3,
-                    c.p99_ns / 1e3,
-                    c.backend_cpu_s,
-                    c.iops_per_backend_cpu_s,
-                    c.errors
-                );
-                if let (Some(b), true) = (base, i > 0) {
-                    let ratio = |x: f64, y: f64| if y > 0.0 { x / y } else { f64::NAN };
-                    s += &format!(
-                        "{:<26} {:<20} {:>9.2}x {:>8.2}x {:>8.2}x {:>9} {:>11.2}x\n",
-                        "",
-                        format!("  ratio to {}", short(b.backend)),
-                        ratio(c.iops, b.iops),
-                        ratio(c.p50_ns, b.p50_ns),
-                        ratio(c.p99_ns, b.p99_ns),
-                        "",
-                        ratio(c.iops_per_backend_cpu_s, b.iops_per_backend_cpu_s)
-                    );
-                }
-            }
-        }
-        s += "\ntargets (ratios within this run):\n";
-        for v in &self.verdicts {
-            let val = if v.target.contains('%') {
-                format!("{:+.1} %", v.value * 100.0)
-            } else {
-                format!("{:.2}", v.value)
-            };
-            s += &format!(
-                "  {:<84} {:>9}  (target {}) {}\n",
-                v.what,
-                val,
-                v.target,
-                if v.pass { "PASS" } else { "FAIL" }
-            );
-        }
-        s
-    }
-}
-
-fn short(b: Backend) -> &'static str {
-    match b {
-        Backend::Qsd => "qsd",
-        other => other.label(),
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn cell(backend: Backend, iops: f64, per_cpu: f64, p50_ns: f64) -> Cell {
-        Cell {
-            backend,
-            requests: 1,
-            errors: 0,
-            seconds: 1.0,
-            backend_cpu_s: 1.0,
-            iops,
-            iops_per_backend_cpu_s: per_cpu,
-            p50_ns,
-            p99_ns: p50_ns * 2.0,
-            rounds: Vec::new(),
-        }
-    }
-
-    fn row(name: &str, depth: usize, client_poll: bool, cells: Vec<Cell>) -> RowResult {
-        RowResult {
-            row: Row {
-                name: name.into(),
-                depth,
-                client_poll,
-                backends: cells.iter().map(|c| c.backend).collect(),
+    #[test]
+    fn the_plan_has_both_daemons_every_mode_and_pins_the_qd1_rows() {
+        let opts = CompareOpts {
+            blklab_bin: "blklab".into(),
+            qsd_bin: "qsd".into(),
+            shape: LoadShape {
+                queues: 1,
+                depth: 64,
+                bs: 4096,
+                rw: super::super::RwMode::Randread,
+                time: Duration::from_secs(1),
+                warmup: Duration::ZERO,
             },
-            cells,
-        }
-    }
-
-    fn find<'a>(v: &'a [Verdict], what: &str) -> &'a Verdict {
-        v.iter()
-            .find(|x| x.what.contains(what))
-            .unwrap_or_else(|| panic!("no verdict {what:?} in {v:#?}"))
-    }
-
-    #[test]
-    fn verdicts_are_the_ratios_against_their_targets() {
-        let rows = vec![
-            row(
-                "randread qd64",
-                64,
-                false,
-                vec![
-                    cell(Backend::Qsd, 100.0, 1000.0, 50_000.0),
-                    cell(Backend::Blklab, 150.0, 2100.0, 40_000.0),
-                    cell(Backend::BlklabNoStats, 160.0, 2200.0, 40_000.0),
-                    cell(Backend::BlklabPoll, 200.0, 1900.0, 30_000.0),
-                ],
-            ),
-            row(
-                "randread qd1",
-                1,
-                false,
-                vec![
-                    cell(Backend::Qsd, 10.0, 10.0, 100_000.0),
-                    cell(Backend::Blklab, 10.0, 10.0, 85_000.0),
-                    cell(Backend::BlklabPoll, 10.0, 10.0, 8_000.0),
-                ],
-            ),
-            row(
-                "randread qd1 poll-client",
-                1,
-                true,
-                vec![
-                    cell(Backend::Qsd, 10.0, 10.0, 20_000.0),
-                    cell(Backend::BlklabPoll, 10.0, 10.0, 3_500.0),
-                ],
-            ),
-        ];
-        let v = verdicts(&rows);
-        assert_eq!(v.len(), 7, "{v:#?}");
-        let t = find(&v, "qd64: IOPS per backend CPU-second, blklab / ");
-        assert!((t.value - 2.1).abs() < 1e-9 && t.pass, "{t:?}");
-        let t = find(&v, "qd64: IOPS per backend CPU-second, blklab --poll /");
-        assert!((t.value - 1.9).abs() < 1e-9 && !t.pass, "{t:?}");
-        let t = find(&v, "qd1: round trip p50, blklab / ");
-        assert!((t.value - 0.85).abs() < 1e-9 && !t.pass, "{t:?}");
-        let t = find(&v, "qd1: round trip p50, blklab --poll /");
-        assert!((t.value - 0.08).abs() < 1e-9 && t.pass, "{t:?}");
-        // 2100 / 2200 - 1 = -4.5 %: outside 3 %.
-        let t = find(&v, "statistics on vs --no-stats, IOPS per backend");
-        assert!((t.value - (2100.0 / 2200.0 - 1.0)).abs() < 1e-9 && !t.pass);
-        // 150 / 160 - 1 = -6.25 %.
-        let t = find(&v, "statistics on vs --no-stats, IOPS");
-        assert!(!t.pass);
-        let t = find(&v, "blklab --poll round trip p50, us");
-        assert!((t.value - 3.5).abs() < 1e-9 && !t.pass, "{t:?}");
-    }
-
-    #[test]
-    fn a_missing_or_zero_denominator_gives_no_verdict() {
-        let rows = vec![row(
-            "randread qd64",
-            64,
-            false,
-            vec![
-                cell(Backend::Qsd, 100.0, 0.0, 50_000.0),
-                cell(Backend::Blklab, 150.0, 2100.0, 40_000.0),
-            ],
-        )];
-        let v = verdicts(&rows);
-        assert!(v.is_empty(), "{v:#?}");
-    }
-
-    #[test]
-    fn the_table_names_the_measured_qemu_storage_daemon() {
-        let r = CompareReport {
-            machine: "m".into(),
-            qsd_version: "qemu-storage-daemon version 10.0.2".into(),
-            rows: vec![],
-            verdicts: vec![Verdict {
-                what: "x".into(),
-                value: 0.5,
-                target: ">= 2.0".into(),
-                pass: false,
-            }],
+            size: 1 << 30,
+            rounds: 1,
+            poll: Some("50us".into()),
+            adaptive: Some("32us".into()),
+            idle: None,
         };
-        let t = r.table();
-        assert!(
-            t.contains("qemu-storage-daemon: qemu-storage-daemon version 10.0.2"),
-            "{t}"
+        let rows = plan(&opts);
+        let names: Vec<(&str, bool)> = rows.iter().map(|r| (r.name.as_str(), r.pinned)).collect();
+        assert_eq!(
+            names,
+            [
+                ("randread qd64", false),
+                ("randread qd1", true),
+                ("randread qd1 poll-client", true)
+            ]
         );
-        assert!(t.contains("FAIL"), "{t}");
+        for b in [
+            Backend::Qsd,
+            Backend::QsdIothread,
+            Backend::Blklab,
+            Backend::BlklabAdaptive,
+            Backend::BlklabPoll,
+        ] {
+            assert!(
+                rows[0].backends.contains(&b) && rows[1].backends.contains(&b),
+                "{b:?}"
+            );
+        }
+        assert_eq!(
+            opts.adaptive_poll().unwrap().as_deref(),
+            Some("adaptive:32us")
+        );
+        let without = CompareOpts {
+            poll: None,
+            adaptive: None,
+            ..opts.clone()
+        };
+        let rows = plan(&without);
+        assert_eq!(rows.len(), 2);
+        assert!(!rows[1].backends.contains(&Backend::BlklabAdaptive));
+        let bad = CompareOpts {
+            adaptive: Some("fast".into()),
+            ..opts
+        };
+        assert!(matches!(
+            bad.adaptive_poll(),
+            Err(BenchError::BadAdaptive(_))
+        ));
+    }
+
+    #[test]
+    fn the_iothread_export_runs_in_its_iothread() {
+        let c = qsd_command_in(
+            Path::new("qsd"),
+            "driver=null-co,node-name=n0",
+            Path::new("/tmp/s.sock"),
+            true,
+            2,
+            Some("io0"),
+        );
+        let args: Vec<String> = c
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(args[..2], ["--object", "iothread,id=io0"]);
+        assert!(
+            args.last().unwrap().ends_with(",num-queues=2,iothread=io0"),
+            "{args:?}"
+        );
+        let plain = qsd_command(
+            Path::new("qsd"),
+            "driver=null-co,node-name=n0",
+            Path::new("/tmp/s.sock"),
+            true,
+            2,
+        );
+        assert!(!plain
+            .get_args()
+            .any(|a| a.to_string_lossy().contains("iothread")));
+    }
+
+    #[test]
+    fn spread_is_the_lowest_and_highest_round() {
+        assert_eq!(range([3.0, 1.0, 2.0].into_iter()), (1.0, 3.0));
+        assert_eq!(range(std::iter::empty()), (0.0, 0.0));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use thiserror::Error;
 
 use crate::device::faults::FaultConfig;
 use crate::device::latency::{LatencySpec, OpLatency};
+use crate::device::polling::PollMode;
 use crate::util::units::{format_size, parse_size, SizeError};
 use crate::virtio_blk::features::{BlkFeature, FeatureSet};
 
@@ -102,8 +103,8 @@ pub enum ConfigError {
     TagFairness(String),
     #[error("invalid fault injection option: {0}")]
     Fault(#[from] crate::device::faults::FaultParseError),
-    #[error("invalid --poll {0:?}: expected a duration of 1us..=100ms, e.g. --poll=50us")]
-    Poll(String),
+    #[error(transparent)]
+    Poll(#[from] crate::device::polling::PollParseError),
     #[error("invalid --latency-spin {0:?}: expected 0 or a duration of at most 1ms, e.g. 50us")]
     LatencySpin(String),
     #[error("invalid --{flag}: {source}")]
@@ -130,19 +131,6 @@ pub enum ThreadMaskError {
     Shared(String),
     #[error("queues {0:#x} are served by no thread")]
     Unserved(u64),
-}
-
-/// The spin of `--poll[=SPIN]`: a fixed duration of 1us..=100ms.
-pub(crate) fn parse_poll_spin(p: &str) -> Result<std::time::Duration, ConfigError> {
-    match p.parse::<LatencySpec>() {
-        Ok(LatencySpec::Fixed(d))
-            if d >= std::time::Duration::from_micros(1)
-                && d <= std::time::Duration::from_millis(100) =>
-        {
-            Ok(d)
-        }
-        _ => Err(ConfigError::Poll(p.to_string())),
-    }
 }
 
 /// How a disk's command slots are limited.
@@ -344,12 +332,16 @@ pub struct DiskArgs {
     #[arg(long)]
     #[serde(alias = "no_stats")]
     pub no_stats: bool,
-    /// Busy-poll queues: after draining, each queue's worker keeps polling
-    /// the avail ring with guest notifications off for up to SPIN (default
-    /// 50us) before re-enabling them and going back to epoll. Costs host
-    /// CPU while a queue is busy; spares the guest's kicks and the
-    /// backend's wake-ups.
-    #[arg(long, value_name = "SPIN", num_args = 0..=1, default_missing_value = "50us", require_equals = true)]
+    /// Poll queues with guest notifications off instead of sleeping until
+    /// the guest kicks. `--poll`, `--poll=on` or `--poll=SPIN`: after
+    /// draining, each worker keeps polling a ring until it has been idle
+    /// for SPIN (default 50us, 1us..100ms). `--poll=adaptive[:MAX]`: it
+    /// polls an idle ring for a window that grows while polling catches
+    /// the guest's next request and shrinks when it does not, up to MAX
+    /// (default 32us), as QEMU's IOThreads do. Then it re-enables
+    /// notifications, looks once more and sleeps. `--poll=off`: notify
+    /// mode, the default.
+    #[arg(long, value_name = "off|on|SPIN|adaptive[:MAX]", num_args = 0..=1, default_missing_value = "on", require_equals = true)]
     pub poll: Option<String>,
 }
 
@@ -389,10 +381,11 @@ impl DiskArgs {
         let faults = self.fault_config()?;
         let latency = self.op_latency()?;
         let latency_spin_ns = self.latency_spin_ns()?;
-        let poll_spin_ns = match self.poll.as_deref() {
-            None => 0,
-            Some(p) => parse_poll_spin(p)?.as_nanos() as u64,
+        let poll = match self.poll.as_deref() {
+            None => PollMode::Off,
+            Some(p) => p.parse::<PollMode>()?,
         };
+        let (poll_spin_ns, poll_adaptive_max_ns) = poll.fields();
         let socket_mode = u32::from_str_radix(self.socket_mode.trim_start_matches("0o"), 8)
             .ok()
             .filter(|m| *m <= 0o777)
@@ -422,6 +415,7 @@ impl DiskArgs {
             no_stats: self.no_stats,
             latency_spin_ns,
             poll_spin_ns,
+            poll_adaptive_max_ns,
         };
         if self.count == 1 {
             return Ok(vec![first]);
@@ -691,9 +685,14 @@ pub struct DiskConfig {
     pub no_stats: bool,
     /// See `--latency-spin`.
     pub latency_spin_ns: u64,
-    /// See `--poll` (0: off). Records written before it existed read as off.
+    /// `--poll`'s idle spin of always-on polling, ns (0: not always-on).
+    /// Records written before it existed read as notify mode.
     #[serde(default)]
     pub poll_spin_ns: u64,
+    /// `--poll=adaptive`'s longest window, ns (0: not adaptive). Records
+    /// written before it existed read as not adaptive.
+    #[serde(default)]
+    pub poll_adaptive_max_ns: u64,
 }
 
 impl DiskConfig {
@@ -708,15 +707,19 @@ impl DiskConfig {
         std::time::Duration::from_nanos(self.latency_spin_ns)
     }
 
-    /// See `--poll`: the idle spin, or `None` when queues are not polled.
-    pub(crate) fn poll_spin(&self) -> Option<std::time::Duration> {
-        (self.poll_spin_ns > 0).then(|| std::time::Duration::from_nanos(self.poll_spin_ns))
+    /// See `--poll`: how the queues are polled.
+    pub(crate) fn poll_mode(&self) -> PollMode {
+        PollMode::from_fields(self.poll_spin_ns, self.poll_adaptive_max_ns)
     }
 
     /// One-line description for logs.
     pub(crate) fn describe(&self) -> String {
+        let poll = match self.poll_mode() {
+            PollMode::Off => String::new(),
+            mode => format!(" poll={mode}"),
+        };
         format!(
-            "{} {} {} queues={} queue-size={} block-size={}{} features=[{}]",
+            "{} {} {} queues={} queue-size={} block-size={}{}{poll} features=[{}]",
             self.socket.display(),
             self.storage,
             format_size(self.size),
@@ -835,6 +838,34 @@ mod tests {
         assert_eq!(c.serial, "blklab-mem");
         assert_eq!(c.queues_per_thread, vec![1]);
         assert_eq!(c.socket_mode, 0o600);
+    }
+
+    #[test]
+    fn the_polling_mode_is_configured_recorded_and_described() {
+        use std::time::Duration;
+        let mode = |extra: &[&str]| base(extra).to_configs().unwrap().remove(0);
+        let c = mode(&[]);
+        assert_eq!(
+            (c.poll_mode(), c.poll_spin_ns, c.poll_adaptive_max_ns),
+            (PollMode::Off, 0, 0)
+        );
+        assert!(!c.describe().contains("poll"), "{}", c.describe());
+        assert_eq!(mode(&["--poll=off"]), c, "off is the default");
+        let c = mode(&["--poll"]);
+        assert_eq!(c.poll_mode(), PollMode::Fixed(Duration::from_micros(50)));
+        assert_eq!((c.poll_spin_ns, c.poll_adaptive_max_ns), (50_000, 0));
+        let c = mode(&["--poll=adaptive"]);
+        assert_eq!((c.poll_spin_ns, c.poll_adaptive_max_ns), (0, 32_000));
+        assert!(
+            c.describe().contains(" poll=adaptive:32us "),
+            "{}",
+            c.describe()
+        );
+        let e = base(&["--poll=adaptive:1s"]).to_configs().unwrap_err();
+        assert!(
+            e.to_string().starts_with("invalid --poll \"adaptive:1s\""),
+            "{e}"
+        );
     }
 
     #[test]

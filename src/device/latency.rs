@@ -272,7 +272,7 @@ fn parse_duration(input: &str) -> Result<Duration, LatencyParseError> {
 
 /// Prints a duration exactly in the largest unit it reaches: `2.5ms`,
 /// `750ns`, `1.000000001s`; zero prints as `0`.
-struct FmtDuration(Duration);
+pub(crate) struct FmtDuration(pub(crate) Duration);
 
 impl fmt::Display for FmtDuration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

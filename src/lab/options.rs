@@ -92,8 +92,9 @@ pub struct RunArgs {
     /// default 0).
     #[arg(long, value_name = "DURATION")]
     pub latency_spin: Option<String>,
-    /// Busy-poll queues with this idle spin (see `serve --help`).
-    #[arg(long, value_name = "SPIN", num_args = 0..=1, default_missing_value = "50us", require_equals = true)]
+    /// Poll the queues: off, on, an idle spin, adaptive or adaptive:MAX
+    /// (see `serve --help`; default off, notify mode).
+    #[arg(long, value_name = "off|on|SPIN|adaptive[:MAX]", num_args = 0..=1, default_missing_value = "on", require_equals = true)]
     pub poll: Option<String>,
     /// Guest vCPUs (default: the scenario's `vcpus`, else 2).
     #[arg(long, value_name = "N")]
@@ -173,7 +174,7 @@ fn parse_shard(s: &str) -> Result<crate::lab::plan::Shard, String> {
 }
 
 /// An interval such as `1s`, `500ms`, `2.5s`.
-pub(crate) fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
     match s.parse::<crate::device::latency::LatencySpec>() {
         Ok(crate::device::latency::LatencySpec::Fixed(d))
             if d >= std::time::Duration::from_millis(10) =>

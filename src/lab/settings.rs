@@ -382,6 +382,39 @@ mod tests {
     }
 
     #[test]
+    fn a_variants_polling_mode_reaches_its_disks() {
+        use crate::device::polling::PollMode;
+        use std::time::Duration;
+        let s = scenario(
+            "variant notify\ndevice poll=off\nvariant adaptive\ndevice poll=adaptive:32us\n\
+             variant poll\ndevice poll=on\nvariant default\n",
+        );
+        let b = boot_settings(&s, &args(&[]));
+        assert_eq!(b.len(), 4, "each polling mode boots apart");
+        let mode =
+            |b: &BootSettings| b.disk_configs(PathBuf::from("/tmp/x.sock")).unwrap()[0].poll_mode();
+        assert_eq!(mode(&b[0]), PollMode::Off);
+        assert_eq!(
+            mode(&b[1]),
+            PollMode::Adaptive {
+                max: Duration::from_micros(32)
+            }
+        );
+        assert_eq!(mode(&b[2]), PollMode::Fixed(Duration::from_micros(50)));
+        // The lab's default device is notify mode, as before polling modes
+        // could be chosen, so earlier records stay comparable.
+        assert_eq!(mode(&b[3]), PollMode::Off);
+        let off = b[0].disk_configs(PathBuf::from("/tmp/x.sock")).unwrap();
+        let default = b[3].disk_configs(PathBuf::from("/tmp/x.sock")).unwrap();
+        assert_eq!(off, default);
+        let s = scenario("variant a\ndevice poll=sometimes\n");
+        let e = boot_settings(&s, &args(&[]))[0]
+            .disk_configs(PathBuf::from("/tmp/x.sock"))
+            .unwrap_err();
+        assert!(e.to_string().contains("\"sometimes\""), "{e}");
+    }
+
+    #[test]
     fn a_bad_device_value_is_an_error_not_a_panic() {
         let s = scenario("device depth=many\nvariant a\n");
         let b = boot_settings(&s, &args(&[]));

@@ -106,6 +106,8 @@ fn counter_help(field: &str) -> String {
         "poll_spin_ns" => "Nanoseconds the worker polled the idle ring (--poll).",
         "poll_hits" => "Poll spins that found a request (--poll).",
         "poll_misses" => "Poll spins that ran out and re-enabled guest notifications (--poll).",
+        "poll_window_grows" => "Waits for the guest after which the adaptive poll window grew (--poll=adaptive).",
+        "poll_window_shrinks" => "Waits for the guest after which the adaptive poll window shrank (--poll=adaptive).",
         "notifications_suppressed" => {
             "Completions put on the used ring without a notification (EVENT_IDX: the driver's used_event did not ask for one)."
         }
@@ -185,6 +187,12 @@ fn summary_specs() -> Vec<SummarySpec> {
             help: "Time a queue waited for a free command slot.",
             divisor: 1e9,
             parts: vec![(vec![], |q| &q.tag_wait_ns)],
+        },
+        SummarySpec {
+            name: "blklab_poll_window_seconds",
+            help: "Adaptive poll window of each wait for the guest that a request ended (--poll=adaptive).",
+            divisor: 1e9,
+            parts: vec![(vec![], |q| &q.poll_window_ns)],
         },
     ]
 }
@@ -311,6 +319,21 @@ pub(crate) fn render(doc: &StatsDocument) -> String {
                 );
             }
         }
+    }
+
+    header(
+        &mut out,
+        "blklab_poll_window_now_seconds",
+        "The queue's adaptive poll window now (--poll=adaptive).",
+        "gauge",
+    );
+    for (disk, queue, q) in queues() {
+        let _ = writeln!(
+            out,
+            "blklab_poll_window_now_seconds{} {}",
+            labels(&[("disk", disk), ("queue", &queue)]),
+            float(q.poll_window_now_ns as f64 / 1e9)
+        );
     }
 
     for spec in summary_specs() {

@@ -74,6 +74,10 @@ pub struct QueueCounters {
     pub poll_spin_ns: u64,
     pub poll_hits: u64,
     pub poll_misses: u64,
+    /// Adaptive polling (--poll=adaptive): waits for the guest after which
+    /// the poll window grew, and after which it shrank.
+    pub poll_window_grows: u64,
+    pub poll_window_shrinks: u64,
 }
 
 impl QueueCounters {
@@ -106,6 +110,8 @@ impl QueueCounters {
             poll_spin_ns: self.poll_spin_ns - e.poll_spin_ns,
             poll_hits: self.poll_hits - e.poll_hits,
             poll_misses: self.poll_misses - e.poll_misses,
+            poll_window_grows: self.poll_window_grows - e.poll_window_grows,
+            poll_window_shrinks: self.poll_window_shrinks - e.poll_window_shrinks,
         }
     }
 }
@@ -192,6 +198,10 @@ pub struct QueueStats {
     pub inflight_at_pop: RunHist,
     /// How long the queue waited for a command slot, ns.
     pub tag_wait: Hist,
+    /// Adaptive polling: the poll window each wait for the guest had, ns.
+    poll_window: Hist,
+    /// Adaptive polling: the poll window now, ns.
+    poll_window_now_ns: u64,
     /// Kernel thread id of the worker serving this queue (for its CPU time).
     pub worker_tid: Option<i32>,
     /// The worker's CPU time when these statistics started (reset or
@@ -243,6 +253,8 @@ impl QueueStats {
             at_pop: Default::default(),
             inflight_at_pop: RunHist::new(Hist::new_count(COUNT_MAX)),
             tag_wait: Hist::new_latency(),
+            poll_window: Hist::new_latency(),
+            poll_window_now_ns: 0,
             worker_tid: None,
             cpu_baseline: None,
             histograms: true,
@@ -407,6 +419,20 @@ impl QueueStats {
         self.tag_wait.record(waited.as_nanos() as u64);
     }
 
+    /// Adaptive polling: a wait for the guest that had a poll window of
+    /// `had` ended with a request, and the window is now `now`.
+    pub(crate) fn poll_window_adjusted(&mut self, had: Duration, now: Duration) {
+        if now > had {
+            self.counters.poll_window_grows += 1;
+        } else if now < had {
+            self.counters.poll_window_shrinks += 1;
+        }
+        self.poll_window_now_ns = now.as_nanos() as u64;
+        if self.histograms {
+            self.poll_window.record(had.as_nanos() as u64);
+        }
+    }
+
     /// A wake-up that found `requests` requests after `kicks` kicks.
     pub fn wakeup(&mut self, kicks: u64, requests: u64) {
         let c = &mut self.counters;
@@ -546,6 +572,8 @@ impl QueueStats {
             ),
             inflight_at_pop: r(&self.inflight_at_pop, earlier.map(|e| &e.inflight_at_pop)),
             tag_wait_ns: h(&self.tag_wait, earlier.map(|e| &e.tag_wait)),
+            poll_window_ns: h(&self.poll_window, earlier.map(|e| &e.poll_window)),
+            poll_window_now_ns: self.poll_window_now_ns,
             worker_cpu: self.worker_cpu_since(earlier),
         }
     }
@@ -625,6 +653,13 @@ pub struct QueueReport {
     /// How long the queue waited for a command slot, ns.
     #[serde(default)]
     pub tag_wait_ns: HistSummary,
+    /// Adaptive polling: the poll window of each wait for the guest that a
+    /// request ended (its size over the document's span), ns.
+    #[serde(default)]
+    pub poll_window_ns: HistSummary,
+    /// Adaptive polling: the poll window at the time of the document, ns.
+    #[serde(default)]
+    pub poll_window_now_ns: u64,
     /// The worker thread's CPU time over the document's span (null when
     /// the queue has not been served yet).
     #[serde(default)]

@@ -1,8 +1,10 @@
 //! Layer 1, utilities that know nothing of virtio, devices or the lab:
 //! sizes and durations with units, `/proc/PID/stat` (procfs) and host CPU
-//! time per thread from it (hostcpu), what the host is (host), the wall
+//! time per thread from it (hostcpu), a process's CPU time in ns
+//! (schedstat), CPU affinity (affinity), what the host is (host), the wall
 //! clock and its UTC timestamps (wallclock).
 
+pub(crate) mod affinity;
 pub(crate) mod clock;
 pub(crate) mod fd;
 pub(crate) mod host;
@@ -10,6 +12,7 @@ pub(crate) mod hostcpu;
 pub(crate) mod log_limit;
 pub mod logging;
 pub(crate) mod procfs;
+pub(crate) mod schedstat;
 pub(crate) mod schema;
 pub(crate) mod slots;
 pub(crate) mod text;

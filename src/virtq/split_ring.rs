@@ -163,6 +163,9 @@ pub(crate) struct SplitRing {
     pub next_used: Wrapping<u16>,
     /// Used entries added since the last notification check.
     num_added: Wrapping<u16>,
+    /// This ring has told the driver not to notify and not yet asked again
+    /// (false when unknown: the next disable writes the flag).
+    notify_off: bool,
 }
 
 // SAFETY: the raw pointers point into mappings `map` keeps alive; they
@@ -230,6 +233,7 @@ impl SplitRing {
             next_avail: Wrapping(next_avail),
             next_used: Wrapping(next_used),
             num_added: Wrapping(0),
+            notify_off: false,
         })
     }
 
@@ -465,8 +469,13 @@ impl SplitRing {
 
     /// Ask the driver for notifications again (EVENT_IDX: avail_event =
     /// next_avail; otherwise clear NO_NOTIFY), then say whether entries
-    /// arrived meanwhile (look again before sleeping).
+    /// arrived meanwhile (look again before sleeping). The fence between
+    /// the write and the read pairs with the driver's between its avail
+    /// index write and its read of avail_event or the flags (virtio 1.2
+    /// §2.7.13.3 and .4): either the driver sees notifications on and
+    /// notifies, or this read sees its entry.
     pub(crate) fn enable_notification(&mut self) -> bool {
+        self.notify_off = false;
         if self.event_idx {
             let off = 4 + 8 * usize::from(self.layout.size);
             self.used_u16(off)
@@ -478,13 +487,25 @@ impl SplitRing {
         Wrapping(u16::from_le(self.avail_u16(1).load(Ordering::Relaxed))) != self.next_avail
     }
 
-    /// Tell the driver not to notify (without EVENT_IDX; with it, the
-    /// driver stops by itself once avail_event is passed).
+    /// Whether this ring told the driver not to notify and has not asked
+    /// again since.
+    pub(crate) fn notifications_off(&self) -> bool {
+        self.notify_off
+    }
+
+    /// Tell the driver not to notify. Without EVENT_IDX: set
+    /// VRING_USED_F_NO_NOTIFY (once: the flag stays until
+    /// [`enable_notification`](Self::enable_notification)). With it,
+    /// avail_event is left where the last enable put it, as QEMU's
+    /// `virtio_queue_set_notification` does: once past it the driver does
+    /// not notify (until its 16-bit index comes round to it again).
+    #[inline]
     pub(crate) fn disable_notification(&mut self) {
-        if !self.event_idx {
+        if !self.event_idx && !self.notify_off {
             self.used_u16(0)
                 .store(USED_F_NO_NOTIFY.to_le(), Ordering::Relaxed);
         }
+        self.notify_off = true;
     }
 }
 
@@ -731,6 +752,42 @@ mod tests {
                 assert_eq!(flags, 0);
             }
         }
+    }
+
+    /// Polling keeps notifications off across passes with one write of
+    /// the flag; with EVENT_IDX avail_event is not moved while they are
+    /// off, only when they are enabled again.
+    #[test]
+    fn notifications_stay_off_with_one_write_until_enabled() {
+        let flags = |mem: &GuestMemoryMmap| mem.read_obj::<u16>(GuestAddress(0x200)).unwrap();
+        let avail_event = |mem: &GuestMemoryMmap| {
+            mem.read_obj::<u16>(GuestAddress(0x204 + 8 * u64::from(QS)))
+                .unwrap()
+        };
+        let mem = setup(&[(0, 0x10000)]);
+        let mut r = ring(&mem, false);
+        r.disable_notification();
+        assert_eq!(flags(&mem), USED_F_NO_NOTIFY);
+        // Written once: a second disable does not store it again.
+        mem.write_obj(0u16, GuestAddress(0x200)).unwrap();
+        r.disable_notification();
+        assert_eq!(flags(&mem), 0, "the flag was written twice");
+        assert!(!r.enable_notification());
+        assert_eq!(flags(&mem), 0);
+        r.disable_notification();
+        assert_eq!(flags(&mem), USED_F_NO_NOTIFY, "off again after an enable");
+
+        let mem = setup(&[(0, 0x10000)]);
+        let mut r = ring(&mem, true);
+        mem.write_obj(7u16, GuestAddress(0x204 + 8 * u64::from(QS)))
+            .unwrap();
+        r.disable_notification();
+        assert_eq!(flags(&mem), 0, "EVENT_IDX: the flags stay 0");
+        assert_eq!(avail_event(&mem), 7, "avail_event left where it was");
+        r.set_indices(3, 3);
+        mem.write_obj(3u16, GuestAddress(0x102)).unwrap();
+        assert!(!r.enable_notification(), "nothing new: sleep");
+        assert_eq!(avail_event(&mem), 3, "enabled: avail_event = next_avail");
     }
 
     #[test]

@@ -216,13 +216,16 @@ pub(super) fn with_pass<R: UsedRing, T>(
 struct NoSlot;
 
 impl<R: UsedRing> Pass<'_, R> {
-    /// One look at the ring: turn guest notifications off (EVENT_IDX),
-    /// complete the requests whose time has come, pop and execute what the
-    /// guest made available, and notify the guest. Then, with EVENT_IDX
-    /// and in [`Mode::Notify`], turn notifications back on and say whether
-    /// to look again.
+    /// One look at the ring: in [`Mode::Poll`] turn guest notifications
+    /// off (they stay off until the poll loop enables them again), complete
+    /// the requests whose time has come, pop and execute what the guest
+    /// made available, and notify the guest. Then, with EVENT_IDX and in
+    /// [`Mode::Notify`], turn notifications back on and say whether to look
+    /// again. (In notify mode with EVENT_IDX the driver stops notifying by
+    /// itself once it is past avail_event, so there is nothing to turn off
+    /// for the pass.)
     pub(super) fn turn(&mut self, event_idx: bool, mode: Mode) -> Turn {
-        if event_idx {
+        if mode == Mode::Poll {
             self.vq.disable_notification();
         }
         let completed = self.complete_due(Instant::now());

@@ -17,11 +17,13 @@ use std::time::{Duration, Instant};
 use log::warn;
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
-use crate::backend::deadline::DeadlineTimer;
+use crate::backend::deadline::{DeadlineTimer, TimerLead};
 use crate::backend::kick_vring::KickCountingVring;
+use crate::backend::poll_window::PollWindow;
 use crate::backend::{Disk, GM};
 use crate::device::faults::FaultState;
 use crate::device::latency::{LatOp, LatencySampler};
+use crate::device::polling::PollMode;
 use crate::device::tags::Tag;
 use crate::stats::queue::{current_tid, QueueStats};
 use crate::virtio_blk::request::{Op, Segment};
@@ -125,6 +127,14 @@ pub(crate) struct QueueState {
     polling: bool,
     /// Poll mode: since when the ring has been found empty (the spin).
     idle_since: Option<Instant>,
+    /// Adaptive polling: how long an idle ring is polled.
+    window: Option<PollWindow>,
+    /// Adaptive polling: since when the queue has waited for the guest's
+    /// next request (the first look that found its ring empty after the
+    /// worker last popped or completed), asleep or not.
+    guest_wait_since: Option<Instant>,
+    /// Adaptive polling: how early the completion timer is armed.
+    lead: Option<TimerLead>,
     /// When the queue state was made: the deadline of requests served at
     /// once, which never wait for one (no clock read for them).
     pub(super) epoch: Instant,
@@ -161,6 +171,15 @@ impl QueueState {
                 .then(|| RefCell::new(FaultState::new(&disk.cfg.faults))),
             polling: false,
             idle_since: None,
+            window: match disk.cfg.poll_mode() {
+                PollMode::Adaptive { max } => Some(PollWindow::new(max)),
+                _ => None,
+            },
+            guest_wait_since: None,
+            lead: match disk.cfg.poll_mode() {
+                PollMode::Adaptive { max } => Some(TimerLead::new(max)),
+                _ => None,
+            },
             epoch: Instant::now(),
         })
     }
@@ -245,7 +264,32 @@ impl QueueState {
     /// Poll mode: the ring had no work at `now`; returns how long it has
     /// been idle (zero when this is the first look that found nothing).
     pub(crate) fn found_idle(&mut self, now: Instant) -> Duration {
+        self.guest_wait_since.get_or_insert(now);
         now - *self.idle_since.get_or_insert(now)
+    }
+
+    /// Adaptive polling: how long to poll the ring once it is idle
+    /// (`None` in the other modes).
+    pub(crate) fn poll_window(&self) -> Option<Duration> {
+        self.window.map(|w| w.window())
+    }
+
+    /// Adaptive polling: a pass at `now` popped or completed requests
+    /// (`arrived`: it popped some). The wait for the guest ends; when the
+    /// guest's requests ended it, the window adjusts to how long it was.
+    /// Returns the window the wait had.
+    pub(crate) fn waited(&mut self, now: Instant, arrived: bool) -> Option<Duration> {
+        let since = self.guest_wait_since.take()?;
+        let w = self.window.as_mut().filter(|_| arrived)?;
+        let had = w.window();
+        w.adjust(now.saturating_duration_since(since));
+        Some(had)
+    }
+
+    /// How early the completion timer is armed: `spin` (`--latency-spin`),
+    /// or in adaptive mode the timer's learned lateness if that is more.
+    pub(crate) fn timer_early(&self, spin: Duration) -> Duration {
+        self.lead.map_or(spin, |l| l.lead().max(spin))
     }
 
     /// Set the completion timer to fire at `at` (off for `None`).
@@ -264,9 +308,12 @@ impl QueueState {
         std::os::fd::AsRawFd::as_raw_fd(&self.timer)
     }
 
-    /// The completion timer woke the worker: clear its expiry.
-    pub(crate) fn acknowledge_timer(&mut self) {
-        self.timer.acknowledge();
+    /// The completion timer woke the worker at `now`: clear its expiry
+    /// and, in adaptive mode, learn from how late it was.
+    pub(crate) fn acknowledge_timer(&mut self, now: Instant) {
+        if let (Some(armed), Some(lead)) = (self.timer.acknowledge(), self.lead.as_mut()) {
+            lead.observe(now.saturating_duration_since(armed));
+        }
     }
 
     /// Whether the earliest request in service is due within `d` of `now`.

@@ -635,3 +635,77 @@ fn only_a_ring_outside_memory_is_served_again_after_a_new_memory_table() {
     q.restart();
     assert!(!q.is_broken());
 }
+
+/// A polled pass leaves the guest's notifications off for the next ones
+/// (without EVENT_IDX the used ring's NO_NOTIFY flag, with it an
+/// avail_event the pass does not move), and turning them back on looks
+/// once more: a request the driver offered while they were off is seen,
+/// so the worker does not sleep with it on the ring.
+#[test]
+fn polled_passes_keep_notifications_off_and_turning_them_on_looks_again() {
+    for event_idx in [false, true] {
+        let r = rig(&[]);
+        let mut d = Driver::new(&r.mem);
+        let mut ring = d.ring(event_idx);
+        let flags = |r: &Rig| r.mem.read_obj::<u16>(GuestAddress(USED)).unwrap();
+        let flush = |d: &mut Driver, k: u64| {
+            r.header(hdr_at(k), VIRTIO_BLK_T_FLUSH, 0);
+            d.push(&[(hdr_at(k), 16, 0), (st_at(k), 1, W)]);
+        };
+        let polled = |ring: &mut MockRing| {
+            let mut q = r.be.lock_queue(0);
+            let mut st = r.be.disk.queue_stats(0);
+            with_pass(&r.be, &mut q, &mut st, &mut *ring, &r.mem, |p| {
+                p.turn(event_idx, Mode::Poll)
+            })
+            .unwrap()
+        };
+        let turn_on = |ring: &mut MockRing| {
+            let mut q = r.be.lock_queue(0);
+            let mut st = r.be.disk.queue_stats(0);
+            with_pass(&r.be, &mut q, &mut st, &mut *ring, &r.mem, |p| {
+                p.vq.enable_notification()
+            })
+            .unwrap()
+        };
+        flush(&mut d, 0);
+        let t = polled(&mut ring);
+        assert_eq!(
+            (t.drained.popped, t.again),
+            (1, false),
+            "one pass, no look again"
+        );
+        let off = |r: &Rig, d: &Driver| {
+            if event_idx {
+                // Not moved past the request it served: the driver,
+                // already past it, does not notify.
+                d.avail_event() == 0
+            } else {
+                flags(r) == 1
+            }
+        };
+        assert!(
+            off(&r, &d),
+            "event_idx {event_idx}: notifications on while polled"
+        );
+        // An idle polled pass leaves them off.
+        assert_eq!(polled(&mut ring).drained.popped, 0);
+        assert!(off(&r, &d), "event_idx {event_idx}");
+        // The driver offers a request while they are off; the worker,
+        // done polling, turns them on and looks: it is there.
+        flush(&mut d, 1);
+        assert!(
+            turn_on(&mut ring),
+            "event_idx {event_idx}: the last look missed it"
+        );
+        // Served, and turned on with nothing new: sleep.
+        assert_eq!(polled(&mut ring).drained.popped, 1);
+        assert!(!turn_on(&mut ring));
+        if event_idx {
+            assert_eq!(d.avail_event(), 2, "notify at the next index");
+        } else {
+            assert_eq!(flags(&r), 0);
+        }
+        assert_eq!(d.used().len(), 2);
+    }
+}
