@@ -214,7 +214,7 @@ fn differential_profile_ranks_the_plug_path() {
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(t.contains("differential profile"), "{t}");
     assert!(t.contains("blk_mq_flush_plug_list"), "{t}");
-    let svg = dir.path().join("plots/profile-plug-qd1-none-10k.svg");
+    let svg = dir.path().join("plots/profile-plug-qd1_none-10k.svg");
     let s = std::fs::read_to_string(&svg).unwrap();
     assert!(
         s.contains("<svg") && s.contains("blk_mq_flush_plug_list"),
