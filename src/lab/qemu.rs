@@ -2,7 +2,7 @@
 //! KVM probe), and a running QEMU whose serial console we read and answer.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command, Stdio};
@@ -212,18 +212,11 @@ fn read_console(
     std::thread::Builder::new()
         .name("blklab-console".into())
         .spawn(move || {
-            let mut r = BufReader::new(stdout);
-            let mut buf = Vec::new();
-            loop {
-                buf.clear();
-                match r.read_until(b'\n', &mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
-                }
+            each_line(stdout, |buf| {
                 if let Some(f) = log.as_mut() {
-                    let _ = f.write_all(&buf);
+                    let _ = f.write_all(buf);
                 }
-                let line = String::from_utf8_lossy(&buf)
+                let line = String::from_utf8_lossy(buf)
                     .trim_end_matches(['\n', '\r'])
                     .to_string();
                 {
@@ -233,12 +226,27 @@ fn read_console(
                     }
                     t.push_back(line.clone());
                 }
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
+                tx.send(line).is_ok()
+            })
         })?;
     Ok(rx)
+}
+
+/// Call `f` with each line `r` gives (its newline included, the last one
+/// perhaps without), until the end, a read error or `f` says stop.
+fn each_line(r: impl Read, mut f: impl FnMut(&[u8]) -> bool) {
+    let mut r = BufReader::new(r);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match r.read_until(b'\n', &mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        if !f(&buf) {
+            return;
+        }
+    }
 }
 
 /// A thread collecting QEMU's stderr, whole, into the returned text, and
@@ -249,20 +257,12 @@ fn collect_stderr(stderr: ChildStderr, pid: u32) -> std::io::Result<Arc<Mutex<St
     std::thread::Builder::new()
         .name("blklab-qemu-err".into())
         .spawn(move || {
-            let mut s = String::new();
-            let mut r = BufReader::new(stderr);
-            let mut buf = Vec::new();
-            loop {
-                buf.clear();
-                match r.read_until(b'\n', &mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {}
-                }
-                let line = String::from_utf8_lossy(&buf);
+            each_line(stderr, |buf| {
+                let line = String::from_utf8_lossy(buf);
                 info!("QEMU (pid {pid}): {}", line.trim_end());
-                s.push_str(&line);
-                *e.lock().unwrap_or_else(|p| p.into_inner()) = s.clone();
-            }
+                e.lock().unwrap_or_else(|p| p.into_inner()).push_str(&line);
+                true
+            })
         })?;
     Ok(text)
 }
