@@ -7,6 +7,7 @@
 pub(crate) mod browser;
 pub(crate) mod client;
 pub(crate) mod offline;
+pub(crate) mod qmp;
 pub(crate) mod tools;
 
 use std::path::{Path, PathBuf};
