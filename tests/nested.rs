@@ -87,6 +87,43 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
         assert!(num(kvm, &["per_io", "exits"]) > 0.5, "{name}: {kvm:#}");
         assert!(num(kvm, &["counters", "halt_exits"]) > 0.0, "{name}");
         assert!(num(kvm, &["counters", "irq_injections"]) > 0.0, "{name}");
+        // KVM's exits by reason: the host's kvm:kvm_exit tracepoint for
+        // this QEMU's vCPU threads, read right after query-stats at both
+        // ends. The tracepoint fires once per exit, as `exits` counts
+        // them, so the two differ only by exits between the two reads.
+        let reasons = kvm["exit_reasons"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{name}: no exit_reasons in {kvm:#}"));
+        let reason = |r: &str| reasons.get(r).and_then(Value::as_f64).unwrap_or(0.0);
+        let traced: f64 = reasons.values().filter_map(Value::as_f64).sum();
+        let halt_exits = num(kvm, &["counters", "halt_exits"]);
+        let io_exits = num(kvm, &["counters", "io_exits"]);
+        eprintln!(
+            "[nested] {name}: exits {kvm_exits} traced {traced}; hlt {} halt_exits {halt_exits}; io {} io_exits {io_exits}; {reasons:?}",
+            reason("hlt"),
+            reason("io")
+        );
+        let near = |a: f64, b: f64| (a - b).abs() <= 0.01 * b + 10.0;
+        assert!(
+            near(traced, kvm_exits),
+            "{name}: traced {traced}, KVM's exits {kvm_exits}"
+        );
+        assert!(
+            near(reason("hlt"), halt_exits),
+            "{name}: {reasons:?} vs halt_exits {halt_exits}"
+        );
+        assert!(
+            reason("npf") > 0.0,
+            "{name}: no nested page faults (virtio notifies): {reasons:?}"
+        );
+        let per_vcpu: f64 = kvm["per_vcpu"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|v| v["exit_reasons"].as_object().unwrap().values())
+            .filter_map(Value::as_f64)
+            .sum();
+        assert_eq!(per_vcpu, traced, "{name}: per vCPU vs summed");
 
         // The guest's instructions: level 2 only, against its System.map.
         let g = &r["instructions"];

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use thiserror::Error;
 
+use crate::lab::kvm_exits::{ExitTrace, Hist, KvmExitsError};
 use crate::lab::qmp::{Qmp, QmpError};
 use crate::record::kvm::{KvmVcpu, KvmWindow, KVM_SOURCE};
 
@@ -25,6 +26,9 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(10);
 
 /// Whether the run has said that this QEMU has no KVM statistics.
 static WARNED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the run has said that the host cannot count exits by reason.
+static WARNED_EXITS: AtomicBool = AtomicBool::new(false);
 
 #[derive(Debug, Error)]
 pub enum KvmStatsError {
@@ -52,6 +56,10 @@ pub enum KvmStatsError {
     },
     #[error("{vcpu}: the cumulative counter {stat} is not a number in both samples")]
     NotACounter { vcpu: String, stat: String },
+    #[error(transparent)]
+    Exits(#[from] KvmExitsError),
+    #[error("QEMU's query-cpus-fast does not list the vCPU {vcpu} with its thread")]
+    NoThread { vcpu: String },
 }
 
 /// One statistic's description (`StatsSchemaValue`).
@@ -238,7 +246,106 @@ fn vcpu_window(
     Ok(KvmVcpu {
         qom_path: z.qom_path.clone(),
         counters,
+        exit_reasons: BTreeMap::new(),
     })
+}
+
+/// Exits by reason: the host's trace and QEMU's vCPU threads, or why the
+/// host cannot count them.
+enum Exits {
+    Counting {
+        trace: ExitTrace,
+        /// vCPU QOM path → its thread.
+        threads: BTreeMap<String, u64>,
+        begin: Option<Hist>,
+    },
+    Unavailable(String),
+}
+
+/// QEMU's vCPU threads by QOM path, from a `query-cpus-fast` answer.
+pub(crate) fn parse_vcpu_threads(answer: Value) -> Result<BTreeMap<String, u64>, KvmStatsError> {
+    #[derive(Deserialize)]
+    struct Cpu {
+        #[serde(rename = "qom-path")]
+        qom_path: String,
+        #[serde(rename = "thread-id")]
+        thread_id: u64,
+    }
+    let cpus: Vec<Cpu> =
+        serde_json::from_value(answer).map_err(|source| KvmStatsError::Answer {
+            command: "query-cpus-fast",
+            source,
+        })?;
+    Ok(cpus
+        .into_iter()
+        .map(|c| (c.qom_path, c.thread_id))
+        .collect())
+}
+
+impl Exits {
+    /// Start counting QEMU's exits by reason on this host.
+    fn start(qmp: &mut Qmp) -> Result<Exits, KvmStatsError> {
+        let trace = match ExitTrace::start() {
+            Ok(t) => t,
+            Err(why) => {
+                if !WARNED_EXITS.swap(true, Ordering::Relaxed) {
+                    warn!("records will have no KVM exits by reason: {why}");
+                }
+                return Ok(Exits::Unavailable(why));
+            }
+        };
+        let threads = parse_vcpu_threads(qmp.execute("query-cpus-fast", None)?)?;
+        Ok(Exits::Counting {
+            trace,
+            threads,
+            begin: None,
+        })
+    }
+
+    fn begin(&mut self) -> Result<(), KvmStatsError> {
+        if let Exits::Counting { trace, begin, .. } = self {
+            *begin = Some(trace.sample()?);
+        }
+        Ok(())
+    }
+
+    /// Add the exits by reason since the begin to `w` (whose vCPUs are
+    /// QEMU's, in order).
+    fn end(&mut self, w: &mut KvmWindow) -> Result<(), KvmStatsError> {
+        let (trace, threads, begin) = match self {
+            Exits::Unavailable(why) => {
+                w.exit_reasons_unavailable = Some(why.clone());
+                return Ok(());
+            }
+            Exits::Counting {
+                trace,
+                threads,
+                begin,
+            } => (trace, threads, begin),
+        };
+        let end = trace.sample()?;
+        let Some(first) = begin.take() else {
+            return Ok(());
+        };
+        let tids = w
+            .per_vcpu
+            .iter()
+            .map(|v| {
+                threads
+                    .get(&v.qom_path)
+                    .copied()
+                    .ok_or_else(|| KvmStatsError::NoThread {
+                        vcpu: v.qom_path.clone(),
+                    })
+            })
+            .collect::<Result<Vec<u64>, KvmStatsError>>()?;
+        let reasons = trace.window(&tids, &first, &end)?;
+        for (v, r) in w.per_vcpu.iter_mut().zip(reasons.per_thread) {
+            v.exit_reasons = r;
+        }
+        w.exit_reasons = Some(reasons.total);
+        Ok(())
+    }
 }
 
 /// Where the sampler stands with QEMU.
@@ -248,6 +355,7 @@ enum Conn {
     Open {
         qmp: Qmp,
         schemas: Schemas,
+        exits: Box<Exits>,
     },
     /// This QEMU or host has no KVM statistics, and why.
     Unavailable(String),
@@ -278,6 +386,9 @@ impl KvmSampler {
     /// The begin SYNC: the counters the window starts from.
     pub(crate) fn begin(&mut self) -> Result<(), KvmStatsError> {
         self.begin = self.sample()?;
+        if let Conn::Open { exits, .. } = &mut self.conn {
+            exits.begin()?;
+        }
         Ok(())
     }
 
@@ -290,10 +401,12 @@ impl KvmSampler {
         let Some(last) = self.sample()? else {
             return Ok(self.unavailable());
         };
-        let Conn::Open { schemas, .. } = &self.conn else {
+        let Conn::Open { schemas, exits, .. } = &mut self.conn else {
             return Ok(None);
         };
-        window(schemas, &first, &last).map(Some)
+        let mut w = window(schemas, &first, &last)?;
+        exits.end(&mut w)?;
+        Ok(Some(w))
     }
 
     /// The window of a QEMU without KVM statistics.
@@ -342,7 +455,12 @@ fn open(path: &Path) -> Result<Conn, KvmStatsError> {
                 .into(),
         ));
     }
-    Ok(Conn::Open { qmp, schemas })
+    let exits = Box::new(Exits::start(&mut qmp)?);
+    Ok(Conn::Open {
+        qmp,
+        schemas,
+        exits,
+    })
 }
 
 /// No KVM statistics, and why (said once per run).

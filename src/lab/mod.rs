@@ -25,6 +25,7 @@ pub(crate) mod cleanup;
 pub mod console;
 pub mod images;
 pub mod insns;
+pub(crate) mod kvm_exits;
 pub(crate) mod kvm_stats;
 pub(crate) mod location;
 pub mod nested;

@@ -19,6 +19,10 @@ pub struct KvmVcpu {
     pub qom_path: String,
     /// Counter → its increase over the window.
     pub counters: BTreeMap<String, u64>,
+    /// Exit reason → this vCPU's exits for it over the window (see
+    /// `KvmWindow::exit_reasons`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub exit_reasons: BTreeMap<String, u64>,
 }
 
 /// KVM's vCPU statistics over one variant's window.
@@ -49,6 +53,22 @@ pub struct KvmWindow {
     /// Counter → its sum over the vCPUs per IO (empty without an IO count).
     #[serde(default)]
     pub per_io: BTreeMap<String, f64>,
+    /// Exit reason (the host kernel's name: `hlt`, `io`, `msr`, `npf`,
+    /// `interrupt`, … under SVM; `hlt`, `io_instruction`, `msr_write`,
+    /// `ept_misconfig`, … under VMX) → exits of QEMU's vCPU threads for it
+    /// over the window, summed over the vCPUs: a hist trigger on the host's
+    /// `kvm:kvm_exit` tracepoint keyed by thread, ISA and reason, read at
+    /// the begin and end SYNC (`lab::kvm_exits`). Absent, with
+    /// `exit_reasons_unavailable`, when the host cannot count them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_reasons: Option<BTreeMap<String, u64>>,
+    /// Exit reason → exits per IO (empty without an IO count).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub exit_reasons_per_io: BTreeMap<String, f64>,
+    /// Why the record has no exits by reason (no tracefs, not root, a
+    /// kernel without hist triggers); absent when it has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_reasons_unavailable: Option<String>,
 }
 
 impl KvmWindow {
@@ -65,15 +85,25 @@ impl KvmWindow {
     pub(crate) fn with_per_io(mut self, ios: Option<f64>) -> KvmWindow {
         let ios = ios.filter(|n| *n > 0.0);
         self.ios = ios;
-        self.per_io = match ios {
-            Some(n) => self
-                .counters
-                .iter()
-                .map(|(k, v)| (k.clone(), *v as f64 / n))
-                .collect(),
-            None => BTreeMap::new(),
-        };
+        self.per_io = divided(&self.counters, ios);
+        self.exit_reasons_per_io = self
+            .exit_reasons
+            .as_ref()
+            .map(|r| divided(r, ios))
+            .unwrap_or_default();
         self
+    }
+
+    /// The sum of the exit reasons `names` over the window (None without
+    /// exits by reason; a reason that did not occur is 0).
+    pub(crate) fn exits_for(&self, names: &[&str]) -> Option<f64> {
+        let reasons = self.exit_reasons.as_ref()?;
+        Some(
+            names
+                .iter()
+                .map(|n| reasons.get(*n).copied().unwrap_or(0) as f64)
+                .sum(),
+        )
     }
 
     /// The sum of `names` over the window (None when one is missing).
@@ -82,6 +112,17 @@ impl KvmWindow {
             .iter()
             .map(|n| self.counters.get(*n).map(|v| *v as f64))
             .sum()
+    }
+}
+
+/// Each count divided by `ios` (empty without an IO count).
+fn divided(counts: &BTreeMap<String, u64>, ios: Option<f64>) -> BTreeMap<String, f64> {
+    match ios {
+        Some(n) => counts
+            .iter()
+            .map(|(k, v)| (k.clone(), *v as f64 / n))
+            .collect(),
+        None => BTreeMap::new(),
     }
 }
 

@@ -133,6 +133,11 @@ fn kvm_per_io(r: &ResultRecord, names: &[&str]) -> Option<f64> {
     per_io(r.kvm.as_ref()?.sum(names), r)
 }
 
+/// KVM's exits for the reasons `names` over the window, per IO.
+fn kvm_exits_per_io(r: &ResultRecord, names: &[&str]) -> Option<f64> {
+    per_io(r.kvm.as_ref()?.exits_for(names), r)
+}
+
 /// A KVM counter per IO (lower is better).
 const fn kvm(
     key: &'static str,
@@ -466,6 +471,44 @@ pub(crate) const METRICS: &[Metric] = &[
         "ns",
         |r| kvm_per_io(r, &["halt_wait_ns"]),
     ),
+    // --- KVM's exits by reason (the host's kvm:kvm_exit tracepoint; SVM and
+    // VMX names of one kind summed) ---
+    kvm(
+        "kvm_exit_hlt_per_io",
+        "KVM exits per IO by reason: HLT",
+        "",
+        |r| kvm_exits_per_io(r, &["hlt"]),
+    ),
+    kvm(
+        "kvm_exit_msr_per_io",
+        "KVM exits per IO by reason: MSR access (x2APIC ICR/EOI, TSC deadline, …)",
+        "",
+        |r| kvm_exits_per_io(r, &["msr", "msr_write", "msr_read"]),
+    ),
+    kvm(
+        "kvm_exit_io_per_io",
+        "KVM exits per IO by reason: port I/O",
+        "",
+        |r| kvm_exits_per_io(r, &["io", "io_instruction"]),
+    ),
+    kvm(
+        "kvm_exit_npf_per_io",
+        "KVM exits per IO by reason: nested page fault / EPT (MMIO, e.g. virtio notify)",
+        "",
+        |r| kvm_exits_per_io(r, &["npf", "ept_misconfig", "ept_violation"]),
+    ),
+    kvm(
+        "kvm_exit_interrupt_per_io",
+        "KVM exits per IO by reason: host interrupt",
+        "",
+        |r| kvm_exits_per_io(r, &["interrupt", "external_interrupt"]),
+    ),
+    kvm(
+        "kvm_exit_interrupt_window_per_io",
+        "KVM exits per IO by reason: interrupt window",
+        "",
+        |r| kvm_exits_per_io(r, &["vintr", "interrupt_window"]),
+    ),
 ];
 
 /// The metrics added to the defaults when records carry instruction counts
@@ -486,6 +529,10 @@ pub(crate) const KVM_METRICS: &[&str] = &[
     "kvm_exits_per_io",
     "kvm_halt_exits_per_io",
     "kvm_irq_injections_per_io",
+    "kvm_exit_hlt_per_io",
+    "kvm_exit_msr_per_io",
+    "kvm_exit_io_per_io",
+    "kvm_exit_npf_per_io",
 ];
 
 /// The metrics added to the defaults when records carry a nested run's
@@ -725,6 +772,39 @@ mod tests {
     }
 
     #[test]
+    fn kvm_exit_reason_metrics_sum_both_isas_names_per_io() {
+        let svm =
+            json!({"hlt": 2000, "msr": 1000, "npf": 500, "io": 4, "interrupt": 30, "vintr": 2});
+        let vmx = json!({"hlt": 2000, "msr_write": 900, "msr_read": 100, "ept_misconfig": 499,
+            "ept_violation": 1, "io_instruction": 4, "external_interrupt": 30, "interrupt_window": 2});
+        for reasons in [svm, vmx] {
+            let r = test_record(json!({
+                "checks": {"guest_block_ios": 1000},
+                "kvm": {"source": "s", "counters": {"exits": 3536}, "exit_reasons": reasons},
+            }));
+            let v = |k: &str| (find(k).unwrap_or_else(|| panic!("{k}")).get)(&r);
+            assert_eq!(v("kvm_exit_hlt_per_io"), Some(2.0));
+            assert_eq!(v("kvm_exit_msr_per_io"), Some(1.0));
+            assert_eq!(v("kvm_exit_npf_per_io"), Some(0.5));
+            assert_eq!(v("kvm_exit_io_per_io"), Some(0.004));
+            assert_eq!(v("kvm_exit_interrupt_per_io"), Some(0.03));
+            assert_eq!(v("kvm_exit_interrupt_window_per_io"), Some(0.002));
+        }
+        // Without exits by reason (not counted, or an older record): absent.
+        let r = test_record(json!({
+            "checks": {"guest_block_ios": 1000},
+            "kvm": {"source": "s", "counters": {"exits": 3536}},
+        }));
+        assert_eq!((find("kvm_exit_hlt_per_io").unwrap().get)(&r), None);
+        // Counted, and no exit of that kind: 0.
+        let r = test_record(json!({
+            "checks": {"guest_block_ios": 1000},
+            "kvm": {"source": "s", "counters": {}, "exit_reasons": {"hlt": 5}},
+        }));
+        assert_eq!((find("kvm_exit_io_per_io").unwrap().get)(&r), Some(0.0));
+    }
+
+    #[test]
     fn kvm_metrics_divide_kvm_counters_by_the_ios() {
         let counters = json!({"exits": 7000, "halt_exits": 2500, "io_exits": 4, "mmio_exits": 2,
             "irq_exits": 35, "irq_window_exits": 8, "irq_injections": 3000,
@@ -748,7 +828,10 @@ mod tests {
         assert_eq!(v("kvm_halt_poll_ns_per_io"), Some(13000.0));
         assert_eq!(v("kvm_halt_wait_ns_per_io"), Some(500000.0));
         // Each KVM metric names the counters it reads, and each exists.
-        for m in METRICS.iter().filter(|m| m.key.starts_with("kvm_")) {
+        let counter_metrics = METRICS
+            .iter()
+            .filter(|m| m.key.starts_with("kvm_") && !m.key.starts_with("kvm_exit_"));
+        for m in counter_metrics {
             assert!((m.get)(&r).is_some(), "{}", m.key);
             let (_, names) = m.title.rsplit_once('(').expect("counters in the title");
             for n in names.trim_end_matches(')').split(" + ") {
