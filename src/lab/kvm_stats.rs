@@ -258,6 +258,7 @@ enum Exits {
         /// vCPU QOM path → its thread.
         threads: BTreeMap<String, u64>,
         begin: Option<Hist>,
+        end: Option<Hist>,
     },
     Unavailable(String),
 }
@@ -299,6 +300,7 @@ impl Exits {
             trace,
             threads,
             begin: None,
+            end: None,
         })
     }
 
@@ -309,10 +311,17 @@ impl Exits {
         Ok(())
     }
 
-    /// Add the exits by reason since the begin to `w` (whose vCPUs are
-    /// QEMU's, in order).
+    fn sample_end(&mut self) -> Result<(), KvmStatsError> {
+        if let Exits::Counting { trace, end, .. } = self {
+            *end = Some(trace.sample()?);
+        }
+        Ok(())
+    }
+
+    /// Add the exits by reason from the begin to the end sample to `w`
+    /// (whose vCPUs are QEMU's, in order).
     fn end(&mut self, w: &mut KvmWindow) -> Result<(), KvmStatsError> {
-        let (trace, threads, begin) = match self {
+        let (trace, threads, begin, end) = match self {
             Exits::Unavailable(why) => {
                 w.exit_reasons_unavailable = Some(why.clone());
                 return Ok(());
@@ -321,10 +330,10 @@ impl Exits {
                 trace,
                 threads,
                 begin,
-            } => (trace, threads, begin),
+                end,
+            } => (trace, threads, begin, end),
         };
-        let end = trace.sample()?;
-        let Some(first) = begin.take() else {
+        let (Some(first), Some(end)) = (begin.take(), end.take()) else {
             return Ok(());
         };
         let tids = w
@@ -398,6 +407,11 @@ impl KvmSampler {
         let Some(first) = self.begin.take() else {
             return Ok(self.unavailable());
         };
+        // The exits by reason are read after query-stats at the begin and
+        // before it at the end: their window lies within the counters'.
+        if let Conn::Open { exits, .. } = &mut self.conn {
+            exits.sample_end()?;
+        }
         let Some(last) = self.sample()? else {
             return Ok(self.unavailable());
         };
