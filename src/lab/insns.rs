@@ -30,6 +30,8 @@ use thiserror::Error;
 pub(crate) use crate::record::instructions::{
     HostInstructions, InsnsWindow, Instructions, VcpuInsns, ENTRY_FUNCTIONS,
 };
+pub use crate::lab::exits::{ExitCounts, ExitKind};
+use crate::lab::exits::{exit_line, is_interrupt_stub, NotifyArea, WouldBeExits};
 use crate::record::symbol_groups::{base_name, group_of, host_group_of, split_module, OUTSIDE};
 
 #[derive(Debug, Error)]
@@ -177,6 +179,8 @@ impl Control {
 pub struct LevelCounts {
     pub vcpus: Vec<(u64, u64)>,
     pub blocks: BTreeMap<u64, (u64, u64)>,
+    /// The level's would-be exits (format 4; empty in format 3).
+    pub exits: ExitCounts,
 }
 
 impl LevelCounts {
@@ -208,7 +212,11 @@ impl LevelCounts {
                 (de > 0 || di > 0).then_some((*a, (di, de)))
             })
             .collect();
-        LevelCounts { vcpus, blocks }
+        LevelCounts {
+            vcpus,
+            blocks,
+            exits: self.exits.since(&earlier.exits),
+        }
     }
 }
 
@@ -231,7 +239,7 @@ pub enum LevelRule {
     Address,
 }
 
-/// One counter dump (format 3, see the plugin's header comment), split by
+/// One counter dump (format 4 or 3, see the plugin's header comment), split by
 /// level: level 1 is the emulated machine's own code (the guest of a plain
 /// TCG run; the host of a nested run), level 2 what it ran in SVM guest
 /// mode (a nested run's guest; nothing without SVM).
@@ -247,10 +255,19 @@ pub struct Dump {
     /// Under [`LevelRule::Address`], block executions whose level by
     /// address is not the VMRUN tracking's (0 otherwise).
     pub disagree: u64,
+    /// Why the dump has no would-be exits (a format-3 dump, or a plugin
+    /// built for a QEMU that cannot read registers); None when it has them.
+    pub exits_unavailable: Option<String>,
 }
 
-/// The header line of the dumps [`Dump::parse`] reads.
-const DUMP_HEADER: &str = "blklab-insns 3";
+/// The header lines of the dumps [`Dump::parse`] reads: format 4, and
+/// format 3 (no would-be exits).
+const DUMP_HEADER: &str = "blklab-insns 4";
+const DUMP_HEADER_3: &str = "blklab-insns 3";
+
+/// What a format-3 dump's window says about would-be exits.
+pub const FORMAT_3_EXITS: &str =
+    "the plugin's dump is format 3, without would-be exits (rebuild it: images/build-qemu-plugin.sh)";
 
 /// The fields of a `vcpu` line after its index, in order.
 const VCPU_FIELDS: [&str; 6] = ["kernel", "user", "l2kernel", "l2user", "vmruns", "returns"];
@@ -271,13 +288,21 @@ impl Dump {
             why: why.to_string(),
         };
         let mut lines = text.lines().enumerate();
-        if lines.next().map(|(_, l)| l) != Some(DUMP_HEADER) {
-            return Err(err(
-                1,
-                "not a blklab-insns 3 dump (an older plugin? rebuild it: images/build-qemu-plugin.sh)",
-            ));
-        }
+        let format = match lines.next().map(|(_, l)| l) {
+            Some(DUMP_HEADER) => 4,
+            Some(DUMP_HEADER_3) => 3,
+            _ => {
+                return Err(err(
+                    1,
+                    "not a blklab-insns 4 or 3 dump (an older plugin? rebuild it: images/build-qemu-plugin.sh)",
+                ))
+            }
+        };
         let mut d = Dump::default();
+        let mut exits = format == 3;
+        if exits {
+            d.exits_unavailable = Some(FORMAT_3_EXITS.to_string());
+        }
         let (mut vcpus, mut seen, mut ended) = (None, 0usize, false);
         let (mut rule, mut mixed, mut disagree) = (false, false, false);
         for (i, l) in lines {
@@ -333,6 +358,28 @@ impl Dump {
                     };
                     level.blocks.insert(b.0, (b.1, b.2));
                 }
+                Some("exits") if format == 4 && !exits => {
+                    d.exits_unavailable = match w.next() {
+                        Some("available") if w.next().is_none() => None,
+                        Some("unavailable") => Some(w.collect::<Vec<_>>().join(" ")),
+                        _ => return Err(err(n, "want 'exits available' or 'exits unavailable WHY'")),
+                    };
+                    exits = true;
+                }
+                Some("exit") if d.exits_unavailable.is_none() && exits => {
+                    let e = exit_line(w).ok_or_else(|| {
+                        err(n, "want 'exit LEVEL VCPU KIND KEY N [NAME]'")
+                    })?;
+                    if e.vcpu >= vcpus.unwrap_or(0) {
+                        return Err(err(n, "vCPU index beyond 'vcpus'"));
+                    }
+                    let level = if e.level == 1 {
+                        &mut d.level1
+                    } else {
+                        &mut d.level2
+                    };
+                    level.exits.add(e);
+                }
                 Some("end") => ended = true,
                 _ => return Err(err(n, "unknown record")),
             }
@@ -341,10 +388,10 @@ impl Dump {
         if !ended {
             return Err(err(last, "truncated dump (no 'end')"));
         }
-        if vcpus != Some(seen) || !(rule && mixed && disagree) {
+        if vcpus != Some(seen) || !(rule && mixed && disagree && exits) {
             return Err(err(
                 last,
-                "incomplete dump (want 'levels', 'vcpus N', N 'vcpu' records, 'mixed', 'disagree')",
+                "incomplete dump (want 'levels', 'vcpus N', N 'vcpu' records, 'mixed', 'disagree', 'exits')",
             ));
         }
         Ok(d)
@@ -377,6 +424,10 @@ impl Dump {
             switches,
             mixed: self.mixed.saturating_sub(earlier.mixed),
             disagree: self.disagree.saturating_sub(earlier.disagree),
+            exits_unavailable: self
+                .exits_unavailable
+                .clone()
+                .or_else(|| earlier.exits_unavailable.clone()),
         }
     }
 
@@ -669,7 +720,27 @@ pub fn record(
             .map(|(f, n)| (f.clone(), per(*n as f64)))
             .collect(),
         function_insns: p.functions.clone(),
+        exits: None,
     }
+}
+
+/// The would-be exits of one level of a window (`unavailable`: the dump's
+/// reason when it has none), its interrupts taken from the entries of the
+/// IDT stubs in `map`, notify stores mapped by `notify`.
+pub(crate) fn exits_record(
+    level: &LevelCounts,
+    unavailable: Option<&str>,
+    map: &SymbolMap,
+    notify: &[NotifyArea],
+    ios: Option<f64>,
+) -> WouldBeExits {
+    let stubs = map
+        .syms
+        .iter()
+        .filter(|(_, n)| is_interrupt_stub(n))
+        .map(|(a, n)| (n.clone(), entries_at(level, *a)))
+        .collect();
+    crate::lab::exits::record(&level.exits, unavailable, stubs, notify, ios)
 }
 
 /// Kernel instructions per group of `functions` (base name →
