@@ -183,7 +183,9 @@ pub(crate) fn notify_areas(query_pci: &Value, queues: &[u64]) -> Vec<NotifyArea>
                 .as_array()?
                 .iter()
                 .find(|r| r["bar"] == NOTIFY_BAR && r["type"] == "memory")?;
-            let addr = bar["address"].as_u64().filter(|a| *a != 0 && *a != u64::MAX)?;
+            let addr = bar["address"]
+                .as_u64()
+                .filter(|a| *a != 0 && *a != u64::MAX)?;
             Some(NotifyArea {
                 disk,
                 base: addr + NOTIFY_OFFSET,
@@ -376,13 +378,13 @@ mod tests {
             (ExitKind::Mmio(0xfee000b0), Some("apic-msi"))
         );
         for bad in [
-            "3 0 hlt 0 1",             // no level 3
-            "1 0 hlt 1 1",             // hlt has no key
-            "1 0 mmio fee000b0 5",     // an MMIO store names its region
-            "1 0 out 80 3 x",          // only MMIO has a name
-            "1 0 in 10000 1",          // ports are 16 bits
-            "1 0 wrmsr 100000000 1",   // MSRs are 32 bits
-            "1 0 vmcall 0 1",          // unknown kind
+            "3 0 hlt 0 1",           // no level 3
+            "1 0 hlt 1 1",           // hlt has no key
+            "1 0 mmio fee000b0 5",   // an MMIO store names its region
+            "1 0 out 80 3 x",        // only MMIO has a name
+            "1 0 in 10000 1",        // ports are 16 bits
+            "1 0 wrmsr 100000000 1", // MSRs are 32 bits
+            "1 0 vmcall 0 1",        // unknown kind
             "1 x hlt 0 1",
             "1 0 hlt 0",
         ] {
@@ -438,7 +440,10 @@ mod tests {
         let r = record(&c, None, irqs, &[area], Some(2.0));
         assert_eq!((r.hlt, r.ipi, r.eoi, r.timer), (11, 6, 7, 6));
         assert_eq!((r.apic_other, r.msr_other, r.port_io), (4, 1, 25));
-        assert_eq!((r.notify, r.mmio_other, r.cpuid, r.interrupts), (9, 1, 9, 11));
+        assert_eq!(
+            (r.notify, r.mmio_other, r.cpuid, r.interrupts),
+            (9, 1, 9, 11)
+        );
         assert_eq!(r.total, 11 + 6 + 7 + 6 + 4 + 1 + 25 + 9 + 1 + 9 + 11);
         assert_eq!(r.msrs["0x1b"], 1);
         assert_eq!(r.ports["out 0x3f8"], 20);
@@ -463,13 +468,20 @@ mod tests {
         assert_eq!(r.per_vcpu.iter().sum::<u64>() + r.interrupts, r.total);
         // Unavailable: no counts, the reason.
         let r = record(&c, Some("no registers"), BTreeMap::new(), &[area], None);
-        assert_eq!((r.total, r.unavailable.as_deref()), (0, Some("no registers")));
+        assert_eq!(
+            (r.total, r.unavailable.as_deref()),
+            (0, Some("no registers"))
+        );
     }
 
     #[test]
     fn windows_difference_exits() {
         let a = counts(&[(0, ExitKind::Hlt, 10), (0, ExitKind::Out(0x80), 1)]);
-        let b = counts(&[(0, ExitKind::Hlt, 15), (0, ExitKind::Out(0x80), 1), (1, ExitKind::Cpuid, 2)]);
+        let b = counts(&[
+            (0, ExitKind::Hlt, 15),
+            (0, ExitKind::Out(0x80), 1),
+            (1, ExitKind::Cpuid, 2),
+        ]);
         let w = b.since(&a);
         assert_eq!(w.of(ExitKind::Hlt), 5);
         assert_eq!(w.of(ExitKind::Out(0x80)), 0);
@@ -496,8 +508,16 @@ mod tests {
         assert_eq!(
             a,
             vec![
-                NotifyArea { disk: 0, base: 0xfe00_7000, queues: 4 },
-                NotifyArea { disk: 1, base: 0xfd00_3000, queues: 1 },
+                NotifyArea {
+                    disk: 0,
+                    base: 0xfe00_7000,
+                    queues: 4
+                },
+                NotifyArea {
+                    disk: 1,
+                    base: 0xfd00_3000,
+                    queues: 1
+                },
             ]
         );
         assert_eq!(a[0].queue(0xfe00_700c), Some(3));

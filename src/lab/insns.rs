@@ -27,11 +27,11 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::lab::exits::{exit_line, is_interrupt_stub, NotifyArea, WouldBeExits};
+pub use crate::lab::exits::{ExitCounts, ExitKind};
 pub(crate) use crate::record::instructions::{
     HostInstructions, InsnsWindow, Instructions, VcpuInsns, ENTRY_FUNCTIONS,
 };
-pub use crate::lab::exits::{ExitCounts, ExitKind};
-use crate::lab::exits::{exit_line, is_interrupt_stub, NotifyArea, WouldBeExits};
 use crate::record::symbol_groups::{base_name, group_of, host_group_of, split_module, OUTSIDE};
 
 #[derive(Debug, Error)]
@@ -362,14 +362,15 @@ impl Dump {
                     d.exits_unavailable = match w.next() {
                         Some("available") if w.next().is_none() => None,
                         Some("unavailable") => Some(w.collect::<Vec<_>>().join(" ")),
-                        _ => return Err(err(n, "want 'exits available' or 'exits unavailable WHY'")),
+                        _ => {
+                            return Err(err(n, "want 'exits available' or 'exits unavailable WHY'"))
+                        }
                     };
                     exits = true;
                 }
                 Some("exit") if d.exits_unavailable.is_none() && exits => {
-                    let e = exit_line(w).ok_or_else(|| {
-                        err(n, "want 'exit LEVEL VCPU KIND KEY N [NAME]'")
-                    })?;
+                    let e = exit_line(w)
+                        .ok_or_else(|| err(n, "want 'exit LEVEL VCPU KIND KEY N [NAME]'"))?;
                     if e.vcpu >= vcpus.unwrap_or(0) {
                         return Err(err(n, "vCPU index beyond 'vcpus'"));
                     }
@@ -898,7 +899,8 @@ ffffffff81000600 T _etext
             w.level2,
             LevelCounts {
                 vcpus: vec![(0, 0)],
-                blocks: BTreeMap::new()
+                blocks: BTreeMap::new(),
+                exits: ExitCounts::default(),
             }
         );
         let m = SymbolMap::parse(MAP, Path::new("System.map")).unwrap();
@@ -1028,6 +1030,7 @@ ffffffff81000600 T _etext
             "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 1 user 1\ntb ffffffff81000100 1 1\nend\n",
             1,
         );
+        bad(&ok.replace("blklab-insns 3", "blklab-insns 5"), 1);
         bad(&ok.replace("end\n", ""), 7);
         bad("junk\n", 1);
         // A vcpu line of format 1, with a field missing, extra or misnamed.
@@ -1050,6 +1053,73 @@ ffffffff81000600 T _etext
         bad(&ok.replace("1 1\n", "1\n"), 7);
         bad(&ok.replace("tb ffffffff81000100", "tb2 zz"), 7);
         bad(&format!("{ok}tb 1 1 1\n"), 9);
+    }
+
+    #[test]
+    fn format_4_dumps_carry_exits_per_level() {
+        let text = |hlt: u64, notify: u64| {
+            head(&[(1, 2, 3, 4, 5, 5), (1, 1, 0, 0, 0, 0)], 0).replace("blklab-insns 3", "blklab-insns 4")
+                + &format!(
+                    "exits available\nexit 1 0 hlt 0 {hlt}\nexit 1 1 wrmsr 830 2\nexit 2 0 out 80 7\n\
+                     exit 1 0 mmio febf3000 {notify} virtio-pci-notify\ntb ffffffff81000100 1 1\nend\n"
+                )
+        };
+        let a = Dump::parse(&text(10, 4), Path::new("a")).unwrap();
+        let b = Dump::parse(&text(15, 9), Path::new("b")).unwrap();
+        assert_eq!(a.exits_unavailable, None);
+        assert_eq!(a.level1.exits.of(ExitKind::Wrmsr(0x830)), 2);
+        assert_eq!(a.level2.exits.of(ExitKind::Out(0x80)), 7);
+        assert_eq!(a.level1.exits.of(ExitKind::Out(0x80)), 0);
+        assert_eq!(a.level1.exits.regions[&0xfebf3000], "virtio-pci-notify");
+        let w = b.since(&a);
+        assert_eq!(w.level1.exits.of(ExitKind::Hlt), 5);
+        assert_eq!(w.level1.exits.of(ExitKind::Mmio(0xfebf3000)), 5);
+        assert_eq!(w.level1.exits.of(ExitKind::Wrmsr(0x830)), 0);
+        assert_eq!(w.level2.exits.of(ExitKind::Out(0x80)), 0);
+        // Unavailable: the reason, and no exit records may follow.
+        let u = head(&[(1, 2, 3, 4, 5, 5)], 0).replace("blklab-insns 3", "blklab-insns 4")
+            + "exits unavailable plugin API version 1\nend\n";
+        let d = Dump::parse(&u, Path::new("u")).unwrap();
+        assert_eq!(d.exits_unavailable.as_deref(), Some("plugin API version 1"));
+        let bad = |t: &str| assert!(Dump::parse(t, Path::new("t")).is_err(), "{t}");
+        bad(&u.replace("end\n", "exit 1 0 hlt 0 1\nend\n"));
+        // Format 4 needs its exits line; format 3 has none and says so.
+        bad(&text(1, 1).replace("exits available\n", ""));
+        bad(&text(1, 1).replace("exit 1 1 wrmsr", "exit 1 2 wrmsr"));
+        bad(&text(1, 1).replace(" virtio-pci-notify", ""));
+        let f3 = format!("{}end\n", head(&[(1, 2, 3, 4, 5, 5)], 0));
+        let d = Dump::parse(&f3, Path::new("f3")).unwrap();
+        assert_eq!(d.exits_unavailable.as_deref(), Some(FORMAT_3_EXITS));
+        bad(&f3.replace("end\n", "exits available\nend\n"));
+        // A window from a format-3 dump to a format-4 one has no exits.
+        let w = b.since(&d);
+        assert_eq!(w.exits_unavailable.as_deref(), Some(FORMAT_3_EXITS));
+    }
+
+    #[test]
+    fn exits_record_counts_interrupt_stub_entries() {
+        let map = SymbolMap::parse(
+            "ffffffff81000000 T _stext\nffffffff81000100 T asm_common_interrupt\n\
+             ffffffff81000200 T asm_sysvec_apic_timer_interrupt\n\
+             ffffffff81000300 T asm_sysvec_reschedule_ipi\nffffffff81000400 T _etext\n",
+            Path::new("m"),
+        )
+        .unwrap();
+        let w = Dump::parse(
+            &format!(
+                "{}exits available\nexit 1 0 hlt 0 4\ntb ffffffff81000100 9 3\n\
+                 tb ffffffff81000110 9 30\ntb ffffffff81000200 5 5\nend\n",
+                head(&[(1, 1, 0, 0, 0, 0)], 0).replace("blklab-insns 3", "blklab-insns 4")
+            ),
+            Path::new("w"),
+        )
+        .unwrap();
+        let e = exits_record(&w.level1, None, &map, &[], Some(2.0));
+        assert_eq!(e.interrupt_entries["asm_common_interrupt"], 3);
+        assert_eq!(e.interrupt_entries["asm_sysvec_apic_timer_interrupt"], 5);
+        assert_eq!(e.interrupt_entries["asm_sysvec_reschedule_ipi"], 0);
+        assert_eq!((e.interrupts, e.hlt, e.total), (8, 4, 12));
+        assert_eq!(e.per_io["interrupts"], Some(4.0));
     }
 
     /// A host's /proc/kallsyms: the kernel's text, then modules' symbols

@@ -23,8 +23,8 @@
 pub(crate) mod accel;
 pub(crate) mod boot;
 pub(crate) mod cleanup;
-pub mod exits;
 pub mod console;
+pub mod exits;
 pub mod images;
 pub mod insns;
 pub(crate) mod kvm_stats;
