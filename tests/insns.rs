@@ -503,7 +503,7 @@ fn would_be_exits_agree_with_the_backend_and_the_guest() {
         + stub("asm_sysvec_reschedule_ipi")
         + e["interrupt_entries"]
             .get("asm_sysvec_irq_work")
-            .map_or(0, |v| n(v));
+            .map_or(0, &n);
     assert!(
         n(&e["ipi"]).abs_diff(received) <= 4,
         "{} ICR writes, {received} IPIs received",
