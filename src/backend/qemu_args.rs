@@ -176,7 +176,7 @@ mod tests {
                 "-chardev",
                 "socket,id=blklab0,path=/tmp/a,,b/vd.sock",
                 "-device",
-                "vhost-user-blk-pci,chardev=blklab0,num-queues=2,queue-size=128",
+                "vhost-user-blk-pci,chardev=blklab0,id=blklab-disk0,num-queues=2,queue-size=128",
             ]
         );
         assert!(disks(&[]).is_empty());
