@@ -527,3 +527,24 @@ fn would_be_exits_agree_with_the_backend_and_the_guest() {
         e["per_vcpu"].as_array().unwrap().iter().map(n).sum::<u64>() + n(&e["interrupts"])
     );
 }
+
+/// The plugin's instruction decoders (images/qemu-plugin/blklab-decode.h)
+/// on known encodings: images/qemu-plugin/decode-test.c, built with the
+/// compiler the plugin is built with.
+#[test]
+fn plugin_decoders_recognise_the_exiting_instructions() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("decode-test");
+    let src = root().join("images/qemu-plugin/decode-test.c");
+    let cc = Command::new("gcc")
+        .args(["-Wall", "-Wextra", "-Werror", "-std=gnu11", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("run gcc (the plugin's build needs it too)");
+    assert!(cc.status.success(), "{}", text(&cc));
+    let out = Command::new(&exe).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(t.trim_end().ends_with("32 passed, 0 failed"), "{t}");
+}

@@ -105,7 +105,8 @@
  * to the host (#NPF) before it is made, so it is not seen at level 2; port
  * I/O, HLT, CPUID and WRMSR are counted at level 2 when executed there (each
  * a #VMEXIT to the host's KVM). Instructions are decoded once, at
- * translation; only the instructions that are these get a callback, and
+ * translation (blklab-decode.h; decode-test.c runs it on known
+ * encodings); only the instructions that are these get a callback, and
  * only kernel blocks' instructions get the memory callback.
  * Plugin API version 1 (QEMU 7.2) has no register reads: the counting is
  * compiled out and the dump says "exits unavailable".
@@ -153,6 +154,8 @@
 
 #include <qemu-plugin.h>
 
+#include "blklab-decode.h"
+
 QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 
 /* Would-be exits need register reads: plugin API version 2 (QEMU 9.0). */
@@ -161,6 +164,24 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 #else
 #define EXITS 0
 #endif
+
+/* Copy an instruction's bytes into buf (16 bytes); its size, 0 if it does
+ * not fit. */
+static size_t insn_bytes(const struct qemu_plugin_insn *insn, uint8_t *buf)
+{
+    size_t size = qemu_plugin_insn_size(insn);
+    if (size > 16) {
+        return 0;
+    }
+#if QEMU_PLUGIN_VERSION >= 3
+    if (qemu_plugin_insn_data(insn, buf, 16) < size) {
+        return 0;
+    }
+#else
+    memcpy(buf, qemu_plugin_insn_data(insn), size);
+#endif
+    return size;
+}
 
 #define KERNEL_START 0xffff800000000000ULL
 #define MAX_VCPUS 256
@@ -275,7 +296,6 @@ static void block_exec(unsigned int vcpu_index, void *udata)
 
 #if EXITS
 /* Would-be exits (see the header comment). */
-enum { EV_HLT, EV_CPUID, EV_WRMSR, EV_IN, EV_OUT, EV_MMIO, EV_KINDS };
 static const char *const ev_names[EV_KINDS] = {"hlt", "cpuid", "wrmsr", "in", "out", "mmio"};
 
 typedef struct {
@@ -330,51 +350,6 @@ typedef struct {
     bool dx;       /* the port is DX (else `port`) */
     uint16_t port; /* the imm8 port */
 } ExitInsn;
-
-/* Decode an instruction's bytes: the exit kind (-1: none). Skips legacy
- * prefixes (operand/address size, REP/REPNE, LOCK, segments) and REX. */
-static int exit_kind(const uint8_t *b, size_t size, bool *dx, uint16_t *port)
-{
-    size_t i = 0;
-    while (i < size && (b[i] == 0x66 || b[i] == 0x67 || b[i] == 0xf2 || b[i] == 0xf3 ||
-                        b[i] == 0xf0 || b[i] == 0x2e || b[i] == 0x36 || b[i] == 0x3e ||
-                        b[i] == 0x26 || b[i] == 0x64 || b[i] == 0x65 || (b[i] & 0xf0) == 0x40)) {
-        i++;
-    }
-    if (i >= size) {
-        return -1;
-    }
-    uint8_t op = b[i];
-    *dx = true;
-    *port = 0;
-    switch (op) {
-    case 0xf4:
-        return EV_HLT;
-    case 0x0f:
-        if (i + 1 < size && b[i + 1] == 0x30) {
-            return EV_WRMSR;
-        }
-        if (i + 1 < size && b[i + 1] == 0xa2) {
-            return EV_CPUID;
-        }
-        return -1;
-    case 0xe4: case 0xe5: case 0xe6: case 0xe7:
-        if (i + 1 >= size) {
-            return -1;
-        }
-        *dx = false;
-        *port = b[i + 1];
-        return op & 2 ? EV_OUT : EV_IN;
-    case 0xec: case 0xed: case 0xee: case 0xef:
-        return op & 2 ? EV_OUT : EV_IN;
-    case 0x6c: case 0x6d:
-        return EV_IN;
-    case 0x6e: case 0x6f:
-        return EV_OUT;
-    default:
-        return -1;
-    }
-}
 
 /* The level index an exit of block `b` counts at. */
 static inline uint64_t exit_level(unsigned int vcpu_index, const BlockCb *b)
@@ -461,10 +436,7 @@ static void register_exits(struct qemu_plugin_tb *tb, size_t n, BlockCb *b, bool
     for (size_t i = 0; i < n; i++) {
         struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
         uint8_t buf[16];
-        size_t size = qemu_plugin_insn_size(insn);
-        if (size > sizeof(buf) || qemu_plugin_insn_data(insn, buf, sizeof(buf)) < size) {
-            continue;
-        }
+        size_t size = insn_bytes(insn, buf);
         bool dx;
         uint16_t port;
         int kind = exit_kind(buf, size, &dx, &port);
@@ -502,31 +474,10 @@ static void vmrun_exec(unsigned int vcpu_index, void *udata)
     }
 }
 
-/* VMRUN: 0f 01 d8, after any legacy or REX prefixes. */
 static bool is_vmrun(const struct qemu_plugin_insn *insn)
 {
     uint8_t buf[16];
-    size_t size = qemu_plugin_insn_size(insn);
-    if (size < 3 || size > sizeof(buf)) {
-        return false;
-    }
-#if QEMU_PLUGIN_VERSION >= 3
-    if (qemu_plugin_insn_data(insn, buf, sizeof(buf)) < size) {
-        return false;
-    }
-#else
-    memcpy(buf, qemu_plugin_insn_data(insn), size);
-#endif
-    for (size_t i = 0; i + 3 < size; i++) {
-        uint8_t p = buf[i];
-        bool prefix = p == 0x66 || p == 0x67 || p == 0xf2 || p == 0xf3 ||
-                      p == 0x2e || p == 0x36 || p == 0x3e || p == 0x26 ||
-                      p == 0x64 || p == 0x65 || (p & 0xf0) == 0x40;
-        if (!prefix) {
-            return false;
-        }
-    }
-    return buf[size - 3] == 0x0f && buf[size - 2] == 0x01 && buf[size - 1] == 0xd8;
+    return decode_vmrun(buf, insn_bytes(insn, buf));
 }
 
 /* Remember where a VMRUN's host resumes. Called with the lock held. */
