@@ -741,7 +741,44 @@ pub(crate) fn exits_record(
         .filter(|(_, n)| is_interrupt_stub(n))
         .map(|(a, n)| (n.clone(), entries_at(level, *a)))
         .collect();
-    crate::lab::exits::record(&level.exits, unavailable, stubs, notify, ios)
+    let mut r = crate::lab::exits::record(&level.exits, unavailable, stubs, notify, ios);
+    if r.unavailable.is_none() {
+        r.device_vectors = device_vectors(level, map);
+    }
+    r
+}
+
+/// The first vector of device interrupts (x86's FIRST_EXTERNAL_VECTOR).
+const FIRST_EXTERNAL_VECTOR: u64 = 0x20;
+
+/// Entries per device-interrupt vector ("0x22" → entries): the
+/// executions of each vector's stub in `irq_entries_start` (`push
+/// $vector; jmp asm_common_interrupt`, one per vector from 0x20 up to the
+/// first system vector, `spurious_entries_start`). The stubs are IDT_ALIGN
+/// apart: 8 bytes, or 16 with IBT (then the table would hold more than
+/// the 224 vectors at 8). Empty when the map has neither symbol.
+fn device_vectors(level: &LevelCounts, map: &SymbolMap) -> BTreeMap<String, u64> {
+    let (Some(start), Some(end)) = (
+        map.address("irq_entries_start"),
+        map.address("spurious_entries_start"),
+    ) else {
+        return BTreeMap::new();
+    };
+    let span = end.saturating_sub(start);
+    let align = if span / 8 <= 256 - FIRST_EXTERNAL_VECTOR {
+        8
+    } else {
+        16
+    };
+    level
+        .blocks
+        .range(start..end)
+        .filter(|(a, (_, execs))| (*a - start) % align == 0 && *execs > 0)
+        .map(|(a, (_, execs))| {
+            let vector = FIRST_EXTERNAL_VECTOR + (a - start) / align;
+            (format!("{vector:#x}"), *execs)
+        })
+        .collect()
 }
 
 /// Kernel instructions per group of `functions` (base name →
@@ -1115,11 +1152,44 @@ ffffffff81000600 T _etext
         )
         .unwrap();
         let e = exits_record(&w.level1, None, &map, &[], Some(2.0));
+        assert!(e.device_vectors.is_empty());
         assert_eq!(e.interrupt_entries["asm_common_interrupt"], 3);
         assert_eq!(e.interrupt_entries["asm_sysvec_apic_timer_interrupt"], 5);
         assert_eq!(e.interrupt_entries["asm_sysvec_reschedule_ipi"], 0);
         assert_eq!((e.interrupts, e.hlt, e.total), (8, 4, 12));
         assert_eq!(e.per_io["interrupts"], Some(4.0));
+    }
+
+    #[test]
+    fn device_vectors_from_the_irq_entry_stubs() {
+        // 204 stubs 8 bytes apart (vectors 0x20..0xeb), as 6.12's map has
+        // them; blocks at vector 0x22's and 0x24's stubs, one inside a
+        // stub (not a vector's entry), one past the table.
+        let map = SymbolMap::parse(
+            "ffffffff81400140 T irq_entries_start\nffffffff814007a0 T spurious_entries_start\n\
+             ffffffff81400b40 T asm_common_interrupt\n",
+            Path::new("m"),
+        )
+        .unwrap();
+        let w = Dump::parse(
+            &format!(
+                "{}exits available\ntb ffffffff81400150 2 7\ntb ffffffff81400160 2 5\n\
+                 tb ffffffff81400162 1 9\ntb ffffffff814007a0 2 4\ntb ffffffff81400798 2 1\n\
+                 tb ffffffff81400b40 9 13\nend\n",
+                head(&[(1, 1, 0, 0, 0, 0)], 0).replace("blklab-insns 3", "blklab-insns 4")
+            ),
+            Path::new("w"),
+        )
+        .unwrap();
+        let e = exits_record(&w.level1, None, &map, &[], None);
+        let v: Vec<(&str, u64)> = e
+            .device_vectors
+            .iter()
+            .map(|(k, n)| (k.as_str(), *n))
+            .collect();
+        assert_eq!(v, [("0x22", 7), ("0x24", 5), ("0xeb", 1)]);
+        assert_eq!(e.interrupt_entries["asm_common_interrupt"], 13);
+        assert_eq!(e.device_vectors.values().sum::<u64>(), 13);
     }
 
     /// A host's /proc/kallsyms: the kernel's text, then modules' symbols

@@ -190,6 +190,11 @@ pub struct WouldBeExits {
     pub mmio: BTreeMap<String, u64>,
     /// IDT entry stub (`asm_common_interrupt`, `asm_sysvec_*`) → entries.
     pub interrupt_entries: BTreeMap<String, u64>,
+    /// Device-interrupt vector ("0x22") → interrupts taken: the entries
+    /// of each vector's stub in `irq_entries_start` (they add up to
+    /// `asm_common_interrupt`'s entries, each stub jumping there).
+    #[serde(default)]
+    pub device_vectors: BTreeMap<String, u64>,
     /// Per vCPU: the would-be exits the plugin saw executed (all but
     /// interrupts, which are counted per stub over all vCPUs).
     pub per_vcpu: Vec<u64>,
