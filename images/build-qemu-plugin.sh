@@ -19,7 +19,7 @@
 # DIR/qemu-plugin-HASH/libblklab-insns.so (+ manifest.json), HASH the first
 # 16 hex digits of the key: the installed QEMU's package, version and
 # --version (read locally), this script and images/lib.sh, the plugin
-# source (gcc's and glib's versions are pinned in the manifest, not keyed).
+# source and its decoder header (gcc's and glib's versions are pinned in the manifest, not keyed).
 # A repeated call is a cache hit (no apt, no compiler) and prints the same
 # path. --key prints the key and the directory's name as JSON.
 #
@@ -49,7 +49,9 @@ done
 [ -n "$CACHE" ] || CACHE=$(image_cache)
 
 SRC_C="$HERE/qemu-plugin/blklab-insns.c"
+SRC_H="$HERE/qemu-plugin/blklab-decode.h"
 [ -f "$SRC_C" ] || die "$SRC_C is missing"
+[ -f "$SRC_H" ] || die "$SRC_H is missing"
 command -v "$QEMU" >/dev/null 2>&1 || die "$QEMU not found: apt-get install qemu-system-x86"
 need_tools "this needs a Debian system" dpkg-query sha256sum
 
@@ -70,6 +72,7 @@ inputs() {
     echo "qemu $QPKG $QBINVER $QVERSION"
     code_inputs
     echo "source $(sha256 "$SRC_C")"
+    echo "decoder $(sha256 "$SRC_H")"
 }
 HASH=$(inputs | sha256)
 OUT="$CACHE/qemu-plugin-$(echo "$HASH" | cut -c1-16)"

@@ -387,3 +387,177 @@ fn guest_counts_are_nonzero_and_block_layer_counts_repeat() {
         names.len()
     );
 }
+
+/// The would-be exits of a real window against what the other parts of
+/// the lab counted in the same window.
+#[test]
+fn would_be_exits_agree_with_the_backend_and_the_guest() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("run");
+    let out = Command::new(common::blklab_bin())
+        .arg("run")
+        .arg("--cache")
+        .arg(common::image_cache())
+        .args([
+            "--no-progress",
+            "--kernel",
+            "build:6.12",
+            "--scenario",
+            "plug-qd1",
+            "--variants",
+            "none-2k",
+            "--iterations",
+            "1",
+            "--vcpus",
+            "2",
+            "--count-insns",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .output()
+        .expect("run blklab");
+    assert!(out.status.success(), "{}", text(&out));
+    let r = read_json(&out_dir.join("6.12.plug-qd1.none-2k.00.json"));
+    let e = &r["instructions"]["exits"];
+    assert_eq!(e["unavailable"], Value::Null, "{e}");
+    let n = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"));
+    // Kicks: each notify store is one write of the queue's kick eventfd
+    // (QEMU's ioeventfd on the notify address, matched in software under
+    // TCG), and the backend counts the eventfd's counter, not its wake-ups.
+    // Nothing kicks outside fio's run: the guest touches no target disk
+    // between its snapshots and the SYNCs, so both windows hold the same
+    // kicks.
+    let queues = r["backend"]["disks"][0]["queues"].as_array().unwrap();
+    let stores = |q: usize| {
+        e["notifies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["disk"] == 0 && s["queue"] == q)
+            .map_or(0, |s| n(&s["stores"]))
+    };
+    for (q, c) in queues.iter().enumerate() {
+        let kicks = n(&c["counters"]["kicks"]);
+        assert!(kicks > 0, "queue {q}: no kicks");
+        assert_eq!(kicks, stores(q), "queue {q}: kicks vs notify stores: {e}");
+    }
+    assert_eq!(
+        n(&e["notify"]),
+        e["notifies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| n(&s["stores"]))
+            .sum::<u64>()
+    );
+    // Interrupts. The guest's /proc/interrupts snapshots enclose the
+    // plugin's window (snapshot, begin SYNC … end SYNC, snapshot), so the
+    // IDT stubs' entries are at most the guest's deltas.
+    let guest = &r["guest"]["interrupts"];
+    let arch = |k: &str| guest["arch"][k].as_i64().unwrap() as u64;
+    let stub = |s: &str| n(&e["interrupt_entries"][s]);
+    assert!(
+        stub("asm_sysvec_apic_timer_interrupt") <= arch("LOC"),
+        "{e}\n{guest}"
+    );
+    assert!(
+        stub("asm_sysvec_reschedule_ipi") <= arch("RES"),
+        "{e}\n{guest}"
+    );
+    assert!(
+        stub("asm_sysvec_call_function") + stub("asm_sysvec_call_function_single")
+            <= arch("CAL") + arch("TLB"),
+        "{e}\n{guest}"
+    );
+    assert!(stub("asm_sysvec_apic_timer_interrupt") > 0);
+    // The disk's interrupts (its MSI-X vectors, all in fio's run: no IO in
+    // the gaps) are device interrupts, which all enter asm_common_interrupt
+    // (with the console's serial interrupts).
+    let virtio: u64 = guest["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["name"].as_str().unwrap().contains("-req."))
+        .map(|l| l["count"].as_i64().unwrap() as u64)
+        .sum();
+    assert!(virtio > 0);
+    assert!(stub("asm_common_interrupt") >= virtio, "{e}\n{guest}");
+    // Per vector: each vector's stub in irq_entries_start jumps to
+    // asm_common_interrupt, so they add up to its entries (within one
+    // interrupt per vCPU between the two at a dump). plug-qd1 has one
+    // queue: its MSI-X vector's interrupts are the guest's req.0 line,
+    // exactly (no IO outside fio's run).
+    let vectors = e["device_vectors"].as_object().unwrap();
+    let by_vector: u64 = vectors.values().map(n).sum();
+    assert!(by_vector.abs_diff(stub("asm_common_interrupt")) <= 2, "{e}");
+    assert_eq!(queues.len(), 1);
+    assert!(
+        vectors.values().any(|v| n(v) == virtio),
+        "no vector with the queue's {virtio} interrupts: {vectors:?}"
+    );
+    // Each interrupt of a queue needs a notification of the backend (its
+    // call eventfd, read by QEMU, which injects the MSI-X message); writes
+    // QEMU has not read yet coalesce, and with EVENT_IDX the backend only
+    // notifies when the driver's used_event asks: interrupts <= notifications.
+    let notifications: u64 = queues
+        .iter()
+        .map(|c| n(&c["counters"]["notifications"]))
+        .sum();
+    assert!(
+        virtio <= notifications,
+        "{virtio} interrupts, {notifications} notifications"
+    );
+    // IPIs: every ICR write under xAPIC (qemu64) is received as one of the
+    // IPI vectors (2 vCPUs: a shorthand reaches one other CPU); one may be
+    // in flight at each edge per vCPU.
+    let received = stub("asm_sysvec_call_function")
+        + stub("asm_sysvec_call_function_single")
+        + stub("asm_sysvec_reschedule_ipi")
+        + e["interrupt_entries"]
+            .get("asm_sysvec_irq_work")
+            .map_or(0, &n);
+    assert!(
+        n(&e["ipi"]).abs_diff(received) <= 4,
+        "{} ICR writes, {received} IPIs received",
+        e["ipi"]
+    );
+    // xAPIC: every interrupt taken ends with one EOI store (spurious
+    // vectors aside), give or take one in progress per vCPU at each edge.
+    assert!(n(&e["eoi"]).abs_diff(n(&e["interrupts"])) <= 4, "{e}");
+    // The idle vCPUs halt; xAPIC only: no x2APIC MSR writes.
+    assert!(n(&e["hlt"]) > 0);
+    assert!(
+        e["msrs"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .all(|m| !m.starts_with("0x8")),
+        "{e}"
+    );
+    assert_eq!(
+        n(&e["total"]),
+        e["per_vcpu"].as_array().unwrap().iter().map(n).sum::<u64>() + n(&e["interrupts"])
+    );
+}
+
+/// The plugin's instruction decoders (images/qemu-plugin/blklab-decode.h)
+/// on known encodings: images/qemu-plugin/decode-test.c, built with the
+/// compiler the plugin is built with.
+#[test]
+fn plugin_decoders_recognise_the_exiting_instructions() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("decode-test");
+    let src = root().join("images/qemu-plugin/decode-test.c");
+    let cc = Command::new("gcc")
+        .args(["-Wall", "-Wextra", "-Werror", "-std=gnu11", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("run gcc (the plugin's build needs it too)");
+    assert!(cc.status.success(), "{}", text(&cc));
+    let out = Command::new(&exe).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(t.trim_end().ends_with("32 passed, 0 failed"), "{t}");
+}

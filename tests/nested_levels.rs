@@ -36,7 +36,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-use blklab::lab::insns::{Dump, LevelRule};
+use blklab::lab::insns::{Dump, ExitKind, LevelRule};
 
 use common::root;
 
@@ -56,6 +56,9 @@ const HOST_ITERATIONS: u64 = 5_000_000;
 /// and a #VMEXIT for a host interrupt or a nested page fault happens
 /// between blocks or before a block runs, the guest resuming there.
 const GUEST_INSNS: u64 = 2 * GUEST_ITERATIONS + 2;
+
+/// The exits loop: `out` to port 0xe9 and `cpuid`, each this many times.
+const EXIT_ITERATIONS: u64 = 1_000;
 
 /// The host loop's own instructions.
 const HOST_LOOP_INSNS: u64 = 2 * HOST_ITERATIONS;
@@ -117,6 +120,7 @@ fn run_archive(stage: &Path) -> Vec<u8> {
         .args(["-static", "-O1", "-Wall", "-Wextra", "-Werror"])
         .arg(format!("-DGUEST_ITERATIONS={GUEST_ITERATIONS}"))
         .arg(format!("-DHOST_ITERATIONS={HOST_ITERATIONS}"))
+        .arg(format!("-DEXIT_ITERATIONS={EXIT_ITERATIONS}"))
         .arg("-o")
         .arg(run.join("blklab"))
         .arg(root().join("tests/fixtures/nested-levels/levels.c"))
@@ -398,7 +402,14 @@ fn levels(machine: Machine) {
     let steps: Vec<&str> = dumps.steps.iter().map(|(s, _)| s.as_str()).collect();
     assert_eq!(
         steps,
-        ["guest-begin", "guest-end", "host-begin", "host-end"]
+        [
+            "guest-begin",
+            "guest-end",
+            "host-begin",
+            "host-end",
+            "exits-begin",
+            "exits-end"
+        ]
     );
 
     let guest = dumps.window("guest-begin", "guest-end");
@@ -450,6 +461,7 @@ fn levels(machine: Machine) {
         "host window: level 1 user {user}, want the loop's {HOST_LOOP_INSNS} + at most {HOST_USER_SLACK}: {}",
         summary(&host)
     );
+    exits(&dumps);
     // From the first window on, as a dump's self-check says. Not from
     // power-on: the firmware (SeaBIOS relocates its init code to the top
     // of RAM, in node 1) counts at level 2 by address, some 400 000
@@ -461,4 +473,30 @@ fn levels(machine: Machine) {
         "{}",
         summary(&after_boot)
     );
+}
+
+/// The would-be exits, exactly: the guest's one HLT at level 2 and nothing
+/// else there; the host program's `out` to port 0xe9 and `cpuid`, each
+/// [`EXIT_ITERATIONS`] times, at level 1 (no other code uses that port or,
+/// in so short a window, CPUID), none at level 2.
+fn exits(dumps: &Dumps) {
+    let guest = dumps.window("guest-begin", "guest-end");
+    assert_eq!(guest.exits_unavailable, None);
+    let l2: Vec<(ExitKind, u64)> = guest
+        .level2
+        .exits
+        .counts
+        .iter()
+        .map(|((_, k), n)| (*k, *n))
+        .collect();
+    assert_eq!(l2, [(ExitKind::Hlt, 1)], "guest window, level 2");
+    let io = dumps.window("exits-begin", "exits-end");
+    let l1 = &io.level1.exits;
+    assert_eq!(l1.of(ExitKind::Out(0xe9)), EXIT_ITERATIONS, "{l1:?}");
+    assert_eq!(l1.of(ExitKind::Cpuid), EXIT_ITERATIONS, "{l1:?}");
+    assert_eq!(l1.of(ExitKind::In(0xe9)), 0, "{l1:?}");
+    assert!(io.level2.exits.counts.is_empty(), "{:?}", io.level2.exits);
+    // Outside the loop's window the port is not used.
+    let host = dumps.window("host-begin", "host-end");
+    assert_eq!(host.level1.exits.of(ExitKind::Out(0xe9)), 0);
 }

@@ -78,8 +78,41 @@
  *   out=FILE   write the counters to FILE at exit
  *   l2ram=FILE levels by address: FILE backs level 2's RAM (see above)
  *
+ * Would-be exits. Besides instructions the plugin counts, per vCPU and
+ * level, the guest's events that leave the guest on KVM (a VM exit, or host
+ * work such as an ioeventfd write):
+ *   hlt     HLT (f4) executions: a callback on each translated HLT, run
+ *           before the instruction, once per execution.
+ *   cpuid   CPUID (0f a2) executions: always intercepted on KVM.
+ *   wrmsr   WRMSR (0f 30) executions by MSR: ECX read at execution
+ *           (qemu_plugin_read_register; the callback asks for registers).
+ *           x2APIC ICR 0x830 (an IPI), EOI 0x80b, TMICT 0x838 and
+ *           TSC_DEADLINE 0x6e0 are the hot ones; every MSR gets its line.
+ *   in/out  port I/O by port and direction: IN/OUT with an imm8 port
+ *           (e4-e7) or DX (ec-ef), INS/OUTS (6c-6f, DX; a REP string
+ *           instruction re-executes per iteration, so each iteration counts),
+ *           after legacy and REX prefixes; DX read at execution.
+ *   mmio    stores to memory-mapped I/O, by guest-physical address: a memory
+ *           callback (writes) on every instruction of kernel blocks keeps the
+ *           accesses qemu_plugin_hwaddr_is_io says are IO, counted by
+ *           qemu_plugin_hwaddr_phys_addr (the absolute guest-physical
+ *           address: xAPIC 0xfee00300 is ICR low, 0xfee000b0 EOI,
+ *           0xfee00380 TMICT) with the MemoryRegion's name
+ *           (qemu_plugin_hwaddr_device_name: apic-msi, virtio-pci-notify).
+ * Interrupts taken are not counted here (QEMU 10.0's API has no
+ * discontinuity callbacks): the entries of the kernel's IDT stubs in the
+ * per-block counts give them. Under nested SVM a level-2 MMIO store faults
+ * to the host (#NPF) before it is made, so it is not seen at level 2; port
+ * I/O, HLT, CPUID and WRMSR are counted at level 2 when executed there (each
+ * a #VMEXIT to the host's KVM). Instructions are decoded once, at
+ * translation (blklab-decode.h; decode-test.c runs it on known
+ * encodings); only the instructions that are these get a callback, and
+ * only kernel blocks' instructions get the memory callback.
+ * Plugin API version 1 (QEMU 7.2) has no register reads: the counting is
+ * compiled out and the dump says "exits unavailable".
+ *
  * Dump format (text, one record a line):
- *   blklab-insns 3
+ *   blklab-insns 4
  *   levels vmrun|address            (how levels are told apart)
  *   vcpus N
  *   vcpu I kernel K user U l2kernel K2 l2user U2 vmruns R returns X
@@ -90,10 +123,20 @@
  *   disagree D                      (block executions whose address level
  *                                    is not the VMRUN tracking's; 0 by
  *                                    levels vmrun)
+ *   exits available                 (or "exits unavailable REASON": no
+ *                                    exit records follow)
+ *   exit L I KIND KEY N [NAME]      (would-be exits at level L (1|2) of
+ *                                    vCPU I: KIND hlt or cpuid (KEY 0),
+ *                                    wrmsr (KEY the MSR), in or out (KEY
+ *                                    the port), mmio (KEY the guest-physical
+ *                                    address, NAME the MemoryRegion's);
+ *                                    KEY hex without 0x; only N > 0)
  *   tb ADDR INSNS EXECS             (level 1 kernel blocks that ran; ADDR hex
  *                                    without 0x)
  *   tb2 ADDR INSNS EXECS            (level 2 kernel blocks that ran)
  *   end
+ *
+ * Format 3 is format 4 without the exit records.
  *
  * Built against the installed QEMU's include/qemu/qemu-plugin.h (plugin API
  * version 4 for QEMU 10.0, 1 for QEMU 7.2) by images/build-qemu-plugin.sh.
@@ -111,7 +154,34 @@
 
 #include <qemu-plugin.h>
 
+#include "blklab-decode.h"
+
 QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
+
+/* Would-be exits need register reads: plugin API version 2 (QEMU 9.0). */
+#if QEMU_PLUGIN_VERSION >= 2
+#define EXITS 1
+#else
+#define EXITS 0
+#endif
+
+/* Copy an instruction's bytes into buf (16 bytes); its size, 0 if it does
+ * not fit. */
+static size_t insn_bytes(const struct qemu_plugin_insn *insn, uint8_t *buf)
+{
+    size_t size = qemu_plugin_insn_size(insn);
+    if (size > 16) {
+        return 0;
+    }
+#if QEMU_PLUGIN_VERSION >= 3
+    if (qemu_plugin_insn_data(insn, buf, 16) < size) {
+        return 0;
+    }
+#else
+    memcpy(buf, qemu_plugin_insn_data(insn), size);
+#endif
+    return size;
+}
 
 #define KERNEL_START 0xffff800000000000ULL
 #define MAX_VCPUS 256
@@ -162,16 +232,25 @@ static void note_vcpu(unsigned int idx)
     }
 }
 
+#if EXITS
+static void find_registers(unsigned int vcpu_index);
+#endif
+
 static void vcpu_init(qemu_plugin_id_t id, unsigned int vcpu_index)
 {
     note_vcpu(vcpu_index);
+#if EXITS
+    if (vcpu_index < MAX_VCPUS) {
+        find_registers(vcpu_index);
+    }
+#endif
 }
 
 /* The user data of a translated block: its instruction count, the levels
  * it ran at (bit 0: level 1, bit 1: level 2), and for a kernel block the
  * counters of its start address (blocks starting at one address may differ
  * in length, e.g. after a retranslation, or be two blocks, one per level). */
-typedef struct {
+typedef struct BlockCb {
     Block *block; /* NULL for a user block */
     uint64_t n;
     uint32_t levels;
@@ -215,6 +294,167 @@ static void block_exec(unsigned int vcpu_index, void *udata)
     }
 }
 
+#if EXITS
+/* Would-be exits (see the header comment). */
+static const char *const ev_names[EV_KINDS] = {"hlt", "cpuid", "wrmsr", "in", "out", "mmio"};
+
+typedef struct {
+    uint64_t key;   /* MSR, port, guest-physical address; 0 for hlt, cpuid */
+    uint32_t vcpu;
+    uint8_t kind;
+    uint8_t level;  /* level index: 0 or 1 */
+    uint16_t pad;
+} EvKey;
+
+typedef struct {
+    EvKey k;
+    const char *name; /* mmio: the MemoryRegion's name */
+    uint64_t count;
+} Event;
+
+static GHashTable *events; /* EvKey -> Event*, guarded by `lock` */
+
+static guint ev_hash(gconstpointer p)
+{
+    const EvKey *k = p;
+    return g_int64_hash(&k->key) ^ (k->vcpu * 0x9e3779b1u) ^ ((guint)k->kind << 24) ^
+           ((guint)k->level << 28);
+}
+
+static gboolean ev_equal(gconstpointer a, gconstpointer b)
+{
+    const EvKey *x = a, *y = b;
+    return x->key == y->key && x->vcpu == y->vcpu && x->kind == y->kind &&
+           x->level == y->level;
+}
+
+static void bump(uint8_t kind, uint64_t lvl, unsigned int vcpu, uint64_t key, const char *name)
+{
+    EvKey k = {.key = key, .vcpu = vcpu, .kind = kind, .level = (uint8_t)lvl};
+    g_mutex_lock(&lock);
+    Event *e = g_hash_table_lookup(events, &k);
+    if (!e) {
+        e = g_new0(Event, 1);
+        e->k = k;
+        e->name = name;
+        g_hash_table_insert(events, &e->k, e);
+    }
+    e->count++;
+    g_mutex_unlock(&lock);
+}
+
+/* An instruction that would exit: what it is, decoded at translation. */
+typedef struct {
+    struct BlockCb *block;
+    uint8_t kind;
+    bool dx;       /* the port is DX (else `port`) */
+    uint16_t port; /* the imm8 port */
+} ExitInsn;
+
+/* The level index an exit of block `b` counts at. */
+static inline uint64_t exit_level(unsigned int vcpu_index, const BlockCb *b)
+{
+    return b->fixed >= 0 ? (uint64_t)b->fixed : vcpus[vcpu_index].level;
+}
+
+/* Per vCPU: the handles of RCX and RDX (qemu_plugin_get_registers). */
+static struct qemu_plugin_register *reg_rcx[MAX_VCPUS], *reg_rdx[MAX_VCPUS];
+static __thread GByteArray *reg_buf;
+
+static void find_registers(unsigned int vcpu_index)
+{
+    GArray *regs = qemu_plugin_get_registers();
+    for (guint i = 0; regs && i < regs->len; i++) {
+        qemu_plugin_reg_descriptor *r = &g_array_index(regs, qemu_plugin_reg_descriptor, i);
+        if (!strcmp(r->name, "rcx") || (!reg_rcx[vcpu_index] && !strcmp(r->name, "ecx"))) {
+            reg_rcx[vcpu_index] = r->handle;
+        } else if (!strcmp(r->name, "rdx") || (!reg_rdx[vcpu_index] && !strcmp(r->name, "edx"))) {
+            reg_rdx[vcpu_index] = r->handle;
+        }
+    }
+    if (regs) {
+        g_array_free(regs, true);
+    }
+    if (!reg_rcx[vcpu_index] || !reg_rdx[vcpu_index]) {
+        fprintf(stderr, "blklab-insns: vCPU %u has no rcx/rdx register to read\n", vcpu_index);
+    }
+}
+
+/* The low 32 bits of a register (little-endian target); ~0 when unreadable. */
+static uint64_t read_low32(struct qemu_plugin_register *h)
+{
+    if (!h) {
+        return ~(uint64_t)0;
+    }
+    if (!reg_buf) {
+        reg_buf = g_byte_array_sized_new(16);
+    }
+    g_byte_array_set_size(reg_buf, 0);
+    int n = qemu_plugin_read_register(h, reg_buf);
+    if (n < 4) {
+        return ~(uint64_t)0;
+    }
+    const uint8_t *d = reg_buf->data;
+    return (uint64_t)d[0] | (uint64_t)d[1] << 8 | (uint64_t)d[2] << 16 | (uint64_t)d[3] << 24;
+}
+
+static void exit_exec(unsigned int vcpu_index, void *udata)
+{
+    ExitInsn *x = udata;
+    if (vcpu_index >= MAX_VCPUS) {
+        return;
+    }
+    uint64_t lvl = exit_level(vcpu_index, x->block);
+    uint64_t key = 0;
+    switch (x->kind) {
+    case EV_WRMSR:
+        key = read_low32(reg_rcx[vcpu_index]);
+        break;
+    case EV_IN:
+    case EV_OUT:
+        key = x->dx ? read_low32(reg_rdx[vcpu_index]) & 0xffff : x->port;
+        break;
+    }
+    bump(x->kind, lvl, vcpu_index, key, NULL);
+}
+
+static void store_exec(unsigned int vcpu_index, qemu_plugin_meminfo_t info,
+                       uint64_t vaddr, void *udata)
+{
+    struct qemu_plugin_hwaddr *h = qemu_plugin_get_hwaddr(info, vaddr);
+    if (!h || !qemu_plugin_hwaddr_is_io(h) || vcpu_index >= MAX_VCPUS) {
+        return;
+    }
+    bump(EV_MMIO, exit_level(vcpu_index, udata), vcpu_index,
+         qemu_plugin_hwaddr_phys_addr(h), qemu_plugin_hwaddr_device_name(h));
+}
+
+/* Callbacks on the instructions of a translated block that would exit,
+ * and on kernel blocks (`kernel`) a store callback on each instruction. */
+static void register_exits(struct qemu_plugin_tb *tb, size_t n, BlockCb *b, bool kernel)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        uint8_t buf[16];
+        size_t size = insn_bytes(insn, buf);
+        bool dx;
+        uint16_t port;
+        int kind = exit_kind(buf, size, &dx, &port);
+        if (kind >= 0) {
+            ExitInsn *x = g_new0(ExitInsn, 1);
+            *x = (ExitInsn){.block = b, .kind = (uint8_t)kind, .dx = dx, .port = port};
+            bool regs = kind == EV_WRMSR || (dx && (kind == EV_IN || kind == EV_OUT));
+            qemu_plugin_register_vcpu_insn_exec_cb(
+                insn, exit_exec, regs ? QEMU_PLUGIN_CB_R_REGS : QEMU_PLUGIN_CB_NO_REGS, x);
+        }
+        if (kernel) {
+            qemu_plugin_register_vcpu_mem_cb(insn, store_exec, QEMU_PLUGIN_CB_NO_REGS,
+                                             QEMU_PLUGIN_MEM_W, b);
+        }
+    }
+}
+#endif
+
 /* A return block: the host resumes here after #VMEXIT. */
 static void return_exec(unsigned int vcpu_index, void *udata)
 {
@@ -234,31 +474,10 @@ static void vmrun_exec(unsigned int vcpu_index, void *udata)
     }
 }
 
-/* VMRUN: 0f 01 d8, after any legacy or REX prefixes. */
 static bool is_vmrun(const struct qemu_plugin_insn *insn)
 {
     uint8_t buf[16];
-    size_t size = qemu_plugin_insn_size(insn);
-    if (size < 3 || size > sizeof(buf)) {
-        return false;
-    }
-#if QEMU_PLUGIN_VERSION >= 3
-    if (qemu_plugin_insn_data(insn, buf, sizeof(buf)) < size) {
-        return false;
-    }
-#else
-    memcpy(buf, qemu_plugin_insn_data(insn), size);
-#endif
-    for (size_t i = 0; i + 3 < size; i++) {
-        uint8_t p = buf[i];
-        bool prefix = p == 0x66 || p == 0x67 || p == 0xf2 || p == 0xf3 ||
-                      p == 0x2e || p == 0x36 || p == 0x3e || p == 0x26 ||
-                      p == 0x64 || p == 0x65 || (p & 0xf0) == 0x40;
-        if (!prefix) {
-            return false;
-        }
-    }
-    return buf[size - 3] == 0x0f && buf[size - 2] == 0x01 && buf[size - 1] == 0xd8;
+    return decode_vmrun(buf, insn_bytes(insn, buf));
 }
 
 /* Remember where a VMRUN's host resumes. Called with the lock held. */
@@ -367,6 +586,9 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         /* VMRUN needs CPL 0, and so does the block it returns to. */
         qemu_plugin_register_vcpu_tb_exec_cb(tb, block_exec,
                                              QEMU_PLUGIN_CB_NO_REGS, b);
+#if EXITS
+        register_exits(tb, n, b, false);
+#endif
         return;
     }
     struct qemu_plugin_insn *last = n ? qemu_plugin_tb_get_insn(tb, n - 1) : NULL;
@@ -391,6 +613,9 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         qemu_plugin_register_vcpu_insn_exec_cb(last, vmrun_exec,
                                                QEMU_PLUGIN_CB_NO_REGS, NULL);
     }
+#if EXITS
+    register_exits(tb, n, b, true);
+#endif
 }
 
 static void write_blocks(FILE *f, const char *tag, int lvl)
@@ -407,6 +632,29 @@ static void write_blocks(FILE *f, const char *tag, int lvl)
                     b->vaddr, insns, execs);
         }
     }
+}
+
+static void write_exits(FILE *f)
+{
+#if EXITS
+    fprintf(f, "exits available\n");
+    GHashTableIter it;
+    gpointer key, value;
+    g_mutex_lock(&lock);
+    g_hash_table_iter_init(&it, events);
+    while (g_hash_table_iter_next(&it, &key, &value)) {
+        Event *e = value;
+        if (e->count) {
+            fprintf(f, "exit %d %u %s %" PRIx64 " %" PRIu64 "%s%s\n", e->k.level + 1,
+                    e->k.vcpu, ev_names[e->k.kind], e->k.key, e->count,
+                    e->name ? " " : "", e->name ? e->name : "");
+        }
+    }
+    g_mutex_unlock(&lock);
+#else
+    fprintf(f, "exits unavailable plugin API version %d (QEMU before 9.0) cannot read "
+               "registers\n", QEMU_PLUGIN_VERSION);
+#endif
 }
 
 static int write_dump(const char *path, char *err, size_t errlen)
@@ -427,7 +675,7 @@ static int write_dump(const char *path, char *err, size_t errlen)
         return -1;
     }
     int n = __atomic_load_n(&max_vcpu_seen, __ATOMIC_RELAXED) + 1;
-    fprintf(f, "blklab-insns 3\nlevels %s\nvcpus %d\n",
+    fprintf(f, "blklab-insns 4\nlevels %s\nvcpus %d\n",
             l2ram_path ? "address" : "vmrun", n);
     uint64_t disagree = 0;
     for (int i = 0; i < n && i < MAX_VCPUS; i++) {
@@ -445,6 +693,7 @@ static int write_dump(const char *path, char *err, size_t errlen)
     }
     fprintf(f, "mixed %" PRIu64 "\n", __atomic_load_n(&mixed, __ATOMIC_RELAXED));
     fprintf(f, "disagree %" PRIu64 "\n", disagree);
+    write_exits(f);
     g_mutex_lock(&lock);
     write_blocks(f, "tb", 0);
     write_blocks(f, "tb2", 1);
@@ -602,6 +851,9 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
     blocks = g_hash_table_new(g_int64_hash, g_int64_equal);
     ret_haddr = g_hash_table_new(g_direct_hash, g_direct_equal);
     ret_vaddr = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
+#if EXITS
+    events = g_hash_table_new(ev_hash, ev_equal);
+#endif
     if (ctl_path && start_ctl(ctl_path) != 0) {
         return -1;
     }

@@ -75,8 +75,9 @@ pub(crate) fn shared_memory(memory: &str, machine: Option<&str>, ram: GuestRam) 
 }
 
 /// The `-chardev socket,id=blklabI,path=SOCKET -device
-/// vhost-user-blk-pci,chardev=blklabI,num-queues=N,queue-size=S` pair of
-/// each disk, in order (the guest's vda, vdb, …), as an argument vector.
+/// vhost-user-blk-pci,chardev=blklabI,id=blklab-diskI,num-queues=N,queue-size=S`
+/// pair of each disk, in order (the guest's vda, vdb, …), as an argument
+/// vector. The device id names the disk in QMP (`query-pci`).
 pub(crate) fn disks(disks: &[QemuDisk]) -> Vec<String> {
     let mut out = Vec::with_capacity(4 * disks.len());
     for (i, d) in disks.iter().enumerate() {
@@ -87,7 +88,7 @@ pub(crate) fn disks(disks: &[QemuDisk]) -> Vec<String> {
         ));
         out.push("-device".into());
         out.push(format!(
-            "vhost-user-blk-pci,chardev=blklab{i},num-queues={},queue-size={}",
+            "vhost-user-blk-pci,chardev=blklab{i},id=blklab-disk{i},num-queues={},queue-size={}",
             d.num_queues, d.queue_size
         ));
     }
@@ -151,9 +152,9 @@ mod tests {
                 "-object memory-backend-memfd,id=mem,size=2G,share=on",
                 "-machine memory-backend=mem",
                 "-chardev socket,id=blklab0,path=/tmp/vd.sock-0",
-                "-device vhost-user-blk-pci,chardev=blklab0,num-queues=4,queue-size=256",
+                "-device vhost-user-blk-pci,chardev=blklab0,id=blklab-disk0,num-queues=4,queue-size=256",
                 "-chardev socket,id=blklab1,path=/tmp/vd.sock-1",
-                "-device vhost-user-blk-pci,chardev=blklab1,num-queues=4,queue-size=256",
+                "-device vhost-user-blk-pci,chardev=blklab1,id=blklab-disk1,num-queues=4,queue-size=256",
             ]
         );
     }
@@ -175,7 +176,7 @@ mod tests {
                 "-chardev",
                 "socket,id=blklab0,path=/tmp/a,,b/vd.sock",
                 "-device",
-                "vhost-user-blk-pci,chardev=blklab0,num-queues=2,queue-size=128",
+                "vhost-user-blk-pci,chardev=blklab0,id=blklab-disk0,num-queues=2,queue-size=128",
             ]
         );
         assert!(disks(&[]).is_empty());

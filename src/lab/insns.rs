@@ -27,6 +27,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::lab::exits::{exit_line, is_interrupt_stub, NotifyArea, WouldBeExits};
+pub use crate::lab::exits::{ExitCounts, ExitKind};
 pub(crate) use crate::record::instructions::{
     HostInstructions, InsnsWindow, Instructions, VcpuInsns, ENTRY_FUNCTIONS,
 };
@@ -177,6 +179,8 @@ impl Control {
 pub struct LevelCounts {
     pub vcpus: Vec<(u64, u64)>,
     pub blocks: BTreeMap<u64, (u64, u64)>,
+    /// The level's would-be exits (format 4; empty in format 3).
+    pub exits: ExitCounts,
 }
 
 impl LevelCounts {
@@ -208,7 +212,11 @@ impl LevelCounts {
                 (de > 0 || di > 0).then_some((*a, (di, de)))
             })
             .collect();
-        LevelCounts { vcpus, blocks }
+        LevelCounts {
+            vcpus,
+            blocks,
+            exits: self.exits.since(&earlier.exits),
+        }
     }
 }
 
@@ -231,7 +239,7 @@ pub enum LevelRule {
     Address,
 }
 
-/// One counter dump (format 3, see the plugin's header comment), split by
+/// One counter dump (format 4 or 3, see the plugin's header comment), split by
 /// level: level 1 is the emulated machine's own code (the guest of a plain
 /// TCG run; the host of a nested run), level 2 what it ran in SVM guest
 /// mode (a nested run's guest; nothing without SVM).
@@ -247,10 +255,19 @@ pub struct Dump {
     /// Under [`LevelRule::Address`], block executions whose level by
     /// address is not the VMRUN tracking's (0 otherwise).
     pub disagree: u64,
+    /// Why the dump has no would-be exits (a format-3 dump, or a plugin
+    /// built for a QEMU that cannot read registers); None when it has them.
+    pub exits_unavailable: Option<String>,
 }
 
-/// The header line of the dumps [`Dump::parse`] reads.
-const DUMP_HEADER: &str = "blklab-insns 3";
+/// The header lines of the dumps [`Dump::parse`] reads: format 4, and
+/// format 3 (no would-be exits).
+const DUMP_HEADER: &str = "blklab-insns 4";
+const DUMP_HEADER_3: &str = "blklab-insns 3";
+
+/// What a format-3 dump's window says about would-be exits.
+pub const FORMAT_3_EXITS: &str =
+    "the plugin's dump is format 3, without would-be exits (rebuild it: images/build-qemu-plugin.sh)";
 
 /// The fields of a `vcpu` line after its index, in order.
 const VCPU_FIELDS: [&str; 6] = ["kernel", "user", "l2kernel", "l2user", "vmruns", "returns"];
@@ -271,13 +288,21 @@ impl Dump {
             why: why.to_string(),
         };
         let mut lines = text.lines().enumerate();
-        if lines.next().map(|(_, l)| l) != Some(DUMP_HEADER) {
-            return Err(err(
-                1,
-                "not a blklab-insns 3 dump (an older plugin? rebuild it: images/build-qemu-plugin.sh)",
-            ));
-        }
+        let format = match lines.next().map(|(_, l)| l) {
+            Some(DUMP_HEADER) => 4,
+            Some(DUMP_HEADER_3) => 3,
+            _ => {
+                return Err(err(
+                    1,
+                    "not a blklab-insns 4 or 3 dump (an older plugin? rebuild it: images/build-qemu-plugin.sh)",
+                ))
+            }
+        };
         let mut d = Dump::default();
+        let mut exits = format == 3;
+        if exits {
+            d.exits_unavailable = Some(FORMAT_3_EXITS.to_string());
+        }
         let (mut vcpus, mut seen, mut ended) = (None, 0usize, false);
         let (mut rule, mut mixed, mut disagree) = (false, false, false);
         for (i, l) in lines {
@@ -333,6 +358,29 @@ impl Dump {
                     };
                     level.blocks.insert(b.0, (b.1, b.2));
                 }
+                Some("exits") if format == 4 && !exits => {
+                    d.exits_unavailable = match w.next() {
+                        Some("available") if w.next().is_none() => None,
+                        Some("unavailable") => Some(w.collect::<Vec<_>>().join(" ")),
+                        _ => {
+                            return Err(err(n, "want 'exits available' or 'exits unavailable WHY'"))
+                        }
+                    };
+                    exits = true;
+                }
+                Some("exit") if d.exits_unavailable.is_none() && exits => {
+                    let e = exit_line(w)
+                        .ok_or_else(|| err(n, "want 'exit LEVEL VCPU KIND KEY N [NAME]'"))?;
+                    if e.vcpu >= vcpus.unwrap_or(0) {
+                        return Err(err(n, "vCPU index beyond 'vcpus'"));
+                    }
+                    let level = if e.level == 1 {
+                        &mut d.level1
+                    } else {
+                        &mut d.level2
+                    };
+                    level.exits.add(e);
+                }
                 Some("end") => ended = true,
                 _ => return Err(err(n, "unknown record")),
             }
@@ -341,10 +389,10 @@ impl Dump {
         if !ended {
             return Err(err(last, "truncated dump (no 'end')"));
         }
-        if vcpus != Some(seen) || !(rule && mixed && disagree) {
+        if vcpus != Some(seen) || !(rule && mixed && disagree && exits) {
             return Err(err(
                 last,
-                "incomplete dump (want 'levels', 'vcpus N', N 'vcpu' records, 'mixed', 'disagree')",
+                "incomplete dump (want 'levels', 'vcpus N', N 'vcpu' records, 'mixed', 'disagree', 'exits')",
             ));
         }
         Ok(d)
@@ -377,6 +425,10 @@ impl Dump {
             switches,
             mixed: self.mixed.saturating_sub(earlier.mixed),
             disagree: self.disagree.saturating_sub(earlier.disagree),
+            exits_unavailable: self
+                .exits_unavailable
+                .clone()
+                .or_else(|| earlier.exits_unavailable.clone()),
         }
     }
 
@@ -669,7 +721,64 @@ pub fn record(
             .map(|(f, n)| (f.clone(), per(*n as f64)))
             .collect(),
         function_insns: p.functions.clone(),
+        exits: None,
     }
+}
+
+/// The would-be exits of one level of a window (`unavailable`: the dump's
+/// reason when it has none), its interrupts taken from the entries of the
+/// IDT stubs in `map`, notify stores mapped by `notify`.
+pub(crate) fn exits_record(
+    level: &LevelCounts,
+    unavailable: Option<&str>,
+    map: &SymbolMap,
+    notify: &[NotifyArea],
+    ios: Option<f64>,
+) -> WouldBeExits {
+    let stubs = map
+        .syms
+        .iter()
+        .filter(|(_, n)| is_interrupt_stub(n))
+        .map(|(a, n)| (n.clone(), entries_at(level, *a)))
+        .collect();
+    let mut r = crate::lab::exits::record(&level.exits, unavailable, stubs, notify, ios);
+    if r.unavailable.is_none() {
+        r.device_vectors = device_vectors(level, map);
+    }
+    r
+}
+
+/// The first vector of device interrupts (x86's FIRST_EXTERNAL_VECTOR).
+const FIRST_EXTERNAL_VECTOR: u64 = 0x20;
+
+/// Entries per device-interrupt vector ("0x22" → entries): the
+/// executions of each vector's stub in `irq_entries_start` (`push
+/// $vector; jmp asm_common_interrupt`, one per vector from 0x20 up to the
+/// first system vector, `spurious_entries_start`). The stubs are IDT_ALIGN
+/// apart: 8 bytes, or 16 with IBT (then the table would hold more than
+/// the 224 vectors at 8). Empty when the map has neither symbol.
+fn device_vectors(level: &LevelCounts, map: &SymbolMap) -> BTreeMap<String, u64> {
+    let (Some(start), Some(end)) = (
+        map.address("irq_entries_start"),
+        map.address("spurious_entries_start"),
+    ) else {
+        return BTreeMap::new();
+    };
+    let span = end.saturating_sub(start);
+    let align = if span / 8 <= 256 - FIRST_EXTERNAL_VECTOR {
+        8
+    } else {
+        16
+    };
+    level
+        .blocks
+        .range(start..end)
+        .filter(|(a, (_, execs))| (*a - start) % align == 0 && *execs > 0)
+        .map(|(a, (_, execs))| {
+            let vector = FIRST_EXTERNAL_VECTOR + (a - start) / align;
+            (format!("{vector:#x}"), *execs)
+        })
+        .collect()
 }
 
 /// Kernel instructions per group of `functions` (base name →
@@ -827,7 +936,8 @@ ffffffff81000600 T _etext
             w.level2,
             LevelCounts {
                 vcpus: vec![(0, 0)],
-                blocks: BTreeMap::new()
+                blocks: BTreeMap::new(),
+                exits: ExitCounts::default(),
             }
         );
         let m = SymbolMap::parse(MAP, Path::new("System.map")).unwrap();
@@ -957,6 +1067,7 @@ ffffffff81000600 T _etext
             "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 1 user 1\ntb ffffffff81000100 1 1\nend\n",
             1,
         );
+        bad(&ok.replace("blklab-insns 3", "blklab-insns 5"), 1);
         bad(&ok.replace("end\n", ""), 7);
         bad("junk\n", 1);
         // A vcpu line of format 1, with a field missing, extra or misnamed.
@@ -979,6 +1090,106 @@ ffffffff81000600 T _etext
         bad(&ok.replace("1 1\n", "1\n"), 7);
         bad(&ok.replace("tb ffffffff81000100", "tb2 zz"), 7);
         bad(&format!("{ok}tb 1 1 1\n"), 9);
+    }
+
+    #[test]
+    fn format_4_dumps_carry_exits_per_level() {
+        let text = |hlt: u64, notify: u64| {
+            head(&[(1, 2, 3, 4, 5, 5), (1, 1, 0, 0, 0, 0)], 0).replace("blklab-insns 3", "blklab-insns 4")
+                + &format!(
+                    "exits available\nexit 1 0 hlt 0 {hlt}\nexit 1 1 wrmsr 830 2\nexit 2 0 out 80 7\n\
+                     exit 1 0 mmio febf3000 {notify} virtio-pci-notify\ntb ffffffff81000100 1 1\nend\n"
+                )
+        };
+        let a = Dump::parse(&text(10, 4), Path::new("a")).unwrap();
+        let b = Dump::parse(&text(15, 9), Path::new("b")).unwrap();
+        assert_eq!(a.exits_unavailable, None);
+        assert_eq!(a.level1.exits.of(ExitKind::Wrmsr(0x830)), 2);
+        assert_eq!(a.level2.exits.of(ExitKind::Out(0x80)), 7);
+        assert_eq!(a.level1.exits.of(ExitKind::Out(0x80)), 0);
+        assert_eq!(a.level1.exits.regions[&0xfebf3000], "virtio-pci-notify");
+        let w = b.since(&a);
+        assert_eq!(w.level1.exits.of(ExitKind::Hlt), 5);
+        assert_eq!(w.level1.exits.of(ExitKind::Mmio(0xfebf3000)), 5);
+        assert_eq!(w.level1.exits.of(ExitKind::Wrmsr(0x830)), 0);
+        assert_eq!(w.level2.exits.of(ExitKind::Out(0x80)), 0);
+        // Unavailable: the reason, and no exit records may follow.
+        let u = head(&[(1, 2, 3, 4, 5, 5)], 0).replace("blklab-insns 3", "blklab-insns 4")
+            + "exits unavailable plugin API version 1\nend\n";
+        let d = Dump::parse(&u, Path::new("u")).unwrap();
+        assert_eq!(d.exits_unavailable.as_deref(), Some("plugin API version 1"));
+        let bad = |t: &str| assert!(Dump::parse(t, Path::new("t")).is_err(), "{t}");
+        bad(&u.replace("end\n", "exit 1 0 hlt 0 1\nend\n"));
+        // Format 4 needs its exits line; format 3 has none and says so.
+        bad(&text(1, 1).replace("exits available\n", ""));
+        bad(&text(1, 1).replace("exit 1 1 wrmsr", "exit 1 2 wrmsr"));
+        bad(&text(1, 1).replace(" virtio-pci-notify", ""));
+        let f3 = format!("{}end\n", head(&[(1, 2, 3, 4, 5, 5)], 0));
+        let d = Dump::parse(&f3, Path::new("f3")).unwrap();
+        assert_eq!(d.exits_unavailable.as_deref(), Some(FORMAT_3_EXITS));
+        bad(&f3.replace("end\n", "exits available\nend\n"));
+        // A window from a format-3 dump to a format-4 one has no exits.
+        let w = b.since(&d);
+        assert_eq!(w.exits_unavailable.as_deref(), Some(FORMAT_3_EXITS));
+    }
+
+    #[test]
+    fn exits_record_counts_interrupt_stub_entries() {
+        let map = SymbolMap::parse(
+            "ffffffff81000000 T _stext\nffffffff81000100 T asm_common_interrupt\n\
+             ffffffff81000200 T asm_sysvec_apic_timer_interrupt\n\
+             ffffffff81000300 T asm_sysvec_reschedule_ipi\nffffffff81000400 T _etext\n",
+            Path::new("m"),
+        )
+        .unwrap();
+        let w = Dump::parse(
+            &format!(
+                "{}exits available\nexit 1 0 hlt 0 4\ntb ffffffff81000100 9 3\n\
+                 tb ffffffff81000110 9 30\ntb ffffffff81000200 5 5\nend\n",
+                head(&[(1, 1, 0, 0, 0, 0)], 0).replace("blklab-insns 3", "blklab-insns 4")
+            ),
+            Path::new("w"),
+        )
+        .unwrap();
+        let e = exits_record(&w.level1, None, &map, &[], Some(2.0));
+        assert!(e.device_vectors.is_empty());
+        assert_eq!(e.interrupt_entries["asm_common_interrupt"], 3);
+        assert_eq!(e.interrupt_entries["asm_sysvec_apic_timer_interrupt"], 5);
+        assert_eq!(e.interrupt_entries["asm_sysvec_reschedule_ipi"], 0);
+        assert_eq!((e.interrupts, e.hlt, e.total), (8, 4, 12));
+        assert_eq!(e.per_io["interrupts"], Some(4.0));
+    }
+
+    #[test]
+    fn device_vectors_from_the_irq_entry_stubs() {
+        // 204 stubs 8 bytes apart (vectors 0x20..0xeb), as 6.12's map has
+        // them; blocks at vector 0x22's and 0x24's stubs, one inside a
+        // stub (not a vector's entry), one past the table.
+        let map = SymbolMap::parse(
+            "ffffffff81400140 T irq_entries_start\nffffffff814007a0 T spurious_entries_start\n\
+             ffffffff81400b40 T asm_common_interrupt\n",
+            Path::new("m"),
+        )
+        .unwrap();
+        let w = Dump::parse(
+            &format!(
+                "{}exits available\ntb ffffffff81400150 2 7\ntb ffffffff81400160 2 5\n\
+                 tb ffffffff81400162 1 9\ntb ffffffff814007a0 2 4\ntb ffffffff81400798 2 1\n\
+                 tb ffffffff81400b40 9 13\nend\n",
+                head(&[(1, 1, 0, 0, 0, 0)], 0).replace("blklab-insns 3", "blklab-insns 4")
+            ),
+            Path::new("w"),
+        )
+        .unwrap();
+        let e = exits_record(&w.level1, None, &map, &[], None);
+        let v: Vec<(&str, u64)> = e
+            .device_vectors
+            .iter()
+            .map(|(k, n)| (k.as_str(), *n))
+            .collect();
+        assert_eq!(v, [("0x22", 7), ("0x24", 5), ("0xeb", 1)]);
+        assert_eq!(e.interrupt_entries["asm_common_interrupt"], 13);
+        assert_eq!(e.device_vectors.values().sum::<u64>(), 13);
     }
 
     /// A host's /proc/kallsyms: the kernel's text, then modules' symbols

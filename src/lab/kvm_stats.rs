@@ -388,10 +388,6 @@ impl KvmSampler {
         }
     }
 
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The begin SYNC: the counters the window starts from.
     pub(crate) fn begin(&mut self) -> Result<(), KvmStatsError> {
         self.begin = self.sample()?;

@@ -3,6 +3,7 @@
 //! - [`scenario`]: the `.scn` scenario files the guest runs;
 //! - [`images`]: `--kernel` specs and `images/prepare.sh`;
 //! - [`insns`]: the instruction-count plugin, System.map, symbol groups;
+//! - [`exits`]: the plugin's would-be VM exits, classified per reason;
 //! - [`location`]: `--cache` and `--lab-dir`;
 //! - [`qemu`]: QEMU's command line, the KVM probe, a guest on pipes;
 //! - `qmp`: a small QMP client on QEMU's monitor socket;
@@ -23,6 +24,7 @@ pub(crate) mod accel;
 pub(crate) mod boot;
 pub(crate) mod cleanup;
 pub mod console;
+pub mod exits;
 pub mod images;
 pub mod insns;
 pub(crate) mod kvm_exits;

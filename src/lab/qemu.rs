@@ -595,7 +595,7 @@ mod tests {
         assert!(s.contains("memory-backend-memfd,id=mem,size=2G,share=on"));
         assert!(s.contains("-append 'console=ttyS0 blklab.run=lab'"));
         assert!(s.contains(
-            "-chardev socket,id=blklab0,path=/tmp/s-0 -device vhost-user-blk-pci,chardev=blklab0,num-queues=4,queue-size=256"
+            "-chardev socket,id=blklab0,path=/tmp/s-0 -device vhost-user-blk-pci,chardev=blklab0,id=blklab-disk0,num-queues=4,queue-size=256"
         ));
         let k = shell_words(&spec(Accel::Kvm).args());
         assert!(k.starts_with("-accel kvm -cpu host"));

@@ -17,6 +17,7 @@ use crate::backend::control;
 use crate::device::config::DiskConfig;
 use crate::lab::boot::{qemu_spec, BootCtx, BootDisks, BootFailure};
 use crate::lab::console::{parse_line, Event, FaultScanner, Phase};
+use crate::lab::exits::{query_notify_areas, NotifyArea};
 use crate::lab::insns::{self, Dump, InsnsWindow};
 use crate::lab::kvm_stats::KvmSampler;
 use crate::lab::nested::relay::WindowKey;
@@ -38,6 +39,8 @@ struct Begin {
     qemu: Option<hostcpu::ProcessSample>,
     me: Option<hostcpu::ProcessSample>,
     insns: Option<Dump>,
+    /// The disks' virtio notify areas (with --count-insns).
+    notify: Vec<NotifyArea>,
 }
 
 /// What the host measured over one variant's window.
@@ -47,6 +50,7 @@ struct Measured {
     host: HostWindow,
     /// The plugin's counters over the window (with --count-insns).
     insns: Option<Dump>,
+    notify: Vec<NotifyArea>,
     /// KVM's vCPU statistics over the window (under KVM).
     kvm: Option<KvmWindow>,
 }
@@ -67,12 +71,14 @@ pub(crate) fn run_boot(c: &BootCtx) -> Result<(Vec<ResultRecord>, Vec<String>), 
     let plugin = c
         .plugin
         .map(|_| insns::Control::new(disks.sockets.0.join("insns.sock")));
-    let kvm = (c.accel == Accel::Kvm).then(|| KvmSampler::new(disks.sockets.0.join("qmp.sock")));
+    let qmp = disks.sockets.0.join("qmp.sock");
+    let kvm = (c.accel == Accel::Kvm).then(|| KvmSampler::new(qmp.clone()));
+    // With the plugin, QMP tells where the disks' notify areas are.
     let spec = qemu_spec(
         c,
         &disks.configs,
         plugin.as_ref(),
-        kvm.as_ref().map(KvmSampler::path),
+        (kvm.is_some() || plugin.is_some()).then_some(qmp.as_path()),
     );
     let mut command_line = vec![c.qemu.to_string()];
     command_line.extend(spec.args());
@@ -272,6 +278,24 @@ impl<'a> Session<'a> {
         Ok(None)
     }
 
+    /// The disks' notify areas from QEMU's QMP (none, with a warning, when
+    /// QMP does not answer: notify stores then count as other MMIO).
+    fn notify_areas(&self) -> Vec<NotifyArea> {
+        let queues: Vec<u64> = self
+            .disks
+            .configs
+            .iter()
+            .map(|d| u64::from(d.num_queues))
+            .collect();
+        match query_notify_areas(&self.disks.sockets.0.join("qmp.sock"), &queues) {
+            Ok(a) => a,
+            Err(e) => {
+                warn!("no virtio notify areas (notify stores count as other MMIO): {e}");
+                Vec::new()
+            }
+        }
+    }
+
     /// A variant's begin SYNC: the plugin's counters, the backend's
     /// baselines and the host's CPU, before the guest goes on.
     fn begin_window(&mut self, scenario: String, variant: String) -> Result<(), BootFailure> {
@@ -296,8 +320,14 @@ impl<'a> Session<'a> {
                 source,
             })?;
         }
+        let notify = if dump.is_some() {
+            self.notify_areas()
+        } else {
+            Vec::new()
+        };
         self.begin = Some(Begin {
             insns: dump,
+            notify,
             backend: control::baselines(&self.disks.disks),
             qemu: hostcpu::sample(self.qemu_pid),
             me: hostcpu::sample(self.my_pid),
@@ -368,6 +398,7 @@ impl<'a> Session<'a> {
                     backend: doc,
                     host,
                     insns: insns_window,
+                    notify: b.notify,
                     kvm,
                 },
             );
@@ -536,9 +567,9 @@ fn assemble_record(
     guest: GuestResult,
     measured: Option<Measured>,
 ) -> ResultRecord {
-    let (backend, host, window, kvm) = match measured {
-        Some(m) => (Some(m.backend), Some(m.host), m.insns, m.kvm),
-        None => (None, None, None, None),
+    let (backend, host, window, notify, kvm) = match measured {
+        Some(m) => (Some(m.backend), Some(m.host), m.insns, m.notify, m.kvm),
+        None => (None, None, None, Vec::new(), None),
     };
     let mut record = ResultRecord {
         schema: RESULT_SCHEMA.to_string(),
@@ -574,7 +605,15 @@ fn assemble_record(
             method: INSNS_WINDOW.to_string(),
             deterministic: c.args.deterministic,
         };
-        record.instructions = Some(insns::record(&p, ios, cs, &how));
+        let mut i = insns::record(&p, ios, cs, &how);
+        i.exits = Some(insns::exits_record(
+            &w.level1,
+            w.exits_unavailable.as_deref(),
+            map,
+            &notify,
+            ios,
+        ));
+        record.instructions = Some(i);
     }
     record
 }

@@ -120,6 +120,126 @@ pub struct Instructions {
     /// recordings).
     #[serde(default)]
     pub function_insns: BTreeMap<String, u64>,
+    /// The guest's would-be VM exits over the window (absent from records
+    /// older than the field).
+    #[serde(default)]
+    pub exits: Option<WouldBeExits>,
+}
+
+/// The reasons [`WouldBeExits::per_io`] gives, in order.
+pub(crate) const EXIT_REASONS: &[&str] = &[
+    "total",
+    "hlt",
+    "ipi",
+    "eoi",
+    "timer",
+    "apic_other",
+    "msr_other",
+    "port_io",
+    "notify",
+    "mmio_other",
+    "cpuid",
+    "interrupts",
+];
+
+/// The events of a window that would leave the guest on KVM (a VM exit or
+/// host work), counted exactly under TCG by blklab's plugin: what the guest
+/// executed, not what a KVM host would see (docs/user-guide.md, "Would-be
+/// VM exits"). Per-IO values are null without an IO count.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WouldBeExits {
+    /// Why there are no counts (the plugin cannot read registers, or an
+    /// old dump format); null when counted.
+    pub unavailable: Option<String>,
+    /// The IOs per-IO values divide by.
+    pub ios: Option<f64>,
+    /// The sum of the reasons below.
+    pub total: u64,
+    /// HLT executions (idle).
+    pub hlt: u64,
+    /// IPIs sent: xAPIC ICR-low stores and x2APIC ICR (0x830) WRMSRs.
+    pub ipi: u64,
+    /// End-of-interrupt writes: xAPIC EOI stores, x2APIC EOI WRMSRs.
+    pub eoi: u64,
+    /// Timer programming: xAPIC TMICT stores, x2APIC TMICT and
+    /// TSC_DEADLINE WRMSRs.
+    pub timer: u64,
+    /// Other APIC register writes (xAPIC page, x2APIC MSRs).
+    pub apic_other: u64,
+    /// WRMSRs of other MSRs (by MSR in `msrs`).
+    pub msr_other: u64,
+    /// Port I/O instructions (by port in `ports`).
+    pub port_io: u64,
+    /// virtio notify stores (by disk and queue in `notifies`).
+    pub notify: u64,
+    /// Other MMIO stores (by region and address in `mmio`).
+    pub mmio_other: u64,
+    /// CPUID executions.
+    pub cpuid: u64,
+    /// Interrupts taken: entries of the kernel's IDT stubs.
+    pub interrupts: u64,
+    /// Reason (see [`EXIT_REASONS`]) → per IO.
+    pub per_io: BTreeMap<String, Option<f64>>,
+    /// MSR ("0x1b") → WRMSRs, for `msr_other`.
+    pub msrs: BTreeMap<String, u64>,
+    /// "in 0x3fd" / "out 0x3f8" → executions.
+    pub ports: BTreeMap<String, u64>,
+    /// Notify stores per disk and queue.
+    pub notifies: Vec<NotifyStores>,
+    /// "REGION ADDRESS" → stores, for `mmio_other`.
+    pub mmio: BTreeMap<String, u64>,
+    /// IDT entry stub (`asm_common_interrupt`, `asm_sysvec_*`) → entries.
+    pub interrupt_entries: BTreeMap<String, u64>,
+    /// Device-interrupt vector ("0x22") → interrupts taken: the entries
+    /// of each vector's stub in `irq_entries_start` (they add up to
+    /// `asm_common_interrupt`'s entries, each stub jumping there).
+    #[serde(default)]
+    pub device_vectors: BTreeMap<String, u64>,
+    /// Per vCPU: the would-be exits the plugin saw executed (all but
+    /// interrupts, which are counted per stub over all vCPUs).
+    pub per_vcpu: Vec<u64>,
+}
+
+/// One queue's virtio notify stores (each a write of the queue's kick
+/// eventfd through ioeventfd, and an EPT misconfig / NPF exit on KVM).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NotifyStores {
+    /// The disk's index (vda = 0).
+    pub disk: usize,
+    pub queue: u64,
+    pub stores: u64,
+}
+
+impl WouldBeExits {
+    /// The count of a reason of [`EXIT_REASONS`].
+    pub fn reason(&self, reason: &str) -> Option<u64> {
+        Some(match reason {
+            "total" => self.total,
+            "hlt" => self.hlt,
+            "ipi" => self.ipi,
+            "eoi" => self.eoi,
+            "timer" => self.timer,
+            "apic_other" => self.apic_other,
+            "msr_other" => self.msr_other,
+            "port_io" => self.port_io,
+            "notify" => self.notify,
+            "mmio_other" => self.mmio_other,
+            "cpuid" => self.cpuid,
+            "interrupts" => self.interrupts,
+            _ => return None,
+        })
+    }
+
+    /// Each reason per IO (null without an IO count).
+    pub(crate) fn per_reason(&self, ios: Option<f64>) -> BTreeMap<String, Option<f64>> {
+        EXIT_REASONS
+            .iter()
+            .map(|r| {
+                let n = self.reason(r).unwrap_or(0) as f64;
+                (r.to_string(), ios.filter(|i| *i > 0.0).map(|i| n / i))
+            })
+            .collect()
+    }
 }
 
 /// The host's instructions over one variant's window of a nested run (the

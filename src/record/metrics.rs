@@ -154,6 +154,30 @@ const fn kvm(
     }
 }
 
+/// A reason of the would-be exits (`WouldBeExits::per_io`), per IO.
+fn exits_per_io(r: &ResultRecord, reason: &str) -> Option<f64> {
+    *r.instructions
+        .as_ref()?
+        .exits
+        .as_ref()?
+        .per_io
+        .get(reason)?
+}
+
+/// A would-be exits metric: `reason` of `WouldBeExits::per_io` (lower is
+/// better).
+macro_rules! exits {
+    ($key:expr, $title:expr, $reason:expr) => {
+        Metric {
+            key: $key,
+            title: $title,
+            unit: "",
+            better: Better::Lower,
+            get: |r| exits_per_io(r, $reason),
+        }
+    };
+}
+
 /// A per-IO metric (lower is better).
 const fn mech(
     key: &'static str,
@@ -328,6 +352,34 @@ pub(crate) const METRICS: &[Metric] = &[
         better: Better::Lower,
         get: |r| host_insns(r, |h| h.user_per_io),
     },
+    // --- would-be VM exits (TCG, `instructions.exits`) ---
+    exits!(
+        "exits_per_io",
+        "would-be VM exits per IO (TCG: all reasons)",
+        "total"
+    ),
+    exits!("hlt_exits_per_io", "would-be HLT exits per IO (TCG)", "hlt"),
+    exits!(
+        "ipi_exits_per_io",
+        "would-be IPI-send exits per IO (TCG: ICR writes)",
+        "ipi"
+    ),
+    exits!(
+        "timer_exits_per_io",
+        "would-be timer-programming exits per IO (TCG: TMICT / TSC deadline)",
+        "timer"
+    ),
+    exits!("eoi_exits_per_io", "would-be EOI exits per IO (TCG)", "eoi"),
+    exits!(
+        "notify_exits_per_io",
+        "would-be virtio notify exits per IO (TCG: notify stores)",
+        "notify"
+    ),
+    exits!(
+        "interrupt_exits_per_io",
+        "interrupts taken per IO (TCG: IDT stub entries)",
+        "interrupts"
+    ),
     Metric {
         key: "world_switches_per_io",
         title: "world switches per IO (nested: VMRUNs)",
@@ -522,6 +574,17 @@ pub(crate) const INSTRUCTION_METRICS: &[&str] = &[
     "ctxsw_per_io",
 ];
 
+/// The metrics added to the defaults when records carry would-be exits.
+pub(crate) const EXIT_METRICS: &[&str] = &[
+    "exits_per_io",
+    "hlt_exits_per_io",
+    "ipi_exits_per_io",
+    "timer_exits_per_io",
+    "eoi_exits_per_io",
+    "notify_exits_per_io",
+    "interrupt_exits_per_io",
+];
+
 /// The metrics added to the defaults when records carry KVM's counters
 /// (runs under KVM): how often the vCPUs left the guest, halted, and were
 /// sent an interrupt.
@@ -546,6 +609,7 @@ pub(crate) const HOST_INSTRUCTION_METRICS: &[&str] = &[
 
 /// The default metrics for `records`: [`DEFAULT_METRICS`], plus
 /// [`INSTRUCTION_METRICS`] when any record has instruction counts,
+/// [`EXIT_METRICS`] when any has would-be exits counted,
 /// [`KVM_METRICS`] when any has KVM's counters and
 /// [`HOST_INSTRUCTION_METRICS`] when any has the host's.
 pub fn default_metrics<'a>(records: impl IntoIterator<Item = &'a ResultRecord>) -> Vec<String> {
@@ -553,6 +617,9 @@ pub fn default_metrics<'a>(records: impl IntoIterator<Item = &'a ResultRecord>) 
     let mut v: Vec<String> = DEFAULT_METRICS.iter().map(|s| s.to_string()).collect();
     if records.iter().any(|r| insns(r, |i| i.per_io).is_some()) {
         v.extend(INSTRUCTION_METRICS.iter().map(|s| s.to_string()));
+    }
+    if records.iter().any(|r| exits_per_io(r, "total").is_some()) {
+        v.extend(EXIT_METRICS.iter().map(|s| s.to_string()));
     }
     if records.iter().any(|r| kvm_per_io(r, &["exits"]).is_some()) {
         v.extend(KVM_METRICS.iter().map(|s| s.to_string()));
@@ -718,6 +785,36 @@ mod tests {
         assert_eq!(v("world_switches_per_io"), Some(1.5));
         let d = default_metrics([&r, &nested]);
         assert_eq!(&d[DEFAULT_METRICS.len()..], HOST_INSTRUCTION_METRICS);
+    }
+
+    #[test]
+    fn would_be_exit_metrics() {
+        let mut r = rec();
+        assert_eq!((find("hlt_exits_per_io").unwrap().get)(&r), None);
+        assert!(!default_metrics([&r]).contains(&"exits_per_io".to_string()));
+        let mut e = crate::record::instructions::WouldBeExits {
+            hlt: 3000,
+            notify: 1000,
+            interrupts: 500,
+            total: 4500,
+            ..Default::default()
+        };
+        e.per_io = e.per_reason(Some(2000.0));
+        r.instructions = Some(crate::record::instructions::Instructions {
+            exits: Some(e),
+            ..Default::default()
+        });
+        let v = |k: &str| (find(k).unwrap_or_else(|| panic!("{k}")).get)(&r);
+        assert_eq!(v("exits_per_io"), Some(2.25));
+        assert_eq!(v("hlt_exits_per_io"), Some(1.5));
+        assert_eq!(v("notify_exits_per_io"), Some(0.5));
+        assert_eq!(v("interrupt_exits_per_io"), Some(0.25));
+        assert_eq!(v("ipi_exits_per_io"), Some(0.0));
+        let d = default_metrics([&r]);
+        for k in EXIT_METRICS {
+            assert!(d.contains(&k.to_string()), "{k}");
+            assert!(find(k).is_some(), "{k}");
+        }
     }
 
     #[test]

@@ -212,7 +212,18 @@ fn attach_counts(
     if let Some(map) = guest_map {
         let cs = record.guest.context_switches.map(|n| n as f64);
         let p = insns::profile(&window.level2, &map);
-        record.instructions = Some(insns::record(&p, ios, cs, &how));
+        let mut i = insns::record(&p, ios, cs, &how);
+        // The nested guest's: at level 2 each of them is a real #VMEXIT to
+        // the host's KVM (its MMIO stores fault before they are made: not
+        // seen here). Its notify areas are the host QEMU's, not known here.
+        i.exits = Some(insns::exits_record(
+            &window.level2,
+            window.exits_unavailable.as_deref(),
+            &map,
+            &[],
+            ios,
+        ));
+        record.instructions = Some(i);
     }
     if let Some(map) = host_map {
         let p = insns::profile(&window.level1, map);
