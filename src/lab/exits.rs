@@ -137,6 +137,12 @@ const X2APIC_EOI: u32 = 0x80b;
 const X2APIC_ICR: u32 = 0x830;
 const X2APIC_TMICT: u32 = 0x838;
 const MSR_TSC_DEADLINE: u32 = 0x6e0;
+/// MSRs KVM always lets a 64-bit guest write without an exit, on SVM
+/// (`direct_access_msrs`, `.always`) and VMX (intercepts disabled at vCPU
+/// creation) alike: FS_BASE, GS_BASE, KERNEL_GS_BASE and SYSENTER_CS/ESP/
+/// EIP. A guest CPU without FSGSBASE (TCG's qemu64) writes FS_BASE with
+/// WRMSR on every switch to a task with its own TLS.
+const PASSTHROUGH_MSRS: &[u32] = &[0xc000_0100, 0xc000_0101, 0xc000_0102, 0x174, 0x175, 0x176];
 
 /// QEMU's virtio-pci modern notify area: offset in BAR 4, and bytes per
 /// queue (`notify_off_multiplier`; `queue_notify_off` is the queue index).
@@ -227,6 +233,7 @@ enum Reason {
     Timer,
     ApicOther,
     MsrOther,
+    MsrPassthrough,
     Port,
     Notify(usize, u64),
     MmioOther,
@@ -241,6 +248,7 @@ fn classify(kind: ExitKind, notify: &[NotifyArea]) -> Reason {
         ExitKind::Wrmsr(X2APIC_EOI) => Reason::Eoi,
         ExitKind::Wrmsr(X2APIC_TMICT | MSR_TSC_DEADLINE) => Reason::Timer,
         ExitKind::Wrmsr(X2APIC_FIRST..=X2APIC_LAST) => Reason::ApicOther,
+        ExitKind::Wrmsr(m) if PASSTHROUGH_MSRS.contains(&m) => Reason::MsrPassthrough,
         ExitKind::Wrmsr(_) => Reason::MsrOther,
         ExitKind::In(_) | ExitKind::Out(_) => Reason::Port,
         ExitKind::Mmio(a) if (XAPIC_BASE..XAPIC_BASE + 0x1000).contains(&a) => {
@@ -285,17 +293,24 @@ pub(crate) fn record(
     let mut notifies: BTreeMap<(usize, u64), u64> = BTreeMap::new();
     let mut per_vcpu: BTreeMap<usize, u64> = BTreeMap::new();
     for (&(vcpu, kind), &n) in &exits.counts {
-        *per_vcpu.entry(vcpu).or_default() += n;
-        match classify(kind, notify) {
+        let reason = classify(kind, notify);
+        if !matches!(reason, Reason::MsrPassthrough) {
+            *per_vcpu.entry(vcpu).or_default() += n;
+        }
+        match reason {
             Reason::Hlt => r.hlt += n,
             Reason::Ipi => r.ipi += n,
             Reason::Eoi => r.eoi += n,
             Reason::Timer => r.timer += n,
             Reason::ApicOther => r.apic_other += n,
             Reason::Cpuid => r.cpuid += n,
-            Reason::MsrOther => {
+            Reason::MsrOther | Reason::MsrPassthrough => {
                 let ExitKind::Wrmsr(m) = kind else { continue };
-                r.msr_other += n;
+                if matches!(reason, Reason::MsrOther) {
+                    r.msr_other += n;
+                } else {
+                    r.msr_passthrough += n;
+                }
                 *r.msrs.entry(format!("{m:#x}")).or_default() += n;
             }
             Reason::Port => {
@@ -425,6 +440,8 @@ mod tests {
             (0, ExitKind::Wrmsr(0x6e0), 2),      // TSC deadline
             (0, ExitKind::Wrmsr(0x838), 1),
             (0, ExitKind::Wrmsr(0x1b), 1), // APIC base: other MSR
+            (0, ExitKind::Wrmsr(0xc000_0100), 12), // FS_BASE: no exit on KVM
+            (1, ExitKind::Wrmsr(0x175), 1), // SYSENTER_ESP: neither
             (0, ExitKind::Out(0x3f8), 20),
             (0, ExitKind::In(0x3fd), 5),
             (0, ExitKind::Mmio(0xfe00_3000), 7), // disk 1 queue 0
@@ -446,6 +463,8 @@ mod tests {
         );
         assert_eq!(r.total, 11 + 6 + 7 + 6 + 4 + 1 + 25 + 9 + 1 + 9 + 11);
         assert_eq!(r.msrs["0x1b"], 1);
+        assert_eq!(r.msr_passthrough, 13);
+        assert_eq!(r.msrs["0xc0000100"], 12);
         assert_eq!(r.ports["out 0x3f8"], 20);
         assert_eq!(r.mmio["r 0xfe003008"], 1);
         assert_eq!(
