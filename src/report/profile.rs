@@ -358,12 +358,22 @@ pub(crate) fn row_profile(
     if ra.is_empty() || rb.is_empty() {
         return None;
     }
-    let quantities: [(Scalar<Instructions>, &str); 5] = [
+    let quantities: [(Scalar<Instructions>, &str); 12] = [
         (|i| i.kernel_per_io, "kernel instructions"),
         (|i| i.user_per_io, "user instructions"),
         (|i| i.per_io, "all instructions"),
         (|i| i.idle_entries_per_io, "idle entries"),
         (|i| i.context_switches_per_io, "context switches"),
+        (|i| exits_per_io(i, "total"), "would-be exits"),
+        (|i| exits_per_io(i, "hlt"), "would-be exits: HLT"),
+        (|i| exits_per_io(i, "ipi"), "would-be exits: IPI sent"),
+        (|i| exits_per_io(i, "timer"), "would-be exits: timer"),
+        (|i| exits_per_io(i, "eoi"), "would-be exits: EOI"),
+        (
+            |i| exits_per_io(i, "notify"),
+            "would-be exits: virtio notify",
+        ),
+        (|i| exits_per_io(i, "interrupts"), "interrupts taken"),
     ];
     let totals = totals(&ra, &rb, &quantities);
     let groups = entries(
@@ -403,6 +413,12 @@ pub(crate) fn row_profile(
         warnings,
         host,
     })
+}
+
+/// The would-be exits of `reason` per IO (records with exit counts).
+fn exits_per_io(i: &Instructions, reason: &str) -> Option<f64> {
+    let e = i.exits.as_ref().filter(|e| e.unavailable.is_none())?;
+    *e.per_io.get(reason)?
 }
 
 /// The values of `key` over `records` that have one.
@@ -709,6 +725,36 @@ mod tests {
         assert!(t.contains("-50.0"), "{t}");
         assert!(row_profile("s", "v", &[&test_record(json!({}))], &[&b1], 2).is_none());
         assert!(!t.contains("WARNING"), "{t}");
+    }
+
+    #[test]
+    fn would_be_exits_join_the_totals_when_both_sides_count_them() {
+        let with_exits = |hlt: f64| {
+            let mut r = rec(&[("common", 100.0)], 100.0);
+            let i = r.instructions.as_mut().unwrap();
+            i.exits = Some(crate::record::instructions::WouldBeExits {
+                per_io: [
+                    ("total".to_string(), Some(hlt + 1.0)),
+                    ("hlt".to_string(), Some(hlt)),
+                ]
+                .into(),
+                ..Default::default()
+            });
+            r
+        };
+        let (a, b) = (with_exits(0.5), with_exits(0.25));
+        let p = row_profile("s", "v", &[&a], &[&b], 2).unwrap();
+        let hlt = p
+            .totals
+            .iter()
+            .find(|e| e.name == "would-be exits: HLT")
+            .unwrap();
+        assert_eq!(hlt.diff, -0.25);
+        assert!(p.totals.iter().any(|e| e.name == "would-be exits"));
+        // One side without exit counts (older records): no exit rows.
+        let old = rec(&[("common", 100.0)], 100.0);
+        let p = row_profile("s", "v", &[&a], &[&old], 2).unwrap();
+        assert!(!p.totals.iter().any(|e| e.name.starts_with("would-be")));
     }
 
     /// `rec` of a nested run: the host's kernel functions (per IO) and
