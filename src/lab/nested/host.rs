@@ -71,6 +71,8 @@ pub enum NestedError {
     Transfer(#[from] TransferError),
     #[error("the nested host: {0}")]
     Qemu(#[from] QemuError),
+    #[error("the nested host, before its /init spoke: {0}")]
+    QemuBeforeInit(#[source] QemuError),
     #[error("the nested host could not run the lab: {0}")]
     Host(String),
     #[error("the nested host's kernel reported a fault (console: {}):\n{report}", console.display())]
@@ -196,6 +198,23 @@ pub(crate) struct HostRun<'a> {
 /// Boot the host, follow its console to its end, and bring its records
 /// back with the outer lab's counts.
 pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
+    match boot_once(r) {
+        Err(NestedError::QemuBeforeInit(e)) => {
+            let text = e.to_string();
+            let Some(bug) = crate::lab::qemu::known_emulator_bug(&text) else {
+                return Err(NestedError::QemuBeforeInit(e));
+            };
+            // As for a guest's boot: QEMU aborting on a known emulator bug
+            // before the host's /init is worth a second boot.
+            warn!("the nested host's QEMU aborted on a known emulator bug ({bug}) before its /init; booting it once more");
+            boot_once(r)
+        }
+        other => other,
+    }
+}
+
+/// One boot of the nested host, the whole lab inside it.
+fn boot_once(r: &HostRun) -> Result<Merged, NestedError> {
     let stage = SocketDir::new(0).map_err(|e| NestedError::Stage(Box::new(e)))?;
     let run_disk = write_run_disk(r, &stage.0)?;
     let results_disk = stage.0.join("results.img");
@@ -485,6 +504,7 @@ impl<'a> HostSession<'a> {
         let e = self.guest.exited_error();
         if !self.booted {
             warn!("the nested host never said BLKLAB-HOST-INIT");
+            return NestedError::QemuBeforeInit(e);
         }
         NestedError::Qemu(e)
     }
