@@ -198,20 +198,27 @@ pub(crate) struct HostRun<'a> {
 /// Boot the host, follow its console to its end, and bring its records
 /// back with the outer lab's counts.
 pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
-    match boot_once(r) {
-        Err(NestedError::QemuBeforeInit(e)) => {
-            let text = e.to_string();
-            let Some(bug) = crate::lab::qemu::known_emulator_bug(&text) else {
-                return Err(NestedError::QemuBeforeInit(e));
-            };
-            // As for a guest's boot: QEMU aborting on a known emulator bug
-            // before the host's /init is worth a second boot.
-            warn!("the nested host's QEMU aborted on a known emulator bug ({bug}) before its /init; booting it once more");
-            boot_once(r)
+    let mut attempt = 1;
+    loop {
+        match boot_once(r) {
+            Err(NestedError::QemuBeforeInit(e)) if attempt < HOST_BOOT_ATTEMPTS => {
+                let text = e.to_string();
+                let Some(bug) = crate::lab::qemu::known_emulator_bug(&text) else {
+                    return Err(NestedError::QemuBeforeInit(e));
+                };
+                attempt += 1;
+                warn!("the nested host's QEMU aborted on a known emulator bug ({bug}) before its /init; boot {attempt} of at most {HOST_BOOT_ATTEMPTS}");
+            }
+            other => return other,
         }
-        other => other,
     }
 }
+
+/// How often the nested host is booted when its QEMU aborts on a known
+/// emulator bug before the host's /init: multi-threaded TCG's memory-map
+/// race (QEMU issue 1921) costs seconds a time, and a 3-vCPU host with a
+/// 2.7 GiB layout hit it twice in a row here.
+const HOST_BOOT_ATTEMPTS: u32 = 4;
 
 /// One boot of the nested host, the whole lab inside it.
 fn boot_once(r: &HostRun) -> Result<Merged, NestedError> {
