@@ -66,6 +66,27 @@ pub enum KvmExitsError {
     },
 }
 
+/// Why this host cannot count exits by reason (recorded, not a failure).
+#[derive(Debug, Error)]
+pub(crate) enum ExitTraceUnavailable {
+    #[error("no tracefs with instances at {} (mount -t tracefs nodev /sys/kernel/tracing, as root)", TRACEFS.join(" or "))]
+    NoTracefs,
+    #[error("{} does not exist: the kvm module is not loaded", path.display())]
+    NoKvmEvent { path: PathBuf },
+    #[error("cannot create the tracefs instance {}: {source}", path.display())]
+    Instance {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot install a hist trigger in {} (a kernel without CONFIG_HIST_TRIGGERS?): {source}", path.display())]
+    Trigger {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
 /// A histogram's key: the thread, the ISA and the raw exit reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct ExitKey {
@@ -252,23 +273,15 @@ pub(crate) struct ExitTrace {
 impl ExitTrace {
     /// Install the trigger in a new tracefs instance, or say why the host
     /// cannot count exits by reason.
-    pub(crate) fn start() -> Result<ExitTrace, String> {
+    pub(crate) fn start() -> Result<ExitTrace, ExitTraceUnavailable> {
         let root = TRACEFS
             .iter()
             .map(Path::new)
             .find(|p| p.join("instances").is_dir())
-            .ok_or_else(|| {
-                format!(
-                    "no tracefs with instances at {} (mount -t tracefs nodev /sys/kernel/tracing, as root)",
-                    TRACEFS.join(" or ")
-                )
-            })?;
+            .ok_or(ExitTraceUnavailable::NoTracefs)?;
         let event = root.join("events/kvm/kvm_exit");
         if !event.is_dir() {
-            return Err(format!(
-                "{} does not exist: the kvm module is not loaded",
-                event.display()
-            ));
+            return Err(ExitTraceUnavailable::NoKvmEvent { path: event });
         }
         remove_stale_instances(&root.join("instances"));
         let instance = root.join("instances").join(format!(
@@ -276,25 +289,24 @@ impl ExitTrace {
             std::process::id(),
             NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed)
         ));
-        std::fs::create_dir(&instance).map_err(|e| {
-            format!(
-                "cannot create the tracefs instance {}: {e}",
-                instance.display()
-            )
-        })?;
+        if let Err(source) = std::fs::create_dir(&instance) {
+            return Err(ExitTraceUnavailable::Instance {
+                path: instance,
+                source,
+            });
+        }
+        let format = std::fs::read_to_string(event.join("format")).unwrap_or_default();
         let trace = ExitTrace {
-            names: ReasonNames::parse(
-                &std::fs::read_to_string(event.join("format")).unwrap_or_default(),
-            ),
+            names: ReasonNames::parse(&format),
             instance,
         };
         let trigger = trace.trigger_file();
-        std::fs::write(&trigger, TRIGGER).map_err(|e| {
-            format!(
-                "cannot install a hist trigger in {} (a kernel without CONFIG_HIST_TRIGGERS?): {e}",
-                trigger.display()
-            )
-        })?;
+        if let Err(source) = std::fs::write(&trigger, TRIGGER) {
+            return Err(ExitTraceUnavailable::Trigger {
+                path: trigger,
+                source,
+            });
+        }
         debug!(
             "counting KVM exits by reason in {}",
             trace.instance.display()

@@ -292,7 +292,7 @@ impl Exits {
                 if !WARNED_EXITS.swap(true, Ordering::Relaxed) {
                     warn!("records will have no KVM exits by reason: {why}");
                 }
-                return Ok(Exits::Unavailable(why));
+                return Ok(Exits::Unavailable(why.to_string()));
             }
         };
         let threads = parse_vcpu_threads(qmp.execute("query-cpus-fast", None)?)?;
