@@ -418,9 +418,22 @@ static void exit_exec(unsigned int vcpu_index, void *udata)
     bump(x->kind, lvl, vcpu_index, key, NULL);
 }
 
+/* MMIO stores are looked up only once the lab has taken its first dump
+ * (the first window's begin; from the start without ctl=). Looking up a
+ * store's address (qemu_plugin_get_hwaddr) resolves its TLB entry against
+ * QEMU's current memory map; when that map changed under the entry (PCI
+ * enumeration and device enabling at boot rebuild it, the store itself
+ * may be the config write that did), QEMU 10.0 aborts in iotlb_to_section
+ * (the assertion of QEMU issue 1921). Stores before the first dump lie
+ * outside every window, so no window loses a count. */
+static int mmio_armed;
+
 static void store_exec(unsigned int vcpu_index, qemu_plugin_meminfo_t info,
                        uint64_t vaddr, void *udata)
 {
+    if (!__atomic_load_n(&mmio_armed, __ATOMIC_ACQUIRE)) {
+        return;
+    }
     struct qemu_plugin_hwaddr *h = qemu_plugin_get_hwaddr(info, vaddr);
     if (!h || !qemu_plugin_hwaddr_is_io(h) || vcpu_index >= MAX_VCPUS) {
         return;
@@ -744,6 +757,9 @@ static void serve_client(int fd)
             *nl = 0;
             char err[512];
             if (strncmp(buf, "dump ", 5) == 0) {
+#if EXITS
+                __atomic_store_n(&mmio_armed, 1, __ATOMIC_RELEASE);
+#endif
                 if (write_dump(buf + 5, err, sizeof(err)) == 0) {
                     char *ok = g_strdup_printf("ok %s\n", buf + 5);
                     reply(fd, ok);
@@ -853,6 +869,9 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
     ret_vaddr = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
 #if EXITS
     events = g_hash_table_new(ev_hash, ev_equal);
+#endif
+#if EXITS
+    mmio_armed = ctl_path == NULL;
 #endif
     if (ctl_path && start_ctl(ctl_path) != 0) {
         return -1;
