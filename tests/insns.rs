@@ -296,12 +296,11 @@ fn insns_difference_tool_differences_the_recorded_run() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
 }
 
-#[test]
-fn guest_counts_are_nonzero_and_block_layer_counts_repeat() {
-    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let dir = tempfile::tempdir().unwrap();
-    let out_dir = dir.path().join("run");
-    let out = Command::new(common::blklab_bin())
+/// `blklab run --count-insns` of `plug-qd1`'s none-2k variant on
+/// `build:6.12` into `out_dir`, with `iterations` boots of `vcpus` vCPUs
+/// and `extra` options.
+fn run_plug_qd1(out_dir: &Path, iterations: u32, vcpus: u32, extra: &[&str]) -> Output {
+    Command::new(common::blklab_bin())
         .arg("run")
         .arg("--cache")
         .arg(common::image_cache())
@@ -311,20 +310,28 @@ fn guest_counts_are_nonzero_and_block_layer_counts_repeat() {
             "build:6.12",
             "--scenario",
             "plug-qd1",
-            "--variants",
-            "none-2k",
-            "--iterations",
-            "2",
-            "--vcpus",
-            "1",
-            "--count-insns",
-            "--deterministic",
-            "--out",
         ])
-        .arg(&out_dir)
+        .args(["--variants", "none-2k", "--count-insns"])
+        .args([
+            "--iterations",
+            &iterations.to_string(),
+            "--vcpus",
+            &vcpus.to_string(),
+        ])
+        .args(extra)
+        .arg("--out")
+        .arg(out_dir)
         .env("RUST_LOG", "info")
         .output()
-        .expect("run blklab");
+        .expect("run blklab")
+}
+
+#[test]
+fn guest_counts_are_nonzero_and_block_layer_counts_repeat() {
+    let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("run");
+    let out = run_plug_qd1(&out_dir, 2, 1, &["--deterministic"]);
     assert!(out.status.success(), "{}", text(&out));
     let run = read_json(&out_dir.join("run.json"));
     assert_eq!(run["accel"], "tcg");
@@ -395,28 +402,7 @@ fn would_be_exits_agree_with_the_backend_and_the_guest() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().join("run");
-    let out = Command::new(common::blklab_bin())
-        .arg("run")
-        .arg("--cache")
-        .arg(common::image_cache())
-        .args([
-            "--no-progress",
-            "--kernel",
-            "build:6.12",
-            "--scenario",
-            "plug-qd1",
-            "--variants",
-            "none-2k",
-            "--iterations",
-            "1",
-            "--vcpus",
-            "2",
-            "--count-insns",
-            "--out",
-        ])
-        .arg(&out_dir)
-        .output()
-        .expect("run blklab");
+    let out = run_plug_qd1(&out_dir, 1, 2, &[]);
     assert!(out.status.success(), "{}", text(&out));
     let r = read_json(&out_dir.join("6.12.plug-qd1.none-2k.00.json"));
     let e = &r["instructions"]["exits"];
