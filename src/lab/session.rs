@@ -125,6 +125,9 @@ struct Session<'a> {
     begin: Option<Begin>,
     /// Closed windows whose result has not come yet, by (scenario, variant).
     measured: BTreeMap<(String, String), Measured>,
+    /// The disks' notify areas, once QMP gave them (the firmware and the
+    /// guest set the BARs at boot; they do not move afterwards).
+    notify: Option<Vec<NotifyArea>>,
     /// The result document being read: (scenario, variant, lines).
     collecting: Option<(String, String, Vec<String>)>,
     records: Vec<ResultRecord>,
@@ -158,6 +161,7 @@ impl<'a> Session<'a> {
             fault: FaultScanner::default(),
             begin: None,
             measured: BTreeMap::new(),
+            notify: None,
             collecting: None,
             records: Vec::new(),
             failures: Vec::new(),
@@ -278,9 +282,13 @@ impl<'a> Session<'a> {
         Ok(None)
     }
 
-    /// The disks' notify areas from QEMU's QMP (none, with a warning, when
-    /// QMP does not answer: notify stores then count as other MMIO).
-    fn notify_areas(&self) -> Vec<NotifyArea> {
+    /// The disks' notify areas from QEMU's QMP, asked once a boot (none,
+    /// with a warning, when QMP does not answer: notify stores then count
+    /// as other MMIO, and the next window asks again).
+    fn notify_areas(&mut self) -> Vec<NotifyArea> {
+        if let Some(areas) = &self.notify {
+            return areas.clone();
+        }
         let queues: Vec<u64> = self
             .disks
             .configs
@@ -288,7 +296,10 @@ impl<'a> Session<'a> {
             .map(|d| u64::from(d.num_queues))
             .collect();
         match query_notify_areas(&self.disks.sockets.0.join("qmp.sock"), &queues) {
-            Ok(a) => a,
+            Ok(a) => {
+                self.notify = Some(a.clone());
+                a
+            }
             Err(e) => {
                 warn!("no virtio notify areas (notify stores count as other MMIO): {e}");
                 Vec::new()
