@@ -380,6 +380,28 @@ pub(crate) const METRICS: &[Metric] = &[
         "interrupts taken per IO (TCG: IDT stub entries)",
         "interrupts"
     ),
+    // --- the modelled host cost (`record::host_cost`: not measured) ---
+    Metric {
+        key: "modelled_host_instructions_per_io",
+        title: "MODELLED host instructions per IO (guest instructions + would-be exits × calibrated weights)",
+        unit: "",
+        better: Better::Lower,
+        get: |r| Some(crate::record::host_cost::model(r)?.total_per_io),
+    },
+    Metric {
+        key: "modelled_exit_instructions_per_io",
+        title: "MODELLED host instructions per IO in exits (would-be exits × calibrated weights)",
+        unit: "",
+        better: Better::Lower,
+        get: |r| Some(crate::record::host_cost::model(r)?.exits_per_io),
+    },
+    Metric {
+        key: "modelled_halt_poll_us_per_io",
+        title: "MODELLED halt polling per IO (each idle entry polls its idle time, at most 200 µs)",
+        unit: "µs",
+        better: Better::Lower,
+        get: |r| crate::record::host_cost::model(r)?.halt_poll_us_per_io,
+    },
     Metric {
         key: "world_switches_per_io",
         title: "world switches per IO (nested: VMRUNs)",
@@ -583,6 +605,8 @@ pub(crate) const EXIT_METRICS: &[&str] = &[
     "eoi_exits_per_io",
     "notify_exits_per_io",
     "interrupt_exits_per_io",
+    "modelled_host_instructions_per_io",
+    "modelled_halt_poll_us_per_io",
 ];
 
 /// The metrics added to the defaults when records carry KVM's counters

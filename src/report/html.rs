@@ -756,6 +756,24 @@ fn profile(page: &mut Page, p: &RowProfile) -> std::io::Result<()> {
         page.figure(&format!("{}.svg", file_safe(&base)), &svg, "profile")?
     };
     page.pair(&functions.html(), &figure);
+    if !p.modelled.is_empty() {
+        page.body.push_str(
+            "<h4>Modelled host cost (not measured)</h4>\n<p class=\"legend\">What a KVM host \
+             would spend per IO on this guest: its instructions, plus each would-be exit \
+             times the host instructions one such exit cost in the nested lab's calibration \
+             (the weight in brackets), plus halt polling in µs. A model: see the user \
+             guide's <em>Modelled host cost</em>.</p>\n",
+        );
+        let table = profile_table(
+            &format!("{base}-modelled"),
+            "MODELLED host instructions per IO",
+            "modelled per IO",
+            &p.modelled,
+            false,
+            p,
+        );
+        page.body.push_str(&table.html());
+    }
     if let Some(h) = &p.host {
         page.body
             .push_str("<h4>The host's profile (nested run)</h4>\n");

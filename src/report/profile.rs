@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use crate::record::host_cost::{self, ModelledHostCost};
 use crate::record::instructions::{HostInstructions, Instructions};
 use crate::record::result::ResultRecord;
 use crate::report::inference;
@@ -114,6 +115,10 @@ pub struct RowProfile {
     /// Nested runs: the host's profile, when both sides have one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<HostProfile>,
+    /// The modelled host cost per IO (`record::host_cost`: not measured),
+    /// term by term, when both sides count would-be exits.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub modelled: Vec<Entry>,
 }
 
 /// The host side of a nested row's profile: the host's instructions per IO
@@ -353,6 +358,7 @@ pub(crate) fn row_profile(
     top: usize,
 ) -> Option<RowProfile> {
     let host = host_profile(ra, rb, top);
+    let modelled = modelled(ra, rb);
     let ra: Vec<&Instructions> = ra.iter().filter_map(|r| r.instructions.as_ref()).collect();
     let rb: Vec<&Instructions> = rb.iter().filter_map(|r| r.instructions.as_ref()).collect();
     if ra.is_empty() || rb.is_empty() {
@@ -412,7 +418,66 @@ pub(crate) fn row_profile(
         functions_diff_sum,
         warnings,
         host,
+        modelled,
     })
+}
+
+/// The modelled host cost's lines of one record: each term with a
+/// non-zero weight in host instructions per IO, the exits' sum, the total,
+/// and the halt polling in µs.
+fn modelled_lines(m: &ModelledHostCost) -> Vec<(String, f64)> {
+    let mut out: Vec<(String, f64)> = m
+        .terms
+        .iter()
+        .map(|t| match host_cost::weight(&t.name) {
+            Some(w) => (format!("exits: {} (× {w})", t.name), t.per_io),
+            None => (t.name.clone(), t.per_io),
+        })
+        .collect();
+    out.push(("all exits".into(), m.exits_per_io));
+    out.push(("modelled host instructions".into(), m.total_per_io));
+    if let Some(us) = m.halt_poll_us_per_io {
+        out.push(("halt polling, µs (not instructions)".into(), us));
+    }
+    out
+}
+
+/// The modelled host cost of a row, line by line in the model's order
+/// (lines zero on both sides left out); empty unless both sides have it.
+fn modelled(ra: &[&ResultRecord], rb: &[&ResultRecord]) -> Vec<Entry> {
+    let lines = |rs: &[&ResultRecord]| -> Vec<Vec<(String, f64)>> {
+        rs.iter()
+            .filter_map(|r| host_cost::model(r))
+            .map(|m| modelled_lines(&m))
+            .collect()
+    };
+    let (la, lb) = (lines(ra), lines(rb));
+    let (Some(first), false) = (la.first(), lb.is_empty()) else {
+        return Vec::new();
+    };
+    let values = |ls: &[Vec<(String, f64)>], name: &str| -> Vec<f64> {
+        ls.iter()
+            .map(|l| l.iter().find(|(n, _)| n == name).map_or(0.0, |(_, v)| *v))
+            .collect()
+    };
+    first
+        .iter()
+        .map(|(name, _)| {
+            let (sa, sb) = (
+                side_value(&values(&la, name)),
+                side_value(&values(&lb, name)),
+            );
+            Entry {
+                name: name.clone(),
+                group: String::new(),
+                diff: sb.mean - sa.mean,
+                separated: separated(&sa, &sb),
+                a: sa,
+                b: sb,
+            }
+        })
+        .filter(|e| e.a.mean != 0.0 || e.b.mean != 0.0)
+        .collect()
 }
 
 /// The would-be exits of `reason` per IO (records with exit counts).
@@ -538,9 +603,15 @@ pub(crate) fn render(profiles: &[RowProfile], sides: &str, markdown: bool) -> St
     } else {
         ""
     };
+    let modelled = if profiles.iter().any(|p| !p.modelled.is_empty()) {
+        "; MODELLED: what a KVM host would spend, guest instructions + would-be exits × \
+         host instructions per exit calibrated in the nested lab, not measured"
+    } else {
+        ""
+    };
     let head = format!(
         "differential profile: guest instructions per IO, B - A, mean ± sd over iterations \
-         ({sides}; kernel functions from System.map, grouped by name{host}; \
+         ({sides}; kernel functions from System.map, grouped by name{host}{modelled}; \
          = every run of one side beyond every run of the other, listed first)"
     );
     if markdown {
@@ -572,6 +643,9 @@ pub(crate) fn render(profiles: &[RowProfile], sides: &str, markdown: bool) -> St
                 Some((p.more_functions, p.functions_diff_sum)),
             ),
         ];
+        if !p.modelled.is_empty() {
+            sections.push(("MODELLED host cost per IO", &p.modelled, None));
+        }
         if let Some(h) = &p.host {
             sections.push(("host per IO", &h.totals, None));
             sections.push(("host group", &h.groups, None));
@@ -755,6 +829,40 @@ mod tests {
         let old = rec(&[("common", 100.0)], 100.0);
         let p = row_profile("s", "v", &[&a], &[&old], 2).unwrap();
         assert!(!p.totals.iter().any(|e| e.name.starts_with("would-be")));
+    }
+
+    #[test]
+    fn the_modelled_host_cost_is_its_own_section_term_by_term() {
+        let with_exits = |hlt: u64, notify: u64| {
+            let mut r = rec(&[("common", 100.0)], 100.0);
+            let i = r.instructions.as_mut().unwrap();
+            i.exits = Some(crate::record::instructions::WouldBeExits {
+                hlt,
+                notify,
+                ..Default::default()
+            });
+            r
+        };
+        let (a, b) = (with_exits(1, 2), with_exits(1, 3));
+        let p = row_profile("s", "v", &[&a], &[&b], 2).unwrap();
+        let line = |name: &str| p.modelled.iter().find(|e| e.name.starts_with(name));
+        let w = |r: &str| host_cost::weight(r).unwrap() as f64;
+        assert_eq!(line("guest instructions").unwrap().a.mean, 110.0);
+        assert_eq!(line("exits: notify").unwrap().diff, w("notify"));
+        assert_eq!(line("exits: hlt").unwrap().diff, 0.0);
+        let total = line("modelled host instructions").unwrap();
+        assert_eq!(total.a.mean, 110.0 + w("hlt") + 2.0 * w("notify"));
+        // Reasons no side has are left out; no idle time, no polling line.
+        assert!(line("exits: ipi").is_none());
+        assert!(line("halt polling").is_none());
+        let t = render(&[p], "A = a, B = b", false);
+        assert!(t.contains("MODELLED host cost per IO"), "{t}");
+        // Without exit counts on one side: no model.
+        let old = rec(&[("common", 100.0)], 100.0);
+        assert!(row_profile("s", "v", &[&a], &[&old], 2)
+            .unwrap()
+            .modelled
+            .is_empty());
     }
 
     /// `rec` of a nested run: the host's kernel functions (per IO) and
