@@ -198,6 +198,15 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
             vec!["shared", "per-queue", "shared-none", "per-queue-none"],
         ),
         (
+            "seed000-conditions",
+            vec![
+                "host-tags-1ms-lun192",
+                "single-queue-1ms-lun192",
+                "null-shared-timer",
+                "null-single-queue-timer",
+            ],
+        ),
+        (
             "poll-modes",
             vec!["notify", "adaptive", "adaptive-1ms", "always-poll"],
         ),
@@ -556,6 +565,34 @@ fn check_scenario_content(name: &str, doc: &Value) {
                     "mq-deadline"
                 };
                 assert_eq!(v["sched"], want_sched);
+            }
+        }
+        "seed000-conditions" => {
+            for v in vs {
+                has_args(v, SEED000_FIO);
+                assert_eq!(v["sched"], "mq-deadline");
+                let n = v["name"].as_str().unwrap();
+                let p = target_params(v);
+                let host_wide = n.starts_with("host-tags") || n.starts_with("null-shared");
+                if n.ends_with("-lun192") {
+                    assert_eq!(v["target"]["kind"], "scsi_debug");
+                    assert_eq!(v["queue_depth"], 192, "{n}");
+                    assert!(p.contains(&"ndelay=1000000".into()), "{n}: {p:?}");
+                    let tags = if host_wide {
+                        "host_max_queue=128"
+                    } else {
+                        "max_queue=128"
+                    };
+                    assert!(p.contains(&tags.into()), "{n}: {p:?}");
+                } else {
+                    assert_eq!(v["target"]["kind"], "null_blk");
+                    for want in ["irqmode=2", "completion_nsec=1000000", "hw_queue_depth=128"] {
+                        assert!(p.contains(&want.into()), "{n}: {p:?}");
+                    }
+                    let (queues, shared) = if host_wide { ("@NCPU@", 1) } else { ("1", 0) };
+                    assert!(p.contains(&format!("submit_queues={queues}")), "{n}: {p:?}");
+                    assert!(p.contains(&format!("shared_tag_bitmap={shared}")), "{n}: {p:?}");
+                }
             }
         }
         "plug-qd1" => {
