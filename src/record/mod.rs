@@ -16,6 +16,7 @@
 //! docs/schema/ are generated from these types ([`schema::all`]).
 
 pub mod guest;
+pub mod host_cost;
 pub(crate) mod instructions;
 pub(crate) mod kvm;
 pub(crate) mod machine;
