@@ -201,7 +201,11 @@ fn run_archive(stage: &Path, program: &Program) -> Vec<u8> {
         .args(program.defines.iter().map(|(k, v)| format!("-D{k}={v}")))
         .arg("-o")
         .arg(run.join("blklab"))
-        .arg(root().join("tests/fixtures/nested-levels").join(program.source))
+        .arg(
+            root()
+                .join("tests/fixtures/nested-levels")
+                .join(program.source),
+        )
         .output()
         .expect("run gcc");
     assert!(
