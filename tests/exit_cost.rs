@@ -289,8 +289,8 @@ fn host_instructions_per_exit_match_the_calibrated_weights() {
 }
 
 /// One vCPU under `-icount` (as `--deterministic` runs the host): the
-/// emulated time is the instruction count, so every halt blocks and the
-/// host takes no interrupt the guest did not cause.
+/// emulated time is the instruction count, so every halt blocks, and the
+/// counts repeat to within a few per cent.
 #[test]
 fn under_icount_host_instructions_per_exit_match_the_calibrated_weights() {
     exit_cost(Machine::ICOUNT);
