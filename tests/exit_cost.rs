@@ -255,11 +255,13 @@ fn exit_cost(machine: Machine) {
             continue;
         }
         let c = Cost::of(&d, cpu).per_exit(baseline);
+        eprintln!("{kind}: KVM and the VMM: {s:?}");
+        let int = |x: f64| x.round() as i64;
         println!(
-            "EXITCOST {kind} {:.0} {:.0} {:.0} ({s:?})",
-            c.total(),
-            c.kernel,
-            c.user
+            "EXITCOST {kind} {} {} {}",
+            int(c.total()),
+            int(c.kernel),
+            int(c.user)
         );
         assert!(
             c.total() > FLOOR,
