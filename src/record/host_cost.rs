@@ -23,18 +23,19 @@ use crate::record::result::ResultRecord;
 /// user), calibrated by `tests/exit_cost.rs` in the nested lab: QEMU 10.0's
 /// TCG emulating an AMD EPYC host, Debian's 6.12 kernel with `kvm-amd`, a
 /// minimal VMM (the user-space exits' cost is KVM's and a `KVM_RUN` round
-/// trip, not QEMU's device emulation). `hlt` is an idle cycle with
-/// `halt_poll_ns=0` (halt, block, wake by a timer, inject the interrupt),
-/// less the `timer` and `eoi` weights the cycle also paid.
+/// trip, not QEMU's device emulation); the mean of three runs on the
+/// lab's two-vCPU host, rounded to two significant digits. `hlt` is an idle
+/// cycle with `halt_poll_ns=0` (halt, block, wake by a timer, inject the
+/// interrupt), less the `timer` and `eoi` weights the cycle also paid.
 pub const EXIT_WEIGHTS: &[(&str, u64)] = &[
-    ("hlt", 9_000),
-    ("ipi", 2_500),
-    ("timer", 3_000),
-    ("eoi", 2_000),
-    ("port_io", 6_000),
-    ("notify", 3_000),
-    ("mmio_other", 8_000),
-    ("cpuid", 1_800),
+    ("hlt", 17_000),
+    ("ipi", 4_300),
+    ("timer", 3_700),
+    ("eoi", 3_100),
+    ("port_io", 3_800),
+    ("notify", 4_200),
+    ("mmio_other", 6_100),
+    ("cpuid", 3_100),
 ];
 
 /// Would-be exit reasons without a calibration of their own, and the
