@@ -200,8 +200,8 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
         (
             "seed000-conditions",
             vec![
-                "host-tags-1ms-lun192",
-                "single-queue-1ms-lun192",
+                "host-tags-1ms-2lun",
+                "single-queue-1ms-2lun",
                 "null-shared-timer",
                 "null-single-queue-timer",
             ],
@@ -574,10 +574,13 @@ fn check_scenario_content(name: &str, doc: &Value) {
                 let n = v["name"].as_str().unwrap();
                 let p = target_params(v);
                 let host_wide = n.starts_with("host-tags") || n.starts_with("null-shared");
-                if n.ends_with("-lun192") {
+                if n.ends_with("-2lun") {
                     assert_eq!(v["target"]["kind"], "scsi_debug");
-                    assert_eq!(v["queue_depth"], 192, "{n}");
-                    assert!(p.contains(&"ndelay=1000000".into()), "{n}: {p:?}");
+                    assert_eq!(v["layout"], "per-disk", "{n}");
+                    has_args(v, &["--numjobs=8"]);
+                    for want in ["max_luns=2", "ndelay=1000000"] {
+                        assert!(p.contains(&want.into()), "{n}: {p:?}");
+                    }
                     let tags = if host_wide {
                         "host_max_queue=128"
                     } else {
