@@ -594,7 +594,10 @@ fn check_scenario_content(name: &str, doc: &Value) {
                     }
                     let (queues, shared) = if host_wide { ("@NCPU@", 1) } else { ("1", 0) };
                     assert!(p.contains(&format!("submit_queues={queues}")), "{n}: {p:?}");
-                    assert!(p.contains(&format!("shared_tag_bitmap={shared}")), "{n}: {p:?}");
+                    assert!(
+                        p.contains(&format!("shared_tag_bitmap={shared}")),
+                        "{n}: {p:?}"
+                    );
                 }
             }
         }
