@@ -202,6 +202,8 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
             vec![
                 "host-tags-1ms-2lun",
                 "single-queue-1ms-2lun",
+                "host-tags-4ms-2lun",
+                "single-queue-4ms-2lun",
                 "null-shared-timer",
                 "null-single-queue-timer",
             ],
@@ -578,7 +580,12 @@ fn check_scenario_content(name: &str, doc: &Value) {
                     assert_eq!(v["target"]["kind"], "scsi_debug");
                     assert_eq!(v["layout"], "per-disk", "{n}");
                     has_args(v, &["--numjobs=8"]);
-                    for want in ["max_luns=2", "ndelay=1000000"] {
+                    let ndelay = if n.contains("-4ms-") {
+                        "ndelay=4000000"
+                    } else {
+                        "ndelay=1000000"
+                    };
+                    for want in ["max_luns=2", ndelay] {
                         assert!(p.contains(&want.into()), "{n}: {p:?}");
                     }
                     let tags = if host_wide {
