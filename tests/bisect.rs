@@ -281,9 +281,14 @@ fn bisect_names_the_plug_removal_under_mq_deadline() {
         good_end["mean"].as_f64().unwrap(),
         bad_end["mean"].as_f64().unwrap(),
     );
+    // The plug's removal adds a kblockd run and two context switches per
+    // IO here: +16.6 % and +18.0 % kernel instructions per IO in two CI
+    // runs (14 354 → 16 844, 14 432 → 17 034); the ends' values move with
+    // the backend's timing, so the bound sits well below that and far
+    // above what a wrong pair of ends (no change) would show.
     assert!(
-        b > g * 1.2,
-        "the plug removal must cost ≥ 20 % more: {g} → {b}"
+        b > g * 1.1,
+        "the plug removal must cost ≥ 10 % more: {g} → {b}"
     );
     // The tree is back where it was: branch, no bisect, clean, its .config.
     assert_eq!(git(&tree, &["symbolic-ref", "--short", "HEAD"]), "main");
