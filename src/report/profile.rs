@@ -61,6 +61,21 @@ fn separated(a: &SideValue, b: &SideValue) -> bool {
     a.n > 0 && b.n > 0 && (a.max < b.min || b.max < a.min)
 }
 
+impl Entry {
+    /// The entry `name` of `group` from each side's values.
+    fn of(name: String, group: String, va: &[f64], vb: &[f64]) -> Entry {
+        let (a, b) = (side_value(va), side_value(vb));
+        Entry {
+            name,
+            group,
+            diff: b.mean - a.mean,
+            separated: separated(&a, &b),
+            a,
+            b,
+        }
+    }
+}
+
 /// The two variants of one row of a pair comparison, as `SCENARIO/VARIANT`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RowPair {
@@ -315,15 +330,7 @@ fn entries(
         .map(|n| {
             let va = a.get(n).cloned().unwrap_or_else(|| vec![0.0; na]);
             let vb = b.get(n).cloned().unwrap_or_else(|| vec![0.0; nb]);
-            let (sa, sb) = (side_value(&va), side_value(&vb));
-            Entry {
-                name: n.clone(),
-                group: group(n),
-                diff: sb.mean - sa.mean,
-                separated: separated(&sa, &sb),
-                a: sa,
-                b: sb,
-            }
+            Entry::of(n.clone(), group(n), &va, &vb)
         })
         .collect();
     // Separated differences first (the ones every run agrees on: the
@@ -463,18 +470,12 @@ fn modelled(ra: &[&ResultRecord], rb: &[&ResultRecord]) -> Vec<Entry> {
     first
         .iter()
         .map(|(name, _)| {
-            let (sa, sb) = (
-                side_value(&values(&la, name)),
-                side_value(&values(&lb, name)),
-            );
-            Entry {
-                name: name.clone(),
-                group: String::new(),
-                diff: sb.mean - sa.mean,
-                separated: separated(&sa, &sb),
-                a: sa,
-                b: sb,
-            }
+            Entry::of(
+                name.clone(),
+                String::new(),
+                &values(&la, name),
+                &values(&lb, name),
+            )
         })
         .filter(|e| e.a.mean != 0.0 || e.b.mean != 0.0)
         .collect()
@@ -499,15 +500,7 @@ fn totals<T>(ra: &[&T], rb: &[&T], quantities: &[(Scalar<T>, &str)]) -> Vec<Entr
         if va.is_empty() || vb.is_empty() {
             continue;
         }
-        let (sa, sb) = (side_value(&va), side_value(&vb));
-        out.push(Entry {
-            name: name.to_string(),
-            group: String::new(),
-            diff: sb.mean - sa.mean,
-            separated: separated(&sa, &sb),
-            a: sa,
-            b: sb,
-        });
+        out.push(Entry::of(name.to_string(), String::new(), &va, &vb));
     }
     out
 }
