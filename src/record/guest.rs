@@ -248,6 +248,17 @@ pub struct GuestCpu {
     pub ticks: Option<u64>,
 }
 
+/// USER_HZ: the unit of /proc/stat on every Linux architecture blklab runs.
+const USER_HZ: f64 = 100.0;
+
+impl GuestCpu {
+    /// CPU-seconds (all CPUs) that `percent` of the window stands for:
+    /// `all.busy` gives the busy seconds, `all.idle` the idle ones.
+    pub(crate) fn seconds(&self, percent: f64) -> Option<f64> {
+        Some(percent / 100.0 * self.ticks? as f64 / USER_HZ)
+    }
+}
+
 /// Interrupt deltas.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Interrupts {

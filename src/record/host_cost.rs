@@ -109,7 +109,7 @@ fn counts(e: &WouldBeExits) -> Vec<(&'static str, u64)> {
 /// The guest's idle seconds in the window (all CPUs).
 fn guest_idle_seconds(r: &ResultRecord) -> Option<f64> {
     let cpu = r.guest.cpu.as_ref()?;
-    Some(cpu.all.idle / 100.0 * cpu.ticks? as f64 / 100.0)
+    cpu.seconds(cpu.all.idle)
 }
 
 /// The modelled host cost of `r`'s window: None without would-be exits

@@ -21,9 +21,6 @@ pub(crate) struct Metric {
     pub get: fn(&ResultRecord) -> Option<f64>,
 }
 
-/// USER_HZ: the unit of /proc/stat on every Linux architecture blklab runs.
-const USER_HZ: f64 = 100.0;
-
 /// The sum of one backend counter over the window (all disks and queues).
 fn backend_counter(
     r: &ResultRecord,
@@ -70,7 +67,7 @@ pub(crate) fn guest_sys(r: &ResultRecord) -> Option<f64> {
 /// Guest CPU seconds (all CPUs, busy = not idle) in the window.
 fn guest_cpu_seconds(r: &ResultRecord) -> Option<f64> {
     let cpu = r.guest.cpu.as_ref()?;
-    Some(cpu.all.busy / 100.0 * cpu.ticks? as f64 / USER_HZ)
+    cpu.seconds(cpu.all.busy)
 }
 
 /// fio completion-latency percentile (µs) of the direction with most IOs.
