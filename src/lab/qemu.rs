@@ -549,10 +549,23 @@ pub(crate) fn probe_kvm(
 ///   program the PCI devices (QEMU issue 1921: "after Probing EDD…, with
 ///   higher -smp"). Seen here once with QEMU 10.0, 1.25 s into a Debian
 ///   6.12 boot, before the kernel had found any disk.
-pub(crate) const KNOWN_EMULATOR_BUGS: &[(&str, &str)] = &[(
-    "iotlb_to_section: Assertion",
-    "QEMU's multi-threaded TCG memory-map race in early boot (QEMU issue 1921)",
-)];
+/// - `msix_table_mmio_write: Assertion` in hw/pci/msix.c: a store
+///   dispatched to a device's MSI-X table at an offset past the table's
+///   end, in the same early-boot window (the nested host's QEMU 10.0, before
+///   its console had printed a line, on a boot that succeeds unchanged a
+///   few seconds later). The guest is Debian's stock kernel, which never
+///   writes past a table it sized itself: a stale memory map sending a
+///   store to the wrong region is the race above.
+pub(crate) const KNOWN_EMULATOR_BUGS: &[(&str, &str)] = &[
+    (
+        "iotlb_to_section: Assertion",
+        "QEMU's multi-threaded TCG memory-map race in early boot (QEMU issue 1921)",
+    ),
+    (
+        "msix_table_mmio_write: Assertion",
+        "a store sent past a device's MSI-X table in early boot under multi-threaded TCG (the memory-map race of QEMU issue 1921)",
+    ),
+];
 
 /// Which known QEMU bug `stderr` shows, if any.
 pub fn known_emulator_bug(stderr: &str) -> Option<&'static str> {
@@ -643,6 +656,8 @@ mod tests {
     fn known_emulator_bugs_are_recognised_by_their_assertion() {
         let stderr = "qemu-system-x86_64: system/physmem.c:2678: iotlb_to_section: Assertion `section_index < d->map.sections_nb' failed.";
         assert!(known_emulator_bug(stderr).unwrap().contains("1921"));
+        let stderr = "qemu-system-x86_64: ../hw/pci/msix.c:228: msix_table_mmio_write: Assertion `addr + size <= dev->msix_entries_nr * PCI_MSIX_ENTRY_SIZE' failed.";
+        assert!(known_emulator_bug(stderr).unwrap().contains("MSI-X"));
         assert_eq!(
             known_emulator_bug("qemu-system-x86_64: -m 1Q: invalid"),
             None
