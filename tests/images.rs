@@ -1111,6 +1111,10 @@ fn nested_host_boots_with_kvm_and_writes_the_results_disk() {
         .set_len(16 << 20)
         .unwrap();
 
+    // The second serial port: where the host copies the inner lab's log
+    // as it is written.
+    let inner_log = dir.path().join("inner.log");
+
     let _g = BOOT.lock().unwrap_or_else(|p| p.into_inner());
     let t0 = Instant::now();
     let o = Command::new("timeout")
@@ -1132,15 +1136,9 @@ fn nested_host_boots_with_kvm_and_writes_the_results_disk() {
             "-display",
             "none",
         ])
-        .args([
-            "-serial",
-            "stdio",
-            "-monitor",
-            "none",
-            "-no-reboot",
-            "-nic",
-            "none",
-        ])
+        .args(["-serial", "stdio", "-serial"])
+        .arg(format!("file:{}", inner_log.display()))
+        .args(["-monitor", "none", "-no-reboot", "-nic", "none"])
         .arg("-drive")
         .arg(format!(
             "file={},if=none,format=raw,id=r",
@@ -1180,6 +1178,12 @@ fn nested_host_boots_with_kvm_and_writes_the_results_disk() {
     assert_eq!(
         files["./blklab.log"],
         "stand-in args=nested-inner /lab/run/inner.json\n"
+    );
+    let live = std::fs::read_to_string(&inner_log).unwrap();
+    assert_eq!(
+        live.replace("\r\n", "\n"),
+        "stand-in args=nested-inner /lab/run/inner.json\n",
+        "the inner lab's log on the host's second serial port"
     );
     assert!(
         !files["./qemu.log"].contains("rror"),

@@ -59,6 +59,9 @@ fn guest_node_mib(huge_pages: u64) -> u64 {
     (pages_mib + pages_mib / 32 + 160).next_multiple_of(HUGE_PAGE_MIB)
 }
 
+/// Lines of the inner lab's log shown when the host fails.
+const INNER_LOG_TAIL: usize = 12;
+
 /// The file behind the host's NUMA node 1 in the stage directory, which
 /// the plugin is told is level 2's (`l2ram=`).
 const GUEST_NODE_FILE: &str = "guest-node.ram";
@@ -347,6 +350,17 @@ fn qemu_args(
     push(&["-kernel", &r.image.kernel.display().to_string()]);
     push(&["-initrd", &r.image.initramfs.display().to_string()]);
     push(&["-append", &r.machine.append()]);
+    // The inner lab's log, live (the host's ttyS1; a host that ends
+    // replaces it with the results disk's copy, the same text).
+    push(&[
+        "-chardev",
+        &format!(
+            "file,id=innerlog,path={}",
+            merge::inner_log(r.out_dir).display()
+        ),
+        "-device",
+        "isa-serial,chardev=innerlog",
+    ]);
     for (id, file, extra) in [
         ("run", run_disk, ",readonly=on"),
         ("results", results_disk, ""),
@@ -412,7 +426,8 @@ impl<'a> HostSession<'a> {
     /// Follow the console to `BLKLAB-HOST-END`; the windows counted.
     fn follow(&mut self) -> Result<BTreeMap<WindowKey, Window>, NestedError> {
         loop {
-            let line = match self.guest.next_line(self.deadline, &self.waiting_for)? {
+            let next = self.guest.next_line(self.deadline, &self.waiting_for);
+            let line = match next.inspect_err(|_| self.show_inner_log())? {
                 Next::Line(l) => l,
                 Next::Closed => return Err(self.closed()),
             };
@@ -514,6 +529,21 @@ impl<'a> HostSession<'a> {
             return NestedError::QemuBeforeInit(e);
         }
         NestedError::Qemu(e)
+    }
+
+    /// Where the inner lab stood: the end of its log, which the host
+    /// copies to its second serial port as it is written.
+    fn show_inner_log(&self) {
+        let path = merge::inner_log(self.r.out_dir);
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            return;
+        };
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(INNER_LOG_TAIL)..].join("\n");
+        warn!(
+            "the lab inside the nested host, its last log lines ({}):\n{tail}",
+            path.display()
+        );
     }
 
     fn kernel_fault(&self) -> NestedError {

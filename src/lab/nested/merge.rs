@@ -60,6 +60,11 @@ pub(crate) struct Merged {
     pub retried: Vec<RetriedBoot>,
 }
 
+/// Where the inner lab's log is kept in the outer run directory.
+pub(crate) fn inner_log(out_dir: &Path) -> PathBuf {
+    out_dir.join("console").join("nested-host.blklab.log")
+}
+
 /// The inner run's records from `results` (the unpacked results disk),
 /// with `windows`' counts, into the outer run directory.
 pub(crate) fn records(
@@ -67,7 +72,7 @@ pub(crate) fn records(
     results: &Path,
     mut windows: BTreeMap<WindowKey, Window>,
 ) -> Result<Merged, MergeError> {
-    let log = r.out_dir.join("console").join("nested-host.blklab.log");
+    let log = inner_log(r.out_dir);
     copy_if_there(&results.join("blklab.log"), &log)?;
     // The inner boots' consoles first: a failed run names them.
     let inner = results.join("out");
