@@ -164,7 +164,7 @@ need_tools "apt-get install cpio kmod libc-bin binutils findutils util-linux xz-
 if ldd "$BUSYBOX" >/dev/null 2>&1; then
     die "$BUSYBOX is dynamically linked (need busybox-static: apt-get install busybox-static)"
 fi
-for applet in modprobe tar stty nproc dmesg poweroff tee mkfifo; do
+for applet in modprobe tar stty nproc dmesg poweroff tail; do
     "$BUSYBOX" --list 2>/dev/null | grep -qx "$applet" \
         || die "$BUSYBOX has no $applet applet (need busybox-static: apt-get install busybox-static)"
 done

@@ -551,11 +551,11 @@ pub(crate) fn probe_kvm(
 ///   6.12 boot, before the kernel had found any disk.
 /// - `msix_table_mmio_write: Assertion` in hw/pci/msix.c: a store
 ///   dispatched to a device's MSI-X table at an offset past the table's
-///   end, in the same early-boot window (the nested host's QEMU 10.0, before
-///   its console had printed a line, on a boot that succeeds unchanged a
-///   few seconds later). The guest is Debian's stock kernel, which never
-///   writes past a table it sized itself: a stale memory map sending a
-///   store to the wrong region is the race above.
+///   end, in the same early-boot window (the nested host's QEMU 10.0,
+///   before its console had printed a line; the same image booted
+///   unchanged in every other run). The guest is Debian's stock kernel,
+///   which never writes past a table it sized itself: a stale memory map
+///   sending a store to the wrong region is the race above.
 pub(crate) const KNOWN_EMULATOR_BUGS: &[(&str, &str)] = &[
     (
         "iotlb_to_section: Assertion",
