@@ -535,9 +535,10 @@ impl<'a> HostSession<'a> {
     /// copies to its second serial port as it is written.
     fn show_inner_log(&self) {
         let path = merge::inner_log(self.r.out_dir);
-        let Ok(text) = std::fs::read_to_string(&path) else {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if text.trim().is_empty() {
             return;
-        };
+        }
         let lines: Vec<&str> = text.lines().collect();
         let tail = lines[lines.len().saturating_sub(INNER_LOG_TAIL)..].join("\n");
         warn!(
