@@ -207,11 +207,19 @@ pub struct CompareArgs {
     /// Confidence level of the intervals.
     #[arg(long, value_name = "P", default_value_t = 0.95)]
     pub confidence: f64,
-    /// Compare even when the backend configuration, the accelerator, the
-    /// vCPU count, the QEMU version, the scenario definitions or the
-    /// scenario sets differ (the differences are shown).
+    /// Compare even when a condition that changes the numbers differs
+    /// between or within the sides (docs/user-guide.md lists them: the
+    /// accelerator, --deterministic, instruction counting, vCPUs, memory,
+    /// the kernel command line, QEMU, the scenario, the device model, the
+    /// guest image, …) or the scenario sets differ. Every report format
+    /// then says at its top which conditions differ.
     #[arg(long)]
     pub force: bool,
+    /// A directory whose records belong to several runs (copied together)
+    /// is refused; --run ID reads only the records of run ID, which must be
+    /// the run its run.json describes (repeatable, one per directory).
+    #[arg(long, value_name = "ID")]
+    pub run: Vec<String>,
     /// Functions per row in the differential instruction profile (records
     /// of `blklab run --count-insns`), ranked by |B - A| per IO.
     #[arg(long, value_name = "N", default_value_t = blklab_profile_top())]

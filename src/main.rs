@@ -260,6 +260,7 @@ fn compare(args: &blklab::cli::CompareArgs) -> Result<()> {
         confidence: args.confidence,
         force: args.force,
         profile_top: args.top,
+        runs: args.run.clone(),
     })?;
     let report = &compared.report;
     let text = match args.format {

@@ -352,7 +352,7 @@ impl Bisection<'_> {
             "{role} {short}: booting under TCG, {} × {}/{}",
             self.args.iterations, self.args.scenario, self.c.variant
         ));
-        let run_dir = self.out_dir.join("runs").join(short);
+        let run_dir = unused_dir(&self.out_dir.join("runs"), short);
         Ok(measure::measure(&self.setup(), &b, short, &run_dir)?)
     }
 
@@ -524,6 +524,24 @@ fn write_text(path: &Path, text: &str) -> Result<(), BisectError> {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// `parent/name`, or `parent/name.N` with the first N that does not exist
+/// (a run never writes into an earlier run's directory: a commit measured
+/// again, or a bisect given an earlier `--out`).
+fn unused_dir(parent: &Path, name: &str) -> PathBuf {
+    let first = parent.join(name);
+    if !first.exists() {
+        return first;
+    }
+    let mut n = 2u64;
+    loop {
+        let p = parent.join(format!("{name}.{n}"));
+        if !p.exists() {
+            return p;
+        }
+        n += 1;
+    }
 }
 
 /// `--out`, else `blklab-bisect/STAMP`, created.

@@ -193,6 +193,7 @@ pub(crate) fn profile(
         metrics: vec![metric.to_string()],
         confidence: 0.95,
         force: false,
+        runs: Vec::new(),
         profile_top: top,
     })?;
     let text = render::table(&compared.report);

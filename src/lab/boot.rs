@@ -25,6 +25,7 @@ use crate::lab::progress::Progress;
 use crate::lab::qemu::{Accel, QemuDisk, QemuError, QemuSpec};
 use crate::lab::scenario::Scenario;
 use crate::lab::settings::{DeviceSettingsError, Unit};
+use crate::record::run::RunStamp;
 use crate::record::RecordError;
 
 /// What one boot runs and with what.
@@ -47,6 +48,8 @@ pub(crate) struct BootCtx<'a> {
     pub plugin: Option<&'a Path>,
     /// The kernel's System.map (--count-insns).
     pub symbols: Option<Arc<SymbolMap>>,
+    /// What each record carries of the run document.
+    pub stamp: &'a RunStamp,
     /// Inside a nested host: the outer lab, told of every SYNC.
     pub relay: Option<&'a dyn SyncRelay>,
 }

@@ -135,7 +135,9 @@ pub struct RunArgs {
     #[arg(skip)]
     #[serde(default)]
     pub huge_page_guests: bool,
-    /// Output directory (default blklab-results/YYYYmmdd-HHMMSS).
+    /// Output directory (default blklab-results/YYYYmmdd-HHMMSS). It must
+    /// be new or hold no JSON documents: a directory with run.json or
+    /// records of an earlier run is refused, never written into.
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     #[command(flatten)]

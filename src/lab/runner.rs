@@ -36,7 +36,8 @@ use crate::lab::settings::{self, DeviceSettingsError, Unit};
 use crate::lab::summary;
 use crate::record::result::ResultRecord;
 use crate::record::run::{
-    BootOrder, HostInfo, InsnsSetup, KernelEntry, QemuInfo, RunDocument, RUN_SCHEMA,
+    new_run_id, BootOrder, HostInfo, InsnsSetup, KernelEntry, QemuInfo, RunDocument, RunStamp,
+    RUN_SCHEMA,
 };
 use crate::record::summary::{RetriedBoot, SummaryDocument, SUMMARY_SCHEMA};
 use crate::record::RecordError;
@@ -58,6 +59,8 @@ pub enum RunError {
     Qemu(#[from] qemu::QemuError),
     #[error("--iterations must be at least 1")]
     NoIterations,
+    #[error("--out {dir}: it holds {file} of an earlier run; a run writes into an empty or new directory, so that `blklab compare` never pools two runs' records (give another --out, or remove it)")]
+    OutHoldsRecords { dir: PathBuf, file: String },
     #[error("--vcpus must be 1..=64")]
     VcpusOutOfRange,
     #[error(
@@ -204,10 +207,10 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     }
     check_shard_not_empty(args, &plan)?;
     let lab = prepare_lab(args, &setup, &plan, None)?;
-    write_run_document(args, &setup, &plan, &lab)?;
+    let stamp = write_run_document(args, &setup, &plan, &lab)?;
     let boots = match &lab.nested_host {
-        Some(host) => boot_nested_host(args, &setup, &plan, &lab, host)?,
-        None => boot_all(args, &setup, &plan, &lab, None)?,
+        Some(host) => boot_nested_host(args, &setup, &plan, &lab, host, &stamp)?,
+        None => boot_all(args, &setup, &plan, &lab, &stamp, None)?,
     };
     finish(lab, boots)
 }
@@ -230,8 +233,8 @@ pub(crate) fn run_inside(
             reason: lab.accel_reason,
         });
     }
-    write_run_document(args, &setup, &plan, &lab)?;
-    let boots = boot_all(args, &setup, &plan, &lab, Some(relay))?;
+    let stamp = write_run_document(args, &setup, &plan, &lab)?;
+    let boots = boot_all(args, &setup, &plan, &lab, &stamp, Some(relay))?;
     finish(lab, boots)
 }
 
@@ -499,6 +502,7 @@ fn prepare_lab(
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("blklab-results").join(utc_stamp()));
+    refuse_earlier_records(&out_dir)?;
     for d in [out_dir.clone(), out_dir.join("console")] {
         std::fs::create_dir_all(&d).map_err(|source| RunError::Write { path: d, source })?;
     }
@@ -541,6 +545,31 @@ fn prepare_lab(
         maps,
         nested_host,
     })
+}
+
+/// Refuse an output directory that holds a run document or records: a run
+/// writes only into an empty or new directory.
+fn refuse_earlier_records(dir: &Path) -> Result<(), RunError> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    let mut earlier: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    earlier.sort();
+    match earlier.first() {
+        None => Ok(()),
+        Some(first) => Err(RunError::OutHoldsRecords {
+            dir: dir.to_path_buf(),
+            file: if earlier.len() == 1 {
+                first.clone()
+            } else {
+                format!("{first} and {} more JSON document(s)", earlier.len() - 1)
+            },
+        }),
+    }
 }
 
 /// Copy the log to `out_dir/blklab.log` and say so once: the backend's
@@ -637,23 +666,26 @@ fn symbol_maps(
         .collect()
 }
 
-/// run.json: what the run is (versions, host, QEMU, kernels, scenarios,
-/// the order of its boots), written before the first boot.
+/// run.json: what the run is (its id, versions, host, QEMU, kernels,
+/// scenarios, the order of its boots), written before the first boot.
+/// Returns what each of its records carries of it.
 fn write_run_document(
     args: &RunArgs,
     setup: &Setup,
     plan: &Plan,
     lab: &Lab,
-) -> Result<(), RunError> {
+) -> Result<RunStamp, RunError> {
     let order_of = |boots: &[Boot]| -> Vec<BootOrder> {
         boots
             .iter()
             .map(|b| boot_order(b, &setup.units, &setup.scenarios, &plan.labels))
             .collect()
     };
+    let started_unix = wallclock::unix_now();
     let run_doc = RunDocument {
         schema: RUN_SCHEMA.to_string(),
-        started_unix: wallclock::unix_now(),
+        run_id: Some(new_run_id(started_unix)),
+        started_unix,
         blklab_version: env!("CARGO_PKG_VERSION").to_string(),
         git_commit: crate::stats::queue::GIT_COMMIT.to_string(),
         command_line: std::env::args().collect(),
@@ -693,7 +725,7 @@ fn write_run_document(
             .map(|h| nested::host::info(h, HostMachine::for_units(&setup.units))),
     };
     crate::record::write(&lab.out_dir.join("run.json"), &run_doc)?;
-    Ok(())
+    Ok(run_doc.stamp())
 }
 
 /// What the host is: name, CPUs, kernel, CPU model (for the report's
@@ -721,6 +753,7 @@ fn boot_all(
     setup: &Setup,
     plan: &Plan,
     lab: &Lab,
+    stamp: &RunStamp,
     relay: Option<&dyn SyncRelay>,
 ) -> Result<Boots, RunError> {
     let total: u64 = plan
@@ -750,6 +783,7 @@ fn boot_all(
             pb: &pb,
             plugin: lab.plugin.as_deref(),
             symbols: lab.maps[boot.kernel].clone(),
+            stamp,
             relay,
         };
         pb.boot(
@@ -773,6 +807,7 @@ fn boot_nested_host(
     plan: &Plan,
     lab: &Lab,
     host: &NestedHostImage,
+    stamp: &RunStamp,
 ) -> Result<Boots, RunError> {
     let variants: u64 = plan
         .boots
@@ -800,6 +835,7 @@ fn boot_nested_host(
         machine: HostMachine::for_units(&setup.units),
         longest_variant: std::time::Duration::from_secs(longest_variant),
         pb: &pb,
+        stamp,
     };
     let out = nested::host::boot(&run)?;
     pb.finish();

@@ -584,6 +584,8 @@ fn assemble_record(
     };
     let mut record = ResultRecord {
         schema: RESULT_SCHEMA.to_string(),
+        run: c.stamp.run.clone(),
+        run_conditions: Some(c.stamp.conditions.clone()),
         kernel: c.label.to_string(),
         kernel_spec: c.guest.spec.clone(),
         scenario_definition: c.scenario.variant(&variant).cloned(),

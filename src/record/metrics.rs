@@ -190,6 +190,15 @@ const fn mech(
     }
 }
 
+/// Metrics read from the backend's own counters or CPU (blklab's code:
+/// its version is a condition of a comparison that shows one).
+pub(crate) fn is_backend_metric(key: &str) -> bool {
+    matches!(
+        key,
+        "backend_us_per_io" | "kicks_per_io" | "requests_per_kick" | "notifications_per_io"
+    )
+}
+
 /// Every metric, in report order.
 pub(crate) const METRICS: &[Metric] = &[
     Metric {

@@ -10,7 +10,7 @@ use crate::record::guest::GuestResult;
 use crate::record::instructions::{HostInstructions, Instructions};
 use crate::record::kvm::KvmWindow;
 use crate::record::machine::{Machine, Override};
-use crate::record::run::{Accel, Manifests};
+use crate::record::run::{Accel, Manifests, RunConditions, RunRef};
 use crate::record::scenario::Variant;
 use crate::record::Document;
 use crate::stats::queue::StatsDocument;
@@ -133,6 +133,14 @@ pub struct ResultRecord {
     #[serde(deserialize_with = "check_result_schema")]
     #[schemars(pattern(result_schema_pattern()))]
     pub schema: String,
+    /// The run the record belongs to (absent from records older than the
+    /// field: those belong to the run whose `order` lists their boot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunRef>,
+    /// The run-wide conditions it was measured under (absent from records
+    /// older than the field: their run.json's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_conditions: Option<RunConditions>,
     /// The kernel's label in the run.
     pub kernel: String,
     /// Its `--kernel` SPEC.

@@ -135,6 +135,10 @@ pub struct RunDocument {
     #[serde(deserialize_with = "check_run_schema")]
     #[schemars(pattern(run_schema_pattern()))]
     pub schema: String,
+    /// The run's identity: every record of the run carries it
+    /// ([`RunRef`]); absent from runs older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
     /// Seconds since the Unix epoch.
     pub started_unix: f64,
     pub blklab_version: String,
@@ -186,6 +190,89 @@ pub struct NestedHostInfo {
     /// 2 MiB huge pages on node 1.
     #[serde(default)]
     pub huge_pages: Option<u64>,
+}
+
+impl RunDocument {
+    /// The run-wide conditions its records were measured under.
+    pub(crate) fn conditions(&self) -> RunConditions {
+        RunConditions {
+            accel_reason: self.accel_reason.clone(),
+            deterministic: self.deterministic,
+            count_insns: self.count_insns.is_some(),
+            qemu_version: self.qemu.version.clone(),
+            blklab_version: self.blklab_version.clone(),
+            git_commit: self.git_commit.clone(),
+        }
+    }
+
+    /// What a record of this run carries to say so.
+    pub(crate) fn run_ref(&self) -> Option<RunRef> {
+        Some(RunRef {
+            id: self.run_id.clone()?,
+            shard: self.shard.as_ref().map(|s| ShardRef {
+                index: s.index,
+                count: s.count,
+            }),
+        })
+    }
+}
+
+/// What every record of a run carries of its run.json.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RunStamp {
+    pub run: Option<RunRef>,
+    pub conditions: RunConditions,
+}
+
+impl RunDocument {
+    /// What its records carry of it.
+    pub(crate) fn stamp(&self) -> RunStamp {
+        RunStamp {
+            run: self.run_ref(),
+            conditions: self.conditions(),
+        }
+    }
+}
+
+/// Which run a record belongs to: its run.json's `run_id`, and the shard
+/// (`--shard I/N`) that measured it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RunRef {
+    pub id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardRef>,
+}
+
+/// `--shard I/N` of a record's run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ShardRef {
+    /// 1-based.
+    pub index: u32,
+    pub count: u32,
+}
+
+/// The run-wide conditions that change a record's numbers, copied from
+/// run.json into each record, so that a record copied into another run's
+/// directory still says what it was measured under.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct RunConditions {
+    /// Why the accelerator (run.json's `accel_reason`).
+    pub accel_reason: String,
+    /// `--deterministic`.
+    pub deterministic: bool,
+    /// Guest instructions counted (the plugin costs the vCPUs time).
+    pub count_insns: bool,
+    /// The first line of `qemu --version`.
+    pub qemu_version: Option<String>,
+    pub blklab_version: String,
+    pub git_commit: String,
+}
+
+/// A new run's identity: its start (`YYYYmmdd-HHMMSS` UTC) and 32 random
+/// bits, so that two runs started in the same second differ.
+pub(crate) fn new_run_id(started_unix: f64) -> String {
+    let stamp = crate::util::wallclock::utc_stamp_of(started_unix as i64);
+    format!("{stamp}-{:08x}", rand::random::<u32>())
 }
 
 impl Document for RunDocument {

@@ -11,13 +11,14 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde::Serialize;
-use serde_json::Value;
 use thiserror::Error;
 
 use crate::record::metrics::{self, RowLabels};
 use crate::record::result::ResultRecord;
 use crate::record::run::RunDocument;
 use crate::record::scenario::Variant;
+pub use crate::report::comparability::Difference;
+use crate::report::comparability::{self, Check, Records, RowGroups};
 use crate::report::inference::{self, Comparison, DiffInDiff, Outcome};
 use crate::report::load::{self, LoadError, Side};
 use crate::report::profile::{self, RowProfile};
@@ -214,19 +215,6 @@ impl Group {
     }
 }
 
-/// Something that differs between what a report compares.
-#[derive(Debug, Clone, Serialize)]
-pub struct Difference {
-    pub what: String,
-    pub a: String,
-    pub b: String,
-    /// Refuses the comparison unless forced.
-    pub blocking: bool,
-    /// The two variants of a pair, which differ by design (never blocking).
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub by_design: bool,
-}
-
 /// Description of a side in a report.
 #[derive(Debug, Clone, Serialize)]
 pub struct SideInfo {
@@ -297,6 +285,10 @@ fn run_identity(s: &Side) -> RunIdentity {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub schema: &'static str,
+    /// Forced over these differences (each `CONDITION: A … / B …`): every
+    /// report format says so at its top. Empty unless forced over one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub forced_over: Vec<String>,
     pub mode: Mode,
     /// A's kernel (with variant pairs on one kernel, `a` and `b` are the
     /// same side and each row's `pair` says which variant is A and B).
@@ -315,21 +307,6 @@ pub struct Report {
     /// per kernel and row.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub profiles: Vec<profile::RowProfile>,
-}
-
-/// What a record's device configuration is, without the per-boot socket,
-/// as JSON (to name the fields that differ).
-fn device_identity(r: &ResultRecord) -> Value {
-    let mut d = serde_json::to_value(&r.device).unwrap_or(Value::Null);
-    if let Some(a) = d.as_array_mut() {
-        for disk in a {
-            if let Some(o) = disk.as_object_mut() {
-                o.remove("socket");
-                o.remove("serial");
-            }
-        }
-    }
-    d
 }
 
 /// The QEMU command line with what is per kernel or per boot replaced.
@@ -354,44 +331,9 @@ fn qemu_identity(r: &ResultRecord) -> String {
             out.push(a.split(",path=").next().unwrap_or(a).to_string());
             continue;
         }
-        out.push(boot_dirs_named(a));
+        out.push(comparability::boot_dirs_named(a));
     }
     out.join(" ")
-}
-
-/// `arg` with each boot's own socket directory (`$TMPDIR/blklab-run-SEQ-RANDOM`,
-/// made fresh per boot: the plugin's `ctl=` and QMP's sockets live there)
-/// named `…/blklab-run-…`, whatever the temporary directory it is in, so
-/// that two runs' command lines differ only where an option, a device or a
-/// value does.
-fn boot_dirs_named(arg: &str) -> String {
-    const DIR: &str = "blklab-run-";
-    let mut out = String::with_capacity(arg.len());
-    let mut rest = arg;
-    while let Some(at) = rest.find(DIR) {
-        let starts_segment = at == 0 || rest[..at].ends_with('/');
-        let after = &rest[at + DIR.len()..];
-        let end = after.find(['/', ',', ' ']).unwrap_or(after.len());
-        let per_boot = after[..end].split_once('-').is_some_and(|(seq, tail)| {
-            !seq.is_empty() && seq.bytes().all(|c| c.is_ascii_digit()) && !tail.is_empty()
-        });
-        if starts_segment && per_boot {
-            // The path before the directory: from the option's value on.
-            let path_start = rest[..at].rfind(['=', ',', ' ', ':']).map_or(0, |i| i + 1);
-            out.push_str(&rest[..path_start]);
-            if path_start < at {
-                out.push_str("…/");
-            }
-            out.push_str(DIR);
-            out.push('…');
-            rest = &after[end..];
-        } else {
-            out.push_str(&rest[..at + DIR.len()]);
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 /// A side's distinct QEMU command lines (per-boot paths named, see
@@ -425,26 +367,11 @@ fn qemu_difference(a: &[ResultRecord], b: &[ResultRecord]) -> Option<(String, St
     Some((only(&la, &lb), only(&lb, &la)))
 }
 
-/// The guest's vCPU count: QEMU's `-smp` (`N` or `cpus=N`), else the CPUs
-/// the guest saw online.
-pub(crate) fn vcpus(r: &ResultRecord) -> Option<u32> {
-    let smp = r
-        .qemu_command_line
-        .iter()
-        .position(|a| a == "-smp")
-        .and_then(|i| r.qemu_command_line.get(i + 1))
-        .and_then(|v| {
-            v.split(',')
-                .find_map(|p| p.strip_prefix("cpus=").unwrap_or(p).parse::<u32>().ok())
-        });
-    smp.or(r.guest.nr_cpus)
-}
-
 /// A side's distinct vCPU counts (`?` where a record says nothing).
 fn vcpu_counts(s: &Side) -> String {
     let mut v: Vec<String> = Vec::new();
     for r in &s.records {
-        let c = vcpus(r).map_or("?".to_string(), |n| n.to_string());
+        let c = comparability::vcpus(r).map_or("?".to_string(), |n| n.to_string());
         if !v.contains(&c) {
             v.push(c);
         }
@@ -453,120 +380,33 @@ fn vcpu_counts(s: &Side) -> String {
     v.join(", ")
 }
 
-/// A value as JSON text (objects with their keys sorted), for showing
-/// what differs.
-fn json_text<T: Serialize>(v: &T) -> String {
-    serde_json::to_value(v).unwrap_or(Value::Null).to_string()
-}
-
-/// How the sides' backend configurations differ: (A's, B's), naming only
-/// the fields that differ; `None` when they are the same.
-fn device_difference(a: &Side, b: &Side) -> Option<(String, String)> {
-    let dev = |s: &Side| {
-        let mut set: Vec<Value> = Vec::new();
-        for r in &s.records {
-            let d = device_identity(r);
-            if !set.contains(&d) {
-                set.push(d);
-            }
-        }
-        set
-    };
-    let (da, db) = (dev(a), dev(b));
-    if da == db {
-        return None;
-    }
-    // Name only the fields that differ (of the first disk's
-    // configuration that differs, which is what a user changed).
-    let first = |v: &[Value]| {
-        v.first()
-            .and_then(|d| d.get(0))
-            .cloned()
-            .unwrap_or(Value::Null)
-    };
-    let (fa, fb) = (first(&da), first(&db));
-    let mut fields = Vec::new();
-    if let (Some(oa), Some(ob)) = (fa.as_object(), fb.as_object()) {
-        let mut keys: Vec<&String> = oa.keys().chain(ob.keys()).collect();
-        keys.sort();
-        keys.dedup();
-        for k in keys {
-            if oa.get(k) != ob.get(k) {
-                fields.push(k.clone());
-            }
-        }
-    }
-    let show = |o: &Value, disks: usize| {
-        let mut parts: Vec<String> = fields
-            .iter()
-            .map(|k| format!("{k}={}", o.get(k).cloned().unwrap_or(Value::Null)))
-            .collect();
-        if fields.is_empty() {
-            parts.push(o.to_string());
-        }
-        if disks > 1 {
-            parts.push(format!("({disks} distinct configurations)"));
-        }
-        parts.join(" ")
-    };
-    let disks_a = da.first().and_then(|d| d.as_array()).map_or(0, |v| v.len());
-    let disks_b = db.first().and_then(|d| d.as_array()).map_or(0, |v| v.len());
-    let mut va = show(&fa, da.len());
-    let mut vb = show(&fb, db.len());
-    if disks_a != disks_b {
-        va.push_str(&format!(" disks={disks_a}"));
-        vb.push_str(&format!(" disks={disks_b}"));
-    }
-    Some((va, vb))
-}
-
-/// What differs between the sides' setups besides the kernel: the backend,
-/// QEMU, the accelerator, vCPUs, the host and blklab's commit.
-fn differences(a: &Side, b: &Side) -> Vec<Difference> {
+/// What differs between the sides' setups that is not a condition of the
+/// contract ([`comparability`]), shown and never blocking: the QEMU
+/// command lines (each condition in them is checked on its own) and the
+/// host.
+fn setup_differences(a: &Side, b: &Side) -> Vec<Difference> {
     let mut d = Vec::new();
-    let mut check = |what: &str, va: String, vb: String, blocking: bool| {
+    let mut show = |what: &str, va: String, vb: String| {
         if va != vb {
             d.push(Difference {
                 what: what.to_string(),
+                condition: None,
                 a: va,
                 b: vb,
-                blocking,
+                blocking: false,
                 by_design: false,
+                within: None,
+                rows: Vec::new(),
             });
         }
     };
-    if let Some((va, vb)) = device_difference(a, b) {
-        check("backend configuration", va, vb, true);
-    }
     if let Some((va, vb)) = qemu_difference(&a.records, &b.records) {
-        check("QEMU command line", va, vb, false);
+        show("QEMU command line", va, vb);
     }
-    // What decides a guest's CPU cost besides its kernel: the emulator, how
-    // it runs the guest and how many vCPUs it has.
-    check(
-        "QEMU version",
-        json_text(&a.run.qemu.version),
-        json_text(&b.run.qemu.version),
-        true,
-    );
-    check(
-        "accelerator",
-        json_text(&a.run.accel),
-        json_text(&b.run.accel),
-        true,
-    );
-    check("vCPUs", vcpu_counts(a), vcpu_counts(b), true);
-    check(
+    show(
         "host",
-        json_text(&a.run.host),
-        json_text(&b.run.host),
-        false,
-    );
-    check(
-        "blklab commit",
-        json_text(&a.run.git_commit),
-        json_text(&b.run.git_commit),
-        false,
+        comparability::json_text(&a.run.host),
+        comparability::json_text(&b.run.host),
     );
     d
 }
@@ -599,67 +439,6 @@ fn about(side: &Side, key: &Key) -> String {
         ),
         None => format!("{description}; variant {}", key.1),
     }
-}
-
-/// How two variants' definitions differ: (A's, B's), the differing fields
-/// only (for argument lists, the arguments only one of them has).
-fn definition_difference(a: &Variant, b: &Variant) -> Option<(String, String)> {
-    let mut pa: Vec<String> = Vec::new();
-    let mut pb: Vec<String> = Vec::new();
-    let mut field = |name: &str, x: String, y: String| {
-        if x != y {
-            pa.push(format!("{name}={x}"));
-            pb.push(format!("{name}={y}"));
-        }
-    };
-    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-    let optn = |v: &Option<u64>| v.map_or("-".into(), |n| n.to_string());
-    field("target", a.target.kind.clone(), b.target.kind.clone());
-    let stack = |v: &Variant| {
-        v.stack.as_ref().map_or("-".into(), |s| {
-            std::iter::once(s.kind.as_str())
-                .chain(s.params.iter().map(String::as_str))
-                .collect::<Vec<_>>()
-                .join(",")
-        })
-    };
-    field("stack", stack(a), stack(b));
-    field("sched", opt(&a.sched), opt(&b.sched));
-    field("nr_requests", optn(&a.nr_requests), optn(&b.nr_requests));
-    field("queue_depth", optn(&a.queue_depth), optn(&b.queue_depth));
-    field("nomerges", optn(&a.nomerges), optn(&b.nomerges));
-    field("rq_affinity", optn(&a.rq_affinity), optn(&b.rq_affinity));
-    field(
-        "layout",
-        a.layout.as_str().to_string(),
-        b.layout.as_str().to_string(),
-    );
-    field("runtime", a.runtime.to_string(), b.runtime.to_string());
-    field("ramp", a.ramp.to_string(), b.ramp.to_string());
-    let mut list = |name: &str, x: &[String], y: &[String]| {
-        let only = |p: &[String], q: &[String]| -> Vec<String> {
-            p.iter().filter(|e| !q.contains(e)).cloned().collect()
-        };
-        let (ox, oy) = (only(x, y), only(y, x));
-        if !ox.is_empty() || !oy.is_empty() {
-            let show = |v: Vec<String>| {
-                if v.is_empty() {
-                    "-".to_string()
-                } else {
-                    v.join(" ")
-                }
-            };
-            pa.push(format!("{name}: {}", show(ox)));
-            pb.push(format!("{name}: {}", show(oy)));
-        } else if x != y {
-            pa.push(format!("{name} order: {}", x.join(" ")));
-            pb.push(format!("{name} order: {}", y.join(" ")));
-        }
-    };
-    list("target params", &a.target.params, &b.target.params);
-    list("device", &a.device, &b.device);
-    list("fio args", &a.fio_args, &b.fio_args);
-    (!pa.is_empty()).then(|| (pa.join("; "), pb.join("; ")))
 }
 
 /// Keys (scenario, variant) of a side, in record order.
@@ -793,11 +572,26 @@ fn check_metric_keys(metric_keys: &[String]) -> Result<(), ReportError> {
 
 /// The blocking differences, for their error.
 fn blocking_list(blocking: &[Difference]) -> String {
-    blocking
+    forced_conditions(blocking).join("; ")
+}
+
+/// The blocking differences a forced comparison went past, one line each.
+fn forced_conditions(diffs: &[Difference]) -> Vec<String> {
+    diffs
         .iter()
-        .map(|d| format!("{}: A {} / B {}", d.what, d.a, d.b))
-        .collect::<Vec<_>>()
-        .join("; ")
+        .filter(|d| d.blocking)
+        .map(|d| {
+            let rows = if d.rows.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", d.rows.join(", "))
+            };
+            match &d.within {
+                Some(side) => format!("{}{rows} within side {side}: {} / {}", d.what, d.a, d.b),
+                None => format!("{}{rows}: A {} / B {}", d.what, d.a, d.b),
+            }
+        })
+        .collect()
 }
 
 /// Refuse the comparison over the blocking differences, unless forced.
@@ -807,45 +601,6 @@ fn refuse_blocking(diffs: &[Difference], force: bool) -> Result<(), ReportError>
         return Err(ReportError::Differs(blocking));
     }
     Ok(())
-}
-
-/// A variant defined differently on the two sides is not comparable.
-fn definitions_across(a: &Side, b: &Side, keys: &[Key]) -> Vec<Difference> {
-    let mut out = Vec::new();
-    for k in keys {
-        let def = |side: &Side| definition(side, k).map(json_text).unwrap_or_default();
-        let (da, db) = (def(a), def(b));
-        if da != db {
-            out.push(Difference {
-                what: format!("definition of {}/{}", k.0, k.1),
-                a: da,
-                b: db,
-                blocking: true,
-                by_design: false,
-            });
-        }
-    }
-    out
-}
-
-/// How the variants of each pair differ (by design: never blocking).
-fn pair_definitions(side: &Side, rows: &[Resolved]) -> Vec<Difference> {
-    let mut out = Vec::new();
-    for r in rows {
-        let (Some(x), Some(y)) = (definition(side, &r.0), definition(side, &r.1)) else {
-            continue;
-        };
-        if let Some((da, db)) = definition_difference(x, y) {
-            out.push(Difference {
-                what: format!("variants {}", row_pair(r).name()),
-                a: da,
-                b: db,
-                blocking: false,
-                by_design: true,
-            });
-        }
-    }
-    out
 }
 
 fn info(s: &Side) -> SideInfo {
@@ -1026,9 +781,11 @@ pub(crate) trait RowResolver {
     /// its rows.
     type Key;
     const MODE: Mode;
-    /// The rows, in report order, and what differs between what they
-    /// compare (refused where blocking, unless forced).
+    /// The rows, in report order, and what differs between the sides'
+    /// setups besides the contract's conditions (shown, never blocking).
     fn rows(s: &Subject, force: bool) -> Result<(Vec<Self::Key>, Vec<Difference>), ReportError>;
+    /// The records the rows pool and compare, for the comparability check.
+    fn check<'a>(s: &Subject<'a>, keys: &[Self::Key], backend_metric: bool) -> Check<'a>;
     /// One row; its differential profiles go to `profiles`.
     fn row(s: &Subject, key: &Self::Key, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row;
 }
@@ -1047,10 +804,25 @@ impl RowResolver for KernelRows {
         let mut common = common_keys(keys(a), &keys(b), name, force, scenario_sets)?;
         // Rows in the order the scenarios define their variants.
         common.sort_by_key(|k| (position(&a.run, k), k.clone()));
-        let mut diffs = differences(a, b);
-        diffs.extend(definitions_across(a, b, &common));
-        refuse_blocking(&diffs, force)?;
-        Ok((common, diffs))
+        Ok((common, setup_differences(a, b)))
+    }
+
+    fn check<'a>(s: &Subject<'a>, keys: &[Key], backend_metric: bool) -> Check<'a> {
+        Check {
+            sides: vec![
+                ("A", side_records(s.a, keys)),
+                ("B", side_records(s.b, keys)),
+            ],
+            rows: keys
+                .iter()
+                .map(|k| RowGroups {
+                    name: format!("{}/{}", k.0, k.1),
+                    across: vec![[group(s.a, k), group(s.b, k)]],
+                    pair: Vec::new(),
+                })
+                .collect(),
+            backend_metric,
+        }
     }
 
     fn row(s: &Subject, key: &Key, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
@@ -1085,9 +857,22 @@ impl RowResolver for PairRows {
     const MODE: Mode = Mode::Variants;
 
     fn rows(s: &Subject, _force: bool) -> Result<(Vec<Resolved>, Vec<Difference>), ReportError> {
-        let resolved = resolve_pairs(s.a, s.pairs)?;
-        let diffs = pair_definitions(s.a, &resolved);
-        Ok((resolved, diffs))
+        Ok((resolve_pairs(s.a, s.pairs)?, Vec::new()))
+    }
+
+    fn check<'a>(s: &Subject<'a>, keys: &[Resolved], backend_metric: bool) -> Check<'a> {
+        Check {
+            sides: vec![("A", side_records(s.a, &pair_keys(keys)))],
+            rows: keys
+                .iter()
+                .map(|rp| RowGroups {
+                    name: row_pair(rp).name(),
+                    across: Vec::new(),
+                    pair: vec![("A", [group(s.a, &rp.0), group(s.a, &rp.1)])],
+                })
+                .collect(),
+            backend_metric,
+        }
     }
 
     fn row(s: &Subject, rp: &Resolved, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
@@ -1126,17 +911,32 @@ impl RowResolver for DidRows {
         let name = |r: &Resolved| row_pair(r).name();
         let pair_sets = |only_a, only_b| ReportError::PairSets { only_a, only_b };
         let common = common_keys(pa, &pb, name, force, pair_sets)?;
-        let mut used: Vec<Key> = Vec::new();
-        for k in common.iter().flat_map(|(x, y)| [x, y]) {
-            if !used.contains(k) {
-                used.push(k.clone());
-            }
+        Ok((common, setup_differences(a, b)))
+    }
+
+    fn check<'a>(s: &Subject<'a>, keys: &[Resolved], backend_metric: bool) -> Check<'a> {
+        let used = pair_keys(keys);
+        Check {
+            sides: vec![
+                ("A", side_records(s.a, &used)),
+                ("B", side_records(s.b, &used)),
+            ],
+            rows: keys
+                .iter()
+                .map(|(base, other)| RowGroups {
+                    name: row_pair(&(base.clone(), other.clone())).name(),
+                    across: vec![
+                        [group(s.a, base), group(s.b, base)],
+                        [group(s.a, other), group(s.b, other)],
+                    ],
+                    pair: vec![
+                        ("A", [group(s.a, base), group(s.a, other)]),
+                        ("B", [group(s.b, base), group(s.b, other)]),
+                    ],
+                })
+                .collect(),
+            backend_metric,
         }
-        let mut diffs = differences(a, b);
-        diffs.extend(definitions_across(a, b, &used));
-        refuse_blocking(&diffs, force)?;
-        diffs.extend(pair_definitions(a, &common));
-        Ok((common, diffs))
     }
 
     fn row(s: &Subject, rp: &Resolved, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
@@ -1170,6 +970,66 @@ impl RowResolver for DidRows {
     }
 }
 
+/// Every (scenario, variant) the pairs use, once each.
+fn pair_keys(pairs: &[Resolved]) -> Vec<Key> {
+    let mut used: Vec<Key> = Vec::new();
+    for k in pairs.iter().flat_map(|(x, y)| [x, y]) {
+        if !used.contains(k) {
+            used.push(k.clone());
+        }
+    }
+    used
+}
+
+/// A side's records of one (scenario, variant), failed ones included.
+fn group<'a>(side: &'a Side, (s, v): &Key) -> Records<'a> {
+    Records {
+        run: &side.run,
+        records: side
+            .records
+            .iter()
+            .filter(|r| &r.scenario == s && &r.variant == v)
+            .collect(),
+    }
+}
+
+/// A side's records of the rows a report shows.
+fn side_records<'a>(side: &'a Side, keys: &[Key]) -> Records<'a> {
+    Records {
+        run: &side.run,
+        records: side
+            .records
+            .iter()
+            .filter(|r| {
+                keys.iter()
+                    .any(|(s, v)| &r.scenario == s && &r.variant == v)
+            })
+            .collect(),
+    }
+}
+
+/// Every difference of the contract's conditions among the records a
+/// report reads ([`comparability`]), then the setups' other differences;
+/// refused over the blocking ones unless forced.
+fn checked_differences<R: RowResolver>(
+    subject: &Subject,
+    keys: &[R::Key],
+    setup: Vec<Difference>,
+    metric_keys: &[String],
+    force: bool,
+) -> Result<Vec<Difference>, ReportError> {
+    let backend_metric = metric_keys.iter().any(|k| metrics::is_backend_metric(k));
+    let check = R::check(subject, keys, backend_metric);
+    let mut diffs = Vec::new();
+    for (name, recs) in &check.sides {
+        diffs.extend(comparability::run_document_disagreements(name, recs));
+    }
+    diffs.extend(comparability::differences(&check));
+    diffs.extend(setup);
+    refuse_blocking(&diffs, force)?;
+    Ok(diffs)
+}
+
 /// The comparison of `subject` with the rows resolver `R` gives: its rows,
 /// what differs, the differential profiles and the multiple-comparison
 /// correction.
@@ -1179,7 +1039,13 @@ pub(crate) fn build<R: RowResolver>(
     opts: &Options,
 ) -> Result<Report, ReportError> {
     check_metric_keys(metric_keys)?;
-    let (keys, differences) = R::rows(subject, opts.force)?;
+    let (keys, setup) = R::rows(subject, opts.force)?;
+    let differences = checked_differences::<R>(subject, &keys, setup, metric_keys, opts.force)?;
+    let forced_over = if opts.force {
+        forced_conditions(&differences)
+    } else {
+        Vec::new()
+    };
     let mut profiles = Vec::new();
     let mut rows: Vec<Row> = keys
         .iter()
@@ -1197,6 +1063,7 @@ pub(crate) fn build<R: RowResolver>(
         rows,
         differences,
         forced: opts.force,
+        forced_over,
         profiles,
     })
 }
@@ -1212,6 +1079,9 @@ pub struct Request {
     pub confidence: f64,
     pub force: bool,
     pub profile_top: usize,
+    /// `--run ID`: the run to read in a directory holding several runs'
+    /// records.
+    pub runs: Vec<String>,
 }
 
 impl Request {
@@ -1252,7 +1122,8 @@ pub fn run(req: &Request) -> Result<Compared, ReportError> {
     if !(req.confidence > 0.5 && req.confidence < 1.0) {
         return Err(ReportError::Confidence(req.confidence));
     }
-    let (a, b) = load::load_sides(&req.sides, !req.pairs.is_empty())?;
+    let filter = load::RunFilter(&req.runs);
+    let (a, b) = load::load_sides(&req.sides, !req.pairs.is_empty(), filter)?;
     let keys = req.metric_keys(&a, b.as_ref());
     let opts = req.options();
     let subject = Subject {
@@ -1317,7 +1188,7 @@ mod tests {
 
     #[test]
     fn boot_directories_are_not_a_difference_options_are() {
-        let r = |cl: Value| test_record(json!({ "qemu_command_line": cl }));
+        let r = |cl: serde_json::Value| test_record(json!({ "qemu_command_line": cl }));
         let plugin = |dir: &str| format!("/c/libblklab-insns.so,ctl={dir}/insns.sock");
         let a = r(json!([
             "qemu",
@@ -1426,83 +1297,5 @@ mod tests {
             "{va} | {vb}"
         );
         assert!(!va.contains("blklab-run-0"), "{va}");
-    }
-
-    #[test]
-    fn only_per_boot_directory_names_are_replaced() {
-        assert_eq!(
-            boot_dirs_named("/t/blklab-run-12-aZ9/s"),
-            "…/blklab-run-…/s"
-        );
-        assert_eq!(boot_dirs_named("blklab-run-3-x"), "blklab-run-…");
-        assert_eq!(
-            boot_dirs_named("a=/x/blklab-run-0-p/s,b=/y/blklab-run-1-q/s"),
-            "a=…/blklab-run-…/s,b=…/blklab-run-…/s"
-        );
-        assert_eq!(
-            boot_dirs_named("unix:/tmp/blklab-run-3-abc/qmp.sock,server=on"),
-            "unix:…/blklab-run-…/qmp.sock,server=on"
-        );
-        for kept in [
-            "/t/blklab-run-x-aZ9/s",
-            "/t/blklab-run-12/s",
-            "/t/blklab-run-12-/s",
-            "/t/my-blklab-run-1-a/s",
-            "blklab-run-result/1",
-        ] {
-            assert_eq!(boot_dirs_named(kept), kept);
-        }
-    }
-
-    #[test]
-    fn vcpus_come_from_smp_else_the_guest() {
-        let r = |cl: Value, n: Value| {
-            test_record(json!({"qemu_command_line": cl, "guest": {"nr_cpus": n}}))
-        };
-        assert_eq!(vcpus(&r(json!(["q", "-smp", "4"]), json!(2))), Some(4));
-        assert_eq!(
-            vcpus(&r(json!(["q", "-smp", "sockets=1,cpus=8"]), json!(null))),
-            Some(8)
-        );
-        assert_eq!(vcpus(&r(json!(["q"]), json!(2))), Some(2));
-        assert_eq!(vcpus(&r(json!(["q"]), json!(null))), None);
-    }
-
-    #[test]
-    fn definitions_differ_by_field() {
-        let v = |sched: Option<&str>, args: &[&str]| Variant {
-            name: "v".into(),
-            target: crate::record::scenario::Target {
-                kind: "scsi_debug".into(),
-                params: vec!["max_queue=128".into()],
-            },
-            stack: None,
-            sched: sched.map(str::to_string),
-            nr_requests: None,
-            queue_depth: None,
-            nomerges: None,
-            rq_affinity: None,
-            device: vec!["tags=none".into()],
-            layout: Default::default(),
-            runtime: 20,
-            ramp: 0,
-            fio_args: args.iter().map(|s| s.to_string()).collect(),
-        };
-        let (a, b) = definition_difference(
-            &v(None, &["--bs=8k", "--iodepth=64"]),
-            &v(Some("mq-deadline"), &["--bs=8k", "--iodepth=16"]),
-        )
-        .unwrap();
-        assert_eq!(a, "sched=-; fio args: --iodepth=64");
-        assert_eq!(b, "sched=mq-deadline; fio args: --iodepth=16");
-        assert!(definition_difference(&v(None, &[]), &v(None, &[])).is_none());
-        let mut stacked = v(Some("none"), &[]);
-        stacked.stack = Some(crate::record::scenario::Stack {
-            kind: "multipath".into(),
-            params: vec!["path_sched=mq-deadline".into()],
-        });
-        let (a, b) = definition_difference(&stacked, &v(Some("none"), &[])).unwrap();
-        assert_eq!(a, "stack=multipath,path_sched=mq-deadline");
-        assert_eq!(b, "stack=-");
     }
 }

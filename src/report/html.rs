@@ -889,6 +889,24 @@ fn rows_section(
     Ok(())
 }
 
+/// A forced comparison's warning, first on the page: the conditions that
+/// differ.
+fn forced(page: &mut Page, report: &Report) {
+    let banner = render::forced_banner(report);
+    let Some((first, rest)) = banner.split_first() else {
+        return;
+    };
+    page.body.push_str(&format!(
+        "<div class=\"forced\" role=\"alert\"><p><strong>{}</strong></p><ul>\n",
+        table::esc(first)
+    ));
+    for l in rest {
+        page.body
+            .push_str(&format!("<li>{}</li>\n", table::esc(l.trim_start())));
+    }
+    page.body.push_str("</ul></div>\n");
+}
+
 /// What differs between the sides besides the kernel, and how each pair's
 /// variants differ by design.
 fn differences(page: &mut Page, report: &Report) {
@@ -910,8 +928,15 @@ fn differences(page: &mut Page, report: &Report) {
         } else {
             "differs"
         };
+        let mut what = d.what.clone();
+        if !d.rows.is_empty() {
+            what.push_str(&format!(" in {}", d.rows.join(", ")));
+        }
+        if let Some(side) = &d.within {
+            what.push_str(&format!(", within side {side}"));
+        }
         t.row(vec![
-            Cell::text(&d.what),
+            Cell::text(&what),
             Cell::text(&d.a),
             Cell::text(&d.b),
             Cell::text(kind),
@@ -919,8 +944,9 @@ fn differences(page: &mut Page, report: &Report) {
     }
     if t.is_empty() {
         page.body.push_str(
-            "<p>Nothing: the sides' QEMU command lines (per-boot paths left out), QEMU, \
-             accelerator, vCPUs, backend, host and blklab commit are the same.</p>\n",
+            "<p>Nothing: every condition of the comparability contract (accelerator, \
+             --deterministic, instruction counting, vCPUs, memory, kernel command line, QEMU, \
+             scenario, backend, guest image, blklab version) and the host are the same.</p>\n",
         );
     } else {
         page.body.push_str(&t.html());
@@ -1163,6 +1189,7 @@ pub(crate) fn write(
         written: Vec::new(),
     };
     let verdicts = judge(report);
+    forced(&mut page, report);
     verdict(&mut page, report, &verdicts);
     run(&mut page, report);
     metrics_section(&mut page, report)?;

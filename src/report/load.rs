@@ -12,6 +12,7 @@ use thiserror::Error;
 use crate::record::result::{ResultRecord, RESULT_SCHEMA};
 use crate::record::run::RunDocument;
 use crate::record::RecordError;
+use crate::report::comparability::{run_value, Condition};
 
 /// Why the sides of a comparison could not be read.
 #[derive(Debug, Error)]
@@ -56,6 +57,21 @@ pub enum LoadError {
         b: PathBuf,
         #[source]
         source: MergeError,
+    },
+    #[error("{dir} holds the records of {} runs: {own} (its run.json's) and {others}; name the one to compare with --run ID", .count)]
+    SeveralRuns {
+        dir: PathBuf,
+        count: usize,
+        /// run.json's run: its id and how many records.
+        own: String,
+        /// The other runs: each id, how many records and a file of them.
+        others: String,
+    },
+    #[error("--run {id}: {dir}'s run.json is of run {own}, so the conditions of run {id}'s records cannot be checked (compare the directory that run wrote)")]
+    RunWithoutDocument {
+        dir: PathBuf,
+        id: String,
+        own: String,
     },
     #[error(
         "{kernel} {scenario} {variant} iteration {iteration} is in two of the merged directories"
@@ -107,16 +123,122 @@ fn is_result(schema: &str) -> bool {
     name(schema) == name(RESULT_SCHEMA)
 }
 
-/// A run directory: run.json and every record in it (files of other
-/// documents are left alone; a record or run.json of a schema version this
-/// blklab does not read is an error).
+/// The runs `compare --run ID` names: a directory whose records belong to
+/// several runs is read only when one of them is named here.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RunFilter<'a>(pub &'a [String]);
+
+/// A run directory: run.json and every record of its run in it (files of
+/// other documents are left alone; a record or run.json of a schema version
+/// this blklab does not read is an error; records of another run are
+/// refused, [`LoadError::SeveralRuns`]).
 pub fn load_dir(dir: &Path) -> Result<(RunDocument, Vec<ResultRecord>), LoadError> {
-    let (run, named) = load_dir_named(dir)?;
+    load_dir_of(dir, RunFilter::default())
+}
+
+/// [`load_dir`], keeping the records of the run `filter` names where the
+/// directory holds several runs'.
+pub fn load_dir_of(
+    dir: &Path,
+    filter: RunFilter,
+) -> Result<(RunDocument, Vec<ResultRecord>), LoadError> {
+    let (run, named) = load_dir_named(dir, filter)?;
     Ok((run, named.into_iter().map(|(_, r)| r).collect()))
 }
 
+/// The run a record belongs to, by id: its own `run.id` (a record older
+/// than the field: run.json's run when run.json is older too). A record
+/// whose boot run.json's order does not list belongs to no run of it.
+fn run_id_of(run: &RunDocument, r: &ResultRecord) -> String {
+    let id = match (&r.run, &run.run_id) {
+        (Some(rr), _) => rr.id.clone(),
+        (None, Some(_)) => return "(records without a run id)".to_string(),
+        (None, None) => legacy_id(run),
+    };
+    if id == id_of(run) && !in_order(run, r) {
+        return format!("{id} (boots its run.json does not list)");
+    }
+    id
+}
+
+/// Does run.json's boot order list the record's boot?
+fn in_order(run: &RunDocument, r: &ResultRecord) -> bool {
+    run.order.iter().any(|o| {
+        o.kernel == r.kernel
+            && o.scenario == r.scenario
+            && o.iteration == r.iteration
+            && (o.variants.is_empty() || o.variants.contains(&r.variant))
+    })
+}
+
+/// How a run.json older than run ids is named: by its start.
+fn legacy_id(run: &RunDocument) -> String {
+    format!(
+        "started-{}",
+        crate::util::wallclock::utc_stamp_of(run.started_unix as i64)
+    )
+}
+
+/// run.json's run id (its start for a run older than ids).
+pub(crate) fn id_of(run: &RunDocument) -> String {
+    run.run_id.clone().unwrap_or_else(|| legacy_id(run))
+}
+
+/// The records of run.json's run; records of other runs refused unless
+/// `filter` names run.json's run (then they are left out, with a warning).
+fn own_records(
+    dir: &Path,
+    run: &RunDocument,
+    records: Vec<(String, ResultRecord)>,
+    filter: RunFilter,
+) -> Result<Vec<(String, ResultRecord)>, LoadError> {
+    let own = id_of(run);
+    let (mine, others): (Vec<_>, Vec<_>) = records
+        .into_iter()
+        .partition(|(_, r)| run_id_of(run, r) == own);
+    if others.is_empty() {
+        return Ok(mine);
+    }
+    let mut by_run: std::collections::BTreeMap<String, (usize, String)> = Default::default();
+    for (file, r) in &others {
+        by_run
+            .entry(run_id_of(run, r))
+            .or_insert((0, file.clone()))
+            .0 += 1;
+    }
+    if let Some(id) = filter.0.iter().find(|id| by_run.contains_key(*id)) {
+        return Err(LoadError::RunWithoutDocument {
+            dir: dir.to_path_buf(),
+            id: id.clone(),
+            own,
+        });
+    }
+    if filter.0.contains(&own) {
+        log::warn!(
+            "{}: left out {} record(s) of other runs (--run {own})",
+            dir.display(),
+            others.len()
+        );
+        return Ok(mine);
+    }
+    let others_text = by_run
+        .iter()
+        .map(|(id, (n, file))| format!("{id} ({n} record(s), e.g. {file})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(LoadError::SeveralRuns {
+        dir: dir.to_path_buf(),
+        count: by_run.len() + 1,
+        own: format!("{own} ({} record(s))", mine.len()),
+        others: others_text,
+    })
+}
+
 /// [`load_dir`] with each record's file name, in file-name order.
-fn load_dir_named(dir: &Path) -> Result<(RunDocument, Vec<(String, ResultRecord)>), LoadError> {
+fn load_dir_named(
+    dir: &Path,
+    filter: RunFilter,
+) -> Result<(RunDocument, Vec<(String, ResultRecord)>), LoadError> {
     let run_path = dir.join("run.json");
     if !run_path.is_file() {
         return Err(LoadError::NotARun(dir.to_path_buf()));
@@ -142,6 +264,7 @@ fn load_dir_named(dir: &Path) -> Result<(RunDocument, Vec<(String, ResultRecord)
             records.push((name.into_owned(), crate::record::from_value(&f, &v)?));
         }
     }
+    let records = own_records(dir, &run, records, filter)?;
     if records.is_empty() {
         return Err(LoadError::Empty {
             dir: dir.to_path_buf(),
@@ -151,7 +274,8 @@ fn load_dir_named(dir: &Path) -> Result<(RunDocument, Vec<(String, ResultRecord)
 }
 
 /// Why shard `r` cannot join `run`: another plan, a shard given twice, or
-/// another accelerator, QEMU version or instruction counting.
+/// a run-wide condition of the comparability contract that differs (the
+/// records' own conditions are checked when they are compared).
 fn shard_mismatch(run: &RunDocument, r: &RunDocument, seen: &[u32]) -> Option<MergeError> {
     let sh = r.shard.as_ref()?;
     let plan = run.shard.as_ref()?;
@@ -164,31 +288,14 @@ fn shard_mismatch(run: &RunDocument, r: &RunDocument, seen: &[u32]) -> Option<Me
             count: sh.count,
         });
     }
-    [
-        (
-            "accelerator",
-            format!("{:?}", run.accel),
-            format!("{:?}", r.accel),
-        ),
-        (
-            "--deterministic",
-            run.deterministic.to_string(),
-            r.deterministic.to_string(),
-        ),
-        (
-            "QEMU version",
-            run.qemu.version.clone().unwrap_or_default(),
-            r.qemu.version.clone().unwrap_or_default(),
-        ),
-        (
-            "instruction counting",
-            run.count_insns.is_some().to_string(),
-            r.count_insns.is_some().to_string(),
-        ),
-    ]
-    .into_iter()
-    .find(|(_, a, b)| a != b)
-    .map(|(what, a, b)| MergeError::Differs { what, a, b })
+    Condition::ALL.into_iter().find_map(|c| {
+        let (a, b) = (run_value(c, run), run_value(c, r));
+        (a != b).then(|| MergeError::Differs {
+            what: c.name(),
+            a: a.unwrap_or_default(),
+            b: b.unwrap_or_default(),
+        })
+    })
 }
 
 /// Several run directories as one: the shards of one plan (`blklab run
@@ -197,11 +304,14 @@ fn shard_mismatch(run: &RunDocument, r: &RunDocument, seen: &[u32]) -> Option<Me
 /// counting, and no boot may appear twice. The merged run is the first
 /// shard's document with every shard's boots in plan order (and no shard
 /// record). One directory is just [`load_dir`].
-pub(crate) fn load_dirs(dirs: &[PathBuf]) -> Result<(RunDocument, Vec<ResultRecord>), LoadError> {
+pub(crate) fn load_dirs(
+    dirs: &[PathBuf],
+    filter: RunFilter,
+) -> Result<(RunDocument, Vec<ResultRecord>), LoadError> {
     let Some((first, rest)) = dirs.split_first() else {
         return Err(LoadError::NoRunDirectory);
     };
-    let (mut run, mut records) = load_dir_named(first)?;
+    let (mut run, mut records) = load_dir_named(first, filter)?;
     if rest.is_empty() {
         return Ok((run, records.into_iter().map(|(_, r)| r).collect()));
     }
@@ -219,7 +329,7 @@ pub(crate) fn load_dirs(dirs: &[PathBuf]) -> Result<(RunDocument, Vec<ResultReco
     let mut shards = vec![run.shard.as_ref().map_or(0, |s| s.index)];
     let mut order = run.order.clone();
     for d in rest {
-        let (r, recs) = load_dir_named(d)?;
+        let (r, recs) = load_dir_named(d, filter)?;
         let Some(sh) = &r.shard else {
             return Err(merge_err(d, MergeError::NotAShard(d.clone())));
         };
@@ -312,8 +422,8 @@ struct LoadedRun {
 }
 
 impl LoadedRun {
-    fn load(dirs: &[PathBuf]) -> Result<LoadedRun, LoadError> {
-        let (run, records) = load_dirs(dirs)?;
+    fn load(dirs: &[PathBuf], filter: RunFilter) -> Result<LoadedRun, LoadError> {
+        let (run, records) = load_dirs(dirs, filter)?;
         let kernels = kernels(&run, &records);
         Ok(LoadedRun {
             dir: dirs_label(dirs),
@@ -337,9 +447,9 @@ impl LoadedRun {
 }
 
 /// One side from `DIR` (a run with one kernel) or `DIR:KERNEL`.
-pub(crate) fn load_side(arg: &str) -> Result<Side, LoadError> {
+pub(crate) fn load_side(arg: &str, filter: RunFilter) -> Result<Side, LoadError> {
     let (dirs, kernel) = split_arg(arg);
-    let loaded = LoadedRun::load(&dirs)?;
+    let loaded = LoadedRun::load(&dirs, filter)?;
     match kernel {
         Some(k) => {
             if !loaded.kernels.contains(&k) {
@@ -358,9 +468,9 @@ pub(crate) fn load_side(arg: &str) -> Result<Side, LoadError> {
 
 /// The two sides of one run directory holding exactly two kernels (A is
 /// the first in run order).
-fn load_pair(arg: &str) -> Result<(Side, Side), LoadError> {
+fn load_pair(arg: &str, filter: RunFilter) -> Result<(Side, Side), LoadError> {
     let (dirs, _) = split_arg(arg);
-    let loaded = LoadedRun::load(&dirs)?;
+    let loaded = LoadedRun::load(&dirs, filter)?;
     match loaded.kernels.as_slice() {
         [x, y] => Ok((loaded.side(x), loaded.side(y))),
         ks => Err(LoadError::NotAPair {
@@ -375,25 +485,29 @@ fn load_pair(arg: &str) -> Result<(Side, Side), LoadError> {
 /// compared on one kernel. One argument without pairs is a run of two
 /// kernels; one argument with pairs is `DIR:KERNEL` or a run of one or two
 /// kernels; two arguments are two sides.
-pub(crate) fn load_sides(args: &[String], pairs: bool) -> Result<(Side, Option<Side>), LoadError> {
+pub(crate) fn load_sides(
+    args: &[String],
+    pairs: bool,
+    filter: RunFilter,
+) -> Result<(Side, Option<Side>), LoadError> {
     match (args, pairs) {
         ([one], false) => {
-            let (a, b) = load_pair(one)?;
+            let (a, b) = load_pair(one, filter)?;
             Ok((a, Some(b)))
         }
         ([one], true) => {
             let (dirs, kernel) = split_arg(one);
             if kernel.is_some() {
-                return Ok((load_side(one)?, None));
+                return Ok((load_side(one, filter)?, None));
             }
-            let loaded = LoadedRun::load(&dirs)?;
+            let loaded = LoadedRun::load(&dirs, filter)?;
             match loaded.kernels.as_slice() {
                 [k] => Ok((loaded.side(k), None)),
                 [x, y] => Ok((loaded.side(x), Some(loaded.side(y)))),
                 _ => Err(loaded.ambiguous()),
             }
         }
-        ([x, y], _) => Ok((load_side(x)?, Some(load_side(y)?))),
+        ([x, y], _) => Ok((load_side(x, filter)?, Some(load_side(y, filter)?))),
         _ => Err(LoadError::SideCount),
     }
 }

@@ -11,6 +11,7 @@
 //! - [`html`]: the HTML page with SVG plots;
 //! - [`screenshot`]: a PNG of the page, drawn by a headless Chromium.
 
+pub(crate) mod comparability;
 pub mod compare;
 pub(crate) mod html;
 pub(crate) mod inference;
@@ -61,8 +62,9 @@ pub fn run_comparisons(
     };
     let mut out = Vec::new();
     for k in kernels.iter().skip(1) {
-        let a = load::load_side(&format!("{}:{}", out_dir.display(), kernels[0]))?;
-        let b = load::load_side(&format!("{}:{k}", out_dir.display()))?;
+        let filter = load::RunFilter::default();
+        let a = load::load_side(&format!("{}:{}", out_dir.display(), kernels[0]), filter)?;
+        let b = load::load_side(&format!("{}:{k}", out_dir.display()), filter)?;
         let subject = compare::Subject {
             a: &a,
             b: &b,

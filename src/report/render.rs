@@ -258,13 +258,33 @@ pub(crate) fn legend(report: &Report) -> String {
 }
 
 fn difference_line(d: &crate::report::compare::Difference) -> String {
-    format!(
-        "{}{}: A {} | B {}",
-        d.what,
-        if d.blocking { " (forced)" } else { "" },
-        d.a,
-        d.b
-    )
+    let forced = if d.blocking { " (forced)" } else { "" };
+    let rows = if d.rows.is_empty() {
+        String::new()
+    } else {
+        format!(" in {}", d.rows.join(", "))
+    };
+    match &d.within {
+        Some(side) => format!(
+            "{}{forced}{rows}, within side {side}: {} | {}",
+            d.what, d.a, d.b
+        ),
+        None => format!("{}{forced}{rows}: A {} | B {}", d.what, d.a, d.b),
+    }
+}
+
+/// The lines that open every format of a forced comparison: which
+/// conditions differ (none when nothing blocking differs).
+pub(crate) fn forced_banner(report: &Report) -> Vec<String> {
+    if report.forced_over.is_empty() {
+        return Vec::new();
+    }
+    let mut out = vec![format!(
+        "FORCED: these sides are not comparable in {} condition(s); the numbers below mix them:",
+        report.forced_over.len()
+    )];
+    out.extend(report.forced_over.iter().map(|l| format!("  {l}")));
+    out
 }
 
 /// (heading, lines) of the differences: what differs besides the kernel,
@@ -301,6 +321,10 @@ fn differences_text(report: &Report) -> Vec<(String, Vec<String>)> {
 /// The terminal table: one section per metric.
 pub fn table(report: &Report) -> String {
     let mut out = String::new();
+    for l in forced_banner(report) {
+        out.push_str(&l);
+        out.push('\n');
+    }
     for key in &report.metrics {
         let (title, cells) = section(report, key);
         if cells.len() == 1 {
@@ -372,6 +396,14 @@ fn md_escape(s: &str) -> String {
 /// Markdown, to paste into a mailing-list reply.
 pub fn markdown(report: &Report) -> String {
     let mut out = format!("### {}\n\n", md_escape(&heading(report)));
+    let banner = forced_banner(report);
+    if let Some((first, rest)) = banner.split_first() {
+        out.push_str(&format!("**{}**\n\n", md_escape(first)));
+        for l in rest {
+            out.push_str(&format!("- {}\n", md_escape(l.trim_start())));
+        }
+        out.push('\n');
+    }
     out.push_str("**Verdict**\n\n");
     for v in &verdict::judge(report) {
         out.push_str(&format!(
@@ -454,12 +486,19 @@ fn csv_line(fields: &[String]) -> String {
 /// `scenario,variant,…,a_kernel,…,b_kernel,…`; variant pairs: `kernel,base,other,…`
 /// with A the base and B the other variant; the difference in differences:
 /// each kernel's four means, both pair effects and the DiD.
+/// A forced comparison opens with `#` comment lines naming the conditions
+/// that differ.
 pub fn csv(report: &Report) -> String {
-    match report.mode {
+    let mut out: String = forced_banner(report)
+        .iter()
+        .map(|l| format!("# {}\n", l.trim_start()))
+        .collect();
+    out.push_str(&match report.mode {
         Mode::Kernels => csv_kernels(report),
         Mode::Variants => csv_variants(report),
         Mode::Did => csv_did(report),
-    }
+    });
+    out
 }
 
 fn comparison_fields(c: &Comparison) -> Vec<String> {

@@ -26,7 +26,7 @@ use crate::lab::options::RunArgs;
 use crate::lab::progress::Progress;
 use crate::lab::qemu::{Guest, Next, QemuError, HEADLESS};
 use crate::lab::settings::Unit;
-use crate::record::run::NestedHostInfo;
+use crate::record::run::{NestedHostInfo, RunStamp};
 use crate::util::units::parse_size;
 
 /// The host's kernel command line: its console on the serial port, quiet
@@ -196,6 +196,8 @@ pub(crate) struct HostRun<'a> {
     /// The longest variant's runtime and ramp.
     pub longest_variant: Duration,
     pub pb: &'a Progress,
+    /// What each record carries of the run document.
+    pub stamp: &'a RunStamp,
 }
 
 /// Boot the host, follow its console to its end, and bring its records
@@ -246,6 +248,7 @@ fn boot_once(r: &HostRun) -> Result<Merged, NestedError> {
     transfer::unpack_results(&results_disk, &results)?;
     let into = merge::Destination {
         out_dir: r.out_dir,
+        stamp: r.stamp,
         labels: r.labels,
         maps: r.maps,
     };

@@ -15,6 +15,7 @@ use crate::lab::nested::inner::{ERROR_FILE, KALLSYMS};
 use crate::lab::nested::relay::WindowKey;
 use crate::lab::qemu::Accel;
 use crate::record::result::ResultRecord;
+use crate::record::run::RunStamp;
 use crate::record::summary::{RetriedBoot, SummaryDocument};
 use crate::record::RecordError;
 
@@ -48,6 +49,8 @@ pub(crate) struct Window {
 /// Where the merged records go and what symbolises their counts.
 pub(crate) struct Destination<'a> {
     pub out_dir: &'a Path,
+    /// The outer run's, which its records carry instead of the inner run's.
+    pub stamp: &'a RunStamp,
     /// The kernels' labels and, with counts, their System.maps.
     pub labels: &'a [String],
     pub maps: &'a [Option<Arc<SymbolMap>>],
@@ -92,6 +95,8 @@ pub(crate) fn records(
     for path in record_files(&inner)? {
         let mut record: ResultRecord = crate::record::read(&path)?;
         record.accel = Accel::Nested;
+        record.run = r.stamp.run.clone();
+        record.run_conditions = Some(r.stamp.conditions.clone());
         let key = WindowKey {
             kernel: record.kernel.clone(),
             scenario: record.scenario.clone(),
