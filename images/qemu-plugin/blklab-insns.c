@@ -9,10 +9,55 @@
  * set, >= 0xffff800000000000) and at user addresses. Per kernel translation
  * block start address: instructions executed in blocks starting there and
  * how often such a block ran (the entries of a function, when the address is
- * the function's). Every count is exact: each block execution runs a
- * callback that adds the block's instruction count; per-address counters
- * are shared between vCPUs and use atomic operations, so counts from
- * several vCPU threads (-accel tcg,thread=multi) are not lost.
+ * the function's). The counts are of retired instructions, with the one
+ * exception below ("Retired instructions"); per-address counters are
+ * shared between vCPUs and use atomic operations, so counts from several
+ * vCPU threads (-accel tcg,thread=multi) are not lost.
+ *
+ * Retired instructions. Each block execution runs a callback when the
+ * block starts, which adds the block's whole instruction count; but a
+ * block does not always finish. An instruction that faults (a page fault
+ * on a load or store) leaves the block there and runs again after the
+ * handler, from another block. An instruction that touches a device
+ * (MMIO) anywhere but last in its block makes QEMU (cpu_io_recompile; in
+ * QEMU 10 with or without -icount) leave the block before the access, run
+ * that instruction alone in a block that gets no execution callbacks
+ * (CF_MEMI_ONLY: memory callbacks only), and go on with a block from the
+ * next instruction. Counted whole, such blocks counted their unfinished
+ * part twice and the re-run instruction not at all. So each instruction
+ * but the first of a block stores its 1-based index in the vCPU's entry
+ * of a scoreboard (an inline store, no call), and the vCPU's next block
+ * callback settles the previous block: when it started only k of its n
+ * instructions, k - 1 retired, the k-th stopped it (it retires when it
+ * runs again, counted by what runs it), and n - k + 1 are taken back from
+ * every count the block added to: the vCPU's kernel or user count at its
+ * level and its address's tb line, and that execution too when k = 1 (the
+ * block runs again from its start). A 1-instruction block stores its own
+ * identity in the vCPU's entry at its memory accesses, which QEMU
+ * instruments in a re-run block too; a block whose identity is there but
+ * whose callback did not run is a re-run, and counts its instruction at
+ * the next callback. A dump settles each vCPU the same way without
+ * changing its counts, reading them under a sequence lock against the
+ * vCPU's callback. The dump's "cut" record counts the block executions cut
+ * short and the re-runs counted. Inline stores were chosen over a callback
+ * per instruction (a call each) and over counting from the next block's
+ * address (faults and interrupts look alike there). tests/insns_exact.rs
+ * checks a known number of user instructions across 4000 page faults and
+ * 1000 device stores in the middle of blocks, under TCG and -icount.
+ *
+ * What stays approximate. Nothing of a block runs after its last
+ * instruction starts, so a block stopped by its last instruction cannot be
+ * told from one that finished: a fault raised by the last instruction of
+ * a block (a page fault on the return address push of a call, on a ret's
+ * pop, on a store where a block ends at a page boundary) counts that
+ * instruction twice, one instruction too many per such fault, at most one
+ * per exception the guest takes. Device accesses never stop a block there
+ * (QEMU allows them in a block's last instruction). A REP string
+ * instruction counts once per execution of its block: QEMU runs up to
+ * 65536 iterations in one without -icount, one iteration per execution
+ * under -icount. Plugin API version 1 (QEMU 7.2) has no per-vCPU inline
+ * operations: blocks count whole there, and the dump says "cut
+ * unavailable".
  *
  * Levels. When the emulated CPU runs a hypervisor (QEMU's TCG emulates
  * AMD SVM for -cpu EPYC and the like), each count is kept apart by level:
@@ -112,7 +157,7 @@
  * compiled out and the dump says "exits unavailable".
  *
  * Dump format (text, one record a line):
- *   blklab-insns 4
+ *   blklab-insns 5
  *   levels vmrun|address            (how levels are told apart)
  *   vcpus N
  *   vcpu I kernel K user U l2kernel K2 l2user U2 vmruns R returns X
@@ -123,6 +168,11 @@
  *   disagree D                      (block executions whose address level
  *                                    is not the VMRUN tracking's; 0 by
  *                                    levels vmrun)
+ *   cut C R                         (C block executions cut short, R
+ *                                    instructions re-run alone and counted
+ *                                    by their memory access; or "cut
+ *                                    unavailable REASON": blocks cut short
+ *                                    count whole)
  *   exits available                 (or "exits unavailable REASON": no
  *                                    exit records follow)
  *   exit L I KIND KEY N [NAME]      (would-be exits at level L (1|2) of
@@ -136,7 +186,8 @@
  *   tb2 ADDR INSNS EXECS            (level 2 kernel blocks that ran)
  *   end
  *
- * Format 3 is format 4 without the exit records.
+ * Format 4 is format 5 without the cut record (blocks cut short count
+ * whole). Format 3 is format 4 without the exit records.
  *
  * Built against the installed QEMU's include/qemu/qemu-plugin.h (plugin API
  * version 4 for QEMU 10.0, 1 for QEMU 7.2) by images/build-qemu-plugin.sh.
@@ -163,6 +214,15 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 #define EXITS 1
 #else
 #define EXITS 0
+#endif
+
+/* Counting only what retired needs per-vCPU inline operations (a
+ * scoreboard): plugin API version 2 (QEMU 9.0). Before, a block cut short
+ * counts in full. */
+#if QEMU_PLUGIN_VERSION >= 2
+#define RETIRED 1
+#else
+#define RETIRED 0
 #endif
 
 /* Copy an instruction's bytes into buf (16 bytes); its size, 0 if it does
@@ -270,27 +330,130 @@ static inline void note_level(BlockCb *b, uint64_t lvl)
     }
 }
 
-static inline void count(VcpuCount *v, BlockCb *b)
+/* Add `insns` instructions and `execs` executions of block `b` at level
+ * index `lvl` (negative values take back what was added). */
+static inline void add_counts(VcpuCount *v, const BlockCb *b, uint64_t lvl, uint64_t insns,
+                              uint64_t execs)
 {
+    if (b->block) {
+        __atomic_fetch_add(&b->block->insns[lvl], insns, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&b->block->execs[lvl], execs, __ATOMIC_RELAXED);
+        __atomic_store_n(&v->kernel[lvl], v->kernel[lvl] + insns, __ATOMIC_RELAXED);
+    } else {
+        __atomic_store_n(&v->user[lvl], v->user[lvl] + insns, __ATOMIC_RELAXED);
+    }
+}
+
+#if RETIRED
+/* Where each vCPU got in the block it entered last (see "Retired
+ * instructions" in the header comment). A scoreboard entry: the inline
+ * operations write `started` and `rerun`, the vCPU's block callback the
+ * rest; the dump reads it under `seq`. */
+typedef struct {
+    uint64_t started; /* the 1-based index of the last instruction started */
+    uint64_t rerun;   /* the BlockCb of a 1-instruction block that accessed
+                         memory, or 0 */
+    uint64_t cur;     /* the BlockCb of the block entered last, or 0 */
+    uint64_t lvl;     /* the level index `cur` was counted at */
+    uint64_t seq;     /* odd while the vCPU's callback changes the counts */
+    uint64_t cut;     /* block executions cut short */
+    uint64_t reruns;  /* instructions run without execution callbacks */
+    uint64_t pad;
+} Progress;
+_Static_assert(sizeof(Progress) == 64, "one cache line per vCPU");
+
+static struct qemu_plugin_scoreboard *progress;
+
+/* What the vCPU's last block and a rerun since then still owe the counts:
+ * `undo` instructions (and `undo_execs` executions) of `cut` at `cut_lvl`
+ * that did not retire, and one execution of `rerun` (NULL if none) at
+ * `rerun_lvl`. */
+typedef struct {
+    const BlockCb *cut;
+    uint64_t cut_lvl, undo, undo_execs;
+    const BlockCb *rerun;
+    uint64_t rerun_lvl;
+} Pending;
+
+static inline Pending pending(const Progress *p)
+{
+    Pending d = {0};
+    const BlockCb *cur = (const BlockCb *)(uintptr_t)p->cur;
+    const BlockCb *rerun = (const BlockCb *)(uintptr_t)p->rerun;
+    if (cur && p->started < cur->n) {
+        /* The instruction started last stopped the block: it retired only
+         * if it runs again, counted by what runs it then. */
+        d.cut = cur;
+        d.cut_lvl = p->lvl;
+        d.undo = cur->n - (p->started - 1);
+        d.undo_execs = p->started == 1; /* nothing of it retired */
+    }
+    if (rerun && rerun != cur) {
+        /* A block whose execution callbacks QEMU left out (the instruction
+         * it re-runs after restarting a block at a device access): its
+         * memory access says it ran. It continues `cur`'s level. */
+        d.rerun = rerun;
+        d.rerun_lvl = rerun->fixed >= 0 ? (uint64_t)rerun->fixed : p->lvl;
+    }
+    return d;
+}
+
+static inline void settle(VcpuCount *v, Progress *p)
+{
+    Pending d = pending(p);
+    if (d.cut) {
+        add_counts(v, d.cut, d.cut_lvl, -d.undo, -d.undo_execs);
+        p->cut++;
+    }
+    if (d.rerun) {
+        add_counts(v, d.rerun, d.rerun_lvl, d.rerun->n, 1);
+        p->reruns++;
+    }
+    p->rerun = 0;
+}
+
+/* A sequence lock: the dump retries its read of a vCPU's counts while
+ * `seq` is odd or changed under it (on x86 hosts these are compiler
+ * barriers only). */
+static inline void seq_begin(Progress *p)
+{
+    __atomic_store_n(&p->seq, p->seq + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+}
+
+static inline void seq_end(Progress *p)
+{
+    __atomic_store_n(&p->seq, p->seq + 1, __ATOMIC_RELEASE);
+}
+#endif
+
+static inline void count(unsigned int vcpu_index, VcpuCount *v, BlockCb *b)
+{
+#if RETIRED
+    Progress *p = qemu_plugin_scoreboard_find(progress, vcpu_index);
+    seq_begin(p);
+    settle(v, p);
+#endif
     uint64_t lvl = v->level;
     note_level(b, lvl);
     if (b->fixed >= 0) {
         v->disagree += (uint64_t)b->fixed != lvl;
         lvl = (uint64_t)b->fixed;
     }
-    if (b->block) {
-        __atomic_fetch_add(&b->block->insns[lvl], b->n, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&b->block->execs[lvl], 1, __ATOMIC_RELAXED);
-        v->kernel[lvl] += b->n;
-    } else {
-        v->user[lvl] += b->n;
-    }
+    /* All of it, taken back at the next block if it stops partway. */
+    add_counts(v, b, lvl, b->n, 1);
+#if RETIRED
+    p->cur = (uintptr_t)b;
+    p->lvl = lvl;
+    p->started = 1;
+    seq_end(p);
+#endif
 }
 
 static void block_exec(unsigned int vcpu_index, void *udata)
 {
     if (vcpu_index < MAX_VCPUS) {
-        count(&vcpus[vcpu_index], udata);
+        count(vcpu_index, &vcpus[vcpu_index], udata);
     }
 }
 
@@ -475,7 +638,7 @@ static void return_exec(unsigned int vcpu_index, void *udata)
         VcpuCount *v = &vcpus[vcpu_index];
         v->level = 0;
         v->returns++;
-        count(v, udata);
+        count(vcpu_index, v, udata);
     }
 }
 
@@ -587,6 +750,28 @@ static int32_t fixed_level(struct qemu_plugin_tb *tb, size_t n)
     return lvl;
 }
 
+#if RETIRED
+/* The inline operations that say how far a block got: instruction i
+ * (0-based, from 1: the block's callback stands for the first) stores
+ * i + 1 in the vCPU's `started`. A 1-instruction block also stores its
+ * BlockCb in `rerun` at each memory access: QEMU re-runs an instruction
+ * that touched a device partway through a block as a block of its own
+ * without execution callbacks, and that store is how it is counted. */
+static void register_progress(struct qemu_plugin_tb *tb, size_t n, BlockCb *b)
+{
+    qemu_plugin_u64 started = qemu_plugin_scoreboard_u64_in_struct(progress, Progress, started);
+    for (size_t i = 1; i < n; i++) {
+        qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(
+            qemu_plugin_tb_get_insn(tb, i), QEMU_PLUGIN_INLINE_STORE_U64, started, i + 1);
+    }
+    if (n == 1) {
+        qemu_plugin_register_vcpu_mem_inline_per_vcpu(
+            qemu_plugin_tb_get_insn(tb, 0), QEMU_PLUGIN_MEM_RW, QEMU_PLUGIN_INLINE_STORE_U64,
+            qemu_plugin_scoreboard_u64_in_struct(progress, Progress, rerun), (uintptr_t)b);
+    }
+}
+#endif
+
 static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 {
     uint64_t vaddr = qemu_plugin_tb_vaddr(tb);
@@ -599,6 +784,9 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         /* VMRUN needs CPL 0, and so does the block it returns to. */
         qemu_plugin_register_vcpu_tb_exec_cb(tb, block_exec,
                                              QEMU_PLUGIN_CB_NO_REGS, b);
+#if RETIRED
+        register_progress(tb, n, b);
+#endif
 #if EXITS
         register_exits(tb, n, b, false);
 #endif
@@ -621,6 +809,9 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     b->block = blk;
     qemu_plugin_register_vcpu_tb_exec_cb(tb, ret ? return_exec : block_exec,
                                          QEMU_PLUGIN_CB_NO_REGS, b);
+#if RETIRED
+    register_progress(tb, n, b);
+#endif
     if (vmrun) {
         /* VMRUN ends its block (QEMU: DISAS_NORETURN), so it is the last. */
         qemu_plugin_register_vcpu_insn_exec_cb(last, vmrun_exec,
@@ -631,7 +822,87 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
 #endif
 }
 
-static void write_blocks(FILE *f, const char *tag, int lvl)
+/* What a dump adds to a block's counters: the vCPUs' pending corrections
+ * (Pending), by level index. */
+typedef struct {
+    uint64_t insns[LEVELS];
+    uint64_t execs[LEVELS];
+} Owed;
+
+/* One vCPU's counts for a dump, its pending corrections applied (to
+ * `owed` for the blocks). */
+typedef struct {
+    uint64_t kernel[LEVELS], user[LEVELS];
+    uint64_t vmruns, returns, disagree, cut, reruns;
+} VcpuTotals;
+
+#if RETIRED
+static void owe(GHashTable *owed, VcpuTotals *t, const BlockCb *b, uint64_t lvl, uint64_t insns,
+                uint64_t execs)
+{
+    if (b->block) {
+        Owed *o = g_hash_table_lookup(owed, b->block);
+        if (!o) {
+            o = g_new0(Owed, 1);
+            g_hash_table_insert(owed, b->block, o);
+        }
+        o->insns[lvl] += insns;
+        o->execs[lvl] += execs;
+        t->kernel[lvl] += insns;
+    } else {
+        t->user[lvl] += insns;
+    }
+}
+#endif
+
+/* vCPU i's counts, read consistently with its callback (RETIRED: under its
+ * sequence lock, then settled as its next block would). */
+static VcpuTotals read_vcpu(int i, GHashTable *owed)
+{
+    VcpuCount *v = &vcpus[i];
+    VcpuTotals t;
+#if RETIRED
+    Progress *p = qemu_plugin_scoreboard_find(progress, i);
+    for (int tries = 0;; tries++) {
+        uint64_t s1 = __atomic_load_n(&p->seq, __ATOMIC_ACQUIRE);
+#endif
+        for (int l = 0; l < LEVELS; l++) {
+            t.kernel[l] = __atomic_load_n(&v->kernel[l], __ATOMIC_RELAXED);
+            t.user[l] = __atomic_load_n(&v->user[l], __ATOMIC_RELAXED);
+        }
+        t.vmruns = __atomic_load_n(&v->vmruns, __ATOMIC_RELAXED);
+        t.returns = __atomic_load_n(&v->returns, __ATOMIC_RELAXED);
+        t.disagree = __atomic_load_n(&v->disagree, __ATOMIC_RELAXED);
+        t.cut = t.reruns = 0;
+#if RETIRED
+        Progress q;
+        q.started = __atomic_load_n(&p->started, __ATOMIC_RELAXED);
+        q.rerun = __atomic_load_n(&p->rerun, __ATOMIC_RELAXED);
+        q.cur = __atomic_load_n(&p->cur, __ATOMIC_RELAXED);
+        q.lvl = __atomic_load_n(&p->lvl, __ATOMIC_RELAXED);
+        t.cut = __atomic_load_n(&p->cut, __ATOMIC_RELAXED);
+        t.reruns = __atomic_load_n(&p->reruns, __ATOMIC_RELAXED);
+        __atomic_thread_fence(__ATOMIC_ACQUIRE);
+        if (!(s1 & 1) && __atomic_load_n(&p->seq, __ATOMIC_RELAXED) == s1) {
+            Pending d = pending(&q);
+            if (d.cut) {
+                owe(owed, &t, d.cut, d.cut_lvl, -d.undo, -d.undo_execs);
+            }
+            if (d.rerun) {
+                owe(owed, &t, d.rerun, d.rerun_lvl, d.rerun->n, 1);
+            }
+            break;
+        }
+        if (tries == 1000000) {
+            /* A vCPU that never let go: its block in flight counts whole. */
+            break;
+        }
+    }
+#endif
+    return t;
+}
+
+static void write_blocks(FILE *f, const char *tag, int lvl, GHashTable *owed)
 {
     GHashTableIter it;
     gpointer key, value;
@@ -640,6 +911,11 @@ static void write_blocks(FILE *f, const char *tag, int lvl)
         Block *b = value;
         uint64_t insns = __atomic_load_n(&b->insns[lvl], __ATOMIC_RELAXED);
         uint64_t execs = __atomic_load_n(&b->execs[lvl], __ATOMIC_RELAXED);
+        Owed *o = g_hash_table_lookup(owed, b);
+        if (o) {
+            insns += o->insns[lvl];
+            execs += o->execs[lvl];
+        }
         if (execs) {
             fprintf(f, "%s %" PRIx64 " %" PRIu64 " %" PRIu64 "\n", tag,
                     b->vaddr, insns, execs);
@@ -688,29 +964,34 @@ static int write_dump(const char *path, char *err, size_t errlen)
         return -1;
     }
     int n = __atomic_load_n(&max_vcpu_seen, __ATOMIC_RELAXED) + 1;
-    fprintf(f, "blklab-insns 4\nlevels %s\nvcpus %d\n",
+    fprintf(f, "blklab-insns 5\nlevels %s\nvcpus %d\n",
             l2ram_path ? "address" : "vmrun", n);
-    uint64_t disagree = 0;
+    GHashTable *owed = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
+    uint64_t disagree = 0, cut = 0, reruns = 0;
     for (int i = 0; i < n && i < MAX_VCPUS; i++) {
-        VcpuCount *v = &vcpus[i];
+        VcpuTotals t = read_vcpu(i, owed);
         fprintf(f,
                 "vcpu %d kernel %" PRIu64 " user %" PRIu64 " l2kernel %" PRIu64
                 " l2user %" PRIu64 " vmruns %" PRIu64 " returns %" PRIu64 "\n",
-                i, __atomic_load_n(&v->kernel[0], __ATOMIC_RELAXED),
-                __atomic_load_n(&v->user[0], __ATOMIC_RELAXED),
-                __atomic_load_n(&v->kernel[1], __ATOMIC_RELAXED),
-                __atomic_load_n(&v->user[1], __ATOMIC_RELAXED),
-                __atomic_load_n(&v->vmruns, __ATOMIC_RELAXED),
-                __atomic_load_n(&v->returns, __ATOMIC_RELAXED));
-        disagree += __atomic_load_n(&v->disagree, __ATOMIC_RELAXED);
+                i, t.kernel[0], t.user[0], t.kernel[1], t.user[1], t.vmruns, t.returns);
+        disagree += t.disagree;
+        cut += t.cut;
+        reruns += t.reruns;
     }
     fprintf(f, "mixed %" PRIu64 "\n", __atomic_load_n(&mixed, __ATOMIC_RELAXED));
     fprintf(f, "disagree %" PRIu64 "\n", disagree);
+#if RETIRED
+    fprintf(f, "cut %" PRIu64 " %" PRIu64 "\n", cut, reruns);
+#else
+    fprintf(f, "cut unavailable plugin API version %d (QEMU before 9.0) has no per-vCPU "
+               "inline operations: a block cut short counts in full\n", QEMU_PLUGIN_VERSION);
+#endif
     write_exits(f);
     g_mutex_lock(&lock);
-    write_blocks(f, "tb", 0);
-    write_blocks(f, "tb2", 1);
+    write_blocks(f, "tb", 0, owed);
+    write_blocks(f, "tb2", 1, owed);
     g_mutex_unlock(&lock);
+    g_hash_table_destroy(owed);
     fprintf(f, "end\n");
     if (fclose(f) != 0 || rename(tmp, path) != 0) {
         snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
@@ -864,6 +1145,9 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
             return -1;
         }
     }
+#if RETIRED
+    progress = qemu_plugin_scoreboard_new(sizeof(Progress));
+#endif
     blocks = g_hash_table_new(g_int64_hash, g_int64_equal);
     ret_haddr = g_hash_table_new(g_direct_hash, g_direct_equal);
     ret_vaddr = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);

@@ -179,7 +179,7 @@ impl Control {
 pub struct LevelCounts {
     pub vcpus: Vec<(u64, u64)>,
     pub blocks: BTreeMap<u64, (u64, u64)>,
-    /// The level's would-be exits (format 4; empty in format 3).
+    /// The level's would-be exits (format 4 and later; empty in format 3).
     pub exits: ExitCounts,
 }
 
@@ -239,7 +239,7 @@ pub enum LevelRule {
     Address,
 }
 
-/// One counter dump (format 4 or 3, see the plugin's header comment), split by
+/// One counter dump (format 5, 4 or 3, see the plugin's header comment), split by
 /// level: level 1 is the emulated machine's own code (the guest of a plain
 /// TCG run; the host of a nested run), level 2 what it ran in SVM guest
 /// mode (a nested run's guest; nothing without SVM).
@@ -258,12 +258,29 @@ pub struct Dump {
     /// Why the dump has no would-be exits (a format-3 dump, or a plugin
     /// built for a QEMU that cannot read registers); None when it has them.
     pub exits_unavailable: Option<String>,
+    /// Block executions cut short (stopped before their last instruction
+    /// by a fault, or restarted by QEMU at a device access), each counted
+    /// only up to the instruction that stopped it (format 5).
+    pub cut: u64,
+    /// Instructions QEMU re-ran alone after restarting a block at a device
+    /// access, counted by their memory access (format 5).
+    pub reruns: u64,
+    /// Why a block cut short counts in full here (a format-3 or 4 dump, or
+    /// a plugin built for a QEMU without per-vCPU inline operations); None
+    /// when the counts are of retired instructions.
+    pub cut_unavailable: Option<String>,
 }
 
-/// The header lines of the dumps [`Dump::parse`] reads: format 4, and
-/// format 3 (no would-be exits).
-const DUMP_HEADER: &str = "blklab-insns 4";
+/// The header lines of the dumps [`Dump::parse`] reads: format 5, format 4
+/// (no `cut` record: blocks cut short counted in full) and format 3 (no
+/// would-be exits either).
+const DUMP_HEADER: &str = "blklab-insns 5";
+const DUMP_HEADER_4: &str = "blklab-insns 4";
 const DUMP_HEADER_3: &str = "blklab-insns 3";
+
+/// What a format-3 or 4 dump's window says about blocks cut short.
+pub const FORMAT_4_CUT: &str =
+    "the plugin's dump is format 4 or older, counting a block cut short in full (rebuild it: images/build-qemu-plugin.sh)";
 
 /// What a format-3 dump's window says about would-be exits.
 pub const FORMAT_3_EXITS: &str =
@@ -289,12 +306,13 @@ impl Dump {
         };
         let mut lines = text.lines().enumerate();
         let format = match lines.next().map(|(_, l)| l) {
-            Some(DUMP_HEADER) => 4,
+            Some(DUMP_HEADER) => 5,
+            Some(DUMP_HEADER_4) => 4,
             Some(DUMP_HEADER_3) => 3,
             _ => {
                 return Err(err(
                     1,
-                    "not a blklab-insns 4 or 3 dump (an older plugin? rebuild it: images/build-qemu-plugin.sh)",
+                    "not a blklab-insns 5, 4 or 3 dump (an older plugin? rebuild it: images/build-qemu-plugin.sh)",
                 ))
             }
         };
@@ -302,6 +320,10 @@ impl Dump {
         let mut exits = format == 3;
         if exits {
             d.exits_unavailable = Some(FORMAT_3_EXITS.to_string());
+        }
+        let mut cut = format < 5;
+        if cut {
+            d.cut_unavailable = Some(FORMAT_4_CUT.to_string());
         }
         let (mut vcpus, mut seen, mut ended) = (None, 0usize, false);
         let (mut rule, mut mixed, mut disagree) = (false, false, false);
@@ -358,7 +380,23 @@ impl Dump {
                     };
                     level.blocks.insert(b.0, (b.1, b.2));
                 }
-                Some("exits") if format == 4 && !exits => {
+                Some("cut") if !cut => {
+                    match (w.next(), w.next()) {
+                        (Some("unavailable"), Some(why)) => {
+                            d.cut_unavailable =
+                                Some(std::iter::once(why).chain(w).collect::<Vec<_>>().join(" "));
+                        }
+                        (c, r) => {
+                            d.cut = number(c, 10).ok_or_else(|| err(n, "bad number"))?;
+                            d.reruns = number(r, 10).ok_or_else(|| err(n, "bad number"))?;
+                            if w.next().is_some() {
+                                return Err(err(n, "want 'cut N R' or 'cut unavailable WHY'"));
+                            }
+                        }
+                    }
+                    cut = true;
+                }
+                Some("exits") if format >= 4 && !exits => {
                     d.exits_unavailable = match w.next() {
                         Some("available") if w.next().is_none() => None,
                         Some("unavailable") => Some(w.collect::<Vec<_>>().join(" ")),
@@ -389,10 +427,10 @@ impl Dump {
         if !ended {
             return Err(err(last, "truncated dump (no 'end')"));
         }
-        if vcpus != Some(seen) || !(rule && mixed && disagree && exits) {
+        if vcpus != Some(seen) || !(rule && mixed && disagree && exits && cut) {
             return Err(err(
                 last,
-                "incomplete dump (want 'levels', 'vcpus N', N 'vcpu' records, 'mixed', 'disagree', 'exits')",
+                "incomplete dump (want 'levels', 'vcpus N', N 'vcpu' records, 'mixed', 'disagree', 'cut', 'exits')",
             ));
         }
         Ok(d)
@@ -429,6 +467,12 @@ impl Dump {
                 .exits_unavailable
                 .clone()
                 .or_else(|| earlier.exits_unavailable.clone()),
+            cut: self.cut.saturating_sub(earlier.cut),
+            reruns: self.reruns.saturating_sub(earlier.reruns),
+            cut_unavailable: self
+                .cut_unavailable
+                .clone()
+                .or_else(|| earlier.cut_unavailable.clone()),
         }
     }
 
@@ -1067,7 +1111,7 @@ ffffffff81000600 T _etext
             "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 1 user 1\ntb ffffffff81000100 1 1\nend\n",
             1,
         );
-        bad(&ok.replace("blklab-insns 3", "blklab-insns 5"), 1);
+        bad(&ok.replace("blklab-insns 3", "blklab-insns 6"), 1);
         bad(&ok.replace("end\n", ""), 7);
         bad("junk\n", 1);
         // A vcpu line of format 1, with a field missing, extra or misnamed.
@@ -1131,6 +1175,45 @@ ffffffff81000600 T _etext
         // A window from a format-3 dump to a format-4 one has no exits.
         let w = b.since(&d);
         assert_eq!(w.exits_unavailable.as_deref(), Some(FORMAT_3_EXITS));
+    }
+
+    #[test]
+    fn format_5_dumps_count_blocks_cut_short() {
+        let text = |cut: &str| {
+            head(&[(100, 20, 0, 0, 0, 0)], 0).replace("blklab-insns 3", "blklab-insns 5")
+                + &format!("{cut}\nexits available\ntb ffffffff81000100 1 1\nend\n")
+        };
+        let a = Dump::parse(&text("cut 4 1"), Path::new("a")).unwrap();
+        let b = Dump::parse(&text("cut 10 3"), Path::new("b")).unwrap();
+        assert_eq!((a.cut, a.reruns, a.cut_unavailable.clone()), (4, 1, None));
+        let w = b.since(&a);
+        assert_eq!((w.cut, w.reruns, w.cut_unavailable), (6, 2, None));
+        // A plugin that cannot tell says why.
+        let u = Dump::parse(
+            &text("cut unavailable plugin API version 1"),
+            Path::new("u"),
+        )
+        .unwrap();
+        assert_eq!(u.cut_unavailable.as_deref(), Some("plugin API version 1"));
+        assert_eq!(
+            b.since(&u).cut_unavailable.as_deref(),
+            Some("plugin API version 1")
+        );
+        // Format 5 needs its cut record, with two numbers; format 4 has
+        // none and says so.
+        let bad = |t: &str| assert!(Dump::parse(t, Path::new("t")).is_err(), "{t}");
+        bad(&text("cut 4 1").replace("cut 4 1\n", ""));
+        bad(&text("cut 4"));
+        bad(&text("cut 4 1 2"));
+        bad(&text("cut x 1"));
+        bad(&text("cut 4 1\ncut 4 1"));
+        let f4 = text("cut 4 1")
+            .replace("blklab-insns 5", "blklab-insns 4")
+            .replace("cut 4 1\n", "");
+        let d = Dump::parse(&f4, Path::new("f4")).unwrap();
+        assert_eq!(d.cut_unavailable.as_deref(), Some(FORMAT_4_CUT));
+        bad(&f4.replace("exits", "cut 1 1\nexits"));
+        assert_eq!(b.since(&d).cut_unavailable.as_deref(), Some(FORMAT_4_CUT));
     }
 
     #[test]
