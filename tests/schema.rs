@@ -4,8 +4,9 @@
 //! running daemon) loads as its type and validates against its schema, and
 //! the schemas refuse what the types refuse.
 //!
-//! Regenerate the files after changing a type:
-//! `BLKLAB_WRITE_SCHEMAS=1 cargo test --test schema`.
+//! The test only compares: regenerate the files after changing a type
+//! with `cargo run --example write_schemas` (`schema::REGENERATE`, which
+//! the failure names).
 
 mod common;
 
@@ -81,24 +82,24 @@ fn assert_kept(a: &Value, b: &Value, at: &str) {
     }
 }
 
+/// The schema files of `dir` that are missing or differ from the ones the
+/// types generate, by name.
+fn stale_in(dir: &Path) -> Vec<String> {
+    schema::all()
+        .into_iter()
+        .filter(|(name, text)| {
+            std::fs::read_to_string(dir.join(name)).ok().as_deref() != Some(text.as_str())
+        })
+        .map(|(name, _)| name)
+        .collect()
+}
+
 #[test]
 fn the_checked_in_schemas_are_the_generated_ones() {
-    let write = std::env::var_os("BLKLAB_WRITE_SCHEMAS").is_some_and(|v| v == "1");
-    let dir = schema_dir();
-    if write {
-        std::fs::create_dir_all(&dir).unwrap();
-    }
-    let mut stale = Vec::new();
-    for (name, text) in schema::all() {
-        let path = dir.join(&name);
-        if write {
-            std::fs::write(&path, &text).unwrap();
-            continue;
-        }
-        if std::fs::read_to_string(&path).ok().as_deref() != Some(text.as_str()) {
-            stale.push(format!("docs/schema/{name}"));
-        }
-    }
+    let stale: Vec<String> = stale_in(&schema_dir())
+        .into_iter()
+        .map(|n| format!("docs/schema/{n}"))
+        .collect();
     assert!(
         stale.is_empty(),
         "{} differ from the schemas the types generate; regenerate them with `{}` and commit them",
@@ -116,6 +117,31 @@ fn the_checked_in_schemas_are_the_generated_ones() {
             "summary.schema.json"
         ]
     );
+}
+
+#[test]
+fn a_stale_schema_fails_the_comparison_until_regenerated() {
+    // A copy of the generated files with one changed and one missing.
+    let dir = tempfile::tempdir().unwrap();
+    schema::write_all(dir.path()).unwrap();
+    assert!(stale_in(dir.path()).is_empty());
+    std::fs::write(dir.path().join("run.schema.json"), "{}\n").unwrap();
+    std::fs::remove_file(dir.path().join("stats.schema.json")).unwrap();
+    assert_eq!(
+        stale_in(dir.path()),
+        ["stats.schema.json", "run.schema.json"]
+    );
+    // The regeneration is a command of its own, named in every file.
+    assert_eq!(schema::REGENERATE, "cargo run --example write_schemas");
+    assert!(root().join("examples/write_schemas.rs").is_file());
+    for (name, text) in schema::all() {
+        assert!(
+            text.contains(&format!("regenerate with `{}`", schema::REGENERATE)),
+            "{name}"
+        );
+    }
+    schema::write_all(dir.path()).unwrap();
+    assert!(stale_in(dir.path()).is_empty());
 }
 
 /// Every recorded run directory of the fixtures.
