@@ -20,8 +20,9 @@ use serde::Serialize;
 
 use super::callgrind::{self, Profile};
 use super::daemon::Daemon;
+use super::verdict::tally;
 use super::versus_qsd::{qsd_command, qsd_version};
-use super::{BenchError, Load, RwMode, Verdict};
+use super::{BenchError, Load, RwMode, Skipped, Verdict};
 
 /// Who is counted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -154,6 +155,8 @@ pub struct InsnReport {
     pub requests: u64,
     pub cells: Vec<Cell>,
     pub verdicts: Vec<Verdict>,
+    /// The targets this run could not judge, and why.
+    pub skipped: Vec<Skipped>,
 }
 
 /// `valgrind --version`, or why valgrind cannot run.
@@ -350,13 +353,14 @@ pub fn run(opts: &InsnOpts, mut progress: impl FnMut(&str)) -> Result<InsnReport
             cells.push(c);
         }
     }
-    let verdicts = verdicts(&cells);
+    let (verdicts, skipped) = verdicts(&cells);
     Ok(InsnReport {
         valgrind,
         qsd_version,
         requests: opts.requests,
         cells,
         verdicts,
+        skipped,
     })
 }
 
@@ -366,9 +370,19 @@ fn find<'a>(cells: &'a [Cell], s: Subject, l: &CountedLoad) -> Option<&'a Cell> 
 
 /// The targets: at most half qemu-storage-daemon's instructions per
 /// request (reads: apart from the zero fill, which both daemons do with
-/// memset), and statistics adding at most 3 %.
-fn verdicts(cells: &[Cell]) -> Vec<Verdict> {
+/// memset), and statistics adding at most 3 %. Each load has both; one
+/// this run cannot judge (a side not counted, nothing to divide by) is
+/// skipped with why.
+fn verdicts(cells: &[Cell]) -> (Vec<Verdict>, Vec<Skipped>) {
     let mut v = Vec::new();
+    let mut skipped = Vec::new();
+    let mut skip = |what: String, target: &str, reason: String| {
+        skipped.push(Skipped {
+            what,
+            target: target.into(),
+            reason,
+        })
+    };
     let mut loads: Vec<CountedLoad> = Vec::new();
     for c in cells {
         if !loads.contains(&c.load) {
@@ -376,52 +390,81 @@ fn verdicts(cells: &[Cell]) -> Vec<Verdict> {
         }
     }
     for l in &loads {
-        if let (Some(b), Some(q)) = (
+        let fill = if l.rw == RwMode::Randwrite {
+            ""
+        } else {
+            " (without the zero fill)"
+        };
+        let what = format!("{}: blklab / qemu-storage-daemon{fill}", l.name());
+        match (
             find(cells, Subject::Blklab, l),
             find(cells, Subject::Qsd, l),
         ) {
-            let (num, den, what) = if l.rw == RwMode::Randwrite {
-                (b.instructions_per_request, q.instructions_per_request, "")
-            } else {
-                (
-                    b.instructions_per_request - b.zero_fill_per_request,
-                    q.instructions_per_request - q.zero_fill_per_request,
-                    " (without the zero fill)",
-                )
-            };
-            if den > 0.0 {
-                let r = num / den;
-                v.push(Verdict {
-                    what: format!("{}: blklab / qemu-storage-daemon{what}", l.name()),
-                    value: r,
-                    target: "<= 0.50".into(),
-                    pass: r <= 0.5,
-                });
+            (Some(b), Some(q)) => {
+                let (num, den) = if l.rw == RwMode::Randwrite {
+                    (b.instructions_per_request, q.instructions_per_request)
+                } else {
+                    (
+                        b.instructions_per_request - b.zero_fill_per_request,
+                        q.instructions_per_request - q.zero_fill_per_request,
+                    )
+                };
+                if den > 0.0 {
+                    let r = num / den;
+                    v.push(Verdict {
+                        what,
+                        value: r,
+                        target: "<= 0.50".into(),
+                        pass: r <= 0.5,
+                    });
+                } else {
+                    skip(
+                        what,
+                        "<= 0.50",
+                        format!("qemu-storage-daemon's instructions per request{fill} are {den}: no ratio"),
+                    );
+                }
             }
+            (None, _) => skip(what, "<= 0.50", "blklab was not counted".into()),
+            (_, None) => skip(
+                what,
+                "<= 0.50",
+                "qemu-storage-daemon was not counted (--blklab-only)".into(),
+            ),
         }
-        if let Some(b) = find(cells, Subject::Blklab, l) {
-            let ours = b.instructions_per_request - b.zero_fill_per_request;
-            if ours > 0.0 {
-                // The statistics' own instructions, counted in the same
-                // run: exact; as a share of the request path without the
-                // zero fill (memset's, not ours). Against the --no-stats run the difference of
-                // totals also holds how differently the two runs happened
-                // to batch their wake-ups and notifications (QD64 totals
-                // move by up to ~10 % between runs of the same binary).
-                let r = b.statistics_per_request / ours;
-                v.push(Verdict {
-                    what: format!(
-                        "{}: statistics' own instructions / all (blklab::stats, the clock; without the zero fill)",
-                        l.name()
-                    ),
-                    value: r,
-                    target: "<= 3 %".into(),
-                    pass: r <= 0.03,
-                });
+        let what = format!(
+            "{}: statistics' own instructions / all (blklab::stats, the clock; without the zero fill)",
+            l.name()
+        );
+        match find(cells, Subject::Blklab, l) {
+            Some(b) => {
+                let ours = b.instructions_per_request - b.zero_fill_per_request;
+                if ours > 0.0 {
+                    // The statistics' own instructions, counted in the same
+                    // run: exact; as a share of the request path without the
+                    // zero fill (memset's, not ours). Against the --no-stats run the difference of
+                    // totals also holds how differently the two runs happened
+                    // to batch their wake-ups and notifications (QD64 totals
+                    // move by up to ~10 % between runs of the same binary).
+                    let r = b.statistics_per_request / ours;
+                    v.push(Verdict {
+                        what,
+                        value: r,
+                        target: "<= 3 %".into(),
+                        pass: r <= 0.03,
+                    });
+                } else {
+                    skip(
+                        what,
+                        "<= 3 %",
+                        format!("blklab's instructions per request without the zero fill are {ours}: no ratio"),
+                    );
+                }
             }
+            None => skip(what, "<= 3 %", "blklab was not counted".into()),
         }
     }
-    v
+    (v, skipped)
 }
 
 impl InsnReport {
@@ -490,7 +533,7 @@ impl InsnReport {
                 );
             }
         }
-        if !self.verdicts.is_empty() {
+        if !self.verdicts.is_empty() || !self.skipped.is_empty() {
             s += "\ntargets:\n";
             for v in &self.verdicts {
                 s += &format!(
@@ -501,6 +544,11 @@ impl InsnReport {
                     v.target
                 );
             }
+            for k in &self.skipped {
+                s += &format!("  SKIPPED {}: {} (target {})\n", k.what, k.reason, k.target);
+            }
+            s += &tally(&self.verdicts, &self.skipped);
+            s += "\n";
         }
         for c in &self.cells {
             if c.top.is_empty() {
@@ -561,8 +609,9 @@ mod tests {
             cell(Subject::Blklab, RwMode::Randread, 64, 5600.0, 4100.0),
             cell(Subject::Qsd, RwMode::Randread, 64, 6900.0, 4100.0),
         ];
-        let v = verdicts(&cells);
+        let (v, skipped) = verdicts(&cells);
         assert_eq!(v.len(), 4, "{v:?}");
+        assert!(skipped.is_empty(), "{skipped:?}");
         assert!(v[0].pass && (v[0].value - 1400.0 / 2900.0).abs() < 1e-9);
         // Statistics: 40 of 1400 is within 3 %; of a read's 1500 without
         // the fill too (2.7 %).
@@ -572,7 +621,52 @@ mod tests {
         assert!(v[3].pass && (v[3].value - 40.0 / 1500.0).abs() < 1e-9);
         let mut heavy = cells.clone();
         heavy[0].statistics_per_request = 50.0;
-        assert!(!verdicts(&heavy)[1].pass, "50 of 1400 is over 3 %");
+        assert!(!verdicts(&heavy).0[1].pass, "50 of 1400 is over 3 %");
+    }
+
+    #[test]
+    fn targets_a_run_cannot_judge_are_skipped_with_why() {
+        // --blklab-only: no reference to divide by.
+        let cells = vec![
+            cell(Subject::Blklab, RwMode::Randwrite, 64, 1400.0, 0.0),
+            cell(Subject::BlklabNoStats, RwMode::Randwrite, 64, 1380.0, 0.0),
+        ];
+        let (v, skipped) = verdicts(&cells);
+        assert_eq!(v.len(), 1, "only the statistics' share: {v:?}");
+        assert_eq!(
+            skipped,
+            [Skipped {
+                what: "randwrite 4k qd64: blklab / qemu-storage-daemon".into(),
+                target: "<= 0.50".into(),
+                reason: "qemu-storage-daemon was not counted (--blklab-only)".into(),
+            }]
+        );
+        // Nothing left without the zero fill: no share to take.
+        let cells = vec![
+            cell(Subject::Blklab, RwMode::Randread, 64, 4100.0, 4100.0),
+            cell(Subject::Qsd, RwMode::Randread, 64, 4100.0, 4100.0),
+        ];
+        let (v, skipped) = verdicts(&cells);
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!(skipped.len(), 2, "{skipped:?}");
+        assert!(
+            skipped[0].reason.ends_with("are 0: no ratio"),
+            "{skipped:?}"
+        );
+        let report = InsnReport {
+            valgrind: "valgrind-3.19.0".into(),
+            qsd_version: None,
+            requests: 1,
+            cells,
+            verdicts: v,
+            skipped,
+        };
+        let t = report.text();
+        assert!(t.contains("\n  SKIPPED randread 4k qd64: blklab / qemu-storage-daemon (without the zero fill): qemu-storage-daemon's"), "{t}");
+        assert!(
+            t.contains("targets: 0 passed, 0 failed, 2 skipped (not judged in this run)"),
+            "{t}"
+        );
     }
 
     #[test]

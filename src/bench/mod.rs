@@ -11,7 +11,8 @@
 //! [`versus_qsd`] runs identical loads against qemu-storage-daemon and
 //! `blklab serve` in one run and prints their ratios. [`client`] is the
 //! libblkio connection and [`daemon`] the backend spawner; the tests and
-//! benches (`tests/common`) use both. Both comparisons end in [`Verdict`]s;
+//! benches (`tests/common`) use both. Both comparisons end in [`Verdict`]s
+//! (and the targets they could not judge, [`Skipped`]);
 //! every failure is a [`BenchError`] kind.
 
 pub(crate) mod callgrind;
@@ -36,7 +37,7 @@ use crate::stats::histogram::{Hist, HistSummary};
 use client::{Connected, Connection, Queue, QueueSetup};
 pub(crate) use error::blkio_err;
 pub use error::BenchError;
-pub(crate) use verdict::Verdict;
+pub(crate) use verdict::{Skipped, Verdict};
 
 /// What the requests do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
@@ -141,6 +142,10 @@ pub struct BenchReport {
     pub load: String,
     /// Requests completed in the measured interval.
     pub requests: u64,
+    /// Of `requests`, the reads and the writes (`reads + writes ==
+    /// requests`).
+    pub reads: u64,
+    pub writes: u64,
     /// Completions with a non-zero result.
     pub errors: u64,
     pub seconds: f64,
@@ -161,11 +166,13 @@ impl BenchReport {
     pub fn text(&self) -> String {
         let l = &self.latency_ns;
         let mut s = format!(
-            "{}: {:.0} IOPS, {:.1} MiB/s, {} requests in {:.2} s, {} errors\n",
+            "{}: {:.0} IOPS, {:.1} MiB/s, {} requests ({} reads, {} writes) in {:.2} s, {} errors\n",
             self.load,
             self.iops,
             self.bytes_per_s / (1024.0 * 1024.0),
             self.requests,
+            self.reads,
+            self.writes,
             self.seconds,
             self.errors
         );
@@ -244,6 +251,8 @@ impl Rng {
 /// What one client thread counted.
 struct QueueResult {
     requests: u64,
+    reads: u64,
+    writes: u64,
     errors: u64,
     bytes: u64,
     latency: Hist,
@@ -405,10 +414,12 @@ fn summarise(
     after: CpuSample,
 ) -> Result<BenchReport, BenchError> {
     let mut latency = Hist::new_latency();
-    let (mut requests, mut errors, mut bytes) = (0, 0, 0);
+    let (mut requests, mut reads, mut writes, mut errors, mut bytes) = (0, 0, 0, 0, 0);
     for r in results {
         latency.merge(&r.latency);
         requests += r.requests;
+        reads += r.reads;
+        writes += r.writes;
         errors += r.errors;
         bytes += r.bytes;
     }
@@ -429,6 +440,8 @@ fn summarise(
     Ok(BenchReport {
         load: load.describe(),
         requests,
+        reads,
+        writes,
         errors,
         seconds,
         iops,
@@ -460,8 +473,11 @@ fn queue_loop(
         blocks,
         rng: Rng(seed),
         issued_at: vec![phases.measure_from; load.shape.depth],
+        writing: vec![false; load.shape.depth],
         counted: QueueResult {
             requests: 0,
+            reads: 0,
+            writes: 0,
             errors: 0,
             bytes: 0,
             latency: Hist::new_latency(),
@@ -502,6 +518,8 @@ struct QueueClient<'a> {
     rng: Rng,
     /// When each slot's request was submitted.
     issued_at: Vec<Instant>,
+    /// Whether each slot's request is a write.
+    writing: Vec<bool>,
     counted: QueueResult,
 }
 
@@ -516,6 +534,7 @@ impl QueueClient<'_> {
             RwMode::Randwrite => true,
             RwMode::Randrw => self.rng.next() & 1 == 1,
         };
+        self.writing[slot] = write;
         // slot < depth: inside this queue's `depth * bs` bytes.
         let buf = self.queue.ptr(slot * bs, bs);
         if write {
@@ -575,6 +594,11 @@ impl QueueClient<'_> {
         let res = &mut self.counted;
         if measuring {
             res.requests += 1;
+            if self.writing[c.user_data] {
+                res.writes += 1;
+            } else {
+                res.reads += 1;
+            }
             res.bytes += self.load.shape.bs as u64;
             if c.ret != 0 {
                 res.errors += 1;

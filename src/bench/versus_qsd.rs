@@ -32,7 +32,7 @@ use serde::Serialize;
 
 use super::daemon::Daemon;
 use super::idle::{IdleCpu, IdleSpec};
-use super::{BenchError, BenchReport, Load, LoadShape, Verdict};
+use super::{BenchError, BenchReport, Load, LoadShape, Skipped, Verdict};
 use crate::device::polling::PollMode;
 use crate::util::affinity;
 
@@ -277,6 +277,8 @@ pub struct CompareReport {
     pub rows: Vec<RowResult>,
     pub idle: Vec<IdleResult>,
     pub verdicts: Vec<Verdict>,
+    /// The targets this run could not judge, and why.
+    pub skipped: Vec<Skipped>,
 }
 
 /// The CPUs of a pinned row: the backend's, the client's (a lower one).
@@ -290,9 +292,20 @@ fn pinning() -> Option<String> {
     })
 }
 
+/// The names of the rows a plan can have, in order: throughput, QD1 and
+/// QD1 with a polling client.
+fn row_names(shape: &LoadShape) -> [String; 3] {
+    [
+        format!("{} qd{}", shape.rw, shape.depth),
+        format!("{} qd1", shape.rw),
+        format!("{} qd1 poll-client", shape.rw),
+    ]
+}
+
 /// The rows: throughput at `depth`, QD1 round trip, and (with `poll`) QD1
 /// with a polling client against qemu-storage-daemon and `blklab --poll`.
 pub(crate) fn plan(opts: &CompareOpts) -> Vec<Row> {
+    let [throughput, qd1, poll_client] = row_names(&opts.shape);
     // The polling blklabs join the throughput and QD1 rows: the same
     // loads, with the backend polling instead of sleeping.
     let polling = |mut v: Vec<Backend>| {
@@ -306,7 +319,7 @@ pub(crate) fn plan(opts: &CompareOpts) -> Vec<Row> {
     };
     let mut rows = vec![
         Row {
-            name: format!("{} qd{}", opts.shape.rw, opts.shape.depth),
+            name: throughput,
             depth: opts.shape.depth,
             client_poll: false,
             pinned: false,
@@ -318,7 +331,7 @@ pub(crate) fn plan(opts: &CompareOpts) -> Vec<Row> {
             ]),
         },
         Row {
-            name: format!("{} qd1", opts.shape.rw),
+            name: qd1,
             depth: 1,
             client_poll: false,
             pinned: true,
@@ -327,7 +340,7 @@ pub(crate) fn plan(opts: &CompareOpts) -> Vec<Row> {
     ];
     if opts.poll.is_some() {
         rows.push(Row {
-            name: format!("{} qd1 poll-client", opts.shape.rw),
+            name: poll_client,
             depth: 1,
             client_poll: true,
             pinned: true,
@@ -408,17 +421,18 @@ pub fn run(
         cell.sum_rounds();
     }
     let idle = match opts.idle {
-        Some(spec) => measure_idle(&mut daemons, spec, &mut progress)?,
-        None => Vec::new(),
+        Some(spec) => Some(measure_idle(&mut daemons, spec, &mut progress)?),
+        None => None,
     };
-    let verdicts = targets::verdicts(&results, &idle);
+    let judged = targets::verdicts(&results, idle.as_deref(), opts);
     Ok(CompareReport {
         machine,
         qsd_version,
         pinning: pinning(),
         rows: results,
-        idle,
-        verdicts,
+        idle: idle.unwrap_or_default(),
+        verdicts: judged.verdicts,
+        skipped: judged.skipped,
     })
 }
 

@@ -6,6 +6,7 @@
 use std::fmt::Write as _;
 
 use super::{Backend, Cell, CompareReport};
+use crate::bench::verdict::tally;
 
 /// A rate in few characters: `8574`, `612k`, `1.27M`.
 fn short(x: f64) -> String {
@@ -80,6 +81,14 @@ impl CompareReport {
                 if v.pass { "PASS" } else { "FAIL" }
             );
         }
+        for k in &self.skipped {
+            let _ = writeln!(
+                s,
+                "  {:<88} {:>9}  (target {}) SKIPPED: {}",
+                k.what, "-", k.target, k.reason
+            );
+        }
+        let _ = writeln!(s, "{}", tally(&self.verdicts, &self.skipped));
         s
     }
 
@@ -151,7 +160,7 @@ impl CompareReport {
 mod tests {
     use super::super::{IdleCpu, IdleResult};
     use super::*;
-    use crate::bench::Verdict;
+    use crate::bench::{Skipped, Verdict};
 
     #[test]
     fn the_table_names_the_measured_daemon_the_pinning_and_the_idle_cpu() {
@@ -174,6 +183,11 @@ mod tests {
                 target: ">= 2.0".into(),
                 pass: false,
             }],
+            skipped: vec![Skipped {
+                what: "y".into(),
+                target: "< 1".into(),
+                reason: "idle CPU was not measured (--idle-time off)".into(),
+            }],
         };
         let t = r.table();
         assert!(
@@ -187,6 +201,19 @@ mod tests {
             "{t}"
         );
         assert!(t.contains("FAIL"), "{t}");
+        // A target not judged is listed with its reason and counted apart.
+        let y = t
+            .lines()
+            .find(|l| l.trim_start().starts_with("y "))
+            .unwrap();
+        assert!(
+            y.ends_with("(target < 1) SKIPPED: idle CPU was not measured (--idle-time off)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("targets: 0 passed, 1 failed, 1 skipped (not judged in this run)"),
+            "{t}"
+        );
     }
 
     #[test]

@@ -4,72 +4,127 @@
 //! round trip), adaptive polling against the daemon's IOThread (IOPS per
 //! backend CPU-second at the throughput row, IOPS at QD1), the statistics'
 //! cost, the polling client's round trip, and each blklab's idle CPU.
+//! The set of targets is fixed: one whose side was not measured (an
+//! option left it out) or whose denominator is zero is skipped, with why.
 
-use super::{cell, Backend, Cell, IdleResult, RowResult};
-use crate::bench::Verdict;
+use super::{cell, Backend, Cell, CompareOpts, IdleResult, RowResult};
+use crate::bench::{Skipped, Verdict};
 
-/// `num / den - offset` as a verdict, when `den` is positive.
-fn push_ratio(
-    v: &mut Vec<Verdict>,
-    what: String,
-    (num, den, offset): (f64, f64, f64),
-    target: &str,
-    pass: fn(f64) -> bool,
-) {
-    if den > 0.0 {
-        let value = num / den - offset;
-        v.push(Verdict {
+/// The targets as judged: a [`Verdict`] each, or a [`Skipped`] with why
+/// this run could not judge it. Every target is one or the other.
+#[derive(Debug, Default)]
+pub(super) struct Judged {
+    pub verdicts: Vec<Verdict>,
+    pub skipped: Vec<Skipped>,
+}
+
+impl Judged {
+    fn skip(&mut self, what: String, target: &str, reason: String) {
+        self.skipped.push(Skipped {
             what,
-            value,
             target: target.into(),
-            pass: pass(value),
+            reason,
         });
+    }
+
+    /// `num / den - offset` as a verdict when `den` is positive; else
+    /// skipped, naming `den_is` (what the denominator is).
+    fn ratio(
+        &mut self,
+        what: String,
+        (num, den, offset): (f64, f64, f64),
+        (target, pass): (&str, fn(f64) -> bool),
+        den_is: &str,
+    ) {
+        if den > 0.0 {
+            let value = num / den - offset;
+            self.verdicts.push(Verdict {
+                what,
+                value,
+                target: target.into(),
+                pass: pass(value),
+            });
+        } else {
+            self.skip(what, target, format!("{den_is} is {den}: no ratio"));
+        }
     }
 }
 
+/// Why `b` has no cell in a row: the option that left it out, or that
+/// the row was not run.
+fn not_measured(b: Backend) -> String {
+    match b {
+        Backend::BlklabPoll => format!("{} was not measured (--poll off)", b.label()),
+        Backend::BlklabAdaptive => format!("{} was not measured (--adaptive off)", b.label()),
+        _ => format!("{} was not measured", b.label()),
+    }
+}
+
+/// The name of row `row`, or of the row the plan would have had there.
+fn row_name(rows: &[RowResult], opts: &CompareOpts, row: usize) -> String {
+    match rows.get(row) {
+        Some(r) => r.row.name.clone(),
+        None => super::row_names(&opts.shape)[row].clone(),
+    }
+}
+
+/// A cell's figure a target is stated in.
+type Metric = fn(&Cell) -> f64;
+
 /// A ratio target: (row, metric's name, the metric, target, test).
-type Target = (
-    usize,
-    &'static str,
-    fn(&Cell) -> f64,
-    &'static str,
-    fn(f64) -> bool,
-);
+type Target = (usize, &'static str, Metric, &'static str, fn(f64) -> bool);
 
 /// `get(b) / get(base)` for each of `backends` in each target's row.
 fn versus(
-    v: &mut Vec<Verdict>,
+    j: &mut Judged,
     rows: &[RowResult],
+    opts: &CompareOpts,
     base: Backend,
     backends: &[Backend],
     targets: &[Target],
 ) {
     for &(row, metric, get, target, pass) in targets {
         for &b in backends {
-            if let (Some(q), Some(c)) = (cell(rows, row, base), cell(rows, row, b)) {
-                push_ratio(
-                    v,
-                    format!(
-                        "{}: {metric}, {} / {}",
-                        rows[row].row.name,
-                        b.label(),
-                        base.label()
-                    ),
+            let what = format!(
+                "{}: {metric}, {} / {}",
+                row_name(rows, opts, row),
+                b.label(),
+                base.label()
+            );
+            match (cell(rows, row, base), cell(rows, row, b)) {
+                (Some(q), Some(c)) => j.ratio(
+                    what,
                     (get(c), get(q), 0.0),
-                    target,
-                    pass,
-                );
+                    (target, pass),
+                    &format!("{}'s {metric}", base.label()),
+                ),
+                (None, _) => j.skip(what, target, not_measured(base)),
+                (_, None) => j.skip(what, target, not_measured(b)),
             }
         }
     }
 }
 
-/// The targets as ratios within this run.
-pub(super) fn verdicts(rows: &[RowResult], idle: &[IdleResult]) -> Vec<Verdict> {
-    let mut v = Vec::new();
+/// The blklab setups whose idle CPU is held to a target.
+const IDLE_JUDGED: [Backend; 4] = [
+    Backend::Blklab,
+    Backend::BlklabNoStats,
+    Backend::BlklabAdaptive,
+    Backend::BlklabPoll,
+];
+
+/// The targets as ratios within this run; `idle` is `None` when idle CPU
+/// was not measured.
+pub(super) fn verdicts(
+    rows: &[RowResult],
+    idle: Option<&[IdleResult]>,
+    opts: &CompareOpts,
+) -> Judged {
+    let mut j = Judged::default();
     versus(
-        &mut v,
+        &mut j,
         rows,
+        opts,
         Backend::Qsd,
         &[Backend::Blklab, Backend::BlklabPoll],
         &[
@@ -84,8 +139,9 @@ pub(super) fn verdicts(rows: &[RowResult], idle: &[IdleResult]) -> Vec<Verdict> 
         ],
     );
     versus(
-        &mut v,
+        &mut j,
         rows,
+        opts,
         Backend::QsdIothread,
         &[Backend::BlklabAdaptive],
         &[
@@ -99,58 +155,99 @@ pub(super) fn verdicts(rows: &[RowResult], idle: &[IdleResult]) -> Vec<Verdict> 
             (1, "IOPS", |c| c.iops, ">= 1.5", |r| r >= 1.5),
         ],
     );
-    statistics(&mut v, rows);
-    if let Some(p) = cell(rows, 2, Backend::BlklabPoll) {
-        let us = p.p50_ns / 1e3;
-        v.push(Verdict {
-            what: format!("{}: blklab --poll round trip p50, us", rows[2].row.name),
-            value: us,
-            target: "<= 3".into(),
-            pass: us <= 3.0,
-        });
+    statistics(&mut j, rows, opts);
+    let what = format!(
+        "{}: blklab --poll round trip p50, us",
+        row_name(rows, opts, 2)
+    );
+    match cell(rows, 2, Backend::BlklabPoll) {
+        Some(p) => {
+            let us = p.p50_ns / 1e3;
+            j.verdicts.push(Verdict {
+                what,
+                value: us,
+                target: "<= 3".into(),
+                pass: us <= 3.0,
+            });
+        }
+        None => j.skip(what, "<= 3", not_measured(Backend::BlklabPoll)),
     }
-    for i in idle.iter().filter(|i| !i.backend.is_qsd()) {
-        v.push(Verdict {
-            what: format!("idle disk: {} CPU, % of one CPU", i.backend.label()),
-            value: i.cpu.pct_of_cpu,
-            target: "< 1".into(),
-            pass: i.cpu.pct_of_cpu < 1.0,
-        });
+    for b in IDLE_JUDGED {
+        let what = format!("idle disk: {} CPU, % of one CPU", b.label());
+        match idle.map(|idle| idle.iter().find(|i| i.backend == b)) {
+            Some(Some(i)) => j.verdicts.push(Verdict {
+                what,
+                value: i.cpu.pct_of_cpu,
+                target: "< 1".into(),
+                pass: i.cpu.pct_of_cpu < 1.0,
+            }),
+            Some(None) => j.skip(what, "< 1", not_measured(b)),
+            None => j.skip(
+                what,
+                "< 1",
+                "idle CPU was not measured (--idle-time off)".into(),
+            ),
+        }
     }
-    v
+    j
 }
 
 /// Statistics on against `--no-stats` at the throughput row.
-fn statistics(v: &mut Vec<Verdict>, rows: &[RowResult]) {
-    let within_3 = |r: f64| r.abs() <= 0.03;
-    if let (Some(b), Some(n)) = (
+fn statistics(j: &mut Judged, rows: &[RowResult], opts: &CompareOpts) {
+    let within_3: fn(f64) -> bool = |r: f64| r.abs() <= 0.03;
+    let name = row_name(rows, opts, 0);
+    let metrics: [(&str, Metric); 2] = [
+        ("IOPS per backend CPU-second", |c| c.iops_per_backend_cpu_s),
+        ("IOPS", |c| c.iops),
+    ];
+    let cells = (
         cell(rows, 0, Backend::Blklab),
         cell(rows, 0, Backend::BlklabNoStats),
-    ) {
-        push_ratio(
-            v,
-            format!(
-                "{}: statistics on vs --no-stats, IOPS per backend CPU-second",
-                rows[0].row.name
+    );
+    for (metric, get) in metrics {
+        let what = format!("{name}: statistics on vs --no-stats, {metric}");
+        let den_is = format!("{}'s {metric}", Backend::BlklabNoStats.label());
+        match cells {
+            (Some(b), Some(n)) => j.ratio(
+                what,
+                (get(b), get(n), 1.0),
+                ("within 3 %", within_3),
+                &den_is,
             ),
-            (b.iops_per_backend_cpu_s, n.iops_per_backend_cpu_s, 1.0),
-            "within 3 %",
-            within_3,
-        );
-        push_ratio(
-            v,
-            format!("{}: statistics on vs --no-stats, IOPS", rows[0].row.name),
-            (b.iops, n.iops, 1.0),
-            "within 3 %",
-            within_3,
-        );
+            (None, _) => j.skip(what, "within 3 %", not_measured(Backend::Blklab)),
+            (_, None) => j.skip(what, "within 3 %", not_measured(Backend::BlklabNoStats)),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::{IdleCpu, Row};
+    use super::super::{IdleCpu, LoadShape, Row};
     use super::*;
+    use crate::bench::RwMode;
+    use std::time::Duration;
+
+    /// A comparison's options: randread QD64, every polling row, idle CPU
+    /// measured when `idle`.
+    fn opts(idle: bool, poll: bool) -> CompareOpts {
+        CompareOpts {
+            blklab_bin: "blklab".into(),
+            qsd_bin: "qsd".into(),
+            shape: LoadShape {
+                queues: 1,
+                depth: 64,
+                bs: 4096,
+                rw: RwMode::Randread,
+                time: Duration::from_secs(1),
+                warmup: Duration::ZERO,
+            },
+            size: 1 << 30,
+            rounds: 1,
+            poll: poll.then(|| "50us".into()),
+            adaptive: poll.then(|| "32us".into()),
+            idle: idle.then_some(crate::bench::idle::IdleSpec::DEFAULT),
+        }
+    }
 
     fn cell(backend: Backend, iops: f64, per_cpu: f64, p50_ns: f64) -> Cell {
         Cell {
@@ -240,11 +337,14 @@ mod tests {
         let idles = [
             idle(Backend::Qsd, 0.0),
             idle(Backend::Blklab, 0.01),
+            idle(Backend::BlklabNoStats, 0.01),
             idle(Backend::BlklabAdaptive, 0.4),
             idle(Backend::BlklabPoll, 1.5),
         ];
-        let v = verdicts(&rows, &idles);
-        assert_eq!(v.len(), 12, "{v:#?}");
+        let j = verdicts(&rows, Some(&idles[..]), &opts(true, true));
+        let v = j.verdicts;
+        assert_eq!(v.len(), 13, "{v:#?}");
+        assert!(j.skipped.is_empty(), "{:#?}", j.skipped);
         let t = find(&v, "qd64: IOPS per backend CPU-second, blklab / ");
         assert!((t.value - 2.1).abs() < 1e-9 && t.pass, "{t:?}");
         let t = find(&v, "qd64: IOPS per backend CPU-second, blklab --poll /");
@@ -276,7 +376,7 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_or_zero_denominator_gives_no_verdict() {
+    fn a_missing_side_or_a_zero_denominator_is_skipped_never_passed() {
         let rows = vec![row(
             "randread qd64",
             64,
@@ -284,10 +384,69 @@ mod tests {
             vec![
                 cell(Backend::Qsd, 100.0, 0.0, 50_000.0),
                 cell(Backend::Blklab, 150.0, 2100.0, 40_000.0),
+                cell(Backend::BlklabNoStats, 150.0, 0.0, 40_000.0),
                 cell(Backend::BlklabAdaptive, 150.0, 2100.0, 40_000.0),
             ],
         )];
-        let v = verdicts(&rows, &[]);
-        assert!(v.is_empty(), "{v:#?}");
+        // Polling rows and idle CPU off: every target is still accounted
+        // for, as a verdict or a skip with its reason.
+        let j = verdicts(&rows, None, &opts(false, false));
+        assert_eq!(j.verdicts.len() + j.skipped.len(), 13, "{j:#?}");
+        let skipped = |what: &str| {
+            j.skipped
+                .iter()
+                .find(|s| s.what.contains(what))
+                .unwrap_or_else(|| panic!("{what:?} not skipped: {j:#?}"))
+        };
+        // The only verdict: the statistics' IOPS, which has its cells.
+        assert_eq!(j.verdicts.len(), 1, "{:#?}", j.verdicts);
+        assert!(j.verdicts[0]
+            .what
+            .contains("statistics on vs --no-stats, IOPS"));
+        // qemu-storage-daemon's IOPS per CPU-second is 0: no ratio.
+        let s = skipped("qd64: IOPS per backend CPU-second, blklab / ");
+        assert_eq!(
+            s.reason,
+            "qemu-storage-daemon's IOPS per backend CPU-second is 0: no ratio"
+        );
+        assert_eq!(s.target, ">= 2.0");
+        assert_eq!(
+            skipped("qd64: IOPS per backend CPU-second, blklab --poll /").reason,
+            "blklab --poll was not measured (--poll off)"
+        );
+        // A row the plan left out is named as the plan would have.
+        assert_eq!(
+            skipped("randread qd1 poll-client: blklab --poll round trip p50").reason,
+            "blklab --poll was not measured (--poll off)"
+        );
+        assert_eq!(
+            skipped("randread qd1: round trip p50, blklab / ").reason,
+            "qemu-storage-daemon was not measured"
+        );
+        assert_eq!(
+            skipped("qd64: IOPS per backend CPU-second, blklab adaptive / qsd iothread").reason,
+            "qsd iothread was not measured"
+        );
+        assert_eq!(
+            skipped("statistics on vs --no-stats, IOPS per backend CPU-second").reason,
+            "blklab --no-stats's IOPS per backend CPU-second is 0: no ratio"
+        );
+        assert_eq!(
+            skipped("idle disk: blklab CPU").reason,
+            "idle CPU was not measured (--idle-time off)"
+        );
+        // Idle CPU measured, but not of a backend the run left out.
+        let idles = [idle(Backend::Blklab, 0.01)];
+        let j = verdicts(&rows, Some(&idles[..]), &opts(true, false));
+        assert!(j
+            .verdicts
+            .iter()
+            .any(|v| v.what == "idle disk: blklab CPU, % of one CPU"));
+        let s = j
+            .skipped
+            .iter()
+            .find(|s| s.what == "idle disk: blklab --poll CPU, % of one CPU")
+            .unwrap();
+        assert_eq!(s.reason, "blklab --poll was not measured (--poll off)");
     }
 }
