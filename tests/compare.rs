@@ -954,3 +954,307 @@ fn shards_of_one_plan_merge_into_the_unsharded_comparison() {
     let e = err_text(&compare(&[&format!("{},{}", list[0], arg(&other))]));
     assert!(e.contains("different plans"), "{e}");
 }
+
+/// A copy of `aa/` in a temporary directory as a run of today's blklab
+/// writes it: run.json with a run id and every record carrying it.
+fn aa_with_run_id(id: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixture("aa")).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let mut v = common::read_json(&p);
+        if name == "run.json" {
+            v["run_id"] = id.into();
+        } else {
+            v["run"] = serde_json::json!({ "id": id });
+        }
+        std::fs::write(tmp.path().join(&name), serde_json::to_string(&v).unwrap()).unwrap();
+    }
+    tmp
+}
+
+/// A copy of the record `from` in `dir` as `to`, edited.
+fn plant(dir: &Path, from: &str, to: &str, edit: impl Fn(&mut Value)) {
+    let mut v = common::read_json(&dir.join(from));
+    edit(&mut v);
+    std::fs::write(dir.join(to), serde_json::to_string(&v).unwrap()).unwrap();
+}
+
+/// Samples of side A in the first row of a JSON report.
+fn a_samples(v: &Value) -> Value {
+    v["rows"][0]["metrics"]["iops"]["a"]["n"].clone()
+}
+
+/// A directory holding the records of two runs (copied together, or an
+/// `--out` re-used) is refused with both runs named; `--run` picks run.json's
+/// run; a record whose boot run.json does not list, or whose own conditions
+/// are not its run's, is never pooled silently.
+#[test]
+fn records_of_another_run_are_refused_naming_both_runs() {
+    let (ka, _) = aa_labels();
+    let own = "20261203-120000-0000aaaa";
+    let other = "20261204-090000-0000bbbb";
+    let tmp = aa_with_run_id(own);
+    let dir = arg(tmp.path()).to_string();
+    let json = |extra: &[&str]| -> Value {
+        let mut args = vec![dir.as_str(), "--format", "json", "--metric", "iops"];
+        args.extend(extra);
+        serde_json::from_str(&ok_stdout(&compare(&args))).unwrap()
+    };
+    assert_eq!(a_samples(&json(&[])), 3);
+    let read0 = format!("{ka}.smoke.read.00.json");
+    plant(
+        tmp.path(),
+        &read0,
+        &format!("{ka}.smoke.read.07.json"),
+        |r| {
+            r["run"]["id"] = other.into();
+            r["iteration"] = 7.into();
+        },
+    );
+    let e = err_text(&compare(&[&dir]));
+    assert!(
+        e.contains(own) && e.contains(other) && e.contains("--run ID"),
+        "{e}"
+    );
+    assert!(e.contains(&format!("{ka}.smoke.read.07.json")), "{e}");
+    // --run names run.json's run: its records only.
+    assert_eq!(a_samples(&json(&["--run", own])), 3);
+    // The other run has no run.json here: its conditions cannot be checked.
+    let e = err_text(&compare(&[&dir, "--run", other]));
+    assert!(e.contains("cannot be checked"), "{e}");
+    std::fs::remove_file(tmp.path().join(format!("{ka}.smoke.read.07.json"))).unwrap();
+
+    // A record with this run's id whose boot run.json does not list.
+    plant(
+        tmp.path(),
+        &read0,
+        &format!("{ka}.smoke.read.07.json"),
+        |r| {
+            r["iteration"] = 7.into();
+        },
+    );
+    let e = err_text(&compare(&[&dir]));
+    assert!(e.contains("boots its run.json does not list"), "{e}");
+    std::fs::remove_file(tmp.path().join(format!("{ka}.smoke.read.07.json"))).unwrap();
+
+    // A record of this run and boot whose accelerator says kvm: its own
+    // conditions are checked against its run.json's and its side's.
+    plant(
+        tmp.path(),
+        &read0,
+        &format!("{ka}.smoke.read.09.json"),
+        |r| {
+            r["accel"] = "kvm".into();
+        },
+    );
+    let e = err_text(&compare(&[&dir]));
+    assert!(
+        e.contains("accelerator") && e.contains("within side A") && e.contains("kvm"),
+        "{e}"
+    );
+    let v = json(&["--force"]);
+    assert_eq!(a_samples(&v), 4, "forced: the planted record is pooled");
+    assert!(
+        v["forced_over"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l.as_str().unwrap().starts_with("accelerator within side A")),
+        "{v}"
+    );
+
+    // A run older than run ids: a record whose boot its run.json does not
+    // list is another run's.
+    let legacy = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixture("aa")).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, legacy.path().join(p.file_name().unwrap())).unwrap();
+    }
+    plant(
+        legacy.path(),
+        &read0,
+        &format!("{ka}.smoke.read.07.json"),
+        |r| {
+            r["iteration"] = 7.into();
+        },
+    );
+    let e = err_text(&compare(&[arg(legacy.path())]));
+    assert!(
+        e.contains("started-") && e.contains("boots its run.json does not list"),
+        "{e}"
+    );
+}
+
+/// `blklab run --out DIR` refuses a directory that holds an earlier run's
+/// documents before it prepares or boots anything.
+#[test]
+fn a_run_refuses_an_output_directory_with_records() {
+    let tmp = aa_with_run_id("20261203-120000-0000aaaa");
+    let o = Command::new(common::blklab_bin())
+        .args(["run", "--scenario", "smoke", "--no-progress", "--out"])
+        .arg(tmp.path())
+        .current_dir(common::root())
+        .output()
+        .unwrap();
+    let e = err_text(&o);
+    assert!(e.contains("of an earlier run"), "{e}");
+    assert!(!e.contains("preparing"), "{e}");
+}
+
+/// One case per condition of the comparability contract: side B's copy
+/// edited in that condition alone is refused with the condition and both
+/// values named; forced, it compares, and every format says so first.
+#[test]
+fn every_condition_is_refused_unless_forced_and_a_forced_report_says_so_first() {
+    let set_arg = |flag: &'static str, f: fn(&str) -> String| {
+        move |r: &mut Value| {
+            let cl = r["qemu_command_line"].as_array_mut().unwrap();
+            let i = cl.iter().position(|a| a == flag).unwrap();
+            cl[i + 1] = f(cl[i + 1].as_str().unwrap()).into();
+        }
+    };
+    let none = || -> Box<Edit> { Box::new(|_| {}) };
+    let cases: Vec<(&str, &str, Box<Edit>, Box<Edit>)> = vec![
+        (
+            "accelerator reason",
+            "KVM probe failed",
+            Box::new(|r| r["accel_reason"] = "KVM probe failed: no /dev/kvm".into()),
+            none(),
+        ),
+        (
+            "--deterministic",
+            "on",
+            Box::new(|r| r["deterministic"] = true.into()),
+            none(),
+        ),
+        (
+            "instruction counting",
+            "on",
+            Box::new(|r| {
+                r["count_insns"] = serde_json::json!({"plugin": "/p.so", "window": "sync"})
+            }),
+            none(),
+        ),
+        (
+            "guest memory",
+            "2G",
+            none(),
+            Box::new(set_arg("-m", |_| "2G".into())),
+        ),
+        (
+            "kernel command line",
+            "mitigations=off",
+            none(),
+            Box::new(set_arg("-append", |a| format!("{a} mitigations=off"))),
+        ),
+        (
+            "QEMU binary",
+            "/opt/qemu/bin/qemu-system-x86_64",
+            none(),
+            Box::new(|r| r["qemu_command_line"][0] = "/opt/qemu/bin/qemu-system-x86_64".into()),
+        ),
+        (
+            "scenario definition",
+            "--iodepth=8",
+            none(),
+            Box::new(|r| {
+                let args = r["scenario_definition"]["fio_args"].as_array_mut().unwrap();
+                for a in args.iter_mut() {
+                    if a == "--iodepth=4" {
+                        *a = "--iodepth=8".into();
+                    }
+                }
+            }),
+        ),
+        (
+            "guest image",
+            "fio-3.33",
+            none(),
+            Box::new(|r| {
+                r["manifests"]["initramfs"] = serde_json::json!({
+                    "fio": {"path": "/x/fio", "version": "fio-3.33", "sha256": "ab"},
+                    "busybox_sha256": "cd"})
+            }),
+        ),
+        (
+            "kernel build",
+            "sha256 0123",
+            none(),
+            Box::new(|r| {
+                if r["variant"] == "read" && r["iteration"] == 1 {
+                    r["manifests"]["kernel"] = serde_json::json!({"sha256": "0123"});
+                }
+            }),
+        ),
+    ];
+    for (what, value, edit_run, edit_record) in cases {
+        let (tmp, a, b) = edited_aa(edit_run, edit_record);
+        let e = err_text(&compare(&[&a, &b]));
+        assert!(
+            e.contains("differ in more than the kernel") && e.contains(what) && e.contains(value),
+            "{what}: {e}"
+        );
+        let forced = |format: &str| {
+            ok_stdout(&compare(&[
+                &a, &b, "--force", "--format", format, "--metric", "iops",
+            ]))
+        };
+        let v: Value = serde_json::from_str(&forced("json")).unwrap();
+        let over = v["forced_over"].as_array().unwrap();
+        assert_eq!(over.len(), 1, "{what}: only the edited condition: {over:?}");
+        assert!(
+            over[0].as_str().unwrap().starts_with(what),
+            "{what}: {over:?}"
+        );
+        assert!(forced("table").starts_with("FORCED: "), "{what}");
+        let md = forced("markdown");
+        assert!(
+            md.lines().nth(2).unwrap().starts_with("**FORCED: "),
+            "{what}: {md}"
+        );
+        let csv = forced("csv");
+        assert!(
+            csv.starts_with("# FORCED: ") && csv.contains(what),
+            "{what}: {csv}"
+        );
+        let out = tmp.path().join("report");
+        ok_stdout(&compare(&[
+            &a,
+            &b,
+            "--force",
+            "--metric",
+            "iops",
+            "--out",
+            arg(&out),
+        ]));
+        let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+        let (banner, verdict) = (html.find("class=\"forced\""), html.find("id=\"verdict\""));
+        assert!(
+            banner.is_some() && banner < verdict,
+            "{what}: no banner first"
+        );
+    }
+}
+
+/// blklab's own version is a condition where the report shows a backend
+/// metric (the backend is its code), shown but not refused elsewhere.
+#[test]
+fn the_blklab_version_blocks_only_with_a_backend_metric() {
+    let (_tmp, a, b) = edited_aa(|r| r["git_commit"] = "0123abcd".into(), |_| {});
+    let v: Value = serde_json::from_str(&ok_stdout(&compare(&[
+        &a, &b, "--format", "json", "--metric", "iops",
+    ])))
+    .unwrap();
+    let d = v["differences"].as_array().unwrap();
+    assert!(
+        d.iter()
+            .any(|d| d["what"] == "blklab version" && d["blocking"] == false),
+        "{d:?}"
+    );
+    let e = err_text(&compare(&[&a, &b, "--metric", "iops,backend_us_per_io"]));
+    assert!(
+        e.contains("blklab version") && e.contains("0123abcd"),
+        "{e}"
+    );
+}

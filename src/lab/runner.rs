@@ -206,6 +206,9 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         return Ok(RunOutcome::Plan(plan_document(args, &setup, &plan)));
     }
     check_shard_not_empty(args, &plan)?;
+    if let Some(out) = &args.out {
+        refuse_earlier_records(out)?;
+    }
     let lab = prepare_lab(args, &setup, &plan, None)?;
     let stamp = write_run_document(args, &setup, &plan, &lab)?;
     let boots = match &lab.nested_host {
@@ -937,6 +940,27 @@ mod tests {
 
     fn scenario(text: &str) -> Scenario {
         scenario::parse(text, "t.scn", "t").unwrap()
+    }
+
+    #[test]
+    fn an_output_directory_with_an_earlier_runs_documents_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("out");
+        // New, or existing and empty (or holding consoles only): written into.
+        refuse_earlier_records(&dir).unwrap();
+        std::fs::create_dir_all(dir.join("console")).unwrap();
+        std::fs::write(dir.join("blklab.log"), "").unwrap();
+        refuse_earlier_records(&dir).unwrap();
+        std::fs::write(dir.join("run.json"), "{}").unwrap();
+        let e = refuse_earlier_records(&dir).unwrap_err();
+        assert!(matches!(e, RunError::OutHoldsRecords { .. }), "{e:?}");
+        assert!(
+            e.to_string().contains("holds run.json of an earlier run"),
+            "{e}"
+        );
+        std::fs::write(dir.join("k.s.v.01.json"), "{}").unwrap();
+        let e = refuse_earlier_records(&dir).unwrap_err().to_string();
+        assert!(e.contains("k.s.v.01.json and 1 more"), "{e}");
     }
 
     #[test]
