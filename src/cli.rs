@@ -220,6 +220,11 @@ pub struct CompareArgs {
     /// the run its run.json describes (repeatable, one per directory).
     #[arg(long, value_name = "ID")]
     pub run: Vec<String>,
+    /// A nested run of the same cases (`blklab run --accel nested
+    /// --count-insns`): the report adds, per kernel and case, its rows'
+    /// would-be exits per IO beside the nested run's KVM exits per IO.
+    #[arg(long, value_name = "DIR")]
+    pub coverage: Option<PathBuf>,
     /// Functions per row in the differential instruction profile (records
     /// of `blklab run --count-insns`), ranked by |B - A| per IO.
     #[arg(long, value_name = "N", default_value_t = blklab_profile_top())]

@@ -95,7 +95,8 @@ fn run(args: &blklab::lab::options::RunArgs) -> Result<()> {
             failures,
         } => (out_dir, records, failures),
     };
-    print!("{}", blklab::lab::summary::table(&records));
+    let order = blklab::lab::summary::run_order(&out_dir);
+    print!("{}", blklab::lab::summary::table_planned(&records, &order));
     if let Some(sh) = args.shard {
         println!(
             "\nshard {}/{} of the plan: merge the shards' directories with `blklab compare DIR,DIR,...`",
@@ -261,6 +262,7 @@ fn compare(args: &blklab::cli::CompareArgs) -> Result<()> {
         force: args.force,
         profile_top: args.top,
         runs: args.run.clone(),
+        coverage: args.coverage.clone(),
     })?;
     let report = &compared.report;
     let text = match args.format {

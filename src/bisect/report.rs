@@ -194,6 +194,7 @@ pub(crate) fn profile(
         confidence: 0.95,
         force: false,
         runs: Vec::new(),
+        coverage: None,
         profile_top: top,
     })?;
     let text = render::table(&compared.report);

@@ -19,6 +19,7 @@ use crate::record::run::RunDocument;
 use crate::record::scenario::Variant;
 pub use crate::report::comparability::Difference;
 use crate::report::comparability::{self, Check, Records, RowGroups};
+use crate::report::coverage::{self, Coverage, CoverageError};
 use crate::report::inference::{self, Comparison, DiffInDiff, Outcome};
 use crate::report::load::{self, LoadError, Side};
 use crate::report::profile::{self, RowProfile};
@@ -47,6 +48,8 @@ pub enum ReportError {
     PairSets { only_a: String, only_b: String },
     #[error("--confidence must be between 0.5 and 1 (e.g. 0.95)")]
     Confidence(f64),
+    #[error(transparent)]
+    Coverage(#[from] CoverageError),
 }
 
 /// What a report compares.
@@ -307,6 +310,10 @@ pub struct Report {
     /// per kernel and row.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub profiles: Vec<profile::RowProfile>,
+    /// `--coverage DIR`: the rows' would-be exits beside a nested run's
+    /// KVM exits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coverage: Option<Coverage>,
 }
 
 /// The QEMU command line with what is per kernel or per boot replaced.
@@ -1064,6 +1071,7 @@ pub(crate) fn build<R: RowResolver>(
         differences,
         forced: opts.force,
         forced_over,
+        coverage: None,
         profiles,
     })
 }
@@ -1082,6 +1090,8 @@ pub struct Request {
     /// `--run ID`: the run to read in a directory holding several runs'
     /// records.
     pub runs: Vec<String>,
+    /// `--coverage DIR`: a nested run of the same cases.
+    pub coverage: Option<PathBuf>,
 }
 
 impl Request {
@@ -1137,7 +1147,34 @@ pub fn run(req: &Request) -> Result<Compared, ReportError> {
         (Some(_), false) => build::<DidRows>(&subject, &keys, &opts)?,
     };
     let b = b.unwrap_or_else(|| a.clone());
+    let mut report = report;
+    if let Some(dir) = &req.coverage {
+        report.coverage = Some(coverage::of(&cases(&report, [&a, &b]), dir)?);
+    }
     Ok(Compared { report, a, b })
+}
+
+/// The cases of the report's rows on each side: (side, scenario, variant),
+/// once each.
+fn cases<'a>(report: &Report, sides: [&'a Side; 2]) -> Vec<(&'a Side, String, String)> {
+    let mut out: Vec<(&Side, String, String)> = Vec::new();
+    for row in &report.rows {
+        let mut keys = vec![(row.scenario.clone(), row.variant.clone())];
+        if let Some((s, v)) = row.pair.as_ref().and_then(|p| p.other.split_once('/')) {
+            keys.push((s.to_string(), v.to_string()));
+        }
+        for side in sides {
+            for (s, v) in &keys {
+                let seen = |(x, a, b): &(&Side, String, String)| {
+                    x.kernel == side.kernel && a == s && b == v
+                };
+                if !out.iter().any(seen) {
+                    out.push((side, s.clone(), v.clone()));
+                }
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -907,6 +907,20 @@ fn forced(page: &mut Page, report: &Report) {
     page.body.push_str("</ul></div>\n");
 }
 
+/// `--coverage`: the would-be exits beside a nested run's KVM exits.
+fn coverage(page: &mut Page, report: &Report) {
+    let Some(c) = &report.coverage else { return };
+    page.section("coverage", "Would-be exits against KVM's exits");
+    let lines = crate::report::coverage::lines(c);
+    page.body.push_str("<ul>\n");
+    for l in &lines {
+        page.body
+            .push_str(&format!("<li>{}</li>\n", esc(l.trim_start())));
+    }
+    page.body.push_str("</ul>\n");
+    page.end_section();
+}
+
 /// What differs between the sides besides the kernel, and how each pair's
 /// variants differ by design.
 fn differences(page: &mut Page, report: &Report) {
@@ -1195,6 +1209,7 @@ pub(crate) fn write(
     metrics_section(&mut page, report)?;
     rows_section(&mut page, report, &verdicts, [a, b])?;
     differences(&mut page, report);
+    coverage(&mut page, report);
     numbers(&mut page, report);
     let vars = format!(
         ":root {{ --a: {}; --b: {}; --a2: {}; --b2: {}; }}",

@@ -13,6 +13,7 @@
 
 pub(crate) mod comparability;
 pub mod compare;
+pub(crate) mod coverage;
 pub(crate) mod html;
 pub(crate) mod inference;
 pub mod load;

@@ -349,6 +349,12 @@ pub fn table(report: &Report) -> String {
             out.push_str(&format!("  {l}\n"));
         }
     }
+    if let Some(c) = &report.coverage {
+        for l in crate::report::coverage::lines(c) {
+            out.push_str(&l);
+            out.push('\n');
+        }
+    }
     let failed: Vec<String> = report
         .rows
         .iter()
@@ -441,6 +447,15 @@ pub fn markdown(report: &Report) -> String {
         out.push_str(&format!("\n{}\n\n", md_escape(&h)));
         for l in lines {
             out.push_str(&format!("- {}\n", md_escape(&l)));
+        }
+    }
+    if let Some(c) = &report.coverage {
+        let lines = crate::report::coverage::lines(c);
+        if let Some((head, rest)) = lines.split_first() {
+            out.push_str(&format!("\n{}\n\n", md_escape(head)));
+            for l in rest {
+                out.push_str(&format!("- {}\n", md_escape(l.trim_start())));
+            }
         }
     }
     out
