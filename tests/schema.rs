@@ -225,6 +225,91 @@ fn recorded_runs_load_as_their_types_and_validate() {
     assert_eq!(results, 46, "records in the fixtures");
 }
 
+/// A recorded run whose run.json lists each boot's variants (copied from
+/// `tests/fixtures/runs/aa`, the variants filled in from its records):
+/// every planned variant run has its record, so none is not run; with a
+/// record taken away, its row counts it as not run (never as run), the
+/// table names it, and the summary still validates.
+#[test]
+fn a_planned_run_without_its_record_is_counted_as_not_run() {
+    use blklab::lab::summary;
+    let from = root().join("tests/fixtures/runs/aa");
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let mut records: Vec<ResultRecord> = Vec::new();
+    for e in std::fs::read_dir(&from).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "json") && !p.ends_with("run.json") {
+            records.push(record::read(&p).unwrap());
+        }
+    }
+    let mut run: Value = record::read_value(&from.join("run.json")).unwrap();
+    for b in run["order"].as_array_mut().unwrap() {
+        let mut variants: Vec<String> = records
+            .iter()
+            .filter(|r| {
+                b["kernel"] == r.kernel.as_str()
+                    && b["scenario"] == r.scenario.as_str()
+                    && b["iteration"] == r.iteration
+            })
+            .map(|r| r.variant.clone())
+            .collect();
+        variants.sort();
+        assert!(!variants.is_empty(), "{b}");
+        b["variants"] = json!(variants);
+    }
+    std::fs::write(dir.join("run.json"), run.to_string()).unwrap();
+    let order = summary::run_order(dir);
+    let planned: usize = order.iter().map(|b| b.variants.len()).sum();
+    assert_eq!(planned, records.len());
+    assert!(summary::not_run(&order, &records).is_empty());
+    assert!(summary::rows_planned(&records, &order)
+        .iter()
+        .all(|r| r.not_run == 0));
+    assert!(!summary::table_planned(&records, &order).contains("not run"));
+
+    let gone = records.remove(0);
+    let rows = summary::rows_planned(&records, &order);
+    let row = rows
+        .iter()
+        .find(|r| {
+            r.kernel == gone.kernel && r.scenario == gone.scenario && r.variant == gone.variant
+        })
+        .unwrap();
+    assert_eq!(row.not_run, 1, "{row:?}");
+    assert_eq!(rows.iter().map(|r| r.not_run).sum::<usize>(), 1);
+    let missing = format!(
+        "{} {}/{} #{}",
+        gone.kernel, gone.scenario, gone.variant, gone.iteration
+    );
+    assert_eq!(
+        summary::not_run(&order, &records),
+        std::slice::from_ref(&missing)
+    );
+    let table = summary::table_planned(&records, &order);
+    assert!(
+        table.contains(&format!(
+            "not run: 1 of {planned} planned variant runs left no record: {missing}\n"
+        )),
+        "{table}"
+    );
+    let doc = SummaryDocument {
+        schema: blklab::record::summary::SUMMARY_SCHEMA.into(),
+        finished_unix: 0.0,
+        failures: Vec::new(),
+        retried_boots: Vec::new(),
+        rows,
+    };
+    let v = serde_json::to_value(&doc).unwrap();
+    assert_valid(
+        &validator::<SummaryDocument>(),
+        &v,
+        "a summary with a run not run",
+    );
+    // A run directory without a readable run.json plans nothing to tell.
+    assert!(summary::run_order(&dir.join("nothing")).is_empty());
+}
+
 #[test]
 fn a_live_stats_document_validates() {
     let v = validator::<StatsDocument>();

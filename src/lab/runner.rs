@@ -917,16 +917,18 @@ fn write_summary(
     failures: &[String],
     retried: Vec<RetriedBoot>,
 ) -> Result<(), RunError> {
+    // The planned variant runs that left no record are counted as not run.
+    let order = summary::run_order(out_dir);
     let sum_doc = SummaryDocument {
         schema: SUMMARY_SCHEMA.to_string(),
         finished_unix: wallclock::unix_now(),
         failures: failures.to_vec(),
         retried_boots: retried,
-        rows: summary::rows(records),
+        rows: summary::rows_planned(records, &order),
     };
     crate::record::write(&out_dir.join("summary.json"), &sum_doc)?;
     let txt = out_dir.join("summary.txt");
-    std::fs::write(&txt, summary::table(records))
+    std::fs::write(&txt, summary::table_planned(records, &order))
         .map_err(|source| RunError::Write { path: txt, source })
 }
 

@@ -1,9 +1,13 @@
 //! The table `blklab run` prints: per scenario variant and kernel, the mean
-//! and spread of the headline metrics over iterations.
+//! and spread of the headline metrics over iterations. Given the run's
+//! boots (run.json's `order`), a planned variant run that left no record
+//! is counted as not run in its row ([`rows_planned`], [`table_planned`]),
+//! never taken for one that ran.
 
 use std::collections::BTreeMap;
 
 use crate::record::result::ResultRecord;
+use crate::record::run::BootOrder;
 pub(crate) use crate::record::summary::{Row, Stat};
 
 /// The metrics of the summary, in column order: (key, header).
@@ -71,31 +75,90 @@ fn stat(v: &[f64]) -> Stat {
     Stat { n, mean, sd }
 }
 
+/// The boots of the run in `out_dir` (its run.json's `order`); none when
+/// run.json cannot be read.
+pub fn run_order(out_dir: &std::path::Path) -> Vec<BootOrder> {
+    crate::record::read::<crate::record::run::RunDocument>(&out_dir.join("run.json"))
+        .map(|d| d.order)
+        .unwrap_or_default()
+}
+
+/// A planned variant run: (kernel, scenario, variant, iteration).
+type Case = (String, String, String, u32);
+
+/// The variant runs `order` plans, in its order (a boot of an older
+/// run.json, without its variants, plans none that can be told).
+fn planned(order: &[BootOrder]) -> Vec<Case> {
+    order
+        .iter()
+        .flat_map(|b| {
+            b.variants
+                .iter()
+                .map(|v| (b.kernel.clone(), b.scenario.clone(), v.clone(), b.iteration))
+        })
+        .collect()
+}
+
+/// The variant runs `order` plans that left no record in `records`, in
+/// plan order: `KERNEL SCENARIO/VARIANT #ITERATION` each.
+pub fn not_run(order: &[BootOrder], records: &[ResultRecord]) -> Vec<String> {
+    planned(order)
+        .into_iter()
+        .filter(|(k, s, v, i)| {
+            !records
+                .iter()
+                .any(|r| r.kernel == *k && r.scenario == *s && r.variant == *v && r.iteration == *i)
+        })
+        .map(|(k, s, v, i)| format!("{k} {s}/{v} #{i}"))
+        .collect()
+}
+
 /// Rows in first-seen order of (scenario, variant), kernels in run order.
 pub fn rows(records: &[ResultRecord]) -> Vec<Row> {
-    let mut order: Vec<(String, String, String)> = Vec::new();
+    rows_planned(records, &[])
+}
+
+/// [`rows`], with every (scenario, variant, kernel) that `order` (the
+/// run's boots) plans: each planned iteration without a record is
+/// counted in its row's `not_run`, and a row none of whose iterations
+/// left a record is listed with its count.
+pub fn rows_planned(records: &[ResultRecord], order: &[BootOrder]) -> Vec<Row> {
+    let mut order_seen: Vec<(String, String, String)> = Vec::new();
     let mut groups: BTreeMap<(String, String, String), Vec<&ResultRecord>> = BTreeMap::new();
+    let mut missing: BTreeMap<(String, String, String), usize> = BTreeMap::new();
     for r in records {
         let key = (r.scenario.clone(), r.variant.clone(), r.kernel.clone());
         if !groups.contains_key(&key) {
-            order.push(key.clone());
+            order_seen.push(key.clone());
         }
         groups.entry(key).or_default().push(r);
     }
+    for (k, s, v, i) in planned(order) {
+        let key = (s, v, k);
+        let recorded = groups
+            .get(&key)
+            .is_some_and(|rs| rs.iter().any(|r| r.iteration == i));
+        if !recorded {
+            if !order_seen.contains(&key) {
+                order_seen.push(key.clone());
+            }
+            *missing.entry(key).or_default() += 1;
+        }
+    }
     // Group rows of the same scenario/variant together.
     let mut sorted: Vec<(String, String, String)> = Vec::new();
-    for k in &order {
+    for k in &order_seen {
         if sorted.contains(k) {
             continue;
         }
-        for k2 in order.iter().filter(|k2| k2.0 == k.0 && k2.1 == k.1) {
+        for k2 in order_seen.iter().filter(|k2| k2.0 == k.0 && k2.1 == k.1) {
             sorted.push(k2.clone());
         }
     }
     sorted
         .into_iter()
         .map(|k| {
-            let recs = &groups[&k];
+            let recs: &[&ResultRecord] = groups.get(&k).map_or(&[], Vec::as_slice);
             let ok: Vec<&&ResultRecord> = recs.iter().filter(|r| r.ok).collect();
             let mut metrics = BTreeMap::new();
             for (key, _) in METRICS {
@@ -108,11 +171,12 @@ pub fn rows(records: &[ResultRecord]) -> Vec<Row> {
                 }
             }
             Row {
-                scenario: k.0.clone(),
-                variant: k.1.clone(),
-                kernel: k.2.clone(),
                 iterations: recs.len(),
                 failed: recs.len() - ok.len(),
+                not_run: missing.get(&k).copied().unwrap_or(0),
+                scenario: k.0,
+                variant: k.1,
+                kernel: k.2,
                 metrics,
             }
         })
@@ -141,18 +205,32 @@ fn fmt(s: Option<&Stat>) -> String {
 
 /// The plain-text table (mean±sd over iterations).
 pub fn table(records: &[ResultRecord]) -> String {
-    let rows = rows(records);
+    table_planned(records, &[])
+}
+
+/// [`table`] of [`rows_planned`]: a row's planned iterations that left no
+/// record show as `not run` in its `n`, and a last line counts them and
+/// names each.
+pub fn table_planned(records: &[ResultRecord], order: &[BootOrder]) -> String {
+    let rows = rows_planned(records, order);
     let mut header = vec!["scenario/variant".to_string(), "kernel".into(), "n".into()];
     header.extend(METRICS.iter().map(|(_, h)| h.to_string()));
     let mut cells: Vec<Vec<String>> = vec![header];
     for r in &rows {
+        let mut apart = Vec::new();
+        if r.failed > 0 {
+            apart.push(format!("{} failed", r.failed));
+        }
+        if r.not_run > 0 {
+            apart.push(format!("{} not run", r.not_run));
+        }
         let mut line = vec![
             format!("{}/{}", r.scenario, r.variant),
             r.kernel.clone(),
-            if r.failed > 0 {
-                format!("{} ({} failed)", r.iterations, r.failed)
-            } else {
+            if apart.is_empty() {
                 r.iterations.to_string()
+            } else {
+                format!("{} ({})", r.iterations, apart.join(", "))
             },
         ];
         line.extend(METRICS.iter().map(|(k, _)| fmt(r.metrics.get(*k))));
@@ -171,6 +249,15 @@ pub fn table(records: &[ResultRecord]) -> String {
     out.push_str(
         "mean±sd over iterations; guest CPU as mpstat (busy = 100 - idle); host % of one CPU\n",
     );
+    let missing = not_run(order, records);
+    if !missing.is_empty() {
+        out.push_str(&format!(
+            "not run: {} of {} planned variant runs left no record: {}\n",
+            missing.len(),
+            planned(order).len(),
+            missing.join(", ")
+        ));
+    }
     out
 }
 
@@ -215,5 +302,86 @@ mod tests {
         let t = table(&recs);
         assert!(t.contains("s/v"), "{t}");
         assert!(t.contains("11.0±1.4"), "{t}");
+        assert!(rows.iter().all(|r| r.not_run == 0));
+        assert!(!t.contains("not run"), "{t}");
+    }
+
+    fn boot(kernel: &str, iteration: u32, variants: &[&str]) -> BootOrder {
+        BootOrder {
+            kernel: kernel.into(),
+            scenario: "s".into(),
+            iteration,
+            variants: variants.iter().map(|v| v.to_string()).collect(),
+            machine: None,
+        }
+    }
+
+    #[test]
+    fn a_planned_variant_run_without_a_record_is_counted_as_not_run() {
+        // Planned: A and B, two iterations of variants v and w. Recorded:
+        // A both iterations of v, B the first of v; no w at all.
+        let order = [
+            boot("A", 0, &["v", "w"]),
+            boot("B", 0, &["v", "w"]),
+            boot("A", 1, &["v", "w"]),
+            boot("B", 1, &["v", "w"]),
+        ];
+        let mut recs = vec![
+            rec("A", 10.0, 100.0),
+            rec("B", 20.0, 90.0),
+            rec("A", 12.0, 110.0),
+        ];
+        recs[2].iteration = 1;
+        let rows = rows_planned(&recs, &order);
+        let row = |v: &str, k: &str| {
+            rows.iter()
+                .find(|r| r.variant == v && r.kernel == k)
+                .unwrap_or_else(|| panic!("no row {v} {k}: {rows:?}"))
+        };
+        let n = |v, k| {
+            let r = row(v, k);
+            (r.iterations, r.failed, r.not_run)
+        };
+        assert_eq!(n("v", "A"), (2, 0, 0));
+        assert_eq!(n("v", "B"), (1, 0, 1));
+        // Rows with no record at all are listed, their metrics empty.
+        assert_eq!(n("w", "A"), (0, 0, 2));
+        assert_eq!(n("w", "B"), (0, 0, 2));
+        assert!(row("w", "A").metrics.is_empty());
+        assert_eq!(rows.len(), 4);
+        assert_eq!(
+            not_run(&order, &recs),
+            ["A s/w #0", "B s/w #0", "A s/w #1", "B s/v #1", "B s/w #1"]
+        );
+        let t = table_planned(&recs, &order);
+        assert!(line_of(&t, "v", "B").contains(" 1 (1 not run) "), "{t}");
+        assert!(line_of(&t, "w", "A").contains(" 0 (2 not run) "), "{t}");
+        assert!(
+            t.contains("not run: 5 of 8 planned variant runs left no record: A s/w #0, "),
+            "{t}"
+        );
+        // A failed record is counted apart from a missing one.
+        recs[1].ok = false;
+        let t = table_planned(&recs, &order);
+        assert!(
+            line_of(&t, "v", "B").contains(" 1 (1 failed, 1 not run) "),
+            "{t}"
+        );
+        // Every planned run recorded: nothing not run.
+        let all = [boot("A", 0, &["v"]), boot("B", 0, &["v"])];
+        assert!(not_run(&all, &recs[..2]).is_empty());
+        assert!(rows_planned(&recs[..2], &all)
+            .iter()
+            .all(|r| r.not_run == 0));
+        assert!(!table_planned(&recs[..2], &all).contains("not run"));
+        // A run.json older than the boots' variants plans nothing to tell.
+        assert!(not_run(&[boot("A", 0, &[])], &[]).is_empty());
+    }
+
+    fn line_of(t: &str, v: &str, k: &str) -> String {
+        t.lines()
+            .find(|l| l.starts_with(&format!("s/{v} ")) && l.contains(&format!(" {k} ")))
+            .unwrap_or_else(|| panic!("no line {v} {k}:\n{t}"))
+            .to_string()
     }
 }

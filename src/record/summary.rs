@@ -31,6 +31,11 @@ pub struct Row {
     /// Records of the row, failed ones included.
     pub iterations: usize,
     pub failed: usize,
+    /// Iterations the run planned for the row that left no record (the
+    /// run ended first, or its mode did not reach them): not run, counted
+    /// apart, neither ok nor failed. 0 in summaries older than the count.
+    #[serde(default)]
+    pub not_run: usize,
     /// Metric key → its statistic over the ok records.
     pub metrics: BTreeMap<String, Stat>,
 }
