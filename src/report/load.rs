@@ -58,7 +58,7 @@ pub enum LoadError {
         #[source]
         source: MergeError,
     },
-    #[error("{dir} holds the records of {} runs: {own} (its run.json's) and {others}; name the one to compare with --run ID", .count)]
+    #[error("{dir} holds the records of {count} runs: run.json's run {own} and {others}; name the one to compare with --run ID")]
     SeveralRuns {
         dir: PathBuf,
         count: usize,
