@@ -155,6 +155,31 @@ fn exact(accel: &[&str]) {
     }
 }
 
+/// The plugin's test of which instructions may stop a block
+/// (images/qemu-plugin/stop-test.c on `may_stop_block` of blklab-decode.h):
+/// an instruction wrongly said not to would leave a block cut short there
+/// counted whole.
+#[test]
+fn plugin_knows_which_instructions_may_stop_a_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("stop-test");
+    let cc = Command::new("gcc")
+        .args(["-Wall", "-Wextra", "-Werror", "-std=gnu11", "-o"])
+        .arg(&exe)
+        .arg(root().join("images/qemu-plugin/stop-test.c"))
+        .output()
+        .expect("run gcc (the plugin's build needs it too)");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let out = Command::new(&exe).output().unwrap();
+    let t = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{t}");
+    assert!(t.trim_end().ends_with("51 passed, 0 failed"), "{t}");
+}
+
 /// Run `images/ARGS[0] ARGS[1..] DIR` and return the last line it printed
 /// (the plugin's path for build-qemu-plugin.sh; nothing for
 /// fetch-debian-kernel.sh, which lays the kernel out in DIR).

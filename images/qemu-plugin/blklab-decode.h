@@ -86,4 +86,88 @@ static inline int exit_kind(const uint8_t *b, size_t size, bool *dx, uint16_t *p
     }
 }
 
+/* Whether an instruction of `size` bytes may stop its translation block
+ * before it finishes: false only for instructions known to touch neither
+ * memory nor a helper that can fault, whatever their operands (a register
+ * operand, ModRM mod 3, where the opcode also has memory forms):
+ * ALU ops (00-3d, 80/81/83, 84/85, a8/a9), MOV (88-8b, b0-bf), XCHG (87,
+ * 90-97), LEA (8d, memory form: it only computes the address), MOVSXD
+ * (63), IMUL (69, 6b, 0f af), CBW/CWD (98/99), shifts and rotates (c0/c1,
+ * d0-d3 but /6), TEST/NOT/NEG/MUL/IMUL (f6/f7 /0 /2-/5; not DIV, which
+ * raises #DE), INC/DEC (fe/ff /0 /1), CMC/CLC/STC/CLD/STD, CMOVcc,
+ * SETcc, MOVZX/MOVSX, BT* (0f a3/ab/b3/bb, 0f ba /4-/7), SHLD/SHRD, BSF/
+ * BSR, NOP (0f 1f: its memory form accesses nothing), Jcc and JMP rel
+ * (70-7f, eb, e9, 0f 80-8f). Only operand-size (66) and REX prefixes may
+ * precede them (a REP prefix makes BSF TZCNT, LOCK faults here); anything
+ * else may stop its block. */
+static inline bool may_stop_block(const uint8_t *b, size_t size)
+{
+    size_t i = 0;
+    while (i < size && (b[i] == 0x66 || (b[i] & 0xf0) == 0x40)) {
+        i++;
+    }
+    if (i >= size) {
+        return true;
+    }
+    uint8_t op = b[i];
+    bool has_modrm = i + 1 < size;
+    uint8_t mod = has_modrm ? b[i + 1] >> 6 : 0;
+    uint8_t reg = has_modrm ? (b[i + 1] >> 3) & 7 : 0;
+    bool rm_reg = has_modrm && mod == 3;
+    if (op < 0x40 && op != 0x0f) {
+        if ((op & 7) <= 3) {
+            return !rm_reg; /* ALU r/m, r and r, r/m */
+        }
+        return (op & 7) > 5; /* 04/05 ALU AL/eAX, imm; others: prefixes, invalid */
+    }
+    if ((op >= 0x70 && op <= 0x7f) || (op >= 0x90 && op <= 0x99) || (op >= 0xb0 && op <= 0xbf) ||
+        op == 0xa8 || op == 0xa9 || op == 0xe9 || op == 0xeb || op == 0xf5 || op == 0xf8 ||
+        op == 0xf9 || op == 0xfc || op == 0xfd) {
+        return false;
+    }
+    switch (op) {
+    case 0x63: case 0x69: case 0x6b: case 0x80: case 0x81: case 0x83:
+    case 0x84: case 0x85: case 0x87: case 0x88: case 0x89: case 0x8a: case 0x8b:
+        return !rm_reg;
+    case 0x8d:
+        return !has_modrm || mod == 3; /* LEA of a register is #UD */
+    case 0xc0: case 0xc1: case 0xd0: case 0xd1: case 0xd2: case 0xd3:
+        return !rm_reg || reg == 6;
+    case 0xf6: case 0xf7:
+        return !rm_reg || reg == 1 || reg >= 6;
+    case 0xfe: case 0xff:
+        return !rm_reg || reg > 1;
+    case 0x0f:
+        break;
+    default:
+        return true;
+    }
+    if (i + 1 >= size) {
+        return true;
+    }
+    uint8_t op2 = b[i + 1];
+    has_modrm = i + 2 < size;
+    mod = has_modrm ? b[i + 2] >> 6 : 0;
+    reg = has_modrm ? (b[i + 2] >> 3) & 7 : 0;
+    rm_reg = has_modrm && mod == 3;
+    if (op2 >= 0x80 && op2 <= 0x8f) {
+        return false; /* Jcc rel32 */
+    }
+    if (op2 == 0x1f) {
+        return !has_modrm;
+    }
+    if ((op2 >= 0x40 && op2 <= 0x4f) || (op2 >= 0x90 && op2 <= 0x9f)) {
+        return !rm_reg;
+    }
+    switch (op2) {
+    case 0xa3: case 0xa4: case 0xa5: case 0xab: case 0xac: case 0xad: case 0xaf:
+    case 0xb3: case 0xb6: case 0xb7: case 0xbb: case 0xbc: case 0xbd: case 0xbe: case 0xbf:
+        return !rm_reg;
+    case 0xba:
+        return !rm_reg || reg < 4;
+    default:
+        return true;
+    }
+}
+
 #endif

@@ -25,25 +25,32 @@
  * (CF_MEMI_ONLY: memory callbacks only), and go on with a block from the
  * next instruction. Counted whole, such blocks counted their unfinished
  * part twice and the re-run instruction not at all. So each instruction
- * but the first of a block stores its 1-based index in the vCPU's entry
- * of a scoreboard (an inline store, no call), and the vCPU's next block
- * callback settles the previous block: when it started only k of its n
- * instructions, k - 1 retired, the k-th stopped it (it retires when it
- * runs again, counted by what runs it), and n - k + 1 are taken back from
- * every count the block added to: the vCPU's kernel or user count at its
- * level and its address's tb line, and that execution too when k = 1 (the
- * block runs again from its start). A 1-instruction block stores its own
- * identity in the vCPU's entry at its memory accesses, which QEMU
- * instruments in a re-run block too; a block whose identity is there but
- * whose callback did not run is a re-run, and counts its instruction at
- * the next callback. A dump settles each vCPU the same way without
- * changing its counts, reading them under a sequence lock against the
- * vCPU's callback. The dump's "cut" record counts the block executions cut
- * short and the re-runs counted. Inline stores were chosen over a callback
- * per instruction (a call each) and over counting from the next block's
- * address (faults and interrupts look alike there). tests/insns_exact.rs
- * checks a known number of user instructions across 4000 page faults and
- * 1000 device stores in the middle of blocks, under TCG and -icount.
+ * that may stop its block (one that touches memory or calls a helper that
+ * can fault: blklab-decode.h's may_stop_block, which knows the common
+ * register-only instructions) stores its 1-based index in the vCPU's
+ * entry of a scoreboard before it runs (an inline store, no call), and the
+ * first instruction after the last of them stores the block's length. The
+ * vCPU's next block callback settles the previous block: when it started
+ * only k of its n instructions, k - 1 retired, the k-th stopped it (it
+ * retires when it runs again, counted by what runs it), and n - k + 1 are
+ * taken back from every count the block added to: the vCPU's kernel or
+ * user count at its level and its address's tb line, and that execution
+ * too when k = 1 (the block runs again from its start). The callback finds
+ * the entry without a call: QEMU flushes every translated block when it
+ * moves a scoreboard. A 1-instruction block stores its own identity in
+ * the vCPU's entry at its memory accesses, which QEMU instruments in a
+ * re-run block too; a block whose identity is there but whose callback
+ * did not run is a re-run, and counts its instruction at the next
+ * callback. A dump settles each vCPU the same way without changing its
+ * counts, reading them under a sequence lock against the vCPU's callback.
+ * The dump's "cut" record counts the block executions cut short and the
+ * re-runs counted. Inline stores were chosen over a callback per
+ * instruction (a call each) and over counting from the next block's
+ * address (faults and interrupts look alike there); all of it costs about
+ * 15% more TCG time than counting whole blocks (docs/benchmarks.md).
+ * tests/insns_exact.rs checks a known number of user instructions across
+ * 4000 page faults and 1000 device stores in the middle of blocks, under
+ * TCG and -icount.
  *
  * What stays approximate. Nothing of a block runs after its last
  * instruction starts, so a block stopped by its last instruction cannot be
@@ -114,7 +121,7 @@
  * dump they are equal, or vmruns is one more while the vCPU is in the
  * guest. Without SVM everything is level 1.
  *
- * Arguments (-plugin libblklab-insns.so,ctl=PATH[,out=FILE][,l2ram=FILE]):
+ * Arguments (-plugin libblklab-insns.so,ctl=PATH[,out=FILE][,l2ram=FILE][,mark=ADDR]):
  *   ctl=PATH   listen on a Unix stream socket at PATH; each line received is a
  *              command, each gets one line back:
  *                "dump FILE"  write the counters to FILE, reply "ok FILE"
@@ -122,6 +129,8 @@
  *                "ping"       reply "pong"
  *   out=FILE   write the counters to FILE at exit
  *   l2ram=FILE levels by address: FILE backs level 2's RAM (see above)
+ *   mark=ADDR  marks: the kernel block at ADDR (hex) marks the would-be
+ *              exits (see "Marks")
  *
  * Would-be exits. Besides instructions the plugin counts, per vCPU and
  * level, the guest's events that leave the guest on KVM (a VM exit, or host
@@ -156,6 +165,14 @@
  * Plugin API version 1 (QEMU 7.2) has no register reads: the counting is
  * compiled out and the dump says "exits unavailable".
  *
+ * Marks. With mark=ADDR each execution of the kernel block at ADDR copies
+ * every would-be exit count, under the lock that guards them, as it is
+ * then: the dump's "mark" records are the counts at the last mark, "marks"
+ * how many marks there were. The lab gives the start of the guest's
+ * arch_show_interrupts, which formats /proc/interrupts' per-CPU IPI and
+ * timer lines: the counts at a mark are the plugin's at the instant the
+ * guest read its own counters, so two marks bound the guest's own window.
+ *
  * Dump format (text, one record a line):
  *   blklab-insns 5
  *   levels vmrun|address            (how levels are told apart)
@@ -181,6 +198,9 @@
  *                                    the port), mmio (KEY the guest-physical
  *                                    address, NAME the MemoryRegion's);
  *                                    KEY hex without 0x; only N > 0)
+ *   marks M                         (with mark=: the marks so far)
+ *   mark L I KIND KEY N [NAME]      (with mark=: an exit record's count at
+ *                                    the last mark; only N > 0)
  *   tb ADDR INSNS EXECS             (level 1 kernel blocks that ran; ADDR hex
  *                                    without 0x)
  *   tb2 ADDR INSNS EXECS            (level 2 kernel blocks that ran)
@@ -315,6 +335,8 @@ typedef struct BlockCb {
     uint64_t n;
     uint32_t levels;
     int32_t fixed; /* levels by address: the block's level index; else -1 */
+    uint64_t start; /* what its callback stores in the vCPU's `started` */
+    void *board;    /* the progress scoreboard's entry 0 when translated */
 } BlockCb;
 
 /* Note that the block ran at `lvl`; count it once if it has now run at
@@ -430,7 +452,10 @@ static inline void seq_end(Progress *p)
 static inline void count(unsigned int vcpu_index, VcpuCount *v, BlockCb *b)
 {
 #if RETIRED
-    Progress *p = qemu_plugin_scoreboard_find(progress, vcpu_index);
+    /* Where this block's inline operations store: QEMU flushes every
+     * block when it moves a scoreboard (a vCPU added), so it is where they
+     * were translated to, and no call is needed to find it. */
+    Progress *p = (Progress *)b->board + vcpu_index;
     seq_begin(p);
     settle(v, p);
 #endif
@@ -445,7 +470,7 @@ static inline void count(unsigned int vcpu_index, VcpuCount *v, BlockCb *b)
 #if RETIRED
     p->cur = (uintptr_t)b;
     p->lvl = lvl;
-    p->started = 1;
+    p->started = b->start;
     seq_end(p);
 #endif
 }
@@ -473,6 +498,7 @@ typedef struct {
     EvKey k;
     const char *name; /* mmio: the MemoryRegion's name */
     uint64_t count;
+    uint64_t marked;  /* count at the last mark */
 } Event;
 
 static GHashTable *events; /* EvKey -> Event*, guarded by `lock` */
@@ -504,6 +530,51 @@ static void bump(uint8_t kind, uint64_t lvl, unsigned int vcpu, uint64_t key, co
     }
     e->count++;
     g_mutex_unlock(&lock);
+}
+
+/* Marks (see the header comment). */
+static uint64_t mark_addr; /* 0: no marks */
+static uint64_t marks;     /* guarded by `lock` */
+
+static void mark_exec(unsigned int vcpu_index, void *udata)
+{
+    GHashTableIter it;
+    gpointer key, value;
+    g_mutex_lock(&lock);
+    g_hash_table_iter_init(&it, events);
+    while (g_hash_table_iter_next(&it, &key, &value)) {
+        Event *e = value;
+        e->marked = e->count;
+    }
+    marks++;
+    g_mutex_unlock(&lock);
+}
+
+static void register_mark(struct qemu_plugin_tb *tb, uint64_t vaddr)
+{
+    if (mark_addr && vaddr == mark_addr) {
+        qemu_plugin_register_vcpu_tb_exec_cb(tb, mark_exec, QEMU_PLUGIN_CB_NO_REGS, NULL);
+    }
+}
+
+/* The marks and the counts at the last one; `lock` held. */
+static void write_marks(FILE *f)
+{
+    if (!mark_addr) {
+        return;
+    }
+    fprintf(f, "marks %" PRIu64 "\n", marks);
+    GHashTableIter it;
+    gpointer key, value;
+    g_hash_table_iter_init(&it, events);
+    while (g_hash_table_iter_next(&it, &key, &value)) {
+        Event *e = value;
+        if (e->marked) {
+            fprintf(f, "mark %d %u %s %" PRIx64 " %" PRIu64 "%s%s\n", e->k.level + 1,
+                    e->k.vcpu, ev_names[e->k.kind], e->k.key, e->marked,
+                    e->name ? " " : "", e->name ? e->name : "");
+        }
+    }
 }
 
 /* An instruction that would exit: what it is, decoded at translation. */
@@ -587,8 +658,9 @@ static void exit_exec(unsigned int vcpu_index, void *udata)
  * QEMU's current memory map; when that map changed under the entry (PCI
  * enumeration and device enabling at boot rebuild it, the store itself
  * may be the config write that did), QEMU 10.0 aborts in iotlb_to_section
- * (the assertion of QEMU issue 1921). Stores before the first dump lie
- * outside every window, so no window loses a count. */
+ * (the assertion of QEMU issue 1921). The lab takes its first dump when
+ * the guest has booted, before any window and any mark that opens one,
+ * so no window loses a count. */
 static int mmio_armed;
 
 static void store_exec(unsigned int vcpu_index, qemu_plugin_meminfo_t info,
@@ -751,18 +823,44 @@ static int32_t fixed_level(struct qemu_plugin_tb *tb, size_t n)
 }
 
 #if RETIRED
-/* The inline operations that say how far a block got: instruction i
- * (0-based, from 1: the block's callback stands for the first) stores
- * i + 1 in the vCPU's `started`. A 1-instruction block also stores its
- * BlockCb in `rerun` at each memory access: QEMU re-runs an instruction
- * that touched a device partway through a block as a block of its own
- * without execution callbacks, and that store is how it is counted. */
+/* The inline operations that say how far a block got. Only an instruction
+ * that may stop its block (may_stop_block: it touches memory or calls a
+ * helper that can fault) needs one: instruction i (0-based) stores i + 1
+ * in the vCPU's `started` before it runs; for instruction 0 the block's
+ * callback does. The first instruction after the last that may stop the
+ * block stores n (the block finishes from there), and so does the
+ * callback of a block none of whose instructions may stop it. A
+ * 1-instruction block also stores its BlockCb in `rerun` at each memory
+ * access: QEMU re-runs an instruction that touched a device partway
+ * through a block as a block of its own without execution callbacks, and
+ * that store is how it is counted. */
 static void register_progress(struct qemu_plugin_tb *tb, size_t n, BlockCb *b)
 {
     qemu_plugin_u64 started = qemu_plugin_scoreboard_u64_in_struct(progress, Progress, started);
-    for (size_t i = 1; i < n; i++) {
+    if (!n) {
+        return;
+    }
+    b->board = qemu_plugin_scoreboard_find(progress, 0);
+    size_t last = n; /* the last instruction that may stop the block; n: none */
+    b->start = n;
+    for (size_t i = 0; i < n; i++) {
+        struct qemu_plugin_insn *insn = qemu_plugin_tb_get_insn(tb, i);
+        uint8_t buf[16];
+        size_t size = insn_bytes(insn, buf);
+        if (size && !may_stop_block(buf, size)) {
+            continue;
+        }
+        if (i) {
+            qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(
+                insn, QEMU_PLUGIN_INLINE_STORE_U64, started, i + 1);
+        } else {
+            b->start = 1;
+        }
+        last = i;
+    }
+    if (last < n - 1) {
         qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(
-            qemu_plugin_tb_get_insn(tb, i), QEMU_PLUGIN_INLINE_STORE_U64, started, i + 1);
+            qemu_plugin_tb_get_insn(tb, last + 1), QEMU_PLUGIN_INLINE_STORE_U64, started, n);
     }
     if (n == 1) {
         qemu_plugin_register_vcpu_mem_inline_per_vcpu(
@@ -819,6 +917,7 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     }
 #if EXITS
     register_exits(tb, n, b, true);
+    register_mark(tb, vaddr);
 #endif
 }
 
@@ -939,6 +1038,7 @@ static void write_exits(FILE *f)
                     e->name ? " " : "", e->name ? e->name : "");
         }
     }
+    write_marks(f);
     g_mutex_unlock(&lock);
 #else
     fprintf(f, "exits unavailable plugin API version %d (QEMU before 9.0) cannot read "
@@ -1139,9 +1239,18 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
             out_path = g_strdup(argv[i] + 4);
         } else if (strncmp(argv[i], "l2ram=", 6) == 0) {
             l2ram_path = g_strdup(argv[i] + 6);
+#if EXITS
+        } else if (strncmp(argv[i], "mark=", 5) == 0) {
+            char *end;
+            mark_addr = g_ascii_strtoull(argv[i] + 5, &end, 16);
+            if (*end || !mark_addr) {
+                fprintf(stderr, "blklab-insns: bad mark=%s (want a hex address)\n", argv[i] + 5);
+                return -1;
+            }
+#endif
         } else {
-            fprintf(stderr, "blklab-insns: unknown argument %s (want ctl=PATH, out=FILE, l2ram=FILE)\n",
-                    argv[i]);
+            fprintf(stderr, "blklab-insns: unknown argument %s (want ctl=PATH, out=FILE, "
+                    "l2ram=FILE, mark=ADDR)\n", argv[i]);
             return -1;
         }
     }
