@@ -154,6 +154,14 @@ pub(crate) fn table(rec: &BisectRecord) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    // A skipped commit is counted apart: never taken for a good or bad one.
+    let called = |v: Verdict| rec.steps.iter().filter(|s| s.verdict == Some(v)).count();
+    out.push_str(&format!(
+        "called: {} good, {} bad, {} skipped (not called: no build, no run or values on both sides)\n",
+        called(Verdict::Good),
+        called(Verdict::Bad),
+        called(Verdict::Skip)
+    ));
     if let Some(b) = &rec.boundary {
         out.push_str(&format!(
             "bad: {} {} {} ({}); a commit whose values straddle it is skipped\n",
@@ -253,6 +261,11 @@ mod tests {
         assert!(t.contains("15050"), "{t}");
         assert!(t.contains("15000..15100"), "{t}");
         assert!(t.contains("does not build [make failed]"), "{t}");
+        // The good end is measured, not called; the broken commit skipped.
+        assert!(
+            t.contains("called: 0 good, 1 bad, 1 skipped (not called: "),
+            "{t}"
+        );
         assert!(
             t.contains("bad: kernel_instructions_per_io above 12500 (toward-bad)"),
             "{t}"
