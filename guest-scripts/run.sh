@@ -145,7 +145,7 @@ variant_begin() {   # variant_begin INDEX: the variant's settings (V*), a clean 
     W=$TMPD/v$1
     mkdir -p "$W"
     R_PATHS=""; R_PATH_QUEUE=""
-    R_QUEUE=""; R_BEFORE=""; R_AFTER=""; R_MPSTAT=""; R_FIO=""; R_FIO_RC=""; R_FIO_LOG=""; R_FIOCMD=""
+    R_QUEUE=""; R_BEFORE=""; R_AFTER=""; R_BEFORE_EDGE=""; R_AFTER_EDGE=""; R_MPSTAT=""; R_FIO=""; R_FIO_RC=""; R_FIO_LOG=""; R_FIOCMD=""
 }
 
 # shellcheck disable=SC2153  # the V* variables are set by variant_begin
@@ -176,7 +176,7 @@ variant_result() {  # the document on stdout between its markers, and in OUTDIR 
         R_QDEPTH="$VQDEPTH" R_NOMERGES="$VNOMERGES" R_RQAFF="$VRQAFF" R_LAYOUT="$VLAYOUT" \
         R_STACK="$VSTACK" R_STACKP="$VSTACKP" R_PATHS R_PATH_QUEUE \
         R_RUNTIME="$VRUNTIME" R_RAMP="$VRAMP" R_FIOARGS="$VFIO" R_FIOCMD R_DEVICES \
-        R_QUEUE R_BEFORE R_AFTER R_MPSTAT R_FIO R_FIO_RC R_FIO_LOG R_BLKMQ_ERROR="$BLKMQ_ERR"
+        R_QUEUE R_BEFORE R_AFTER R_BEFORE_EDGE R_AFTER_EDGE R_MPSTAT R_FIO R_FIO_RC R_FIO_LOG R_BLKMQ_ERROR="$BLKMQ_ERR"
     $AWK -f "$LIB/json.awk" -f "$LIB/cpu.awk" -f "$LIB/blkmq.awk" -f "$LIB/result.awk" > "$W/result.json"
     echo "BLKLAB-RESULT-BEGIN $SCN_NAME $VNAME"
     cat "$W/result.json"

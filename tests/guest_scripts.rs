@@ -1841,25 +1841,54 @@ fn common_helpers_order_devices_and_write_json_numbers() {
     }
 }
 
+/// The snapshots' reader: a file as it is, leading blanks and a last line
+/// without its newline included, with the shell's builtins only (a PATH
+/// without cat, awk or anything else still copies).
+#[test]
+fn copy_file_copies_with_the_shells_builtins() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("f");
+    std::fs::write(
+        &f,
+        "           CPU0       CPU1\n  0:   12  3   IO-APIC\n\nlast",
+    )
+    .unwrap();
+    let script = format!(
+        r#". "$LIB/common.sh"; PATH=/nonexistent; copy_file {}"#,
+        f.display()
+    );
+    for (label, shell, awk) in shells() {
+        let out = run_sh(&shell, awk, &script, &[], "");
+        assert!(out.status.success(), "[{label}] {out:?}");
+        assert_eq!(
+            text(&out.stdout),
+            "           CPU0       CPU1\n  0:   12  3   IO-APIC\n\nlast\n",
+            "[{label}]"
+        );
+    }
+}
+
 #[test]
 fn sync_point_waits_for_its_reply_and_fails_at_end_of_input() {
     let script = r#". "$LIB/common.sh"; . "$LIB/sync.sh"
         SCN_NAME=scn VNAME=var ERR="" SYNC_TIMEOUT=20
-        sync_point begin; echo "rc=$? ERR=$ERR"
-        sync_point end; echo "rc=$? ERR=$ERR""#;
+        sync_point begin echo "snapshot 1"; echo "rc=$? ERR=$ERR"
+        sync_point end echo "snapshot 2"; echo "rc=$? ERR=$ERR""#;
     for (label, shell, awk) in shells() {
         let tmp = tempfile::tempdir().unwrap();
         let seq = tmp.path().join("seq");
         let seq = seq.to_str().unwrap();
         let env = [("BLKLAB_SYNC", "1"), ("BLKLAB_SYNC_SEQ_FILE", seq)];
 
-        // The reply is the line with the number, blanks and CR ignored;
-        // other lines are ignored (said on stderr).
+        // The command (the snapshot) runs right before the line. The reply
+        // is the line with the number, blanks and CR ignored; other lines
+        // are ignored (said on stderr).
         let out = run_sh(&shell, awk, script, &env, "hello\n1\n 2 \r\n");
         assert!(out.status.success(), "[{label}] {out:?}");
         assert_eq!(
             text(&out.stdout),
-            "BLKLAB-SYNC 1 begin scn var\nrc=0 ERR=\nBLKLAB-SYNC 2 end scn var\nrc=0 ERR=\n",
+            "snapshot 1\nBLKLAB-SYNC 1 begin scn var\nrc=0 ERR=\n\
+             snapshot 2\nBLKLAB-SYNC 2 end scn var\nrc=0 ERR=\n",
             "[{label}]"
         );
         assert!(
@@ -1882,15 +1911,19 @@ fn sync_point_waits_for_its_reply_and_fails_at_end_of_input() {
         assert_eq!(
             text(&out.stdout),
             format!(
-                "BLKLAB-SYNC 3 begin scn var\nBLKLAB-ERROR scn var: {e3}\nrc=1 ERR={e3}\n\
-                 BLKLAB-SYNC 4 end scn var\nBLKLAB-ERROR scn var: {e4}\nrc=1 ERR={e3}; {e4}\n"
+                "snapshot 1\nBLKLAB-SYNC 3 begin scn var\nBLKLAB-ERROR scn var: {e3}\nrc=1 ERR={e3}\n\
+                 snapshot 2\nBLKLAB-SYNC 4 end scn var\nBLKLAB-ERROR scn var: {e4}\nrc=1 ERR={e3}; {e4}\n"
             ),
             "[{label}]"
         );
 
-        // Without BLKLAB_SYNC=1 there is no handshake.
+        // Without BLKLAB_SYNC=1 there is no handshake, only the command.
         let out = run_sh(&shell, awk, script, &[], "");
-        assert_eq!(text(&out.stdout), "rc=0 ERR=\nrc=0 ERR=\n", "[{label}]");
+        assert_eq!(
+            text(&out.stdout),
+            "snapshot 1\nrc=0 ERR=\nsnapshot 2\nrc=0 ERR=\n",
+            "[{label}]"
+        );
     }
 }
 

@@ -6,7 +6,8 @@
 # Provides: say MSG (a diagnostic on stderr, "run.sh: MSG", not a protocol
 # line); fail MSG (the variant's error: a "BLKLAB-ERROR SCENARIO VARIANT:
 # MSG" line on stdout, appended to ERR, joined by "; "); uptime_cs
-# (/proc/uptime in centiseconds); sort_devs (stdin's device names in the
+# (/proc/uptime in centiseconds) and clock_cs (the same in NOW_CS, without
+# forking); copy_file FILE (FILE on stdout, without forking); sort_devs (stdin's device names in the
 # kernel's order: vda..vdz, vdaa..); jnum VALUE (VALUE as a JSON number,
 # null when it is not a non-negative integer); json_ok FILE (FILE is
 # non-empty valid JSON, by lib/jsoncheck.awk).
@@ -28,11 +29,19 @@ fail() {    # record (first one wins the "error" slot) and print an error
     if [ -z "$ERR" ]; then ERR=$*; else ERR="$ERR; $*"; fi
 }
 
-uptime_cs() {   # /proc/uptime in centiseconds
+clock_cs() {    # NOW_CS: /proc/uptime in centiseconds, without forking
     read -r _uc_u _uc_rest < /proc/uptime
     _uc_i=${_uc_u%.*}
     _uc_f=${_uc_u#*.}
-    echo $(( _uc_i * 100 + ${_uc_f#0} ))
+    NOW_CS=$(( _uc_i * 100 + ${_uc_f#0} ))
+}
+uptime_cs() {   # /proc/uptime in centiseconds
+    clock_cs
+    echo "$NOW_CS"
+}
+
+copy_file() {   # FILE on stdout with the shell's read and printf only (no fork)
+    while IFS= read -r _cf_l || [ -n "$_cf_l" ]; do printf '%s\n' "$_cf_l"; done < "$1"
 }
 
 # sorted like the kernel names them: vda..vdz, vdaa..

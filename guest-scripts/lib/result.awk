@@ -16,6 +16,8 @@
 #   R_PATH_QUEUE             raw JSON object (the paths' queue settings) or ""
 #   R_QUEUE                  raw JSON object (queue settings read back) or ""
 #   R_BEFORE R_AFTER         snapshot files written by run.sh ("" -> no data)
+#   R_BEFORE_EDGE R_AFTER_EDGE  the edge reads after the begin and end SYNC
+#                            replies ("" -> that edge is null)
 #   R_BLKMQ_ERROR            why blk-mq's debugfs could not be read ("" -> none)
 #   R_MPSTAT R_FIO           files with valid JSON to embed ("" -> null)
 #   R_FIO_RC                 fio's exit status ("" -> null)
@@ -25,7 +27,8 @@
 # "@NAME": @uptime, @stat, @interrupts, @softirqs, and "@block DEV" per device
 # (/proc/uptime, /proc/stat, /proc/interrupts, /proc/softirqs,
 # /sys/block/DEV/stat), each followed by the file's content, and
-# "@blkmq DEV HCTX ATTR" per blk-mq debugfs attribute (blkmq.awk).
+# "@blkmq DEV HCTX ATTR" per blk-mq debugfs attribute (blkmq.awk). An edge
+# read has @uptime, @stat and @interrupts.
 # POSIX awk only.
 
 BEGIN {
@@ -34,6 +37,8 @@ BEGIN {
     if (have) {
         have = load(E_BEFORE, 0) && load(E_AFTER, 1)
     }
+    edge[0] = have && ENVIRON["R_BEFORE_EDGE"] != "" && load(ENVIRON["R_BEFORE_EDGE"], 2)
+    edge[1] = have && ENVIRON["R_AFTER_EDGE"] != "" && load(ENVIRON["R_AFTER_EDGE"], 3)
     nblk = split("read_ios read_merges read_sectors read_ticks write_ios write_merges " \
                  "write_sectors write_ticks in_flight io_ticks time_in_queue discard_ios " \
                  "discard_merges discard_sectors discard_ticks flush_ios flush_ticks", BLKF, " ")
@@ -68,6 +73,7 @@ BEGIN {
         print "  \"wall_seconds\": null, \"cpu\": null, \"context_switches\": null, \"processes\": null,"
         print "  \"interrupts\": null, \"softirqs\": null, \"block\": null, \"blk_mq\": null,"
     }
+    print "  \"sync_edges\": " (edge[0] || edge[1] ? "{\"begin\": " edge_json(0) ", \"end\": " edge_json(1) "}" : "null") ","
     printf "  \"mpstat\": "; embed(ENVIRON["R_MPSTAT"]); print ","
     print "  \"fio_rc\": " jnum_or_null(ENVIRON["R_FIO_RC"]) ","
     print "  \"fio_log\": " fio_log() ","
@@ -95,7 +101,7 @@ function load(file, side,    line, sec, f, n, i, nc, label, sum, words, dev) {
             UP[side] = f[1] + 0
         } else if (sec == "stat") {
             if (f[1] ~ /^cpu[0-9]+$/) {
-                if (side == 0) CPU_B[f[1]] = line; else CPU_A[f[1]] = line
+                if (side == 0) CPU_B[f[1]] = line; else if (side == 1) CPU_A[f[1]] = line
             } else if (f[1] == "ctxt" || f[1] == "processes" || f[1] == "intr") {
                 ST[side, f[1]] = f[2] + 0
             }
@@ -147,6 +153,20 @@ function interrupts_json(    out, i, l, n) {
     for (i = 1; i <= narch; i++) {
         l = ARCHORD[i]
         out = out (i > 1 ? ", " : "") jstr(l) ": " int0(ARCH[1, l] - ARCH[0, l])
+    }
+    return out "}}"
+}
+
+# edge_json(e): what the guest counted between its snapshot (side e) and
+# its read after the SYNC reply (side e + 2), or null without that read
+function edge_json(e,    out, i, l) {
+    if (!edge[e]) return "null"
+    out = "{\"seconds\": " sprintf("%.2f", UP[e + 2] - UP[e]) \
+          ", \"context_switches\": " int0(ST[e + 2, "ctxt"] - ST[e, "ctxt"]) \
+          ", \"interrupts\": " int0(ST[e + 2, "intr"] - ST[e, "intr"]) ", \"arch\": {"
+    for (i = 1; i <= narch; i++) {
+        l = ARCHORD[i]
+        out = out (i > 1 ? ", " : "") jstr(l) ": " int0(ARCH[e + 2, l] - ARCH[e, l])
     }
     return out "}}"
 }

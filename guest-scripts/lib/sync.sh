@@ -7,21 +7,30 @@
 # Provides: console_quiet (with BLKLAB_SYNC=1 and a tty on stdin, turn its
 # echo off, so that the host's replies are not echoed onto the console
 # output); console_restore (undo it; safe to call at any time, from a
-# trap); sync_point WHAT (print the SYNC line and wait for its reply: 0
-# replied, 1 no reply within SYNC_TIMEOUT s or end of input, recorded with
-# fail; does nothing and returns 0 without BLKLAB_SYNC=1). N counts up per
-# boot across every run.sh of the boot ($BLKLAB_SYNC_SEQ_FILE, else
-# /run/blklab-sync-seq or /tmp/blklab-sync-seq).
+# trap); sync_point WHAT [COMMAND ARG...] (run COMMAND, print the SYNC
+# line and wait for its reply: 0 replied, 1 no reply within SYNC_TIMEOUT s
+# or end of input, recorded with fail; without BLKLAB_SYNC=1 it only runs
+# COMMAND and returns 0). N counts up per boot across every run.sh of the
+# boot ($BLKLAB_SYNC_SEQ_FILE, else /run/blklab-sync-seq or
+# /tmp/blklab-sync-seq).
+#
+# The window's edges: the host samples its counters (the plugin's dump
+# among them) when it reads the SYNC line, while the guest waits for the
+# reply. COMMAND (the guest's snapshot) runs right before the line, and
+# from the start of COMMAND to the reply sync_point forks nothing (no
+# subshell, no command substitution, no external program; with `read -t`),
+# so that the guest adds nothing between its own reads and the host's
+# (docs/lab-protocol.md section 3).
 #
 # Expects of its caller: BLKLAB_SYNC, SYNC_TIMEOUT (seconds, a checked
-# number), SCN_NAME and VNAME; fail and say, uptime_cs (common.sh).
+# number), SCN_NAME and VNAME; fail and say, clock_cs (common.sh).
 #
 # Must not: print anything or touch the tty when sourced (it defines
 # functions, and probes in a subshell whether this shell's read has -t);
 # read stdin anywhere but in read_line (stdin is the host's console).
 #
 # `read -t` is used only where the shell has it (busybox, bash), else
-# timeout(1).
+# timeout(1) (which forks while waiting).
 
 STTY_SAVED=""
 console_quiet() {
@@ -59,7 +68,8 @@ next_seq() {    # per-boot counter shared by every run.sh of this boot
 # read_line SECS: one line of stdin into LINE; 0 ok, 1 end of input, 2 timeout
 read_line() {
     LINE=""
-    _rl_t0=$(uptime_cs)
+    clock_cs
+    _rl_t0=$NOW_CS
     if [ "$HAVE_READ_T" = 1 ]; then
         # shellcheck disable=SC3045  # only where the shell has read -t
         IFS= read -r -t "$1" LINE && return 0
@@ -75,30 +85,52 @@ read_line() {
     fi
     [ "$_rl_rc" -gt 128 ] && return 2
     # busybox returns 1 for both: tell them apart by the time spent
-    [ $(( $(uptime_cs) - _rl_t0 )) -ge $(( $1 * 100 - 50 )) ] && return 2
+    clock_cs
+    [ $(( NOW_CS - _rl_t0 )) -ge $(( $1 * 100 - 50 )) ] && return 2
     return 1
 }
 
-# sync_point WHAT: print the SYNC line and wait for the host's reply
-sync_point() {
-    [ "$BLKLAB_SYNC" = 1 ] || return 0
-    _sp_n=$(next_seq)
-    echo "BLKLAB-SYNC $_sp_n $1 $SCN_NAME $VNAME"
-    _sp_deadline=$(( $(uptime_cs) + SYNC_TIMEOUT * 100 ))
+# strip_blanks: LINE without blanks and CRs, in GOT (without forking)
+strip_blanks() {
+    GOT=$LINE
     while :; do
-        _sp_left=$(( (_sp_deadline - $(uptime_cs) + 99) / 100 ))
+        case $GOT in
+        *[[:space:]]*) GOT=${GOT%%[[:space:]]*}${GOT#*[[:space:]]} ;;
+        *) return 0 ;;
+        esac
+    done
+}
+
+# sync_point WHAT [COMMAND ARG...]: run COMMAND, print the SYNC line and
+# wait for the host's reply
+sync_point() {
+    _sp_what=$1
+    shift
+    if [ "$BLKLAB_SYNC" != 1 ]; then
+        [ $# -eq 0 ] || "$@"
+        return 0
+    fi
+    _sp_n=$(next_seq)
+    clock_cs
+    _sp_deadline=$(( NOW_CS + SYNC_TIMEOUT * 100 ))
+    # nothing forks from here to the reply
+    [ $# -eq 0 ] || "$@"
+    echo "BLKLAB-SYNC $_sp_n $_sp_what $SCN_NAME $VNAME"
+    while :; do
+        clock_cs
+        _sp_left=$(( (_sp_deadline - NOW_CS + 99) / 100 ))
         if [ "$_sp_left" -le 0 ]; then
-            fail "no reply to BLKLAB-SYNC $_sp_n ($1) within $SYNC_TIMEOUT s"
+            fail "no reply to BLKLAB-SYNC $_sp_n ($_sp_what) within $SYNC_TIMEOUT s"
             return 1
         fi
         read_line "$_sp_left"
         case $? in
-        0)  _sp_got=$(printf '%s' "$LINE" | tr -d ' \t\r')
-            [ "$_sp_got" = "$_sp_n" ] && return 0
-            say "ignoring console input '$_sp_got' while waiting for SYNC reply $_sp_n" ;;
-        1)  fail "end of input while waiting for the reply to BLKLAB-SYNC $_sp_n ($1)"
+        0)  strip_blanks
+            [ "$GOT" = "$_sp_n" ] && return 0
+            say "ignoring console input '$GOT' while waiting for SYNC reply $_sp_n" ;;
+        1)  fail "end of input while waiting for the reply to BLKLAB-SYNC $_sp_n ($_sp_what)"
             return 1 ;;
-        *)  fail "no reply to BLKLAB-SYNC $_sp_n ($1) within $SYNC_TIMEOUT s"
+        *)  fail "no reply to BLKLAB-SYNC $_sp_n ($_sp_what) within $SYNC_TIMEOUT s"
             return 1 ;;
         esac
     done

@@ -302,7 +302,19 @@ pub(crate) fn qemu_spec(
             .collect(),
         deterministic: c.args.deterministic,
         plugin: match (c.plugin, plugin) {
-            (Some(p), Some(ctl)) => Some(format!("{},ctl={}", p.display(), ctl.path().display())),
+            (Some(p), Some(ctl)) => {
+                let mut arg = format!("{},ctl={}", p.display(), ctl.path().display());
+                // The plugin marks its counts where the guest's kernel
+                // formats /proc/interrupts' IPI lines (the guest's window).
+                let mark = c
+                    .symbols
+                    .as_ref()
+                    .and_then(|m| m.address(insns::MARK_SYMBOL));
+                if let Some(a) = mark {
+                    arg += &format!(",mark={a:x}");
+                }
+                Some(arg)
+            }
             _ => None,
         },
         qmp: qmp.map(Path::to_path_buf),

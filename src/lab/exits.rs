@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::lab::qmp::{Qmp, QmpError};
 
-pub(crate) use crate::record::instructions::{NotifyStores, WouldBeExits};
+pub(crate) use crate::record::instructions::{GuestWindowExits, NotifyStores, WouldBeExits};
 
 /// What a would-be exit is, with its key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -135,6 +135,10 @@ const X2APIC_FIRST: u32 = 0x800;
 const X2APIC_LAST: u32 = 0x8ff;
 const X2APIC_EOI: u32 = 0x80b;
 const X2APIC_ICR: u32 = 0x830;
+/// x2APIC's SELF IPI register: an IPI to the writing CPU (Linux's
+/// self-IPIs, irq work among them, under x2APIC; xAPIC sends them through
+/// the ICR).
+const X2APIC_SELF_IPI: u32 = 0x83f;
 const X2APIC_TMICT: u32 = 0x838;
 const MSR_TSC_DEADLINE: u32 = 0x6e0;
 /// MSRs KVM always lets a 64-bit guest write without an exit, on SVM
@@ -244,7 +248,7 @@ fn classify(kind: ExitKind, notify: &[NotifyArea]) -> Reason {
     match kind {
         ExitKind::Hlt => Reason::Hlt,
         ExitKind::Cpuid => Reason::Cpuid,
-        ExitKind::Wrmsr(X2APIC_ICR) => Reason::Ipi,
+        ExitKind::Wrmsr(X2APIC_ICR | X2APIC_SELF_IPI) => Reason::Ipi,
         ExitKind::Wrmsr(X2APIC_EOI) => Reason::Eoi,
         ExitKind::Wrmsr(X2APIC_TMICT | MSR_TSC_DEADLINE) => Reason::Timer,
         ExitKind::Wrmsr(X2APIC_FIRST..=X2APIC_LAST) => Reason::ApicOther,
@@ -365,6 +369,20 @@ pub(crate) fn record(
     r
 }
 
+/// The would-be exits between two of the plugin's marks (`marked`, the
+/// window's differences of the counts at its last marks; `marks` how many
+/// marks the window had).
+pub(crate) fn guest_window(marked: &ExitCounts, marks: u64) -> GuestWindowExits {
+    let r = record(marked, None, BTreeMap::new(), &[], None);
+    GuestWindowExits {
+        marks,
+        ipi: r.ipi,
+        hlt: r.hlt,
+        eoi: r.eoi,
+        timer: r.timer,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -434,6 +452,7 @@ mod tests {
             (0, ExitKind::Mmio(0xfee0_0300), 4), // xAPIC ICR low: IPI
             (0, ExitKind::Mmio(0xfee0_0310), 4), // ICR high: other APIC
             (0, ExitKind::Wrmsr(0x830), 2),      // x2APIC ICR: IPI
+            (1, ExitKind::Wrmsr(0x83f), 1),      // x2APIC SELF IPI: IPI
             (0, ExitKind::Mmio(0xfee0_00b0), 6), // EOI
             (1, ExitKind::Wrmsr(0x80b), 1),
             (0, ExitKind::Mmio(0xfee0_0380), 3), // TMICT
@@ -455,13 +474,13 @@ mod tests {
         ]
         .into();
         let r = record(&c, None, irqs, &[area], Some(2.0));
-        assert_eq!((r.hlt, r.ipi, r.eoi, r.timer), (11, 6, 7, 6));
+        assert_eq!((r.hlt, r.ipi, r.eoi, r.timer), (11, 7, 7, 6));
         assert_eq!((r.apic_other, r.msr_other, r.port_io), (4, 1, 25));
         assert_eq!(
             (r.notify, r.mmio_other, r.cpuid, r.interrupts),
             (9, 1, 9, 11)
         );
-        assert_eq!(r.total, 11 + 6 + 7 + 6 + 4 + 1 + 25 + 9 + 1 + 9 + 11);
+        assert_eq!(r.total, 11 + 7 + 7 + 6 + 4 + 1 + 25 + 9 + 1 + 9 + 11);
         assert_eq!(r.msrs["0x1b"], 1);
         assert_eq!(r.msr_passthrough, 13);
         assert_eq!(r.msrs["0xc0000100"], 12);

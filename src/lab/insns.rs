@@ -181,6 +181,9 @@ pub struct LevelCounts {
     pub blocks: BTreeMap<u64, (u64, u64)>,
     /// The level's would-be exits (format 4 and later; empty in format 3).
     pub exits: ExitCounts,
+    /// The would-be exits at the plugin's last mark (its `mark=`: the
+    /// guest's reads of /proc/interrupts); empty without marks.
+    pub marked: ExitCounts,
 }
 
 impl LevelCounts {
@@ -216,6 +219,7 @@ impl LevelCounts {
             vcpus,
             blocks,
             exits: self.exits.since(&earlier.exits),
+            marked: self.marked.since(&earlier.marked),
         }
     }
 }
@@ -269,7 +273,16 @@ pub struct Dump {
     /// a plugin built for a QEMU without per-vCPU inline operations); None
     /// when the counts are of retired instructions.
     pub cut_unavailable: Option<String>,
+    /// The plugin's marks so far (a window: between its two dumps), when
+    /// it marks (`mark=`; the `marks` record); the levels' `marked` are the
+    /// exit counts at the last one.
+    pub marks: Option<u64>,
 }
+
+/// The kernel function whose entry the plugin marks at (`mark=`): it
+/// formats the per-CPU IPI and timer lines of /proc/interrupts, so a mark
+/// is the instant the guest reads those counters.
+pub(crate) const MARK_SYMBOL: &str = "arch_show_interrupts";
 
 /// The header lines of the dumps [`Dump::parse`] reads: format 5, format 4
 /// (no `cut` record: blocks cut short counted in full) and format 3 (no
@@ -419,6 +432,22 @@ impl Dump {
                     };
                     level.exits.add(e);
                 }
+                Some("marks") if d.exits_unavailable.is_none() && exits => {
+                    d.marks = Some(number(w.next(), 10).ok_or_else(|| err(n, "bad number"))?);
+                }
+                Some("mark") if d.marks.is_some() => {
+                    let e = exit_line(w)
+                        .ok_or_else(|| err(n, "want 'mark LEVEL VCPU KIND KEY N [NAME]'"))?;
+                    if e.vcpu >= vcpus.unwrap_or(0) {
+                        return Err(err(n, "vCPU index beyond 'vcpus'"));
+                    }
+                    let level = if e.level == 1 {
+                        &mut d.level1
+                    } else {
+                        &mut d.level2
+                    };
+                    level.marked.add(e);
+                }
                 Some("end") => ended = true,
                 _ => return Err(err(n, "unknown record")),
             }
@@ -473,6 +502,10 @@ impl Dump {
                 .cut_unavailable
                 .clone()
                 .or_else(|| earlier.cut_unavailable.clone()),
+            marks: self
+                .marks
+                .zip(earlier.marks)
+                .map(|(m, m0)| m.saturating_sub(m0)),
         }
     }
 
@@ -980,8 +1013,7 @@ ffffffff81000600 T _etext
             w.level2,
             LevelCounts {
                 vcpus: vec![(0, 0)],
-                blocks: BTreeMap::new(),
-                exits: ExitCounts::default(),
+                ..LevelCounts::default()
             }
         );
         let m = SymbolMap::parse(MAP, Path::new("System.map")).unwrap();
@@ -1214,6 +1246,46 @@ ffffffff81000600 T _etext
         assert_eq!(d.cut_unavailable.as_deref(), Some(FORMAT_4_CUT));
         bad(&f4.replace("exits", "cut 1 1\nexits"));
         assert_eq!(b.since(&d).cut_unavailable.as_deref(), Some(FORMAT_4_CUT));
+    }
+
+    #[test]
+    fn marks_carry_the_exits_at_the_last_mark() {
+        let text = |marks: &str| {
+            head(&[(100, 20, 0, 0, 0, 0), (1, 1, 0, 0, 0, 0)], 0)
+                .replace("blklab-insns 3", "blklab-insns 5")
+                + &format!(
+                    "cut 0 0\nexits available\nexit 1 0 mmio fee00300 9 apic-msi\n{marks}\
+                     tb ffffffff81000100 1 1\nend\n"
+                )
+        };
+        let a = Dump::parse(
+            &text("marks 3\nmark 1 0 mmio fee00300 5 apic-msi\n"),
+            Path::new("a"),
+        )
+        .unwrap();
+        let b = Dump::parse(
+            &text("marks 7\nmark 1 0 mmio fee00300 8 apic-msi\nmark 1 1 wrmsr 830 2\n"),
+            Path::new("b"),
+        )
+        .unwrap();
+        assert_eq!(a.marks, Some(3));
+        assert_eq!(a.level1.marked.of(ExitKind::Mmio(0xfee0_0300)), 5);
+        let w = b.since(&a);
+        assert_eq!(w.marks, Some(4));
+        assert_eq!(w.level1.marked.of(ExitKind::Mmio(0xfee0_0300)), 3);
+        assert_eq!(w.level1.marked.of(ExitKind::Wrmsr(0x830)), 2);
+        assert_eq!(w.level1.exits.of(ExitKind::Mmio(0xfee0_0300)), 0);
+        // Without marks (no mark=) there are none, and a window with one
+        // side unmarked has none either.
+        let u = Dump::parse(&text(""), Path::new("u")).unwrap();
+        assert_eq!(u.marks, None);
+        assert_eq!(b.since(&u).marks, None);
+        // A mark record needs its marks record first, and a whole line.
+        let bad = |t: &str| assert!(Dump::parse(t, Path::new("t")).is_err(), "{t}");
+        bad(&text("mark 1 0 hlt 0 1\n"));
+        bad(&text("marks x\n"));
+        bad(&text("marks 1\nmark 1 0 hlt 0\n"));
+        bad(&text("marks 1\nmark 1 5 hlt 0 1\n"));
     }
 
     #[test]

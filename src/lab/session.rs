@@ -241,6 +241,17 @@ impl<'a> Session<'a> {
             Event::Init { kernel } => {
                 self.booted = true;
                 info!("{} booted ({kernel})", c.label);
+                // The plugin counts MMIO stores from its first dump on: one
+                // now, with the guest's PCI devices set up, so that the
+                // guest's own windows (from its snapshot before the begin
+                // SYNC, the plugin's marks) count them too.
+                if let Some(ctl) = &self.plugin {
+                    ctl.dump(&self.disks.sockets.0.join("boot.insns"))
+                        .map_err(|source| BootFailure::Plugin {
+                            edge: "boot".to_string(),
+                            source,
+                        })?;
+                }
                 self.expect(
                     c.args.step_timeout,
                     "the guest to start the scenario".into(),
@@ -626,6 +637,9 @@ fn assemble_record(
             &notify,
             ios,
         ));
+        if let (Some(e), Some(marks), None) = (i.exits.as_mut(), w.marks, &w.exits_unavailable) {
+            e.guest_window = Some(crate::lab::exits::guest_window(&w.level1.marked, marks));
+        }
         record.instructions = Some(i);
     }
     record

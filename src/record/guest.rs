@@ -87,6 +87,13 @@ pub struct GuestResult {
     /// documents of guest scripts older than the section).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blk_mq: Option<BlkMq>,
+    /// What the guest counted at each edge of the window between its
+    /// snapshot (right before the SYNC line) and its read after the host's
+    /// reply: the host sampled in between, so the host's window differs
+    /// from the guest's by at most these counts at each edge. Null without
+    /// SYNC; absent from documents of guest scripts older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sync_edges: Option<SyncEdges>,
     /// `mpstat -P ALL -o JSON` over the window, as mpstat printed it (or
     /// null): carried for people, read by nothing.
     #[serde(default)]
@@ -270,6 +277,59 @@ pub struct Interrupts {
     /// The named lines (IPIs, timer, …), summed over CPUs.
     #[serde(default)]
     pub arch: BTreeMap<String, i64>,
+}
+
+impl Interrupts {
+    /// The IPIs the guest's CPUs received: `RES` (reschedule) + `CAL`
+    /// (function call, single and many) + `IWI` (irq work, a self-IPI).
+    /// `TLB` is not added: it counts the remote TLB flushes a CPU ran,
+    /// each inside a `CAL` IPI's function calls (or from the idle loop,
+    /// without an IPI), so an IPI that flushed is in both lines.
+    pub fn ipis(&self) -> i64 {
+        ipis(&self.arch)
+    }
+}
+
+/// `RES + CAL + IWI` of named interrupt lines (see [`Interrupts::ipis`]).
+fn ipis(arch: &BTreeMap<String, i64>) -> i64 {
+    ["RES", "CAL", "IWI"]
+        .iter()
+        .filter_map(|k| arch.get(*k))
+        .sum()
+}
+
+/// The guest's counts at the edges of its window (see
+/// [`GuestResult::sync_edges`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SyncEdges {
+    /// From the before-snapshot to the begin SYNC's reply.
+    #[serde(default)]
+    pub begin: Option<SyncEdge>,
+    /// From the after-snapshot to the end SYNC's reply (null when it got
+    /// no reply).
+    #[serde(default)]
+    pub end: Option<SyncEdge>,
+}
+
+/// What the guest counted from its snapshot to its read after a SYNC reply.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SyncEdge {
+    /// /proc/uptime's delta.
+    pub seconds: f64,
+    /// /proc/stat `ctxt` delta.
+    pub context_switches: i64,
+    /// /proc/stat `intr` first field delta.
+    pub interrupts: i64,
+    /// The named interrupt lines' deltas, summed over CPUs.
+    #[serde(default)]
+    pub arch: BTreeMap<String, i64>,
+}
+
+impl SyncEdge {
+    /// The IPIs received in the edge (as [`Interrupts::ipis`]).
+    pub fn ipis(&self) -> i64 {
+        ipis(&self.arch)
+    }
 }
 
 /// One numbered interrupt line, summed over CPUs.

@@ -158,7 +158,8 @@ pub struct WouldBeExits {
     pub total: u64,
     /// HLT executions (idle).
     pub hlt: u64,
-    /// IPIs sent: xAPIC ICR-low stores and x2APIC ICR (0x830) WRMSRs.
+    /// IPIs sent: xAPIC ICR-low stores, x2APIC ICR (0x830) and SELF IPI
+    /// (0x83f) WRMSRs.
     pub ipi: u64,
     /// End-of-interrupt writes: xAPIC EOI stores, x2APIC EOI WRMSRs.
     pub eoi: u64,
@@ -206,6 +207,36 @@ pub struct WouldBeExits {
     /// Per vCPU: the would-be exits the plugin saw executed (all but
     /// interrupts, which are counted per stub over all vCPUs).
     pub per_vcpu: Vec<u64>,
+    /// The would-be exits of the guest's own window: between the plugin's
+    /// marks at the guest's reads of /proc/interrupts right before the
+    /// begin and end SYNC lines, where the counts above are between the
+    /// host's dumps at those lines. Absent without marks (a kernel whose
+    /// System.map has no `arch_show_interrupts`, a plugin that cannot read
+    /// registers, records before the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_window: Option<GuestWindowExits>,
+}
+
+/// Would-be exits between two of the plugin's marks: the instants the
+/// guest's kernel ran `arch_show_interrupts`, formatting the per-CPU IPI
+/// and timer lines of /proc/interrupts for the guest's snapshots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GuestWindowExits {
+    /// The marks in the window: the reads of /proc/interrupts after the
+    /// begin snapshot's, the end snapshot's last (the guest scripts' read
+    /// after the begin SYNC's reply, mpstat's as it starts, the end
+    /// snapshot's: 3).
+    pub marks: u64,
+    /// IPIs sent (as `ipi`): what the guest's RES + CAL + IWI received
+    /// over its own window, to the IPI (with 2 vCPUs; with more, one ICR
+    /// write may reach several CPUs).
+    pub ipi: u64,
+    /// HLT executions.
+    pub hlt: u64,
+    /// End-of-interrupt writes.
+    pub eoi: u64,
+    /// Timer programming.
+    pub timer: u64,
 }
 
 /// One queue's virtio notify stores (each a write of the queue's kick
