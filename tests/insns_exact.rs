@@ -177,7 +177,7 @@ fn plugin_knows_which_instructions_may_stop_a_block() {
     let out = Command::new(&exe).output().unwrap();
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{t}");
-    assert!(t.trim_end().ends_with("51 passed, 0 failed"), "{t}");
+    assert!(t.trim_end().ends_with("59 passed, 0 failed"), "{t}");
 }
 
 /// Run `images/ARGS[0] ARGS[1..] DIR` and return the last line it printed

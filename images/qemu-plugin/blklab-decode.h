@@ -86,6 +86,22 @@ static inline int exit_kind(const uint8_t *b, size_t size, bool *dx, uint16_t *p
     }
 }
 
+/* A string instruction with a REP or REPNE prefix (f3/f2, then other
+ * prefixes, then a4-a7, aa-af or 6c-6f). */
+static inline bool is_rep_string(const uint8_t *b, size_t size)
+{
+    bool rep = false;
+    size_t i = 0;
+    for (; i < size && is_prefix(b[i]); i++) {
+        rep |= b[i] == 0xf2 || b[i] == 0xf3;
+    }
+    if (!rep || i + 1 != size) {
+        return false;
+    }
+    uint8_t op = b[i];
+    return (op >= 0xa4 && op <= 0xa7) || (op >= 0xaa && op <= 0xaf) || (op >= 0x6c && op <= 0x6f);
+}
+
 /* Whether an instruction of `size` bytes may stop its translation block
  * before it finishes: false only for instructions known to touch neither
  * memory nor a helper that can fault, whatever their operands (a register

@@ -47,7 +47,7 @@
  * re-runs counted. Inline stores were chosen over a callback per
  * instruction (a call each) and over counting from the next block's
  * address (faults and interrupts look alike there); all of it costs about
- * 15% more TCG time than counting whole blocks (docs/benchmarks.md).
+ * 20% more TCG time than counting whole blocks (docs/benchmarks.md).
  * tests/insns_exact.rs checks a known number of user instructions across
  * 4000 page faults and 1000 device stores in the middle of blocks, under
  * TCG and -icount.
@@ -372,7 +372,9 @@ static inline void add_counts(VcpuCount *v, const BlockCb *b, uint64_t lvl, uint
  * operations write `started` and `rerun`, the vCPU's block callback the
  * rest; the dump reads it under `seq`. */
 typedef struct {
-    uint64_t started; /* the 1-based index of the last instruction started */
+    uint64_t started; /* the 1-based index of the last instruction started
+                         that may stop the block; its length once none
+                         may */
     uint64_t rerun;   /* the BlockCb of a 1-instruction block that accessed
                          memory, or 0 */
     uint64_t cur;     /* the BlockCb of the block entered last, or 0 */
@@ -833,7 +835,9 @@ static int32_t fixed_level(struct qemu_plugin_tb *tb, size_t n)
  * 1-instruction block also stores its BlockCb in `rerun` at each memory
  * access: QEMU re-runs an instruction that touched a device partway
  * through a block as a block of its own without execution callbacks, and
- * that store is how it is counted. */
+ * that store is how it is counted. Not a REP string instruction: it always
+ * ends its block, so QEMU never re-runs it so, and it may access memory
+ * 65536 times in one execution. */
 static void register_progress(struct qemu_plugin_tb *tb, size_t n, BlockCb *b)
 {
     qemu_plugin_u64 started = qemu_plugin_scoreboard_u64_in_struct(progress, Progress, started);
@@ -862,7 +866,8 @@ static void register_progress(struct qemu_plugin_tb *tb, size_t n, BlockCb *b)
         qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(
             qemu_plugin_tb_get_insn(tb, last + 1), QEMU_PLUGIN_INLINE_STORE_U64, started, n);
     }
-    if (n == 1) {
+    uint8_t buf[16];
+    if (n == 1 && !is_rep_string(buf, insn_bytes(qemu_plugin_tb_get_insn(tb, 0), buf))) {
         qemu_plugin_register_vcpu_mem_inline_per_vcpu(
             qemu_plugin_tb_get_insn(tb, 0), QEMU_PLUGIN_MEM_RW, QEMU_PLUGIN_INLINE_STORE_U64,
             qemu_plugin_scoreboard_u64_in_struct(progress, Progress, rerun), (uintptr_t)b);

@@ -1,6 +1,6 @@
 /*
- * stop-test: may_stop_block (blklab-decode.h) on known encodings; run by
- * tests/insns_exact.rs. Prints one line per failure and a last line
+ * stop-test: may_stop_block and is_rep_string (blklab-decode.h) on known
+ * encodings; run by tests/insns_exact.rs. Prints one line per failure and a last line
  * "N passed, M failed"; exits 1 on any failure.
  *
  * Copyright (C) 2026 the blklab authors
@@ -74,9 +74,37 @@ static const Case cases[] = {
     {"xchg %eax, (%rdi)", {0x87, 0x07}, 2, true},
 };
 
+typedef struct {
+    const char *name;
+    uint8_t bytes[16];
+    size_t size;
+    bool rep;
+} RepCase;
+
+static const RepCase rep_cases[] = {
+    {"rep movsb", {0xf3, 0xa4}, 2, true},
+    {"rep stosq", {0xf3, 0x48, 0xab}, 3, true},
+    {"repne scasb", {0xf2, 0xae}, 2, true},
+    {"rep outsb", {0xf3, 0x6e}, 2, true},
+    {"movsb", {0xa4}, 1, false},
+    {"pause", {0xf3, 0x90}, 2, false},
+    {"tzcnt %eax, %eax", {0xf3, 0x0f, 0xbc, 0xc0}, 4, false},
+    {"mov (%rdi), %rax", {0x48, 0x8b, 0x07}, 3, false},
+};
+
 int main(void)
 {
     int passed = 0, failed = 0;
+    for (size_t i = 0; i < sizeof(rep_cases) / sizeof(rep_cases[0]); i++) {
+        const RepCase *c = &rep_cases[i];
+        bool got = is_rep_string(c->bytes, c->size);
+        if (got == c->rep) {
+            passed++;
+        } else {
+            failed++;
+            printf("FAIL %s: is_rep_string %d, want %d\n", c->name, got, c->rep);
+        }
+    }
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const Case *c = &cases[i];
         bool got = may_stop_block(c->bytes, c->size);
