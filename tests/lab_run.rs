@@ -783,6 +783,17 @@ fn documents_match_their_types_and_schemas(out: &Path) {
         summary.rows.iter().map(|r| r.iterations).sum::<usize>(),
         records
     );
+    // Every variant run run.json plans has its record: none counted as
+    // not run (the plan's names and iterations are the records').
+    let planned: usize = run.order.iter().map(|b| b.variants.len()).sum();
+    assert_eq!(planned, expected);
+    assert!(
+        summary.rows.iter().all(|r| r.not_run == 0),
+        "{:?}",
+        summary.rows
+    );
+    let txt = std::fs::read_to_string(out.join("summary.txt")).unwrap();
+    assert!(!txt.contains("not run"), "{txt}");
 }
 
 /// A run refused up front wrote no plan and booted no guest.
