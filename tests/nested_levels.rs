@@ -39,11 +39,11 @@ const HOST_ITERATIONS: u64 = 5_000_000;
 
 /// Everything the guest executes: `mov ecx, N`, N times `dec ecx; jnz`,
 /// `hlt`. Exact: no interrupt reaches the guest (IF is clear and the VM
-/// has no interrupt controller), so it runs nothing else; TCG leaves a
-/// translation block only at its end (the plugin counts a whole block when
-/// it starts), `hlt`, whose intercept exits to the host, ends its block,
-/// and a #VMEXIT for a host interrupt or a nested page fault happens
-/// between blocks or before a block runs, the guest resuming there.
+/// has no interrupt controller), so it runs nothing else; `hlt`, whose
+/// intercept exits to the host, ends its block, a #VMEXIT for a host
+/// interrupt happens between blocks, and a block a nested page fault cuts
+/// short counts only what ran (the plugin counts retired instructions,
+/// tests/insns_exact.rs).
 const GUEST_INSNS: u64 = 2 * GUEST_ITERATIONS + 2;
 
 /// The exits loop: `out` to port 0xe9 and `cpuid`, each this many times.
