@@ -10,12 +10,14 @@
 //! the middle of a block (a fresh page: read fault, then write fault), and
 //! [`MMIO_ITERS`] iterations with a store to the `edu` PCI device's MMIO
 //! register in the middle of a block (QEMU stops the block there and re-runs
-//! the store alone, `cpu_io_recompile`, with or without `-icount`); it
-//! prints `EXACT end` and waits again. The test takes a plugin dump at each
-//! wait; the window's user instructions are exactly [`WINDOW_USER_INSNS`].
-//! Counting each block in full when it starts, as the plugin did before,
-//! gives 27 000 more here (see [`OLD_WINDOW_USER_INSNS`]); the window's
-//! `cut` count shows such blocks happened.
+//! the store alone, `cpu_io_recompile`, with or without `-icount`), and
+//! [`CALLS`] calls, each the last instruction of its block, whose push
+//! page-faults; it prints `EXACT end` and waits again. The test takes a
+//! plugin dump at each wait; the window's user instructions are exactly
+//! [`WINDOW_USER_INSNS`]. Counting each block in full when it starts, as
+//! the plugin did before, gives 28 000 more here (see
+//! [`OLD_WINDOW_USER_INSNS`]); the window's `cut` count shows such blocks
+//! happened.
 //!
 //! Needs QEMU with the `edu` device, gcc with a static libc, cpio and apt
 //! for the kernel (`.ci/install-deps`). About 25 s a boot; two boots.
@@ -43,12 +45,16 @@ const PAGES: u64 = 2000;
 /// Device stores in the middle of a block.
 const MMIO_ITERS: u64 = 1000;
 
+/// Calls whose push page-faults, each the last instruction of its block.
+const CALLS: u64 = 1000;
+
 /// Every user instruction from the return of the first wait's `read(2)` to
 /// the second wait's `syscall`, as written in exact.c's asm block: 2 + 8 a
-/// page, 2 + 5 an MMIO iteration, 5 for the `write(2)` of `EXACT end`, 5
-/// for the `read(2)`. Nothing else runs in user space: the program is the
-/// guest's only process, and it is blocked in `read(2)` at both dumps.
-const WINDOW_USER_INSNS: u64 = 2 + 8 * PAGES + 2 + 5 * MMIO_ITERS + 5 + 5;
+/// page, 2 + 5 an MMIO iteration, 3 + 5 a call, 5 for the `write(2)` of
+/// `EXACT end`, 5 for the `read(2)`. Nothing else runs in user space: the
+/// program is the guest's only process, and it is blocked in `read(2)` at
+/// both dumps.
+const WINDOW_USER_INSNS: u64 = 2 + 8 * PAGES + 2 + 5 * MMIO_ITERS + 3 + 5 * CALLS + 5 + 5;
 
 /// What counting each block in full when it starts gave for the same window
 /// (measured with the plugin before it counted retired instructions). Per
@@ -57,8 +63,10 @@ const WINDOW_USER_INSNS: u64 = 2 + 8 * PAGES + 2 + 5 * MMIO_ITERS + 5 + 5;
 /// where 2 retired before the store faulted (5 too many). Per MMIO
 /// iteration: the block of 5 counted whole where 1 retired before the store
 /// (4 too many), and the store, re-run alone without execution callbacks,
-/// never (1 too few).
-const OLD_WINDOW_USER_INSNS: u64 = WINDOW_USER_INSNS + (7 + 5) * PAGES + (4 - 1) * MMIO_ITERS;
+/// never (1 too few). Per call: its block counted whole, the call again
+/// when re-run after the fault (1 too many).
+const OLD_WINDOW_USER_INSNS: u64 =
+    WINDOW_USER_INSNS + (7 + 5) * PAGES + (4 - 1) * MMIO_ITERS + CALLS;
 
 /// The whole boot's limit (a boot takes about 25 s on an idle 2-core
 /// machine).
@@ -141,9 +149,10 @@ fn exact(accel: &[&str]) {
         "the window's user instructions ({summary}); counting blocks in full would give \
          {OLD_WINDOW_USER_INSNS}"
     );
-    // Not vacuous: each page's two faults and each device store cut a
-    // block short in the window, and each store was re-run alone.
-    assert!(w.cut >= 2 * PAGES + MMIO_ITERS, "{summary}");
+    // Not vacuous: each page's two faults, each device store and each
+    // call's fault cut a block short in the window, and each store was
+    // re-run alone.
+    assert!(w.cut >= 2 * PAGES + MMIO_ITERS + CALLS, "{summary}");
     assert!(w.reruns >= MMIO_ITERS, "{summary}");
     assert_eq!(w.level2.kernel() + w.level2.user(), 0, "{summary}");
     // The per-block profile is corrected with the totals: taken with the
@@ -177,7 +186,7 @@ fn plugin_knows_which_instructions_may_stop_a_block() {
     let out = Command::new(&exe).output().unwrap();
     let t = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{t}");
-    assert!(t.trim_end().ends_with("59 passed, 0 failed"), "{t}");
+    assert!(t.trim_end().ends_with("79 passed, 0 failed"), "{t}");
 }
 
 /// Run `images/ARGS[0] ARGS[1..] DIR` and return the last line it printed
@@ -214,6 +223,7 @@ fn initramfs(stage: &Path) -> PathBuf {
         .args(["-static", "-O1", "-Wall", "-Wextra", "-Werror"])
         .arg(format!("-DPAGES={PAGES}"))
         .arg(format!("-DMMIO_ITERS={MMIO_ITERS}"))
+        .arg(format!("-DCALLS={CALLS}"))
         .arg("-o")
         .arg(stage.join("init"))
         .arg(root().join("tests/fixtures/insns-exact/exact.c"))

@@ -102,6 +102,38 @@ static inline bool is_rep_string(const uint8_t *b, size_t size)
     return (op >= 0xa4 && op <= 0xa7) || (op >= 0xaa && op <= 0xaf) || (op >= 0x6c && op <= 0x6f);
 }
 
+/* Whether an instruction of `size` bytes touches memory whenever it
+ * finishes: CALL rel32 (e8) and CALL/PUSH r/m (ff /2, /6) push, RET (c3,
+ * c2) pops, JMP m (ff /4 of memory) loads, PUSH/POP r (50-5f), PUSH imm
+ * (68, 6a), LEAVE (c9), MOV to or from memory (88-8b, c6/c7 /0, with a
+ * memory operand). Only REX, operand-size and FS/GS prefixes may precede
+ * them. */
+static inline bool always_accesses_memory(const uint8_t *b, size_t size)
+{
+    size_t i = 0;
+    while (i < size && (b[i] == 0x66 || b[i] == 0x64 || b[i] == 0x65 || (b[i] & 0xf0) == 0x40)) {
+        i++;
+    }
+    if (i >= size) {
+        return false;
+    }
+    uint8_t op = b[i];
+    bool mem = i + 1 < size && b[i + 1] >> 6 != 3;
+    uint8_t reg = i + 1 < size ? (b[i + 1] >> 3) & 7 : 0;
+    switch (op) {
+    case 0xe8: case 0xc3: case 0xc2: case 0x68: case 0x6a: case 0xc9:
+        return true;
+    case 0x88: case 0x89: case 0x8a: case 0x8b:
+        return mem;
+    case 0xc6: case 0xc7:
+        return mem && reg == 0;
+    case 0xff:
+        return i + 1 < size && (reg == 2 || reg == 6 || (reg == 4 && mem));
+    default:
+        return op >= 0x50 && op <= 0x5f;
+    }
+}
+
 /* Whether an instruction of `size` bytes may stop its translation block
  * before it finishes: false only for instructions known to touch neither
  * memory nor a helper that can fault, whatever their operands (a register

@@ -48,17 +48,26 @@
  * instruction (a call each) and over counting from the next block's
  * address (faults and interrupts look alike there); all of it costs about
  * 20% more TCG time than counting whole blocks (docs/benchmarks.md).
- * tests/insns_exact.rs checks a known number of user instructions across
- * 4000 page faults and 1000 device stores in the middle of blocks, under
- * TCG and -icount.
  *
- * What stays approximate. Nothing of a block runs after its last
- * instruction starts, so a block stopped by its last instruction cannot be
- * told from one that finished: a fault raised by the last instruction of
- * a block (a page fault on the return address push of a call, on a ret's
- * pop, on a store where a block ends at a page boundary) counts that
- * instruction twice, one instruction too many per such fault, at most one
- * per exception the guest takes. Device accesses never stop a block there
+ * The last instruction of a block. Nothing of a block runs after its last
+ * instruction starts, so a last instruction that stops its block looks
+ * like one that finished. When it is one that touches memory whenever it
+ * finishes (always_accesses_memory: CALL, RET, PUSH, POP, LEAVE, MOV to or
+ * from memory, indirect JMP), a memory operation, which runs after the
+ * access, stores the block's length + 1 (a 1-instruction block: its
+ * identity, as above): a block whose last instruction started but did not
+ * get there was stopped by it, typically a page fault on a call's push.
+ * tests/insns_exact.rs checks a known number of user instructions across
+ * 4000 page faults and 1000 device stores in the middle of blocks and
+ * 1000 page faults on calls that end their blocks, under TCG and -icount.
+ *
+ * What stays approximate. A fault raised by the last instruction of a
+ * block when that instruction is not one of those (a page fault on an ALU
+ * instruction with a memory operand or a string instruction where a block
+ * ends at a page boundary), or by the second memory access of one (a PUSH
+ * of memory whose store faults after its load), counts that instruction
+ * twice: one instruction too many per such fault, at most one per
+ * exception the guest takes. Device accesses never stop a block there
  * (QEMU allows them in a block's last instruction). A REP string
  * instruction counts once per execution of its block: QEMU runs up to
  * 65536 iterations in one without -icount, one iteration per execution
@@ -337,6 +346,8 @@ typedef struct BlockCb {
     int32_t fixed; /* levels by address: the block's level index; else -1 */
     uint64_t start; /* what its callback stores in the vCPU's `started` */
     void *board;    /* the progress scoreboard's entry 0 when translated */
+    bool last_mem;  /* its last instruction touches memory whenever it
+                       finishes (always_accesses_memory) */
 } BlockCb;
 
 /* Note that the block ran at `lvl`; count it once if it has now run at
@@ -374,7 +385,8 @@ static inline void add_counts(VcpuCount *v, const BlockCb *b, uint64_t lvl, uint
 typedef struct {
     uint64_t started; /* the 1-based index of the last instruction started
                          that may stop the block; its length once none
-                         may */
+                         may; one more once a last instruction that
+                         always touches memory has */
     uint64_t rerun;   /* the BlockCb of a 1-instruction block that accessed
                          memory, or 0 */
     uint64_t cur;     /* the BlockCb of the block entered last, or 0 */
@@ -404,7 +416,14 @@ static inline Pending pending(const Progress *p)
     Pending d = {0};
     const BlockCb *cur = (const BlockCb *)(uintptr_t)p->cur;
     const BlockCb *rerun = (const BlockCb *)(uintptr_t)p->rerun;
-    if (cur && p->started < cur->n) {
+    bool cut = cur && p->started < cur->n;
+    if (cur && !cut && cur->last_mem) {
+        /* Its last instruction started but did not touch memory: it
+         * stopped the block. A 1-instruction block says it touched memory
+         * in `rerun`. */
+        cut = cur->n == 1 ? rerun != cur : p->started == cur->n;
+    }
+    if (cut) {
         /* The instruction started last stopped the block: it retired only
          * if it runs again, counted by what runs it then. */
         d.cut = cur;
@@ -865,6 +884,18 @@ static void register_progress(struct qemu_plugin_tb *tb, size_t n, BlockCb *b)
     if (last < n - 1) {
         qemu_plugin_register_vcpu_insn_exec_inline_per_vcpu(
             qemu_plugin_tb_get_insn(tb, last + 1), QEMU_PLUGIN_INLINE_STORE_U64, started, n);
+    }
+    /* A last instruction that always touches memory says when it has
+     * (memory operations run after the access): a fault it raises stops
+     * the block before. One of a 1-instruction block says so in `rerun`
+     * (below), as `started` is the cut block's when QEMU re-runs one. */
+    struct qemu_plugin_insn *last_insn = qemu_plugin_tb_get_insn(tb, n - 1);
+    uint8_t lbuf[16];
+    b->last_mem = always_accesses_memory(lbuf, insn_bytes(last_insn, lbuf));
+    if (b->last_mem && n > 1) {
+        qemu_plugin_register_vcpu_mem_inline_per_vcpu(last_insn, QEMU_PLUGIN_MEM_RW,
+                                                      QEMU_PLUGIN_INLINE_STORE_U64, started,
+                                                      n + 1);
     }
     uint8_t buf[16];
     if (n == 1 && !is_rep_string(buf, insn_bytes(qemu_plugin_tb_get_insn(tb, 0), buf))) {

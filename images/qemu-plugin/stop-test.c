@@ -1,6 +1,6 @@
 /*
- * stop-test: may_stop_block and is_rep_string (blklab-decode.h) on known
- * encodings; run by tests/insns_exact.rs. Prints one line per failure and a last line
+ * stop-test: may_stop_block, is_rep_string and always_accesses_memory
+ * (blklab-decode.h) on known encodings; run by tests/insns_exact.rs. Prints one line per failure and a last line
  * "N passed, M failed"; exits 1 on any failure.
  *
  * Copyright (C) 2026 the blklab authors
@@ -78,7 +78,7 @@ typedef struct {
     const char *name;
     uint8_t bytes[16];
     size_t size;
-    bool rep;
+    bool rep; /* what the function tested should say */
 } RepCase;
 
 static const RepCase rep_cases[] = {
@@ -92,9 +92,42 @@ static const RepCase rep_cases[] = {
     {"mov (%rdi), %rax", {0x48, 0x8b, 0x07}, 3, false},
 };
 
+static const RepCase mem_cases[] = {
+    {"call rel32", {0xe8, 0, 0, 0, 0}, 5, true},
+    {"call *%rax", {0xff, 0xd0}, 2, true},
+    {"call *0x8(%rax)", {0xff, 0x50, 0x08}, 3, true},
+    {"jmp *0x8(%rax)", {0xff, 0x60, 0x08}, 3, true},
+    {"ret", {0xc3}, 1, true},
+    {"ret $8", {0xc2, 0x08, 0x00}, 3, true},
+    {"push %r12", {0x41, 0x54}, 2, true},
+    {"pop %rbp", {0x5d}, 1, true},
+    {"push $1", {0x6a, 0x01}, 2, true},
+    {"leave", {0xc9}, 1, true},
+    {"mov %rax, (%rdi)", {0x48, 0x89, 0x07}, 3, true},
+    {"mov %gs:0x10, %rax", {0x65, 0x48, 0x8b, 0x04, 0x25, 0x10, 0, 0, 0}, 9, true},
+    {"movl $1, (%rdi)", {0xc7, 0x07, 1, 0, 0, 0}, 6, true},
+    {"jmp *%rax", {0xff, 0xe0}, 2, false},
+    {"mov %rax, %rdi", {0x48, 0x89, 0xc7}, 3, false},
+    {"lea 0x10(%rdi), %rax", {0x48, 0x8d, 0x47, 0x10}, 4, false},
+    {"jne rel8", {0x75, 0xfe}, 2, false},
+    {"rep movsb", {0xf3, 0xa4}, 2, false},
+    {"syscall", {0x0f, 0x05}, 2, false},
+    {"inc %eax (32-bit mode)", {0x40}, 1, false},
+};
+
 int main(void)
 {
     int passed = 0, failed = 0;
+    for (size_t i = 0; i < sizeof(mem_cases) / sizeof(mem_cases[0]); i++) {
+        const RepCase *c = &mem_cases[i];
+        bool got = always_accesses_memory(c->bytes, c->size);
+        if (got == c->rep) {
+            passed++;
+        } else {
+            failed++;
+            printf("FAIL %s: always_accesses_memory %d, want %d\n", c->name, got, c->rep);
+        }
+    }
     for (size_t i = 0; i < sizeof(rep_cases) / sizeof(rep_cases[0]); i++) {
         const RepCase *c = &rep_cases[i];
         bool got = is_rep_string(c->bytes, c->size);
