@@ -47,7 +47,8 @@
  * re-runs counted. Inline stores were chosen over a callback per
  * instruction (a call each) and over counting from the next block's
  * address (faults and interrupts look alike there); all of it costs about
- * 20% more TCG time than counting whole blocks (docs/benchmarks.md).
+ * 15% more TCG time than counting whole blocks under -icount, 30% with a
+ * thread per vCPU (docs/benchmarks.md).
  *
  * The last instruction of a block. Nothing of a block runs after its last
  * instruction starts, so a last instruction that stops its block looks
