@@ -625,10 +625,19 @@ fn assemble_record(
         let p = insns::profile(&w.level1, map);
         let ios = crate::record::metrics::ios(&record);
         let cs = record.guest.context_switches.map(|n| n as f64);
-        let how = InsnsWindow {
-            method: INSNS_WINDOW.to_string(),
-            deterministic: c.args.deterministic,
-        };
+        if let Some(why) = &w.cut_unavailable {
+            warn!(
+                "{} {}/{}: instruction counts include what blocks cut short did not run ({why})",
+                record.kernel, record.scenario, record.variant
+            );
+        }
+        let how = InsnsWindow::of(
+            INSNS_WINDOW,
+            c.args.deterministic,
+            w.cut,
+            w.reruns,
+            w.cut_unavailable.as_deref(),
+        );
         let mut i = insns::record(&p, ios, cs, &how);
         i.exits = Some(insns::exits_record(
             &w.level1,

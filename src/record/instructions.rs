@@ -72,6 +72,41 @@ pub struct InsnsWindow {
     pub method: String,
     /// `--deterministic` (`-icount`): the counts repeat exactly.
     pub deterministic: bool,
+    /// Block executions the window cut short (a fault or a device access
+    /// stopped them before their last instruction): each counted only the
+    /// instructions that ran. Absent from records older than the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocks_cut: Option<u64>,
+    /// Instructions QEMU ran again alone after a device access stopped
+    /// their block (each counted once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reruns: Option<u64>,
+    /// Why the plugin counted blocks cut short in full (a plugin for QEMU
+    /// 7.2's API, or an old dump): the counts are then high by what those
+    /// blocks did not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut_unavailable: Option<String>,
+}
+
+impl InsnsWindow {
+    /// How a window of `method` was counted: `deterministic`, and what the
+    /// plugin's window says of blocks cut short.
+    pub(crate) fn of(
+        method: &str,
+        deterministic: bool,
+        cut: u64,
+        reruns: u64,
+        cut_unavailable: Option<&str>,
+    ) -> InsnsWindow {
+        let counted = cut_unavailable.is_none();
+        InsnsWindow {
+            method: method.to_string(),
+            deterministic,
+            blocks_cut: counted.then_some(cut),
+            reruns: counted.then_some(reruns),
+            cut_unavailable: cut_unavailable.map(str::to_string),
+        }
+    }
 }
 
 /// One vCPU's instructions.
@@ -336,4 +371,25 @@ pub struct HostInstructions {
     /// Function → kernel instructions (absent from trimmed recordings).
     #[serde(default)]
     pub function_insns: BTreeMap<String, u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_says_how_blocks_cut_short_were_counted() {
+        let w = InsnsWindow::of("sync", true, 12, 3, None);
+        assert_eq!(
+            (w.blocks_cut, w.reruns, w.cut_unavailable),
+            (Some(12), Some(3), None)
+        );
+        let w = InsnsWindow::of("sync", false, 0, 0, Some("plugin API version 1"));
+        assert_eq!((w.blocks_cut, w.reruns), (None, None));
+        assert_eq!(w.cut_unavailable.as_deref(), Some("plugin API version 1"));
+        // Records older than the fields read as "not said".
+        let old: InsnsWindow =
+            serde_json::from_str(r#"{"method": "sync", "deterministic": false}"#).unwrap();
+        assert_eq!((old.blocks_cut, old.cut_unavailable), (None, None));
+    }
 }

@@ -214,11 +214,14 @@ fn attach_counts(
         );
     }
     let ios = crate::record::metrics::ios(record);
-    let how = InsnsWindow {
-        method: NESTED_WINDOW.to_string(),
-        // A nested host never runs under -icount (the run refuses it).
-        deterministic: false,
-    };
+    // A nested host never runs under -icount (the run refuses it).
+    let how = InsnsWindow::of(
+        NESTED_WINDOW,
+        false,
+        window.cut,
+        window.reruns,
+        window.cut_unavailable.as_deref(),
+    );
     if let Some(map) = guest_map {
         let cs = record.guest.context_switches.map(|n| n as f64);
         let p = insns::profile(&window.level2, &map);
