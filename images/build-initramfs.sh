@@ -309,6 +309,16 @@ AVAIL_JSON=$(awk -F': *' 'NF {
         for (i = 1; i <= n; i++) s = s (i > 1 ? ", " : "") "\"" d[i] "\""
         printf "%s\"%s\": [%s]", (k++ ? ", " : ""), $1, s
     }' "$R/blklab/modules-available")
+# The guest's own files, apart from the kernel's: /init, images/guest/ and
+# the guest scripts (blklab compare refuses sides whose images differ here).
+guest_files_id() {
+    {
+        echo "init $(sha256 "$HERE/initramfs/init")"
+        [ ! -d "$HERE/guest" ] || hash_dir "$HERE/guest" | sed 's/^/guest /'
+        [ -z "$GSCRIPTS" ] || hash_dir "$GSCRIPTS" | sed 's/^/guest-scripts /'
+        [ -z "$EXTRA" ] || hash_dir "$EXTRA" | sed 's/^/extra /'
+    } | sha256
+}
 if [ -n "$MPSTAT" ]; then MPSTAT_SHA="\"$(sha256 "$MPSTAT")\""; else MPSTAT_SHA=null; fi
 cat > "$OUT.manifest.json.tmp" <<EOF
 {
@@ -327,6 +337,7 @@ cat > "$OUT.manifest.json.tmp" <<EOF
   "dmsetup_sha256": $( [ -n "$DMSETUP" ] && echo "\"$(sha256 "$DMSETUP")\"" || echo null ),
   "busybox_sha256": "$(sha256 "$BUSYBOX")",
   "guest_scripts": $( [ -n "$GSCRIPTS" ] && echo true || echo false ),
+  "guest_files_sha256": "$(guest_files_id)",
   "boot_modules": [$(json_list < "$R/blklab/modules")],
   "modules_available": {$AVAIL_JSON},
   "built_at": "$(utc_now)"

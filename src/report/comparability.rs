@@ -204,7 +204,7 @@ fn guest_tools(m: &Value) -> Option<String> {
         "mpstat_sha256",
         "dmsetup_sha256",
         "busybox_sha256",
-        "guest_scripts_sha256",
+        "guest_files_sha256",
     ];
     let mut o = serde_json::Map::new();
     for k in keys {
