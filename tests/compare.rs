@@ -1257,4 +1257,16 @@ fn the_blklab_version_blocks_only_with_a_backend_metric() {
         e.contains("blklab version") && e.contains("0123abcd"),
         "{e}"
     );
+    let forced = ok_stdout(&compare(&[
+        &a,
+        &b,
+        "--metric",
+        "iops,backend_us_per_io",
+        "--force",
+    ]));
+    let first = forced.lines().nth(1).unwrap_or_default();
+    assert!(
+        forced.starts_with("FORCED: ") && first.contains("blklab version"),
+        "{forced}"
+    );
 }
