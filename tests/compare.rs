@@ -1195,29 +1195,7 @@ fn every_condition_is_refused_unless_forced_and_a_forced_report_says_so_first() 
             e.contains("differ in more than the kernel") && e.contains(what) && e.contains(value),
             "{what}: {e}"
         );
-        let forced = |format: &str| {
-            ok_stdout(&compare(&[
-                &a, &b, "--force", "--format", format, "--metric", "iops",
-            ]))
-        };
-        let v: Value = serde_json::from_str(&forced("json")).unwrap();
-        let over = v["forced_over"].as_array().unwrap();
-        assert_eq!(over.len(), 1, "{what}: only the edited condition: {over:?}");
-        assert!(
-            over[0].as_str().unwrap().starts_with(what),
-            "{what}: {over:?}"
-        );
-        assert!(forced("table").starts_with("FORCED: "), "{what}");
-        let md = forced("markdown");
-        assert!(
-            md.lines().nth(2).unwrap().starts_with("**FORCED: "),
-            "{what}: {md}"
-        );
-        let csv = forced("csv");
-        assert!(
-            csv.starts_with("# FORCED: ") && csv.contains(what),
-            "{what}: {csv}"
-        );
+        // Every format at once: --out writes them all.
         let out = tmp.path().join("report");
         ok_stdout(&compare(&[
             &a,
@@ -1228,7 +1206,26 @@ fn every_condition_is_refused_unless_forced_and_a_forced_report_says_so_first() 
             "--out",
             arg(&out),
         ]));
-        let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+        let file = |name: &str| std::fs::read_to_string(out.join(name)).unwrap();
+        let v: Value = serde_json::from_str(&file("report.json")).unwrap();
+        let over = v["forced_over"].as_array().unwrap();
+        assert_eq!(over.len(), 1, "{what}: only the edited condition: {over:?}");
+        assert!(
+            over[0].as_str().unwrap().starts_with(what),
+            "{what}: {over:?}"
+        );
+        assert!(file("report.txt").starts_with("FORCED: "), "{what}");
+        let md = file("report.md");
+        assert!(
+            md.lines().nth(2).unwrap().starts_with("**FORCED: "),
+            "{what}: {md}"
+        );
+        let csv = file("report.csv");
+        assert!(
+            csv.starts_with("# FORCED: ") && csv.contains(what),
+            "{what}: {csv}"
+        );
+        let html = file("report.html");
         let (banner, verdict) = (html.find("class=\"forced\""), html.find("id=\"verdict\""));
         assert!(
             banner.is_some() && banner < verdict,
