@@ -29,12 +29,13 @@ mod common;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use blklab::lab::insns::Dump;
 
+use common::guest_program::{compile_static, newc_archive, Qemu};
 use common::qmp::{hmp, qmp_arg};
 use common::root;
 
@@ -214,49 +215,20 @@ fn script_line(args: &[&str], dir: &Path) -> PathBuf {
 /// Build exact.c as `stage/init` and return a newc archive of it with the
 /// `/dev` and `/sys` it mounts.
 fn initramfs(stage: &Path) -> PathBuf {
-    common::tools::require(&["gcc", "--version"], "apt-get install gcc libc6-dev");
-    common::tools::require(&["cpio", "--version"], "apt-get install cpio");
     for d in ["dev", "sys"] {
         std::fs::create_dir_all(stage.join(d)).unwrap();
     }
-    let out = Command::new("gcc")
-        .args(["-static", "-O1", "-Wall", "-Wextra", "-Werror"])
-        .arg(format!("-DPAGES={PAGES}"))
-        .arg(format!("-DMMIO_ITERS={MMIO_ITERS}"))
-        .arg(format!("-DCALLS={CALLS}"))
-        .arg("-o")
-        .arg(stage.join("init"))
-        .arg(root().join("tests/fixtures/insns-exact/exact.c"))
-        .output()
-        .expect("run gcc");
-    assert!(
-        out.status.success(),
-        "gcc -static failed (a static libc comes with libc6-dev):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let cpio = Command::new("sh")
-        .arg("-c")
-        .arg("cd \"$1\" && find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet")
-        .arg("sh")
-        .arg(stage)
-        .output()
-        .expect("run cpio");
-    assert!(cpio.status.success(), "cpio failed");
+    let defines = [
+        format!("PAGES={PAGES}"),
+        format!("MMIO_ITERS={MMIO_ITERS}"),
+        format!("CALLS={CALLS}"),
+    ];
+    let source = root().join("tests/fixtures/insns-exact/exact.c");
+    compile_static(&source, &defines, &stage.join("init"));
+    let archive = newc_archive(stage, ".");
     let path = stage.with_extension("cpio");
-    std::fs::write(&path, cpio.stdout).unwrap();
+    std::fs::write(&path, archive).unwrap();
     path
-}
-
-/// QEMU, killed when dropped (a failed assertion must not leave it running).
-struct Qemu(Child);
-
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
-    }
 }
 
 /// Read the console, take the dumps at `EXACT ready` and `EXACT end` and

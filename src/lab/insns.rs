@@ -311,6 +311,15 @@ impl Dump {
         Dump::parse(&text, path)
     }
 
+    /// Level 1's or level 2's counts (an exit record's `level`).
+    fn level_mut(&mut self, level: u8) -> &mut LevelCounts {
+        if level == 1 {
+            &mut self.level1
+        } else {
+            &mut self.level2
+        }
+    }
+
     pub fn parse(text: &str, path: &Path) -> Result<Dump, InsnsError> {
         let err = |line: usize, why: &str| InsnsError::Parse {
             path: path.to_path_buf(),
@@ -425,12 +434,7 @@ impl Dump {
                     if e.vcpu >= vcpus.unwrap_or(0) {
                         return Err(err(n, "vCPU index beyond 'vcpus'"));
                     }
-                    let level = if e.level == 1 {
-                        &mut d.level1
-                    } else {
-                        &mut d.level2
-                    };
-                    level.exits.add(e);
+                    d.level_mut(e.level).exits.add(e);
                 }
                 Some("marks") if d.exits_unavailable.is_none() && exits => {
                     d.marks = Some(number(w.next(), 10).ok_or_else(|| err(n, "bad number"))?);
@@ -441,12 +445,7 @@ impl Dump {
                     if e.vcpu >= vcpus.unwrap_or(0) {
                         return Err(err(n, "vCPU index beyond 'vcpus'"));
                     }
-                    let level = if e.level == 1 {
-                        &mut d.level1
-                    } else {
-                        &mut d.level2
-                    };
-                    level.marked.add(e);
+                    d.level_mut(e.level).marked.add(e);
                 }
                 Some("end") => ended = true,
                 _ => return Err(err(n, "unknown record")),

@@ -15,12 +15,13 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use blklab::lab::insns::Dump;
 
+use super::guest_program::{compile_static, newc_archive, Qemu};
 use super::root;
 
 /// The host's CPU, as the nested lab boots it (src/lab/nested/host.rs):
@@ -193,35 +194,18 @@ fn script_lines(script: &str, cache: &Path) -> Vec<PathBuf> {
 /// Compile the program into `stage/lab/run/blklab` and return the newc
 /// archive of `lab`, `lab/run` and the binary.
 fn run_archive(stage: &Path, program: &Program) -> Vec<u8> {
-    super::tools::require(&["gcc", "--version"], "apt-get install gcc libc6-dev");
     let run = stage.join("lab/run");
     std::fs::create_dir_all(&run).unwrap();
-    let out = Command::new("gcc")
-        .args(["-static", "-O1", "-Wall", "-Wextra", "-Werror"])
-        .args(program.defines.iter().map(|(k, v)| format!("-D{k}={v}")))
-        .arg("-o")
-        .arg(run.join("blklab"))
-        .arg(
-            root()
-                .join("tests/fixtures/nested-levels")
-                .join(program.source),
-        )
-        .output()
-        .expect("run gcc");
-    assert!(
-        out.status.success(),
-        "gcc -static failed (a static libc comes with libc6-dev):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let cpio = Command::new("sh")
-        .arg("-c")
-        .arg("cd \"$1\" && find lab | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet")
-        .arg("sh")
-        .arg(stage)
-        .output()
-        .expect("run cpio");
-    assert!(cpio.status.success(), "cpio failed");
-    cpio.stdout
+    let defines: Vec<String> = program
+        .defines
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let source = root()
+        .join("tests/fixtures/nested-levels")
+        .join(program.source);
+    compile_static(&source, &defines, &run.join("blklab"));
+    newc_archive(stage, "lab")
 }
 
 /// Ask the plugin behind `ctl` for a dump into `file` and read it.
@@ -238,18 +222,6 @@ fn dump(ctl: &Path, file: &Path) -> Dump {
         "the plugin's answer"
     );
     Dump::read(file).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// QEMU, killed when dropped (a failed assertion must not leave it running).
-struct Qemu(Child);
-
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        if matches!(self.0.try_wait(), Ok(None)) {
-            let _ = self.0.kill();
-        }
-        let _ = self.0.wait();
-    }
 }
 
 struct Boot<'a> {
