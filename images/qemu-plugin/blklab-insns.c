@@ -139,6 +139,8 @@
  *                "ping"       reply "pong"
  *   out=FILE   write the counters to FILE at exit
  *   l2ram=FILE levels by address: FILE backs level 2's RAM (see above)
+ *   retired=off count whole blocks (see retired_off below: what the lab
+ *              passes for single-threaded TCG with more than one vCPU)
  *   mark=ADDR  marks: the kernel block at ADDR (hex) marks the would-be
  *              exits (see "Marks")
  *
@@ -254,6 +256,14 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 #else
 #define RETIRED 0
 #endif
+
+/* retired=off: count whole blocks. Single-threaded TCG (-icount) with more
+ * than one vCPU shares each translated block between the vCPUs, and QEMU
+ * then bakes the translating vCPU's index into the block's per-vCPU
+ * inline operations (plugin-gen.c's gen_cpu_index without CF_PARALLEL):
+ * another vCPU running the block would store into the wrong entry (QEMU
+ * 10.0 stored out of bounds and crashed). The lab passes it there. */
+static bool retired_off;
 
 /* Copy an instruction's bytes into buf (16 bytes); its size, 0 if it does
  * not fit. */
@@ -477,9 +487,11 @@ static inline void count(unsigned int vcpu_index, VcpuCount *v, BlockCb *b)
     /* Where this block's inline operations store: QEMU flushes every
      * block when it moves a scoreboard (a vCPU added), so it is where they
      * were translated to, and no call is needed to find it. */
-    Progress *p = (Progress *)b->board + vcpu_index;
-    seq_begin(p);
-    settle(v, p);
+    Progress *p = retired_off ? NULL : (Progress *)b->board + vcpu_index;
+    if (p) {
+        seq_begin(p);
+        settle(v, p);
+    }
 #endif
     uint64_t lvl = v->level;
     note_level(b, lvl);
@@ -490,10 +502,12 @@ static inline void count(unsigned int vcpu_index, VcpuCount *v, BlockCb *b)
     /* All of it, taken back at the next block if it stops partway. */
     add_counts(v, b, lvl, b->n, 1);
 #if RETIRED
-    p->cur = (uintptr_t)b;
-    p->lvl = lvl;
-    p->started = b->start;
-    seq_end(p);
+    if (p) {
+        p->cur = (uintptr_t)b;
+        p->lvl = lvl;
+        p->started = b->start;
+        seq_end(p);
+    }
 #endif
 }
 
@@ -920,7 +934,9 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
         qemu_plugin_register_vcpu_tb_exec_cb(tb, block_exec,
                                              QEMU_PLUGIN_CB_NO_REGS, b);
 #if RETIRED
-        register_progress(tb, n, b);
+        if (!retired_off) {
+            register_progress(tb, n, b);
+        }
 #endif
 #if EXITS
         register_exits(tb, n, b, false);
@@ -945,7 +961,9 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     qemu_plugin_register_vcpu_tb_exec_cb(tb, ret ? return_exec : block_exec,
                                          QEMU_PLUGIN_CB_NO_REGS, b);
 #if RETIRED
-    register_progress(tb, n, b);
+    if (!retired_off) {
+        register_progress(tb, n, b);
+    }
 #endif
     if (vmrun) {
         /* VMRUN ends its block (QEMU: DISAS_NORETURN), so it is the last. */
@@ -998,9 +1016,9 @@ static VcpuTotals read_vcpu(int i, GHashTable *owed)
     VcpuCount *v = &vcpus[i];
     VcpuTotals t;
 #if RETIRED
-    Progress *p = qemu_plugin_scoreboard_find(progress, i);
+    Progress *p = retired_off ? NULL : qemu_plugin_scoreboard_find(progress, i);
     for (int tries = 0;; tries++) {
-        uint64_t s1 = __atomic_load_n(&p->seq, __ATOMIC_ACQUIRE);
+        uint64_t s1 = p ? __atomic_load_n(&p->seq, __ATOMIC_ACQUIRE) : 0;
 #endif
         for (int l = 0; l < LEVELS; l++) {
             t.kernel[l] = __atomic_load_n(&v->kernel[l], __ATOMIC_RELAXED);
@@ -1011,6 +1029,9 @@ static VcpuTotals read_vcpu(int i, GHashTable *owed)
         t.disagree = __atomic_load_n(&v->disagree, __ATOMIC_RELAXED);
         t.cut = t.reruns = 0;
 #if RETIRED
+        if (!p) {
+            break;
+        }
         Progress q;
         q.started = __atomic_load_n(&p->started, __ATOMIC_RELAXED);
         q.rerun = __atomic_load_n(&p->rerun, __ATOMIC_RELAXED);
@@ -1118,7 +1139,12 @@ static int write_dump(const char *path, char *err, size_t errlen)
     fprintf(f, "mixed %" PRIu64 "\n", __atomic_load_n(&mixed, __ATOMIC_RELAXED));
     fprintf(f, "disagree %" PRIu64 "\n", disagree);
 #if RETIRED
-    fprintf(f, "cut %" PRIu64 " %" PRIu64 "\n", cut, reruns);
+    if (retired_off) {
+        fprintf(f, "cut unavailable retired=off (single-threaded TCG with more than one vCPU "
+                   "shares blocks between vCPUs): a block cut short counts in full\n");
+    } else {
+        fprintf(f, "cut %" PRIu64 " %" PRIu64 "\n", cut, reruns);
+    }
 #else
     fprintf(f, "cut unavailable plugin API version %d (QEMU before 9.0) has no per-vCPU "
                "inline operations: a block cut short counts in full\n", QEMU_PLUGIN_VERSION);
@@ -1276,6 +1302,8 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
             out_path = g_strdup(argv[i] + 4);
         } else if (strncmp(argv[i], "l2ram=", 6) == 0) {
             l2ram_path = g_strdup(argv[i] + 6);
+        } else if (strcmp(argv[i], "retired=off") == 0) {
+            retired_off = true;
 #if EXITS
         } else if (strncmp(argv[i], "mark=", 5) == 0) {
             char *end;
@@ -1287,7 +1315,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
 #endif
         } else {
             fprintf(stderr, "blklab-insns: unknown argument %s (want ctl=PATH, out=FILE, "
-                    "l2ram=FILE, mark=ADDR)\n", argv[i]);
+                    "l2ram=FILE, mark=ADDR, retired=off)\n", argv[i]);
             return -1;
         }
     }

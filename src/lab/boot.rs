@@ -66,6 +66,22 @@ impl BootCtx<'_> {
     }
 }
 
+/// QEMU's `-plugin` argument: the plugin, its control socket, the mark
+/// address and, where single-threaded TCG shares translated blocks between
+/// several vCPUs (`--deterministic` with more than one), `retired=off`: the
+/// plugin's per-vCPU inline operations cannot tell those vCPUs apart, so
+/// it counts whole blocks there.
+fn plugin_arg(plugin: &Path, ctl: &Path, mark: Option<u64>, shared_blocks: bool) -> String {
+    let mut arg = format!("{},ctl={}", plugin.display(), ctl.display());
+    if let Some(a) = mark {
+        arg += &format!(",mark={a:x}");
+    }
+    if shared_blocks {
+        arg += ",retired=off";
+    }
+    arg
+}
+
 /// Why a boot failed. Its kind decides what `blklab run` does about it
 /// ([`BootFailure::retry`]).
 #[derive(Debug, Error)]
@@ -303,17 +319,14 @@ pub(crate) fn qemu_spec(
         deterministic: c.args.deterministic,
         plugin: match (c.plugin, plugin) {
             (Some(p), Some(ctl)) => {
-                let mut arg = format!("{},ctl={}", p.display(), ctl.path().display());
                 // The plugin marks its counts where the guest's kernel
                 // formats /proc/interrupts' IPI lines (the guest's window).
                 let mark = c
                     .symbols
                     .as_ref()
                     .and_then(|m| m.address(insns::MARK_SYMBOL));
-                if let Some(a) = mark {
-                    arg += &format!(",mark={a:x}");
-                }
-                Some(arg)
+                let shared_blocks = c.args.deterministic && c.unit.settings.machine.vcpus > 1;
+                Some(plugin_arg(p, ctl.path(), mark, shared_blocks))
             }
             _ => None,
         },
@@ -329,6 +342,22 @@ pub(crate) fn qemu_spec(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_plugin_counts_whole_blocks_where_vcpus_share_them() {
+        let (p, ctl) = (
+            Path::new("/p/libblklab-insns.so"),
+            Path::new("/s/insns.sock"),
+        );
+        assert_eq!(
+            plugin_arg(p, ctl, Some(0xffffffff81000000), false),
+            "/p/libblklab-insns.so,ctl=/s/insns.sock,mark=ffffffff81000000"
+        );
+        assert_eq!(
+            plugin_arg(p, ctl, None, true),
+            "/p/libblklab-insns.so,ctl=/s/insns.sock,retired=off"
+        );
+    }
 
     fn exited() -> QemuError {
         QemuError::Exited {

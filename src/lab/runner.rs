@@ -527,6 +527,14 @@ fn prepare_lab(
     let (accel, accel_reason, plugin) = choose_accel(args, &setup.lab_dir, &qemu, &guests)?;
     let maps = symbol_maps(&guests, plugin.is_some())?;
     info!("accelerator: {} ({accel_reason})", accel.describe());
+    let most_vcpus = setup.units.iter().map(|u| u.settings.machine.vcpus).max();
+    if plugin.is_some() && args.deterministic && most_vcpus.is_some_and(|n| n > 1) {
+        warn!(
+            "--deterministic with more than one vCPU: single-threaded TCG shares translated blocks \
+             between the vCPUs, so the plugin counts a block cut short (a fault, a device access) \
+             in full there (each record's instructions.window.cut_unavailable says so)"
+        );
+    }
     let nested_host = match accel {
         Accel::Nested => {
             info!("preparing the nested host's image");
