@@ -8,6 +8,7 @@ use thiserror::Error;
 
 use crate::lab::options::CountInsns;
 use crate::lab::qemu::Accel;
+use crate::util::kvm_host::KvmHost;
 
 /// A combination of options no accelerator satisfies.
 #[derive(Debug, Error)]
@@ -23,6 +24,8 @@ pub enum AccelError {
          that never finished after its first variant); run nested without --deterministic"
     )]
     NestedDeterministic,
+    #[error("--accel kvm: {0}")]
+    KvmUnusable(String),
 }
 
 /// What `blklab run` chose: the accelerator, why, and whether it counts
@@ -46,6 +49,7 @@ pub(crate) fn decide_accel<E: std::fmt::Display>(
     want: Accel,
     count: CountInsns,
     deterministic: bool,
+    kvm: &KvmHost,
     probe: impl FnOnce() -> Result<f64, E>,
     maps_usable: impl FnOnce() -> bool,
 ) -> Result<AccelDecision, AccelError> {
@@ -65,8 +69,13 @@ pub(crate) fn decide_accel<E: std::fmt::Display>(
         ),
         (Some(what), Accel::Kvm) => return Err(AccelError::NeedsTcg { what }),
         (Some(what), _) => (Accel::Tcg, format!("{what} needs TCG")),
+        (None, Accel::Kvm) if !kvm.usable() => return Err(AccelError::KvmUnusable(kvm.explain())),
         (None, Accel::Kvm) => (Accel::Kvm, "forced with --accel kvm".to_string()),
         (None, Accel::Tcg) => (Accel::Tcg, "forced with --accel tcg".to_string()),
+        // Nothing is booted to learn what the host's files say.
+        (None, Accel::Auto) if !kvm.usable() => {
+            (Accel::Tcg, format!("KVM unusable: {}", kvm.explain()))
+        }
         (None, Accel::Auto) => match probe() {
             Ok(secs) => (
                 Accel::Kvm,
@@ -104,6 +113,8 @@ pub(crate) fn decide_accel<E: std::fmt::Display>(
 mod tests {
     use super::*;
 
+    const HW: KvmHost = KvmHost::Hardware { module: "kvm_amd" };
+
     fn decide(
         want: Accel,
         count: CountInsns,
@@ -111,7 +122,7 @@ mod tests {
         probe: Result<f64, String>,
         maps: bool,
     ) -> Result<AccelDecision, AccelError> {
-        super::decide_accel(want, count, det, move || probe, move || maps)
+        super::decide_accel(want, count, det, &HW, move || probe, move || maps)
     }
 
     #[test]
@@ -151,13 +162,16 @@ mod tests {
             (CountInsns::On, false, true),
             (CountInsns::Off, true, false),
         ] {
-            let d = super::decide_accel(Accel::Nested, count, false, no_probe, || maps).unwrap();
+            let d =
+                super::decide_accel(Accel::Nested, count, false, &HW, no_probe, || maps).unwrap();
             assert_eq!(d.accel, Accel::Nested);
             assert_eq!(d.count_insns, counts, "{count:?} maps={maps}");
         }
         // The guest inside stops making progress under -icount.
-        let e = super::decide_accel(Accel::Nested, CountInsns::Auto, true, no_probe, || true)
-            .unwrap_err();
+        let e = super::decide_accel(Accel::Nested, CountInsns::Auto, true, &HW, no_probe, || {
+            true
+        })
+        .unwrap_err();
         assert!(matches!(e, AccelError::NestedDeterministic), "{e:?}");
         assert!(e.to_string().contains("run nested without --deterministic"));
     }
@@ -165,21 +179,23 @@ mod tests {
     #[test]
     fn forced_choices_never_probe() {
         let no_probe = || -> Result<f64, String> { panic!("probed") };
-        let d = super::decide_accel(Accel::Kvm, CountInsns::Off, false, no_probe, || true).unwrap();
+        let d = super::decide_accel(Accel::Kvm, CountInsns::Off, false, &HW, no_probe, || true)
+            .unwrap();
         assert_eq!((d.accel, d.count_insns), (Accel::Kvm, false));
-        let d = super::decide_accel(Accel::Tcg, CountInsns::Off, false, no_probe, || true).unwrap();
+        let d = super::decide_accel(Accel::Tcg, CountInsns::Off, false, &HW, no_probe, || true)
+            .unwrap();
         assert_eq!((d.accel, d.count_insns), (Accel::Tcg, false));
         // --count-insns on and --deterministic force TCG, even under auto.
-        let d =
-            super::decide_accel(Accel::Auto, CountInsns::On, false, no_probe, || false).unwrap();
+        let d = super::decide_accel(Accel::Auto, CountInsns::On, false, &HW, no_probe, || false)
+            .unwrap();
         assert_eq!((d.accel, d.count_insns), (Accel::Tcg, true));
         assert_eq!(d.reason, "--count-insns needs TCG");
-        let d =
-            super::decide_accel(Accel::Auto, CountInsns::Auto, true, no_probe, || true).unwrap();
+        let d = super::decide_accel(Accel::Auto, CountInsns::Auto, true, &HW, no_probe, || true)
+            .unwrap();
         assert_eq!((d.accel, d.count_insns), (Accel::Tcg, true));
         assert_eq!(d.reason, "--deterministic needs TCG");
-        let e =
-            super::decide_accel(Accel::Kvm, CountInsns::On, true, no_probe, || true).unwrap_err();
+        let e = super::decide_accel(Accel::Kvm, CountInsns::On, true, &HW, no_probe, || true)
+            .unwrap_err();
         assert!(
             matches!(
                 e,
@@ -192,6 +208,41 @@ mod tests {
         assert!(
             e.to_string()
                 .contains("--count-insns and --deterministic needs TCG"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_unusable_kvm_is_named_before_anything_boots() {
+        let no_probe = || -> Result<f64, String> { panic!("probed") };
+        let d = super::decide_accel(
+            Accel::Auto,
+            CountInsns::Auto,
+            false,
+            &KvmHost::Pvm,
+            no_probe,
+            || true,
+        )
+        .unwrap();
+        assert_eq!(d.accel, Accel::Tcg);
+        assert!(
+            d.reason.starts_with("KVM unusable: /dev/kvm is PVM")
+                && d.reason.contains("--accel nested"),
+            "{}",
+            d.reason
+        );
+        let e = super::decide_accel(
+            Accel::Kvm,
+            CountInsns::Off,
+            false,
+            &KvmHost::Pvm,
+            no_probe,
+            || true,
+        )
+        .unwrap_err();
+        assert!(matches!(e, AccelError::KvmUnusable(_)), "{e:?}");
+        assert!(
+            e.to_string().starts_with("--accel kvm: /dev/kvm is PVM"),
             "{e}"
         );
     }

@@ -616,6 +616,7 @@ fn choose_accel(
         args.accel,
         args.count_insns,
         args.deterministic,
+        &crate::util::kvm_host::classify(),
         || {
             qemu::probe_kvm(
                 qemu,
