@@ -26,8 +26,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{mpsc, Mutex};
@@ -35,7 +34,9 @@ use std::time::{Duration, Instant};
 
 use blklab::lab::insns::Dump;
 
-use common::guest_program::{compile_static, newc_archive, Qemu};
+use common::guest_program::{
+    compile_static, console_lines, images_script, newc_archive, plugin_dump, Qemu,
+};
 use common::qmp::{hmp, qmp_arg};
 use common::root;
 
@@ -97,9 +98,17 @@ fn exact(accel: &[&str]) {
     let _g = BOOT.lock().unwrap_or_else(|p| p.into_inner());
     let t0 = Instant::now();
     let cache = common::image_cache();
-    let plugin = script_line(&["build-qemu-plugin.sh", "--cache"], &cache);
+    let plugin = images_script(
+        "build-qemu-plugin.sh",
+        &["--cache".as_ref(), cache.as_os_str()],
+    )
+    .pop()
+    .expect("build-qemu-plugin.sh prints the plugin's path");
     let kernel_dir = cache.join("kernel-6.1");
-    script_line(&["fetch-debian-kernel.sh", "6.1"], &kernel_dir);
+    images_script(
+        "fetch-debian-kernel.sh",
+        &["6.1".as_ref(), kernel_dir.as_os_str()],
+    );
     let dir = tempfile::tempdir().unwrap();
     let initrd = initramfs(&dir.path().join("stage"));
     let ctl = dir.path().join("ctl.sock");
@@ -190,28 +199,6 @@ fn plugin_knows_which_instructions_may_stop_a_block() {
     assert!(t.trim_end().ends_with("79 passed, 0 failed"), "{t}");
 }
 
-/// Run `images/ARGS[0] ARGS[1..] DIR` and return the last line it printed
-/// (the plugin's path for build-qemu-plugin.sh; nothing for
-/// fetch-debian-kernel.sh, which lays the kernel out in DIR).
-fn script_line(args: &[&str], dir: &Path) -> PathBuf {
-    let out = Command::new("sh")
-        .arg(root().join("images").join(args[0]))
-        .args(&args[1..])
-        .arg(dir)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run images/{}: {e}", args[0]));
-    assert!(
-        out.status.success(),
-        "images/{} failed: {}",
-        args[0],
-        out.status
-    );
-    let stdout = String::from_utf8(out.stdout).expect("script output is UTF-8");
-    PathBuf::from(stdout.lines().last().unwrap_or_default())
-}
-
 /// Build exact.c as `stage/init` and return a newc archive of it with the
 /// `/dev` and `/sys` it mounts.
 fn initramfs(stage: &Path) -> PathBuf {
@@ -235,16 +222,7 @@ fn initramfs(stage: &Path) -> PathBuf {
 /// answer each; returns the two dumps and the console once the program has
 /// powered the machine off.
 fn drive(qemu: &mut Qemu, ctl: &Path, qmp: &Path, dir: &Path) -> (Dump, Dump, String) {
-    let (tx, rx) = mpsc::channel();
-    let stdout = qemu.0.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = console_lines(qemu);
     let mut stdin = qemu.0.stdin.take().unwrap();
     let deadline = Instant::now() + TIMEOUT;
     let (mut dumps, mut console) = (Vec::new(), String::new());
@@ -289,7 +267,7 @@ fn settled_dump(ctl: &Path, qmp: &Path, file: &Path) -> Dump {
     let mut last: Option<Dump> = None;
     for _ in 0..100 {
         hmp(qmp, "stop", Duration::from_secs(30)).expect("QMP stop");
-        let d = dump(ctl, file);
+        let d = plugin_dump(ctl, file);
         hmp(qmp, "cont", Duration::from_secs(30)).expect("QMP cont");
         if last
             .as_ref()
@@ -301,16 +279,4 @@ fn settled_dump(ctl: &Path, qmp: &Path, file: &Path) -> Dump {
         std::thread::sleep(Duration::from_millis(100));
     }
     panic!("the user count did not settle: is the program waiting?");
-}
-
-/// Ask the plugin behind `ctl` for a dump into `file` and read it.
-fn dump(ctl: &Path, file: &Path) -> Dump {
-    let mut s = UnixStream::connect(ctl)
-        .unwrap_or_else(|e| panic!("connect to the plugin at {}: {e}", ctl.display()));
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    writeln!(s, "dump {}", file.display()).unwrap();
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).unwrap();
-    assert_eq!(line.trim_end(), format!("ok {}", file.display()));
-    Dump::read(file).unwrap_or_else(|e| panic!("{e}"))
 }

@@ -1,9 +1,39 @@
-//! Guest programs the tests build themselves: a C file compiled static
-//! for the guest, packed into a newc archive, and the QEMU that boots it,
-//! killed when dropped (a failed assertion must not leave it running).
+//! Guest programs the tests build themselves: the images/ scripts that
+//! give them a kernel and the plugin, a C file compiled static for the
+//! guest and packed into a newc archive, the QEMU that boots it (killed
+//! when dropped: a failed assertion must not leave it running), its
+//! console as lines and the plugin's dumps.
 
-use std::path::Path;
-use std::process::{Child, Command};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use blklab::lab::insns::Dump;
+
+/// The lines `images/SCRIPT ARGS` prints on stdout (its stderr goes to the
+/// test's); panics if it fails.
+pub(crate) fn images_script(script: &str, args: &[&std::ffi::OsStr]) -> Vec<PathBuf> {
+    let out = Command::new("sh")
+        .arg(super::root().join("images").join(script))
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run images/{script}: {e}"));
+    assert!(
+        out.status.success(),
+        "images/{script} failed: {}",
+        out.status
+    );
+    String::from_utf8(out.stdout)
+        .expect("script output is UTF-8")
+        .lines()
+        .map(PathBuf::from)
+        .collect()
+}
 
 /// Compile `source` statically into `out`, with `-D` `defines`.
 pub(crate) fn compile_static(source: &Path, defines: &[String], out: &Path) {
@@ -49,4 +79,36 @@ impl Drop for Qemu {
         }
         let _ = self.0.wait();
     }
+}
+
+/// QEMU's console (its stdout), a line at a time, from a thread of its own
+/// (so that the reader can time out).
+pub(crate) fn console_lines(qemu: &mut Qemu) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let stdout = qemu.0.stdout.take().expect("QEMU's stdout is piped");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Ask the plugin behind `ctl` for a dump into `file` and read it.
+pub(crate) fn plugin_dump(ctl: &Path, file: &Path) -> Dump {
+    let mut s = UnixStream::connect(ctl)
+        .unwrap_or_else(|e| panic!("connect to the plugin at {}: {e}", ctl.display()));
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    writeln!(s, "dump {}", file.display()).unwrap();
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).unwrap();
+    assert_eq!(
+        line.trim_end(),
+        format!("ok {}", file.display()),
+        "the plugin's answer"
+    );
+    Dump::read(file).unwrap_or_else(|e| panic!("{e}"))
 }

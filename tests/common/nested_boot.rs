@@ -12,16 +12,17 @@
 //! appended to host.cpio) prints `LEVELS STEP` lines and waits for a line
 //! `go` after each; at each line [`run`] takes a plugin dump, then answers.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::path::Path;
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
 use blklab::lab::insns::Dump;
 
-use super::guest_program::{compile_static, newc_archive, Qemu};
+use super::guest_program::{
+    compile_static, console_lines, images_script, newc_archive, plugin_dump, Qemu,
+};
 use super::root;
 
 /// The host's CPU, as the nested lab boots it (src/lab/nested/host.rs):
@@ -124,10 +125,16 @@ static BOOT: Mutex<()> = Mutex::new(());
 /// and QEMU exited 0. Returns the dumps and the console.
 pub(crate) fn run(machine: Machine, program: &Program) -> (Dumps, String) {
     let cache = super::image_cache();
-    let plugin = script_lines("build-qemu-plugin.sh", &cache)
-        .pop()
-        .expect("build-qemu-plugin.sh prints the plugin's path");
-    let image = script_lines("build-nested-host.sh", &cache);
+    let plugin = images_script(
+        "build-qemu-plugin.sh",
+        &["--cache".as_ref(), cache.as_os_str()],
+    )
+    .pop()
+    .expect("build-qemu-plugin.sh prints the plugin's path");
+    let image = images_script(
+        "build-nested-host.sh",
+        &["--cache".as_ref(), cache.as_os_str()],
+    );
     let [kernel, host_cpio] = &image[..] else {
         panic!("build-nested-host.sh printed {image:?}, not the kernel and host.cpio")
     };
@@ -168,29 +175,6 @@ pub(crate) fn run(machine: Machine, program: &Program) -> (Dumps, String) {
     (dumps, console)
 }
 
-/// The lines `images/SCRIPT --cache CACHE` prints on stdout (its stderr
-/// goes to the test's); panics if it fails.
-fn script_lines(script: &str, cache: &Path) -> Vec<PathBuf> {
-    let out = Command::new("sh")
-        .arg(root().join("images").join(script))
-        .arg("--cache")
-        .arg(cache)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run images/{script}: {e}"));
-    assert!(
-        out.status.success(),
-        "images/{script} failed: {}",
-        out.status
-    );
-    String::from_utf8(out.stdout)
-        .expect("script output is UTF-8")
-        .lines()
-        .map(PathBuf::from)
-        .collect()
-}
-
 /// Compile the program into `stage/lab/run/blklab` and return the newc
 /// archive of `lab`, `lab/run` and the binary.
 fn run_archive(stage: &Path, program: &Program) -> Vec<u8> {
@@ -206,22 +190,6 @@ fn run_archive(stage: &Path, program: &Program) -> Vec<u8> {
         .join(program.source);
     compile_static(&source, &defines, &run.join("blklab"));
     newc_archive(stage, "lab")
-}
-
-/// Ask the plugin behind `ctl` for a dump into `file` and read it.
-fn dump(ctl: &Path, file: &Path) -> Dump {
-    let mut s = UnixStream::connect(ctl)
-        .unwrap_or_else(|e| panic!("connect to the plugin at {}: {e}", ctl.display()));
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    writeln!(s, "dump {}", file.display()).unwrap();
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).unwrap();
-    assert_eq!(
-        line.trim_end(),
-        format!("ok {}", file.display()),
-        "the plugin's answer"
-    );
-    Dump::read(file).unwrap_or_else(|e| panic!("{e}"))
 }
 
 struct Boot<'a> {
@@ -279,16 +247,7 @@ fn boot(m: Machine, b: &Boot) -> Qemu {
 /// Read the console until `BLKLAB-HOST-END`, dumping and answering `go` at
 /// each `LEVELS` line. Returns the dumps and the console.
 fn drive(qemu: &mut Qemu, ctl: &Path, dir: &Path, timeout: Duration) -> (Dumps, String) {
-    let (tx, rx) = mpsc::channel();
-    let stdout = qemu.0.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let rx = console_lines(qemu);
     let mut stdin: ChildStdin = qemu.0.stdin.take().unwrap();
     let deadline = Instant::now() + timeout;
     let (mut dumps, mut console) = (Dumps::default(), String::new());
@@ -316,7 +275,7 @@ fn drive(qemu: &mut Qemu, ctl: &Path, dir: &Path, timeout: Duration) -> (Dumps, 
             !step.starts_with("error"),
             "the host program failed:\n{console}"
         );
-        let d = dump(ctl, &dir.join(format!("{step}.insns")));
+        let d = plugin_dump(ctl, &dir.join(format!("{step}.insns")));
         eprintln!("{step}: {}", summary(&d));
         dumps.steps.push((step.to_string(), d));
         stdin.write_all(b"go\n").unwrap();
