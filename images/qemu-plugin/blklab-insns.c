@@ -593,6 +593,13 @@ static void register_mark(struct qemu_plugin_tb *tb, uint64_t vaddr)
     }
 }
 
+/* One `exit` or `mark` record: `tag L I KIND KEY N [NAME]`, N = `n`. */
+static void write_event(FILE *f, const char *tag, const Event *e, uint64_t n)
+{
+    fprintf(f, "%s %d %u %s %" PRIx64 " %" PRIu64 "%s%s\n", tag, e->k.level + 1, e->k.vcpu,
+            ev_names[e->k.kind], e->k.key, n, e->name ? " " : "", e->name ? e->name : "");
+}
+
 /* The marks and the counts at the last one; `lock` held. */
 static void write_marks(FILE *f)
 {
@@ -606,9 +613,7 @@ static void write_marks(FILE *f)
     while (g_hash_table_iter_next(&it, &key, &value)) {
         Event *e = value;
         if (e->marked) {
-            fprintf(f, "mark %d %u %s %" PRIx64 " %" PRIu64 "%s%s\n", e->k.level + 1,
-                    e->k.vcpu, ev_names[e->k.kind], e->k.key, e->marked,
-                    e->name ? " " : "", e->name ? e->name : "");
+            write_event(f, "mark", e, e->marked);
         }
     }
 }
@@ -1091,9 +1096,7 @@ static void write_exits(FILE *f)
     while (g_hash_table_iter_next(&it, &key, &value)) {
         Event *e = value;
         if (e->count) {
-            fprintf(f, "exit %d %u %s %" PRIx64 " %" PRIu64 "%s%s\n", e->k.level + 1,
-                    e->k.vcpu, ev_names[e->k.kind], e->k.key, e->count,
-                    e->name ? " " : "", e->name ? e->name : "");
+            write_event(f, "exit", e, e->count);
         }
     }
     write_marks(f);
