@@ -634,29 +634,36 @@ fn cell(rows: &[RowResult], row: usize, b: Backend) -> Option<&Cell> {
     rows.get(row)?.cells.iter().find(|c| c.backend == b)
 }
 
+/// A comparison's options for tests: randread QD64 for 1 s, the polling
+/// rows when `poll`, idle CPU measured when `idle`.
+#[cfg(test)]
+pub(super) fn test_opts(idle: bool, poll: bool) -> CompareOpts {
+    CompareOpts {
+        blklab_bin: "blklab".into(),
+        qsd_bin: "qsd".into(),
+        shape: LoadShape {
+            queues: 1,
+            depth: 64,
+            bs: 4096,
+            rw: super::RwMode::Randread,
+            time: Duration::from_secs(1),
+            warmup: Duration::ZERO,
+        },
+        size: 1 << 30,
+        rounds: 1,
+        poll: poll.then(|| "50us".into()),
+        adaptive: poll.then(|| "32us".into()),
+        idle: idle.then_some(crate::bench::idle::IdleSpec::DEFAULT),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_plan_has_both_daemons_every_mode_and_pins_the_qd1_rows() {
-        let opts = CompareOpts {
-            blklab_bin: "blklab".into(),
-            qsd_bin: "qsd".into(),
-            shape: LoadShape {
-                queues: 1,
-                depth: 64,
-                bs: 4096,
-                rw: super::super::RwMode::Randread,
-                time: Duration::from_secs(1),
-                warmup: Duration::ZERO,
-            },
-            size: 1 << 30,
-            rounds: 1,
-            poll: Some("50us".into()),
-            adaptive: Some("32us".into()),
-            idle: None,
-        };
+        let opts = test_opts(false, true);
         let rows = plan(&opts);
         let names: Vec<(&str, bool)> = rows.iter().map(|r| (r.name.as_str(), r.pinned)).collect();
         assert_eq!(

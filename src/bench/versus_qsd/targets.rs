@@ -222,32 +222,8 @@ fn statistics(j: &mut Judged, rows: &[RowResult], opts: &CompareOpts) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{IdleCpu, LoadShape, Row};
+    use super::super::{test_opts, IdleCpu, Row};
     use super::*;
-    use crate::bench::RwMode;
-    use std::time::Duration;
-
-    /// A comparison's options: randread QD64, every polling row, idle CPU
-    /// measured when `idle`.
-    fn opts(idle: bool, poll: bool) -> CompareOpts {
-        CompareOpts {
-            blklab_bin: "blklab".into(),
-            qsd_bin: "qsd".into(),
-            shape: LoadShape {
-                queues: 1,
-                depth: 64,
-                bs: 4096,
-                rw: RwMode::Randread,
-                time: Duration::from_secs(1),
-                warmup: Duration::ZERO,
-            },
-            size: 1 << 30,
-            rounds: 1,
-            poll: poll.then(|| "50us".into()),
-            adaptive: poll.then(|| "32us".into()),
-            idle: idle.then_some(crate::bench::idle::IdleSpec::DEFAULT),
-        }
-    }
 
     fn cell(backend: Backend, iops: f64, per_cpu: f64, p50_ns: f64) -> Cell {
         Cell {
@@ -341,7 +317,7 @@ mod tests {
             idle(Backend::BlklabAdaptive, 0.4),
             idle(Backend::BlklabPoll, 1.5),
         ];
-        let j = verdicts(&rows, Some(&idles[..]), &opts(true, true));
+        let j = verdicts(&rows, Some(&idles[..]), &test_opts(true, true));
         let v = j.verdicts;
         assert_eq!(v.len(), 13, "{v:#?}");
         assert!(j.skipped.is_empty(), "{:#?}", j.skipped);
@@ -390,7 +366,7 @@ mod tests {
         )];
         // Polling rows and idle CPU off: every target is still accounted
         // for, as a verdict or a skip with its reason.
-        let j = verdicts(&rows, None, &opts(false, false));
+        let j = verdicts(&rows, None, &test_opts(false, false));
         assert_eq!(j.verdicts.len() + j.skipped.len(), 13, "{j:#?}");
         let skipped = |what: &str| {
             j.skipped
@@ -437,7 +413,7 @@ mod tests {
         );
         // Idle CPU measured, but not of a backend the run left out.
         let idles = [idle(Backend::Blklab, 0.01)];
-        let j = verdicts(&rows, Some(&idles[..]), &opts(true, false));
+        let j = verdicts(&rows, Some(&idles[..]), &test_opts(true, false));
         assert!(j
             .verdicts
             .iter()
