@@ -206,9 +206,6 @@ pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
         return Ok(RunOutcome::Plan(plan_document(args, &setup, &plan)));
     }
     check_shard_not_empty(args, &plan)?;
-    if let Some(out) = &args.out {
-        refuse_earlier_records(out)?;
-    }
     let lab = prepare_lab(args, &setup, &plan, None)?;
     let stamp = write_run_document(args, &setup, &plan, &lab)?;
     let boots = match &lab.nested_host {

@@ -17,7 +17,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::record::result::ResultRecord;
-use crate::record::run::{RunConditions, RunDocument};
+use crate::record::run::{Accel, RunConditions, RunDocument};
 use crate::record::scenario::Variant;
 
 /// A condition that changes the measured numbers.
@@ -116,20 +116,23 @@ impl Condition {
     /// The condition's value for a record of `run` (`None`: the record
     /// does not say, e.g. a trimmed or older record).
     pub(crate) fn value(self, run: &RunDocument, r: &ResultRecord) -> Option<String> {
-        let fallback = run.conditions();
-        let rc: &RunConditions = r.run_conditions.as_ref().unwrap_or(&fallback);
-        let on_off = |b: bool| if b { "on" } else { "off" }.to_string();
+        let fallback;
+        let rc = match &r.run_conditions {
+            Some(rc) => rc,
+            None => {
+                fallback = run.conditions();
+                &fallback
+            }
+        };
+        if let Some(v) = self.run_wide(r.accel, rc) {
+            return v;
+        }
         match self {
-            Condition::Accelerator => Some(r.accel.describe().to_string()),
-            Condition::AcceleratorReason => Some(rc.accel_reason.clone()),
-            Condition::Deterministic => Some(on_off(rc.deterministic)),
-            Condition::InstructionCounting => Some(on_off(rc.count_insns)),
             Condition::Vcpus => vcpus(r).map(|n| n.to_string()),
             Condition::Memory => qemu_option(r, "-m")
                 .map(str::to_string)
                 .or_else(|| r.machine.as_ref().map(|m| m.memory.clone())),
             Condition::KernelCommandLine => qemu_option(r, "-append").map(boot_dirs_named),
-            Condition::QemuVersion => rc.qemu_version.clone(),
             Condition::QemuBinary => r
                 .qemu_command_line
                 .first()
@@ -139,8 +142,24 @@ impl Condition {
             Condition::DeviceModel => Some(device_identity(r).to_string()),
             Condition::GuestImage => r.manifests.initramfs.as_ref().and_then(guest_tools),
             Condition::KernelBuild => r.manifests.kernel.as_ref().map(kernel_build),
-            Condition::BlklabVersion => Some(format!("{} ({})", rc.blklab_version, rc.git_commit)),
+            _ => None,
         }
+    }
+
+    /// A condition's value from the accelerator and the run's conditions,
+    /// which a record and its run.json both state; `None` for the
+    /// conditions only a record states.
+    fn run_wide(self, accel: Accel, rc: &RunConditions) -> Option<Option<String>> {
+        let on_off = |b: bool| if b { "on" } else { "off" }.to_string();
+        Some(match self {
+            Condition::Accelerator => Some(accel.describe().to_string()),
+            Condition::AcceleratorReason => Some(rc.accel_reason.clone()),
+            Condition::Deterministic => Some(on_off(rc.deterministic)),
+            Condition::InstructionCounting => Some(on_off(rc.count_insns)),
+            Condition::QemuVersion => rc.qemu_version.clone(),
+            Condition::BlklabVersion => Some(format!("{} ({})", rc.blklab_version, rc.git_commit)),
+            _ => return None,
+        })
     }
 
     /// A value as a difference shows it (a device model: its fields).
@@ -612,17 +631,7 @@ fn definition_difference(a: &Variant, b: &Variant) -> Option<(String, String)> {
 /// A run-wide condition's value as run.json states it (`None` for the
 /// conditions only records state).
 pub(crate) fn run_value(c: Condition, run: &RunDocument) -> Option<String> {
-    let rc = run.conditions();
-    let on_off = |b: bool| if b { "on" } else { "off" }.to_string();
-    match c {
-        Condition::Accelerator => Some(run.accel.describe().to_string()),
-        Condition::AcceleratorReason => Some(rc.accel_reason),
-        Condition::Deterministic => Some(on_off(rc.deterministic)),
-        Condition::InstructionCounting => Some(on_off(rc.count_insns)),
-        Condition::QemuVersion => rc.qemu_version,
-        Condition::BlklabVersion => Some(format!("{} ({})", rc.blklab_version, rc.git_commit)),
-        _ => None,
-    }
+    c.run_wide(run.accel, &run.conditions()).flatten()
 }
 
 /// The run document's own run-wide values against a record's: a record

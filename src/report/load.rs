@@ -193,18 +193,19 @@ fn own_records(
     filter: RunFilter,
 ) -> Result<Vec<(String, ResultRecord)>, LoadError> {
     let own = id_of(run);
-    let (mine, others): (Vec<_>, Vec<_>) = records
-        .into_iter()
-        .partition(|(_, r)| run_id_of(run, r) == own);
-    if others.is_empty() {
-        return Ok(mine);
-    }
+    let mut mine = Vec::new();
+    // Each other run: its records, and a file of them.
     let mut by_run: std::collections::BTreeMap<String, (usize, String)> = Default::default();
-    for (file, r) in &others {
-        by_run
-            .entry(run_id_of(run, r))
-            .or_insert((0, file.clone()))
-            .0 += 1;
+    for (file, r) in records {
+        let id = run_id_of(run, &r);
+        if id == own {
+            mine.push((file, r));
+        } else {
+            by_run.entry(id).or_insert((0, file)).0 += 1;
+        }
+    }
+    if by_run.is_empty() {
+        return Ok(mine);
     }
     if let Some(id) = filter.0.iter().find(|id| by_run.contains_key(*id)) {
         return Err(LoadError::RunWithoutDocument {
@@ -217,7 +218,7 @@ fn own_records(
         log::warn!(
             "{}: left out {} record(s) of other runs (--run {own})",
             dir.display(),
-            others.len()
+            by_run.values().map(|(n, _)| n).sum::<usize>()
         );
         return Ok(mine);
     }

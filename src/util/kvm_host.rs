@@ -61,27 +61,16 @@ impl KvmHost {
 /// Where the facts are read: `/` on a real host, a fixture tree in tests.
 pub(crate) fn classify_under(root: &Path) -> KvmHost {
     let module = |m: &str| root.join("sys/module").join(m).exists();
-    for m in ["kvm_intel", "kvm_amd"] {
-        if module(m) {
-            let dev = root.join("dev/kvm");
-            if dev.exists() && !can_open(&dev) {
-                return KvmHost::NoAccess { path: dev };
-            }
-            return KvmHost::Hardware {
-                module: if m == "kvm_intel" {
-                    "kvm_intel"
-                } else {
-                    "kvm_amd"
-                },
-            };
-        }
-    }
-    if module("kvm_pvm") {
+    let hardware = ["kvm_intel", "kvm_amd"].into_iter().find(|m| module(m));
+    if hardware.is_none() && module("kvm_pvm") {
         return KvmHost::Pvm;
     }
     let dev = root.join("dev/kvm");
     if dev.exists() && !can_open(&dev) {
         return KvmHost::NoAccess { path: dev };
+    }
+    if let Some(module) = hardware {
+        return KvmHost::Hardware { module };
     }
     let flags = cpu_flags(&root.join("proc/cpuinfo"));
     KvmHost::Absent {
