@@ -84,6 +84,14 @@ pub struct RowPair {
 }
 
 impl RowPair {
+    /// The pair of a base and an other (scenario, variant).
+    pub(crate) fn of((bs, bv): &(String, String), (os, ov): &(String, String)) -> RowPair {
+        RowPair {
+            base: format!("{bs}/{bv}"),
+            other: format!("{os}/{ov}"),
+        }
+    }
+
     /// `SCENARIO/BASE → OTHER` (the other's scenario too when it differs).
     pub(crate) fn name(&self) -> String {
         let (bs, _) = self.base.rsplit_once('/').unwrap_or(("", &self.base));
