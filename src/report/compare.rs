@@ -1,11 +1,14 @@
 //! Building an A/B comparison from the sides [`load`](crate::report::load)
-//! read: one builder whose rows come from one of three resolvers (kernel
-//! against kernel, variant pairs on one kernel, the pairs' difference in
-//! differences on two kernels), what differs between the sides, and the
-//! report's types.
+//! read: one builder whose rows come from one of three resolvers
+//! (`compare/resolvers.rs`: kernel against kernel, variant pairs on one
+//! kernel, the pairs' difference in differences on two kernels), the
+//! inference per metric and row, and the report's types.
 //!
-//! It knows neither how the sides are read from disk nor how the report
-//! is rendered.
+//! Whether the sides may be compared at all is decided by
+//! [`comparability`](crate::report::comparability): each resolver names
+//! the records its rows pool and compare, and the contract checks them.
+//! This module knows neither how the sides are read from disk nor how the
+//! report is rendered.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,10 +18,12 @@ use thiserror::Error;
 
 use crate::record::metrics::{self, RowLabels};
 use crate::record::result::ResultRecord;
-use crate::record::run::RunDocument;
 use crate::record::scenario::Variant;
-pub use crate::report::comparability::Difference;
-use crate::report::comparability::{self, Check, Records, RowGroups};
+pub use crate::report::comparability::check::Difference;
+use crate::report::comparability::refusal::{
+    checked_differences, forced_conditions, ComparabilityError,
+};
+use crate::report::comparability::vcpus;
 use crate::report::coverage::{self, Coverage, CoverageError};
 use crate::report::inference::{self, Comparison, DiffInDiff, Outcome};
 use crate::report::load::{self, LoadError, Side};
@@ -30,12 +35,8 @@ pub enum ReportError {
     Load(#[from] LoadError),
     #[error("unknown metric {0:?} (known: {known})", known = metrics::known_keys())]
     UnknownMetric(String),
-    #[error("the two sides ran different scenario sets: only in A: [{only_a}]; only in B: [{only_b}] (--force compares the common rows)")]
-    ScenarioSets { only_a: String, only_b: String },
-    #[error("the two sides have no scenario row in common")]
-    NothingInCommon,
-    #[error("the two sides differ in more than the kernel: {} (--force compares anyway)", blocking_list(.0))]
-    Differs(Vec<Difference>),
+    #[error(transparent)]
+    Comparability(#[from] ComparabilityError),
     #[error("bad --pair {0:?}: want BASE:OTHER, each VARIANT or SCENARIO/VARIANT (e.g. single-queue:host-tags)")]
     BadPair(String),
     #[error("--pair {pair}: no scenario of {side} has both variants (it has: {have})")]
@@ -44,8 +45,6 @@ pub enum ReportError {
         side: String,
         have: String,
     },
-    #[error("the pairs match different rows on the two sides: only on A: [{only_a}]; only on B: [{only_b}] (--force compares the common rows)")]
-    PairSets { only_a: String, only_b: String },
     #[error("--confidence must be between 0.5 and 1 (e.g. 0.95)")]
     Confidence(f64),
     #[error(transparent)]
@@ -125,6 +124,9 @@ impl std::fmt::Display for PairSpec {
 
 pub(crate) use crate::report::profile::RowPair;
 
+mod resolvers;
+pub(crate) use resolvers::{DidRows, KernelRows, PairRows, RowResolver, Subject};
+
 /// (scenario, variant).
 type Key = (String, String);
 
@@ -132,10 +134,7 @@ type Key = (String, String);
 type Resolved = (Key, Key);
 
 fn row_pair((b, o): &Resolved) -> RowPair {
-    RowPair {
-        base: format!("{}/{}", b.0, b.1),
-        other: format!("{}/{}", o.0, o.1),
-    }
+    RowPair::of(b, o)
 }
 
 /// One row: a (scenario, variant) of two kernels, or a variant pair.
@@ -316,106 +315,17 @@ pub struct Report {
     pub coverage: Option<Coverage>,
 }
 
-/// The QEMU command line with what is per kernel or per boot replaced.
-fn qemu_identity(r: &ResultRecord) -> String {
-    let args = &r.qemu_command_line;
-    let mut out = Vec::new();
-    let mut skip_next = false;
-    for (i, a) in args.iter().enumerate() {
-        if skip_next {
-            skip_next = false;
-            out.push("…".to_string());
-            continue;
-        }
-        if i == 0 {
-            out.push("qemu".into());
-            continue;
-        }
-        if a == "-kernel" || a == "-initrd" {
-            skip_next = true;
-        }
-        if a.starts_with("socket,id=") {
-            out.push(a.split(",path=").next().unwrap_or(a).to_string());
-            continue;
-        }
-        out.push(comparability::boot_dirs_named(a));
-    }
-    out.join(" ")
-}
-
-/// A side's distinct QEMU command lines (per-boot paths named, see
-/// [`qemu_identity`]), sorted: one per machine its scenarios pin.
-fn qemu_lines(records: &[ResultRecord]) -> Vec<String> {
-    let mut v: Vec<String> = records.iter().map(qemu_identity).collect();
-    v.sort();
-    v.dedup();
-    v
-}
-
-/// How the sides' QEMU command lines differ: the lines only A has, and
-/// the lines only B has; `None` when they have the same.
-fn qemu_difference(a: &[ResultRecord], b: &[ResultRecord]) -> Option<(String, String)> {
-    let (la, lb) = (qemu_lines(a), qemu_lines(b));
-    if la == lb {
-        return None;
-    }
-    let only = |x: &[String], y: &[String]| -> String {
-        let v: Vec<&str> = x
-            .iter()
-            .filter(|l| !y.contains(l))
-            .map(String::as_str)
-            .collect();
-        if v.is_empty() {
-            "-".to_string()
-        } else {
-            v.join(" | ")
-        }
-    };
-    Some((only(&la, &lb), only(&lb, &la)))
-}
-
 /// A side's distinct vCPU counts (`?` where a record says nothing).
 fn vcpu_counts(s: &Side) -> String {
     let mut v: Vec<String> = Vec::new();
     for r in &s.records {
-        let c = comparability::vcpus(r).map_or("?".to_string(), |n| n.to_string());
+        let c = vcpus(r).map_or("?".to_string(), |n| n.to_string());
         if !v.contains(&c) {
             v.push(c);
         }
     }
     v.sort();
     v.join(", ")
-}
-
-/// What differs between the sides' setups that is not a condition of the
-/// contract ([`comparability`]), shown and never blocking: the QEMU
-/// command lines (each condition in them is checked on its own) and the
-/// host.
-fn setup_differences(a: &Side, b: &Side) -> Vec<Difference> {
-    let mut d = Vec::new();
-    let mut show = |what: &str, va: String, vb: String| {
-        if va != vb {
-            d.push(Difference {
-                what: what.to_string(),
-                condition: None,
-                a: va,
-                b: vb,
-                blocking: false,
-                by_design: false,
-                within: None,
-                rows: Vec::new(),
-            });
-        }
-    };
-    if let Some((va, vb)) = qemu_difference(&a.records, &b.records) {
-        show("QEMU command line", va, vb);
-    }
-    show(
-        "host",
-        comparability::json_text(&a.run.host),
-        comparability::json_text(&b.run.host),
-    );
-    d
 }
 
 /// A variant's definition as a side recorded it (`None` when no record has
@@ -446,83 +356,6 @@ fn about(side: &Side, key: &Key) -> String {
         ),
         None => format!("{description}; variant {}", key.1),
     }
-}
-
-/// Keys (scenario, variant) of a side, in record order.
-fn keys(s: &Side) -> Vec<Key> {
-    let mut v: Vec<Key> = Vec::new();
-    for r in &s.records {
-        let k = (r.scenario.clone(), r.variant.clone());
-        if !v.contains(&k) {
-            v.push(k);
-        }
-    }
-    v
-}
-
-/// Where a (scenario, variant) comes in a run: the scenario's position, then
-/// the variant's in it.
-fn position(run: &RunDocument, (s, v): &Key) -> (usize, usize) {
-    run.scenarios
-        .iter()
-        .enumerate()
-        .find_map(|(i, sc)| {
-            (&sc.name == s).then(|| {
-                let j = sc
-                    .variants
-                    .iter()
-                    .position(|x| &x.name == v)
-                    .unwrap_or(usize::MAX);
-                (i, j)
-            })
-        })
-        .unwrap_or((usize::MAX, usize::MAX))
-}
-
-/// The rows of `pairs` on `side`: each pair in every scenario that has
-/// both of its variants (in run order), pairs in the order given.
-fn resolve_pairs(side: &Side, pairs: &[PairSpec]) -> Result<Vec<Resolved>, ReportError> {
-    let have = keys(side);
-    let mut scenarios: Vec<String> = Vec::new();
-    let mut sorted = have.clone();
-    sorted.sort_by_key(|k| (position(&side.run, k), k.clone()));
-    for (s, _) in &sorted {
-        if !scenarios.contains(s) {
-            scenarios.push(s.clone());
-        }
-    }
-    let mut out: Vec<Resolved> = Vec::new();
-    for p in pairs {
-        let mut found = false;
-        for s in &scenarios {
-            if p.base.scenario.as_ref().is_some_and(|x| x != s) {
-                continue;
-            }
-            let base = (s.clone(), p.base.variant.clone());
-            let other = (
-                p.other.scenario.clone().unwrap_or_else(|| s.clone()),
-                p.other.variant.clone(),
-            );
-            if have.contains(&base) && have.contains(&other) {
-                found = true;
-                if !out.contains(&(base.clone(), other.clone())) {
-                    out.push((base, other));
-                }
-            }
-        }
-        if !found {
-            return Err(ReportError::PairNotFound {
-                pair: p.to_string(),
-                side: format!("{} in {}", side.kernel, side.dir.display()),
-                have: sorted
-                    .iter()
-                    .map(|(s, v)| format!("{s}/{v}"))
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            });
-        }
-    }
-    Ok(out)
 }
 
 /// A side's records of one (scenario, variant): the ok ones, how many
@@ -573,39 +406,6 @@ fn check_metric_keys(metric_keys: &[String]) -> Result<(), ReportError> {
         if metrics::find(k).is_none() {
             return Err(ReportError::UnknownMetric(k.clone()));
         }
-    }
-    Ok(())
-}
-
-/// The blocking differences, for their error.
-fn blocking_list(blocking: &[Difference]) -> String {
-    forced_conditions(blocking).join("; ")
-}
-
-/// The blocking differences a forced comparison went past, one line each.
-fn forced_conditions(diffs: &[Difference]) -> Vec<String> {
-    diffs
-        .iter()
-        .filter(|d| d.blocking)
-        .map(|d| {
-            let rows = if d.rows.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", d.rows.join(", "))
-            };
-            match &d.within {
-                Some(side) => format!("{}{rows} within side {side}: {} / {}", d.what, d.a, d.b),
-                None => format!("{}{rows}: A {} / B {}", d.what, d.a, d.b),
-            }
-        })
-        .collect()
-}
-
-/// Refuse the comparison over the blocking differences, unless forced.
-fn refuse_blocking(diffs: &[Difference], force: bool) -> Result<(), ReportError> {
-    let blocking: Vec<Difference> = diffs.iter().filter(|d| d.blocking).cloned().collect();
-    if !blocking.is_empty() && !force {
-        return Err(ReportError::Differs(blocking));
     }
     Ok(())
 }
@@ -661,30 +461,6 @@ pub(crate) struct Options {
     pub force: bool,
     /// Functions per row in the differential instruction profile.
     pub profile_top: usize,
-}
-
-/// The keys both sides have, in A's order. A key on one side only is
-/// refused (by `mismatch`, given the names only on A and only on B)
-/// unless forced; no key in common is always refused.
-fn common_keys<K: PartialEq>(
-    ka: Vec<K>,
-    kb: &[K],
-    name: impl Fn(&K) -> String,
-    force: bool,
-    mismatch: impl FnOnce(String, String) -> ReportError,
-) -> Result<Vec<K>, ReportError> {
-    let only = |x: &[K], y: &[K]| -> Vec<String> {
-        x.iter().filter(|k| !y.contains(k)).map(&name).collect()
-    };
-    let (only_a, only_b) = (only(&ka, kb), only(kb, &ka));
-    if (!only_a.is_empty() || !only_b.is_empty()) && !force {
-        return Err(mismatch(only_a.join(", "), only_b.join(", ")));
-    }
-    let common: Vec<K> = ka.into_iter().filter(|k| kb.contains(k)).collect();
-    if common.is_empty() {
-        return Err(ReportError::NothingInCommon);
-    }
-    Ok(common)
 }
 
 /// Every metric's comparison of `b`'s samples against `a`'s (metrics with
@@ -773,270 +549,6 @@ impl Row {
     }
 }
 
-/// What a report compares: sides A and B (the same side twice for
-/// variant pairs on one kernel) and the `--pair` arguments.
-pub(crate) struct Subject<'a> {
-    pub a: &'a Side,
-    pub b: &'a Side,
-    pub pairs: &'a [PairSpec],
-}
-
-/// Which rows a report of a [`Subject`] has, and how one row is made from
-/// the sides' records.
-pub(crate) trait RowResolver {
-    /// What names a row: a (scenario, variant), or a pair resolved to
-    /// its rows.
-    type Key;
-    const MODE: Mode;
-    /// The rows, in report order, and what differs between the sides'
-    /// setups besides the contract's conditions (shown, never blocking).
-    fn rows(s: &Subject, force: bool) -> Result<(Vec<Self::Key>, Vec<Difference>), ReportError>;
-    /// The records the rows pool and compare, for the comparability check.
-    fn check<'a>(s: &Subject<'a>, keys: &[Self::Key], backend_metric: bool) -> Check<'a>;
-    /// One row; its differential profiles go to `profiles`.
-    fn row(s: &Subject, key: &Self::Key, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row;
-}
-
-/// Kernel B against kernel A, row by row (scenario, variant).
-pub(crate) struct KernelRows;
-
-impl RowResolver for KernelRows {
-    type Key = Key;
-    const MODE: Mode = Mode::Kernels;
-
-    fn rows(s: &Subject, force: bool) -> Result<(Vec<Key>, Vec<Difference>), ReportError> {
-        let (a, b) = (s.a, s.b);
-        let name = |(s, v): &Key| format!("{s}/{v}");
-        let scenario_sets = |only_a, only_b| ReportError::ScenarioSets { only_a, only_b };
-        let mut common = common_keys(keys(a), &keys(b), name, force, scenario_sets)?;
-        // Rows in the order the scenarios define their variants.
-        common.sort_by_key(|k| (position(&a.run, k), k.clone()));
-        Ok((common, setup_differences(a, b)))
-    }
-
-    fn check<'a>(s: &Subject<'a>, keys: &[Key], backend_metric: bool) -> Check<'a> {
-        Check {
-            sides: vec![
-                ("A", side_records(s.a, keys)),
-                ("B", side_records(s.b, keys)),
-            ],
-            rows: keys
-                .iter()
-                .map(|k| RowGroups {
-                    name: format!("{}/{}", k.0, k.1),
-                    across: vec![[group(s.a, k), group(s.b, k)]],
-                    pair: Vec::new(),
-                })
-                .collect(),
-            backend_metric,
-        }
-    }
-
-    fn row(s: &Subject, key: &Key, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
-        let (a, b) = (pick(s.a, key), pick(s.b, key));
-        let names = (s.a.kernel.clone(), s.b.kernel.clone());
-        profiles.extend(labelled_profile(
-            &a,
-            &b,
-            opts.profile_top,
-            names,
-            None,
-            None,
-        ));
-        let labels = labels_of(if a.records.is_empty() {
-            &b.records
-        } else {
-            &a.records
-        });
-        let legends = [format!("A {}", s.a.kernel), format!("B {}", s.b.kernel)];
-        let mut row = Row::new(key, None, labels, None);
-        row.about = about(s.a, key);
-        row.compared(a, b, legends, opts.confidence)
-    }
-}
-
-/// On one kernel, each pair's other variant (B) against its base (A), in
-/// every scenario that has both.
-pub(crate) struct PairRows;
-
-impl RowResolver for PairRows {
-    type Key = Resolved;
-    const MODE: Mode = Mode::Variants;
-
-    fn rows(s: &Subject, _force: bool) -> Result<(Vec<Resolved>, Vec<Difference>), ReportError> {
-        Ok((resolve_pairs(s.a, s.pairs)?, Vec::new()))
-    }
-
-    fn check<'a>(s: &Subject<'a>, keys: &[Resolved], backend_metric: bool) -> Check<'a> {
-        Check {
-            sides: vec![("A", side_records(s.a, &pair_keys(keys)))],
-            rows: keys
-                .iter()
-                .map(|rp| RowGroups {
-                    name: row_pair(rp).name(),
-                    across: Vec::new(),
-                    pair: vec![("A", [group(s.a, &rp.0), group(s.a, &rp.1)])],
-                })
-                .collect(),
-            backend_metric,
-        }
-    }
-
-    fn row(s: &Subject, rp: &Resolved, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
-        let (base, other) = rp;
-        let pair = row_pair(rp);
-        let (a, b) = (pick(s.a, base), pick(s.a, other));
-        let names = (pair.base.clone(), pair.other.clone());
-        profiles.extend(labelled_profile(
-            &a,
-            &b,
-            opts.profile_top,
-            names,
-            Some(&pair),
-            None,
-        ));
-        let labels = labels_of(&a.records);
-        let labels_other = other_labels(&labels, &b.records);
-        let legends = [format!("A {}", pair.base), format!("B {}", pair.other)];
-        let mut row = Row::new(base, Some(pair), labels, labels_other);
-        row.about = about(s.a, base);
-        row.compared(a, b, legends, opts.confidence)
-    }
-}
-
-/// On two kernels, each pair's effect on kernel B against its effect on
-/// kernel A (see [`inference::DiffInDiff`]).
-pub(crate) struct DidRows;
-
-impl RowResolver for DidRows {
-    type Key = Resolved;
-    const MODE: Mode = Mode::Did;
-
-    fn rows(s: &Subject, force: bool) -> Result<(Vec<Resolved>, Vec<Difference>), ReportError> {
-        let (a, b) = (s.a, s.b);
-        let (pa, pb) = (resolve_pairs(a, s.pairs)?, resolve_pairs(b, s.pairs)?);
-        let name = |r: &Resolved| row_pair(r).name();
-        let pair_sets = |only_a, only_b| ReportError::PairSets { only_a, only_b };
-        let common = common_keys(pa, &pb, name, force, pair_sets)?;
-        Ok((common, setup_differences(a, b)))
-    }
-
-    fn check<'a>(s: &Subject<'a>, keys: &[Resolved], backend_metric: bool) -> Check<'a> {
-        let used = pair_keys(keys);
-        Check {
-            sides: vec![
-                ("A", side_records(s.a, &used)),
-                ("B", side_records(s.b, &used)),
-            ],
-            rows: keys
-                .iter()
-                .map(|(base, other)| RowGroups {
-                    name: row_pair(&(base.clone(), other.clone())).name(),
-                    across: vec![
-                        [group(s.a, base), group(s.b, base)],
-                        [group(s.a, other), group(s.b, other)],
-                    ],
-                    pair: vec![
-                        ("A", [group(s.a, base), group(s.a, other)]),
-                        ("B", [group(s.b, base), group(s.b, other)]),
-                    ],
-                })
-                .collect(),
-            backend_metric,
-        }
-    }
-
-    fn row(s: &Subject, rp: &Resolved, opts: &Options, profiles: &mut Vec<RowProfile>) -> Row {
-        let (base, other) = rp;
-        let pair = row_pair(rp);
-        let (a, b) = (s.a, s.b);
-        let [ab, ao, bb, bo] = [pick(a, base), pick(a, other), pick(b, base), pick(b, other)];
-        for (side, x, y) in [(a, &ab, &ao), (b, &bb, &bo)] {
-            let k = &side.kernel;
-            let names = (
-                format!("{} on {k}", pair.base),
-                format!("{} on {k}", pair.other),
-            );
-            let p = labelled_profile(x, y, opts.profile_top, names, Some(&pair), Some(k));
-            profiles.extend(p);
-        }
-        let labels = labels_of(&ab.records);
-        let labels_other = other_labels(&labels, &ao.records);
-        let mut row = Row::new(base, Some(pair), labels, labels_other);
-        row.about = about(a, base);
-        row.failed_a = ab.failed + ao.failed;
-        row.failed_b = bb.failed + bo.failed;
-        row.did = did_cells([&ab, &ao, &bb, &bo], opts.confidence);
-        row.groups = vec![
-            Group::new(format!("A {} {}", a.kernel, base.1), 0, ab),
-            Group::new(format!("A {} {}", a.kernel, other.1), 0, ao),
-            Group::new(format!("B {} {}", b.kernel, base.1), 1, bb),
-            Group::new(format!("B {} {}", b.kernel, other.1), 1, bo),
-        ];
-        row
-    }
-}
-
-/// Every (scenario, variant) the pairs use, once each.
-fn pair_keys(pairs: &[Resolved]) -> Vec<Key> {
-    let mut used: Vec<Key> = Vec::new();
-    for k in pairs.iter().flat_map(|(x, y)| [x, y]) {
-        if !used.contains(k) {
-            used.push(k.clone());
-        }
-    }
-    used
-}
-
-/// A side's records of one (scenario, variant), failed ones included.
-fn group<'a>(side: &'a Side, (s, v): &Key) -> Records<'a> {
-    Records {
-        run: &side.run,
-        records: side
-            .records
-            .iter()
-            .filter(|r| &r.scenario == s && &r.variant == v)
-            .collect(),
-    }
-}
-
-/// A side's records of the rows a report shows.
-fn side_records<'a>(side: &'a Side, keys: &[Key]) -> Records<'a> {
-    Records {
-        run: &side.run,
-        records: side
-            .records
-            .iter()
-            .filter(|r| {
-                keys.iter()
-                    .any(|(s, v)| &r.scenario == s && &r.variant == v)
-            })
-            .collect(),
-    }
-}
-
-/// Every difference of the contract's conditions among the records a
-/// report reads ([`comparability`]), then the setups' other differences;
-/// refused over the blocking ones unless forced.
-fn checked_differences<R: RowResolver>(
-    subject: &Subject,
-    keys: &[R::Key],
-    setup: Vec<Difference>,
-    metric_keys: &[String],
-    force: bool,
-) -> Result<Vec<Difference>, ReportError> {
-    let backend_metric = metric_keys.iter().any(|k| metrics::is_backend_metric(k));
-    let check = R::check(subject, keys, backend_metric);
-    let mut diffs = Vec::new();
-    for (name, recs) in &check.sides {
-        diffs.extend(comparability::run_document_disagreements(name, recs));
-    }
-    diffs.extend(comparability::differences(&check));
-    diffs.extend(setup);
-    refuse_blocking(&diffs, force)?;
-    Ok(diffs)
-}
-
 /// The comparison of `subject` with the rows resolver `R` gives: its rows,
 /// what differs, the differential profiles and the multiple-comparison
 /// correction.
@@ -1047,7 +559,9 @@ pub(crate) fn build<R: RowResolver>(
 ) -> Result<Report, ReportError> {
     check_metric_keys(metric_keys)?;
     let (keys, setup) = R::rows(subject, opts.force)?;
-    let differences = checked_differences::<R>(subject, &keys, setup, metric_keys, opts.force)?;
+    let backend_metric = metric_keys.iter().any(|k| metrics::is_backend_metric(k));
+    let check = R::check(subject, &keys, backend_metric);
+    let differences = checked_differences(&check, setup, opts.force)?;
     let forced_over = if opts.force {
         forced_conditions(&differences)
     } else {
@@ -1180,25 +694,6 @@ fn cases<'a>(report: &Report, sides: [&'a Side; 2]) -> Vec<(&'a Side, String, St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::result::test_record;
-    use serde_json::json;
-
-    #[test]
-    fn common_keys_refuse_a_one_sided_key_unless_forced() {
-        let name = |k: &u32| k.to_string();
-        let sets = |only_a, only_b| ReportError::ScenarioSets { only_a, only_b };
-        let e = common_keys(vec![1, 2, 3], &[3, 2, 4], name, false, sets).unwrap_err();
-        assert!(
-            matches!(&e, ReportError::ScenarioSets { only_a, only_b } if only_a == "1" && only_b == "4"),
-            "{e}"
-        );
-        let common = common_keys(vec![1, 2, 3], &[3, 2, 4], name, true, sets).unwrap();
-        assert_eq!(common, [2, 3], "in A's order");
-        assert!(matches!(
-            common_keys(vec![1], &[2], name, true, sets),
-            Err(ReportError::NothingInCommon)
-        ));
-    }
 
     #[test]
     fn pairs_parse() {
@@ -1221,118 +716,5 @@ mod tests {
         for bad in ["x", "x:", ":y", "x:x", "/x:y", "x:y:z"] {
             assert!(PairSpec::parse(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn boot_directories_are_not_a_difference_options_are() {
-        let r = |cl: serde_json::Value| test_record(json!({ "qemu_command_line": cl }));
-        let plugin = |dir: &str| format!("/c/libblklab-insns.so,ctl={dir}/insns.sock");
-        let a = r(json!([
-            "qemu",
-            "-plugin",
-            plugin("/tmp/blklab-run-0-Ab3xYz"),
-            "-m",
-            "1G"
-        ]));
-        let b = r(json!([
-            "qemu",
-            "-plugin",
-            plugin("/tmp/blklab-run-1-Qw9eRt"),
-            "-m",
-            "1G"
-        ]));
-        assert_eq!(qemu_identity(&a), qemu_identity(&b));
-        assert!(qemu_identity(&a).contains("ctl=…/blklab-run-…/insns.sock"));
-        // Another temporary directory ($TMPDIR) is no difference either.
-        let elsewhere = r(json!([
-            "qemu",
-            "-plugin",
-            plugin("/scratch/t/blklab-run-7-Zz0aB1"),
-            "-m",
-            "1G"
-        ]));
-        assert_eq!(qemu_identity(&a), qemu_identity(&elsewhere));
-        // A value is.
-        let c = r(json!([
-            "qemu",
-            "-plugin",
-            plugin("/tmp/blklab-run-1-Qw9eRt"),
-            "-m",
-            "2G"
-        ]));
-        assert_ne!(qemu_identity(&a), qemu_identity(&c));
-        // A different plugin or socket name outside the boot directory is
-        // a real difference.
-        let d = r(json!([
-            "qemu",
-            "-plugin",
-            "/c/other.so,ctl=/tmp/blklab-run-2-Zx/insns.sock",
-            "-m",
-            "1G"
-        ]));
-        assert_ne!(qemu_identity(&a), qemu_identity(&d));
-        let e = r(json!([
-            "qemu",
-            "-plugin",
-            plugin("/tmp/blklab-run-2-Zx").replace("insns.sock", "other.sock"),
-            "-m",
-            "1G"
-        ]));
-        assert_ne!(qemu_identity(&a), qemu_identity(&e));
-    }
-
-    #[test]
-    fn the_sides_differ_only_in_options_devices_and_values() {
-        let r = |dir: &str, extra: &[&str]| {
-            let mut cl = vec![
-                "qemu".to_string(),
-                "-qmp".into(),
-                format!("unix:{dir}/qmp.sock,server=on,wait=off"),
-                "-kernel".into(),
-                format!("/cache/{dir}/vmlinuz"),
-                "-chardev".into(),
-                format!("socket,id=blklab0,path={dir}/vd.sock"),
-            ];
-            cl.extend(extra.iter().map(|s| s.to_string()));
-            test_record(json!({ "qemu_command_line": cl }))
-        };
-        let dev = |q: u32| format!("vhost-user-blk-pci,chardev=blklab0,num-queues={q}");
-        let d2 = dev(2);
-        let base = ["-smp", "2", "-device", d2.as_str()];
-        let a = vec![r("/tmp/blklab-run-0-aaaaaa", &base)];
-        let b = vec![r("/var/tmp/blklab-run-1-bbbbbb", &base)];
-        assert_eq!(qemu_difference(&a, &b), None, "per-run paths only");
-        // Two machines per side (two scenarios), in any order: the same.
-        let one = ["-smp", "1", "-device", "x"];
-        let a2 = vec![a[0].clone(), r("/tmp/blklab-run-2-cccccc", &one)];
-        let b2 = vec![r("/tmp/blklab-run-3-dddddd", &one), b[0].clone()];
-        assert_eq!(qemu_difference(&a2, &b2), None, "the same machines");
-        // An option, a device and a value stay visible.
-        let option = vec![r(
-            "/tmp/blklab-run-1-bbbbbb",
-            &[&base[..], &["-no-hpet"]].concat(),
-        )];
-        let (_, vb) = qemu_difference(&a, &option).unwrap();
-        assert!(vb.ends_with("-no-hpet"), "{vb}");
-        let d4 = dev(4);
-        let device = vec![r(
-            "/tmp/blklab-run-1-bbbbbb",
-            &["-smp", "2", "-device", &d4],
-        )];
-        let (va, vb) = qemu_difference(&a, &device).unwrap();
-        assert!(
-            va.contains("num-queues=2") && vb.contains("num-queues=4"),
-            "{va} | {vb}"
-        );
-        let value = vec![r(
-            "/tmp/blklab-run-1-bbbbbb",
-            &["-smp", "4", "-device", &d2],
-        )];
-        let (va, vb) = qemu_difference(&a, &value).unwrap();
-        assert!(
-            va.contains("-smp 2") && vb.contains("-smp 4"),
-            "{va} | {vb}"
-        );
-        assert!(!va.contains("blklab-run-0"), "{va}");
     }
 }

@@ -5,7 +5,10 @@
 //! - [`profile`]: the differential instruction profile (per function);
 //! - [`load`]: reading run directories (and merging a run's shards) into
 //!   the sides of a comparison;
-//! - [`compare`]: building the comparison;
+//! - [`comparability`]: the conditions that change a number, and the one
+//!   place that decides whether records may be pooled and compared
+//!   (refusals, `--force`);
+//! - [`compare`]: building the comparison's rows;
 //! - [`render`]: terminal table, Markdown, CSV, JSON;
 //! - [`verdict`]: what each row says, in words;
 //! - [`html`]: the HTML page with SVG plots;

@@ -84,6 +84,14 @@ pub struct RowPair {
 }
 
 impl RowPair {
+    /// The pair of a base and an other (scenario, variant).
+    pub(crate) fn of((bs, bv): &(String, String), (os, ov): &(String, String)) -> RowPair {
+        RowPair {
+            base: format!("{bs}/{bv}"),
+            other: format!("{os}/{ov}"),
+        }
+    }
+
     /// `SCENARIO/BASE → OTHER` (the other's scenario too when it differs).
     pub(crate) fn name(&self) -> String {
         let (bs, _) = self.base.rsplit_once('/').unwrap_or(("", &self.base));
@@ -591,63 +599,16 @@ pub(crate) fn render(profiles: &[RowProfile], sides: &str, markdown: bool) -> St
     if profiles.is_empty() {
         return out;
     }
-    let host = if profiles.iter().any(|p| p.host.is_some()) {
-        "; the host's of nested runs after them, its kernel functions from /proc/kallsyms"
-    } else {
-        ""
-    };
-    let modelled = if profiles.iter().any(|p| !p.modelled.is_empty()) {
-        "; MODELLED: what a KVM host would spend, guest instructions + would-be exits × \
-         host instructions per exit calibrated in the nested lab, not measured"
-    } else {
-        ""
-    };
-    let head = format!(
-        "differential profile: guest instructions per IO, B - A, mean ± sd over iterations \
-         ({sides}; kernel functions from System.map, grouped by name{host}{modelled}; \
-         = every run of one side beyond every run of the other, listed first)"
-    );
+    let head = render_head(profiles, sides);
     if markdown {
         out.push_str(&format!("**{head}**\n\n"));
     } else {
         out.push_str(&head);
         out.push('\n');
     }
-    let ms = |v: &SideValue| {
-        if v.sd == 0.0 {
-            format!("{} ± 0", crate::util::text::num(v.mean))
-        } else {
-            format!(
-                "{} ± {}",
-                crate::util::text::num(v.mean),
-                crate::util::text::num(v.sd)
-            )
-        }
-    };
     for p in profiles {
         let title = p.title();
         let (a, b) = (&p.a_label, &p.b_label);
-        let mut sections: Vec<Section> = vec![
-            ("per IO", &p.totals, None),
-            ("group", &p.groups, None),
-            (
-                "function",
-                &p.functions,
-                Some((p.more_functions, p.functions_diff_sum)),
-            ),
-        ];
-        if !p.modelled.is_empty() {
-            sections.push(("MODELLED host cost per IO", &p.modelled, None));
-        }
-        if let Some(h) = &p.host {
-            sections.push(("host per IO", &h.totals, None));
-            sections.push(("host group", &h.groups, None));
-            sections.push((
-                "host function",
-                &h.functions,
-                Some((h.more_functions, h.functions_diff_sum)),
-            ));
-        }
         if markdown {
             out.push_str(&format!("*{title}*\n\n"));
             for w in &p.warnings {
@@ -659,55 +620,117 @@ pub(crate) fn render(profiles: &[RowProfile], sides: &str, markdown: bool) -> St
                 out.push_str(&format!("  {}\n", warning_line(w, a, b)));
             }
         }
-        for (what, list, more) in sections {
-            let keep_group = more.is_some();
-            let mut cells: Vec<Vec<String>> = vec![vec![
-                what.to_string(),
-                if keep_group {
-                    "group".into()
-                } else {
-                    String::new()
-                },
-                format!("A {a}"),
-                format!("B {b}"),
-                "B - A".into(),
-            ]];
-            for e in list {
-                cells.push(vec![
-                    e.name.clone(),
-                    if keep_group {
-                        e.group.clone()
-                    } else {
-                        String::new()
-                    },
-                    ms(&e.a),
-                    ms(&e.b),
-                    format!("{:+.1}{}", e.diff, if e.separated { " =" } else { "" }),
-                ]);
-            }
-            if let Some((n, sum)) = more.filter(|(n, _)| *n > 0) {
-                cells.push(vec![
-                    format!("({n} more functions differ)"),
-                    String::new(),
-                    String::new(),
-                    String::new(),
-                    format!("{sum:+.1} all"),
-                ]);
-            }
-            let cells: Vec<Vec<String>> = cells
-                .into_iter()
-                .map(|mut l| {
-                    if !keep_group {
-                        l.remove(1);
-                    }
-                    l
-                })
-                .collect();
-            out.push_str(&table(&cells, markdown));
+        for section in sections(p) {
+            out.push_str(&table(&section_cells(section, a, b), markdown));
             out.push('\n');
         }
     }
     out
+}
+
+/// The line above the profiles: what they show, and whether host and
+/// modelled profiles follow.
+fn render_head(profiles: &[RowProfile], sides: &str) -> String {
+    let host = if profiles.iter().any(|p| p.host.is_some()) {
+        "; the host's of nested runs after them, its kernel functions from /proc/kallsyms"
+    } else {
+        ""
+    };
+    let modelled = if profiles.iter().any(|p| !p.modelled.is_empty()) {
+        "; MODELLED: what a KVM host would spend, guest instructions + would-be exits × \
+         host instructions per exit calibrated in the nested lab, not measured"
+    } else {
+        ""
+    };
+    format!(
+        "differential profile: guest instructions per IO, B - A, mean ± sd over iterations \
+         ({sides}; kernel functions from System.map, grouped by name{host}{modelled}; \
+         = every run of one side beyond every run of the other, listed first)"
+    )
+}
+
+/// A profile's tables, in order: totals, groups, functions, the modelled
+/// host cost, and the host's totals, groups and functions.
+fn sections(p: &RowProfile) -> Vec<Section<'_>> {
+    let mut sections: Vec<Section> = vec![
+        ("per IO", &p.totals, None),
+        ("group", &p.groups, None),
+        (
+            "function",
+            &p.functions,
+            Some((p.more_functions, p.functions_diff_sum)),
+        ),
+    ];
+    if !p.modelled.is_empty() {
+        sections.push(("MODELLED host cost per IO", &p.modelled, None));
+    }
+    if let Some(h) = &p.host {
+        sections.push(("host per IO", &h.totals, None));
+        sections.push(("host group", &h.groups, None));
+        sections.push((
+            "host function",
+            &h.functions,
+            Some((h.more_functions, h.functions_diff_sum)),
+        ));
+    }
+    sections
+}
+
+/// `mean ± sd`.
+fn mean_sd(v: &SideValue) -> String {
+    if v.sd == 0.0 {
+        format!("{} ± 0", crate::util::text::num(v.mean))
+    } else {
+        format!(
+            "{} ± {}",
+            crate::util::text::num(v.mean),
+            crate::util::text::num(v.sd)
+        )
+    }
+}
+
+/// The cells of one table of a profile (A and B named `a` and `b`): a
+/// heading line, one line per entry, and for functions the ones left out;
+/// the group column only for functions.
+fn section_cells((what, list, more): Section, a: &str, b: &str) -> Vec<Vec<String>> {
+    let keep_group = more.is_some();
+    let group = |g: &str| {
+        if keep_group {
+            vec![g.to_string()]
+        } else {
+            Vec::new()
+        }
+    };
+    let line = |first: String, g: &str, rest: [String; 3]| -> Vec<String> {
+        let mut l = vec![first];
+        l.extend(group(g));
+        l.extend(rest);
+        l
+    };
+    let mut cells = vec![line(
+        what.to_string(),
+        "group",
+        [format!("A {a}"), format!("B {b}"), "B - A".into()],
+    )];
+    for e in list {
+        cells.push(line(
+            e.name.clone(),
+            &e.group,
+            [
+                mean_sd(&e.a),
+                mean_sd(&e.b),
+                format!("{:+.1}{}", e.diff, if e.separated { " =" } else { "" }),
+            ],
+        ));
+    }
+    if let Some((n, sum)) = more.filter(|(n, _)| *n > 0) {
+        cells.push(line(
+            format!("({n} more functions differ)"),
+            "",
+            [String::new(), String::new(), format!("{sum:+.1} all")],
+        ));
+    }
+    cells
 }
 
 fn table(cells: &[Vec<String>], markdown: bool) -> String {

@@ -2,17 +2,12 @@
 //! right-aligned and carry their exact value in `data-v` (what the page's
 //! sorting reads, and what a test of the page compares with report.json),
 //! whose headers say which side a column is of (by colour and in words),
-//! sortable by any column when marked so.
+//! sortable by any column when marked so. A table renders itself as
+//! markup ([`Render`]), so a section's template places it as `(table)`.
+
+use maud::{html, Markup, Render};
 
 use crate::util::text::num;
-
-/// Escape text for HTML.
-pub(crate) fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
 
 /// Which side a column is of (its colour on the page).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +122,8 @@ impl Cell {
         }
     }
 
-    fn html(&self, col: Option<&Col>) -> String {
+    /// The cell as a `<td>`, styled as its column.
+    fn td(&self, col: Option<&Col>) -> Markup {
         let tint = col.map_or("", |c| c.tint.class());
         let wrap = if col.is_some_and(|c| c.wrap) {
             " wrap"
@@ -135,11 +131,11 @@ impl Cell {
             ""
         };
         match self {
-            Cell::Text(t) => format!("<td class=\"t{tint}{wrap}\">{}</td>", esc(t)),
+            Cell::Text(t) => html! { td class={ "t" (tint) (wrap) } { (t) } },
             Cell::Num(v, shown) if v.is_finite() => {
-                format!("<td class=\"n{tint}\" data-v=\"{v}\">{}</td>", esc(shown))
+                html! { td class={ "n" (tint) } data-v=(v) { (shown) } }
             }
-            Cell::Num(..) => format!("<td class=\"n{tint}\">-</td>"),
+            Cell::Num(..) => html! { td class={ "n" (tint) } { "-" } },
         }
     }
 }
@@ -198,54 +194,35 @@ impl Table {
     pub(crate) fn is_empty(&self) -> bool {
         self.rows.is_empty()
     }
+}
 
-    pub(crate) fn html(&self) -> String {
-        let mut out = format!(
-            "<table id=\"{}\"{}>",
-            self.id,
-            if self.sortable {
-                " class=\"sortable\""
-            } else {
-                ""
-            }
-        );
-        if let Some(c) = &self.caption {
-            out.push_str(&format!("<caption>{}</caption>", esc(c)));
-        }
-        out.push_str("<thead><tr>");
-        for c in &self.cols {
-            let class = if c.numeric { "n" } else { "t" };
-            out.push_str(&format!(
-                "<th scope=\"col\" class=\"{class}{}\">{}</th>",
-                c.tint.class(),
-                esc(&c.head)
-            ));
-        }
-        out.push_str("</tr></thead>\n<tbody>\n");
-        for (cells, class) in &self.rows {
-            match class {
-                Some(c) => out.push_str(&format!("<tr class=\"{c}\">")),
-                None => out.push_str("<tr>"),
-            }
-            for (i, cell) in cells.iter().enumerate() {
-                out.push_str(&cell.html(self.cols.get(i)));
-            }
-            out.push_str("</tr>\n");
-        }
-        out.push_str("</tbody>");
-        if !self.foot.is_empty() {
-            out.push_str("<tfoot>");
-            for cells in &self.foot {
-                out.push_str("<tr>");
-                for (i, cell) in cells.iter().enumerate() {
-                    out.push_str(&cell.html(self.cols.get(i)));
+impl Render for Table {
+    fn render(&self) -> Markup {
+        let cells = |cells: &[Cell]| -> Markup {
+            html! { @for (i, cell) in cells.iter().enumerate() { (cell.td(self.cols.get(i))) } }
+        };
+        html! {
+            table id=(self.id) class=[self.sortable.then_some("sortable")] {
+                @if let Some(c) = &self.caption { caption { (c) } }
+                thead {
+                    tr {
+                        @for c in &self.cols {
+                            th scope="col" class={ (if c.numeric { "n" } else { "t" }) (c.tint.class()) } {
+                                (c.head)
+                            }
+                        }
+                    }
                 }
-                out.push_str("</tr>");
+                tbody {
+                    @for (row, class) in &self.rows {
+                        tr class=[*class] { (cells(row)) }
+                    }
+                }
+                @if !self.foot.is_empty() {
+                    tfoot { @for row in &self.foot { tr { (cells(row)) } } }
+                }
             }
-            out.push_str("</tfoot>");
         }
-        out.push_str("</table>\n");
-        out
     }
 }
 
@@ -275,7 +252,7 @@ mod tests {
         );
         t.row(vec![Cell::text("a<b"), Cell::num(1234.5678)]);
         t.row(vec![Cell::text("nan"), Cell::num(f64::NAN)]);
-        let h = t.html();
+        let h = t.render().into_string();
         assert!(
             h.starts_with("<table id=\"m_1\" class=\"sortable\">"),
             "{h}"
@@ -290,7 +267,10 @@ mod tests {
             "{h}"
         );
         assert!(h.contains("<td class=\"n a\">-</td>"), "{h}");
-        assert!(!Table::facts("f", vec![]).html().contains("sortable"));
+        assert!(!Table::facts("f", vec![])
+            .render()
+            .into_string()
+            .contains("sortable"));
     }
 
     #[test]

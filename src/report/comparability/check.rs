@@ -1,294 +1,22 @@
-//! The comparability contract: every condition that changes a measured
-//! number, read from each record (with its run.json for records older than
-//! the fields that carry them), and the check that the records a report
-//! pools and compares were measured under the same conditions.
-//!
-//! Each condition has a scope: a run-wide one must hold one value in every
-//! record a report reads; a kernel's (its build) one value within a side;
-//! a variant's (its definition, device, machine, command line) one value
-//! per row on each side and the same on both sides of a row, while the two
-//! variants of a `--pair` differ in it by design. A difference is a
-//! refusal naming the condition and both values unless forced. The merge
-//! of a run's shards checks the same list.
+//! The check of a report's records against the contract: which records
+//! each kind of report pools and compares (a kernel's rows across the
+//! sides, a pair's two variants on one side, both for the difference in
+//! differences), and every difference of a [`Condition`] among them.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 use serde_json::Value;
 
+use super::{device_identity, run_value, Condition, Scope};
 use crate::record::result::ResultRecord;
-use crate::record::run::{Accel, RunConditions, RunDocument};
+use crate::record::run::RunDocument;
 use crate::record::scenario::Variant;
+use crate::report::load::Side;
+use crate::report::profile::RowPair;
 
-/// A condition that changes the measured numbers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Condition {
-    /// TCG, KVM or KVM nested in TCG.
-    Accelerator,
-    /// Why that accelerator (forced, or what the probe found).
-    AcceleratorReason,
-    /// `--deterministic`: guest time is instructions, not wall time.
-    Deterministic,
-    /// The instruction-count plugin costs the vCPUs time.
-    InstructionCounting,
-    Vcpus,
-    Memory,
-    /// The guest kernel's command line, each boot's own paths left out.
-    KernelCommandLine,
-    QemuVersion,
-    QemuBinary,
-    /// The variant's definition: fio's arguments, target, scheduler, …
-    ScenarioDefinition,
-    /// The served disks: storage, size, tags, latency, polling, faults, …
-    DeviceModel,
-    /// The initramfs's tools (fio, mpstat, busybox, dmsetup).
-    GuestImage,
-    /// The build of the kernel under test.
-    KernelBuild,
-    /// blklab's version and commit (blocking where a backend metric is
-    /// shown: the backend is blklab's code).
-    BlklabVersion,
-}
-
-/// Where a condition may differ by design.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Scope {
-    /// Nowhere in a report.
-    Run,
-    /// Between the sides of a kernel comparison (it is what is compared).
-    Kernel,
-    /// Between the two variants of a pair.
-    Variant,
-}
-
-impl Condition {
-    /// Every condition, in the order reports list them.
-    pub(crate) const ALL: [Condition; 14] = [
-        Condition::Accelerator,
-        Condition::AcceleratorReason,
-        Condition::Deterministic,
-        Condition::InstructionCounting,
-        Condition::Vcpus,
-        Condition::Memory,
-        Condition::KernelCommandLine,
-        Condition::QemuVersion,
-        Condition::QemuBinary,
-        Condition::ScenarioDefinition,
-        Condition::DeviceModel,
-        Condition::GuestImage,
-        Condition::KernelBuild,
-        Condition::BlklabVersion,
-    ];
-
-    /// How reports and refusals name it.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Condition::Accelerator => "accelerator",
-            Condition::AcceleratorReason => "accelerator reason",
-            Condition::Deterministic => "--deterministic",
-            Condition::InstructionCounting => "instruction counting",
-            Condition::Vcpus => "vCPUs",
-            Condition::Memory => "guest memory",
-            Condition::KernelCommandLine => "kernel command line",
-            Condition::QemuVersion => "QEMU version",
-            Condition::QemuBinary => "QEMU binary",
-            Condition::ScenarioDefinition => "scenario definition",
-            Condition::DeviceModel => "backend configuration",
-            Condition::GuestImage => "guest image",
-            Condition::KernelBuild => "kernel build",
-            Condition::BlklabVersion => "blklab version",
-        }
-    }
-
-    pub(crate) fn scope(self) -> Scope {
-        match self {
-            Condition::Vcpus
-            | Condition::Memory
-            | Condition::KernelCommandLine
-            | Condition::ScenarioDefinition
-            | Condition::DeviceModel => Scope::Variant,
-            Condition::KernelBuild => Scope::Kernel,
-            _ => Scope::Run,
-        }
-    }
-
-    /// The condition's value for a record of `run` (`None`: the record
-    /// does not say, e.g. a trimmed or older record).
-    pub(crate) fn value(self, run: &RunDocument, r: &ResultRecord) -> Option<String> {
-        let fallback;
-        let rc = match &r.run_conditions {
-            Some(rc) => rc,
-            None => {
-                fallback = run.conditions();
-                &fallback
-            }
-        };
-        if let Some(v) = self.run_wide(r.accel, rc) {
-            return v;
-        }
-        match self {
-            Condition::Vcpus => vcpus(r).map(|n| n.to_string()),
-            Condition::Memory => qemu_option(r, "-m")
-                .map(str::to_string)
-                .or_else(|| r.machine.as_ref().map(|m| m.memory.clone())),
-            Condition::KernelCommandLine => qemu_option(r, "-append").map(boot_dirs_named),
-            Condition::QemuBinary => r
-                .qemu_command_line
-                .first()
-                .cloned()
-                .or_else(|| Some(run.qemu.path.clone())),
-            Condition::ScenarioDefinition => r.scenario_definition.as_ref().map(definition_text),
-            Condition::DeviceModel => Some(device_identity(r).to_string()),
-            Condition::GuestImage => r.manifests.initramfs.as_ref().and_then(guest_tools),
-            Condition::KernelBuild => r.manifests.kernel.as_ref().map(kernel_build),
-            _ => None,
-        }
-    }
-
-    /// A condition's value from the accelerator and the run's conditions,
-    /// which a record and its run.json both state; `None` for the
-    /// conditions only a record states.
-    fn run_wide(self, accel: Accel, rc: &RunConditions) -> Option<Option<String>> {
-        let on_off = |b: bool| if b { "on" } else { "off" }.to_string();
-        Some(match self {
-            Condition::Accelerator => Some(accel.describe().to_string()),
-            Condition::AcceleratorReason => Some(rc.accel_reason.clone()),
-            Condition::Deterministic => Some(on_off(rc.deterministic)),
-            Condition::InstructionCounting => Some(on_off(rc.count_insns)),
-            Condition::QemuVersion => rc.qemu_version.clone(),
-            Condition::BlklabVersion => Some(format!("{} ({})", rc.blklab_version, rc.git_commit)),
-            _ => return None,
-        })
-    }
-
-    /// A value as a difference shows it (a device model: its fields).
-    fn show(self, v: &Option<String>) -> String {
-        v.clone().unwrap_or_else(|| "(not recorded)".to_string())
-    }
-}
-
-/// The value of a QEMU option (the argument after `opt`).
-fn qemu_option<'a>(r: &'a ResultRecord, opt: &str) -> Option<&'a str> {
-    let cl = &r.qemu_command_line;
-    let i = cl.iter().position(|a| a == opt)?;
-    cl.get(i + 1).map(String::as_str)
-}
-
-/// The guest's vCPU count: QEMU's `-smp` (`N` or `cpus=N`), else the CPUs
-/// the guest saw online.
-pub(crate) fn vcpus(r: &ResultRecord) -> Option<u32> {
-    let smp = qemu_option(r, "-smp").and_then(|v| {
-        v.split(',')
-            .find_map(|p| p.strip_prefix("cpus=").unwrap_or(p).parse::<u32>().ok())
-    });
-    smp.or(r.guest.nr_cpus)
-}
-
-/// A value as JSON text (objects with their keys sorted).
-pub(crate) fn json_text<T: Serialize>(v: &T) -> String {
-    serde_json::to_value(v).unwrap_or(Value::Null).to_string()
-}
-
-/// A variant's definition as JSON, without its name (the two variants of
-/// an A/A pair are defined alike under two names).
-fn definition_text(v: &Variant) -> String {
-    let mut j = serde_json::to_value(v).unwrap_or(Value::Null);
-    if let Some(o) = j.as_object_mut() {
-        o.remove("name");
-    }
-    j.to_string()
-}
-
-/// What a record's device configuration is, without the per-boot socket
-/// and serial, as JSON (to name the fields that differ).
-pub(crate) fn device_identity(r: &ResultRecord) -> Value {
-    let mut d = serde_json::to_value(&r.device).unwrap_or(Value::Null);
-    if let Some(a) = d.as_array_mut() {
-        for disk in a {
-            if let Some(o) = disk.as_object_mut() {
-                o.remove("socket");
-                o.remove("serial");
-            }
-        }
-    }
-    d
-}
-
-/// The initramfs manifest's tools, without what belongs to the kernel
-/// (its version, modules and paths).
-fn guest_tools(m: &Value) -> Option<String> {
-    let keys = [
-        "fio",
-        "mpstat_sha256",
-        "dmsetup_sha256",
-        "busybox_sha256",
-        "guest_files_sha256",
-    ];
-    let mut o = serde_json::Map::new();
-    for k in keys {
-        if let Some(v) = m.get(k) {
-            let v = match (k, v) {
-                ("fio", Value::Object(f)) => {
-                    let mut f = f.clone();
-                    f.remove("path");
-                    Value::Object(f)
-                }
-                _ => v.clone(),
-            };
-            o.insert(k.to_string(), v);
-        }
-    }
-    (!o.is_empty()).then(|| Value::Object(o).to_string())
-}
-
-/// A kernel manifest's identity: its image's sha256 (the whole manifest,
-/// less its build time, when it has none).
-fn kernel_build(m: &Value) -> String {
-    if let Some(s) = m.get("sha256").and_then(Value::as_str) {
-        return format!("sha256 {s}");
-    }
-    let mut m = m.clone();
-    if let Some(o) = m.as_object_mut() {
-        o.remove("built_at");
-    }
-    m.to_string()
-}
-
-/// `arg` with each boot's own socket directory (`$TMPDIR/blklab-run-SEQ-RANDOM`,
-/// made fresh per boot: the plugin's `ctl=` and QMP's sockets live there)
-/// named `…/blklab-run-…`, whatever the temporary directory it is in, so
-/// that two runs' command lines differ only where an option, a device or a
-/// value does.
-pub(crate) fn boot_dirs_named(arg: &str) -> String {
-    const DIR: &str = "blklab-run-";
-    let mut out = String::with_capacity(arg.len());
-    let mut rest = arg;
-    while let Some(at) = rest.find(DIR) {
-        let starts_segment = at == 0 || rest[..at].ends_with('/');
-        let after = &rest[at + DIR.len()..];
-        let end = after.find(['/', ',', ' ']).unwrap_or(after.len());
-        let per_boot = after[..end].split_once('-').is_some_and(|(seq, tail)| {
-            !seq.is_empty() && seq.bytes().all(|c| c.is_ascii_digit()) && !tail.is_empty()
-        });
-        if starts_segment && per_boot {
-            // The path before the directory: from the option's value on.
-            let path_start = rest[..at].rfind(['=', ',', ' ', ':']).map_or(0, |i| i + 1);
-            out.push_str(&rest[..path_start]);
-            if path_start < at {
-                out.push_str("…/");
-            }
-            out.push_str(DIR);
-            out.push('…');
-            rest = &after[end..];
-        } else {
-            out.push_str(&rest[..at + DIR.len()]);
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
-}
+/// (scenario, variant).
+type Key = (String, String);
 
 /// Something that differs between what a report compares.
 #[derive(Debug, Clone, Serialize)]
@@ -393,6 +121,108 @@ pub(crate) struct RowGroups<'a> {
     pub across: Vec<[Records<'a>; 2]>,
     /// A pair's base and other variant on one side (named).
     pub pair: Vec<(&'a str, [Records<'a>; 2])>,
+}
+
+impl<'a> Check<'a> {
+    /// Kernel B against kernel A: each row's variant on the two sides.
+    pub(crate) fn kernels(a: &'a Side, b: &'a Side, keys: &[Key], backend_metric: bool) -> Self {
+        Check {
+            sides: vec![("A", side_records(a, keys)), ("B", side_records(b, keys))],
+            rows: keys
+                .iter()
+                .map(|k| RowGroups {
+                    name: format!("{}/{}", k.0, k.1),
+                    across: vec![[group(a, k), group(b, k)]],
+                    pair: Vec::new(),
+                })
+                .collect(),
+            backend_metric,
+        }
+    }
+
+    /// Variant pairs (base, other) on one kernel: the pair's two variants,
+    /// which differ by design in a variant's conditions.
+    pub(crate) fn pairs(a: &'a Side, pairs: &[(Key, Key)], backend_metric: bool) -> Self {
+        Check {
+            sides: vec![("A", side_records(a, &pair_keys(pairs)))],
+            rows: pairs
+                .iter()
+                .map(|(base, other)| RowGroups {
+                    name: RowPair::of(base, other).name(),
+                    across: Vec::new(),
+                    pair: vec![("A", [group(a, base), group(a, other)])],
+                })
+                .collect(),
+            backend_metric,
+        }
+    }
+
+    /// The pairs' difference in differences on two kernels: each variant
+    /// across the sides, and each side's pair.
+    pub(crate) fn did(
+        a: &'a Side,
+        b: &'a Side,
+        pairs: &[(Key, Key)],
+        backend_metric: bool,
+    ) -> Self {
+        let used = pair_keys(pairs);
+        Check {
+            sides: vec![("A", side_records(a, &used)), ("B", side_records(b, &used))],
+            rows: pairs
+                .iter()
+                .map(|(base, other)| RowGroups {
+                    name: RowPair::of(base, other).name(),
+                    across: vec![
+                        [group(a, base), group(b, base)],
+                        [group(a, other), group(b, other)],
+                    ],
+                    pair: vec![
+                        ("A", [group(a, base), group(a, other)]),
+                        ("B", [group(b, base), group(b, other)]),
+                    ],
+                })
+                .collect(),
+            backend_metric,
+        }
+    }
+}
+
+/// Every (scenario, variant) the pairs use, once each.
+fn pair_keys(pairs: &[(Key, Key)]) -> Vec<Key> {
+    let mut used: Vec<Key> = Vec::new();
+    for k in pairs.iter().flat_map(|(x, y)| [x, y]) {
+        if !used.contains(k) {
+            used.push(k.clone());
+        }
+    }
+    used
+}
+
+/// A side's records of one (scenario, variant), failed ones included.
+fn group<'a>(side: &'a Side, (s, v): &Key) -> Records<'a> {
+    Records {
+        run: &side.run,
+        records: side
+            .records
+            .iter()
+            .filter(|r| &r.scenario == s && &r.variant == v)
+            .collect(),
+    }
+}
+
+/// A side's records of the rows a report shows.
+fn side_records<'a>(side: &'a Side, keys: &[Key]) -> Records<'a> {
+    Records {
+        run: &side.run,
+        records: side
+            .records
+            .iter()
+            .filter(|r| {
+                keys.iter()
+                    .any(|(s, v)| &r.scenario == s && &r.variant == v)
+            })
+            .collect(),
+    }
 }
 
 /// Whether a difference in `c` blocks: everything but the blklab version
@@ -628,12 +458,6 @@ fn definition_difference(a: &Variant, b: &Variant) -> Option<(String, String)> {
     (!pa.is_empty()).then(|| (pa.join("; "), pb.join("; ")))
 }
 
-/// A run-wide condition's value as run.json states it (`None` for the
-/// conditions only records state).
-pub(crate) fn run_value(c: Condition, run: &RunDocument) -> Option<String> {
-    c.run_wide(run.accel, &run.conditions()).flatten()
-}
-
 /// The run document's own run-wide values against a record's: a record
 /// whose run-wide conditions are not its run.json's (a record edited, or
 /// copied in with another run's id) shows as a difference within its side.
@@ -673,48 +497,6 @@ pub(crate) fn run_document_disagreements(side: &str, recs: &Records) -> Vec<Diff
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::result::test_record;
-    use serde_json::json;
-
-    #[test]
-    fn only_per_boot_directory_names_are_replaced() {
-        assert_eq!(
-            boot_dirs_named("/t/blklab-run-12-aZ9/s"),
-            "…/blklab-run-…/s"
-        );
-        assert_eq!(boot_dirs_named("blklab-run-3-x"), "blklab-run-…");
-        assert_eq!(
-            boot_dirs_named("a=/x/blklab-run-0-p/s,b=/y/blklab-run-1-q/s"),
-            "a=…/blklab-run-…/s,b=…/blklab-run-…/s"
-        );
-        assert_eq!(
-            boot_dirs_named("unix:/tmp/blklab-run-3-abc/qmp.sock,server=on"),
-            "unix:…/blklab-run-…/qmp.sock,server=on"
-        );
-        for kept in [
-            "/t/blklab-run-x-aZ9/s",
-            "/t/blklab-run-12/s",
-            "/t/blklab-run-12-/s",
-            "/t/my-blklab-run-1-a/s",
-            "blklab-run-result/1",
-        ] {
-            assert_eq!(boot_dirs_named(kept), kept);
-        }
-    }
-
-    #[test]
-    fn vcpus_come_from_smp_else_the_guest() {
-        let r = |cl: Value, n: Value| {
-            test_record(json!({"qemu_command_line": cl, "guest": {"nr_cpus": n}}))
-        };
-        assert_eq!(vcpus(&r(json!(["q", "-smp", "4"]), json!(2))), Some(4));
-        assert_eq!(
-            vcpus(&r(json!(["q", "-smp", "sockets=1,cpus=8"]), json!(null))),
-            Some(8)
-        );
-        assert_eq!(vcpus(&r(json!(["q"]), json!(2))), Some(2));
-        assert_eq!(vcpus(&r(json!(["q"]), json!(null))), None);
-    }
 
     #[test]
     fn definitions_differ_by_field() {
