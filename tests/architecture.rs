@@ -141,6 +141,7 @@ fn upward_imports_are_found_in_every_form_and_not_in_tests() {
             "src/base/grouped.rs",
             "src/base/in_macro.rs",
             "src/base/in_type.rs",
+            "src/base/odd_name.rs",
             "src/base/renamed.rs",
             "src/base/sibling.rs",
         ],

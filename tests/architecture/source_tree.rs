@@ -50,42 +50,56 @@ pub(crate) fn read(src: &Path) -> Vec<SourceFile> {
     for (name, krate, module) in roots {
         let path = src.join(name);
         if path.exists() {
-            read_module(&path, module, krate, shown_base, &mut files);
+            let found = Found {
+                file: path,
+                children: src.to_path_buf(),
+                module,
+            };
+            read_module(found, krate, shown_base, &mut files);
         }
     }
     files
 }
 
-fn read_module(
-    path: &Path,
+/// A module's file, where the files of the modules it declares live, and
+/// its module path.
+struct Found {
+    file: PathBuf,
+    children: PathBuf,
     module: Vec<String>,
-    krate: Crate,
-    shown_base: &Path,
-    out: &mut Vec<SourceFile>,
-) {
+}
+
+fn read_module(found: Found, krate: Crate, shown_base: &Path, out: &mut Vec<SourceFile>) {
+    let path = &found.file;
     let text = std::fs::read_to_string(path)
         .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
     let syntax =
         syn::parse_file(&text).unwrap_or_else(|e| panic!("{} does not parse: {e}", path.display()));
     let mut children = Vec::new();
-    declared_files(&syntax.items, &children_dir(path), &module, &mut children);
+    let here = path.parent().unwrap_or(Path::new(""));
+    let dirs = Dirs {
+        file: here,
+        children: &found.children,
+    };
+    declared_files(&syntax.items, dirs, &found.module, &mut children);
     out.push(SourceFile {
         shown: path
             .strip_prefix(shown_base)
             .unwrap_or(path)
             .display()
             .to_string(),
-        module,
+        module: found.module,
         krate,
         syntax,
     });
-    for (child_path, child_module) in children {
-        read_module(&child_path, child_module, krate, shown_base, out);
+    for child in children {
+        read_module(child, krate, shown_base, out);
     }
 }
 
-/// Where the files of the modules a file declares live: beside it for
-/// `lib.rs`, `main.rs` and `mod.rs`, else in the folder named after it.
+/// Where the files of a module's children live: beside it for `lib.rs`,
+/// `main.rs`, `mod.rs` and a file named by `#[path]`, else in the folder
+/// named after it.
 fn children_dir(path: &Path) -> PathBuf {
     let dir = path.parent().unwrap_or(Path::new("")).to_path_buf();
     let stem = path.file_stem().unwrap_or_default();
@@ -96,14 +110,37 @@ fn children_dir(path: &Path) -> PathBuf {
     }
 }
 
+/// The folder of the file being read (where `#[path = "…"]` is relative
+/// to) and the folder of its children's files.
+#[derive(Clone, Copy)]
+struct Dirs<'a> {
+    file: &'a Path,
+    children: &'a Path,
+}
+
+/// The value of a `#[path = "…"]` attribute.
+fn path_attr(attrs: &[Attribute]) -> Option<String> {
+    attrs
+        .iter()
+        .find(|a| a.path().is_ident("path"))
+        .and_then(|a| {
+            let syn::Meta::NameValue(nv) = &a.meta else {
+                return None;
+            };
+            let syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(s),
+                ..
+            }) = &nv.value
+            else {
+                return None;
+            };
+            Some(s.value())
+        })
+}
+
 /// The files of the non-test `mod x;` declarations among `items`, also
 /// those inside inline modules (`mod a { mod b; }` is `a/b.rs`).
-fn declared_files(
-    items: &[Item],
-    dir: &Path,
-    module: &[String],
-    out: &mut Vec<(PathBuf, Vec<String>)>,
-) {
+fn declared_files(items: &[Item], dirs: Dirs<'_>, module: &[String], out: &mut Vec<Found>) {
     for item in items {
         let Item::Mod(m) = item else { continue };
         if is_test_only(&m.attrs) || m.ident == "tests" {
@@ -112,21 +149,46 @@ fn declared_files(
         let name = m.ident.to_string();
         let mut child = module.to_vec();
         child.push(name.clone());
-        match &m.content {
-            Some((_, inner)) => declared_files(inner, &dir.join(&name), &child, out),
-            None => {
-                let flat = dir.join(format!("{name}.rs"));
-                let nested = dir.join(&name).join("mod.rs");
-                let file = if flat.exists() { flat } else { nested };
-                assert!(
-                    file.exists(),
-                    "module {} has no file in {}",
-                    child.join("::"),
-                    dir.display()
-                );
-                out.push((file, child));
-            }
+        if let Some((_, inner)) = &m.content {
+            let nested = dirs.children.join(&name);
+            let inner_dirs = Dirs {
+                file: &nested,
+                children: &nested,
+            };
+            declared_files(inner, inner_dirs, &child, out);
+            continue;
         }
+        let found = match path_attr(&m.attrs) {
+            Some(p) => {
+                let file = dirs.file.join(p);
+                let children = file.parent().unwrap_or(Path::new("")).to_path_buf();
+                Found {
+                    file,
+                    children,
+                    module: child,
+                }
+            }
+            None => {
+                let flat = dirs.children.join(format!("{name}.rs"));
+                let file = if flat.exists() {
+                    flat
+                } else {
+                    dirs.children.join(&name).join("mod.rs")
+                };
+                Found {
+                    children: children_dir(&file),
+                    file,
+                    module: child,
+                }
+            }
+        };
+        assert!(
+            found.file.exists(),
+            "module {} has no file: {}",
+            found.module.join("::"),
+            found.file.display()
+        );
+        out.push(found);
     }
 }
 
