@@ -17,7 +17,7 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-use blklab::lab::insns::{self, Dump, SymbolMap};
+use blklab::lab::measure::plugin::{self as insns, Dump, SymbolMap};
 use blklab::record::guest::GuestResult;
 use blklab::record::symbol_groups::{self, group_of};
 

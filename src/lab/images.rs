@@ -54,7 +54,7 @@ pub enum ImageError {
     #[error("images/prepare.sh printed {got} results for {want} kernels")]
     Count { got: usize, want: usize },
     #[error("the instruction-count plugin: {0}")]
-    Plugin(#[source] crate::lab::insns::InsnsError),
+    Plugin(#[source] crate::lab::measure::plugin::InsnsError),
     #[error("{script} printed an unexpected key line {line:?}: {why}")]
     BadKey {
         script: PathBuf,
@@ -508,7 +508,8 @@ pub(crate) fn build(
     };
     let plugin = match qemu {
         Some(q) => Some(
-            crate::lab::insns::build_plugin(lab_dir, Some(cache), q).map_err(ImageError::Plugin)?,
+            crate::lab::measure::plugin::build_plugin(lab_dir, Some(cache), q)
+                .map_err(ImageError::Plugin)?,
         ),
         None => None,
     };

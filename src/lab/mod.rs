@@ -20,24 +20,11 @@
 //!
 //! The contract between the parts is docs/lab-protocol.md.
 
-pub(crate) mod accel;
-pub(crate) mod boot;
-pub(crate) mod cleanup;
-pub mod console;
-pub mod exits;
+pub mod guest;
 pub mod images;
-pub mod insns;
-pub(crate) mod kvm_exits;
-pub(crate) mod kvm_stats;
 pub(crate) mod location;
+pub mod measure;
 pub mod nested;
 pub mod options;
-pub(crate) mod plan;
-pub(crate) mod progress;
-pub mod qemu;
-pub(crate) mod qmp;
-pub mod runner;
+pub mod run;
 pub mod scenario;
-pub(crate) mod session;
-pub(crate) mod settings;
-pub mod summary;

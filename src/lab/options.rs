@@ -107,7 +107,7 @@ pub struct RunArgs {
     /// boots an emulated host under TCG and the guests under its KVM
     /// (counting the host's instructions apart from the guest's).
     #[arg(long, value_enum, default_value = "auto")]
-    pub accel: crate::lab::qemu::Accel,
+    pub accel: crate::lab::guest::qemu::Accel,
     /// QEMU binary.
     #[arg(long, value_name = "PATH", default_value = "qemu-system-x86_64")]
     pub qemu: String,
@@ -168,10 +168,10 @@ pub struct RunArgs {
     /// (iteration, scenario part) groups, every kernel of each, so A/B pairs
     /// stay on one machine; `blklab compare DIR,DIR,...` merges them.
     #[arg(long, value_name = "I/N", value_parser = parse_shard)]
-    pub shard: Option<crate::lab::plan::Shard>,
+    pub shard: Option<crate::lab::run::plan::Shard>,
 }
 
-fn parse_shard(s: &str) -> Result<crate::lab::plan::Shard, String> {
+fn parse_shard(s: &str) -> Result<crate::lab::run::plan::Shard, String> {
     s.parse()
 }
 

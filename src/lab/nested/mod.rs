@@ -17,8 +17,6 @@
 //! - [`inner`]: `blklab nested-inner`, the lab's side inside the host;
 //! - [`merge`]: the inner records with the outer lab's counts.
 
-pub(crate) mod host;
-pub mod inner;
 pub(crate) mod merge;
 pub(crate) mod relay;
 pub(crate) mod transfer;

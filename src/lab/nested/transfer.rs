@@ -14,10 +14,10 @@ use std::path::{Component, Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::lab::guest::qemu::Accel;
 use crate::lab::images::PreparedGuest;
 use crate::lab::location::{CacheOption, LabDirOption, LabLocation};
 use crate::lab::options::{CountInsns, RunArgs};
-use crate::lab::qemu::Accel;
 
 /// Where the host's `/init` unpacks the run disk.
 pub(crate) const RUN_ROOT: &str = "/lab/run";

@@ -15,13 +15,13 @@ use thiserror::Error;
 
 use crate::backend::control;
 use crate::device::config::DiskConfig;
-use crate::lab::boot::{qemu_spec, BootCtx, BootDisks, BootFailure};
-use crate::lab::console::{parse_line, Event, FaultScanner, Phase};
-use crate::lab::exits::{query_notify_areas, NotifyArea};
-use crate::lab::insns::{self, Dump, InsnsWindow};
-use crate::lab::kvm_stats::KvmSampler;
+use crate::lab::guest::console::{parse_line, Event, FaultScanner, Phase};
+use crate::lab::guest::qemu::{self, Accel, Guest, Next};
+use crate::lab::measure::kvm_qmp_stats::KvmSampler;
+use crate::lab::measure::plugin::{self as insns, Dump, InsnsWindow};
+use crate::lab::measure::plugin_exits::{query_notify_areas, NotifyArea};
 use crate::lab::nested::relay::WindowKey;
-use crate::lab::qemu::{self, Accel, Guest, Next};
+use crate::lab::run::boot::{qemu_spec, BootCtx, BootDisks, BootFailure};
 use crate::record::guest::{GuestResult, GUEST_SCHEMA};
 use crate::record::kvm::KvmWindow;
 use crate::record::result::{Checks, HostWindow, ResultRecord, RESULT_SCHEMA};
@@ -652,7 +652,10 @@ fn assemble_record(
             ios,
         ));
         if let (Some(e), Some(marks), None) = (i.exits.as_mut(), w.marks, &w.exits_unavailable) {
-            e.guest_window = Some(crate::lab::exits::guest_window(&w.level1.marked, marks));
+            e.guest_window = Some(crate::lab::measure::plugin_exits::guest_window(
+                &w.level1.marked,
+                marks,
+            ));
         }
         record.instructions = Some(i);
     }

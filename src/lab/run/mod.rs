@@ -10,30 +10,35 @@
 //! `write_summary`. One boot is `boot` and its console session
 //! `session`; the accelerator choice is `accel`.
 
+pub(crate) mod boot;
+pub(crate) mod nested_host;
+pub mod nested_inner;
+pub(crate) mod plan;
+pub(crate) mod progress;
+pub(crate) mod session;
+pub(crate) mod settings;
+pub mod summary;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use log::{info, warn};
 use thiserror::Error;
 
-use crate::lab::accel::{decide_accel, AccelError};
-use crate::lab::boot::{BootCtx, BootFailure, Retry};
+use crate::lab::guest::accel::{decide_accel, AccelError};
+use crate::lab::guest::qemu::{self, Accel};
 use crate::lab::images::nested_host::{prepare_nested_host, NestedHostImage};
 use crate::lab::images::{self, KernelSpec, PreparedGuest};
-use crate::lab::insns::{self, SymbolMap};
-use crate::lab::nested::{
-    self,
-    host::{HostMachine, HostRun, NestedError},
-    relay::SyncRelay,
-};
+use crate::lab::measure::plugin::{self as insns, SymbolMap};
+use crate::lab::nested::relay::SyncRelay;
 use crate::lab::options::{CountInsns, RunArgs};
-use crate::lab::plan::{self as run_plan, Boot};
-use crate::lab::progress::Progress;
-use crate::lab::qemu::{self, Accel};
+use crate::lab::run::boot::{BootCtx, BootFailure, Retry};
+use crate::lab::run::nested_host::{HostMachine, HostRun, NestedError};
+use crate::lab::run::plan::{self as run_plan, Boot};
+use crate::lab::run::progress::Progress;
+use crate::lab::run::session::{run_boot, INSNS_WINDOW};
+use crate::lab::run::settings::{DeviceSettingsError, Unit};
 use crate::lab::scenario::{self, Scenario};
-use crate::lab::session::{run_boot, INSNS_WINDOW};
-use crate::lab::settings::{self, DeviceSettingsError, Unit};
-use crate::lab::summary;
 use crate::record::result::ResultRecord;
 use crate::record::run::{
     new_run_id, BootOrder, HostInfo, InsnsSetup, KernelEntry, QemuInfo, RunDocument, RunStamp,
@@ -199,7 +204,7 @@ pub enum RunOutcome {
 pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
     // First, before any thread starts: SIGINT/SIGTERM stop QEMU and
     // remove the boots' directories.
-    crate::lab::cleanup::install();
+    crate::lab::guest::cleanup::install();
     let setup = check_arguments(args)?;
     let plan = plan(args, &setup);
     if args.plan {
@@ -223,7 +228,7 @@ pub(crate) fn run_inside(
     guests: Vec<PreparedGuest>,
     relay: &dyn SyncRelay,
 ) -> Result<RunOutcome, RunError> {
-    crate::lab::cleanup::install();
+    crate::lab::guest::cleanup::install();
     let setup = check_arguments(args)?;
     let plan = plan(args, &setup);
     check_shard_not_empty(args, &plan)?;
@@ -731,7 +736,7 @@ fn write_run_document(
         nested_host: lab
             .nested_host
             .as_ref()
-            .map(|h| nested::host::info(h, HostMachine::for_units(&setup.units))),
+            .map(|h| nested_host::info(h, HostMachine::for_units(&setup.units))),
     };
     crate::record::write(&lab.out_dir.join("run.json"), &run_doc)?;
     Ok(run_doc.stamp())
@@ -846,7 +851,7 @@ fn boot_nested_host(
         pb: &pb,
         stamp,
     };
-    let out = nested::host::boot(&run)?;
+    let out = nested_host::boot(&run)?;
     pb.finish();
     Ok(Boots {
         records: out.records,
@@ -1075,7 +1080,7 @@ mod tests {
 
     #[test]
     fn a_failed_boot_names_its_console_and_its_first_attempt() {
-        let q = || crate::lab::qemu::QemuError::Timeout {
+        let q = || crate::lab::guest::qemu::QemuError::Timeout {
             secs: 180,
             what: "the guest to boot (BLKLAB-INIT)".into(),
             console: String::new(),

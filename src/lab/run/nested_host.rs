@@ -14,18 +14,18 @@ use std::time::{Duration, Instant};
 use log::{info, warn};
 use thiserror::Error;
 
-use crate::lab::boot::{BootFailure, SocketDir};
-use crate::lab::console::{FaultScanner, Phase};
+use crate::lab::guest::console::{FaultScanner, Phase};
+use crate::lab::guest::qemu::{Guest, Next, QemuError, HEADLESS};
 use crate::lab::images::nested_host::NestedHostImage;
 use crate::lab::images::PreparedGuest;
-use crate::lab::insns::{self, InsnsError, SymbolMap};
+use crate::lab::measure::plugin::{self as insns, InsnsError, SymbolMap};
 use crate::lab::nested::merge::{self, MergeError, Merged, Window};
 use crate::lab::nested::relay::{self, SyncLine, WindowKey};
 use crate::lab::nested::transfer::{self, InnerRun, RunDisk, TransferError, RESULTS_DISK_BYTES};
 use crate::lab::options::RunArgs;
-use crate::lab::progress::Progress;
-use crate::lab::qemu::{Guest, Next, QemuError, HEADLESS};
-use crate::lab::settings::Unit;
+use crate::lab::run::boot::{BootFailure, SocketDir};
+use crate::lab::run::progress::Progress;
+use crate::lab::run::settings::Unit;
 use crate::record::run::{NestedHostInfo, RunStamp};
 use crate::util::units::parse_size;
 
@@ -208,7 +208,7 @@ pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
         match boot_once(r) {
             Err(NestedError::QemuBeforeInit(e)) if attempt < HOST_BOOT_ATTEMPTS => {
                 let text = e.to_string();
-                let Some(bug) = crate::lab::qemu::known_emulator_bug(&text) else {
+                let Some(bug) = crate::lab::guest::qemu::known_emulator_bug(&text) else {
                     return Err(NestedError::QemuBeforeInit(e));
                 };
                 attempt += 1;
@@ -568,8 +568,8 @@ fn marker<'l>(line: &'l str, tag: &str) -> Option<&'l str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lab::run::settings;
     use crate::lab::scenario;
-    use crate::lab::settings;
 
     #[test]
     fn the_host_has_a_vcpu_more_than_its_largest_guest_and_room_for_its_memory() {

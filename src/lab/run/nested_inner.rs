@@ -1,7 +1,7 @@
 //! `blklab nested-inner FILE`: the lab's side inside a nested host. The
 //! host's `/init` starts it with the host's console as stdin and stdout
 //! and its stderr into the results. It runs the outer lab's plan under
-//! KVM ([`crate::lab::runner`]'s `run_inside`), relaying every SYNC on the
+//! KVM ([`crate::lab::run`]'s `run_inside`), relaying every SYNC on the
 //! console; its run directory, the host's `/proc/kallsyms` (to symbolise
 //! the host's instructions) and, when it fails, `error.txt` go back out.
 
@@ -12,7 +12,7 @@ use thiserror::Error;
 
 use crate::lab::nested::relay;
 use crate::lab::nested::transfer::{InnerRun, RESULTS_ROOT};
-use crate::lab::runner::{self, RunError};
+use crate::lab::run::{self, RunError};
 
 /// The host's kernel symbols, as the outer lab reads them.
 pub(crate) const KALLSYMS: &str = "kallsyms";
@@ -51,7 +51,7 @@ pub fn run(file: &Path) -> Result<(), InnerError> {
     let results = Path::new(RESULTS_ROOT);
     save_kallsyms(results);
     let relay = relay::console();
-    match runner::run_inside(&inner.args, inner.guests, &relay) {
+    match run::run_inside(&inner.args, inner.guests, &relay) {
         Ok(_) => Ok(()),
         Err(e) => {
             let _ = std::fs::write(results.join(ERROR_FILE), error_chain(&e));

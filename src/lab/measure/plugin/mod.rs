@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use thiserror::Error;
 
-use crate::lab::exits::{exit_line, is_interrupt_stub, NotifyArea, WouldBeExits};
-pub use crate::lab::exits::{ExitCounts, ExitKind};
+use crate::lab::measure::plugin_exits::{exit_line, is_interrupt_stub, NotifyArea, WouldBeExits};
+pub use crate::lab::measure::plugin_exits::{ExitCounts, ExitKind};
 pub(crate) use crate::record::instructions::{
     HostInstructions, InsnsWindow, Instructions, VcpuInsns, ENTRY_FUNCTIONS,
 };
@@ -817,7 +817,8 @@ pub(crate) fn exits_record(
         .filter(|(_, n)| is_interrupt_stub(n))
         .map(|(a, n)| (n.clone(), entries_at(level, *a)))
         .collect();
-    let mut r = crate::lab::exits::record(&level.exits, unavailable, stubs, notify, ios);
+    let mut r =
+        crate::lab::measure::plugin_exits::record(&level.exits, unavailable, stubs, notify, ios);
     if r.unavailable.is_none() {
         r.device_vectors = device_vectors(level, map);
     }
