@@ -17,8 +17,6 @@ pub mod command;
 pub(crate) mod index;
 pub(crate) mod nested_host;
 
-pub use nested_host::NestedHostKey;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 

@@ -1,5 +1,6 @@
-//! Booting a guest: QEMU's command line, the accelerator choice (with a real
-//! KVM probe), and a running QEMU whose serial console we read and answer.
+//! Booting a guest: QEMU's command line, the KVM probe boot (for the
+//! accelerator choice), and a running QEMU whose serial console we read and
+//! answer.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};

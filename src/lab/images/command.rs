@@ -9,7 +9,8 @@ use thiserror::Error;
 
 use super::archive::{self, ArchiveError};
 use super::cache::{self, CacheError};
-use super::{ImageError, NestedHostKey, PluginKey};
+use super::nested_host::NestedHostKey;
+use super::{ImageError, PluginKey};
 use crate::lab::location::{CacheOption, LabDirOption, LabLocation};
 
 #[derive(Debug, Error)]

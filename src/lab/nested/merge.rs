@@ -13,7 +13,7 @@ use thiserror::Error;
 use crate::lab::guest::qemu::Accel;
 use crate::lab::measure::plugin::{self as insns, Dump, InsnsWindow, SymbolMap};
 use crate::lab::nested::relay::WindowKey;
-use crate::lab::run::nested_inner::{ERROR_FILE, KALLSYMS};
+use crate::lab::nested::transfer::{ERROR_FILE, KALLSYMS};
 use crate::record::result::ResultRecord;
 use crate::record::run::RunStamp;
 use crate::record::summary::{RetriedBoot, SummaryDocument};

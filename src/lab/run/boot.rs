@@ -21,12 +21,24 @@ use crate::lab::measure::kvm_qmp_stats::KvmStatsError;
 use crate::lab::measure::plugin::{self as insns, InsnsError, SymbolMap};
 use crate::lab::nested::relay::{RelayError, SyncRelay};
 use crate::lab::options::RunArgs;
-use crate::lab::run::plan::Boot;
 use crate::lab::run::progress::Progress;
 use crate::lab::run::settings::{DeviceSettingsError, Unit};
 use crate::lab::scenario::Scenario;
 use crate::record::run::RunStamp;
 use crate::record::RecordError;
+
+/// One boot of the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Boot {
+    /// Index of the kernel in `--kernel` order.
+    pub kernel: usize,
+    /// Index of the boot unit (a scenario's variants sharing device
+    /// settings).
+    pub unit: usize,
+    pub iteration: u32,
+    /// The (iteration, unit) group: the unit of sharding.
+    pub group: usize,
+}
 
 /// What one boot runs and with what.
 pub(crate) struct BootCtx<'a> {
