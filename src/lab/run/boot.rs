@@ -18,7 +18,7 @@ use crate::device::config::DiskConfig;
 use crate::lab::guest::qemu::{Accel, QemuDisk, QemuError, QemuSpec};
 use crate::lab::images::PreparedGuest;
 use crate::lab::measure::kvm_qmp_stats::KvmStatsError;
-use crate::lab::measure::plugin::{self as insns, InsnsError, SymbolMap};
+use crate::lab::measure::plugin::{self, InsnsError, SymbolMap};
 use crate::lab::nested::relay::{RelayError, SyncRelay};
 use crate::lab::options::RunArgs;
 use crate::lab::run::progress::Progress;
@@ -309,7 +309,7 @@ fn kernel_append(c: &BootCtx) -> String {
 pub(crate) fn qemu_spec(
     c: &BootCtx,
     configs: &[DiskConfig],
-    plugin: Option<&insns::Control>,
+    plugin: Option<&plugin::Control>,
     qmp: Option<&Path>,
 ) -> QemuSpec {
     QemuSpec {
@@ -336,7 +336,7 @@ pub(crate) fn qemu_spec(
                 let mark = c
                     .symbols
                     .as_ref()
-                    .and_then(|m| m.address(insns::MARK_SYMBOL));
+                    .and_then(|m| m.address(plugin::MARK_SYMBOL));
                 let shared_blocks = c.args.deterministic && c.unit.settings.machine.vcpus > 1;
                 Some(plugin_arg(p, ctl.path(), mark, shared_blocks))
             }

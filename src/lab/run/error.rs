@@ -7,7 +7,7 @@ use thiserror::Error;
 use crate::lab::guest::accel::AccelError;
 use crate::lab::guest::qemu;
 use crate::lab::images;
-use crate::lab::measure::plugin as insns;
+use crate::lab::measure::plugin::InsnsError;
 use crate::lab::run::boot::BootFailure;
 use crate::lab::run::nested_host::NestedError;
 use crate::lab::run::settings::DeviceSettingsError;
@@ -106,7 +106,7 @@ pub enum RunError {
         source: std::io::Error,
     },
     #[error(transparent)]
-    Insns(#[from] insns::InsnsError),
+    Insns(#[from] InsnsError),
     #[error(transparent)]
     Record(#[from] RecordError),
     #[error(

@@ -11,7 +11,7 @@ use crate::lab::guest::accel::decide_accel;
 use crate::lab::guest::qemu::{self, Accel};
 use crate::lab::images::nested_host::{prepare_nested_host, NestedHostImage};
 use crate::lab::images::{self, PreparedGuest};
-use crate::lab::measure::plugin::{self as insns, SymbolMap};
+use crate::lab::measure::plugin::{self, SymbolMap};
 use crate::lab::options::{CountInsns, RunArgs};
 use crate::lab::run::arguments::Setup;
 use crate::lab::run::error::RunError;
@@ -181,7 +181,7 @@ fn choose_accel(
     }
     let plugin = if decision.count_insns {
         info!("building the instruction-count plugin for {qemu}");
-        match insns::build_plugin(lab_dir, args.place.cache.get(), qemu) {
+        match plugin::build_plugin(lab_dir, args.place.cache.get(), qemu) {
             Ok(p) => Some(p),
             Err(e) if args.count_insns != CountInsns::On => {
                 warn!("no instruction counts (--count-insns auto): {e}");
