@@ -56,7 +56,7 @@ pub(crate) fn select(boots: Vec<Boot>, shard: Option<Shard>) -> Vec<Boot> {
 }
 
 /// The label `images/prepare.sh` gives a kernel SPEC (its NAME), made
-/// unique as the runner does (a second `6.12` is `6.12-2`), known before
+/// unique as the run does (a second `6.12` is `6.12-2`), known before
 /// anything is built.
 pub(crate) fn labels(specs: &[KernelSpec]) -> Vec<String> {
     let names: Vec<String> = specs.iter().map(spec_name).collect();

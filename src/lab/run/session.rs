@@ -3,7 +3,7 @@
 //! and the instruction-count plugin at each variant's begin and end SYNC,
 //! turn each result document into a record — and watch for guest kernel
 //! faults. It knows one boot only; which boots run, and what a failed boot
-//! leads to, are the runner's.
+//! leads to, are `boots`'.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -625,7 +625,7 @@ fn assemble_record(
         let p = plugin::profile(&w.level1, map);
         let ios = crate::record::metrics::ios(&record);
         let cs = record.guest.context_switches.map(|n| n as f64);
-        // `retired=off` is said once for the run (runner::prepare_lab).
+        // `retired=off` is said once for the run (`prepare::prepare_lab`).
         if let Some(why) = w
             .cut_unavailable
             .as_ref()
