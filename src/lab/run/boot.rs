@@ -4,7 +4,7 @@
 //! command line for it, and why it can fail ([`BootFailure`], whose kind
 //! alone decides whether the boot is tried again: [`BootFailure::retry`]).
 //! The console session itself is `session`; planning and the run's
-//! documents are the other phases' of `run/`.
+//! documents belong to the other phases of `run/`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -3,7 +3,7 @@
 //! and the instruction-count plugin at each variant's begin and end SYNC,
 //! turn each result document into a record — and watch for guest kernel
 //! faults. It knows one boot only; which boots run, and what a failed boot
-//! leads to, are `boots`'.
+//! leads to, are decided in `boots`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
