@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::lab::measure::plugin::InsnsError;
+use crate::lab::measure::plugin::error::InsnsError;
 
 /// Build (or find in the cache) the plugin for `qemu` with
 /// `images/build-qemu-plugin.sh`; returns the shared object's path.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::lab::measure::plugin::dump::Dump;
-use crate::lab::measure::plugin::InsnsError;
+use crate::lab::measure::plugin::error::InsnsError;
 
 /// The control socket of a running plugin.
 pub(crate) struct Control {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::lab::measure::plugin::InsnsError;
+use crate::lab::measure::plugin::error::InsnsError;
 use crate::lab::measure::plugin_exits::{exit_line, ExitCounts};
 
 /// One level's counters in a dump: per vCPU (kernel, user) instructions,

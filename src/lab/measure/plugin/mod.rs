@@ -26,66 +26,20 @@
 pub(crate) mod build;
 pub(crate) mod control;
 pub(crate) mod dump;
+mod error;
 pub(crate) mod records;
 pub(crate) mod symbol_map;
-
-use std::path::PathBuf;
-
-use thiserror::Error;
 
 pub(crate) use build::build_plugin;
 pub(crate) use control::Control;
 pub use dump::{Dump, LevelCounts, LevelRule, Switches, FORMAT_3_EXITS, FORMAT_4_CUT};
+pub use error::InsnsError;
 pub(crate) use records::exits_record;
 pub use records::{host_record, profile, record, Profile};
 pub use symbol_map::SymbolMap;
 
 pub use crate::lab::measure::plugin_exits::{ExitCounts, ExitKind};
 pub(crate) use crate::record::instructions::InsnsWindow;
-
-#[derive(Debug, Error)]
-pub enum InsnsError {
-    #[error("cannot build the QEMU plugin: {} is missing", .0.display())]
-    BuildScriptMissing(PathBuf),
-    #[error("cannot build the QEMU plugin: cannot run {}: {source}", script.display())]
-    BuildScriptRun {
-        script: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot build the QEMU plugin: {last} ({status})")]
-    BuildFailed { last: String, status: String },
-    #[error(
-        "cannot build the QEMU plugin: {} printed no plugin path (stderr: {stderr})",
-        script.display()
-    )]
-    BuildNoPath { script: PathBuf, stderr: String },
-    #[error("cannot reach the instruction-count plugin at {path}: {source}")]
-    Connect {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("the instruction-count plugin at {path} failed: {why}")]
-    Plugin { path: PathBuf, why: String },
-    #[error("the instruction-count plugin at {path} failed: {source}")]
-    PluginIo {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}:{line}: {why}")]
-    Parse {
-        path: PathBuf,
-        line: usize,
-        why: String,
-    },
-}
 
 /// The kernel function whose entry the plugin marks at (`mark=`): it
 /// formats the per-CPU IPI and timer lines of /proc/interrupts, so a mark

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use crate::lab::measure::plugin::InsnsError;
+use crate::lab::measure::plugin::error::InsnsError;
 use crate::record::symbol_groups::{base_name, split_module, OUTSIDE};
 
 /// A kernel's text symbols: from its System.map, or from a running
