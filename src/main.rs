@@ -26,7 +26,7 @@ fn main() {
             .context("blklab images"),
         Command::Bisect(args) => bisect(&args),
         Command::NestedInner { file } => {
-            blklab::lab::nested::inner::run(&file).context("blklab nested-inner")
+            blklab::lab::run::nested_inner::run(&file).context("blklab nested-inner")
         }
     };
     if let Err(e) = result {
@@ -84,19 +84,22 @@ fn serve(args: ServeArgs) -> Result<()> {
 }
 
 fn run(args: &blklab::lab::options::RunArgs) -> Result<()> {
-    let (out_dir, records, failures) = match blklab::lab::runner::run(args).context("blklab run")? {
-        blklab::lab::runner::RunOutcome::Plan(plan) => {
+    let (out_dir, records, failures) = match blklab::lab::run::run(args).context("blklab run")? {
+        blklab::lab::run::RunOutcome::Plan(plan) => {
             println!("{}", serde_json::to_string_pretty(&plan)?);
             return Ok(());
         }
-        blklab::lab::runner::RunOutcome::Ran {
+        blklab::lab::run::RunOutcome::Ran {
             out_dir,
             records,
             failures,
         } => (out_dir, records, failures),
     };
-    let order = blklab::lab::summary::run_order(&out_dir);
-    print!("{}", blklab::lab::summary::table_planned(&records, &order));
+    let order = blklab::lab::run::summary::run_order(&out_dir);
+    print!(
+        "{}",
+        blklab::lab::run::summary::table_planned(&records, &order)
+    );
     if let Some(sh) = args.shard {
         println!(
             "\nshard {}/{} of the plan: merge the shards' directories with `blklab compare DIR,DIR,...`",

@@ -39,7 +39,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use blklab::lab::insns::{Dump, ExitKind};
+use blklab::lab::measure::plugin::{Dump, ExitKind};
 use blklab::record::host_cost::EXIT_WEIGHTS;
 
 use common::nested_boot::{run, summary, Dumps, Machine, Program};

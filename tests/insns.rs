@@ -17,7 +17,7 @@ use std::sync::Mutex;
 
 use serde_json::Value;
 
-use blklab::lab::insns::{self, Dump, SymbolMap};
+use blklab::lab::measure::plugin::{self, Dump, SymbolMap};
 use blklab::record::guest::GuestResult;
 use blklab::record::symbol_groups::{self, group_of};
 
@@ -90,7 +90,7 @@ fn symbolisation_against_a_known_system_map() {
     assert_eq!(w.level1.kernel(), 1_000_000 - 400_000);
     assert_eq!(w.level1.user(), 300_000 - 100_000);
     assert_eq!(w.level2.kernel() + w.level2.user(), 0);
-    let p = insns::profile(&w.level1, &map);
+    let p = plugin::profile(&w.level1, &map);
     // Two blocks inside blk_mq_flush_plug_list (one at its entry, one 0x10
     // into it) add up; a .constprop clone is folded into its base name; a
     // module address is outside the kernel's text.
@@ -101,7 +101,7 @@ fn symbolisation_against_a_known_system_map() {
     assert_eq!(p.functions["schedule_idle"], 8);
     assert_eq!(p.idle_symbol.as_deref(), Some("schedule_idle"));
     assert_eq!(p.idle_entries, Some(4));
-    let r = serde_json::to_value(insns::record(
+    let r = serde_json::to_value(plugin::record(
         &p,
         Some(10.0),
         Some(20.0),

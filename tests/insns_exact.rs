@@ -32,7 +32,7 @@ use std::process::{Command, Stdio};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-use blklab::lab::insns::Dump;
+use blklab::lab::measure::plugin::Dump;
 
 use common::guest_program::{
     compile_static, console_lines, images_script, newc_archive, plugin_dump, Qemu,

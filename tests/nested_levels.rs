@@ -25,7 +25,7 @@ mod common;
 
 use std::time::Duration;
 
-use blklab::lab::insns::{ExitKind, LevelRule};
+use blklab::lab::measure::plugin::{ExitKind, LevelRule};
 
 use common::nested_boot::{run, summary, Dumps, Machine, Program};
 

@@ -243,7 +243,7 @@ fn run_guest_with_retry(
     // QEMU itself aborting on a known emulator bug before /init (not the
     // guest, not the backend) is worth a second boot, as in `blklab run`.
     let emulator_bug = (!run.boot_hang && run.to_begin.is_none() && !run.status.success())
-        .then(|| blklab::lab::qemu::known_emulator_bug(&run.console))
+        .then(|| blklab::lab::guest::qemu::known_emulator_bug(&run.console))
         .flatten();
     if let Some(bug) = emulator_bug {
         assert_no_kernel_fault(&run);
@@ -295,7 +295,7 @@ fn assert_no_kernel_fault(run: &GuestRun) {
     let first = run
         .guest_output
         .lines()
-        .find(|l| blklab::lab::console::starts_fault(l));
+        .find(|l| blklab::lab::guest::console::starts_fault(l));
     assert!(
         first.is_none(),
         "the guest kernel reported a fault: {}\n--- console ---\n{}",

@@ -209,7 +209,7 @@ fn recorded_runs_load_as_their_types_and_validate() {
             finished_unix: 0.0,
             failures: Vec::new(),
             retried_boots: Vec::new(),
-            rows: blklab::lab::summary::rows(&records),
+            rows: blklab::lab::run::summary::rows(&records),
         };
         assert!(!summary.rows.is_empty());
         assert_valid(
@@ -232,7 +232,7 @@ fn recorded_runs_load_as_their_types_and_validate() {
 /// table names it, and the summary still validates.
 #[test]
 fn a_planned_run_without_its_record_is_counted_as_not_run() {
-    use blklab::lab::summary;
+    use blklab::lab::run::summary;
     let from = root().join("tests/fixtures/runs/aa");
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();

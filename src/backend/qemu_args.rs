@@ -1,6 +1,6 @@
 //! The QEMU options that attach served disks to a guest: the one builder
 //! behind `blklab serve --print-qemu-args` (and so `images/demo.sh`), the
-//! lab's guests (`lab::qemu`) and the QEMU tests.
+//! lab's guests (`lab::guest::qemu`) and the QEMU tests.
 //!
 //! A vhost-user backend maps the guest's RAM, so the RAM is a memfd shared
 //! with it (`-object memory-backend-memfd,…,share=on`, made the machine's

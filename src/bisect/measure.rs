@@ -11,7 +11,7 @@ use thiserror::Error;
 
 use crate::bisect::build::Built;
 use crate::lab::options::RunArgs;
-use crate::lab::runner::{self, RunError, RunOutcome};
+use crate::lab::run::{self, RunError, RunOutcome};
 use crate::record::metrics::Metric;
 
 /// Why a built commit could not be measured; one line.
@@ -129,7 +129,7 @@ pub(crate) fn measure(
     }
     spec.push_str(&format!(",name={label}"));
     let args = run_args(s, &spec, out)?;
-    let (run_dir, records, failures) = match runner::run(&args).map_err(MeasureError::Run)? {
+    let (run_dir, records, failures) = match run::run(&args).map_err(MeasureError::Run)? {
         RunOutcome::Ran {
             out_dir,
             records,
@@ -192,7 +192,7 @@ mod tests {
         assert_eq!(a.iterations, 2);
         assert!(a.deterministic);
         assert_eq!(a.count_insns, crate::lab::options::CountInsns::On);
-        assert_eq!(a.accel, crate::lab::qemu::Accel::Tcg);
+        assert_eq!(a.accel, crate::lab::guest::qemu::Accel::Tcg);
         assert_eq!(a.place.cache.get(), Some(Path::new("/cache")));
         assert_eq!(a.boot_timeout, Duration::from_secs(180));
     }

@@ -577,7 +577,7 @@ fn announce(args: &BisectArgs, c: &Checked, commits: u32, steps: u64, head: &str
 /// Run the bisection `args` asks for.
 pub fn run(args: &BisectArgs) -> Result<Outcome, BisectError> {
     // Before any thread starts (the lab's SIGINT/SIGTERM watcher).
-    crate::lab::cleanup::install();
+    crate::lab::guest::cleanup::install();
     let start = Instant::now();
     let c = check(args)?;
     let out_dir = out_dir(args)?;

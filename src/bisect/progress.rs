@@ -10,7 +10,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use log::info;
 
-use crate::lab::progress::{estimate_left, short_duration};
+use crate::lab::run::progress::{estimate_left, short_duration};
 
 pub(crate) struct StepProgress {
     bar: Option<ProgressBar>,

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::bisect::error::BisectError;
 use crate::bisect::judge::{spread, Boundary, Verdict};
-use crate::bisect::BisectError;
 use crate::report::{compare, render};
 
 pub(crate) const BISECT_SCHEMA: &str = "blklab-bisect/1";

@@ -17,8 +17,6 @@ pub mod command;
 pub(crate) mod index;
 pub(crate) mod nested_host;
 
-pub use nested_host::NestedHostKey;
-
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -54,7 +52,7 @@ pub enum ImageError {
     #[error("images/prepare.sh printed {got} results for {want} kernels")]
     Count { got: usize, want: usize },
     #[error("the instruction-count plugin: {0}")]
-    Plugin(#[source] crate::lab::insns::InsnsError),
+    Plugin(#[source] crate::lab::measure::plugin::InsnsError),
     #[error("{script} printed an unexpected key line {line:?}: {why}")]
     BadKey {
         script: PathBuf,
@@ -508,7 +506,8 @@ pub(crate) fn build(
     };
     let plugin = match qemu {
         Some(q) => Some(
-            crate::lab::insns::build_plugin(lab_dir, Some(cache), q).map_err(ImageError::Plugin)?,
+            crate::lab::measure::plugin::build_plugin(lab_dir, Some(cache), q)
+                .map_err(ImageError::Plugin)?,
         ),
         None => None,
     };

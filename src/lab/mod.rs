@@ -1,43 +1,42 @@
 //! The lab: from guest kernels to numbers (`blklab run`).
 //!
-//! - [`scenario`]: the `.scn` scenario files the guest runs;
-//! - [`images`]: `--kernel` specs and `images/prepare.sh`;
-//! - [`insns`]: the instruction-count plugin, System.map, symbol groups;
-//! - [`exits`]: the plugin's would-be VM exits, classified per reason;
+//! Its rooms, each importing only from the ones listed before it:
+//!
 //! - [`location`]: `--cache` and `--lab-dir`;
-//! - [`qemu`]: QEMU's command line, the KVM probe, a guest on pipes;
-//! - `qmp`: a small QMP client on QEMU's monitor socket;
-//! - `kvm_stats`: KVM's per-vCPU statistics over a variant's window (QMP
-//!   `query-stats`, under KVM);
-//! - [`console`]: the guest's console protocol (SYNC, results);
-//! - [`hostcpu`]: per-thread CPU of QEMU and of this process;
-//! - [`runner`]: the run's phases, from the arguments to the summary;
-//! - [`nested`]: `--accel nested`, guests under KVM inside an emulated host;
-//! - `accel`: KVM or TCG, and whether instructions are counted;
-//! - `boot`: one boot, its disks and why it fails (its retry policy);
-//! - `session`: one boot's console session and the records it writes;
-//! - [`summary`]: the table printed at the end.
+//! - [`scenario`]: the `.scn` scenario files the guest runs;
+//! - [`options`]: `blklab run`'s options (`RunArgs`), kept out of `run/`
+//!   because the nested mode hands them to the lab inside the host
+//!   (`nested::transfer`) and the accelerator choice reads them;
+//! - [`guest`]: one QEMU guest, whatever the run: its command line and
+//!   process, QMP, the console protocol, the accelerator choice, the
+//!   cleanup on a signal;
+//! - [`measure`]: what is counted around a variant, one module per
+//!   source: the instruction-count plugin (its build, control socket,
+//!   dump, System.map, records), the plugin's would-be VM exits, KVM's
+//!   exits from the `kvm:kvm_exit` tracepoint, KVM's vCPU statistics over
+//!   QMP;
+//! - [`images`]: `--kernel` specs, `images/prepare.sh`, the image cache
+//!   (with the plugin built for it);
+//! - [`nested`]: what crosses between the two levels of `--accel
+//!   nested` (the SYNC relay, the run and results disks, the records
+//!   merged back), never reaching into the run;
+//! - [`run`]: the run's phases, from the arguments to the summary.
+//!
+//! One boot (`run::boot`: its disks, QEMU's options and why it fails,
+//! with the retry policy) and its console session (`run::session`) live
+//! in `run/`, not in `guest/`: they take the run's plan, settings,
+//! options and progress and write its records, while `guest/` knows a
+//! QEMU process and nothing of a run. The nested mode's host boot and
+//! `blklab nested-inner` are runs of their own, so they live in `run/`
+//! too and `nested/` stays below it.
 //!
 //! The contract between the parts is docs/lab-protocol.md.
 
-pub(crate) mod accel;
-pub(crate) mod boot;
-pub(crate) mod cleanup;
-pub mod console;
-pub mod exits;
+pub mod guest;
 pub mod images;
-pub mod insns;
-pub(crate) mod kvm_exits;
-pub(crate) mod kvm_stats;
 pub(crate) mod location;
-pub mod nested;
+pub mod measure;
+pub(crate) mod nested;
 pub mod options;
-pub(crate) mod plan;
-pub(crate) mod progress;
-pub mod qemu;
-pub(crate) mod qmp;
-pub mod runner;
+pub mod run;
 pub mod scenario;
-pub(crate) mod session;
-pub(crate) mod settings;
-pub mod summary;

@@ -1,7 +1,8 @@
 //! `blklab run`'s options: what a lab run is asked to do. The command line
-//! (`crate::cli`) embeds them; the runner reads them.
+//! (`crate::cli`) embeds them; the run reads them.
 
 use std::path::PathBuf;
+use std::str::FromStr;
 
 use crate::lab::location::LabLocation;
 
@@ -107,7 +108,7 @@ pub struct RunArgs {
     /// boots an emulated host under TCG and the guests under its KVM
     /// (counting the host's instructions apart from the guest's).
     #[arg(long, value_enum, default_value = "auto")]
-    pub accel: crate::lab::qemu::Accel,
+    pub accel: crate::record::run::Accel,
     /// QEMU binary.
     #[arg(long, value_name = "PATH", default_value = "qemu-system-x86_64")]
     pub qemu: String,
@@ -168,10 +169,10 @@ pub struct RunArgs {
     /// (iteration, scenario part) groups, every kernel of each, so A/B pairs
     /// stay on one machine; `blklab compare DIR,DIR,...` merges them.
     #[arg(long, value_name = "I/N", value_parser = parse_shard)]
-    pub shard: Option<crate::lab::plan::Shard>,
+    pub shard: Option<Shard>,
 }
 
-fn parse_shard(s: &str) -> Result<crate::lab::plan::Shard, String> {
+fn parse_shard(s: &str) -> Result<Shard, String> {
     s.parse()
 }
 
@@ -186,6 +187,34 @@ pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
         _ => Err(format!(
             "invalid interval {s:?}: expected a duration of at least 10ms, e.g. 1s or 500ms"
         )),
+    }
+}
+
+/// `--shard I/N`: slice `index` (1-based) of `count`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Shard {
+    pub index: u32,
+    pub count: u32,
+}
+
+impl FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Shard, String> {
+        let bad = |why: &str| {
+            format!(
+                "invalid --shard {s:?}: {why} (expected I/N with 1 <= I <= N <= 1000, e.g. 2/3)"
+            )
+        };
+        let (i, n) = s.split_once('/').ok_or_else(|| bad("no '/'"))?;
+        let index: u32 = i.trim().parse().map_err(|_| bad("I is not a number"))?;
+        let count: u32 = n.trim().parse().map_err(|_| bad("N is not a number"))?;
+        if count == 0 || count > 1000 {
+            return Err(bad("N out of range"));
+        }
+        if index == 0 || index > count {
+            return Err(bad("I out of range"));
+        }
+        Ok(Shard { index, count })
     }
 }
 

@@ -56,7 +56,7 @@ struct Settings {
 
 /// The names a `device NAME=VALUE` setting may have: `blklab run`'s device
 /// options (`--tags` is `tags`, `--tag-scope` is `tag_scope`, …). Their
-/// values are checked by the host (`lab::settings`), not by the parsers.
+/// values are checked by the host (`lab::run::settings`), not by the parsers.
 pub(crate) const DEVICE_SETTINGS: &[&str] = &[
     "disk",
     "size",

@@ -2,7 +2,7 @@
 //! instructions over the variant's window, counted by blklab's TCG plugin
 //! and symbolised against the kernel's System.map; and, for a nested run,
 //! its `host_instructions`: the host's, symbolised against the host's
-//! `/proc/kallsyms` (`lab::insns` produces both).
+//! `/proc/kallsyms` (`lab::measure::plugin` produces both).
 
 use std::collections::BTreeMap;
 

@@ -1,5 +1,5 @@
 //! A record's `kvm` (runs under KVM): KVM's own per-vCPU statistics over
-//! the variant's window, read from QEMU (`lab::kvm_stats` produces it).
+//! the variant's window, read from QEMU (`lab::measure::kvm_qmp_stats` produces it).
 //! Only cumulative counters are kept: their increase from the begin SYNC
 //! to the end SYNC, for each vCPU and summed over them, and the sum per IO.
 

@@ -1,5 +1,5 @@
 //! The guest machine a boot had and the command-line overrides of what a
-//! scenario pins (`lab::settings` resolves them; results and run.json
+//! scenario pins (`lab::run::settings` resolves them; results and run.json
 //! record them).
 
 use schemars::JsonSchema;

@@ -1,6 +1,6 @@
 //! `summary.json` (schema [`SUMMARY_SCHEMA`]): the failures of a run, the
 //! boots tried twice and, per (scenario, variant, kernel), the mean and
-//! spread of the headline metrics over iterations (`lab::summary` computes
+//! spread of the headline metrics over iterations (`lab::run::summary` computes
 //! them; `summary.txt` is the same as a table).
 
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
 //! The symbol groups of an instruction profile: which kernel subsystem a
 //! function counts under. Part of the contract between the lab and the
 //! report: `blklab run --count-insns` sums a window's functions into these
-//! groups (`lab::insns::record`), and the report's differential profile
+//! groups (`lab::measure::plugin::record`), and the report's differential profile
 //! labels each function with its group.
 
 use std::borrow::Cow;

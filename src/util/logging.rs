@@ -29,7 +29,7 @@ pub enum Terminal {
 /// boot's console session (each boot's "booted", which the progress line
 /// already says) and QEMU's stderr, and warnings from everything else.
 const LAB_QUIET: &str =
-    "warn,blklab::lab=info,blklab::lab::session=warn,blklab::lab::qemu=warn,blklab::bisect=info";
+    "warn,blklab::lab=info,blklab::lab::run::session=warn,blklab::lab::guest::qemu=warn,blklab::bisect=info";
 
 /// Records kept for the file before it is opened (the lab opens it once
 /// it has made the results directory).
@@ -183,27 +183,30 @@ mod tests {
     fn the_lab_shows_its_progress_and_every_warning_not_the_backends_info() {
         let quiet = filter(Terminal::Lab { verbose: 0 }, None);
         use log::Level::*;
-        assert!(shows(&quiet, "blklab::lab::progress", Info));
-        assert!(shows(&quiet, "blklab::lab::runner", Info));
+        assert!(shows(&quiet, "blklab::lab::run::progress", Info));
+        assert!(shows(&quiet, "blklab::lab::run", Info));
         assert!(!shows(&quiet, "blklab::backend::server", Info));
         assert!(!shows(&quiet, "blklab::backend", Info));
-        assert!(!shows(&quiet, "blklab::lab::session", Info));
+        assert!(!shows(&quiet, "blklab::lab::run::session", Info));
         assert!(shows(&quiet, "blklab::backend::server", Warn));
-        assert!(shows(&quiet, "blklab::lab::session", Warn));
-        assert!(!shows(&quiet, "blklab::lab::qemu", Info), "QEMU's stderr");
+        assert!(shows(&quiet, "blklab::lab::run::session", Warn));
+        assert!(
+            !shows(&quiet, "blklab::lab::guest::qemu", Info),
+            "QEMU's stderr"
+        );
         // -v: every INFO record; -vv: DEBUG.
         let v = filter(Terminal::Lab { verbose: 1 }, None);
         assert!(shows(&v, "blklab::backend::server", Info));
         assert!(!shows(&v, "blklab::backend::server", Debug));
         assert!(shows(
             &filter(Terminal::Lab { verbose: 2 }, None),
-            "blklab::lab::qemu",
+            "blklab::lab::guest::qemu",
             Debug
         ));
         // RUST_LOG decides whole.
         let env = filter(Terminal::Lab { verbose: 0 }, Some("blklab::backend=info"));
         assert!(shows(&env, "blklab::backend::server", Info));
-        assert!(!shows(&env, "blklab::lab::progress", Info));
+        assert!(!shows(&env, "blklab::lab::run::progress", Info));
         assert_eq!(
             terminal_filter(Terminal::Lab { verbose: 0 }, Some(" ")),
             LAB_QUIET

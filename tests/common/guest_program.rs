@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use blklab::lab::insns::Dump;
+use blklab::lab::measure::plugin::Dump;
 
 /// The lines `images/SCRIPT ARGS` prints on stdout (its stderr goes to the
 /// test's); panics if it fails.

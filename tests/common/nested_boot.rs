@@ -18,21 +18,21 @@ use std::process::{ChildStdin, Command, Stdio};
 use std::sync::{mpsc, Mutex};
 use std::time::{Duration, Instant};
 
-use blklab::lab::insns::Dump;
+use blklab::lab::measure::plugin::Dump;
 
 use super::guest_program::{
     compile_static, console_lines, images_script, newc_archive, plugin_dump, Qemu,
 };
 use super::root;
 
-/// The host's CPU, as the nested lab boots it (src/lab/nested/host.rs):
+/// The host's CPU, as the nested lab boots it (src/lab/run/nested_host.rs):
 /// EPYC without the features TCG does not emulate.
 const HOST_CPU: &str =
     "EPYC,fxsr-opt=off,misalignsse=off,osvw=off,topoext=off,nrip-save=off,xsavec=off";
 
 /// The host's NUMA node 1 (no vCPUs), in MiB: its huge pages, which the
 /// guest's memory is, and their overhead (as the nested lab sizes it in
-/// src/lab/nested/host.rs).
+/// src/lab/run/nested_host.rs).
 const GUEST_NODE_MIB: u32 = 128;
 
 /// 2 MiB huge pages on node 1: the programs need one.

@@ -20,7 +20,8 @@ use thiserror::Error;
 
 use super::cache::{self, CacheError, Entry, Kind, INITRAMFS_SUFFIXES};
 use super::index::{EntryRecord, FileRecord, Index, IndexError, INDEX_NAME};
-use super::{NestedHostKey, PluginKey, SpecKey};
+use super::nested_host::NestedHostKey;
+use super::{PluginKey, SpecKey};
 
 /// The largest index an import reads (a guard against a bogus archive).
 const MAX_INDEX: u64 = 64 << 20;

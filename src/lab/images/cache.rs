@@ -11,7 +11,8 @@ use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 
-use super::{NestedHostKey, PluginKey, SpecKey};
+use super::nested_host::NestedHostKey;
+use super::{PluginKey, SpecKey};
 
 #[derive(Debug, Error)]
 pub enum CacheError {

@@ -9,7 +9,8 @@ use thiserror::Error;
 
 use super::archive::{self, ArchiveError};
 use super::cache::{self, CacheError};
-use super::{ImageError, NestedHostKey, PluginKey};
+use super::nested_host::NestedHostKey;
+use super::{ImageError, PluginKey};
 use crate::lab::location::{CacheOption, LabDirOption, LabLocation};
 
 #[derive(Debug, Error)]
@@ -195,125 +196,149 @@ fn stale_keys(index: &super::index::Index) -> Vec<String> {
 
 /// Run one verb; returns what goes to stdout.
 pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
-    let mut out = String::new();
     match &args.command {
-        ImagesCommand::Build(a) => {
-            let lab = super::lab_dir(a.place.lab_dir.get())?;
-            let cache = cache::dir(a.place.cache.get());
-            let specs = super::parse_specs(&a.specs)?;
-            let qemu = (!a.plugin.no_plugin).then_some(a.plugin.qemu.as_str());
-            let (guests, plugin) = super::build(&lab, &cache, &specs, qemu)?;
-            for g in guests {
-                out.push_str(&format!(
-                    "{}\t{}\t{}\n",
-                    g.spec,
-                    g.kernel.display(),
-                    g.initramfs.display()
-                ));
-            }
-            if let Some(p) = plugin {
-                out.push_str(&format!("qemu-plugin\t{}\n", p.display()));
-            }
-            if a.host.nested_host {
-                let h =
-                    super::nested_host::prepare_nested_host(&lab, Some(&cache), &a.plugin.qemu)?;
-                if let Some(m) = &h.manifest {
-                    let f = |k: &str| match m.get(k) {
-                        Some(serde_json::Value::String(s)) => s.clone(),
-                        Some(v) => v.to_string(),
-                        None => "?".into(),
-                    };
-                    log::info!(
-                        "nested host image: kernel {}, {} {}, host.cpio {} bytes",
-                        f("kernel_version"),
-                        f("qemu_package"),
-                        f("qemu_package_version"),
-                        f("host_cpio_size")
-                    );
-                }
-                out.push_str(&format!(
-                    "nested-host\t{}\t{}\n",
-                    h.kernel.display(),
-                    h.initramfs.display()
-                ));
-            }
+        ImagesCommand::Build(a) => build(a),
+        ImagesCommand::Export(a) => export(a),
+        ImagesCommand::Import(a) => import(a),
+        ImagesCommand::List(a) => list(a),
+        ImagesCommand::Key(a) => key(a),
+    }
+}
+
+/// `blklab images build`: each spec's kernel and initramfs, the plugin's
+/// and, with `--nested-host`, the nested host's images.
+fn build(a: &BuildArgs) -> Result<String, CommandError> {
+    let mut out = String::new();
+    let lab = super::lab_dir(a.place.lab_dir.get())?;
+    let cache = cache::dir(a.place.cache.get());
+    let specs = super::parse_specs(&a.specs)?;
+    let qemu = (!a.plugin.no_plugin).then_some(a.plugin.qemu.as_str());
+    let (guests, plugin) = super::build(&lab, &cache, &specs, qemu)?;
+    for g in guests {
+        out.push_str(&format!(
+            "{}\t{}\t{}\n",
+            g.spec,
+            g.kernel.display(),
+            g.initramfs.display()
+        ));
+    }
+    if let Some(p) = plugin {
+        out.push_str(&format!("qemu-plugin\t{}\n", p.display()));
+    }
+    if a.host.nested_host {
+        let h = super::nested_host::prepare_nested_host(&lab, Some(&cache), &a.plugin.qemu)?;
+        if let Some(m) = &h.manifest {
+            let f = |k: &str| match m.get(k) {
+                Some(serde_json::Value::String(s)) => s.clone(),
+                Some(v) => v.to_string(),
+                None => "?".into(),
+            };
+            log::info!(
+                "nested host image: kernel {}, {} {}, host.cpio {} bytes",
+                f("kernel_version"),
+                f("qemu_package"),
+                f("qemu_package_version"),
+                f("host_cpio_size")
+            );
         }
-        ImagesCommand::Export(a) => {
-            let lab = super::lab_dir(a.place.lab_dir.get())?;
-            let cache = cache::dir(a.place.cache.get());
-            let specs = super::parse_specs(&a.specs)?;
-            let keys = super::keys(&lab, &specs)?;
-            let plugin = plugin_key(&lab, &a.plugin)?;
-            let host = host_key(&lab, &a.host, &a.plugin)?;
-            let ex = archive::export(&cache, &keys, plugin.as_ref(), host.as_ref(), &a.out)?;
-            let files: usize = ex.index.entries.iter().map(|e| e.files.len()).sum();
-            out.push_str(&format!(
-                "wrote {} ({} entries, {files} files, {} bytes)\n",
-                a.out.display(),
-                ex.index.entries.len(),
-                ex.size
-            ));
-            for s in &ex.index.specs {
-                out.push_str(&format!("{}  {}\n", s.key, s.spec));
-            }
-            if let Some(h) = &ex.index.nested_host {
-                out.push_str(&format!("{}  nested-host ({})\n", h.key, h.qemu));
-            }
+        out.push_str(&format!(
+            "nested-host\t{}\t{}\n",
+            h.kernel.display(),
+            h.initramfs.display()
+        ));
+    }
+    Ok(out)
+}
+
+/// `blklab images export`: what was written, and its keys.
+fn export(a: &ExportArgs) -> Result<String, CommandError> {
+    let mut out = String::new();
+    let lab = super::lab_dir(a.place.lab_dir.get())?;
+    let cache = cache::dir(a.place.cache.get());
+    let specs = super::parse_specs(&a.specs)?;
+    let keys = super::keys(&lab, &specs)?;
+    let plugin = plugin_key(&lab, &a.plugin)?;
+    let host = host_key(&lab, &a.host, &a.plugin)?;
+    let ex = archive::export(&cache, &keys, plugin.as_ref(), host.as_ref(), &a.out)?;
+    let files: usize = ex.index.entries.iter().map(|e| e.files.len()).sum();
+    out.push_str(&format!(
+        "wrote {} ({} entries, {files} files, {} bytes)\n",
+        a.out.display(),
+        ex.index.entries.len(),
+        ex.size
+    ));
+    for s in &ex.index.specs {
+        out.push_str(&format!("{}  {}\n", s.key, s.spec));
+    }
+    if let Some(h) = &ex.index.nested_host {
+        out.push_str(&format!("{}  nested-host ({})\n", h.key, h.qemu));
+    }
+    Ok(out)
+}
+
+/// `blklab images import`: what came in, and its keys (a key this tree
+/// computes differently is warned about).
+fn import(a: &ImportArgs) -> Result<String, CommandError> {
+    let mut out = String::new();
+    let cache = cache::dir(a.cache.get());
+    let im = archive::import(&a.archive, &cache)?;
+    out.push_str(&format!(
+        "imported {} entries ({} files, {} bytes, every sha256 checked) into {}\n",
+        im.index.entries.len(),
+        im.files,
+        im.bytes,
+        cache.display()
+    ));
+    for s in &im.index.specs {
+        out.push_str(&format!("{}  {}\n", s.key, s.spec));
+    }
+    if let Some(p) = &im.index.plugin {
+        out.push_str(&format!("{}  qemu-plugin ({})\n", p.key, p.qemu));
+    }
+    if let Some(h) = &im.index.nested_host {
+        out.push_str(&format!("{}  nested-host ({})\n", h.key, h.qemu));
+    }
+    for note in stale_keys(&im.index) {
+        log::warn!("{note}");
+    }
+    Ok(out)
+}
+
+/// `blklab images list`: the cache's entries, a table or JSON.
+fn list(a: &ListArgs) -> Result<String, CommandError> {
+    let mut out = String::new();
+    let cache = cache::dir(a.cache.get());
+    let entries = cache::list(&cache)?;
+    if a.json {
+        out.push_str(&serde_json::to_string_pretty(&entries).expect("entries serialize"));
+        out.push('\n');
+    } else {
+        out.push_str(&cache::list_table(&entries));
+    }
+    Ok(out)
+}
+
+/// `blklab images key`: the keys, as lines or JSON.
+fn key(a: &KeyArgs) -> Result<String, CommandError> {
+    let mut out = String::new();
+    let lab = super::lab_dir(a.lab_dir.get())?;
+    let specs = super::parse_specs(&a.specs)?;
+    let keys = super::keys(&lab, &specs)?;
+    let plugin = plugin_key(&lab, &a.plugin)?;
+    let host = host_key(&lab, &a.host, &a.plugin)?;
+    if a.json {
+        let v = serde_json::json!({"specs": keys, "plugin": plugin, "nested_host": host});
+        out.push_str(&serde_json::to_string_pretty(&v).expect("keys serialize"));
+        out.push('\n');
+    } else {
+        for k in &keys {
+            out.push_str(&format!("{}  {}\n", k.key, k.spec));
         }
-        ImagesCommand::Import(a) => {
-            let cache = cache::dir(a.cache.get());
-            let im = archive::import(&a.archive, &cache)?;
-            out.push_str(&format!(
-                "imported {} entries ({} files, {} bytes, every sha256 checked) into {}\n",
-                im.index.entries.len(),
-                im.files,
-                im.bytes,
-                cache.display()
-            ));
-            for s in &im.index.specs {
-                out.push_str(&format!("{}  {}\n", s.key, s.spec));
-            }
-            if let Some(p) = &im.index.plugin {
-                out.push_str(&format!("{}  qemu-plugin ({})\n", p.key, p.qemu));
-            }
-            if let Some(h) = &im.index.nested_host {
-                out.push_str(&format!("{}  nested-host ({})\n", h.key, h.qemu));
-            }
-            for note in stale_keys(&im.index) {
-                log::warn!("{note}");
-            }
+        if let Some(p) = plugin {
+            out.push_str(&format!("{}  qemu-plugin ({})\n", p.key, p.qemu));
         }
-        ImagesCommand::List(a) => {
-            let cache = cache::dir(a.cache.get());
-            let entries = cache::list(&cache)?;
-            if a.json {
-                out.push_str(&serde_json::to_string_pretty(&entries).expect("entries serialize"));
-                out.push('\n');
-            } else {
-                out.push_str(&cache::list_table(&entries));
-            }
-        }
-        ImagesCommand::Key(a) => {
-            let lab = super::lab_dir(a.lab_dir.get())?;
-            let specs = super::parse_specs(&a.specs)?;
-            let keys = super::keys(&lab, &specs)?;
-            let plugin = plugin_key(&lab, &a.plugin)?;
-            let host = host_key(&lab, &a.host, &a.plugin)?;
-            if a.json {
-                let v = serde_json::json!({"specs": keys, "plugin": plugin, "nested_host": host});
-                out.push_str(&serde_json::to_string_pretty(&v).expect("keys serialize"));
-                out.push('\n');
-            } else {
-                for k in &keys {
-                    out.push_str(&format!("{}  {}\n", k.key, k.spec));
-                }
-                if let Some(p) = plugin {
-                    out.push_str(&format!("{}  qemu-plugin ({})\n", p.key, p.qemu));
-                }
-                if let Some(h) = host {
-                    out.push_str(&format!("{}  nested-host ({})\n", h.key, h.qemu));
-                }
-            }
+        if let Some(h) = host {
+            out.push_str(&format!("{}  nested-host ({})\n", h.key, h.qemu));
         }
     }
     Ok(out)

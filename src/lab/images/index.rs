@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use super::cache::{Entry, Kind, INITRAMFS_SUFFIXES};
-use super::{NestedHostKey, PluginKey, SpecKey};
+use super::nested_host::NestedHostKey;
+use super::{PluginKey, SpecKey};
 
 /// The archive's format name.
 pub(crate) const FORMAT: &str = "blklab-images";

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use log::warn;
 use thiserror::Error;
 
-use crate::lab::insns::{self, Dump, InsnsWindow, SymbolMap};
-use crate::lab::nested::inner::{ERROR_FILE, KALLSYMS};
+use crate::lab::guest::qemu::Accel;
+use crate::lab::measure::plugin::{self, Dump, InsnsWindow, SymbolMap};
 use crate::lab::nested::relay::WindowKey;
-use crate::lab::qemu::Accel;
+use crate::lab::nested::transfer::{ERROR_FILE, KALLSYMS};
 use crate::record::result::ResultRecord;
 use crate::record::run::RunStamp;
 use crate::record::summary::{RetriedBoot, SummaryDocument};
@@ -224,12 +224,12 @@ fn attach_counts(
     );
     if let Some(map) = guest_map {
         let cs = record.guest.context_switches.map(|n| n as f64);
-        let p = insns::profile(&window.level2, &map);
-        let mut i = insns::record(&p, ios, cs, &how);
+        let p = plugin::profile(&window.level2, &map);
+        let mut i = plugin::record(&p, ios, cs, &how);
         // The nested guest's: at level 2 each of them is a real #VMEXIT to
         // the host's KVM (its MMIO stores fault before they are made: not
         // seen here). Its notify areas are the host QEMU's, not known here.
-        i.exits = Some(insns::exits_record(
+        i.exits = Some(plugin::exits_record(
             &window.level2,
             window.exits_unavailable.as_deref(),
             &map,
@@ -239,7 +239,7 @@ fn attach_counts(
         record.instructions = Some(i);
     }
     if let Some(map) = host_map {
-        let p = insns::profile(&window.level1, map);
-        record.host_instructions = Some(insns::host_record(&p, window, ios, &how));
+        let p = plugin::profile(&window.level1, map);
+        record.host_instructions = Some(plugin::host_record(&p, window, ios, &how));
     }
 }

@@ -9,16 +9,19 @@
 //! (its kernel with KVM, QEMU, blklab) and of the guests is executed by the
 //! outer QEMU, whose plugin counts both levels apart.
 //!
+//! This room holds what crosses between the two levels, which both sides
+//! see and which never reaches into the run itself (so neither side's run
+//! depends on the other through it):
+//!
 //! - [`relay`]: the SYNC relay between the levels (the console protocol);
 //! - [`transfer`]: what goes in (a tar on a read-only disk) and what comes
-//!   out (a tar the host writes to a second disk);
-//! - [`host`]: the outer lab's side: the host's machine and its console
-//!   session;
-//! - [`inner`]: `blklab nested-inner`, the lab's side inside the host;
+//!   out (a tar the host writes to a second disk), and the names on them;
 //! - [`merge`]: the inner records with the outer lab's counts.
+//!
+//! The two runs are the run's own: the outer lab's side (the host's
+//! machine, boot and console session) is `lab::run::nested_host`, the lab
+//! inside the host (`blklab nested-inner`) `lab::run::nested_inner`.
 
-pub(crate) mod host;
-pub mod inner;
 pub(crate) mod merge;
 pub(crate) mod relay;
 pub(crate) mod transfer;

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 
 use thiserror::Error;
 
-use crate::lab::console::Phase;
+use crate::lab::guest::console::Phase;
 
 const TAG: &str = "BLKLAB-NESTED";
 

@@ -14,15 +14,19 @@ use std::path::{Component, Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::lab::guest::qemu::Accel;
 use crate::lab::images::PreparedGuest;
 use crate::lab::location::{CacheOption, LabDirOption, LabLocation};
 use crate::lab::options::{CountInsns, RunArgs};
-use crate::lab::qemu::Accel;
 
 /// Where the host's `/init` unpacks the run disk.
 pub(crate) const RUN_ROOT: &str = "/lab/run";
 /// Where the inner lab writes what comes back out.
 pub(crate) const RESULTS_ROOT: &str = "/results";
+/// In the results: the host's kernel symbols, as the outer lab reads them.
+pub(crate) const KALLSYMS: &str = "kallsyms";
+/// In the results: the inner run's error, when it failed.
+pub(crate) const ERROR_FILE: &str = "error.txt";
 /// The results disk's size: a sparse file, only what the host writes is
 /// stored.
 pub(crate) const RESULTS_DISK_BYTES: u64 = 2 << 30;

@@ -5,9 +5,12 @@
 //! never taken for one that ran.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
+use crate::lab::run::error::RunError;
 use crate::record::result::ResultRecord;
 use crate::record::run::BootOrder;
+use crate::record::summary::{RetriedBoot, SummaryDocument, SUMMARY_SCHEMA};
 pub(crate) use crate::record::summary::{Row, Stat};
 
 /// The metrics of the summary, in column order: (key, header).
@@ -77,7 +80,7 @@ fn stat(v: &[f64]) -> Stat {
 
 /// The boots of the run in `out_dir` (its run.json's `order`); none when
 /// run.json cannot be read.
-pub fn run_order(out_dir: &std::path::Path) -> Vec<BootOrder> {
+pub fn run_order(out_dir: &Path) -> Vec<BootOrder> {
     crate::record::read::<crate::record::run::RunDocument>(&out_dir.join("run.json"))
         .map(|d| d.order)
         .unwrap_or_default()
@@ -259,6 +262,29 @@ pub fn table_planned(records: &[ResultRecord], order: &[BootOrder]) -> String {
         ));
     }
     out
+}
+
+/// summary.json and summary.txt: the table of every record, the failed
+/// variants and the retried boots.
+pub(crate) fn write(
+    out_dir: &Path,
+    records: &[ResultRecord],
+    failures: &[String],
+    retried: Vec<RetriedBoot>,
+) -> Result<(), RunError> {
+    // The planned variant runs that left no record are counted as not run.
+    let order = run_order(out_dir);
+    let sum_doc = SummaryDocument {
+        schema: SUMMARY_SCHEMA.to_string(),
+        finished_unix: crate::util::wallclock::unix_now(),
+        failures: failures.to_vec(),
+        retried_boots: retried,
+        rows: rows_planned(records, &order),
+    };
+    crate::record::write(&out_dir.join("summary.json"), &sum_doc)?;
+    let txt = out_dir.join("summary.txt");
+    std::fs::write(&txt, table_planned(records, &order))
+        .map_err(|source| RunError::Write { path: txt, source })
 }
 
 #[cfg(test)]

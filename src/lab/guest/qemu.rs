@@ -1,5 +1,6 @@
-//! Booting a guest: QEMU's command line, the accelerator choice (with a real
-//! KVM probe), and a running QEMU whose serial console we read and answer.
+//! Booting a guest: QEMU's command line, the KVM probe boot (for the
+//! accelerator choice), and a running QEMU whose serial console we read and
+//! answer.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -299,7 +300,7 @@ impl Guest {
         die_with_parent(&mut cmd);
         // Registered under the registry's lock, so a signal that arrives
         // now either sees the child or comes after it is tracked.
-        let mut registry = crate::lab::cleanup::lock();
+        let mut registry = crate::lab::guest::cleanup::lock();
         let mut child = cmd.spawn().map_err(|source| {
             if source.kind() == std::io::ErrorKind::NotFound {
                 QemuError::NotFound(qemu.to_string())
@@ -408,10 +409,10 @@ impl Guest {
         }
     }
 
-    /// `try_wait`, untracking the pid (see [`crate::lab::cleanup`])
+    /// `try_wait`, untracking the pid (see [`crate::lab::guest::cleanup`])
     /// in the same critical section as the reap.
     fn try_reap(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
-        let mut registry = crate::lab::cleanup::lock();
+        let mut registry = crate::lab::guest::cleanup::lock();
         let st = self.child.try_wait();
         if !matches!(st, Ok(None)) {
             registry.untrack_pid(self.pid());
@@ -421,7 +422,7 @@ impl Guest {
 
     /// Kill and reap, untracking the pid in the same critical section.
     fn kill_reap(&mut self) -> std::io::Result<std::process::ExitStatus> {
-        let mut registry = crate::lab::cleanup::lock();
+        let mut registry = crate::lab::guest::cleanup::lock();
         let _ = self.child.kill();
         let st = self.child.wait();
         registry.untrack_pid(self.pid());

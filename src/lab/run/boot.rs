@@ -4,7 +4,7 @@
 //! command line for it, and why it can fail ([`BootFailure`], whose kind
 //! alone decides whether the boot is tried again: [`BootFailure::retry`]).
 //! The console session itself is `session`; planning and the run's
-//! documents are the runner's.
+//! documents belong to the other phases of `run/`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,18 +15,30 @@ use crate::backend::qemu_args::GuestRam;
 use crate::backend::server::{ServeError, Server};
 use crate::backend::Disk;
 use crate::device::config::DiskConfig;
+use crate::lab::guest::qemu::{Accel, QemuDisk, QemuError, QemuSpec};
 use crate::lab::images::PreparedGuest;
-use crate::lab::insns::{self, InsnsError, SymbolMap};
-use crate::lab::kvm_stats::KvmStatsError;
+use crate::lab::measure::kvm_qmp_stats::KvmStatsError;
+use crate::lab::measure::plugin::{self, InsnsError, SymbolMap};
 use crate::lab::nested::relay::{RelayError, SyncRelay};
 use crate::lab::options::RunArgs;
-use crate::lab::plan::Boot;
-use crate::lab::progress::Progress;
-use crate::lab::qemu::{Accel, QemuDisk, QemuError, QemuSpec};
+use crate::lab::run::progress::Progress;
+use crate::lab::run::settings::{DeviceSettingsError, Unit};
 use crate::lab::scenario::Scenario;
-use crate::lab::settings::{DeviceSettingsError, Unit};
 use crate::record::run::RunStamp;
 use crate::record::RecordError;
+
+/// One boot of the plan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Boot {
+    /// Index of the kernel in `--kernel` order.
+    pub kernel: usize,
+    /// Index of the boot unit (a scenario's variants sharing device
+    /// settings).
+    pub unit: usize,
+    pub iteration: u32,
+    /// The (iteration, unit) group: the unit of sharding.
+    pub group: usize,
+}
 
 /// What one boot runs and with what.
 pub(crate) struct BootCtx<'a> {
@@ -91,7 +103,7 @@ pub enum BootFailure {
     #[error(transparent)]
     Silent(QemuError),
     /// QEMU itself aborted on a known emulator bug
-    /// ([`crate::lab::qemu::KNOWN_EMULATOR_BUGS`]) before the guest reached
+    /// ([`crate::lab::guest::qemu::KNOWN_EMULATOR_BUGS`]) before the guest reached
     /// `/init`, with no guest kernel fault on the console.
     #[error("{bug}: {source}")]
     EmulatorBug {
@@ -194,7 +206,7 @@ impl BootFailure {
 
 /// A private directory for one boot's sockets (a fresh `blklab-run-*`
 /// directory of mode 0700 made by `tempfile`, never one that already
-/// existed), removed on drop, or by [`crate::lab::cleanup`] on SIGINT/SIGTERM.
+/// existed), removed on drop, or by [`crate::lab::guest::cleanup`] on SIGINT/SIGTERM.
 pub(crate) struct SocketDir(pub PathBuf);
 
 impl SocketDir {
@@ -211,7 +223,7 @@ impl SocketDir {
         // Ownership moves to SocketDir (and the cleanup registry), which
         // removes it.
         let p = dir.keep();
-        crate::lab::cleanup::track_dir(&p);
+        crate::lab::guest::cleanup::track_dir(&p);
         Ok(SocketDir(p))
     }
 }
@@ -219,7 +231,7 @@ impl SocketDir {
 impl Drop for SocketDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-        crate::lab::cleanup::untrack_dir(&self.0);
+        crate::lab::guest::cleanup::untrack_dir(&self.0);
     }
 }
 
@@ -259,7 +271,7 @@ fn kernel_append(c: &BootCtx) -> String {
         // loglevel=5: the console shows KERN_WARNING and worse, so a WARN
         // splat reaches the fault scanner (`quiet` would hide it).
         "console=ttyS0 loglevel=5 panic=-1 {} blklab.run=lab blklab.scenarios={} blklab.sync=1",
-        crate::lab::qemu::CLOCKSOURCE_ARGS,
+        crate::lab::guest::qemu::CLOCKSOURCE_ARGS,
         c.scenario.name
     );
     if let Some(extra) = &c.args.append {
@@ -297,7 +309,7 @@ fn kernel_append(c: &BootCtx) -> String {
 pub(crate) fn qemu_spec(
     c: &BootCtx,
     configs: &[DiskConfig],
-    plugin: Option<&insns::Control>,
+    plugin: Option<&plugin::Control>,
     qmp: Option<&Path>,
 ) -> QemuSpec {
     QemuSpec {
@@ -324,7 +336,7 @@ pub(crate) fn qemu_spec(
                 let mark = c
                     .symbols
                     .as_ref()
-                    .and_then(|m| m.address(insns::MARK_SYMBOL));
+                    .and_then(|m| m.address(plugin::MARK_SYMBOL));
                 let shared_blocks = c.args.deterministic && c.unit.settings.machine.vcpus > 1;
                 Some(plugin_arg(p, ctl.path(), mark, shared_blocks))
             }
@@ -471,7 +483,7 @@ mod tests {
             .starts_with("s/v end: the instruction-count plugin"));
         let k = BootFailure::KvmStats {
             edge: "s/v begin".into(),
-            source: KvmStatsError::Qmp(crate::lab::qmp::QmpError::Closed {
+            source: KvmStatsError::Qmp(crate::lab::guest::qmp::QmpError::Closed {
                 path: "/tmp/qmp.sock".into(),
             }),
         };

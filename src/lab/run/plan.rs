@@ -9,53 +9,16 @@
 //! run.json records the whole plan and its slice ([`ShardInfo`]);
 //! `blklab compare DIR,DIR,...` merges shards of one plan.
 
-use std::str::FromStr;
-
 use serde::Serialize;
 
 use crate::lab::images::KernelSpec;
+use crate::lab::options::{RunArgs, Shard};
+use crate::lab::run::arguments::Setup;
+use crate::lab::run::boot::Boot;
+use crate::lab::run::error::RunError;
+use crate::lab::run::settings::Unit;
+use crate::lab::scenario::Scenario;
 use crate::record::run::{BootOrder, ShardInfo};
-
-/// `--shard I/N`: slice `index` (1-based) of `count`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Shard {
-    pub index: u32,
-    pub count: u32,
-}
-
-impl FromStr for Shard {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Shard, String> {
-        let bad = |why: &str| {
-            format!(
-                "invalid --shard {s:?}: {why} (expected I/N with 1 <= I <= N <= 1000, e.g. 2/3)"
-            )
-        };
-        let (i, n) = s.split_once('/').ok_or_else(|| bad("no '/'"))?;
-        let index: u32 = i.trim().parse().map_err(|_| bad("I is not a number"))?;
-        let count: u32 = n.trim().parse().map_err(|_| bad("N is not a number"))?;
-        if count == 0 || count > 1000 {
-            return Err(bad("N out of range"));
-        }
-        if index == 0 || index > count {
-            return Err(bad("I out of range"));
-        }
-        Ok(Shard { index, count })
-    }
-}
-
-/// One boot of the plan.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Boot {
-    /// Index of the kernel in `--kernel` order.
-    pub kernel: usize,
-    /// Index of the boot unit (a scenario's variants sharing device
-    /// settings).
-    pub unit: usize,
-    pub iteration: u32,
-    /// The (iteration, unit) group: the unit of sharding.
-    pub group: usize,
-}
 
 /// Every boot, in run order.
 pub(crate) fn boots(kernels: usize, units: usize, iterations: u32) -> Vec<Boot> {
@@ -93,7 +56,7 @@ pub(crate) fn select(boots: Vec<Boot>, shard: Option<Shard>) -> Vec<Boot> {
 }
 
 /// The label `images/prepare.sh` gives a kernel SPEC (its NAME), made
-/// unique as the runner does (a second `6.12` is `6.12-2`), known before
+/// unique as the run does (a second `6.12` is `6.12-2`), known before
 /// anything is built.
 pub(crate) fn labels(specs: &[KernelSpec]) -> Vec<String> {
     let names: Vec<String> = specs.iter().map(spec_name).collect();
@@ -191,6 +154,105 @@ pub(crate) fn shard_info(shard: Shard, plan: &[BootOrder]) -> ShardInfo {
         index: shard.index,
         count: shard.count,
         plan: plan.to_vec(),
+    }
+}
+
+/// The run's boots, known before anything is built.
+pub(crate) struct Plan {
+    /// The kernels' labels: the ones images/prepare.sh will give (checked
+    /// when it has).
+    pub labels: Vec<String>,
+    /// Every boot of the run, in order.
+    pub all: Vec<Boot>,
+    /// The boots this run (or shard) boots.
+    pub boots: Vec<Boot>,
+}
+
+impl Plan {
+    /// Interleave the kernels' boots and take `--shard`'s slice of them.
+    pub(crate) fn new(args: &RunArgs, setup: &Setup) -> Plan {
+        let all = boots(setup.specs.len(), setup.units.len(), args.iterations);
+        Plan {
+            labels: labels(&setup.specs),
+            boots: select(all.clone(), args.shard),
+            all,
+        }
+    }
+
+    /// A shard with no boots is a mistake in `--shard`.
+    pub(crate) fn check_not_empty(&self, args: &RunArgs) -> Result<(), RunError> {
+        if !self.boots.is_empty() {
+            return Ok(());
+        }
+        Err(RunError::EmptyShard {
+            index: args.shard.map_or(0, |s| s.index),
+            count: args.shard.map_or(0, |s| s.count),
+            groups: self.all.last().map_or(0, |b| b.group + 1),
+        })
+    }
+
+    /// `--plan`: the boots of the run (or of its shard).
+    pub(crate) fn document(&self, args: &RunArgs, setup: &Setup) -> PlanDocument {
+        let (specs, labels, scenarios, units) =
+            (&setup.specs, &self.labels, &setup.scenarios, &setup.units);
+        let (all, selected) = (&self.all, &self.boots);
+        PlanDocument {
+            schema: "blklab-plan/1".into(),
+            kernels: specs
+                .iter()
+                .zip(labels)
+                .map(|(s, l)| PlanKernel {
+                    label: l.clone(),
+                    spec: s.to_prepare_arg(),
+                })
+                .collect(),
+            scenarios: scenarios.iter().map(|s| s.name.clone()).collect(),
+            iterations: args.iterations,
+            groups: all.last().map_or(0, |b| b.group + 1),
+            shard: args.shard.map(|s| PlanShard {
+                index: s.index,
+                count: s.count,
+            }),
+            boots: selected
+                .iter()
+                .map(|b| {
+                    let o = boot_order(b, units, scenarios, labels);
+                    PlanBoot {
+                        index: all.iter().position(|x| x == b).unwrap_or(0),
+                        group: b.group,
+                        kernel: o.kernel,
+                        scenario: o.scenario,
+                        iteration: o.iteration,
+                        variants: o.variants,
+                        shard: args.shard.map(|sh| shard_of(b.group, sh.count)),
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What run.json says of boot `b`: its kernel's label, scenario,
+/// iteration, variants and machine.
+pub(crate) fn boot_order(
+    b: &Boot,
+    units: &[Unit],
+    scenarios: &[Scenario],
+    labels: &[String],
+) -> BootOrder {
+    let u = &units[b.unit];
+    let s = &scenarios[u.scenario];
+    BootOrder {
+        kernel: labels[b.kernel].clone(),
+        scenario: s.name.clone(),
+        iteration: b.iteration,
+        variants: u
+            .settings
+            .variants
+            .iter()
+            .map(|&i| s.variants[i].name.clone())
+            .collect(),
+        machine: Some(u.settings.machine.clone()),
     }
 }
 

@@ -17,8 +17,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use thiserror::Error;
 
-use crate::lab::kvm_exits::{ExitTrace, Hist, KvmExitsError};
-use crate::lab::qmp::{Qmp, QmpError};
+use crate::lab::guest::qmp::{Qmp, QmpError};
+use crate::lab::measure::kvm_exit_tracepoint::{ExitTrace, Hist, KvmExitsError};
 use crate::record::kvm::{KvmVcpu, KvmWindow, KVM_SOURCE};
 
 /// How long QEMU has to open its QMP socket.
@@ -484,7 +484,7 @@ fn unavailable(why: String) -> Conn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lab::qmp::tests::fake_qemu;
+    use crate::lab::guest::qmp::tests::fake_qemu;
 
     const SCHEMAS: &str = include_str!("testdata/query-stats-schemas.qemu-doc.json");
     const BEGIN: &str = include_str!("testdata/query-stats.qemu-doc.begin.json");

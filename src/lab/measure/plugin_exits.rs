@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::lab::qmp::{Qmp, QmpError};
+use crate::lab::guest::qmp::{Qmp, QmpError};
 
 pub(crate) use crate::record::instructions::{GuestWindowExits, NotifyStores, WouldBeExits};
 

@@ -3,7 +3,7 @@
 //! and the instruction-count plugin at each variant's begin and end SYNC,
 //! turn each result document into a record — and watch for guest kernel
 //! faults. It knows one boot only; which boots run, and what a failed boot
-//! leads to, are the runner's.
+//! leads to, are decided in `boots`.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -15,13 +15,13 @@ use thiserror::Error;
 
 use crate::backend::control;
 use crate::device::config::DiskConfig;
-use crate::lab::boot::{qemu_spec, BootCtx, BootDisks, BootFailure};
-use crate::lab::console::{parse_line, Event, FaultScanner, Phase};
-use crate::lab::exits::{query_notify_areas, NotifyArea};
-use crate::lab::insns::{self, Dump, InsnsWindow};
-use crate::lab::kvm_stats::KvmSampler;
+use crate::lab::guest::console::{parse_line, Event, FaultScanner, Phase};
+use crate::lab::guest::qemu::{self, Accel, Guest, Next};
+use crate::lab::measure::kvm_qmp_stats::KvmSampler;
+use crate::lab::measure::plugin::{self, Dump, InsnsWindow};
+use crate::lab::measure::plugin_exits::{query_notify_areas, NotifyArea};
 use crate::lab::nested::relay::WindowKey;
-use crate::lab::qemu::{self, Accel, Guest, Next};
+use crate::lab::run::boot::{qemu_spec, BootCtx, BootDisks, BootFailure};
 use crate::record::guest::{GuestResult, GUEST_SCHEMA};
 use crate::record::kvm::KvmWindow;
 use crate::record::result::{Checks, HostWindow, ResultRecord, RESULT_SCHEMA};
@@ -70,7 +70,7 @@ pub(crate) fn run_boot(c: &BootCtx) -> Result<(Vec<ResultRecord>, Vec<String>), 
     let disks = BootDisks::start(c)?;
     let plugin = c
         .plugin
-        .map(|_| insns::Control::new(disks.sockets.0.join("insns.sock")));
+        .map(|_| plugin::Control::new(disks.sockets.0.join("insns.sock")));
     let qmp = disks.sockets.0.join("qmp.sock");
     let kvm = (c.accel == Accel::Kvm).then(|| KvmSampler::new(qmp.clone()));
     // With the plugin, QMP tells where the disks' notify areas are.
@@ -106,7 +106,7 @@ pub(crate) fn run_boot(c: &BootCtx) -> Result<(Vec<ResultRecord>, Vec<String>), 
 struct Session<'a> {
     guest: Guest,
     /// The instruction-count plugin's control socket (--count-insns).
-    plugin: Option<insns::Control>,
+    plugin: Option<plugin::Control>,
     /// KVM's statistics from QEMU's QMP socket (under KVM).
     kvm: Option<KvmSampler>,
     disks: BootDisks,
@@ -140,7 +140,7 @@ impl<'a> Session<'a> {
     fn new(
         c: &'a BootCtx<'a>,
         guest: Guest,
-        plugin: Option<insns::Control>,
+        plugin: Option<plugin::Control>,
         kvm: Option<KvmSampler>,
         disks: BootDisks,
         command_line: Vec<String>,
@@ -622,10 +622,10 @@ fn assemble_record(
     };
     record.kvm = kvm.map(|w| w.with_per_io(crate::record::metrics::ios(&record)));
     if let (Some(w), Some(map)) = (window, &c.symbols) {
-        let p = insns::profile(&w.level1, map);
+        let p = plugin::profile(&w.level1, map);
         let ios = crate::record::metrics::ios(&record);
         let cs = record.guest.context_switches.map(|n| n as f64);
-        // `retired=off` is said once for the run (runner::prepare_lab).
+        // `retired=off` is said once for the run (`prepare::prepare_lab`).
         if let Some(why) = w
             .cut_unavailable
             .as_ref()
@@ -643,8 +643,8 @@ fn assemble_record(
             w.reruns,
             w.cut_unavailable.as_deref(),
         );
-        let mut i = insns::record(&p, ios, cs, &how);
-        i.exits = Some(insns::exits_record(
+        let mut i = plugin::record(&p, ios, cs, &how);
+        i.exits = Some(plugin::exits_record(
             &w.level1,
             w.exits_unavailable.as_deref(),
             map,
@@ -652,7 +652,10 @@ fn assemble_record(
             ios,
         ));
         if let (Some(e), Some(marks), None) = (i.exits.as_mut(), w.marks, &w.exits_unavailable) {
-            e.guest_window = Some(crate::lab::exits::guest_window(&w.level1.marked, marks));
+            e.guest_window = Some(crate::lab::measure::plugin_exits::guest_window(
+                &w.level1.marked,
+                marks,
+            ));
         }
         record.instructions = Some(i);
     }

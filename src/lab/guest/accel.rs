@@ -6,8 +6,8 @@
 use log::debug;
 use thiserror::Error;
 
+use crate::lab::guest::qemu::Accel;
 use crate::lab::options::CountInsns;
-use crate::lab::qemu::Accel;
 use crate::util::kvm_host::KvmHost;
 
 /// A combination of options no accelerator satisfies.

@@ -1,7 +1,7 @@
 //! `blklab nested-inner FILE`: the lab's side inside a nested host. The
 //! host's `/init` starts it with the host's console as stdin and stdout
 //! and its stderr into the results. It runs the outer lab's plan under
-//! KVM ([`crate::lab::runner`]'s `run_inside`), relaying every SYNC on the
+//! KVM ([`run_inside`]), relaying every SYNC on the
 //! console; its run directory, the host's `/proc/kallsyms` (to symbolise
 //! the host's instructions) and, when it fails, `error.txt` go back out.
 
@@ -10,14 +10,14 @@ use std::path::{Path, PathBuf};
 use log::warn;
 use thiserror::Error;
 
+use crate::lab::guest::qemu::Accel;
+use crate::lab::images::PreparedGuest;
 use crate::lab::nested::relay;
-use crate::lab::nested::transfer::{InnerRun, RESULTS_ROOT};
-use crate::lab::runner::{self, RunError};
-
-/// The host's kernel symbols, as the outer lab reads them.
-pub(crate) const KALLSYMS: &str = "kallsyms";
-/// The inner run's error, when it failed.
-pub(crate) const ERROR_FILE: &str = "error.txt";
+use crate::lab::nested::relay::SyncRelay;
+use crate::lab::nested::transfer::{InnerRun, ERROR_FILE, KALLSYMS, RESULTS_ROOT};
+use crate::lab::options::RunArgs;
+use crate::lab::run::plan::Plan;
+use crate::lab::run::{arguments, boots, finish, prepare, run_document, RunError, RunOutcome};
 
 #[derive(Debug, Error)]
 pub enum InnerError {
@@ -51,13 +51,36 @@ pub fn run(file: &Path) -> Result<(), InnerError> {
     let results = Path::new(RESULTS_ROOT);
     save_kallsyms(results);
     let relay = relay::console();
-    match runner::run_inside(&inner.args, inner.guests, &relay) {
+    match run_inside(&inner.args, inner.guests, &relay) {
         Ok(_) => Ok(()),
         Err(e) => {
             let _ = std::fs::write(results.join(ERROR_FILE), error_chain(&e));
             Err(InnerError::Run(Box::new(e)))
         }
     }
+}
+
+/// The lab inside a nested host (`blklab nested-inner`): the outer lab
+/// prepared the `guests`; every variant's SYNC goes through `relay` to the
+/// outer lab, which counts instructions over the same window.
+pub(crate) fn run_inside(
+    args: &RunArgs,
+    guests: Vec<PreparedGuest>,
+    relay: &dyn SyncRelay,
+) -> Result<RunOutcome, RunError> {
+    crate::lab::guest::cleanup::install();
+    let setup = arguments::check(args)?;
+    let plan = Plan::new(args, &setup);
+    plan.check_not_empty(args)?;
+    let lab = prepare::prepare_lab(args, &setup, &plan, Some(guests))?;
+    if lab.accel != Accel::Kvm {
+        return Err(RunError::NoKvmInside {
+            reason: lab.accel_reason,
+        });
+    }
+    let stamp = run_document::write(args, &setup, &plan, &lab)?;
+    let boots = boots::boot_all(args, &setup, &plan, &lab, &stamp, Some(relay))?;
+    finish(lab, boots)
 }
 
 /// The host's `/proc/kallsyms` (its kernel and the modules loaded, KVM's

@@ -14,18 +14,18 @@ use std::time::{Duration, Instant};
 use log::{info, warn};
 use thiserror::Error;
 
-use crate::lab::boot::{BootFailure, SocketDir};
-use crate::lab::console::{FaultScanner, Phase};
+use crate::lab::guest::console::{FaultScanner, Phase};
+use crate::lab::guest::qemu::{Guest, Next, QemuError, HEADLESS};
 use crate::lab::images::nested_host::NestedHostImage;
 use crate::lab::images::PreparedGuest;
-use crate::lab::insns::{self, InsnsError, SymbolMap};
+use crate::lab::measure::plugin::{self, InsnsError, SymbolMap};
 use crate::lab::nested::merge::{self, MergeError, Merged, Window};
 use crate::lab::nested::relay::{self, SyncLine, WindowKey};
 use crate::lab::nested::transfer::{self, InnerRun, RunDisk, TransferError, RESULTS_DISK_BYTES};
 use crate::lab::options::RunArgs;
-use crate::lab::progress::Progress;
-use crate::lab::qemu::{Guest, Next, QemuError, HEADLESS};
-use crate::lab::settings::Unit;
+use crate::lab::run::boot::{BootFailure, SocketDir};
+use crate::lab::run::progress::Progress;
+use crate::lab::run::settings::Unit;
 use crate::record::run::{NestedHostInfo, RunStamp};
 use crate::util::units::parse_size;
 
@@ -208,7 +208,7 @@ pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
         match boot_once(r) {
             Err(NestedError::QemuBeforeInit(e)) if attempt < HOST_BOOT_ATTEMPTS => {
                 let text = e.to_string();
-                let Some(bug) = crate::lab::qemu::known_emulator_bug(&text) else {
+                let Some(bug) = crate::lab::guest::qemu::known_emulator_bug(&text) else {
                     return Err(NestedError::QemuBeforeInit(e));
                 };
                 attempt += 1;
@@ -233,7 +233,7 @@ fn boot_once(r: &HostRun) -> Result<Merged, NestedError> {
     transfer::results_disk(&results_disk, RESULTS_DISK_BYTES)?;
     let plugin = r
         .plugin
-        .map(|_| insns::Control::new(stage.0.join("insns.sock")));
+        .map(|_| plugin::Control::new(stage.0.join("insns.sock")));
     let args = qemu_args(r, &stage.0, &run_disk, &results_disk, plugin.as_ref());
     let console = r.out_dir.join("console").join("nested-host.log");
     let _ = std::fs::remove_file(&console);
@@ -327,7 +327,7 @@ fn qemu_args(
     stage: &Path,
     run_disk: &Path,
     results_disk: &Path,
-    plugin: Option<&insns::Control>,
+    plugin: Option<&plugin::Control>,
 ) -> Vec<String> {
     let guest_node = stage.join(GUEST_NODE_FILE);
     let mut a: Vec<String> = Vec::new();
@@ -382,7 +382,7 @@ fn qemu_args(
 struct HostSession<'a> {
     r: &'a HostRun<'a>,
     guest: Guest,
-    plugin: Option<insns::Control>,
+    plugin: Option<plugin::Control>,
     stage: &'a Path,
     console: PathBuf,
     deadline: Instant,
@@ -399,7 +399,7 @@ impl<'a> HostSession<'a> {
     fn new(
         r: &'a HostRun<'a>,
         guest: Guest,
-        plugin: Option<insns::Control>,
+        plugin: Option<plugin::Control>,
         stage: &'a Path,
         console: PathBuf,
     ) -> HostSession<'a> {
@@ -568,8 +568,8 @@ fn marker<'l>(line: &'l str, tag: &str) -> Option<&'l str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lab::run::settings;
     use crate::lab::scenario;
-    use crate::lab::settings;
 
     #[test]
     fn the_host_has_a_vcpu_more_than_its_largest_guest_and_room_for_its_memory() {

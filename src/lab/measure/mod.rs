@@ -1,0 +1,6 @@
+//! Measurements, by source.
+
+pub(crate) mod kvm_exit_tracepoint;
+pub(crate) mod kvm_qmp_stats;
+pub mod plugin;
+pub mod plugin_exits;

@@ -1,0 +1,259 @@
+//! The arguments of a run, checked before anything is built or booted:
+//! the kernels, the counts, the scenarios (loaded, shipped, overridden)
+//! and every boot unit's machine and device settings.
+
+use std::path::{Path, PathBuf};
+
+use crate::lab::guest::accel::AccelError;
+use crate::lab::guest::qemu::Accel;
+use crate::lab::images::{self, KernelSpec};
+use crate::lab::options::RunArgs;
+use crate::lab::run::error::RunError;
+use crate::lab::run::settings::{self, Unit};
+use crate::lab::scenario::{self, Scenario};
+
+/// What the arguments ask for, checked: nothing is built or booted yet.
+pub(crate) struct Setup {
+    pub specs: Vec<KernelSpec>,
+    pub lab_dir: PathBuf,
+    pub scenarios: Vec<Scenario>,
+    /// Every scenario's boot units, in scenario order.
+    pub units: Vec<Unit>,
+}
+
+/// Check the kernels, counts, scenarios and every boot's machine and device
+/// settings, before building or booting anything.
+pub(crate) fn check(args: &RunArgs) -> Result<Setup, RunError> {
+    let specs: Vec<KernelSpec> = args
+        .kernel
+        .iter()
+        .map(|k| k.parse())
+        .collect::<Result<_, _>>()?;
+    for s in &specs {
+        s.check()?;
+    }
+    if args.iterations == 0 {
+        return Err(RunError::NoIterations);
+    }
+    if args.vcpus.is_some_and(|v| v == 0 || v > 64) {
+        return Err(RunError::VcpusOutOfRange);
+    }
+    if args.accel == Accel::Nested && args.deterministic {
+        return Err(AccelError::NestedDeterministic.into());
+    }
+    let lab_dir = images::lab_dir(args.place.lab_dir.get())?;
+    let scenarios: Vec<Scenario> = load_scenarios(&args.scenario, &lab_dir)?
+        .into_iter()
+        .map(|s| apply_overrides(s, args))
+        .collect::<Result<_, _>>()?;
+    let units = settings::units(&scenarios, args);
+    let huge_pages = args.accel == Accel::Nested || args.huge_page_guests;
+    check_units(&scenarios, &units, huge_pages)?;
+    Ok(Setup {
+        specs,
+        lab_dir,
+        scenarios,
+        units,
+    })
+}
+
+/// The scenario a run executes, after `--runtime`/`--variants`.
+fn apply_overrides(mut s: Scenario, args: &RunArgs) -> Result<Scenario, RunError> {
+    if let Some(filter) = &args.variants {
+        for f in filter {
+            if !s.variants.iter().any(|v| &v.name == f) {
+                return Err(RunError::NoSuchVariant {
+                    scenario: s.name.clone(),
+                    variant: f.clone(),
+                    available: s.variants.iter().map(|v| v.name.clone()).collect(),
+                });
+            }
+        }
+        s.variants.retain(|v| filter.contains(&v.name));
+    }
+    for v in &mut s.variants {
+        if let Some(r) = args.runtime {
+            v.runtime = r;
+        }
+        if let Some(r) = args.ramp {
+            v.ramp = r;
+        }
+    }
+    Ok(s)
+}
+
+/// Load every `--scenario`, refusing malformed ones and ones the guest
+/// cannot find (they are packed into the initramfs from
+/// guest-scripts/scenarios/).
+fn load_scenarios(names: &[String], lab_dir: &Path) -> Result<Vec<Scenario>, RunError> {
+    let dir = lab_dir.join("guest-scripts/scenarios");
+    let mut out: Vec<Scenario> = Vec::new();
+    for n in names {
+        let (s, path) = scenario::load(n, &dir)?;
+        let shipped = dir.join(format!("{}.scn", s.name));
+        let same = std::fs::canonicalize(&path).ok() == std::fs::canonicalize(&shipped).ok()
+            && shipped.exists();
+        if !same {
+            return Err(RunError::ScenarioNotShipped { path, dir });
+        }
+        if out.iter().any(|o| o.name == s.name) {
+            return Err(RunError::ScenarioTwice(s.name));
+        }
+        out.push(s);
+    }
+    Ok(out)
+}
+
+/// Check every boot's machine and device settings once, before building
+/// or booting anything.
+/// `huge_pages`: the guests' RAM is made of 2 MiB pages (nested runs).
+fn check_units(scenarios: &[Scenario], units: &[Unit], huge_pages: bool) -> Result<(), RunError> {
+    for u in units {
+        let s = &scenarios[u.scenario];
+        let variants = u
+            .settings
+            .variants
+            .iter()
+            .map(|&i| s.variants[i].name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let vcpus = u.settings.machine.vcpus;
+        if vcpus == 0 || vcpus > 64 {
+            return Err(RunError::UnitVcpus {
+                scenario: s.name.clone(),
+                variants,
+                vcpus,
+            });
+        }
+        let memory = &u.settings.machine.memory;
+        if huge_pages && crate::util::units::parse_size(memory).is_ok_and(|b| b % (2 << 20) != 0) {
+            return Err(RunError::UnitHugePages {
+                scenario: s.name.clone(),
+                variants,
+                memory: memory.clone(),
+            });
+        }
+        u.settings
+            .disk_configs(PathBuf::from("/tmp/blklab-check.sock"))
+            .map_err(|source| RunError::UnitDevice {
+                scenario: s.name.clone(),
+                variants,
+                source,
+            })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lab::run::settings::DeviceSettingsError;
+
+    fn args(flags: &[&str]) -> RunArgs {
+        RunArgs::from_flags(flags)
+    }
+
+    fn scenario(text: &str) -> Scenario {
+        scenario::parse(text, "t.scn", "t").unwrap()
+    }
+
+    #[test]
+    fn bad_counts_are_refused_by_kind_before_anything_else() {
+        let e = check(&args(&["--iterations", "0"])).err().unwrap();
+        assert!(matches!(e, RunError::NoIterations), "{e:?}");
+        assert_eq!(e.to_string(), "--iterations must be at least 1");
+        let e = check(&args(&["--vcpus", "65"])).err().unwrap();
+        assert!(matches!(e, RunError::VcpusOutOfRange), "{e:?}");
+        let e = check(&args(&["--accel", "nested", "--deterministic"]))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(e, RunError::Accel(AccelError::NestedDeterministic)),
+            "{e:?}"
+        );
+        let e = check(&args(&["--kernel", "path:/nonexistent/vmlinuz"]))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(e, RunError::Image(images::ImageError::MissingKernel(_))),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn an_unknown_variant_names_the_ones_there_are() {
+        let s = scenario("variant a\nvariant b\n");
+        let e = apply_overrides(s, &args(&["--variants", "a,c"])).unwrap_err();
+        assert!(
+            matches!(&e, RunError::NoSuchVariant { variant, available, .. }
+                if variant == "c" && available == &["a", "b"]),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "--variants: scenario t has no variant \"c\" (it has: a, b)"
+        );
+        let s = scenario("runtime 5\nvariant a\nvariant b\n");
+        let s = apply_overrides(s, &args(&["--variants", "b", "--runtime", "2"])).unwrap();
+        assert_eq!(s.variants.len(), 1);
+        assert_eq!(
+            (s.variants[0].name.as_str(), s.variants[0].runtime),
+            ("b", 2)
+        );
+    }
+
+    #[test]
+    fn a_unit_with_bad_settings_is_refused_by_kind() {
+        let s = scenario("vcpus 64\nvariant a\n");
+        let a = args(&["--vcpus", "64"]);
+        let units = settings::units(std::slice::from_ref(&s), &a);
+        check_units(std::slice::from_ref(&s), &units, false).unwrap();
+        // A nested run's guests are made of 2 MiB pages.
+        let s = scenario("memory 1025M\nvariant a\n");
+        let units = settings::units(std::slice::from_ref(&s), &args(&[]));
+        check_units(std::slice::from_ref(&s), &units, false).unwrap();
+        let e = check_units(std::slice::from_ref(&s), &units, true).unwrap_err();
+        assert!(
+            matches!(&e, RunError::UnitHugePages { memory, .. } if memory == "1025M"),
+            "{e:?}"
+        );
+        let s = scenario("memory 1026M\nvariant a\n");
+        let units = settings::units(std::slice::from_ref(&s), &args(&[]));
+        check_units(std::slice::from_ref(&s), &units, true).unwrap();
+        let s = scenario("device tags=sideways\nvariant a\nvariant b\n");
+        let units = settings::units(std::slice::from_ref(&s), &args(&[]));
+        let e = check_units(std::slice::from_ref(&s), &units, false).unwrap_err();
+        assert!(
+            matches!(&e, RunError::UnitDevice { variants, source: DeviceSettingsError::Config(_), .. }
+                if variants == "a, b"),
+            "{e:?}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("scenario t (a, b): device settings: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn scenarios_the_guest_lacks_or_given_twice_are_refused() {
+        let lab = tempfile::tempdir().unwrap();
+        let shipped = lab.path().join("guest-scripts/scenarios");
+        std::fs::create_dir_all(&shipped).unwrap();
+        std::fs::write(shipped.join("s.scn"), "variant a\n").unwrap();
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(load_scenarios(&names(&["s"]), lab.path()).unwrap().len(), 1);
+        let e = load_scenarios(&names(&["s", "s"]), lab.path()).unwrap_err();
+        assert!(
+            matches!(&e, RunError::ScenarioTwice(n) if n == "s"),
+            "{e:?}"
+        );
+        let elsewhere = lab.path().join("other.scn");
+        std::fs::write(&elsewhere, "variant a\n").unwrap();
+        let e = load_scenarios(&names(&[elsewhere.to_str().unwrap()]), lab.path()).unwrap_err();
+        assert!(
+            matches!(&e, RunError::ScenarioNotShipped { path, .. } if path == &elsewhere),
+            "{e:?}"
+        );
+    }
+}
