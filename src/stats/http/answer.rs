@@ -183,4 +183,43 @@ mod tests {
         };
         assert_eq!(answer(head, &panics).unwrap().code, 500);
     }
+
+    /// A client that does not read its answer holds the connection until
+    /// the deadline, not longer: `send` gives up once the socket's buffers
+    /// are full and the deadline has passed.
+    #[test]
+    fn metrics_send_gives_up_at_the_deadline() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        // A small send buffer, so that the answer cannot be buffered whole.
+        let small: libc::c_int = 4096;
+        // SAFETY: a valid socket, and a c_int option of its size.
+        let rc = unsafe {
+            libc::setsockopt(
+                std::os::unix::io::AsRawFd::as_raw_fd(&server),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&small as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        assert_eq!(rc, 0);
+        let big = Answer::text(200, "x".repeat(32 << 20), false);
+        let t = Instant::now();
+        let deadline = t + std::time::Duration::from_millis(300);
+        let e = send(&mut server, deadline, &big).expect_err("the client never reads");
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ),
+            "{e}"
+        );
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            t.elapsed()
+        );
+    }
 }
