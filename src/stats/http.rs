@@ -4,8 +4,8 @@
 //! built fresh from a caller-supplied closure on every scrape.
 //!
 //! **Which crate does what.** `httparse` parses the request head
-//! ([`head`]); the sockets, threads and limits below are `std`'s, and
-//! [`answer`] writes the few fixed answers.
+//! (`http/head.rs`); the sockets, threads and limits below are `std`'s,
+//! and `http/answer.rs` writes the few fixed answers.
 //!
 //! **Limits.** An accept thread hands each connection to its own thread,
 //! at most [`MAX_CONNECTIONS`] at once (another gets 503 and is closed at
@@ -26,9 +26,9 @@
 //! its own that these limits cannot reach; measured against it with 300
 //! silent connections: 236 threads (one per connection, no cap), a silent
 //! connection still open after 15 s and a trickled head never closed (no
-//! read timeout), a 1 MB header line taken, and two clients that pipeline
-//! requests without reading their answers held both request threads, so a
-//! third scrape got nothing within 10 s. `hyper` and the other servers
+//! read timeout), and two clients that pipeline requests without reading
+//! their answers held both threads that answer (its answers are written
+//! without a deadline), so a third scrape got nothing within 10 s. `hyper` and the other servers
 //! with timeouts need an async runtime (tokio), which the daemon has no
 //! other use for.
 //!
