@@ -32,8 +32,9 @@
 //!
 //! Two differences from the hand-written text this replaces, neither in a
 //! series' name, type, labels, HELP text or value as a float64: a family
-//! with no samples (e.g. `blklab_disk_info` of a daemon serving no disk)
-//! is left out instead of written as bare HELP and TYPE lines (the encoder
+//! with no samples (`blklab_worker_cpu_seconds_total` before a guest has
+//! connected, every per-queue family of a document with no disk) is left
+//! out instead of written as bare HELP and TYPE lines (the encoder
 //! refuses an empty family, as Prometheus' Go client drops one); and a
 //! counter above 2^53 is written as the shortest decimal of its float64
 //! (`18446744073709552000` for `u64::MAX`) rather than its exact integer,
