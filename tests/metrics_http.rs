@@ -301,6 +301,19 @@ fn trickler(
     request: &'static [u8],
     limit: Duration,
 ) -> std::thread::JoinHandle<bool> {
+    sender(addr, request, b"x", Duration::from_millis(90), limit)
+}
+
+/// A connection that sends `request`, then `piece` after every `pause`
+/// for as long as the server keeps it (at most `limit`). Returns whether
+/// the server closed it (a failed write), from its thread.
+fn sender(
+    addr: SocketAddr,
+    request: &'static [u8],
+    piece: &'static [u8],
+    pause: Duration,
+    limit: Duration,
+) -> std::thread::JoinHandle<bool> {
     let mut s = TcpStream::connect(addr).expect("connect");
     std::thread::spawn(move || {
         if s.write_all(request).is_err() {
@@ -308,10 +321,10 @@ fn trickler(
         }
         let t = Instant::now();
         while t.elapsed() < limit {
-            if s.write_all(b"x").is_err() {
+            if s.write_all(piece).is_err() {
                 return true;
             }
-            std::thread::sleep(Duration::from_millis(90));
+            std::thread::sleep(pause);
         }
         false
     })
@@ -419,4 +432,35 @@ fn sigterm_ends_the_daemon_while_a_client_trickles() {
     assert!(status.success(), "{status:?}");
     assert!(after.join().unwrap());
     assert!(head.join().unwrap());
+}
+
+#[test]
+fn oversized_and_stalled_heads_are_refused() {
+    let (addr, shutdown, handle) = serve_document();
+    // A head over MAX_HEAD: 431, without waiting for its end.
+    let mut big = b"GET /metrics HTTP/1.1\r\nX-Big: ".to_vec();
+    big.resize(big.len() + http::MAX_HEAD, b'a');
+    let (status, _, body) = exchange(addr, &big);
+    assert_eq!(status, 431, "{body}");
+    // So many header lines that they are refused alike.
+    let many = format!("GET /metrics HTTP/1.1\r\n{}\r\n", "a: b\r\n".repeat(100));
+    assert_eq!(exchange(addr, many.as_bytes()).0, 431);
+    // A head begun and never ended: 408 once the read timeout has passed.
+    let t = Instant::now();
+    let (status, _, _) = exchange(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n");
+    assert_eq!(status, 408);
+    assert!(t.elapsed() >= Duration::from_secs(1), "{:?}", t.elapsed());
+    // A client that floods after its request is cut off (the lingering
+    // close drains a bounded amount), and scrapes go on meanwhile.
+    let flood = sender(
+        addr,
+        b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+        &[b'x'; 4096],
+        Duration::from_millis(1),
+        common::PATIENCE * 4,
+    );
+    assert_eq!(get(addr, "/metrics").0, 200);
+    assert!(flood.join().unwrap(), "the server kept a flooding client");
+    shutdown.store(true, Ordering::SeqCst);
+    handle.join().unwrap();
 }

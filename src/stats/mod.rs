@@ -1,6 +1,8 @@
 //! Layer 4, instrumentation: per-queue counters and histograms, the
-//! statistics document, Prometheus rendering and its HTTP endpoint. Knows
-//! the device's configuration and request kinds, nothing of vhost-user.
+//! statistics document, Prometheus rendering (written by the `prometheus`
+//! crate) and its HTTP endpoint (request heads parsed by `httparse`).
+//! Knows the device's configuration and request kinds, nothing of
+//! vhost-user.
 
 pub mod histogram;
 pub mod http;
