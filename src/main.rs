@@ -84,17 +84,19 @@ fn serve(args: ServeArgs) -> Result<()> {
 }
 
 fn run(args: &blklab::lab::options::RunArgs) -> Result<()> {
-    let (out_dir, records, failures) = match blklab::lab::run::run(args).context("blklab run")? {
-        blklab::lab::run::RunOutcome::Plan(plan) => {
-            println!("{}", serde_json::to_string_pretty(&plan)?);
-            return Ok(());
-        }
-        blklab::lab::run::RunOutcome::Ran {
-            out_dir,
-            records,
-            failures,
-        } => (out_dir, records, failures),
-    };
+    let request = blklab::lab::run::RunRequest::from_args(args).context("blklab run")?;
+    let (out_dir, records, failures) =
+        match blklab::lab::run::run(&request).context("blklab run")? {
+            blklab::lab::run::RunOutcome::Plan(plan) => {
+                println!("{}", serde_json::to_string_pretty(&plan)?);
+                return Ok(());
+            }
+            blklab::lab::run::RunOutcome::Ran {
+                out_dir,
+                records,
+                failures,
+            } => (out_dir, records, failures),
+        };
     let order = blklab::lab::run::summary::run_order(&out_dir);
     print!(
         "{}",

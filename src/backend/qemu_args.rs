@@ -40,7 +40,7 @@ fn opt_value(v: &str) -> String {
 }
 
 /// What backs a guest's RAM shared with its backends.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub(crate) enum GuestRam {
     /// A memfd of ordinary pages.
     #[default]

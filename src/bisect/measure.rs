@@ -1,25 +1,24 @@
-//! Measure a built candidate: one `blklab run` (the lab runner itself) of
-//! the scenario's variant under TCG with `--count-insns on
-//! --deterministic`, booting the kernel as a `path:` kernel with its
+//! Measure a built candidate: one lab run (the lab's own, from a request
+//! made here) of the scenario's variant under deterministic TCG with
+//! instruction counts, booting the kernel as a `path:` kernel with its
 //! System.map, and the metric of each boot.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use thiserror::Error;
 
 use crate::bisect::build::Built;
-use crate::lab::options::RunArgs;
-use crate::lab::run::{self, RunError, RunOutcome};
+use crate::lab::guest::qemu::Accel;
+use crate::lab::images::KernelSpec;
+use crate::lab::location::{CacheOption, LabDirOption, LabLocation};
+use crate::lab::options::{CountInsns, GuestOptions, RunOptions, Timeouts};
+use crate::lab::run::{self, RunError, RunOutcome, RunRequest};
 use crate::record::metrics::Metric;
 
 /// Why a built commit could not be measured; one line.
 #[derive(Debug, Error)]
 pub enum MeasureError {
-    /// The `blklab run` arguments made for it do not parse.
-    #[error("{0}")]
-    RunArgs(#[source] clap::Error),
     /// The lab run failed.
     #[error("{0}")]
     Run(#[source] RunError),
@@ -52,12 +51,6 @@ pub(crate) struct Measured {
     pub seconds: Duration,
 }
 
-#[derive(Parser)]
-struct RunLine {
-    #[command(flatten)]
-    run: RunArgs,
-}
-
 /// What every measurement shares.
 pub(crate) struct Setup<'a> {
     pub lab_dir: &'a Path,
@@ -71,44 +64,34 @@ pub(crate) struct Setup<'a> {
     pub boot_timeout: Duration,
 }
 
-/// The `blklab run` arguments for `kernel` (a `path:` spec).
-fn run_args(s: &Setup, kernel: &str, out: &Path) -> Result<RunArgs, MeasureError> {
-    let mut argv: Vec<String> = vec![
-        "run".into(),
-        "--kernel".into(),
-        kernel.into(),
-        "--scenario".into(),
-        s.scenario.into(),
-        "--variants".into(),
-        s.variant.into(),
-        "--iterations".into(),
-        s.iterations.to_string(),
-        "--count-insns".into(),
-        "on".into(),
-        "--deterministic".into(),
-        "--accel".into(),
-        "tcg".into(),
-        "--no-progress".into(),
-        "--qemu".into(),
-        s.qemu.into(),
-        "--boot-timeout".into(),
-        format!("{}ms", s.boot_timeout.as_millis()),
-        "--lab-dir".into(),
-        s.lab_dir.display().to_string(),
-        "--out".into(),
-        out.display().to_string(),
-    ];
-    if let Some(c) = s.cache {
-        argv.push("--cache".into());
-        argv.push(c.display().to_string());
-    }
-    if let Some(v) = s.vcpus {
-        argv.push("--vcpus".into());
-        argv.push(v.to_string());
-    }
-    RunLine::try_parse_from(argv)
-        .map(|l| l.run)
-        .map_err(MeasureError::RunArgs)
+/// The lab run of `kernel`: the variant alone, counted, deterministic.
+fn run_options(s: &Setup, kernel: KernelSpec, out: &Path) -> RunOptions {
+    let mut o = RunOptions::new(vec![kernel], vec![s.scenario.to_string()]);
+    o.variants = Some(vec![s.variant.to_string()]);
+    o.iterations = s.iterations;
+    o.machine.vcpus = s.vcpus;
+    o.guest = GuestOptions {
+        accel: Accel::Tcg,
+        qemu: s.qemu.to_string(),
+        count_insns: CountInsns::On,
+        deterministic: true,
+        ..GuestOptions::default()
+    };
+    o.timeouts = Timeouts {
+        boot: s.boot_timeout,
+        ..Timeouts::default()
+    };
+    o.place = LabLocation {
+        cache: CacheOption {
+            cache: s.cache.map(Path::to_path_buf),
+        },
+        lab_dir: LabDirOption {
+            lab_dir: Some(s.lab_dir.to_path_buf()),
+        },
+    };
+    o.out = Some(out.to_path_buf());
+    o.progress = false;
+    o
 }
 
 /// Boot `built` (labelled `label`) and read the metric.
@@ -119,17 +102,14 @@ pub(crate) fn measure(
     out: &Path,
 ) -> Result<Measured, MeasureError> {
     let start = Instant::now();
-    let mut spec = format!(
-        "path:{},map={}",
-        built.vmlinuz.display(),
-        built.system_map.display()
-    );
-    if let Some(m) = &built.modules {
-        spec.push_str(&format!(",modules={}", m.display()));
-    }
-    spec.push_str(&format!(",name={label}"));
-    let args = run_args(s, &spec, out)?;
-    let (run_dir, records, failures) = match run::run(&args).map_err(MeasureError::Run)? {
+    let kernel = KernelSpec::Path {
+        kernel: built.vmlinuz.clone(),
+        modules: built.modules.clone(),
+        map: Some(built.system_map.clone()),
+        name: Some(label.to_string()),
+    };
+    let request = RunRequest::new(run_options(s, kernel, out)).map_err(MeasureError::Run)?;
+    let (run_dir, records, failures) = match run::run(&request).map_err(MeasureError::Run)? {
         RunOutcome::Ran {
             out_dir,
             records,
@@ -185,15 +165,19 @@ mod tests {
             qemu: "qemu-system-x86_64",
             boot_timeout: Duration::from_secs(180),
         };
-        let a = run_args(&s, "path:/k/vmlinuz,name=abc", Path::new("/out")).unwrap();
-        assert_eq!(a.kernel, vec!["path:/k/vmlinuz,name=abc".to_string()]);
-        assert_eq!(a.scenario, vec!["plug-qd1".to_string()]);
+        let kernel: KernelSpec = "path:/k/vmlinuz,name=abc".parse().unwrap();
+        let a = run_options(&s, kernel.clone(), Path::new("/out"));
+        assert_eq!(a.kernels, vec![kernel]);
+        assert_eq!(a.scenarios, vec!["plug-qd1".to_string()]);
         assert_eq!(a.variants, Some(vec!["mq-deadline-10k".to_string()]));
         assert_eq!(a.iterations, 2);
-        assert!(a.deterministic);
-        assert_eq!(a.count_insns, crate::lab::options::CountInsns::On);
-        assert_eq!(a.accel, crate::lab::guest::qemu::Accel::Tcg);
+        assert!(a.guest.deterministic);
+        assert_eq!(a.guest.count_insns, CountInsns::On);
+        assert_eq!(a.guest.accel, Accel::Tcg);
         assert_eq!(a.place.cache.get(), Some(Path::new("/cache")));
-        assert_eq!(a.boot_timeout, Duration::from_secs(180));
+        assert_eq!(a.place.lab_dir.get(), Some(Path::new("/lab")));
+        assert_eq!(a.out.as_deref(), Some(Path::new("/out")));
+        assert_eq!(a.timeouts.boot, Duration::from_secs(180));
+        assert!(!a.progress && !a.plan_only && a.shard.is_none());
     }
 }

@@ -82,8 +82,9 @@ pub enum ImageError {
 /// bookworm-security).
 pub(crate) const BUILD_SERIES: &[&str] = &["5.10", "6.12"];
 
-/// A guest kernel as the user names it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+/// A guest kernel as the user names it; serialised as that name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub(crate) enum KernelSpec {
     /// `debian-6.1`, `debian-6.12`: Debian's prebuilt kernels.
     Debian(String),
@@ -168,6 +169,19 @@ impl KernelSpec {
             }
         }
         Ok(())
+    }
+}
+
+impl From<KernelSpec> for String {
+    fn from(k: KernelSpec) -> String {
+        k.to_prepare_arg()
+    }
+}
+
+impl TryFrom<String> for KernelSpec {
+    type Error = ImageError;
+    fn try_from(s: String) -> Result<KernelSpec, ImageError> {
+        s.parse()
     }
 }
 

@@ -4,9 +4,10 @@
 //!
 //! - [`location`]: `--cache` and `--lab-dir`;
 //! - [`scenario`]: the `.scn` scenario files the guest runs;
-//! - [`options`]: `blklab run`'s options (`RunArgs`), kept out of `run/`
-//!   because the nested mode hands them to the lab inside the host
-//!   (`nested::transfer`) and the accelerator choice reads them;
+//! - [`options`]: what a run is asked to do: `blklab run`'s flags
+//!   (`RunArgs`) and the same typed (`RunOptions`, which `bisect` builds
+//!   directly), kept out of `run/` because the nested mode hands them to
+//!   the lab inside the host (`nested::transfer`);
 //! - [`guest`]: one QEMU guest, whatever the run: its command line and
 //!   process, QMP, the console protocol, the accelerator choice, the
 //!   cleanup on a signal;
@@ -20,7 +21,7 @@
 //! - [`nested`]: what crosses between the two levels of `--accel
 //!   nested` (the SYNC relay, the run and results disks, the records
 //!   merged back), never reaching into the run;
-//! - [`run`]: the run's phases, from the arguments to the summary.
+//! - [`run`]: the run's phases, from the request to the summary.
 //!
 //! One boot (`run::boot`: its disks, QEMU's options and why it fails,
 //! with the retry policy) and its console session (`run::session`) live

@@ -1,10 +1,21 @@
-//! `blklab run`'s options: what a lab run is asked to do. The command line
-//! (`crate::cli`) embeds them; the run reads them.
+//! What a lab run is asked to do: `blklab run`'s flags as the command line
+//! spells them ([`RunArgs`], which `crate::cli` embeds) and the same typed,
+//! grouped and checked ([`RunOptions`]), which is what the run, `bisect`
+//! and the nested mode's inner lab take. The flags become options once, at
+//! the edge ([`RunArgs::to_options`]); the run resolves the options'
+//! scenarios and boot units (`lab::run::request`).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::str::FromStr;
+use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
+use crate::backend::qemu_args::GuestRam;
+use crate::lab::images::{ImageError, KernelSpec};
 use crate::lab::location::LabLocation;
+use crate::record::run::Accel;
 
 /// `blklab run --count-insns`.
 #[derive(
@@ -20,7 +31,7 @@ pub enum CountInsns {
 }
 
 /// `blklab run`: see docs/lab-protocol.md and docs/user-guide.md.
-#[derive(Debug, Clone, clap::Args, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// Guest kernel, repeatable: debian-6.1, debian-6.12, build:6.12,
     /// build:5.10 (before the 5.14 shared-tags fix), build:SERIES+PATCH
@@ -108,7 +119,7 @@ pub struct RunArgs {
     /// boots an emulated host under TCG and the guests under its KVM
     /// (counting the host's instructions apart from the guest's).
     #[arg(long, value_enum, default_value = "auto")]
-    pub accel: crate::record::run::Accel,
+    pub accel: Accel,
     /// QEMU binary.
     #[arg(long, value_name = "PATH", default_value = "qemu-system-x86_64")]
     pub qemu: String,
@@ -130,12 +141,6 @@ pub struct RunArgs {
     /// instruction = 1 ns of guest time). Needs TCG.
     #[arg(long)]
     pub deterministic: bool,
-    /// Back each guest's RAM with 2 MiB huge pages: set by the nested lab
-    /// for the run inside its host, whose huge-page pool is the part of its
-    /// memory the plugin counts as the guest's (not a command-line option).
-    #[arg(skip)]
-    #[serde(default)]
-    pub huge_page_guests: bool,
     /// Output directory (default blklab-results/YYYYmmdd-HHMMSS). It must
     /// be new or hold no JSON documents: a directory with run.json or
     /// records of an earlier run is refused, never written into.
@@ -158,7 +163,6 @@ pub struct RunArgs {
     /// Also draw each A/B report's HTML page into report.png beside it,
     /// with a headless Chromium (warns and goes on without one).
     #[arg(long)]
-    #[serde(default)]
     pub screenshot: bool,
     /// Print the run's boots (kernel x scenario x iteration, in the order
     /// they would run; with --shard, that shard's) as JSON and exit:
@@ -170,6 +174,213 @@ pub struct RunArgs {
     /// stay on one machine; `blklab compare DIR,DIR,...` merges them.
     #[arg(long, value_name = "I/N", value_parser = parse_shard)]
     pub shard: Option<Shard>,
+}
+
+/// A lab run, typed: the kernels and scenarios, how often, what the
+/// command line overrides of the scenarios' settings, the guests, the
+/// timeouts and where it all goes. Serialisable: the nested mode hands it
+/// to the lab inside its host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunOptions {
+    pub(crate) kernels: Vec<KernelSpec>,
+    /// Scenario names (guest-scripts/scenarios/NAME.scn).
+    pub(crate) scenarios: Vec<String>,
+    /// Boots per (kernel, scenario).
+    pub(crate) iterations: u32,
+    /// Only these variants.
+    pub(crate) variants: Option<Vec<String>>,
+    pub(crate) fio: FioOverrides,
+    pub(crate) machine: MachineOverrides,
+    pub(crate) device: DeviceOverrides,
+    pub(crate) guest: GuestOptions,
+    pub(crate) timeouts: Timeouts,
+    pub(crate) place: LabLocation,
+    /// The output directory (`None`: blklab-results/YYYYmmdd-HHMMSS).
+    pub(crate) out: Option<PathBuf>,
+    /// Draw the progress bar.
+    pub(crate) progress: bool,
+    /// Only print the plan.
+    pub(crate) plan_only: bool,
+    pub(crate) shard: Option<Shard>,
+}
+
+/// Every variant's fio timing, replaced (seconds).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct FioOverrides {
+    pub runtime: Option<u64>,
+    pub ramp: Option<u64>,
+}
+
+/// The machine's settings, replacing the scenario's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct MachineOverrides {
+    pub vcpus: Option<u32>,
+    /// QEMU size syntax.
+    pub memory: Option<String>,
+    pub disks: Option<u32>,
+    pub num_queues: Option<u16>,
+    pub queue_size: Option<u16>,
+}
+
+/// Device settings (`DEVICE_SETTINGS` names) given on the command line,
+/// replacing the scenario's of the same name; checked with each boot's
+/// disks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct DeviceOverrides(BTreeMap<String, String>);
+
+impl DeviceOverrides {
+    pub(crate) fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(String::as_str)
+    }
+}
+
+/// How the guests run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct GuestOptions {
+    pub accel: Accel,
+    /// The QEMU binary.
+    pub qemu: String,
+    pub count_insns: CountInsns,
+    /// Extra kernel command-line arguments.
+    pub append: Option<String>,
+    /// `-icount shift=0` with single-threaded TCG.
+    pub deterministic: bool,
+    /// What backs each guest's RAM: ordinary pages, or 2 MiB huge pages
+    /// for the run inside a nested host (whose huge-page pool is the part
+    /// of its memory the plugin counts as the guest's).
+    pub ram: GuestRam,
+}
+
+/// The longest waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Timeouts {
+    /// For a guest to boot.
+    pub boot: Duration,
+    /// Between two guest steps, beyond a variant's runtime.
+    pub step: Duration,
+    /// For the KVM probe guest.
+    pub kvm_probe: Duration,
+}
+
+impl Default for Timeouts {
+    /// The command line's defaults.
+    fn default() -> Timeouts {
+        Timeouts {
+            boot: Duration::from_secs(180),
+            step: Duration::from_secs(300),
+            kvm_probe: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Default for GuestOptions {
+    /// The command line's defaults.
+    fn default() -> GuestOptions {
+        GuestOptions {
+            accel: Accel::Auto,
+            qemu: "qemu-system-x86_64".into(),
+            count_insns: CountInsns::Auto,
+            append: None,
+            deterministic: false,
+            ram: GuestRam::Memfd,
+        }
+    }
+}
+
+impl RunOptions {
+    /// `kernels` × `scenarios`, three iterations, everything else as the
+    /// command line's defaults.
+    pub(crate) fn new(kernels: Vec<KernelSpec>, scenarios: Vec<String>) -> RunOptions {
+        RunOptions {
+            kernels,
+            scenarios,
+            iterations: 3,
+            variants: None,
+            fio: FioOverrides::default(),
+            machine: MachineOverrides::default(),
+            device: DeviceOverrides::default(),
+            guest: GuestOptions::default(),
+            timeouts: Timeouts::default(),
+            place: LabLocation::default(),
+            out: None,
+            progress: true,
+            plan_only: false,
+            shard: None,
+        }
+    }
+}
+
+impl RunArgs {
+    /// The options these flags ask for; a kernel spec that does not parse
+    /// is refused here.
+    pub fn to_options(&self) -> Result<RunOptions, ImageError> {
+        let kernels = self
+            .kernel
+            .iter()
+            .map(|k| k.parse())
+            .collect::<Result<_, _>>()?;
+        Ok(RunOptions {
+            kernels,
+            scenarios: self.scenario.clone(),
+            iterations: self.iterations,
+            variants: self.variants.clone(),
+            fio: FioOverrides {
+                runtime: self.runtime,
+                ramp: self.ramp,
+            },
+            machine: MachineOverrides {
+                vcpus: self.vcpus,
+                memory: self.memory.clone(),
+                disks: self.disks,
+                num_queues: self.num_queues,
+                queue_size: self.queue_size,
+            },
+            device: self.device_overrides(),
+            guest: GuestOptions {
+                accel: self.accel,
+                qemu: self.qemu.clone(),
+                count_insns: self.count_insns,
+                append: self.append.clone(),
+                deterministic: self.deterministic,
+                ram: GuestRam::Memfd,
+            },
+            timeouts: Timeouts {
+                boot: self.boot_timeout,
+                step: self.step_timeout,
+                kvm_probe: self.kvm_probe_timeout,
+            },
+            place: self.place.clone(),
+            out: self.out.clone(),
+            progress: !self.no_progress,
+            plan_only: self.plan,
+            shard: self.shard,
+        })
+    }
+
+    /// The device flags given, by their scenario setting's name.
+    fn device_overrides(&self) -> DeviceOverrides {
+        let given = [
+            ("disk", self.disk.clone()),
+            ("size", self.size.clone()),
+            ("tags", self.tags.clone()),
+            ("depth", self.depth.map(|d| d.to_string())),
+            ("tag_scope", self.tag_scope.clone()),
+            ("tag_fairness", self.tag_fairness.clone()),
+            ("latency", self.latency.clone()),
+            ("read_latency", self.read_latency.clone()),
+            ("write_latency", self.write_latency.clone()),
+            ("flush_latency", self.flush_latency.clone()),
+            ("latency_spin", self.latency_spin.clone()),
+            ("seed", self.seed.map(|s| s.to_string())),
+            ("poll", self.poll.clone()),
+        ];
+        DeviceOverrides(
+            given
+                .into_iter()
+                .filter_map(|(name, value)| Some((name.to_string(), value?)))
+                .collect(),
+        )
+    }
 }
 
 fn parse_shard(s: &str) -> Result<Shard, String> {
@@ -230,5 +441,49 @@ impl RunArgs {
         let mut v = vec!["blklab"];
         v.extend_from_slice(flags);
         <Line as clap::Parser>::parse_from(v).run
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_options_defaults_are_the_command_lines() {
+        let from_flags = RunArgs::from_flags(&[]).to_options().unwrap();
+        let made = RunOptions::new(from_flags.kernels.clone(), from_flags.scenarios.clone());
+        assert_eq!(
+            serde_json::to_value(&made).unwrap(),
+            serde_json::to_value(&from_flags).unwrap()
+        );
+    }
+
+    #[test]
+    fn every_device_setting_has_its_flag_and_a_bad_kernel_is_refused() {
+        let o = RunArgs::from_flags(&[
+            "--disk=mem",
+            "--size=1G",
+            "--tags=shared",
+            "--depth=8",
+            "--tag-scope=host",
+            "--tag-fairness=on",
+            "--latency=10us",
+            "--read-latency=1us",
+            "--write-latency=2us",
+            "--flush-latency=3us",
+            "--latency-spin=1us",
+            "--seed=7",
+            "--poll=adaptive",
+        ])
+        .to_options()
+        .unwrap();
+        for name in crate::lab::scenario::DEVICE_SETTINGS {
+            assert!(o.device.get(name).is_some(), "{name}");
+        }
+        assert_eq!(o.device.get("depth"), Some("8"));
+        assert_eq!(o.device.get("poll"), Some("adaptive"));
+        assert!(RunArgs::from_flags(&["--kernel", "debian-9"])
+            .to_options()
+            .is_err());
     }
 }

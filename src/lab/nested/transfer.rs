@@ -14,10 +14,12 @@ use std::path::{Component, Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::backend::qemu_args::GuestRam;
 use crate::lab::guest::qemu::Accel;
+use crate::lab::images::KernelSpec;
 use crate::lab::images::PreparedGuest;
 use crate::lab::location::{CacheOption, LabDirOption, LabLocation};
-use crate::lab::options::{CountInsns, RunArgs};
+use crate::lab::options::{CountInsns, GuestOptions, RunOptions};
 
 /// Where the host's `/init` unpacks the run disk.
 pub(crate) const RUN_ROOT: &str = "/lab/run";
@@ -32,18 +34,18 @@ pub(crate) const ERROR_FILE: &str = "error.txt";
 pub(crate) const RESULTS_DISK_BYTES: u64 = 2 << 30;
 
 /// `inner.json`: what `blklab nested-inner` runs: the outer run's
-/// arguments, set for KVM inside the host, and the guests the outer lab
+/// options, set for KVM inside the host, and the guests the outer lab
 /// prepared (their files on the run disk).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct InnerRun {
-    pub args: RunArgs,
+    pub options: RunOptions,
     pub guests: Vec<PreparedGuest>,
 }
 
 impl InnerRun {
-    /// The inner run of the outer `args` over `guests`, whose files are
+    /// The inner run of the outer `options` over `guests`, whose files are
     /// (or will be) on the run disk under `guests/I/` for I = `dirs[k]`.
-    pub(crate) fn new(args: &RunArgs, guests: &[PreparedGuest], dirs: &[usize]) -> InnerRun {
+    pub(crate) fn new(options: &RunOptions, guests: &[PreparedGuest], dirs: &[usize]) -> InnerRun {
         let at = |i: usize, file: &str| PathBuf::from(format!("{RUN_ROOT}/guests/{i}/{file}"));
         let guests: Vec<PreparedGuest> = guests
             .iter()
@@ -60,24 +62,33 @@ impl InnerRun {
                     .map(|_| at(i, "initramfs.json")),
             })
             .collect();
-        let mut a = args.clone();
+        let mut a = options.clone();
         // The same labels inside: each kernel by its prepared name.
-        a.kernel = guests
+        a.kernels = guests
             .iter()
-            .map(|g| format!("path:{},name={}", g.kernel.display(), g.name))
+            .map(|g| KernelSpec::Path {
+                kernel: g.kernel.clone(),
+                modules: None,
+                map: None,
+                name: Some(g.name.clone()),
+            })
             .collect();
-        // The real KVM probe decides, as on a KVM host; the inner lab
-        // refuses to go on without KVM.
-        a.accel = Accel::Auto;
+        let timeouts = &mut a.timeouts;
         // The probe is a guest boot, and boots in the emulated host take
         // several times as long as on hardware: give it a boot's time.
-        a.kvm_probe_timeout = a.kvm_probe_timeout.max(a.boot_timeout);
-        a.count_insns = CountInsns::Off;
-        a.deterministic = false;
-        // The host's huge pages are its guests' RAM, where the outer
-        // plugin tells the guest's code from the host's.
-        a.huge_page_guests = true;
-        a.qemu = "qemu-system-x86_64".into();
+        timeouts.kvm_probe = timeouts.kvm_probe.max(timeouts.boot);
+        a.guest = GuestOptions {
+            // The real KVM probe decides, as on a KVM host; the inner lab
+            // refuses to go on without KVM.
+            accel: Accel::Auto,
+            qemu: "qemu-system-x86_64".into(),
+            count_insns: CountInsns::Off,
+            append: a.guest.append,
+            deterministic: false,
+            // The host's huge pages are its guests' RAM, where the outer
+            // plugin tells the guest's code from the host's.
+            ram: GuestRam::HugeMemfd,
+        };
         a.out = Some(PathBuf::from(RESULTS_ROOT).join("out"));
         a.place = LabLocation {
             cache: CacheOption {
@@ -87,9 +98,9 @@ impl InnerRun {
                 lab_dir: Some(PathBuf::from(RUN_ROOT).join("lab")),
             },
         };
-        a.no_progress = true;
-        a.plan = false;
-        InnerRun { args: a, guests }
+        a.progress = false;
+        a.plan_only = false;
+        InnerRun { options: a, guests }
     }
 }
 
@@ -235,7 +246,7 @@ mod tests {
 
     #[test]
     fn the_inner_run_keeps_the_plan_and_runs_under_kvm_inside() {
-        let args = RunArgs::from_flags(&[
+        let options = crate::lab::options::RunArgs::from_flags(&[
             "--accel",
             "nested",
             "--kernel",
@@ -253,7 +264,9 @@ mod tests {
             "/outer/cache",
             "--shard",
             "1/2",
-        ]);
+        ])
+        .to_options()
+        .unwrap();
         let g = PreparedGuest {
             spec: "build:6.12".into(),
             name: "6.12".into(),
@@ -262,25 +275,30 @@ mod tests {
             kernel_manifest: Some("/cache/k/manifest.json".into()),
             initramfs_manifest: None,
         };
-        let inner = InnerRun::new(&args, &[g.clone(), g], &[0, 0]);
-        let a = &inner.args;
+        let inner = InnerRun::new(&options, &[g.clone(), g], &[0, 0]);
+        // What the inner lab reads back.
+        let text = serde_json::to_string(&inner).unwrap();
+        let inner: InnerRun = serde_json::from_str(&text).unwrap();
+        let a = &inner.options;
+        let kernels: Vec<String> = a.kernels.iter().map(|k| k.to_prepare_arg()).collect();
         assert_eq!(
-            a.kernel,
+            kernels,
             vec![
                 "path:/lab/run/guests/0/vmlinuz,name=6.12",
                 "path:/lab/run/guests/0/vmlinuz,name=6.12"
             ]
         );
-        assert_eq!(a.accel, Accel::Auto);
-        assert_eq!(a.count_insns, CountInsns::Off);
-        assert!(!a.deterministic && a.no_progress && !a.plan);
+        assert_eq!(a.guest.accel, Accel::Auto);
+        assert_eq!(a.guest.count_insns, CountInsns::Off);
+        assert_eq!(a.guest.ram, GuestRam::HugeMemfd);
+        assert!(!a.guest.deterministic && !a.progress && !a.plan_only);
         assert_eq!(a.out.as_deref(), Some(Path::new("/results/out")));
         assert_eq!(a.place.cache.get(), Some(Path::new("/tmp/blklab-cache")));
         assert_eq!(a.place.lab_dir.get(), Some(Path::new("/lab/run/lab")));
-        assert_eq!(a.kvm_probe_timeout, a.boot_timeout);
+        assert_eq!(a.timeouts.kvm_probe, a.timeouts.boot);
         // What the plan is made of stays the outer run's.
-        assert_eq!((a.iterations, a.runtime), (2, Some(3)));
-        assert_eq!(a.scenario, vec!["smoke"]);
+        assert_eq!((a.iterations, a.fio.runtime), (2, Some(3)));
+        assert_eq!(a.scenarios, vec!["smoke"]);
         assert_eq!(a.shard.map(|s| (s.index, s.count)), Some((1, 2)));
         let g0 = &inner.guests[0];
         assert_eq!(g0.spec, "build:6.12");
@@ -292,7 +310,7 @@ mod tests {
         assert_eq!(g0.initramfs_manifest, None);
         // It survives inner.json.
         let back: InnerRun = serde_json::from_str(&serde_json::to_string(&inner).unwrap()).unwrap();
-        assert_eq!(back.args.kernel, a.kernel);
+        assert_eq!(back.options.kernels, a.kernels);
     }
 
     #[test]

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::backend::qemu_args::GuestRam;
 use crate::backend::server::{ServeError, Server};
 use crate::backend::Disk;
 use crate::device::config::DiskConfig;
@@ -20,7 +19,7 @@ use crate::lab::images::PreparedGuest;
 use crate::lab::measure::kvm_qmp_stats::KvmStatsError;
 use crate::lab::measure::plugin::{self, InsnsError, SymbolMap};
 use crate::lab::nested::relay::{RelayError, SyncRelay};
-use crate::lab::options::RunArgs;
+use crate::lab::options::RunOptions;
 use crate::lab::run::progress::Progress;
 use crate::lab::run::settings::{DeviceSettingsError, Unit};
 use crate::lab::scenario::Scenario;
@@ -42,7 +41,7 @@ pub(crate) struct Boot {
 
 /// What one boot runs and with what.
 pub(crate) struct BootCtx<'a> {
-    pub args: &'a RunArgs,
+    pub options: &'a RunOptions,
     /// The boot's position in the run (0-based).
     pub seq: usize,
     pub boot: &'a Boot,
@@ -183,7 +182,7 @@ impl BootFailure {
     /// The retry policy: a boot that never got going (a silent console, or
     /// QEMU aborting on a known emulator bug before `/init`) is tried once
     /// more; anything after the guest spoke, a guest kernel fault above
-    /// all, fails the run, and so does a failure of the host's own setup.
+    /// all, fails the run, and so does a failure of the host's own request.
     pub(crate) fn retry(&self) -> Retry {
         match self {
             BootFailure::Silent(_)
@@ -274,14 +273,14 @@ fn kernel_append(c: &BootCtx) -> String {
         crate::lab::guest::qemu::CLOCKSOURCE_ARGS,
         c.scenario.name
     );
-    if let Some(extra) = &c.args.append {
+    if let Some(extra) = &c.options.guest.append {
         append.push(' ');
         append.push_str(extra);
     }
-    if let Some(r) = c.args.runtime {
+    if let Some(r) = c.options.fio.runtime {
         append.push_str(&format!(" blklab.runtime={r}"));
     }
-    if let Some(r) = c.args.ramp {
+    if let Some(r) = c.options.fio.ramp {
         append.push_str(&format!(" blklab.ramp={r}"));
     }
     // The unit's variants, when the boot runs fewer than the scenario file
@@ -293,7 +292,7 @@ fn kernel_append(c: &BootCtx) -> String {
         .iter()
         .map(|&i| c.scenario.variants[i].name.as_str())
         .collect();
-    if c.args.variants.is_some() || c.unit.part.is_some() {
+    if c.options.variants.is_some() || c.unit.part.is_some() {
         append.push_str(&format!(" blklab.variants={}", names.join(",")));
     }
     // Kernel addresses must be System.map's.
@@ -328,7 +327,7 @@ pub(crate) fn qemu_spec(
                 queue_size: d.queue_size,
             })
             .collect(),
-        deterministic: c.args.deterministic,
+        deterministic: c.options.guest.deterministic,
         plugin: match (c.plugin, plugin) {
             (Some(p), Some(ctl)) => {
                 // The plugin marks its counts where the guest's kernel
@@ -337,17 +336,14 @@ pub(crate) fn qemu_spec(
                     .symbols
                     .as_ref()
                     .and_then(|m| m.address(plugin::MARK_SYMBOL));
-                let shared_blocks = c.args.deterministic && c.unit.settings.machine.vcpus > 1;
+                let shared_blocks =
+                    c.options.guest.deterministic && c.unit.settings.machine.vcpus > 1;
                 Some(plugin_arg(p, ctl.path(), mark, shared_blocks))
             }
             _ => None,
         },
         qmp: qmp.map(Path::to_path_buf),
-        ram: if c.args.huge_page_guests {
-            GuestRam::HugeMemfd
-        } else {
-            GuestRam::Memfd
-        },
+        ram: c.options.guest.ram,
     }
 }
 

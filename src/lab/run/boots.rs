@@ -7,14 +7,13 @@ use log::warn;
 
 use crate::lab::images::nested_host::NestedHostImage;
 use crate::lab::nested::relay::SyncRelay;
-use crate::lab::options::RunArgs;
-use crate::lab::run::arguments::Setup;
 use crate::lab::run::boot::{BootCtx, BootFailure, Retry};
 use crate::lab::run::error::RunError;
 use crate::lab::run::nested_host::{self, HostMachine, HostRun};
 use crate::lab::run::plan::Plan;
 use crate::lab::run::prepare::Lab;
 use crate::lab::run::progress::Progress;
+use crate::lab::run::request::RunRequest;
 use crate::lab::run::session::run_boot;
 use crate::record::result::ResultRecord;
 use crate::record::run::RunStamp;
@@ -30,8 +29,7 @@ pub(crate) struct Boots {
 /// Boot every planned boot in order, each with its retry policy (inside a
 /// nested host, every SYNC relayed to the outer lab).
 pub(crate) fn boot_all(
-    args: &RunArgs,
-    setup: &Setup,
+    request: &RunRequest,
     plan: &Plan,
     lab: &Lab,
     stamp: &RunStamp,
@@ -40,23 +38,23 @@ pub(crate) fn boot_all(
     let total: u64 = plan
         .boots
         .iter()
-        .map(|b| setup.units[b.unit].settings.variants.len() as u64)
+        .map(|b| request.units[b.unit].settings.variants.len() as u64)
         .sum();
-    let pb = Progress::new(total, plan.boots.len(), !args.no_progress);
+    let pb = Progress::new(total, plan.boots.len(), request.options.progress);
     let mut out = Boots {
         records: Vec::new(),
         failures: Vec::new(),
         retried: Vec::new(),
     };
     for (seq, boot) in plan.boots.iter().enumerate() {
-        let unit = &setup.units[boot.unit];
+        let unit = &request.units[boot.unit];
         let ctx = BootCtx {
-            args,
+            options: &request.options,
             seq,
             boot,
             label: &plan.labels[boot.kernel],
             guest: &lab.guests[boot.kernel],
-            scenario: &setup.scenarios[unit.scenario],
+            scenario: &request.scenarios[unit.scenario],
             unit,
             accel: lab.accel,
             qemu: &lab.qemu,
@@ -83,8 +81,7 @@ pub(crate) fn boot_all(
 /// every planned boot under KVM ([`run_inside`](crate::lab::run::nested_inner::run_inside)); its records come back
 /// with the instructions the host and the guests executed in each window.
 pub(crate) fn boot_nested_host(
-    args: &RunArgs,
-    setup: &Setup,
+    request: &RunRequest,
     plan: &Plan,
     lab: &Lab,
     host: &NestedHostImage,
@@ -93,19 +90,19 @@ pub(crate) fn boot_nested_host(
     let variants: u64 = plan
         .boots
         .iter()
-        .map(|b| setup.units[b.unit].settings.variants.len() as u64)
+        .map(|b| request.units[b.unit].settings.variants.len() as u64)
         .sum();
-    let longest_variant = setup
+    let longest_variant = request
         .scenarios
         .iter()
         .flat_map(|s| &s.variants)
         .map(|v| v.runtime + v.ramp)
         .max()
         .unwrap_or(0);
-    let pb = Progress::new(variants, plan.boots.len(), !args.no_progress);
+    let pb = Progress::new(variants, plan.boots.len(), request.options.progress);
     let run = HostRun {
-        args,
-        lab_dir: &setup.lab_dir,
+        options: &request.options,
+        lab_dir: &request.lab_dir,
         guests: &lab.guests,
         labels: &plan.labels,
         out_dir: &lab.out_dir,
@@ -113,7 +110,7 @@ pub(crate) fn boot_nested_host(
         image: host,
         plugin: lab.plugin.as_deref(),
         maps: &lab.maps,
-        machine: HostMachine::for_units(&setup.units),
+        machine: HostMachine::for_units(&request.units),
         longest_variant: std::time::Duration::from_secs(longest_variant),
         pb: &pb,
         stamp,

@@ -5,7 +5,8 @@
 //!
 //! [`run`] is the table of contents, one phase a module:
 //!
-//! - [`arguments`]: the arguments checked, before anything is built;
+//! - [`request`]: the request (kernels, scenarios, boot units) resolved
+//!   and checked from the options, before anything is built;
 //! - [`plan`]: the boots, interleaved, and `--shard`'s slice (`--plan`
 //!   prints them);
 //! - [`prepare`]: the lab (QEMU, the output directory, images,
@@ -20,7 +21,6 @@
 //! - [`summary`]: summary.json and the table printed at the end;
 //! - `error`: why a run failed ([`RunError`]).
 
-pub(crate) mod arguments;
 pub(crate) mod boot;
 pub(crate) mod boots;
 mod error;
@@ -29,6 +29,7 @@ pub mod nested_inner;
 pub(crate) mod plan;
 pub(crate) mod prepare;
 pub(crate) mod progress;
+pub mod request;
 pub(crate) mod run_document;
 pub(crate) mod session;
 pub(crate) mod settings;
@@ -37,8 +38,8 @@ pub mod summary;
 use std::path::PathBuf;
 
 pub use error::RunError;
+pub use request::RunRequest;
 
-use crate::lab::options::RunArgs;
 use crate::lab::run::boots::Boots;
 use crate::lab::run::plan::{Plan, PlanDocument};
 use crate::lab::run::prepare::Lab;
@@ -56,22 +57,21 @@ pub enum RunOutcome {
     },
 }
 
-/// Run the lab as `args` says.
-pub fn run(args: &RunArgs) -> Result<RunOutcome, RunError> {
+/// Run the lab as `request` says.
+pub fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     // First, before any thread starts: SIGINT/SIGTERM stop QEMU and
     // remove the boots' directories.
     crate::lab::guest::cleanup::install();
-    let setup = arguments::check(args)?;
-    let plan = Plan::new(args, &setup);
-    if args.plan {
-        return Ok(RunOutcome::Plan(plan.document(args, &setup)));
+    let plan = Plan::new(request);
+    if request.options.plan_only {
+        return Ok(RunOutcome::Plan(plan.document(request)));
     }
-    plan.check_not_empty(args)?;
-    let lab = prepare::prepare_lab(args, &setup, &plan, None)?;
-    let stamp = run_document::write(args, &setup, &plan, &lab)?;
+    plan.check_not_empty()?;
+    let lab = prepare::prepare_lab(request, &plan, None)?;
+    let stamp = run_document::write(request, &plan, &lab)?;
     let boots = match &lab.nested_host {
-        Some(host) => boots::boot_nested_host(args, &setup, &plan, &lab, host, &stamp)?,
-        None => boots::boot_all(args, &setup, &plan, &lab, &stamp, None)?,
+        Some(host) => boots::boot_nested_host(request, &plan, &lab, host, &stamp)?,
+        None => boots::boot_all(request, &plan, &lab, &stamp, None)?,
     };
     finish(lab, boots)
 }

@@ -22,7 +22,7 @@ use crate::lab::measure::plugin::{self, InsnsError, SymbolMap};
 use crate::lab::nested::merge::{self, MergeError, Merged, Window};
 use crate::lab::nested::relay::{self, SyncLine, WindowKey};
 use crate::lab::nested::transfer::{self, InnerRun, RunDisk, TransferError, RESULTS_DISK_BYTES};
-use crate::lab::options::RunArgs;
+use crate::lab::options::RunOptions;
 use crate::lab::run::boot::{BootFailure, SocketDir};
 use crate::lab::run::progress::Progress;
 use crate::lab::run::settings::Unit;
@@ -181,7 +181,7 @@ pub(crate) fn info(image: &NestedHostImage, machine: HostMachine) -> NestedHostI
 
 /// What the outer lab hands the nested host's boot.
 pub(crate) struct HostRun<'a> {
-    pub args: &'a RunArgs,
+    pub options: &'a RunOptions,
     pub lab_dir: &'a Path,
     pub guests: &'a [PreparedGuest],
     pub labels: &'a [String],
@@ -265,7 +265,7 @@ fn write_run_disk(r: &HostRun, stage: &Path) -> Result<PathBuf, NestedError> {
     })?;
     disk.add_file(&exe, "blklab")?;
     let dirs = add_guests(&mut disk, r.guests)?;
-    let inner = InnerRun::new(r.args, r.guests, &dirs);
+    let inner = InnerRun::new(r.options, r.guests, &dirs);
     let json = serde_json::to_vec_pretty(&inner).expect("an inner run serialises");
     disk.add_bytes("inner.json", &json)?;
     disk.add_file(
@@ -409,7 +409,7 @@ impl<'a> HostSession<'a> {
             plugin,
             stage,
             console,
-            deadline: Instant::now() + r.args.boot_timeout,
+            deadline: Instant::now() + r.options.timeouts.boot,
             waiting_for: "the nested host to boot (BLKLAB-HOST-INIT)".into(),
             booted: false,
             fault: FaultScanner::default(),
@@ -422,8 +422,8 @@ impl<'a> HostSession<'a> {
     /// The longest the inner lab may be silent: a guest's boot, a step
     /// and the longest variant, all inside the host.
     fn inner_step(&self) -> Duration {
-        let a = self.r.args;
-        a.boot_timeout + a.step_timeout + self.r.longest_variant
+        let t = &self.r.options.timeouts;
+        t.boot + t.step + self.r.longest_variant
     }
 
     /// Follow the console to `BLKLAB-HOST-END`; the windows counted.
@@ -578,7 +578,12 @@ mod tests {
             s("vcpus 2\nmemory 1G\nvariant a\n"),
             s("vcpus 4\nmemory 2048M\nvariant b\n"),
         ];
-        let units = settings::units(&scenarios, &RunArgs::from_flags(&[]));
+        let units = settings::units(
+            &scenarios,
+            &crate::lab::options::RunArgs::from_flags(&[])
+                .to_options()
+                .unwrap(),
+        );
         let m = HostMachine::for_units(&units);
         // Node 1: 1024 huge pages, their struct pages (64 MiB) and 160 MiB.
         assert_eq!(

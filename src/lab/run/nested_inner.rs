@@ -15,9 +15,9 @@ use crate::lab::images::PreparedGuest;
 use crate::lab::nested::relay;
 use crate::lab::nested::relay::SyncRelay;
 use crate::lab::nested::transfer::{InnerRun, ERROR_FILE, KALLSYMS, RESULTS_ROOT};
-use crate::lab::options::RunArgs;
+use crate::lab::options::RunOptions;
 use crate::lab::run::plan::Plan;
-use crate::lab::run::{arguments, boots, finish, prepare, run_document, RunError, RunOutcome};
+use crate::lab::run::{boots, finish, prepare, run_document, RunError, RunOutcome, RunRequest};
 
 #[derive(Debug, Error)]
 pub enum InnerError {
@@ -51,7 +51,7 @@ pub fn run(file: &Path) -> Result<(), InnerError> {
     let results = Path::new(RESULTS_ROOT);
     save_kallsyms(results);
     let relay = relay::console();
-    match run_inside(&inner.args, inner.guests, &relay) {
+    match run_inside(&inner.options, inner.guests, &relay) {
         Ok(_) => Ok(()),
         Err(e) => {
             let _ = std::fs::write(results.join(ERROR_FILE), error_chain(&e));
@@ -64,22 +64,22 @@ pub fn run(file: &Path) -> Result<(), InnerError> {
 /// prepared the `guests`; every variant's SYNC goes through `relay` to the
 /// outer lab, which counts instructions over the same window.
 pub(crate) fn run_inside(
-    args: &RunArgs,
+    options: &RunOptions,
     guests: Vec<PreparedGuest>,
     relay: &dyn SyncRelay,
 ) -> Result<RunOutcome, RunError> {
     crate::lab::guest::cleanup::install();
-    let setup = arguments::check(args)?;
-    let plan = Plan::new(args, &setup);
-    plan.check_not_empty(args)?;
-    let lab = prepare::prepare_lab(args, &setup, &plan, Some(guests))?;
+    let request = RunRequest::new(options.clone())?;
+    let plan = Plan::new(&request);
+    plan.check_not_empty()?;
+    let lab = prepare::prepare_lab(&request, &plan, Some(guests))?;
     if lab.accel != Accel::Kvm {
         return Err(RunError::NoKvmInside {
             reason: lab.accel_reason,
         });
     }
-    let stamp = run_document::write(args, &setup, &plan, &lab)?;
-    let boots = boots::boot_all(args, &setup, &plan, &lab, &stamp, Some(relay))?;
+    let stamp = run_document::write(&request, &plan, &lab)?;
+    let boots = boots::boot_all(&request, &plan, &lab, &stamp, Some(relay))?;
     finish(lab, boots)
 }
 

@@ -12,10 +12,10 @@
 use serde::Serialize;
 
 use crate::lab::images::KernelSpec;
-use crate::lab::options::{RunArgs, Shard};
-use crate::lab::run::arguments::Setup;
+use crate::lab::options::Shard;
 use crate::lab::run::boot::Boot;
 use crate::lab::run::error::RunError;
+use crate::lab::run::request::RunRequest;
 use crate::lab::run::settings::Unit;
 use crate::lab::scenario::Scenario;
 use crate::record::run::{BootOrder, ShardInfo};
@@ -166,35 +166,39 @@ pub(crate) struct Plan {
     pub all: Vec<Boot>,
     /// The boots this run (or shard) boots.
     pub boots: Vec<Boot>,
+    /// `--shard`'s slice, if any.
+    pub shard: Option<Shard>,
 }
 
 impl Plan {
     /// Interleave the kernels' boots and take `--shard`'s slice of them.
-    pub(crate) fn new(args: &RunArgs, setup: &Setup) -> Plan {
-        let all = boots(setup.specs.len(), setup.units.len(), args.iterations);
+    pub(crate) fn new(r: &RunRequest) -> Plan {
+        let kernels = &r.options.kernels;
+        let all = boots(kernels.len(), r.units.len(), r.options.iterations);
         Plan {
-            labels: labels(&setup.specs),
-            boots: select(all.clone(), args.shard),
+            labels: labels(kernels),
+            boots: select(all.clone(), r.options.shard),
             all,
+            shard: r.options.shard,
         }
     }
 
     /// A shard with no boots is a mistake in `--shard`.
-    pub(crate) fn check_not_empty(&self, args: &RunArgs) -> Result<(), RunError> {
+    pub(crate) fn check_not_empty(&self) -> Result<(), RunError> {
         if !self.boots.is_empty() {
             return Ok(());
         }
         Err(RunError::EmptyShard {
-            index: args.shard.map_or(0, |s| s.index),
-            count: args.shard.map_or(0, |s| s.count),
+            index: self.shard.map_or(0, |s| s.index),
+            count: self.shard.map_or(0, |s| s.count),
             groups: self.all.last().map_or(0, |b| b.group + 1),
         })
     }
 
     /// `--plan`: the boots of the run (or of its shard).
-    pub(crate) fn document(&self, args: &RunArgs, setup: &Setup) -> PlanDocument {
+    pub(crate) fn document(&self, r: &RunRequest) -> PlanDocument {
         let (specs, labels, scenarios, units) =
-            (&setup.specs, &self.labels, &setup.scenarios, &setup.units);
+            (&r.options.kernels, &self.labels, &r.scenarios, &r.units);
         let (all, selected) = (&self.all, &self.boots);
         PlanDocument {
             schema: "blklab-plan/1".into(),
@@ -207,9 +211,9 @@ impl Plan {
                 })
                 .collect(),
             scenarios: scenarios.iter().map(|s| s.name.clone()).collect(),
-            iterations: args.iterations,
+            iterations: r.options.iterations,
             groups: all.last().map_or(0, |b| b.group + 1),
-            shard: args.shard.map(|s| PlanShard {
+            shard: self.shard.map(|s| PlanShard {
                 index: s.index,
                 count: s.count,
             }),
@@ -224,7 +228,7 @@ impl Plan {
                         scenario: o.scenario,
                         iteration: o.iteration,
                         variants: o.variants,
-                        shard: args.shard.map(|sh| shard_of(b.group, sh.count)),
+                        shard: self.shard.map(|sh| shard_of(b.group, sh.count)),
                     }
                 })
                 .collect(),

@@ -12,10 +12,10 @@ use crate::lab::guest::qemu::{self, Accel};
 use crate::lab::images::nested_host::{prepare_nested_host, NestedHostImage};
 use crate::lab::images::{self, PreparedGuest};
 use crate::lab::measure::plugin::{self, SymbolMap};
-use crate::lab::options::{CountInsns, RunArgs};
-use crate::lab::run::arguments::Setup;
+use crate::lab::options::CountInsns;
 use crate::lab::run::error::RunError;
 use crate::lab::run::plan::{self as run_plan, Plan};
+use crate::lab::run::request::RunRequest;
 use crate::util::wallclock::utc_stamp;
 
 /// The lab a run boots in: QEMU, the output directory, the prepared
@@ -38,13 +38,15 @@ pub(crate) struct Lab {
 /// take the `given` ones), choose the accelerator and, to count
 /// instructions, build the plugin and read each kernel's System.map.
 pub(crate) fn prepare_lab(
-    args: &RunArgs,
-    setup: &Setup,
+    request: &RunRequest,
     plan: &Plan,
     given: Option<Vec<PreparedGuest>>,
 ) -> Result<Lab, RunError> {
-    let qemu = qemu::locate(&args.qemu)?.display().to_string();
-    let out_dir = args
+    let qemu = qemu::locate(&request.options.guest.qemu)?
+        .display()
+        .to_string();
+    let out_dir = request
+        .options
         .out
         .clone()
         .unwrap_or_else(|| PathBuf::from("blklab-results").join(utc_stamp()));
@@ -56,8 +58,12 @@ pub(crate) fn prepare_lab(
     let guests = match given {
         Some(guests) => guests,
         None => {
-            info!("preparing {} guest image(s)", setup.specs.len());
-            images::prepare(&setup.lab_dir, args.place.cache.get(), &setup.specs)?
+            info!("preparing {} guest image(s)", request.options.kernels.len());
+            images::prepare(
+                &request.lab_dir,
+                request.options.place.cache.get(),
+                &request.options.kernels,
+            )?
         }
     };
     let prepared = labels(&guests);
@@ -67,11 +73,12 @@ pub(crate) fn prepare_lab(
             planned: plan.labels.clone(),
         });
     }
-    let (accel, accel_reason, plugin) = choose_accel(args, &setup.lab_dir, &qemu, &guests)?;
+    let (accel, accel_reason, plugin) = choose_accel(request, &qemu, &guests)?;
     let maps = symbol_maps(&guests, plugin.is_some())?;
     info!("accelerator: {} ({accel_reason})", accel.describe());
-    let most_vcpus = setup.units.iter().map(|u| u.settings.machine.vcpus).max();
-    if plugin.is_some() && args.deterministic && most_vcpus.is_some_and(|n| n > 1) {
+    let most_vcpus = request.units.iter().map(|u| u.settings.machine.vcpus).max();
+    if plugin.is_some() && request.options.guest.deterministic && most_vcpus.is_some_and(|n| n > 1)
+    {
         warn!(
             "--deterministic with more than one vCPU: single-threaded TCG shares translated blocks \
              between the vCPUs, so the plugin counts a block cut short (a fault, a device access) \
@@ -82,8 +89,8 @@ pub(crate) fn prepare_lab(
         Accel::Nested => {
             info!("preparing the nested host's image");
             Some(prepare_nested_host(
-                &setup.lab_dir,
-                args.place.cache.get(),
+                &request.lab_dir,
+                request.options.place.cache.get(),
                 &qemu,
             )?)
         }
@@ -150,22 +157,22 @@ fn labels(guests: &[PreparedGuest]) -> Vec<String> {
 /// The accelerator, why, and the instruction-count plugin when counting
 /// (`--count-insns auto` goes on without it when it cannot be built).
 fn choose_accel(
-    args: &RunArgs,
-    lab_dir: &Path,
+    request: &RunRequest,
     qemu: &str,
     guests: &[PreparedGuest],
 ) -> Result<(Accel, String, Option<PathBuf>), RunError> {
+    let guest = &request.options.guest;
     let decision = decide_accel(
-        args.accel,
-        args.count_insns,
-        args.deterministic,
+        guest.accel,
+        guest.count_insns,
+        guest.deterministic,
         &crate::util::kvm_host::classify(),
         || {
             qemu::probe_kvm(
                 qemu,
                 &guests[0].kernel,
                 &guests[0].initramfs,
-                args.kvm_probe_timeout,
+                request.options.timeouts.kvm_probe,
             )
         },
         || {
@@ -181,9 +188,9 @@ fn choose_accel(
     }
     let plugin = if decision.count_insns {
         info!("building the instruction-count plugin for {qemu}");
-        match plugin::build_plugin(lab_dir, args.place.cache.get(), qemu) {
+        match plugin::build_plugin(&request.lab_dir, request.options.place.cache.get(), qemu) {
             Ok(p) => Some(p),
-            Err(e) if args.count_insns != CountInsns::On => {
+            Err(e) if guest.count_insns != CountInsns::On => {
                 warn!("no instruction counts (--count-insns auto): {e}");
                 None
             }

@@ -1,13 +1,12 @@
 //! run.json: what the run is, written before its first boot.
 
 use crate::lab::guest::qemu;
-use crate::lab::options::RunArgs;
-use crate::lab::run::arguments::Setup;
 use crate::lab::run::boot::Boot;
 use crate::lab::run::error::RunError;
 use crate::lab::run::nested_host::{self, HostMachine};
 use crate::lab::run::plan::{self as run_plan, boot_order, Plan};
 use crate::lab::run::prepare::Lab;
+use crate::lab::run::request::RunRequest;
 use crate::lab::run::session::INSNS_WINDOW;
 use crate::record::run::{
     new_run_id, BootOrder, HostInfo, InsnsSetup, KernelEntry, QemuInfo, RunDocument, RunStamp,
@@ -18,16 +17,11 @@ use crate::util::{host, wallclock};
 /// run.json: what the run is (its id, versions, host, QEMU, kernels,
 /// scenarios, the order of its boots), written before the first boot.
 /// Returns what each of its records carries of it.
-pub(crate) fn write(
-    args: &RunArgs,
-    setup: &Setup,
-    plan: &Plan,
-    lab: &Lab,
-) -> Result<RunStamp, RunError> {
+pub(crate) fn write(request: &RunRequest, plan: &Plan, lab: &Lab) -> Result<RunStamp, RunError> {
     let order_of = |boots: &[Boot]| -> Vec<BootOrder> {
         boots
             .iter()
-            .map(|b| boot_order(b, &setup.units, &setup.scenarios, &plan.labels))
+            .map(|b| boot_order(b, &request.units, &request.scenarios, &plan.labels))
             .collect()
     };
     let started_unix = wallclock::unix_now();
@@ -40,7 +34,7 @@ pub(crate) fn write(
         command_line: std::env::args().collect(),
         accel: lab.accel,
         accel_reason: lab.accel_reason.clone(),
-        deterministic: args.deterministic,
+        deterministic: request.options.guest.deterministic,
         count_insns: lab.plugin.as_ref().map(|p| InsnsSetup {
             plugin: p.clone(),
             window: INSNS_WINDOW.to_string(),
@@ -62,16 +56,17 @@ pub(crate) fn write(
                 manifests: g.manifests(),
             })
             .collect(),
-        scenarios: setup.scenarios.clone(),
-        iterations: args.iterations,
+        scenarios: request.scenarios.clone(),
+        iterations: request.options.iterations,
         order: order_of(&plan.boots),
-        shard: args
+        shard: request
+            .options
             .shard
             .map(|sh| run_plan::shard_info(sh, &order_of(&plan.all))),
         nested_host: lab
             .nested_host
             .as_ref()
-            .map(|h| nested_host::info(h, HostMachine::for_units(&setup.units))),
+            .map(|h| nested_host::info(h, HostMachine::for_units(&request.units))),
     };
     crate::record::write(&lab.out_dir.join("run.json"), &run_doc)?;
     Ok(run_doc.stamp())

@@ -154,7 +154,7 @@ impl<'a> Session<'a> {
             disks,
             c,
             command_line,
-            deadline: Instant::now() + c.args.boot_timeout,
+            deadline: Instant::now() + c.options.timeouts.boot,
             waiting_for: "the guest to boot (BLKLAB-INIT)".to_string(),
             booted: false,
             spoke: false,
@@ -253,7 +253,7 @@ impl<'a> Session<'a> {
                         })?;
                 }
                 self.expect(
-                    c.args.step_timeout,
+                    c.options.timeouts.step,
                     "the guest to start the scenario".into(),
                 );
             }
@@ -364,7 +364,7 @@ impl<'a> Session<'a> {
             .map(|v| (v.runtime, v.ramp))
             .unwrap_or((0, 0));
         self.expect(
-            Duration::from_secs(rt + ramp) + c.args.step_timeout,
+            Duration::from_secs(rt + ramp) + c.options.timeouts.step,
             format!("variant {variant} to finish"),
         );
         Ok(())
@@ -427,7 +427,10 @@ impl<'a> Session<'a> {
         } else {
             warn!("end SYNC for {scenario}/{variant} without its begin");
         }
-        self.expect(self.c.args.step_timeout, format!("the result of {variant}"));
+        self.expect(
+            self.c.options.timeouts.step,
+            format!("the result of {variant}"),
+        );
         Ok(())
     }
 
@@ -493,7 +496,7 @@ impl<'a> Session<'a> {
         crate::record::write(&file, &record)?;
         self.records.push(record);
         c.pb.variant_done();
-        self.expect(c.args.step_timeout, "the next variant".into());
+        self.expect(c.options.timeouts.step, "the next variant".into());
         Ok(())
     }
 
@@ -638,7 +641,7 @@ fn assemble_record(
         }
         let how = InsnsWindow::of(
             INSNS_WINDOW,
-            c.args.deterministic,
+            c.options.guest.deterministic,
             w.cut,
             w.reruns,
             w.cut_unavailable.as_deref(),

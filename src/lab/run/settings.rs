@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 use crate::device::config::{ConfigError, DiskArgs, DiskConfig};
-use crate::lab::options::RunArgs;
+use crate::lab::options::RunOptions;
 use crate::lab::scenario::{Scenario, DEVICE_SETTINGS};
 use crate::record::machine::{Machine, Override};
 
@@ -45,26 +45,6 @@ const DEVICE_DEFAULTS: &[(&str, Option<&str>)] = &[
 /// A device setting's command-line flag.
 fn flag_of(name: &str) -> String {
     format!("--{}", name.replace('_', "-"))
-}
-
-/// The command line's value of a device setting, if given.
-fn cli_device_value(args: &RunArgs, name: &str) -> Option<String> {
-    match name {
-        "disk" => args.disk.clone(),
-        "size" => args.size.clone(),
-        "tags" => args.tags.clone(),
-        "depth" => args.depth.map(|d| d.to_string()),
-        "tag_scope" => args.tag_scope.clone(),
-        "tag_fairness" => args.tag_fairness.clone(),
-        "latency" => args.latency.clone(),
-        "read_latency" => args.read_latency.clone(),
-        "write_latency" => args.write_latency.clone(),
-        "flush_latency" => args.flush_latency.clone(),
-        "latency_spin" => args.latency_spin.clone(),
-        "seed" => args.seed.map(|s| s.to_string()),
-        "poll" => args.poll.clone(),
-        _ => None,
-    }
 }
 
 /// One boot's share of a scenario: the variants it runs and what it runs
@@ -152,10 +132,10 @@ pub(crate) struct Unit {
 }
 
 /// Every scenario's units, in scenario order.
-pub(crate) fn units(scenarios: &[Scenario], args: &RunArgs) -> Vec<Unit> {
+pub(crate) fn units(scenarios: &[Scenario], options: &RunOptions) -> Vec<Unit> {
     let mut out = Vec::new();
     for (i, s) in scenarios.iter().enumerate() {
-        let b = boot_settings(s, args);
+        let b = boot_settings(s, options);
         let several = b.len() > 1;
         for (k, settings) in b.into_iter().enumerate() {
             out.push(Unit {
@@ -180,7 +160,7 @@ fn variant_device(list: &[String]) -> BTreeMap<String, String> {
 /// The boots a scenario needs (one per group of variants with the same
 /// device settings, in the order their first variants appear) and what
 /// each runs with.
-pub(crate) fn boot_settings(s: &Scenario, args: &RunArgs) -> Vec<BootSettings> {
+pub(crate) fn boot_settings(s: &Scenario, options: &RunOptions) -> Vec<BootSettings> {
     let mut groups: Vec<(BTreeMap<String, String>, Vec<usize>)> = Vec::new();
     for (i, v) in s.variants.iter().enumerate() {
         let d = variant_device(&v.device);
@@ -191,13 +171,13 @@ pub(crate) fn boot_settings(s: &Scenario, args: &RunArgs) -> Vec<BootSettings> {
     }
     groups
         .into_iter()
-        .map(|(pinned, variants)| resolve(s, args, &pinned, variants))
+        .map(|(pinned, variants)| resolve(s, options, &pinned, variants))
         .collect()
 }
 
 fn resolve(
     s: &Scenario,
-    args: &RunArgs,
+    options: &RunOptions,
     pinned: &BTreeMap<String, String>,
     variants: Vec<usize>,
 ) -> BootSettings {
@@ -212,7 +192,8 @@ fn resolve(
             });
         }
     };
-    let vcpus = match (args.vcpus, s.vcpus) {
+    let m = &options.machine;
+    let vcpus = match (m.vcpus, s.vcpus) {
         (Some(c), Some(p)) => {
             note("vcpus", "--vcpus", p.to_string(), c.to_string());
             c
@@ -221,7 +202,7 @@ fn resolve(
         (None, Some(p)) => p,
         (None, None) => DEFAULT_VCPUS,
     };
-    let memory = match (&args.memory, &s.memory) {
+    let memory = match (&m.memory, &s.memory) {
         (Some(c), Some(p)) => {
             note("memory", "--memory", p.clone(), c.clone());
             c.clone()
@@ -230,7 +211,7 @@ fn resolve(
         (None, Some(p)) => p.clone(),
         (None, None) => DEFAULT_MEMORY.to_string(),
     };
-    let queue_size = match (args.queue_size, s.queue_size) {
+    let queue_size = match (m.queue_size, s.queue_size) {
         (Some(c), Some(p)) => {
             note("queue_size", "--queue-size", p.to_string(), c.to_string());
             c
@@ -239,14 +220,14 @@ fn resolve(
         (None, Some(p)) => p,
         (None, None) => DEFAULT_QUEUE_SIZE,
     };
-    let disks = match args.disks {
+    let disks = match m.disks {
         Some(c) => {
             note("disks", "--disks", s.disks.to_string(), c.to_string());
             c
         }
         None => s.disks,
     };
-    let num_queues = match (args.num_queues, s.queues) {
+    let num_queues = match (m.num_queues, s.queues) {
         (Some(c), Some(p)) => {
             note("queues", "--num-queues", p.to_string(), c.to_string());
             c
@@ -257,7 +238,10 @@ fn resolve(
     };
     let mut device = BTreeMap::new();
     for (name, default) in DEVICE_DEFAULTS {
-        let value = match (cli_device_value(args, name), pinned.get(*name)) {
+        let value = match (
+            options.device.get(name).map(str::to_string),
+            pinned.get(*name),
+        ) {
             (Some(c), Some(p)) => {
                 note(
                     &format!("device {name}"),
@@ -297,8 +281,10 @@ fn resolve(
 mod tests {
     use super::*;
 
-    fn args(flags: &[&str]) -> RunArgs {
-        RunArgs::from_flags(flags)
+    fn args(flags: &[&str]) -> RunOptions {
+        crate::lab::options::RunArgs::from_flags(flags)
+            .to_options()
+            .unwrap()
     }
 
     fn scenario(text: &str) -> Scenario {

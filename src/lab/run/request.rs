@@ -1,65 +1,72 @@
-//! The arguments of a run, checked before anything is built or booted:
-//! the kernels, the counts, the scenarios (loaded, shipped, overridden)
-//! and every boot unit's machine and device settings.
+//! A run's request: its options with the kernels checked, the scenarios
+//! loaded (shipped, with `--variants`, `--runtime` and `--ramp` applied)
+//! and every boot unit's machine and device settings resolved and checked,
+//! before anything is built or booted. Every phase of the run takes it.
 
 use std::path::{Path, PathBuf};
 
+use crate::backend::qemu_args::GuestRam;
 use crate::lab::guest::accel::AccelError;
 use crate::lab::guest::qemu::Accel;
-use crate::lab::images::{self, KernelSpec};
-use crate::lab::options::RunArgs;
+use crate::lab::images;
+use crate::lab::options::{RunArgs, RunOptions};
 use crate::lab::run::error::RunError;
 use crate::lab::run::settings::{self, Unit};
 use crate::lab::scenario::{self, Scenario};
 
-/// What the arguments ask for, checked: nothing is built or booted yet.
-pub(crate) struct Setup {
-    pub specs: Vec<KernelSpec>,
-    pub lab_dir: PathBuf,
-    pub scenarios: Vec<Scenario>,
+/// A lab run, resolved and checked: nothing is built or booted yet.
+pub struct RunRequest {
+    pub(crate) options: RunOptions,
+    /// The lab's checkout (images/, guest-scripts/).
+    pub(crate) lab_dir: PathBuf,
+    /// The scenarios as the run executes them.
+    pub(crate) scenarios: Vec<Scenario>,
     /// Every scenario's boot units, in scenario order.
-    pub units: Vec<Unit>,
+    pub(crate) units: Vec<Unit>,
 }
 
-/// Check the kernels, counts, scenarios and every boot's machine and device
-/// settings, before building or booting anything.
-pub(crate) fn check(args: &RunArgs) -> Result<Setup, RunError> {
-    let specs: Vec<KernelSpec> = args
-        .kernel
-        .iter()
-        .map(|k| k.parse())
-        .collect::<Result<_, _>>()?;
-    for s in &specs {
-        s.check()?;
+impl RunRequest {
+    /// `blklab run`'s flags, resolved.
+    pub fn from_args(args: &RunArgs) -> Result<RunRequest, RunError> {
+        RunRequest::new(args.to_options()?)
     }
-    if args.iterations == 0 {
-        return Err(RunError::NoIterations);
+
+    /// Check the kernels, counts, scenarios and every boot's machine and
+    /// device settings, before building or booting anything.
+    pub(crate) fn new(options: RunOptions) -> Result<RunRequest, RunError> {
+        for k in &options.kernels {
+            k.check()?;
+        }
+        if options.iterations == 0 {
+            return Err(RunError::NoIterations);
+        }
+        if options.machine.vcpus.is_some_and(|v| v == 0 || v > 64) {
+            return Err(RunError::VcpusOutOfRange);
+        }
+        let guest = &options.guest;
+        if guest.accel == Accel::Nested && guest.deterministic {
+            return Err(AccelError::NestedDeterministic.into());
+        }
+        let lab_dir = images::lab_dir(options.place.lab_dir.get())?;
+        let scenarios: Vec<Scenario> = load_scenarios(&options.scenarios, &lab_dir)?
+            .into_iter()
+            .map(|s| apply_overrides(s, &options))
+            .collect::<Result<_, _>>()?;
+        let units = settings::units(&scenarios, &options);
+        let huge_pages = guest.accel == Accel::Nested || guest.ram == GuestRam::HugeMemfd;
+        check_units(&scenarios, &units, huge_pages)?;
+        Ok(RunRequest {
+            options,
+            lab_dir,
+            scenarios,
+            units,
+        })
     }
-    if args.vcpus.is_some_and(|v| v == 0 || v > 64) {
-        return Err(RunError::VcpusOutOfRange);
-    }
-    if args.accel == Accel::Nested && args.deterministic {
-        return Err(AccelError::NestedDeterministic.into());
-    }
-    let lab_dir = images::lab_dir(args.place.lab_dir.get())?;
-    let scenarios: Vec<Scenario> = load_scenarios(&args.scenario, &lab_dir)?
-        .into_iter()
-        .map(|s| apply_overrides(s, args))
-        .collect::<Result<_, _>>()?;
-    let units = settings::units(&scenarios, args);
-    let huge_pages = args.accel == Accel::Nested || args.huge_page_guests;
-    check_units(&scenarios, &units, huge_pages)?;
-    Ok(Setup {
-        specs,
-        lab_dir,
-        scenarios,
-        units,
-    })
 }
 
 /// The scenario a run executes, after `--runtime`/`--variants`.
-fn apply_overrides(mut s: Scenario, args: &RunArgs) -> Result<Scenario, RunError> {
-    if let Some(filter) = &args.variants {
+fn apply_overrides(mut s: Scenario, options: &RunOptions) -> Result<Scenario, RunError> {
+    if let Some(filter) = &options.variants {
         for f in filter {
             if !s.variants.iter().any(|v| &v.name == f) {
                 return Err(RunError::NoSuchVariant {
@@ -72,10 +79,10 @@ fn apply_overrides(mut s: Scenario, args: &RunArgs) -> Result<Scenario, RunError
         s.variants.retain(|v| filter.contains(&v.name));
     }
     for v in &mut s.variants {
-        if let Some(r) = args.runtime {
+        if let Some(r) = options.fio.runtime {
             v.runtime = r;
         }
-        if let Some(r) = args.ramp {
+        if let Some(r) = options.fio.ramp {
             v.ramp = r;
         }
     }
@@ -149,8 +156,12 @@ mod tests {
     use super::*;
     use crate::lab::run::settings::DeviceSettingsError;
 
-    fn args(flags: &[&str]) -> RunArgs {
-        RunArgs::from_flags(flags)
+    fn args(flags: &[&str]) -> RunOptions {
+        RunArgs::from_flags(flags).to_options().unwrap()
+    }
+
+    fn check(flags: &[&str]) -> Result<RunRequest, RunError> {
+        RunRequest::from_args(&RunArgs::from_flags(flags))
     }
 
     fn scenario(text: &str) -> Scenario {
@@ -159,19 +170,19 @@ mod tests {
 
     #[test]
     fn bad_counts_are_refused_by_kind_before_anything_else() {
-        let e = check(&args(&["--iterations", "0"])).err().unwrap();
+        let e = check(&["--iterations", "0"]).err().unwrap();
         assert!(matches!(e, RunError::NoIterations), "{e:?}");
         assert_eq!(e.to_string(), "--iterations must be at least 1");
-        let e = check(&args(&["--vcpus", "65"])).err().unwrap();
+        let e = check(&["--vcpus", "65"]).err().unwrap();
         assert!(matches!(e, RunError::VcpusOutOfRange), "{e:?}");
-        let e = check(&args(&["--accel", "nested", "--deterministic"]))
+        let e = check(&["--accel", "nested", "--deterministic"])
             .err()
             .unwrap();
         assert!(
             matches!(e, RunError::Accel(AccelError::NestedDeterministic)),
             "{e:?}"
         );
-        let e = check(&args(&["--kernel", "path:/nonexistent/vmlinuz"]))
+        let e = check(&["--kernel", "path:/nonexistent/vmlinuz"])
             .err()
             .unwrap();
         assert!(
