@@ -21,6 +21,8 @@ pub mod daemon;
 mod error;
 pub mod idle;
 pub mod instructions;
+pub mod mode;
+pub mod options;
 pub mod reference_qsd;
 pub(crate) mod verdict;
 pub mod versus_qsd;
