@@ -114,7 +114,8 @@ fn request_configs() -> &'static [DiskConfig] {
                 if v & 8 != 0 {
                     a.extend_from_slice(&["--fail-every", "3", "--fail-range", "8..16"]);
                 }
-                let mut c = DiskArgs::parse_for_test(&a)
+                let mut c = DiskArgs::parse_from(&a)
+                    .expect("the fuzz disk options parse")
                     .to_configs()
                     .expect("the fuzz disk configurations are valid");
                 c.remove(0)
@@ -325,7 +326,7 @@ impl Daemon {
         let socket = dir.path().join("vd.sock");
         let control = dir.path().join("control.sock");
         let sock = socket.to_string_lossy().into_owned();
-        let cfg = DiskArgs::parse_for_test(&[
+        let cfg = DiskArgs::parse_from(&[
             "--socket",
             &sock,
             "--disk",
@@ -337,6 +338,7 @@ impl Daemon {
             "--queue-size",
             "64",
         ])
+        .expect("the fuzz daemon's options parse")
         .to_configs()
         .expect("the fuzz daemon's configuration is valid");
         let server = Server::start_with_control(cfg, Some(&control))?;

@@ -30,7 +30,7 @@ mod poll;
 pub(crate) mod poll_window;
 pub mod qemu_args;
 pub mod serve;
-pub mod server;
+pub(crate) mod server;
 mod vhost_user;
 mod worker;
 

@@ -23,7 +23,7 @@ pub mod idle;
 pub mod instructions;
 pub mod mode;
 pub mod options;
-pub mod reference_qsd;
+pub(crate) mod reference_qsd;
 pub(crate) mod verdict;
 pub mod versus_qsd;
 
