@@ -8,6 +8,8 @@
 //! it) for `time`, and, given the backend's PID, the backend's CPU seconds
 //! over the same interval from `/proc/PID/stat`.
 //!
+//! [`options`] turns the command line into a [`mode::BenchMode`] (one
+//! load, the comparison, the instruction count), which [`mode`] runs.
 //! [`versus_qsd`] runs identical loads against qemu-storage-daemon and
 //! `blklab serve` in one run and prints their ratios. [`client`] is the
 //! libblkio connection and [`daemon`] the backend spawner; the tests and
