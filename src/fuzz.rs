@@ -114,7 +114,8 @@ fn request_configs() -> &'static [DiskConfig] {
                 if v & 8 != 0 {
                     a.extend_from_slice(&["--fail-every", "3", "--fail-range", "8..16"]);
                 }
-                let mut c = DiskArgs::parse_for_test(&a)
+                let mut c = DiskArgs::parse_from(&a)
+                    .expect("the fuzz disk options parse")
                     .to_configs()
                     .expect("the fuzz disk configurations are valid");
                 c.remove(0)
@@ -144,44 +145,14 @@ pub fn request(data: &[u8]) {
     let Ok(storage) = storage::open(&mut cfg) else {
         return;
     };
-    let mut ranges = vec![(GuestAddress(0), REQUEST_MEM_SIZE)];
-    if opts & 0x40 != 0 {
-        ranges.push((GuestAddress(REQUEST_MEM_SIZE as u64), 0x1000));
-    }
-    if opts & 0x80 != 0 {
-        ranges.push((GuestAddress(0x10_0000), 0x1000));
-    }
-    let mem = Arc::new(GuestMemoryMmap::from_ranges(&ranges).expect("fixed, valid ranges"));
-    let image = input.rest();
-    let image = &image[..image.len().min(REQUEST_MEM_SIZE)];
-    mem.write_slice(image, GuestAddress(0))
-        .expect("the image fits the first region");
-
-    let q16 = u64::from(qsize);
-    let avail = 16 * q16;
-    let used = (avail + 6 + 2 * q16 + 3) & !3;
-    // virtio-queue's Queue over the same ring: the reference walk.
-    let mut q = Queue::new(qsize).expect("a power of two up to 256");
-    q.set_size(qsize);
-    q.try_set_desc_table_address(GuestAddress(0))
-        .and_then(|()| q.try_set_avail_ring_address(GuestAddress(avail)))
-        .and_then(|()| q.try_set_used_ring_address(GuestAddress(used)))
-        .expect("aligned ring addresses");
+    let mem = request_memory(opts, input.rest());
     let event_idx = opts & 0x20 != 0;
-    q.set_event_idx(event_idx);
-    q.set_ready(true);
-    if !q.is_valid(&*mem) {
+    let layout = request_ring(qsize);
+    let Some(mut q) = reference_queue(&layout, event_idx, &mem) else {
         return;
-    }
-    let layout = RingLayout {
-        desc: 0,
-        avail,
-        used,
-        size: qsize,
     };
     let mut ring = SplitRing::new(GuestMap::new(mem.clone()), layout, event_idx, 0, 0)
         .expect("a ring virtio-queue accepts, inside one region");
-
     let faults = (!cfg.faults.is_empty()).then(|| RefCell::new(FaultState::new(&cfg.faults)));
     let dev = Device {
         storage: storage.as_ref(),
@@ -192,56 +163,115 @@ pub fn request(data: &[u8]) {
     };
     let mut segs = Vec::new();
     for _ in 0..4 * usize::from(qsize) {
-        // The reference: virtio-queue's iterator and chain walk.
-        let reference = match split_ring::reference_walk(&mut q, &mem) {
-            Ok(r) => r,
-            Err(_) => {
-                assert!(
-                    ring.pending().is_err(),
-                    "virtio-queue refused the avail index, we did not"
-                );
-                break;
-            }
-        };
-        let pending = ring
-            .pending()
-            .expect("virtio-queue accepted the avail index");
-        let Some((ref_head, ref_segs, ref_truncated)) = reference else {
-            assert_eq!(pending, 0, "virtio-queue found nothing to pop");
+        if !serve_next(&mut q, &mem, &mut ring, &dev, &mut segs) {
             break;
-        };
-        assert!(pending > 0, "virtio-queue popped a chain, we saw none");
-        let popped = match ring.pop(&mut segs) {
-            Ok(p) => p,
-            Err(_) => {
-                // A head beyond the table: the worker marks the ring broken.
-                assert!(ref_head >= qsize && ref_segs.is_empty());
-                break;
-            }
-        };
-        assert_eq!(popped.head, ref_head);
-        assert_eq!(segs, ref_segs, "the chain at head {ref_head}");
-        assert_eq!(popped.truncated, ref_truncated && !ref_segs.is_empty());
-        let used_len = match serve_chain(&dev, &segs, popped.truncated, ring.map()) {
-            Outcome::Completed { used_len, .. } => {
-                // The device never says it wrote more than the driver
-                // offered it (virtio 1.2, 2.7.8.2).
-                let writable: u64 = segs
-                    .iter()
-                    .filter(|s| s.write)
-                    .map(|s| u64::from(s.len))
-                    .sum();
-                assert!(
-                    u64::from(used_len) <= writable,
-                    "used length {used_len} > {writable} writable bytes"
-                );
-                used_len
-            }
-            Outcome::Dropped(_) => 0,
-        };
-        ring.add_used(popped.head, used_len);
-        let _ = ring.needs_notification();
+        }
     }
+}
+
+/// [`request`]'s guest memory: the first region holding `image`, and the
+/// regions `opts` bits 6 and 7 add.
+fn request_memory(opts: u8, image: &[u8]) -> Arc<GuestMemoryMmap> {
+    let mut ranges = vec![(GuestAddress(0), REQUEST_MEM_SIZE)];
+    if opts & 0x40 != 0 {
+        ranges.push((GuestAddress(REQUEST_MEM_SIZE as u64), 0x1000));
+    }
+    if opts & 0x80 != 0 {
+        ranges.push((GuestAddress(0x10_0000), 0x1000));
+    }
+    let mem = Arc::new(GuestMemoryMmap::from_ranges(&ranges).expect("fixed, valid ranges"));
+    let image = &image[..image.len().min(REQUEST_MEM_SIZE)];
+    mem.write_slice(image, GuestAddress(0))
+        .expect("the image fits the first region");
+    mem
+}
+
+/// [`request`]'s ring of `qsize` entries: the descriptor table at 0, the
+/// avail ring after it, the used ring after that (4-byte aligned).
+fn request_ring(qsize: u16) -> RingLayout {
+    let q16 = u64::from(qsize);
+    let avail = 16 * q16;
+    RingLayout {
+        desc: 0,
+        avail,
+        used: (avail + 6 + 2 * q16 + 3) & !3,
+        size: qsize,
+    }
+}
+
+/// virtio-queue's `Queue` over the same ring: the reference walk (`None`
+/// when it finds the ring invalid).
+fn reference_queue(layout: &RingLayout, event_idx: bool, mem: &GuestMemoryMmap) -> Option<Queue> {
+    let mut q = Queue::new(layout.size).expect("a power of two up to 256");
+    q.set_size(layout.size);
+    q.try_set_desc_table_address(GuestAddress(layout.desc))
+        .and_then(|()| q.try_set_avail_ring_address(GuestAddress(layout.avail)))
+        .and_then(|()| q.try_set_used_ring_address(GuestAddress(layout.used)))
+        .expect("aligned ring addresses");
+    q.set_event_idx(event_idx);
+    q.set_ready(true);
+    q.is_valid(mem).then_some(q)
+}
+
+/// Pop the next chain with our ring and the reference, check they agree,
+/// and serve and answer it: whether there may be more to pop.
+fn serve_next(
+    q: &mut Queue,
+    mem: &GuestMemoryMmap,
+    ring: &mut SplitRing,
+    dev: &Device<'_>,
+    segs: &mut Vec<split_ring::Segment>,
+) -> bool {
+    // The reference: virtio-queue's iterator and chain walk.
+    let reference = match split_ring::reference_walk(q, mem) {
+        Ok(r) => r,
+        Err(_) => {
+            assert!(
+                ring.pending().is_err(),
+                "virtio-queue refused the avail index, we did not"
+            );
+            return false;
+        }
+    };
+    let pending = ring
+        .pending()
+        .expect("virtio-queue accepted the avail index");
+    let Some((ref_head, ref_segs, ref_truncated)) = reference else {
+        assert_eq!(pending, 0, "virtio-queue found nothing to pop");
+        return false;
+    };
+    assert!(pending > 0, "virtio-queue popped a chain, we saw none");
+    let popped = match ring.pop(segs) {
+        Ok(p) => p,
+        Err(_) => {
+            // A head beyond the table: the worker marks the ring broken.
+            assert!(ref_head >= q.size() && ref_segs.is_empty());
+            return false;
+        }
+    };
+    assert_eq!(popped.head, ref_head);
+    assert_eq!(*segs, ref_segs, "the chain at head {ref_head}");
+    assert_eq!(popped.truncated, ref_truncated && !ref_segs.is_empty());
+    let used_len = match serve_chain(dev, segs, popped.truncated, ring.map()) {
+        Outcome::Completed { used_len, .. } => {
+            // The device never says it wrote more than the driver
+            // offered it (virtio 1.2, 2.7.8.2).
+            let writable: u64 = segs
+                .iter()
+                .filter(|s| s.write)
+                .map(|s| u64::from(s.len))
+                .sum();
+            assert!(
+                u64::from(used_len) <= writable,
+                "used length {used_len} > {writable} writable bytes"
+            );
+            used_len
+        }
+        Outcome::Dropped(_) => 0,
+    };
+    ring.add_used(popped.head, used_len);
+    let _ = ring.needs_notification();
+    true
 }
 
 /// Parse the input as scenario text (UTF-8 only; other inputs are
@@ -296,7 +326,7 @@ impl Daemon {
         let socket = dir.path().join("vd.sock");
         let control = dir.path().join("control.sock");
         let sock = socket.to_string_lossy().into_owned();
-        let cfg = DiskArgs::parse_for_test(&[
+        let cfg = DiskArgs::parse_from(&[
             "--socket",
             &sock,
             "--disk",
@@ -308,6 +338,7 @@ impl Daemon {
             "--queue-size",
             "64",
         ])
+        .expect("the fuzz daemon's options parse")
         .to_configs()
         .expect("the fuzz daemon's configuration is valid");
         let server = Server::start_with_control(cfg, Some(&control))?;

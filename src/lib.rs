@@ -19,7 +19,8 @@
 //! 10. [`bench`]: `blklab bench`, a libblkio load generator, and the
 //!     comparison with qemu-storage-daemon (its client and daemon spawner
 //!     also serve the tests);
-//! 11. [`cli`] and [`stats_view`]: the command line (`main.rs` dispatches);
+//! 11. [`cli`] and [`stats_view`]: the command line and what lies between
+//!     it and the library (`main.rs` parses and dispatches);
 //!     [`fuzz`]: the fuzzing entry points (`fuzz/`, `tests/fuzz_regressions.rs`).
 
 pub mod backend;

@@ -13,17 +13,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blklab::device::config::DiskArgs;
 use blklab::stats::histogram::HistSummary;
 use blklab::stats::http;
 use blklab::stats::queue::{DiskReport, QueueCounters, QueueStats, StatsDocument};
 
 fn document() -> StatsDocument {
     let config =
-        DiskArgs::parse_for_test(&["--socket", "/tmp/vd.sock", "--disk", "mem", "--size", "1G"])
-            .to_configs()
-            .unwrap()
-            .remove(0);
+        common::disk_config(&["--socket", "/tmp/vd.sock", "--disk", "mem", "--size", "1G"]);
     let lat = HistSummary {
         count: 100,
         min: 50_000,

@@ -61,7 +61,7 @@ fn quote_prefix(text: &str) -> String {
 }
 
 /// A stats document for `disks`, as deltas against `base` when given.
-pub fn report(disks: &[Arc<Disk>], base: Option<&[Vec<QueueStats>]>) -> StatsDocument {
+pub(crate) fn report(disks: &[Arc<Disk>], base: Option<&[Vec<QueueStats>]>) -> StatsDocument {
     let reports = disks
         .iter()
         .enumerate()
@@ -399,7 +399,7 @@ pub fn stats_answer(answer: &Value, command: &str) -> std::io::Result<StatsDocum
 }
 
 /// Write the final statistics document to `path`.
-pub fn write_stats_file(path: &Path, disks: &[Arc<Disk>]) -> std::io::Result<()> {
+pub(crate) fn write_stats_file(path: &Path, disks: &[Arc<Disk>]) -> std::io::Result<()> {
     let doc = report(disks, None);
     let text = serde_json::to_string_pretty(&doc).map_err(std::io::Error::other)?;
     std::fs::write(path, text + "\n")?;

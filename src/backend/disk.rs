@@ -24,7 +24,7 @@ pub enum DiskError {
 
 /// A served disk: its configuration and contents, shared by every
 /// connection for the life of the process.
-pub struct Disk {
+pub(crate) struct Disk {
     pub cfg: DiskConfig,
     pub storage: Box<dyn Storage>,
     /// Per-queue statistics, for the life of the process. Each is locked by

@@ -15,7 +15,9 @@
 //!   window);
 //! - `events.rs`: the ids of the worker threads' epoll events;
 //! - `vhost_user.rs`: the [`VhostUserBackend`] implementation;
-//! - `server.rs` and `control.rs`: the sockets and the control socket.
+//! - `server.rs` and `control.rs`: the sockets and the control socket;
+//! - `serve.rs`: a daemon's life, from its options to the signal that
+//!   ends it.
 //!
 //! [`VhostUserBackend`]: vhost_user_backend::VhostUserBackend
 
@@ -27,7 +29,8 @@ pub(crate) mod kick_vring;
 mod poll;
 pub(crate) mod poll_window;
 pub mod qemu_args;
-pub mod server;
+pub mod serve;
+pub(crate) mod server;
 mod vhost_user;
 mod worker;
 

@@ -133,7 +133,7 @@ struct Served {
 }
 
 /// A set of disks being served by this process.
-pub struct Server {
+pub(crate) struct Server {
     served: Vec<Served>,
     shutdown: Arc<AtomicBool>,
     /// Becomes readable (and stays so) when shutdown starts; wakes the
@@ -151,7 +151,7 @@ impl Server {
     }
 
     /// As [`Server::start`], also serving the control socket at `control`.
-    pub fn start_with_control(
+    pub(crate) fn start_with_control(
         configs: Vec<DiskConfig>,
         control: Option<&Path>,
     ) -> Result<Server, ServeError> {
@@ -240,13 +240,13 @@ impl Server {
     }
 
     /// The disks being served, in order.
-    pub fn disks(&self) -> Vec<Arc<Disk>> {
+    pub(crate) fn disks(&self) -> Vec<Arc<Disk>> {
         self.served.iter().map(|s| s.disk.clone()).collect()
     }
 
     /// End every connection and accept loop, wait for them, and remove the
     /// sockets.
-    pub fn shutdown(mut self) {
+    pub(crate) fn shutdown(mut self) {
         self.stop();
     }
 
@@ -369,7 +369,7 @@ fn serve_disk(
 
 /// Block SIGINT and SIGTERM in the calling thread (and the threads it will
 /// start); returns the set for [`wait_for_signal`].
-pub fn block_termination_signals() -> io::Result<libc::sigset_t> {
+pub(crate) fn block_termination_signals() -> io::Result<libc::sigset_t> {
     // SAFETY: sigset_t is plain data; sigemptyset/sigaddset initialise it and
     // pthread_sigmask only changes this thread's signal mask.
     unsafe {
@@ -386,7 +386,7 @@ pub fn block_termination_signals() -> io::Result<libc::sigset_t> {
 }
 
 /// Wait for one of the blocked signals; returns its name.
-pub fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
+pub(crate) fn wait_for_signal(set: &libc::sigset_t) -> &'static str {
     loop {
         let mut sig: libc::c_int = 0;
         // SAFETY: `set` was initialised by block_termination_signals and

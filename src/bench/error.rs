@@ -45,6 +45,24 @@ pub enum BenchError {
     BadPoll(#[source] crate::device::polling::PollParseError),
     #[error("invalid benchmark option: --adaptive {0:?}: expected off or a poll window bound of 1us..=100ms, e.g. 32us")]
     BadAdaptive(String),
+    /// A size option (`--bs`, `--size`) that is not a size.
+    #[error("{option}")]
+    BadSize {
+        option: &'static str,
+        #[source]
+        source: crate::util::units::SizeError,
+    },
+    #[error("--idle-time: {0}")]
+    BadIdleTime(String),
+    /// `--qsd` names no usable daemon.
+    #[error("--qsd")]
+    Qsd(#[source] Box<BenchError>),
+    #[error("--socket is required")]
+    NoSocket,
+    #[error("cannot find the blklab binary")]
+    CurrentExe(#[source] std::io::Error),
+    #[error("cannot write the report as JSON: {0}")]
+    Json(#[source] serde_json::Error),
     #[error("cannot pin a thread or process to its CPUs: {0}")]
     Pin(#[source] std::io::Error),
     #[error("cannot read the CPU time of process {pid} (/proc/{pid}/task/*/schedstat)")]

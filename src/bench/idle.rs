@@ -28,7 +28,7 @@ pub struct IdleSpec {
 }
 
 impl IdleSpec {
-    pub const DEFAULT: IdleSpec = IdleSpec {
+    pub(crate) const DEFAULT: IdleSpec = IdleSpec {
         load: Duration::from_millis(300),
         settle: Duration::from_millis(200),
         span: Duration::from_secs(2),

@@ -102,7 +102,7 @@ impl CountedLoad {
 }
 
 /// The loads of the recorded table: writes and reads, QD64 and QD1.
-pub fn default_loads() -> Vec<CountedLoad> {
+pub(crate) fn default_loads() -> Vec<CountedLoad> {
     let mut v = Vec::new();
     for depth in [64, 1] {
         for rw in [RwMode::Randwrite, RwMode::Randread] {

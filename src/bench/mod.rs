@@ -8,6 +8,8 @@
 //! it) for `time`, and, given the backend's PID, the backend's CPU seconds
 //! over the same interval from `/proc/PID/stat`.
 //!
+//! [`options`] turns the command line into a [`mode::BenchMode`] (one
+//! load, the comparison, the instruction count), which [`mode`] runs.
 //! [`versus_qsd`] runs identical loads against qemu-storage-daemon and
 //! `blklab serve` in one run and prints their ratios. [`client`] is the
 //! libblkio connection and [`daemon`] the backend spawner; the tests and
@@ -21,7 +23,9 @@ pub mod daemon;
 mod error;
 pub mod idle;
 pub mod instructions;
-pub mod reference_qsd;
+pub mod mode;
+pub mod options;
+pub(crate) mod reference_qsd;
 pub(crate) mod verdict;
 pub mod versus_qsd;
 

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use super::BenchError;
 
 /// `--qsd`: `auto` (the cached 7.2, fetched on first use) or a path.
-pub fn resolve(spec: &str) -> Result<PathBuf, BenchError> {
+pub(crate) fn resolve(spec: &str) -> Result<PathBuf, BenchError> {
     if spec != "auto" {
         return Ok(PathBuf::from(spec));
     }

@@ -346,22 +346,22 @@ pub struct DiskArgs {
 }
 
 impl DiskArgs {
-    /// Parse the disk options alone, for tests.
-    pub fn parse_for_test(args: &[&str]) -> DiskArgs {
+    /// The disk options alone, parsed as the command line would be
+    /// (`args` without the program name).
+    pub(crate) fn parse_from(args: &[&str]) -> Result<DiskArgs, clap::Error> {
         use clap::Parser;
         #[derive(Parser)]
         struct Wrap {
             #[command(flatten)]
             d: DiskArgs,
         }
-        let mut v = vec!["blklab"];
-        v.extend_from_slice(args);
-        Wrap::try_parse_from(v).expect("valid test arguments").d
+        let argv = std::iter::once("blklab").chain(args.iter().copied());
+        Wrap::try_parse_from(argv).map(|w| w.d)
     }
 
     /// Defaults as clap would fill them, for config-file entries.
     pub(crate) fn with_cli_defaults() -> DiskArgs {
-        DiskArgs::parse_for_test(&[])
+        DiskArgs::parse_from(&[]).expect("no options parse")
     }
 
     /// Validate and expand (`--count`) into one configuration per socket.
@@ -757,7 +757,7 @@ struct ConfigFile {
 /// size = "4G"
 /// num-queues = 4
 /// ```
-pub fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
+pub(crate) fn load_config_file(path: &Path) -> Result<Vec<DiskConfig>, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
         path: path.to_path_buf(),
         source,
@@ -804,7 +804,7 @@ pub fn parse_config_file(text: &str, path: &Path) -> Result<Vec<DiskConfig>, Con
 }
 
 /// Refuse two disks on one socket.
-pub fn check_unique_sockets(disks: &[DiskConfig]) -> Result<(), ConfigError> {
+pub(crate) fn check_unique_sockets(disks: &[DiskConfig]) -> Result<(), ConfigError> {
     let mut seen = std::collections::HashSet::new();
     for d in disks {
         if !seen.insert(d.socket.clone()) {
@@ -812,6 +812,14 @@ pub fn check_unique_sockets(disks: &[DiskConfig]) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+impl DiskArgs {
+    /// Parse the disk options alone; panics unless they parse.
+    pub(crate) fn parse_for_test(args: &[&str]) -> DiskArgs {
+        DiskArgs::parse_from(args).expect("valid test arguments")
+    }
 }
 
 #[cfg(test)]

@@ -347,6 +347,45 @@ fn discard_or_zero(
     req: &Request<'_>,
     fault: &mut FaultDecision,
 ) -> Result<Completion, ExecuteError> {
+    let op = req.op;
+    let Ranges { ranges, sectors } = read_ranges(dev, req)?;
+    dev.inject(op, &sectors, fault)?;
+    let mut total = 0;
+    for r in ranges {
+        let done = if op == Op::Discard {
+            dev.storage.discard(r.offset.get(), r.len)
+        } else {
+            dev.storage.write_zeroes(r.offset.get(), r.len, r.unmap)
+        };
+        done.map_err(|source| ExecuteError::Io {
+            op,
+            sector: r.offset.sector(),
+            source,
+        })?;
+        total += r.len;
+    }
+    // Write-through covers every request that changes data, not only
+    // WRITE: discarded and zeroed ranges are durable before completion.
+    dev.write_through().map_err(|source| ExecuteError::Io {
+        op,
+        sector: req.sector,
+        source,
+    })?;
+    Ok(Completion {
+        written: 0,
+        bytes: total,
+    })
+}
+
+/// A discard or write-zeroes request's ranges, every one validated before
+/// any touches the storage.
+struct Ranges {
+    ranges: SmallVec<[Range; INLINE_RANGES]>,
+    /// Each range as (sector, sectors), for fault injection.
+    sectors: SmallVec<[(u64, u64); INLINE_RANGES]>,
+}
+
+fn read_ranges(dev: &Device<'_>, req: &Request<'_>) -> Result<Ranges, ExecuteError> {
     let (cfg, op) = (dev.cfg, req.op);
     let (feature, max_seg, max_sectors) = if op == Op::Discard {
         (
@@ -380,67 +419,56 @@ fn discard_or_zero(
     } else {
         0
     };
-    // Validate every range before touching the storage.
-    let mut ranges: SmallVec<[Range; INLINE_RANGES]> = SmallVec::new();
-    let mut sectors: SmallVec<[(u64, u64); INLINE_RANGES]> = SmallVec::new();
-    let lbs = u64::from(cfg.block_size);
+    let mut out = Ranges {
+        ranges: SmallVec::new(),
+        sectors: SmallVec::new(),
+    };
     for r in raw.chunks_exact(RANGE_SIZE as usize) {
-        let le32 = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let sector = Sector::new(u64::from_le_bytes([
-            r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7],
-        ]));
-        let num = le32(&r[8..12]);
-        let flags = le32(&r[12..16]);
-        if flags & !allowed != 0 {
-            return Err(ExecuteError::UnsupportedFlags(flags));
-        }
-        let bytes = u64::from(num) * SECTOR_SIZE;
-        let Some(offset) = sector.to_bytes() else {
-            return Err(ExecuteError::OutOfRange { sector, len: bytes });
-        };
-        if num > max_sectors {
-            return Err(ExecuteError::RangeTooLong {
-                num,
-                max: max_sectors,
-            });
-        }
-        if !offset.extent_within(bytes, dev.capacity) || !offset.is_aligned(lbs) || bytes % lbs != 0
-        {
-            return Err(ExecuteError::OutOfRange { sector, len: bytes });
-        }
-        ranges.push(Range {
-            offset,
-            len: bytes,
-            unmap: flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0,
+        let (range, sector, num) = check_range(dev, r, allowed, max_sectors)?;
+        out.ranges.push(range);
+        out.sectors.push((sector.get(), u64::from(num)));
+    }
+    Ok(out)
+}
+
+/// One 16-byte range (sector, sectors, flags) checked against the flags
+/// `allowed`, the longest range and the disk: the range, its sector and
+/// length in sectors.
+fn check_range(
+    dev: &Device<'_>,
+    r: &[u8],
+    allowed: u32,
+    max_sectors: u32,
+) -> Result<(Range, Sector, u32), ExecuteError> {
+    let le32 = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    let sector = Sector::new(u64::from_le_bytes([
+        r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7],
+    ]));
+    let num = le32(&r[8..12]);
+    let flags = le32(&r[12..16]);
+    if flags & !allowed != 0 {
+        return Err(ExecuteError::UnsupportedFlags(flags));
+    }
+    let bytes = u64::from(num) * SECTOR_SIZE;
+    let Some(offset) = sector.to_bytes() else {
+        return Err(ExecuteError::OutOfRange { sector, len: bytes });
+    };
+    if num > max_sectors {
+        return Err(ExecuteError::RangeTooLong {
+            num,
+            max: max_sectors,
         });
-        sectors.push((sector.get(), u64::from(num)));
     }
-    dev.inject(op, &sectors, fault)?;
-    let mut total = 0;
-    for r in ranges {
-        let done = if op == Op::Discard {
-            dev.storage.discard(r.offset.get(), r.len)
-        } else {
-            dev.storage.write_zeroes(r.offset.get(), r.len, r.unmap)
-        };
-        done.map_err(|source| ExecuteError::Io {
-            op,
-            sector: r.offset.sector(),
-            source,
-        })?;
-        total += r.len;
+    let lbs = u64::from(dev.cfg.block_size);
+    if !offset.extent_within(bytes, dev.capacity) || !offset.is_aligned(lbs) || bytes % lbs != 0 {
+        return Err(ExecuteError::OutOfRange { sector, len: bytes });
     }
-    // Write-through covers every request that changes data, not only
-    // WRITE: discarded and zeroed ranges are durable before completion.
-    dev.write_through().map_err(|source| ExecuteError::Io {
-        op,
-        sector: req.sector,
-        source,
-    })?;
-    Ok(Completion {
-        written: 0,
-        bytes: total,
-    })
+    let range = Range {
+        offset,
+        len: bytes,
+        unmap: flags & VIRTIO_BLK_WRITE_ZEROES_FLAG_UNMAP != 0,
+    };
+    Ok((range, sector, num))
 }
 
 #[cfg(test)]

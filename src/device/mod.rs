@@ -8,6 +8,6 @@ pub(crate) mod config_space;
 pub(crate) mod execute;
 pub(crate) mod faults;
 pub(crate) mod latency;
-pub mod polling;
+pub(crate) mod polling;
 pub(crate) mod storage;
 pub(crate) mod tags;

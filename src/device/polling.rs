@@ -20,7 +20,7 @@ const LONGEST: Duration = Duration::from_millis(100);
 
 /// How a disk's queues are polled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PollMode {
+pub(crate) enum PollMode {
     /// Notify mode: guest notifications always on, the worker sleeps
     /// between wake-ups.
     Off,

@@ -18,5 +18,5 @@ pub(crate) mod schedstat;
 pub(crate) mod schema;
 pub(crate) mod slots;
 pub(crate) mod text;
-pub mod units;
+pub(crate) mod units;
 pub(crate) mod wallclock;

@@ -14,7 +14,7 @@ pub enum SizeError {
 
 /// Parse a byte count. Units are powers of 1024 (`K`, `M`, `G`, `T`, `P`,
 /// optionally followed by `iB` or `B`); a bare number is bytes.
-pub fn parse_size(text: &str) -> Result<u64, SizeError> {
+pub(crate) fn parse_size(text: &str) -> Result<u64, SizeError> {
     let s = text.trim();
     if s.is_empty() {
         return Err(SizeError::Empty);

@@ -16,6 +16,23 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+/// The one disk that `blklab serve`'s disk options `args` describe.
+pub(crate) fn disk_config(args: &[&str]) -> blklab::device::config::DiskConfig {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        disk: blklab::device::config::DiskArgs,
+    }
+    let argv = std::iter::once("blklab").chain(args.iter().copied());
+    let mut disks = Wrap::parse_from(argv)
+        .disk
+        .to_configs()
+        .expect("a valid disk");
+    assert_eq!(disks.len(), 1, "one disk: {args:?}");
+    disks.remove(0)
+}
+
 /// Path of the `blklab` binary cargo built for this test run.
 pub(crate) fn blklab_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_blklab"))

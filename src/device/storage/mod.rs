@@ -44,7 +44,7 @@ pub enum StorageError {
 
 /// What a disk's contents can do. Offsets and lengths are in bytes and have
 /// been checked against the capacity by the caller.
-pub trait Storage: Send + Sync {
+pub(crate) trait Storage: Send + Sync {
     /// Capacity in bytes.
     fn size(&self) -> u64;
     /// Fill `bufs` (in order) with the bytes starting at `offset`.

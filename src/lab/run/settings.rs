@@ -175,86 +175,81 @@ pub(crate) fn boot_settings(s: &Scenario, options: &RunOptions) -> Vec<BootSetti
         .collect()
 }
 
+/// The overrides a boot's settings record: every flag that replaced a
+/// value the scenario pinned.
+#[derive(Default)]
+struct Picker {
+    overridden: Vec<Override>,
+}
+
+impl Picker {
+    /// The command line's value over the scenario's over the default,
+    /// noting a replaced scenario value.
+    fn pick<T: Clone + ToString>(
+        &mut self,
+        (setting, flag): (&str, &str),
+        cli: Option<T>,
+        scenario: Option<T>,
+        default: impl FnOnce() -> Option<T>,
+    ) -> Option<T> {
+        match (cli, scenario) {
+            (Some(c), Some(p)) => {
+                let (scenario, used) = (p.to_string(), c.to_string());
+                if scenario != used {
+                    self.overridden.push(Override {
+                        setting: setting.to_string(),
+                        flag: flag.to_string(),
+                        scenario,
+                        used,
+                    });
+                }
+                Some(c)
+            }
+            (Some(c), None) => Some(c),
+            (None, Some(p)) => Some(p),
+            (None, None) => default(),
+        }
+    }
+}
+
 fn resolve(
     s: &Scenario,
     options: &RunOptions,
     pinned: &BTreeMap<String, String>,
     variants: Vec<usize>,
 ) -> BootSettings {
-    let mut overridden = Vec::new();
-    let mut note = |setting: &str, flag: &str, scenario: String, used: String| {
-        if scenario != used {
-            overridden.push(Override {
-                setting: setting.to_string(),
-                flag: flag.to_string(),
-                scenario,
-                used,
-            });
-        }
-    };
+    let mut p = Picker::default();
     let m = &options.machine;
-    let vcpus = match (m.vcpus, s.vcpus) {
-        (Some(c), Some(p)) => {
-            note("vcpus", "--vcpus", p.to_string(), c.to_string());
-            c
-        }
-        (Some(c), None) => c,
-        (None, Some(p)) => p,
-        (None, None) => DEFAULT_VCPUS,
-    };
-    let memory = match (&m.memory, &s.memory) {
-        (Some(c), Some(p)) => {
-            note("memory", "--memory", p.clone(), c.clone());
-            c.clone()
-        }
-        (Some(c), None) => c.clone(),
-        (None, Some(p)) => p.clone(),
-        (None, None) => DEFAULT_MEMORY.to_string(),
-    };
-    let queue_size = match (m.queue_size, s.queue_size) {
-        (Some(c), Some(p)) => {
-            note("queue_size", "--queue-size", p.to_string(), c.to_string());
-            c
-        }
-        (Some(c), None) => c,
-        (None, Some(p)) => p,
-        (None, None) => DEFAULT_QUEUE_SIZE,
-    };
-    let disks = match m.disks {
-        Some(c) => {
-            note("disks", "--disks", s.disks.to_string(), c.to_string());
-            c
-        }
-        None => s.disks,
-    };
-    let num_queues = match (m.num_queues, s.queues) {
-        (Some(c), Some(p)) => {
-            note("queues", "--num-queues", p.to_string(), c.to_string());
-            c
-        }
-        (Some(c), None) => c,
-        (None, Some(p)) => p,
-        (None, None) => vcpus.min(u32::from(u16::MAX)) as u16,
-    };
+    let vcpus = p.pick(("vcpus", "--vcpus"), m.vcpus, s.vcpus, || {
+        Some(DEFAULT_VCPUS)
+    });
+    let vcpus = vcpus.unwrap_or(DEFAULT_VCPUS);
+    let memory = p.pick(
+        ("memory", "--memory"),
+        m.memory.clone(),
+        s.memory.clone(),
+        || Some(DEFAULT_MEMORY.to_string()),
+    );
+    let queue_size = p.pick(
+        ("queue_size", "--queue-size"),
+        m.queue_size,
+        s.queue_size,
+        || Some(DEFAULT_QUEUE_SIZE),
+    );
+    let disks = p.pick(("disks", "--disks"), m.disks, Some(s.disks), || None);
+    let num_queues = p.pick(("queues", "--num-queues"), m.num_queues, s.queues, || {
+        Some(vcpus.min(u32::from(u16::MAX)) as u16)
+    });
     let mut device = BTreeMap::new();
     for (name, default) in DEVICE_DEFAULTS {
-        let value = match (
-            options.device.get(name).map(str::to_string),
-            pinned.get(*name),
-        ) {
-            (Some(c), Some(p)) => {
-                note(
-                    &format!("device {name}"),
-                    &flag_of(name),
-                    p.clone(),
-                    c.clone(),
-                );
-                Some(c)
-            }
-            (Some(c), None) => Some(c),
-            (None, Some(p)) => Some(p.clone()),
-            (None, None) => default.map(str::to_string),
-        };
+        let setting = format!("device {name}");
+        let cli = options.device.get(name).map(str::to_string);
+        let value = p.pick(
+            (&setting, &flag_of(name)),
+            cli,
+            pinned.get(*name).cloned(),
+            || default.map(str::to_string),
+        );
         if let Some(v) = value {
             device.insert(name.to_string(), v);
         }
@@ -267,13 +262,13 @@ fn resolve(
         variants,
         machine: Machine {
             vcpus,
-            memory,
-            disks,
-            num_queues,
-            queue_size,
+            memory: memory.unwrap_or_default(),
+            disks: disks.unwrap_or(s.disks),
+            num_queues: num_queues.unwrap_or_default(),
+            queue_size: queue_size.unwrap_or(DEFAULT_QUEUE_SIZE),
         },
         device,
-        overridden,
+        overridden: p.overridden,
     }
 }
 

@@ -1,0 +1,61 @@
+//! `blklab serve`'s options, and the daemon's options they make: the
+//! disks (from `--config` or the disk options) and where it reports.
+
+use std::path::PathBuf;
+
+use crate::backend::serve::ServeOptions;
+use crate::device::config::{
+    check_unique_sockets, load_config_file, ConfigError, DiskArgs, DiskConfig,
+};
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub disk: DiskArgs,
+    /// Serve the disks of a TOML file instead (`[[disk]]` tables taking the
+    /// same options, e.g. socket = "/tmp/a.sock", disk = "mem", size = "4G").
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["socket", "disk", "size"])]
+    pub config: Option<PathBuf>,
+    /// Serve statistics on this Unix socket (JSON lines: stats, snapshot
+    /// LABEL, reset, config); read them with `blklab stats --control PATH`.
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP at ADDR (GET /metrics), e.g.
+    /// 9188 or 127.0.0.1:9188 (loopback unless an address says otherwise).
+    #[arg(long, value_name = "ADDR", value_parser = crate::stats::http::parse_addr)]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Write the final statistics (JSON) to FILE at exit.
+    #[arg(long, value_name = "FILE")]
+    pub stats_out: Option<PathBuf>,
+    /// Print the QEMU options that attach these disks, then exit.
+    #[arg(long)]
+    pub print_qemu_args: bool,
+    /// Guest memory size used in --print-qemu-args output.
+    #[arg(long, value_name = "SIZE", default_value = "1G")]
+    pub guest_memory: String,
+}
+
+impl ServeArgs {
+    /// The disks to serve: the `--config` file's, else the one or more
+    /// the disk options describe.
+    pub fn disks(&self) -> Result<Vec<DiskConfig>, ConfigError> {
+        match &self.config {
+            Some(path) => load_config_file(path),
+            None => {
+                let disks = self.disk.to_configs()?;
+                check_unique_sockets(&disks)?;
+                Ok(disks)
+            }
+        }
+    }
+
+    /// The daemon's options, serving `disks`.
+    pub fn options(self, disks: Vec<DiskConfig>) -> ServeOptions {
+        ServeOptions {
+            disks,
+            control: self.control,
+            metrics: self.metrics,
+            stats_out: self.stats_out,
+        }
+    }
+}
