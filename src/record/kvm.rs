@@ -58,7 +58,7 @@ pub struct KvmWindow {
     /// `ept_misconfig`, … under VMX) → exits of QEMU's vCPU threads for it
     /// over the window, summed over the vCPUs: a hist trigger on the host's
     /// `kvm:kvm_exit` tracepoint keyed by thread, ISA and reason, read at
-    /// the begin and end SYNC (`lab::kvm_exits`). Absent, with
+    /// the begin and end SYNC (`lab::measure::kvm_exit_tracepoint`). Absent, with
     /// `exit_reasons_unavailable`, when the host cannot count them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_reasons: Option<BTreeMap<String, u64>>,
