@@ -286,7 +286,7 @@ pub fn scenario(data: &[u8]) {
 /// read with `read_to_string`).
 pub fn config(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
-        let _ = crate::device::config::parse_config_file(text, Path::new("fuzz.toml"));
+        let _ = crate::device::config_file::parse_config_file(text, Path::new("fuzz.toml"));
     }
 }
 

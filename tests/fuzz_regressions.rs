@@ -77,7 +77,7 @@ fn config() {
 fn config_count_is_bounded() {
     let p = common::root().join("tests/fixtures/fuzz/config/oom-count.toml");
     let text = std::fs::read_to_string(&p).unwrap();
-    let e = blklab::device::config::parse_config_file(&text, &p).unwrap_err();
+    let e = blklab::device::config_file::parse_config_file(&text, &p).unwrap_err();
     assert!(
         e.to_string()
             .contains("--count must be 1..=256, got 4000000000"),

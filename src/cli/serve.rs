@@ -4,9 +4,8 @@
 use std::path::PathBuf;
 
 use crate::backend::serve::ServeOptions;
-use crate::device::config::{
-    check_unique_sockets, load_config_file, ConfigError, DiskArgs, DiskConfig,
-};
+use crate::device::config::{ConfigError, DiskArgs, DiskConfig};
+use crate::device::config_file::{check_unique_sockets, load_config_file};
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {

@@ -4,6 +4,7 @@
 //! statistics or the lab.
 
 pub mod config;
+pub mod config_file;
 pub(crate) mod config_space;
 pub(crate) mod execute;
 pub(crate) mod faults;
