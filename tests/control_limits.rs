@@ -143,17 +143,17 @@ fn refused_connections_do_not_flood_the_log() {
     });
 }
 
+/// A silent connection and one that trickles a line it never finishes are
+/// both closed after [`IDLE_TIMEOUT`]. The two are opened together and
+/// wait out the same timeout side by side.
 #[test]
 fn an_idle_connection_is_closed() {
     let d = daemon();
-    let mut r = BufReader::new(connect(d.control()));
     // Nothing sent: after IDLE_TIMEOUT the daemon says so and closes.
-    let e = error_of(&answer(&mut r).expect("an answer before the close"));
-    assert!(e.contains("no complete request"), "{e}");
-    assert!(answer(&mut r).is_none());
+    let mut silent = BufReader::new(connect(d.control()));
     // A trickled, never-finished line is no better than silence.
     let mut s = connect(d.control());
-    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut trickled = BufReader::new(s.try_clone().unwrap());
     let trickle = std::thread::spawn(move || {
         for _ in 0..(IDLE_TIMEOUT.as_secs() * 4 + PATIENCE.as_secs()) {
             if s.write_all(b"s").is_err() {
@@ -163,9 +163,17 @@ fn an_idle_connection_is_closed() {
         }
         false
     });
-    let e = error_of(&answer(&mut r).expect("an answer before the close"));
+    let silent_closed = std::thread::spawn(move || {
+        let e = error_of(&answer(&mut silent).expect("an answer before the close"));
+        assert!(e.contains("no complete request"), "{e}");
+        assert!(answer(&mut silent).is_none());
+    });
+    let e = error_of(&answer(&mut trickled).expect("an answer before the close"));
     assert!(e.contains("no complete request"), "{e}");
     assert!(trickle.join().unwrap(), "the daemon closed the connection");
+    silent_closed
+        .join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
 }
 
 /// Utime + stime (clock ticks) of the daemon's control thread.

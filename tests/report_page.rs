@@ -51,12 +51,27 @@ fn every_kind_of_report_page_works_in_a_real_browser() {
         // The difference in differences, with each kernel's profile.
         ("did", vec![&qd1, "--pair", "none-10k:mq-deadline-10k"]),
     ];
-    for (name, args) in cases {
-        let out = tempfile::tempdir().unwrap();
-        let dir = out.path().join(name);
-        compare_into(&dir, &args);
-        common::browser::check_report_page(&dir);
-    }
+    // Each page in its own thread: a browser mostly waits while it starts,
+    // so the pages load side by side. A failing page's panic is re-raised
+    // with its own message.
+    let out = tempfile::tempdir().unwrap();
+    std::thread::scope(|scope| {
+        let checks: Vec<_> = cases
+            .iter()
+            .map(|(name, args)| {
+                let dir = out.path().join(name);
+                scope.spawn(move || {
+                    compare_into(&dir, args);
+                    common::browser::check_report_page(&dir);
+                })
+            })
+            .collect();
+        for check in checks {
+            check
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        }
+    });
 }
 
 #[test]

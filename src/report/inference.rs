@@ -152,55 +152,68 @@ pub(crate) fn welch_p(a: &[f64], b: &[f64]) -> Option<f64> {
     Some((2.0 * tail).min(1.0))
 }
 
-/// The bootstrap distribution of mean(b) − mean(a), sorted.
-fn bootstrap_diffs(a: &[f64], b: &[f64]) -> Vec<f64> {
-    let mut rng = StdRng::seed_from_u64(BOOTSTRAP_SEED);
-    let mut resampled_mean = |v: &[f64]| {
-        (0..v.len())
-            .map(|_| v[rng.gen_range(0..v.len())])
-            .sum::<f64>()
-            / v.len() as f64
-    };
-    let mut diffs: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
-        .map(|_| {
-            let ma = resampled_mean(a);
-            resampled_mean(b) - ma
-        })
-        .collect();
-    diffs.sort_by(|x, y| x.total_cmp(y));
-    diffs
+/// The bootstrap distribution of mean(b) − mean(a): each side resampled
+/// with replacement, [`BOOTSTRAP_RESAMPLES`] times from the fixed seed, the
+/// differences sorted. Drawn once per comparison, it gives both the
+/// interval and the p-value.
+struct BootstrapDiffs(Vec<f64>);
+
+impl BootstrapDiffs {
+    /// `None` with fewer than 2 samples a side (one sample has no spread to
+    /// resample).
+    fn draw(a: &[f64], b: &[f64]) -> Option<BootstrapDiffs> {
+        if a.len() < 2 || b.len() < 2 {
+            return None;
+        }
+        let mut rng = StdRng::seed_from_u64(BOOTSTRAP_SEED);
+        let mut resampled_mean = |v: &[f64]| {
+            (0..v.len())
+                .map(|_| v[rng.gen_range(0..v.len())])
+                .sum::<f64>()
+                / v.len() as f64
+        };
+        let mut diffs: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
+            .map(|_| {
+                let ma = resampled_mean(a);
+                resampled_mean(b) - ma
+            })
+            .collect();
+        diffs.sort_by(|x, y| x.total_cmp(y));
+        Some(BootstrapDiffs(diffs))
+    }
+
+    /// Two-sided p-value: twice the share of resampled differences on the
+    /// far side of 0.
+    fn p(&self) -> f64 {
+        let d = &self.0;
+        let n = d.len() as f64;
+        let below = d.iter().filter(|x| **x <= 0.0).count() as f64 / n;
+        let above = d.iter().filter(|x| **x >= 0.0).count() as f64 / n;
+        (2.0 * below.min(above)).min(1.0)
+    }
+
+    /// The percentile interval at `confidence`.
+    fn interval(&self, confidence: f64) -> Interval {
+        let diffs = &self.0;
+        let q = |p: f64| {
+            let i = ((diffs.len() - 1) as f64 * p).round() as usize;
+            diffs[i.min(diffs.len() - 1)]
+        };
+        let tail = (1.0 - confidence) / 2.0;
+        Interval {
+            lo: q(tail),
+            hi: q(1.0 - tail),
+        }
+    }
 }
 
-/// Two-sided bootstrap p-value: twice the share of resampled differences
-/// on the far side of 0. `None` with fewer than 2 samples a side.
-pub(crate) fn bootstrap_p(a: &[f64], b: &[f64]) -> Option<f64> {
-    if a.len() < 2 || b.len() < 2 {
-        return None;
+/// The bootstrap's interval and p-value of mean(b) − mean(a), from one
+/// draw.
+fn bootstrap(a: &[f64], b: &[f64], confidence: f64) -> (Option<Interval>, Option<f64>) {
+    match BootstrapDiffs::draw(a, b) {
+        Some(d) => (Some(d.interval(confidence)), Some(d.p())),
+        None => (None, None),
     }
-    let d = bootstrap_diffs(a, b);
-    let n = d.len() as f64;
-    let below = d.iter().filter(|x| **x <= 0.0).count() as f64 / n;
-    let above = d.iter().filter(|x| **x >= 0.0).count() as f64 / n;
-    Some((2.0 * below.min(above)).min(1.0))
-}
-
-/// Percentile-bootstrap interval of mean(b) − mean(a): resample each side
-/// with replacement. `None` with fewer than 2 samples a side (one sample
-/// has no spread to resample).
-pub(crate) fn bootstrap_interval(a: &[f64], b: &[f64], confidence: f64) -> Option<Interval> {
-    if a.len() < 2 || b.len() < 2 {
-        return None;
-    }
-    let diffs = bootstrap_diffs(a, b);
-    let q = |p: f64| {
-        let i = ((diffs.len() - 1) as f64 * p).round() as usize;
-        diffs[i.min(diffs.len() - 1)]
-    };
-    let tail = (1.0 - confidence) / 2.0;
-    Some(Interval {
-        lo: q(tail),
-        hi: q(1.0 - tail),
-    })
 }
 
 /// How the interval was computed.
@@ -326,18 +339,13 @@ pub(crate) fn compare(a: &[f64], b: &[f64], confidence: f64) -> Comparison {
             Method::Welch,
         )
     } else if many {
-        (
-            bootstrap_interval(a, b, confidence),
-            bootstrap_p(a, b),
-            Method::Bootstrap,
-        )
+        let (interval, p) = bootstrap(a, b, confidence);
+        (interval, p, Method::Bootstrap)
     } else {
+        let (interval, p) = bootstrap(a, b, confidence);
         (
-            wider(
-                welch_interval(a, b, confidence),
-                bootstrap_interval(a, b, confidence),
-            ),
-            larger(welch_p(a, b), bootstrap_p(a, b)),
+            wider(welch_interval(a, b, confidence), interval),
+            larger(welch_p(a, b), p),
             Method::Conservative,
         )
     };
@@ -630,8 +638,8 @@ mod tests {
     fn bootstrap_is_reproducible_and_brackets_the_difference() {
         let a = [10.0, 10.5, 9.5];
         let b = [12.0, 12.4, 11.6];
-        let i1 = bootstrap_interval(&a, &b, 0.95).unwrap();
-        let i2 = bootstrap_interval(&a, &b, 0.95).unwrap();
+        let i1 = BootstrapDiffs::draw(&a, &b).unwrap().interval(0.95);
+        let i2 = BootstrapDiffs::draw(&a, &b).unwrap().interval(0.95);
         assert_eq!(i1, i2);
         assert!(i1.lo > 0.0 && i1.lo <= 2.0 && 2.0 <= i1.hi, "{i1:?}");
         let c = compare(&a, &b, 0.95);
@@ -651,7 +659,7 @@ mod tests {
         let p = welch_p(&a1, &a2).unwrap();
         assert!(close(p, 0.021, 0.001), "p = {p}");
         assert_eq!(welch_p(&[1.0, 2.0], &[1.0, 2.0]), Some(1.0));
-        let pb = bootstrap_p(&a1, &a2).unwrap();
+        let pb = BootstrapDiffs::draw(&a1, &a2).unwrap().p();
         assert!(pb < 0.05, "{pb}");
     }
 
