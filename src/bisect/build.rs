@@ -46,11 +46,11 @@ pub enum BuildError {
 /// A built candidate: what `path:` needs to boot it with its System.map.
 #[derive(Debug, Clone)]
 pub(crate) struct Built {
-    pub vmlinuz: PathBuf,
-    pub system_map: PathBuf,
-    pub modules: Option<PathBuf>,
-    pub kernel_version: String,
-    pub seconds: Duration,
+    pub(crate) vmlinuz: PathBuf,
+    pub(crate) system_map: PathBuf,
+    pub(crate) modules: Option<PathBuf>,
+    pub(crate) kernel_version: String,
+    pub(crate) seconds: Duration,
 }
 
 #[derive(Deserialize)]

@@ -14,7 +14,7 @@ use thiserror::Error;
 /// What a tested commit is, for `git bisect`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Good,
     Bad,
     Skip,
@@ -34,9 +34,9 @@ impl Verdict {
 /// The value separating good from bad, and which side is bad.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Boundary {
-    pub value: f64,
+    pub(crate) value: f64,
     /// Bad above the value (a cost metric); else bad below it.
-    pub bad_above: bool,
+    pub(crate) bad_above: bool,
 }
 
 impl Boundary {
@@ -60,8 +60,8 @@ impl Boundary {
     good.0, good.1, good.2, bad.0, bad.1, bad.2
 )]
 pub struct EndsOverlap {
-    pub good: (f64, f64, f64),
-    pub bad: (f64, f64, f64),
+    pub(crate) good: (f64, f64, f64),
+    pub(crate) bad: (f64, f64, f64),
 }
 
 /// Mean, smallest and largest of `v` (not empty).

@@ -43,25 +43,25 @@ pub enum MeasureError {
 #[derive(Debug, Clone)]
 pub(crate) struct Measured {
     /// The run directory (records, consoles), for `blklab compare`.
-    pub run_dir: PathBuf,
+    pub(crate) run_dir: PathBuf,
     /// The kernel's label in that run.
-    pub label: String,
+    pub(crate) label: String,
     /// The metric of each boot.
-    pub values: Vec<f64>,
-    pub seconds: Duration,
+    pub(crate) values: Vec<f64>,
+    pub(crate) seconds: Duration,
 }
 
 /// What every measurement shares.
 pub(crate) struct Setup<'a> {
-    pub lab_dir: &'a Path,
-    pub cache: Option<&'a Path>,
-    pub scenario: &'a str,
-    pub variant: &'a str,
-    pub metric: &'static Metric,
-    pub iterations: u32,
-    pub vcpus: Option<u32>,
-    pub qemu: &'a str,
-    pub boot_timeout: Duration,
+    pub(crate) lab_dir: &'a Path,
+    pub(crate) cache: Option<&'a Path>,
+    pub(crate) scenario: &'a str,
+    pub(crate) variant: &'a str,
+    pub(crate) metric: &'static Metric,
+    pub(crate) iterations: u32,
+    pub(crate) vcpus: Option<u32>,
+    pub(crate) qemu: &'a str,
+    pub(crate) boot_timeout: Duration,
 }
 
 /// The lab run of `kernel`: the variant alone, counted, deterministic.

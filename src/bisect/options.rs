@@ -11,7 +11,7 @@ use crate::lab::options::parse_interval;
 /// `--threshold X`: a value of the metric, or `N%` of the good end's mean
 /// (`+20%`: 20 % above it).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Threshold {
+pub(crate) enum Threshold {
     Absolute(f64),
     /// Percent relative to the good end (measured first).
     Relative(f64),
@@ -22,8 +22,8 @@ pub enum Threshold {
 #[error(
     "invalid --threshold {given:?}: expected a value of the metric (12000) or a change from the good end (+20%)"
 )]
-pub struct BadThreshold {
-    pub given: String,
+pub(crate) struct BadThreshold {
+    pub(crate) given: String,
 }
 
 impl std::str::FromStr for Threshold {
@@ -55,60 +55,60 @@ pub struct BisectArgs {
     /// incrementally; give a `git worktree add` of your tree to leave your
     /// own checkout alone).
     #[arg(long = "git", value_name = "TREE")]
-    pub tree: PathBuf,
+    pub(crate) tree: PathBuf,
     /// A commit without the regression (any revision git takes).
     #[arg(long, value_name = "REV")]
-    pub good: String,
+    pub(crate) good: String,
     /// A commit with it; GOOD must be its ancestor.
     #[arg(long, value_name = "REV")]
-    pub bad: String,
+    pub(crate) bad: String,
     /// The scenario (guest-scripts/scenarios/NAME.scn).
     #[arg(long, value_name = "NAME")]
-    pub scenario: String,
+    pub(crate) scenario: String,
     /// The scenario's variant whose metric decides (required when the
     /// scenario has several).
     #[arg(long, value_name = "NAME")]
-    pub variant: Option<String>,
+    pub(crate) variant: Option<String>,
     /// The metric that decides (a `blklab compare` metric key).
     #[arg(long, value_name = "KEY", default_value = "kernel_instructions_per_io")]
-    pub metric: String,
+    pub(crate) metric: String,
     /// Bad beyond this value of the metric (12000), or this change from the
     /// good end's mean (+20%, which measures the good end first); "beyond"
     /// is the metric's worse direction.
     #[arg(long, value_name = "X", conflicts_with = "toward")]
-    pub threshold: Option<Threshold>,
+    pub(crate) threshold: Option<Threshold>,
     /// Measure both ends and call each commit by the end it is closer to
     /// (the default when no --threshold is given).
     #[arg(long, value_name = "bad", value_parser = ["bad"])]
-    pub toward: Option<String>,
+    pub(crate) toward: Option<String>,
     /// Boots per tested commit: the metric's spread over them decides
     /// whether a commit can be called (else it is skipped).
     #[arg(long, value_name = "N", default_value_t = 3)]
-    pub iterations: u32,
+    pub(crate) iterations: u32,
     /// Output directory (default blklab-bisect/YYYYmmdd-HHMMSS).
     #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     #[command(flatten)]
-    pub place: LabLocation,
+    pub(crate) place: LabLocation,
     /// Parallel compile jobs (make -j; default: the CPUs).
     #[arg(long, value_name = "N")]
-    pub jobs: Option<u32>,
+    pub(crate) jobs: Option<u32>,
     /// Guest vCPUs (default: the scenario's).
     #[arg(long, value_name = "N")]
-    pub vcpus: Option<u32>,
+    pub(crate) vcpus: Option<u32>,
     /// Functions in the differential profile of the last good and the first
     /// bad commit.
     #[arg(long, value_name = "N", default_value_t = 15)]
-    pub top: usize,
+    pub(crate) top: usize,
     /// QEMU binary.
     #[arg(long, value_name = "PATH", default_value = "qemu-system-x86_64")]
-    pub qemu: String,
+    pub(crate) qemu: String,
     /// Longest wait for a guest to boot.
     #[arg(long, value_name = "DURATION", default_value = "180s", value_parser = parse_interval)]
-    pub boot_timeout: std::time::Duration,
+    pub(crate) boot_timeout: std::time::Duration,
     /// No progress bar (plain log lines; also when stderr is not a terminal).
     #[arg(long)]
-    pub no_progress: bool,
+    pub(crate) no_progress: bool,
 }
 
 #[cfg(test)]

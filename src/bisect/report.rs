@@ -14,23 +14,23 @@ pub(crate) const BISECT_SCHEMA: &str = "blklab-bisect/1";
 
 /// One tested commit.
 #[derive(Debug, Clone, Serialize)]
-pub struct Step {
-    pub commit: String,
-    pub subject: String,
+pub(crate) struct Step {
+    pub(crate) commit: String,
+    pub(crate) subject: String,
     /// `good end`, `bad end`, `candidate` or `last good` (measured for the
     /// profile only).
-    pub role: String,
+    pub(crate) role: String,
     /// What was told `git bisect` (none for the ends and `last good`).
-    pub verdict: Option<Verdict>,
-    pub values: Vec<f64>,
-    pub mean: Option<f64>,
-    pub min: Option<f64>,
-    pub max: Option<f64>,
-    pub build_seconds: Option<f64>,
-    pub run_seconds: Option<f64>,
-    pub run_dir: Option<PathBuf>,
+    pub(crate) verdict: Option<Verdict>,
+    pub(crate) values: Vec<f64>,
+    pub(crate) mean: Option<f64>,
+    pub(crate) min: Option<f64>,
+    pub(crate) max: Option<f64>,
+    pub(crate) build_seconds: Option<f64>,
+    pub(crate) run_seconds: Option<f64>,
+    pub(crate) run_dir: Option<PathBuf>,
     /// Why it could not be measured (then skipped).
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 impl Step {
@@ -65,35 +65,35 @@ impl Step {
 /// A commit named in the result.
 #[derive(Debug, Clone, Serialize)]
 pub struct CommitRef {
-    pub commit: String,
-    pub subject: String,
+    pub(crate) commit: String,
+    pub(crate) subject: String,
 }
 
 /// `bisect.json`.
 #[derive(Debug, Clone, Serialize)]
 pub struct BisectRecord {
-    pub schema: String,
-    pub tree: PathBuf,
-    pub good: String,
-    pub bad: String,
-    pub good_rev: String,
-    pub bad_rev: String,
-    pub scenario: String,
-    pub variant: String,
-    pub metric: String,
-    pub iterations: u32,
+    pub(crate) schema: String,
+    pub(crate) tree: PathBuf,
+    pub(crate) good: String,
+    pub(crate) bad: String,
+    pub(crate) good_rev: String,
+    pub(crate) bad_rev: String,
+    pub(crate) scenario: String,
+    pub(crate) variant: String,
+    pub(crate) metric: String,
+    pub(crate) iterations: u32,
     /// `threshold` or `toward-bad`.
-    pub mode: String,
-    pub boundary: Option<Boundary>,
-    pub steps: Vec<Step>,
+    pub(crate) mode: String,
+    pub(crate) boundary: Option<Boundary>,
+    pub(crate) steps: Vec<Step>,
     pub first_bad: Option<CommitRef>,
     /// When only skipped commits were left: the first bad is among these.
-    pub first_bad_candidates: Vec<String>,
-    pub last_good: Option<CommitRef>,
+    pub(crate) first_bad_candidates: Vec<String>,
+    pub(crate) last_good: Option<CommitRef>,
     /// `blklab compare`'s report of last good (A) against first bad (B).
-    pub profile_dir: Option<PathBuf>,
-    pub bisect_log: PathBuf,
-    pub seconds: f64,
+    pub(crate) profile_dir: Option<PathBuf>,
+    pub(crate) bisect_log: PathBuf,
+    pub(crate) seconds: f64,
 }
 
 fn num(v: Option<f64>) -> String {

@@ -265,13 +265,13 @@ impl std::str::FromStr for KernelSpec {
 /// A guest ready to boot, as `images/prepare.sh` reports it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct PreparedGuest {
-    pub spec: String,
+    pub(crate) spec: String,
     /// Short label for tables and file names.
-    pub name: String,
-    pub kernel: PathBuf,
-    pub initramfs: PathBuf,
-    pub kernel_manifest: Option<PathBuf>,
-    pub initramfs_manifest: Option<PathBuf>,
+    pub(crate) name: String,
+    pub(crate) kernel: PathBuf,
+    pub(crate) initramfs: PathBuf,
+    pub(crate) kernel_manifest: Option<PathBuf>,
+    pub(crate) initramfs_manifest: Option<PathBuf>,
 }
 
 impl PreparedGuest {
@@ -388,30 +388,30 @@ fn prepare_unique(
 /// anything is built, without apt or the network.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SpecKey {
-    pub spec: String,
-    pub name: String,
+    pub(crate) spec: String,
+    pub(crate) name: String,
     /// The spec's key: its initramfs's, which covers the kernel's, fio's
     /// and mpstat's keys and the guest scripts.
     pub key: String,
-    pub kernel_key: String,
+    pub(crate) kernel_key: String,
     /// The kernel's directory, relative to the cache.
-    pub kernel_dir: String,
+    pub(crate) kernel_dir: String,
     /// The initramfs, relative to the cache.
-    pub initramfs: String,
-    pub fio_key: String,
-    pub mpstat_key: String,
+    pub(crate) initramfs: String,
+    pub(crate) fio_key: String,
+    pub(crate) mpstat_key: String,
 }
 
 /// The instruction-count plugin's key for the installed QEMU
 /// (`images/build-qemu-plugin.sh --key`, read from the dpkg database and
 /// `qemu --version`, nothing else).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PluginKey {
-    pub key: String,
+pub(crate) struct PluginKey {
+    pub(crate) key: String,
     /// Its directory, relative to the cache.
-    pub dir: String,
+    pub(crate) dir: String,
     /// The QEMU package and version it is for.
-    pub qemu: String,
+    pub(crate) qemu: String,
 }
 
 /// Parse and check `specs` (as `--kernel` takes them).

@@ -7,29 +7,29 @@ use std::path::{Path, PathBuf};
 
 /// `--cache DIR`, alone (`images import`, `images list`).
 #[derive(Debug, Clone, Default, clap::Args, serde::Serialize, serde::Deserialize)]
-pub struct CacheOption {
+pub(crate) struct CacheOption {
     /// Image cache (default $BLKLAB_IMAGE_CACHE, else
     /// ${XDG_CACHE_HOME:-~/.cache}/blklab/images).
     #[arg(long, value_name = "DIR")]
-    pub cache: Option<PathBuf>,
+    pub(crate) cache: Option<PathBuf>,
 }
 
 /// `--lab-dir DIR`, alone (`images key`).
 #[derive(Debug, Clone, Default, clap::Args, serde::Serialize, serde::Deserialize)]
-pub struct LabDirOption {
+pub(crate) struct LabDirOption {
     /// The blklab source tree holding images/ and guest-scripts/ (default:
     /// $BLKLAB_LAB_DIR, else the tree this binary was built from).
     #[arg(long, value_name = "DIR")]
-    pub lab_dir: Option<PathBuf>,
+    pub(crate) lab_dir: Option<PathBuf>,
 }
 
 /// `--cache DIR` and `--lab-dir DIR`.
 #[derive(Debug, Clone, Default, clap::Args, serde::Serialize, serde::Deserialize)]
-pub struct LabLocation {
+pub(crate) struct LabLocation {
     #[command(flatten)]
-    pub cache: CacheOption,
+    pub(crate) cache: CacheOption,
     #[command(flatten)]
-    pub lab_dir: LabDirOption,
+    pub(crate) lab_dir: LabDirOption,
 }
 
 impl CacheOption {

@@ -21,7 +21,7 @@ use crate::record::run::Accel;
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
 )]
-pub enum CountInsns {
+pub(crate) enum CountInsns {
     /// Count whenever the run ends up under TCG.
     Auto,
     /// Always count (forces TCG).
@@ -37,92 +37,92 @@ pub struct RunArgs {
     /// build:5.10 (before the 5.14 shared-tags fix), build:SERIES+PATCH
     /// (images/patches/PATCH.patch) or path:FILE[,modules=DIR][,name=LABEL].
     #[arg(long, value_name = "SPEC", default_values_t = ["build:6.12".to_string(), "build:6.12+noplug".to_string()])]
-    pub kernel: Vec<String>,
+    pub(crate) kernel: Vec<String>,
     /// Scenario name (guest-scripts/scenarios/NAME.scn), repeatable. The
     /// default pairs the plug report's case, where the plug's cost is
     /// within the noise, with R5's, where removing it costs a kblockd run
     /// per IO.
     #[arg(long, value_name = "NAME", default_values_t = ["seed002-quick".to_string(), "plug-inverse-quick".to_string()])]
-    pub scenario: Vec<String>,
+    pub(crate) scenario: Vec<String>,
     /// Boots per (kernel, scenario); kernels alternate within an iteration.
     /// A report calls nothing significant below 3.
     #[arg(long, value_name = "N", default_value_t = 3)]
-    pub iterations: u32,
+    pub(crate) iterations: u32,
     /// Override every variant's fio runtime, seconds.
     #[arg(long, value_name = "SECONDS")]
-    pub runtime: Option<u64>,
+    pub(crate) runtime: Option<u64>,
     /// Override every variant's fio ramp time, seconds.
     #[arg(long, value_name = "SECONDS")]
-    pub ramp: Option<u64>,
+    pub(crate) ramp: Option<u64>,
     /// Run only these variants (comma-separated).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
-    pub variants: Option<Vec<String>>,
+    pub(crate) variants: Option<Vec<String>>,
     /// Disks to serve (default: the scenario's `disks`).
     #[arg(long, value_name = "N")]
-    pub disks: Option<u32>,
+    pub(crate) disks: Option<u32>,
     /// Virtqueues per disk (default: the scenario's `queues`, else --vcpus).
     #[arg(long, value_name = "N")]
-    pub num_queues: Option<u16>,
+    pub(crate) num_queues: Option<u16>,
     /// Virtqueue size (default: the scenario's `queue_size`, else 256).
     #[arg(long, value_name = "N")]
-    pub queue_size: Option<u16>,
+    pub(crate) queue_size: Option<u16>,
     /// Storage of every disk: null or mem (default: the scenario's `device
     /// disk=`, else null). Every device option below likewise overrides the
     /// scenario's `device` setting of the same name; the records list each
     /// override (`overridden`).
     #[arg(long, value_name = "null|mem", value_parser = ["null", "mem"])]
-    pub disk: Option<String>,
+    pub(crate) disk: Option<String>,
     /// Capacity of every disk (default 4G).
     #[arg(long, value_name = "SIZE")]
-    pub size: Option<String>,
+    pub(crate) size: Option<String>,
     /// Device command slots: none, per-queue or shared (see `serve --help`;
     /// default none).
     #[arg(long, value_name = "none|per-queue|shared")]
-    pub tags: Option<String>,
+    pub(crate) tags: Option<String>,
     /// Slots per queue (per-queue) or in the pool (shared).
     #[arg(long, value_name = "N")]
-    pub depth: Option<u32>,
+    pub(crate) depth: Option<u32>,
     /// What a shared pool spans: disk, or host (all disks; default disk).
     #[arg(long, value_name = "disk|host")]
-    pub tag_scope: Option<String>,
+    pub(crate) tag_scope: Option<String>,
     /// blk-mq-style fair sharing of a shared pool (default off).
     #[arg(long, value_name = "on|off")]
-    pub tag_fairness: Option<String>,
+    pub(crate) tag_fairness: Option<String>,
     /// Emulated completion latency (0, 50us, uniform:..., normal:..., lognormal:...).
     #[arg(long, value_name = "SPEC")]
-    pub latency: Option<String>,
+    pub(crate) latency: Option<String>,
     #[arg(long, value_name = "SPEC")]
-    pub read_latency: Option<String>,
+    pub(crate) read_latency: Option<String>,
     #[arg(long, value_name = "SPEC")]
-    pub write_latency: Option<String>,
+    pub(crate) write_latency: Option<String>,
     #[arg(long, value_name = "SPEC")]
-    pub flush_latency: Option<String>,
+    pub(crate) flush_latency: Option<String>,
     /// Seed of the latency sequences (default 1).
     #[arg(long, value_name = "N")]
-    pub seed: Option<u64>,
+    pub(crate) seed: Option<u64>,
     /// Spin this long before emulated completions (see `serve --help`;
     /// default 0).
     #[arg(long, value_name = "DURATION")]
-    pub latency_spin: Option<String>,
+    pub(crate) latency_spin: Option<String>,
     /// Poll the queues: off, on, an idle spin, adaptive or adaptive:MAX
     /// (see `serve --help`; default off, notify mode).
     #[arg(long, value_name = "off|on|SPIN|adaptive[:MAX]", num_args = 0..=1, default_missing_value = "on", require_equals = true)]
-    pub poll: Option<String>,
+    pub(crate) poll: Option<String>,
     /// Guest vCPUs (default: the scenario's `vcpus`, else 2).
     #[arg(long, value_name = "N")]
-    pub vcpus: Option<u32>,
+    pub(crate) vcpus: Option<u32>,
     /// Guest memory, QEMU syntax: 1G, 2048M (default: the scenario's
     /// `memory`, else 1G).
     #[arg(long, value_name = "SIZE")]
-    pub memory: Option<String>,
+    pub(crate) memory: Option<String>,
     /// Accelerator: auto probes KVM by booting the guest under it; nested
     /// boots an emulated host under TCG and the guests under its KVM
     /// (counting the host's instructions apart from the guest's).
     #[arg(long, value_enum, default_value = "auto")]
-    pub accel: Accel,
+    pub(crate) accel: Accel,
     /// QEMU binary.
     #[arg(long, value_name = "PATH", default_value = "qemu-system-x86_64")]
-    pub qemu: String,
+    pub(crate) qemu: String,
     /// Count executed guest instructions with blklab's TCG plugin (built for
     /// the installed QEMU on first use): kernel and user per IO, idle
     /// entries, per-function and per-group profiles of each variant's
@@ -132,34 +132,34 @@ pub struct RunArgs {
     /// flag) forces TCG and fails without the plugin; `off` never counts.
     #[arg(long, value_enum, value_name = "auto|on|off", default_value = "auto",
           num_args = 0..=1, default_missing_value = "on")]
-    pub count_insns: CountInsns,
+    pub(crate) count_insns: CountInsns,
     /// Extra guest kernel command-line arguments, appended after blklab's
     /// own (e.g. "mitigations=off"). One string; quote it in the shell.
     #[arg(long, value_name = "ARGS")]
-    pub append: Option<String>,
+    pub(crate) append: Option<String>,
     /// Deterministic TCG: `-icount shift=0` with single-threaded TCG (one
     /// instruction = 1 ns of guest time). Needs TCG.
     #[arg(long)]
-    pub deterministic: bool,
+    pub(crate) deterministic: bool,
     /// Output directory (default blklab-results/YYYYmmdd-HHMMSS). It must
     /// be new or hold no JSON documents: a directory with run.json or
     /// records of an earlier run is refused, never written into.
     #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     #[command(flatten)]
-    pub place: LabLocation,
+    pub(crate) place: LabLocation,
     /// Longest wait for a guest to boot.
     #[arg(long, value_name = "DURATION", default_value = "180s", value_parser = parse_interval)]
-    pub boot_timeout: std::time::Duration,
+    pub(crate) boot_timeout: std::time::Duration,
     /// Longest wait between two guest steps, beyond a variant's runtime.
     #[arg(long, value_name = "DURATION", default_value = "300s", value_parser = parse_interval)]
-    pub step_timeout: std::time::Duration,
+    step_timeout: std::time::Duration,
     /// Longest wait for the KVM probe guest.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = parse_interval)]
-    pub kvm_probe_timeout: std::time::Duration,
+    kvm_probe_timeout: std::time::Duration,
     /// No progress bar.
     #[arg(long)]
-    pub no_progress: bool,
+    pub(crate) no_progress: bool,
     /// Also draw each A/B report's HTML page into report.png beside it,
     /// with a headless Chromium (warns and goes on without one).
     #[arg(long)]
@@ -168,7 +168,7 @@ pub struct RunArgs {
     /// they would run; with --shard, that shard's) as JSON and exit:
     /// nothing is built or booted.
     #[arg(long)]
-    pub plan: bool,
+    pub(crate) plan: bool,
     /// Run one slice of the plan: I of N (1-based). Shards take whole
     /// (iteration, scenario part) groups, every kernel of each, so A/B pairs
     /// stay on one machine; `blklab compare DIR,DIR,...` merges them.
@@ -181,7 +181,7 @@ pub struct RunArgs {
 /// timeouts and where it all goes. Serialisable: the nested mode hands it
 /// to the lab inside its host.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct RunOptions {
+pub(crate) struct RunOptions {
     pub(crate) kernels: Vec<KernelSpec>,
     /// Scenario names (guest-scripts/scenarios/NAME.scn).
     pub(crate) scenarios: Vec<String>,
@@ -207,19 +207,19 @@ pub struct RunOptions {
 /// Every variant's fio timing, replaced (seconds).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct FioOverrides {
-    pub runtime: Option<u64>,
-    pub ramp: Option<u64>,
+    pub(crate) runtime: Option<u64>,
+    pub(crate) ramp: Option<u64>,
 }
 
 /// The machine's settings, replacing the scenario's.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct MachineOverrides {
-    pub vcpus: Option<u32>,
+    pub(crate) vcpus: Option<u32>,
     /// QEMU size syntax.
-    pub memory: Option<String>,
-    pub disks: Option<u32>,
-    pub num_queues: Option<u16>,
-    pub queue_size: Option<u16>,
+    pub(crate) memory: Option<String>,
+    pub(crate) disks: Option<u32>,
+    pub(crate) num_queues: Option<u16>,
+    pub(crate) queue_size: Option<u16>,
 }
 
 /// Device settings (`DEVICE_SETTINGS` names) given on the command line,
@@ -237,29 +237,29 @@ impl DeviceOverrides {
 /// How the guests run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct GuestOptions {
-    pub accel: Accel,
+    pub(crate) accel: Accel,
     /// The QEMU binary.
-    pub qemu: String,
-    pub count_insns: CountInsns,
+    pub(crate) qemu: String,
+    pub(crate) count_insns: CountInsns,
     /// Extra kernel command-line arguments.
-    pub append: Option<String>,
+    pub(crate) append: Option<String>,
     /// `-icount shift=0` with single-threaded TCG.
-    pub deterministic: bool,
+    pub(crate) deterministic: bool,
     /// What backs each guest's RAM: ordinary pages, or 2 MiB huge pages
     /// for the run inside a nested host (whose huge-page pool is the part
     /// of its memory the plugin counts as the guest's).
-    pub ram: GuestRam,
+    pub(crate) ram: GuestRam,
 }
 
 /// The longest waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Timeouts {
     /// For a guest to boot.
-    pub boot: Duration,
+    pub(crate) boot: Duration,
     /// Between two guest steps, beyond a variant's runtime.
-    pub step: Duration,
+    pub(crate) step: Duration,
     /// For the KVM probe guest.
-    pub kvm_probe: Duration,
+    pub(crate) kvm_probe: Duration,
 }
 
 impl Default for Timeouts {
@@ -313,7 +313,7 @@ impl RunOptions {
 impl RunArgs {
     /// The options these flags ask for; a kernel spec that does not parse
     /// is refused here.
-    pub fn to_options(&self) -> Result<RunOptions, ImageError> {
+    pub(crate) fn to_options(&self) -> Result<RunOptions, ImageError> {
         let kernels = self
             .kernel
             .iter()
@@ -388,7 +388,7 @@ fn parse_shard(s: &str) -> Result<Shard, String> {
 }
 
 /// An interval such as `1s`, `500ms`, `2.5s`.
-pub fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
     match s.parse::<crate::device::latency::LatencySpec>() {
         Ok(crate::device::latency::LatencySpec::Fixed(d))
             if d >= std::time::Duration::from_millis(10) =>

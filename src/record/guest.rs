@@ -29,64 +29,64 @@ pub struct GuestResult {
     /// [`GUEST_SCHEMA`]; absent when the lab stood in for a document that
     /// did not parse (see `raw`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub schema: Option<String>,
+    pub(crate) schema: Option<String>,
     #[serde(default)]
-    pub scenario: Option<String>,
+    pub(crate) scenario: Option<String>,
     #[serde(default)]
-    pub variant: Option<String>,
+    pub(crate) variant: Option<String>,
     #[serde(default)]
-    pub ok: bool,
+    pub(crate) ok: bool,
     /// Every error of the variant, joined by `; `.
     #[serde(default)]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
     /// `uname -r`.
     #[serde(default)]
-    pub kernel: Option<String>,
+    pub(crate) kernel: Option<String>,
     /// Online CPUs.
     #[serde(default)]
-    pub nr_cpus: Option<u32>,
+    pub(crate) nr_cpus: Option<u32>,
     #[serde(default)]
     pub settings: Option<GuestSettings>,
     /// fio's command line (null when fio did not run).
     #[serde(default)]
-    pub fio_cmdline: Option<Vec<String>>,
+    fio_cmdline: Option<Vec<String>>,
     /// The target devices.
     #[serde(default)]
-    pub devices: Option<Vec<String>>,
+    pub(crate) devices: Option<Vec<String>>,
     /// Queue settings read back before fio, by device.
     #[serde(default)]
-    pub queue: Option<BTreeMap<String, QueueSettings>>,
+    pub(crate) queue: Option<BTreeMap<String, QueueSettings>>,
     /// A stack's maps (`stack multipath`), by the device fio ran on (null
     /// without a stack).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub paths: Option<BTreeMap<String, StackMap>>,
+    pub(crate) paths: Option<BTreeMap<String, StackMap>>,
     /// The path devices' queue settings read back before fio (null without
     /// a stack).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path_queue: Option<BTreeMap<String, QueueSettings>>,
+    path_queue: Option<BTreeMap<String, QueueSettings>>,
     /// From /proc/uptime, before → after snapshot.
     #[serde(default)]
-    pub wall_seconds: Option<f64>,
+    wall_seconds: Option<f64>,
     #[serde(default)]
     pub cpu: Option<GuestCpu>,
     /// /proc/stat `ctxt` delta.
     #[serde(default)]
-    pub context_switches: Option<i64>,
+    pub(crate) context_switches: Option<i64>,
     /// /proc/stat `processes` delta.
     #[serde(default)]
-    pub processes: Option<i64>,
+    pub(crate) processes: Option<i64>,
     #[serde(default)]
     pub interrupts: Option<Interrupts>,
     /// /proc/softirqs deltas, summed over CPUs.
     #[serde(default)]
-    pub softirqs: Option<BTreeMap<String, i64>>,
+    softirqs: Option<BTreeMap<String, i64>>,
     /// /sys/block/X/stat deltas, by device.
     #[serde(default)]
     pub block: Option<BTreeMap<String, BlockDelta>>,
     /// blk-mq's debugfs attributes per hardware queue (absent from
     /// documents of guest scripts older than the section).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub blk_mq: Option<BlkMq>,
+    pub(crate) blk_mq: Option<BlkMq>,
     /// What the guest counted at each edge of the window between its
     /// snapshot (right before the SYNC line) and its read after the host's
     /// reply: the host sampled in between, so the host's window differs
@@ -97,20 +97,20 @@ pub struct GuestResult {
     /// `mpstat -P ALL -o JSON` over the window, as mpstat printed it (or
     /// null): carried for people, read by nothing.
     #[serde(default)]
-    pub mpstat: Option<Value>,
+    pub(crate) mpstat: Option<Value>,
     #[serde(default)]
-    pub fio_rc: Option<i64>,
+    fio_rc: Option<i64>,
     /// fio's stdout/stderr and notes before its JSON, or null.
     #[serde(default)]
-    pub fio_log: Option<String>,
+    fio_log: Option<String>,
     /// fio's JSON output (null when fio wrote none that parsed).
     #[serde(default)]
     pub fio: Option<FioOutput>,
     /// The lab's stand-in for a document that did not parse: its text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub raw: Option<String>,
+    pub(crate) raw: Option<String>,
     #[serde(flatten)]
-    pub other: Other,
+    pub(crate) other: Other,
 }
 
 impl GuestResult {
@@ -135,13 +135,13 @@ impl GuestResult {
 
 /// One map of a variant's dm stack.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct StackMap {
+pub(crate) struct StackMap {
     /// The dm name (`blklab-mpathN`).
-    pub map: String,
+    pub(crate) map: String,
     /// dm-multipath's path selector.
-    pub selector: String,
+    pub(crate) selector: String,
     /// The target devices that are its paths.
-    pub paths: Vec<String>,
+    pub(crate) paths: Vec<String>,
 }
 
 /// The settings a variant ran with: overrides applied, `@NCPU@` replaced.
@@ -150,71 +150,71 @@ pub struct GuestSettings {
     /// `virtio`, `scsi_debug` or `null_blk`.
     pub target: String,
     #[serde(default)]
-    pub target_params: Vec<String>,
+    target_params: Vec<String>,
     /// The dm stack on the targets (`multipath`), null without one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stack: Option<String>,
+    pub(crate) stack: Option<String>,
     #[serde(default)]
-    pub stack_params: Vec<String>,
+    stack_params: Vec<String>,
     #[serde(default)]
-    pub sched: Option<String>,
+    pub(crate) sched: Option<String>,
     #[serde(default)]
-    pub nr_requests: Option<u64>,
+    pub(crate) nr_requests: Option<u64>,
     /// SCSI `device/queue_depth` the variant set.
     #[serde(default)]
-    pub queue_depth: Option<u64>,
+    pub(crate) queue_depth: Option<u64>,
     #[serde(default)]
-    pub nomerges: Option<u64>,
+    pub(crate) nomerges: Option<u64>,
     #[serde(default)]
-    pub rq_affinity: Option<u64>,
+    pub(crate) rq_affinity: Option<u64>,
     /// fio's job layout: `all` or `per-disk`.
     #[serde(default)]
-    pub layout: Option<String>,
+    pub(crate) layout: Option<String>,
     #[serde(default)]
-    pub runtime: Option<u64>,
+    pub(crate) runtime: Option<u64>,
     #[serde(default)]
-    pub ramp: Option<u64>,
+    pub(crate) ramp: Option<u64>,
     #[serde(default)]
-    pub fio_args: Vec<String>,
+    pub(crate) fio_args: Vec<String>,
     #[serde(flatten)]
-    pub other: Other,
+    pub(crate) other: Other,
 }
 
 /// One device's queue settings, read back before fio.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct QueueSettings {
+pub(crate) struct QueueSettings {
     #[serde(default)]
-    pub scheduler: Option<String>,
+    pub(crate) scheduler: Option<String>,
     #[serde(default)]
-    pub nr_requests: Option<u64>,
+    pub(crate) nr_requests: Option<u64>,
     #[serde(default)]
-    pub hw_queues: Option<u64>,
+    hw_queues: Option<u64>,
     /// SCSI: device/queue_depth.
     #[serde(default)]
-    pub device_queue_depth: Option<u64>,
+    device_queue_depth: Option<u64>,
     #[serde(default)]
-    pub nomerges: Option<u64>,
+    pub(crate) nomerges: Option<u64>,
     #[serde(default)]
-    pub rq_affinity: Option<u64>,
+    pub(crate) rq_affinity: Option<u64>,
     #[serde(flatten)]
-    pub other: Other,
+    pub(crate) other: Other,
 }
 
 /// mpstat's reduction of /proc/stat deltas, in percent (two decimals).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct CpuPercent {
-    pub usr: f64,
-    pub nice: f64,
-    pub sys: f64,
-    pub iowait: f64,
-    pub irq: f64,
-    pub soft: f64,
-    pub steal: f64,
-    pub guest: f64,
-    pub gnice: f64,
-    pub idle: f64,
+pub(crate) struct CpuPercent {
+    pub(crate) usr: f64,
+    pub(crate) nice: f64,
+    pub(crate) sys: f64,
+    pub(crate) iowait: f64,
+    pub(crate) irq: f64,
+    pub(crate) soft: f64,
+    pub(crate) steal: f64,
+    pub(crate) guest: f64,
+    pub(crate) gnice: f64,
+    pub(crate) idle: f64,
     /// 100 − idle.
-    pub busy: f64,
+    pub(crate) busy: f64,
 }
 
 impl CpuPercent {
@@ -237,22 +237,22 @@ impl CpuPercent {
 
 /// One CPU's row.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct CpuRow {
-    pub cpu: u32,
+pub(crate) struct CpuRow {
+    pub(crate) cpu: u32,
     #[serde(flatten)]
-    pub percent: CpuPercent,
+    pub(crate) percent: CpuPercent,
 }
 
 /// Guest CPU over the window.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct GuestCpu {
     /// The CPUs present in both samples, summed.
-    pub all: CpuPercent,
+    pub(crate) all: CpuPercent,
     #[serde(default)]
-    pub per_cpu: Vec<CpuRow>,
+    pub(crate) per_cpu: Vec<CpuRow>,
     /// Total jiffies over all CPUs in the window.
     #[serde(default)]
-    pub ticks: Option<u64>,
+    pub(crate) ticks: Option<u64>,
 }
 
 /// USER_HZ: the unit of /proc/stat on every Linux architecture blklab runs.
@@ -270,10 +270,10 @@ impl GuestCpu {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Interrupts {
     /// /proc/stat `intr` first field delta.
-    pub total: i64,
+    pub(crate) total: i64,
     /// Numbered lines whose text contains "virtio", "scsi" or "nullb".
     #[serde(default)]
-    pub lines: Vec<IrqLine>,
+    pub(crate) lines: Vec<IrqLine>,
     /// The named lines (IPIs, timer, …), summed over CPUs.
     #[serde(default)]
     pub arch: BTreeMap<String, i64>,
@@ -315,11 +315,11 @@ pub struct SyncEdges {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SyncEdge {
     /// /proc/uptime's delta.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// /proc/stat `ctxt` delta.
-    pub context_switches: i64,
+    pub(crate) context_switches: i64,
     /// /proc/stat `intr` first field delta.
-    pub interrupts: i64,
+    pub(crate) interrupts: i64,
     /// The named interrupt lines' deltas, summed over CPUs.
     #[serde(default)]
     pub arch: BTreeMap<String, i64>,
@@ -334,11 +334,11 @@ impl SyncEdge {
 
 /// One numbered interrupt line, summed over CPUs.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct IrqLine {
-    pub irq: String,
+pub(crate) struct IrqLine {
+    pub(crate) irq: String,
     /// The line's last word.
-    pub name: String,
-    pub count: i64,
+    pub(crate) name: String,
+    pub(crate) count: i64,
 }
 
 /// One device's /sys/block/X/stat deltas (`in_flight`: the after value);
@@ -346,39 +346,39 @@ pub struct IrqLine {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct BlockDelta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_ios: Option<i64>,
+    pub(crate) read_ios: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_merges: Option<i64>,
+    read_merges: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_sectors: Option<i64>,
+    read_sectors: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read_ticks: Option<i64>,
+    read_ticks: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_ios: Option<i64>,
+    pub(crate) write_ios: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_merges: Option<i64>,
+    write_merges: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_sectors: Option<i64>,
+    write_sectors: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write_ticks: Option<i64>,
+    write_ticks: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub in_flight: Option<i64>,
+    pub(crate) in_flight: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub io_ticks: Option<i64>,
+    io_ticks: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub time_in_queue: Option<i64>,
+    time_in_queue: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub discard_ios: Option<i64>,
+    discard_ios: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub discard_merges: Option<i64>,
+    discard_merges: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub discard_sectors: Option<i64>,
+    discard_sectors: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub discard_ticks: Option<i64>,
+    discard_ticks: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub flush_ios: Option<i64>,
+    flush_ios: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub flush_ticks: Option<i64>,
+    flush_ticks: Option<i64>,
 }
 
 impl BlockDelta {
@@ -398,55 +398,55 @@ impl BlockDelta {
 /// counters as deltas, gauges as both values. Which attributes a kernel has
 /// differs (`attributes`); a missing one is null.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct BlkMq {
+pub(crate) struct BlkMq {
     /// Why debugfs could not be read (no CONFIG_BLK_DEBUG_FS, mount failed).
     #[serde(default)]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
     /// The attributes blklab reads that this kernel has (of `dispatched`,
     /// `queued`, `run`, `dispatch_busy`, `active`, `tags`, `sched_tags`).
     #[serde(default)]
-    pub attributes: Vec<String>,
+    pub(crate) attributes: Vec<String>,
     /// By device.
     #[serde(default)]
-    pub devices: BTreeMap<String, BlkMqDevice>,
+    pub(crate) devices: BTreeMap<String, BlkMqDevice>,
     /// The counters summed over every device's hardware queues.
     #[serde(default)]
-    pub sum: BlkMqCounters,
+    pub(crate) sum: BlkMqCounters,
     #[serde(flatten)]
-    pub other: Other,
+    pub(crate) other: Other,
 }
 
 /// One device's hardware queues.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct BlkMqDevice {
+pub(crate) struct BlkMqDevice {
     /// The hardware queues present in both snapshots, by number.
     #[serde(default)]
-    pub hctx: Vec<Hctx>,
+    pub(crate) hctx: Vec<Hctx>,
     /// The counters summed over the device's hardware queues.
     #[serde(default)]
-    pub sum: BlkMqCounters,
+    pub(crate) sum: BlkMqCounters,
     #[serde(flatten)]
-    pub other: Other,
+    pub(crate) other: Other,
 }
 
 /// blk-mq's per-hardware-queue counters over the window (deltas; null
 /// where the kernel has no such attribute). 5.10 has all three, 6.1 only
 /// `run`, 6.12 none.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct BlkMqCounters {
+pub(crate) struct BlkMqCounters {
     /// `queued`: requests allocated on the hardware queue
     /// (`blk_mq_rq_ctx_init`).
     #[serde(default)]
-    pub queued: Option<i64>,
+    pub(crate) queued: Option<i64>,
     /// `run`: hardware queue runs that reached dispatch
     /// (`blk_mq_sched_dispatch_requests` calls), inline and from kblockd.
     #[serde(default)]
-    pub run: Option<i64>,
+    pub(crate) run: Option<i64>,
     /// `dispatched`: `blk_mq_dispatch_rq_list` calls by how many requests
     /// each queued to the driver; the kernel's bucket label (`"0"`, `"1"`,
     /// `"2"`, `"4"`, … `"32+"`) → calls.
     #[serde(default)]
-    pub dispatched: Option<BTreeMap<String, i64>>,
+    pub(crate) dispatched: Option<BTreeMap<String, i64>>,
 }
 
 impl BlkMqCounters {
@@ -458,60 +458,60 @@ impl BlkMqCounters {
 
 /// A gauge read before and after the window.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct Gauge {
-    pub before: i64,
-    pub after: i64,
+pub(crate) struct Gauge {
+    pub(crate) before: i64,
+    pub(crate) after: i64,
 }
 
 /// One hardware queue.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct Hctx {
+pub(crate) struct Hctx {
     /// N of `hctxN`.
-    pub hctx: u32,
+    pub(crate) hctx: u32,
     #[serde(flatten)]
-    pub counters: BlkMqCounters,
+    pub(crate) counters: BlkMqCounters,
     /// `dispatch_busy`: the EWMA of "the driver was busy" over dispatches
     /// (0 … 16; not a count).
     #[serde(default)]
-    pub dispatch_busy: Option<Gauge>,
+    pub(crate) dispatch_busy: Option<Gauge>,
     /// `active`: requests in flight counted for tag fairness (shared tag
     /// sets only; 0 otherwise).
     #[serde(default)]
-    pub active: Option<Gauge>,
+    pub(crate) active: Option<Gauge>,
     /// `tags`: the driver tag set.
     #[serde(default)]
-    pub tags: Option<TagsGauge>,
+    pub(crate) tags: Option<TagsGauge>,
     /// `sched_tags`: the scheduler's tag set (null without a scheduler).
     #[serde(default)]
-    pub sched_tags: Option<TagsGauge>,
+    pub(crate) sched_tags: Option<TagsGauge>,
 }
 
 /// A tag set's state before and after the window.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct TagsGauge {
-    pub before: TagState,
-    pub after: TagState,
+pub(crate) struct TagsGauge {
+    pub(crate) before: TagState,
+    pub(crate) after: TagState,
 }
 
 /// A tag set as debugfs shows it: the set's `nr_tags`, `nr_reserved_tags`,
 /// `active_queues`, and its sbitmap queue's `depth`, `busy` (tags in use),
 /// `wake_batch`, `ws_active` (waiters for a tag).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct TagState {
+pub(crate) struct TagState {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nr_tags: Option<i64>,
+    nr_tags: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nr_reserved_tags: Option<i64>,
+    nr_reserved_tags: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub active_queues: Option<i64>,
+    pub(crate) active_queues: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub depth: Option<i64>,
+    pub(crate) depth: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub busy: Option<i64>,
+    pub(crate) busy: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub wake_batch: Option<i64>,
+    pub(crate) wake_batch: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ws_active: Option<i64>,
+    ws_active: Option<i64>,
 }
 
 /// fio's JSON output: the jobs' per-direction results are typed, the rest
@@ -519,9 +519,9 @@ pub struct TagState {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FioOutput {
     #[serde(default)]
-    pub jobs: Vec<FioJob>,
+    pub(crate) jobs: Vec<FioJob>,
     #[serde(flatten)]
-    pub other: Other,
+    pub(crate) other: Other,
 }
 
 impl FioOutput {
@@ -546,15 +546,15 @@ impl FioOutput {
 
 /// One fio job (with `--group_reporting`, the group).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct FioJob {
+pub(crate) struct FioJob {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub read: Option<FioDirection>,
+    pub(crate) read: Option<FioDirection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub write: Option<FioDirection>,
+    pub(crate) write: Option<FioDirection>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trim: Option<FioDirection>,
+    pub(crate) trim: Option<FioDirection>,
     #[serde(flatten)]
-    pub other: Other,
+    pub(crate) other: Other,
 }
 
 impl FioJob {
@@ -575,16 +575,16 @@ impl FioJob {
 
 /// One direction of a fio job.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct FioDirection {
+pub(crate) struct FioDirection {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub iops: Option<f64>,
+    pub(crate) iops: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub total_ios: Option<u64>,
+    pub(crate) total_ios: Option<u64>,
     /// Completion latency.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub clat_ns: Option<FioLatency>,
+    pub(crate) clat_ns: Option<FioLatency>,
     #[serde(flatten)]
-    pub other: Other,
+    pub(crate) other: Other,
 }
 
 impl FioDirection {
@@ -597,10 +597,10 @@ impl FioDirection {
 
 /// A fio latency distribution.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct FioLatency {
+pub(crate) struct FioLatency {
     /// Percentile (fio's key, e.g. `"50.000000"`) → value, ns.
     #[serde(default)]
-    pub percentile: BTreeMap<String, Number>,
+    pub(crate) percentile: BTreeMap<String, Number>,
     #[serde(flatten)]
-    pub other: Other,
+    pub(crate) other: Other,
 }

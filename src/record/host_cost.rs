@@ -43,7 +43,7 @@ pub const EXIT_WEIGHTS: &[(&str, u64)] = &[
 /// writes take KVM's WRMSR path as an EOI does; an interrupt delivered to a
 /// running vCPU costs a host-interrupt exit and an injection, a
 /// kernel-handled exit's round trip as CPUID's is.
-pub const BORROWED_WEIGHTS: &[(&str, &str)] = &[
+const BORROWED_WEIGHTS: &[(&str, &str)] = &[
     ("apic_other", "eoi"),
     ("msr_other", "eoi"),
     ("interrupts_running", "cpuid"),
@@ -51,35 +51,35 @@ pub const BORROWED_WEIGHTS: &[(&str, &str)] = &[
 
 /// KVM's default `halt_poll_ns` on x86: how long a vCPU that halts polls
 /// for a wake-up before it sleeps.
-pub const HALT_POLL_NS: f64 = 200_000.0;
+const HALT_POLL_NS: f64 = 200_000.0;
 
 /// One term of the modelled cost: host instructions per IO.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Term {
+pub(crate) struct Term {
     /// "guest instructions", or an exit reason.
-    pub name: String,
+    pub(crate) name: String,
     /// Exits per IO (None for the guest's instructions).
-    pub count_per_io: Option<f64>,
+    count_per_io: Option<f64>,
     /// Host instructions per IO.
-    pub per_io: f64,
+    pub(crate) per_io: f64,
 }
 
 /// The modelled host cost of one record's window.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ModelledHostCost {
+pub(crate) struct ModelledHostCost {
     /// The guest's instructions, then each exit reason with a weight.
-    pub terms: Vec<Term>,
+    pub(crate) terms: Vec<Term>,
     /// Σ exits × weights per IO.
-    pub exits_per_io: f64,
+    pub(crate) exits_per_io: f64,
     /// Guest instructions + exits, per IO.
-    pub total_per_io: f64,
+    pub(crate) total_per_io: f64,
     /// Halt polling per IO, µs: each idle entry polls for its idle time,
     /// at most [`HALT_POLL_NS`] (None without the guest's idle time).
-    pub halt_poll_us_per_io: Option<f64>,
+    pub(crate) halt_poll_us_per_io: Option<f64>,
 }
 
 /// The weight of `reason` (its own, or the one it borrows).
-pub fn weight(reason: &str) -> Option<u64> {
+pub(crate) fn weight(reason: &str) -> Option<u64> {
     let own = |r: &str| EXIT_WEIGHTS.iter().find(|(n, _)| *n == r).map(|(_, w)| *w);
     own(reason).or_else(|| {
         let (_, from) = BORROWED_WEIGHTS.iter().find(|(n, _)| *n == reason)?;
@@ -114,7 +114,7 @@ fn guest_idle_seconds(r: &ResultRecord) -> Option<f64> {
 
 /// The modelled host cost of `r`'s window: None without would-be exits
 /// counted, guest instructions or IOs.
-pub fn model(r: &ResultRecord) -> Option<ModelledHostCost> {
+pub(crate) fn model(r: &ResultRecord) -> Option<ModelledHostCost> {
     let i = r.instructions.as_ref()?;
     let e = i.exits.as_ref().filter(|e| e.unavailable.is_none())?;
     let ios = i.ios.filter(|n| *n > 0.0)?;

@@ -69,23 +69,23 @@ pub(crate) const ENTRY_FUNCTIONS: &[(&str, &str)] = &[
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct InsnsWindow {
     /// Where the window begins and ends.
-    pub method: String,
+    pub(crate) method: String,
     /// `--deterministic` (`-icount`): the counts repeat exactly.
-    pub deterministic: bool,
+    pub(crate) deterministic: bool,
     /// Block executions the window cut short (a fault or a device access
     /// stopped them before their last instruction): each counted only the
     /// instructions that ran. Absent from records older than the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub blocks_cut: Option<u64>,
+    blocks_cut: Option<u64>,
     /// Instructions QEMU ran again alone after a device access stopped
     /// their block (each counted once).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reruns: Option<u64>,
+    pub(crate) reruns: Option<u64>,
     /// Why the plugin counted blocks cut short in full (a plugin for QEMU
     /// 7.2's API, or an old dump): the counts are then high by what those
     /// blocks did not run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cut_unavailable: Option<String>,
+    pub(crate) cut_unavailable: Option<String>,
 }
 
 impl InsnsWindow {
@@ -111,54 +111,54 @@ impl InsnsWindow {
 
 /// One vCPU's instructions.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct VcpuInsns {
-    pub kernel: u64,
-    pub user: u64,
+pub(crate) struct VcpuInsns {
+    pub(crate) kernel: u64,
+    pub(crate) user: u64,
 }
 
 /// The guest's instructions over one variant's window. Per-IO values are
 /// null without an IO count.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Instructions {
-    pub window: InsnsWindow,
+    pub(crate) window: InsnsWindow,
     /// The IOs per-IO values divide by: the guest block layer's count of
     /// the window.
-    pub ios: Option<f64>,
+    pub(crate) ios: Option<f64>,
     /// Kernel + user.
-    pub total: u64,
-    pub kernel: u64,
-    pub user: u64,
-    pub per_vcpu: Vec<VcpuInsns>,
-    pub per_io: Option<f64>,
-    pub kernel_per_io: Option<f64>,
-    pub user_per_io: Option<f64>,
+    pub(crate) total: u64,
+    pub(crate) kernel: u64,
+    pub(crate) user: u64,
+    pub(crate) per_vcpu: Vec<VcpuInsns>,
+    pub(crate) per_io: Option<f64>,
+    pub(crate) kernel_per_io: Option<f64>,
+    pub(crate) user_per_io: Option<f64>,
     /// The function whose entries count idle periods (`schedule_idle`).
-    pub idle_symbol: Option<String>,
-    pub idle_entries: Option<u64>,
-    pub idle_entries_per_io: Option<f64>,
-    pub context_switches_per_io: Option<f64>,
+    pub(crate) idle_symbol: Option<String>,
+    pub(crate) idle_entries: Option<u64>,
+    pub(crate) idle_entries_per_io: Option<f64>,
+    pub(crate) context_switches_per_io: Option<f64>,
     /// [`ENTRY_FUNCTIONS`] → entries in the window (null: not in the
     /// System.map). Absent from records older than the field.
     #[serde(default)]
-    pub entries: BTreeMap<String, Option<u64>>,
+    pub(crate) entries: BTreeMap<String, Option<u64>>,
     /// [`ENTRY_FUNCTIONS`] → entries per IO.
     #[serde(default)]
-    pub entries_per_io: BTreeMap<String, Option<f64>>,
+    pub(crate) entries_per_io: BTreeMap<String, Option<f64>>,
     /// Symbol group → kernel instructions per IO.
-    pub groups: BTreeMap<String, Option<f64>>,
+    pub(crate) groups: BTreeMap<String, Option<f64>>,
     /// Symbol group → kernel instructions.
-    pub group_insns: BTreeMap<String, u64>,
+    pub(crate) group_insns: BTreeMap<String, u64>,
     /// Function (base name) → kernel instructions per IO. Trimmed
     /// recordings keep only functions of at least 0.5 per IO.
-    pub functions: BTreeMap<String, Option<f64>>,
+    pub(crate) functions: BTreeMap<String, Option<f64>>,
     /// Function (base name) → kernel instructions (absent from trimmed
     /// recordings).
     #[serde(default)]
-    pub function_insns: BTreeMap<String, u64>,
+    pub(crate) function_insns: BTreeMap<String, u64>,
     /// The guest's would-be VM exits over the window (absent from records
     /// older than the field).
     #[serde(default)]
-    pub exits: Option<WouldBeExits>,
+    pub(crate) exits: Option<WouldBeExits>,
 }
 
 /// The reasons [`WouldBeExits::per_io`] gives, in order.
@@ -183,65 +183,65 @@ pub(crate) const EXIT_REASONS: &[&str] = &[
 /// executed, not what a KVM host would see (docs/user-guide.md, "Would-be
 /// VM exits"). Per-IO values are null without an IO count.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct WouldBeExits {
+pub(crate) struct WouldBeExits {
     /// Why there are no counts (the plugin cannot read registers, or an
     /// old dump format); null when counted.
-    pub unavailable: Option<String>,
+    pub(crate) unavailable: Option<String>,
     /// The IOs per-IO values divide by.
-    pub ios: Option<f64>,
+    pub(crate) ios: Option<f64>,
     /// The sum of the reasons below.
-    pub total: u64,
+    pub(crate) total: u64,
     /// HLT executions (idle).
-    pub hlt: u64,
+    pub(crate) hlt: u64,
     /// IPIs sent: xAPIC ICR-low stores, x2APIC ICR (0x830) and SELF IPI
     /// (0x83f) WRMSRs.
-    pub ipi: u64,
+    pub(crate) ipi: u64,
     /// End-of-interrupt writes: xAPIC EOI stores, x2APIC EOI WRMSRs.
-    pub eoi: u64,
+    pub(crate) eoi: u64,
     /// Timer programming: xAPIC TMICT stores, x2APIC TMICT and
     /// TSC_DEADLINE WRMSRs.
-    pub timer: u64,
+    pub(crate) timer: u64,
     /// Other APIC register writes (xAPIC page, x2APIC MSRs).
-    pub apic_other: u64,
+    pub(crate) apic_other: u64,
     /// WRMSRs of other MSRs (by MSR in `msrs`).
-    pub msr_other: u64,
+    pub(crate) msr_other: u64,
     /// WRMSRs of MSRs KVM lets the guest write without an exit (FS_BASE,
     /// GS_BASE, KERNEL_GS_BASE, SYSENTER_CS/ESP/EIP; by MSR in `msrs`):
     /// counted, not in `total`. TCG's qemu64 CPU has no FSGSBASE, so its
     /// guest writes FS_BASE on each switch to a task with its own TLS,
     /// where a `-cpu host` guest uses WRFSBASE.
     #[serde(default)]
-    pub msr_passthrough: u64,
+    pub(crate) msr_passthrough: u64,
     /// Port I/O instructions (by port in `ports`).
-    pub port_io: u64,
+    pub(crate) port_io: u64,
     /// virtio notify stores (by disk and queue in `notifies`).
-    pub notify: u64,
+    pub(crate) notify: u64,
     /// Other MMIO stores (by region and address in `mmio`).
-    pub mmio_other: u64,
+    pub(crate) mmio_other: u64,
     /// CPUID executions.
-    pub cpuid: u64,
+    pub(crate) cpuid: u64,
     /// Interrupts taken: entries of the kernel's IDT stubs.
-    pub interrupts: u64,
+    pub(crate) interrupts: u64,
     /// Reason (see [`EXIT_REASONS`]) → per IO.
-    pub per_io: BTreeMap<String, Option<f64>>,
+    pub(crate) per_io: BTreeMap<String, Option<f64>>,
     /// MSR ("0x1b") → WRMSRs, for `msr_other` and `msr_passthrough`.
-    pub msrs: BTreeMap<String, u64>,
+    pub(crate) msrs: BTreeMap<String, u64>,
     /// "in 0x3fd" / "out 0x3f8" → executions.
-    pub ports: BTreeMap<String, u64>,
+    pub(crate) ports: BTreeMap<String, u64>,
     /// Notify stores per disk and queue.
-    pub notifies: Vec<NotifyStores>,
+    pub(crate) notifies: Vec<NotifyStores>,
     /// "REGION ADDRESS" → stores, for `mmio_other`.
-    pub mmio: BTreeMap<String, u64>,
+    pub(crate) mmio: BTreeMap<String, u64>,
     /// IDT entry stub (`asm_common_interrupt`, `asm_sysvec_*`) → entries.
-    pub interrupt_entries: BTreeMap<String, u64>,
+    pub(crate) interrupt_entries: BTreeMap<String, u64>,
     /// Device-interrupt vector ("0x22") → interrupts taken: the entries
     /// of each vector's stub in `irq_entries_start` (they add up to
     /// `asm_common_interrupt`'s entries, each stub jumping there).
     #[serde(default)]
-    pub device_vectors: BTreeMap<String, u64>,
+    pub(crate) device_vectors: BTreeMap<String, u64>,
     /// Per vCPU: the would-be exits the plugin saw executed (all but
     /// interrupts, which are counted per stub over all vCPUs).
-    pub per_vcpu: Vec<u64>,
+    pub(crate) per_vcpu: Vec<u64>,
     /// The would-be exits of the guest's own window: between the plugin's
     /// marks at the guest's reads of /proc/interrupts right before the
     /// begin and end SYNC lines, where the counts above are between the
@@ -249,44 +249,44 @@ pub struct WouldBeExits {
     /// System.map has no `arch_show_interrupts`, a plugin that cannot read
     /// registers, records before the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub guest_window: Option<GuestWindowExits>,
+    pub(crate) guest_window: Option<GuestWindowExits>,
 }
 
 /// Would-be exits between two of the plugin's marks: the instants the
 /// guest's kernel ran `arch_show_interrupts`, formatting the per-CPU IPI
 /// and timer lines of /proc/interrupts for the guest's snapshots.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct GuestWindowExits {
+pub(crate) struct GuestWindowExits {
     /// The marks in the window: the reads of /proc/interrupts after the
     /// begin snapshot's, the end snapshot's last (the guest scripts' read
     /// after the begin SYNC's reply, mpstat's as it starts, the end
     /// snapshot's: 3).
-    pub marks: u64,
+    pub(crate) marks: u64,
     /// IPIs sent (as `ipi`): what the guest's RES + CAL + IWI received
     /// over its own window, to the IPI (with 2 vCPUs; with more, one ICR
     /// write may reach several CPUs).
-    pub ipi: u64,
+    pub(crate) ipi: u64,
     /// HLT executions.
-    pub hlt: u64,
+    pub(crate) hlt: u64,
     /// End-of-interrupt writes.
-    pub eoi: u64,
+    pub(crate) eoi: u64,
     /// Timer programming.
-    pub timer: u64,
+    pub(crate) timer: u64,
 }
 
 /// One queue's virtio notify stores (each a write of the queue's kick
 /// eventfd through ioeventfd, and an EPT misconfig / NPF exit on KVM).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct NotifyStores {
+pub(crate) struct NotifyStores {
     /// The disk's index (vda = 0).
-    pub disk: usize,
-    pub queue: u64,
-    pub stores: u64,
+    pub(crate) disk: usize,
+    pub(crate) queue: u64,
+    pub(crate) stores: u64,
 }
 
 impl WouldBeExits {
     /// The count of a reason of [`EXIT_REASONS`].
-    pub fn reason(&self, reason: &str) -> Option<u64> {
+    pub(crate) fn reason(&self, reason: &str) -> Option<u64> {
         Some(match reason {
             "total" => self.total,
             "hlt" => self.hlt,
@@ -324,53 +324,53 @@ impl WouldBeExits {
 /// symbolised against the host's `/proc/kallsyms`. Per-IO values divide by
 /// the guest's IO count and are null without one.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct HostInstructions {
-    pub window: InsnsWindow,
+pub(crate) struct HostInstructions {
+    pub(crate) window: InsnsWindow,
     /// The IOs per-IO values divide by: the guest block layer's count of
     /// the window.
-    pub ios: Option<f64>,
+    pub(crate) ios: Option<f64>,
     /// Kernel + user.
-    pub total: u64,
-    pub kernel: u64,
-    pub user: u64,
-    pub per_vcpu: Vec<VcpuInsns>,
-    pub per_io: Option<f64>,
-    pub kernel_per_io: Option<f64>,
-    pub user_per_io: Option<f64>,
+    pub(crate) total: u64,
+    pub(crate) kernel: u64,
+    pub(crate) user: u64,
+    pub(crate) per_vcpu: Vec<VcpuInsns>,
+    pub(crate) per_io: Option<f64>,
+    pub(crate) kernel_per_io: Option<f64>,
+    pub(crate) user_per_io: Option<f64>,
     /// VMRUNs: the host's entries into the guest (world switches).
-    pub world_switches: u64,
-    pub world_switches_per_io: Option<f64>,
+    pub(crate) world_switches: u64,
+    pub(crate) world_switches_per_io: Option<f64>,
     /// The #VMEXITs the plugin saw (returns to the host after a VMRUN):
     /// per vCPU within one of its VMRUNs (a vCPU may be in the guest at
     /// either end of the window).
-    pub exits: u64,
+    pub(crate) exits: u64,
     /// Translated blocks the plugin's VMRUN tracking saw run at both
     /// levels in the window: 0 unless that tracking went wrong (QEMU keys a
     /// block by the SVM guest-mode flag, so a block runs at one level
     /// only). Under `-icount` it loses transitions; the split is then by
     /// address (`levels`).
-    pub mixed_blocks: u64,
+    pub(crate) mixed_blocks: u64,
     /// How the host's instructions were told from the guest's: `vmrun`
     /// (following VMRUN and #VMEXIT) or `address` (by where each block's
     /// code lies: the guest's RAM is the host's huge pages, on a NUMA node
     /// of their own).
     #[serde(default)]
-    pub levels: Option<String>,
+    pub(crate) levels: Option<String>,
     /// By address: block executions in the window whose level by address
     /// is not the VMRUN tracking's (0 without `-icount`).
     #[serde(default)]
-    pub level_disagreements: Option<u64>,
+    pub(crate) level_disagreements: Option<u64>,
     /// Host symbol group → kernel instructions per IO
     /// (`symbol_groups::host_group_of`: `kvm` for KVM's modules).
-    pub groups: BTreeMap<String, Option<f64>>,
+    pub(crate) groups: BTreeMap<String, Option<f64>>,
     /// Host symbol group → kernel instructions.
-    pub group_insns: BTreeMap<String, u64>,
+    pub(crate) group_insns: BTreeMap<String, u64>,
     /// Function (base name, a module's as `NAME [MODULE]`) → kernel
     /// instructions per IO.
-    pub functions: BTreeMap<String, Option<f64>>,
+    pub(crate) functions: BTreeMap<String, Option<f64>>,
     /// Function → kernel instructions (absent from trimmed recordings).
     #[serde(default)]
-    pub function_insns: BTreeMap<String, u64>,
+    pub(crate) function_insns: BTreeMap<String, u64>,
 }
 
 #[cfg(test)]

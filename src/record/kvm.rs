@@ -14,45 +14,45 @@ pub(crate) const KVM_SOURCE: &str =
 
 /// One vCPU's counters over the window.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct KvmVcpu {
+pub(crate) struct KvmVcpu {
     /// The vCPU's QOM path (`/machine/unattached/device[N]`).
-    pub qom_path: String,
+    pub(crate) qom_path: String,
     /// Counter → its increase over the window.
-    pub counters: BTreeMap<String, u64>,
+    pub(crate) counters: BTreeMap<String, u64>,
     /// Exit reason → this vCPU's exits for it over the window (see
     /// `KvmWindow::exit_reasons`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub exit_reasons: BTreeMap<String, u64>,
+    pub(crate) exit_reasons: BTreeMap<String, u64>,
 }
 
 /// KVM's vCPU statistics over one variant's window.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct KvmWindow {
+pub(crate) struct KvmWindow {
     /// How the counters were read ([`KVM_SOURCE`]).
-    pub source: String,
+    pub(crate) source: String,
     /// Why the record has no counters (QEMU without `query-stats`, or a
     /// host kernel without KVM's binary statistics); absent when it has
     /// them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unavailable: Option<String>,
+    pub(crate) unavailable: Option<String>,
     /// Cumulative counter (KVM's name: `exits`, `halt_exits`, …) → its
     /// increase over the window, summed over the vCPUs.
     #[serde(default)]
-    pub counters: BTreeMap<String, u64>,
+    pub(crate) counters: BTreeMap<String, u64>,
     /// Counter → its unit, for counters that have one (`ns`, `bytes`,
     /// `cycles`); the others are counts.
     #[serde(default)]
-    pub units: BTreeMap<String, String>,
+    pub(crate) units: BTreeMap<String, String>,
     /// Per vCPU, in vCPU order.
     #[serde(default)]
-    pub per_vcpu: Vec<KvmVcpu>,
+    pub(crate) per_vcpu: Vec<KvmVcpu>,
     /// The IOs per-IO values divide by (`record::metrics::ios`); null
     /// without an IO count.
     #[serde(default)]
-    pub ios: Option<f64>,
+    pub(crate) ios: Option<f64>,
     /// Counter → its sum over the vCPUs per IO (empty without an IO count).
     #[serde(default)]
-    pub per_io: BTreeMap<String, f64>,
+    pub(crate) per_io: BTreeMap<String, f64>,
     /// Exit reason (the host kernel's name: `hlt`, `io`, `msr`, `npf`,
     /// `interrupt`, … under SVM; `hlt`, `io_instruction`, `msr_write`,
     /// `ept_misconfig`, … under VMX) → exits of QEMU's vCPU threads for it
@@ -61,14 +61,14 @@ pub struct KvmWindow {
     /// the begin and end SYNC (`lab::measure::kvm_exit_tracepoint`). Absent, with
     /// `exit_reasons_unavailable`, when the host cannot count them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit_reasons: Option<BTreeMap<String, u64>>,
+    pub(crate) exit_reasons: Option<BTreeMap<String, u64>>,
     /// Exit reason → exits per IO (empty without an IO count).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub exit_reasons_per_io: BTreeMap<String, f64>,
+    pub(crate) exit_reasons_per_io: BTreeMap<String, f64>,
     /// Why the record has no exits by reason (no tracefs, not root, a
     /// kernel without hist triggers); absent when it has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exit_reasons_unavailable: Option<String>,
+    pub(crate) exit_reasons_unavailable: Option<String>,
 }
 
 impl KvmWindow {

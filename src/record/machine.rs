@@ -8,25 +8,25 @@ use serde::{Deserialize, Serialize};
 /// The guest machine and disks a boot had (after the scenario's settings
 /// and the command line's overrides).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct Machine {
-    pub vcpus: u32,
+pub(crate) struct Machine {
+    pub(crate) vcpus: u32,
     /// QEMU syntax (1G, 2048M).
-    pub memory: String,
-    pub disks: u32,
+    pub(crate) memory: String,
+    pub(crate) disks: u32,
     /// Virtqueues per disk.
-    pub num_queues: u16,
-    pub queue_size: u16,
+    pub(crate) num_queues: u16,
+    pub(crate) queue_size: u16,
 }
 
 /// A command-line flag that replaced a value the scenario pinned.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct Override {
+pub(crate) struct Override {
     /// `vcpus`, `memory`, `disks`, `queues`, `queue_size` or `device NAME`.
-    pub setting: String,
+    pub(crate) setting: String,
     /// The flag, e.g. `--vcpus`.
-    pub flag: String,
+    pub(crate) flag: String,
     /// What the scenario (or the variant) says.
-    pub scenario: String,
+    pub(crate) scenario: String,
     /// What ran.
-    pub used: String,
+    pub(crate) used: String,
 }

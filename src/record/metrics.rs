@@ -14,11 +14,11 @@ pub(crate) enum Better {
 
 /// One comparable metric.
 pub(crate) struct Metric {
-    pub key: &'static str,
-    pub title: &'static str,
-    pub unit: &'static str,
-    pub better: Better,
-    pub get: fn(&ResultRecord) -> Option<f64>,
+    pub(crate) key: &'static str,
+    pub(crate) title: &'static str,
+    pub(crate) unit: &'static str,
+    pub(crate) better: Better,
+    pub(crate) get: fn(&ResultRecord) -> Option<f64>,
 }
 
 /// The sum of one backend counter over the window (all disks and queues).
@@ -642,7 +642,9 @@ pub(crate) const HOST_INSTRUCTION_METRICS: &[&str] = &[
 /// [`EXIT_METRICS`] when any has would-be exits counted,
 /// [`KVM_METRICS`] when any has KVM's counters and
 /// [`HOST_INSTRUCTION_METRICS`] when any has the host's.
-pub fn default_metrics<'a>(records: impl IntoIterator<Item = &'a ResultRecord>) -> Vec<String> {
+pub(crate) fn default_metrics<'a>(
+    records: impl IntoIterator<Item = &'a ResultRecord>,
+) -> Vec<String> {
     let records: Vec<&ResultRecord> = records.into_iter().collect();
     let mut v: Vec<String> = DEFAULT_METRICS.iter().map(|s| s.to_string()).collect();
     if records.iter().any(|r| insns(r, |i| i.per_io).is_some()) {
@@ -682,11 +684,11 @@ pub(crate) fn find(key: &str) -> Option<&'static Metric> {
 
 /// linux-block-style labels of a row: (iotype, qd, nj, rmix).
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
-pub struct RowLabels {
-    pub iotype: String,
-    pub qd: String,
-    pub nj: String,
-    pub rmix: String,
+pub(crate) struct RowLabels {
+    pub(crate) iotype: String,
+    pub(crate) qd: String,
+    pub(crate) nj: String,
+    pub(crate) rmix: String,
 }
 
 /// Labels from the fio arguments the variant ran with (the last of a

@@ -20,7 +20,7 @@ pub mod host_cost;
 pub(crate) mod instructions;
 pub(crate) mod kvm;
 pub(crate) mod machine;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod result;
 pub mod run;
 pub(crate) mod scenario;

@@ -25,21 +25,21 @@ pub(crate) const RESULT_SCHEMA: &str = "blklab-run-result/1";
 /// virtio disks; for fio, the variant has a ramp, whose IOs fio leaves
 /// out).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct Checks {
+pub(crate) struct Checks {
     #[serde(default)]
-    pub fio_ios: Option<u64>,
+    pub(crate) fio_ios: Option<u64>,
     #[serde(default)]
-    pub guest_block_ios: Option<u64>,
+    pub(crate) guest_block_ios: Option<u64>,
     #[serde(default)]
-    pub backend_ios: Option<u64>,
+    backend_ios: Option<u64>,
     #[serde(default)]
-    pub fio_equals_guest_block: Option<bool>,
+    fio_equals_guest_block: Option<bool>,
     #[serde(default)]
-    pub fio_equals_backend: Option<bool>,
+    fio_equals_backend: Option<bool>,
     #[serde(default)]
-    pub guest_block_equals_backend: Option<bool>,
+    guest_block_equals_backend: Option<bool>,
     #[serde(default)]
-    pub guest_cpu_percent_sum: Option<f64>,
+    guest_cpu_percent_sum: Option<f64>,
 }
 
 impl Checks {
@@ -82,15 +82,15 @@ pub struct HostWindow {
     /// Seconds from the begin SYNC to the end SYNC (absent from trimmed
     /// recordings).
     #[serde(default)]
-    pub wall_s: Option<f64>,
+    pub(crate) wall_s: Option<f64>,
     /// Null when a sample failed.
     #[serde(default)]
-    pub qemu: Option<ProcessCpu>,
+    pub(crate) qemu: Option<ProcessCpu>,
     #[serde(default)]
-    pub blklab: Option<ProcessCpu>,
+    pub(crate) blklab: Option<ProcessCpu>,
     /// /proc/loadavg at the end.
     #[serde(default)]
-    pub loadavg: Option<String>,
+    pub(crate) loadavg: Option<String>,
 }
 
 impl HostWindow {
@@ -132,47 +132,47 @@ pub struct ResultRecord {
     /// [`RESULT_SCHEMA`].
     #[serde(deserialize_with = "check_result_schema")]
     #[schemars(pattern(result_schema_pattern()))]
-    pub schema: String,
+    pub(crate) schema: String,
     /// The run the record belongs to (absent from records older than the
     /// field: those belong to the run whose `order` lists their boot).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run: Option<RunRef>,
+    pub(crate) run: Option<RunRef>,
     /// The run-wide conditions it was measured under (absent from records
     /// older than the field: their run.json's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_conditions: Option<RunConditions>,
+    pub(crate) run_conditions: Option<RunConditions>,
     /// The kernel's label in the run.
     pub kernel: String,
     /// Its `--kernel` SPEC.
-    pub kernel_spec: String,
+    pub(crate) kernel_spec: String,
     pub scenario: String,
     pub variant: String,
     pub iteration: u32,
     /// The boot's position in the run's order.
-    pub boot_seq: usize,
+    pub(crate) boot_seq: usize,
     /// The guest's verdict on the variant.
-    pub ok: bool,
+    pub(crate) ok: bool,
     /// Seconds since the Unix epoch (absent from trimmed recordings).
     #[serde(default)]
-    pub finished_unix: Option<f64>,
-    pub accel: Accel,
-    pub qemu_command_line: Vec<String>,
+    pub(crate) finished_unix: Option<f64>,
+    pub(crate) accel: Accel,
+    pub(crate) qemu_command_line: Vec<String>,
     #[serde(default)]
-    pub manifests: Manifests,
+    pub(crate) manifests: Manifests,
     /// The served disks' configurations.
-    pub device: Vec<DiskConfig>,
+    pub(crate) device: Vec<DiskConfig>,
     /// The guest machine (absent from records of blklab before scenarios
     /// pinned it).
     #[serde(default)]
-    pub machine: Option<Machine>,
+    pub(crate) machine: Option<Machine>,
     /// Settings the command line changed from what the scenario pins.
     #[serde(default)]
-    pub overridden: Vec<Override>,
+    pub(crate) overridden: Vec<Override>,
     /// The variant as run (null if the guest ran one the host does not
     /// know).
-    pub scenario_definition: Option<Variant>,
-    pub checks: Checks,
-    pub guest: GuestResult,
+    pub(crate) scenario_definition: Option<Variant>,
+    pub(crate) checks: Checks,
+    pub(crate) guest: GuestResult,
     /// The backend's stats document over the window (a snapshot delta;
     /// null when the window was not measured).
     pub backend: Option<StatsDocument>,
@@ -180,14 +180,14 @@ pub struct ResultRecord {
     pub host: Option<HostWindow>,
     /// With `--count-insns` only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instructions: Option<Instructions>,
+    pub(crate) instructions: Option<Instructions>,
     /// Under KVM only: KVM's vCPU statistics over the window (absent from
     /// TCG records and from records older than the field).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kvm: Option<KvmWindow>,
+    pub(crate) kvm: Option<KvmWindow>,
     /// Nested runs with `--count-insns` only: the host's instructions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_instructions: Option<HostInstructions>,
+    pub(crate) host_instructions: Option<HostInstructions>,
 }
 
 impl Document for ResultRecord {

@@ -20,7 +20,7 @@ pub(crate) const RUN_SCHEMA: &str = "blklab-run/1";
     Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, clap::ValueEnum,
 )]
 #[serde(rename_all = "lowercase")]
-pub enum Accel {
+pub(crate) enum Accel {
     /// KVM when a real probe boots a guest under it, else TCG.
     Auto,
     Kvm,
@@ -33,7 +33,7 @@ pub enum Accel {
 
 impl Accel {
     /// How reports name it.
-    pub fn describe(self) -> &'static str {
+    pub(crate) fn describe(self) -> &'static str {
         match self {
             Accel::Auto => "auto",
             Accel::Kvm => "kvm",
@@ -47,29 +47,29 @@ impl Accel {
 /// §1), as images/ wrote them (null when absent or unreadable). blklab reads
 /// nothing in them: they are the images' contract, recorded for people.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct Manifests {
+pub(crate) struct Manifests {
     #[serde(default)]
-    pub kernel: Option<Value>,
+    pub(crate) kernel: Option<Value>,
     #[serde(default)]
-    pub initramfs: Option<Value>,
+    pub(crate) initramfs: Option<Value>,
 }
 
 /// What the host is (for the report's "what differs besides the kernel").
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct HostInfo {
-    pub hostname: Option<String>,
+pub(crate) struct HostInfo {
+    pub(crate) hostname: Option<String>,
     /// The host kernel's release.
-    pub kernel: Option<String>,
-    pub cpus: Option<usize>,
-    pub cpu_model: Option<String>,
+    pub(crate) kernel: Option<String>,
+    pub(crate) cpus: Option<usize>,
+    pub(crate) cpu_model: Option<String>,
 }
 
 /// The QEMU binary.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct QemuInfo {
-    pub path: String,
+pub(crate) struct QemuInfo {
+    pub(crate) path: String,
     /// The first line of `qemu --version`.
-    pub version: Option<String>,
+    pub(crate) version: Option<String>,
 }
 
 /// One kernel of the run.
@@ -78,45 +78,45 @@ pub struct KernelEntry {
     /// The label records and reports use (unique in the run).
     pub label: String,
     /// The `--kernel` SPEC.
-    pub spec: String,
-    pub kernel: PathBuf,
-    pub initramfs: PathBuf,
+    pub(crate) spec: String,
+    pub(crate) kernel: PathBuf,
+    pub(crate) initramfs: PathBuf,
     #[serde(default)]
-    pub manifests: Manifests,
+    pub(crate) manifests: Manifests,
 }
 
 /// One boot, in the order they ran.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct BootOrder {
-    pub kernel: String,
+    pub(crate) kernel: String,
     pub scenario: String,
-    pub iteration: u32,
+    pub(crate) iteration: u32,
     /// The variants this boot ran (a scenario whose variants differ in
     /// device settings runs in several boots).
     #[serde(default)]
     pub variants: Vec<String>,
     /// The guest machine and disks of the boot.
     #[serde(default)]
-    pub machine: Option<crate::record::machine::Machine>,
+    pub(crate) machine: Option<crate::record::machine::Machine>,
 }
 
 /// `blklab run --shard I/N`: which slice of which plan this run is.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct ShardInfo {
+pub(crate) struct ShardInfo {
     /// 1-based.
-    pub index: u32,
-    pub count: u32,
+    pub(crate) index: u32,
+    pub(crate) count: u32,
     /// Every boot of the whole run, in order (this shard's are `order`).
     /// Shards merge (`blklab compare DIR,DIR,...`) only with the same plan.
-    pub plan: Vec<BootOrder>,
+    pub(crate) plan: Vec<BootOrder>,
 }
 
 /// Instruction counting (`--count-insns`): the TCG plugin and how windows
 /// are taken.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct InsnsSetup {
-    pub plugin: PathBuf,
-    pub window: String,
+pub(crate) struct InsnsSetup {
+    pub(crate) plugin: PathBuf,
+    pub(crate) window: String,
 }
 
 fn run_schema_pattern() -> String {
@@ -134,62 +134,62 @@ pub struct RunDocument {
     /// [`RUN_SCHEMA`].
     #[serde(deserialize_with = "check_run_schema")]
     #[schemars(pattern(run_schema_pattern()))]
-    pub schema: String,
+    pub(crate) schema: String,
     /// The run's identity: every record of the run carries it
     /// ([`RunRef`]); absent from runs older than the field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run_id: Option<String>,
+    pub(crate) run_id: Option<String>,
     /// Seconds since the Unix epoch.
-    pub started_unix: f64,
-    pub blklab_version: String,
+    pub(crate) started_unix: f64,
+    pub(crate) blklab_version: String,
     /// The git commit blklab was built from.
-    pub git_commit: String,
-    pub command_line: Vec<String>,
-    pub accel: Accel,
+    pub(crate) git_commit: String,
+    pub(crate) command_line: Vec<String>,
+    pub(crate) accel: Accel,
     /// Why this accelerator.
-    pub accel_reason: String,
+    pub(crate) accel_reason: String,
     /// `--deterministic` (absent from runs older than the option: false).
     #[serde(default)]
-    pub deterministic: bool,
+    pub(crate) deterministic: bool,
     /// Null without instruction counts.
     #[serde(default)]
-    pub count_insns: Option<InsnsSetup>,
-    pub host: HostInfo,
-    pub qemu: QemuInfo,
+    pub(crate) count_insns: Option<InsnsSetup>,
+    pub(crate) host: HostInfo,
+    pub(crate) qemu: QemuInfo,
     pub kernels: Vec<KernelEntry>,
     pub scenarios: Vec<Scenario>,
-    pub iterations: u32,
+    pub(crate) iterations: u32,
     pub order: Vec<BootOrder>,
     /// `--shard I/N` (null: the whole run).
     #[serde(default)]
-    pub shard: Option<ShardInfo>,
+    pub(crate) shard: Option<ShardInfo>,
     /// `--accel nested`: the emulated host the guests ran in (absent
     /// otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nested_host: Option<NestedHostInfo>,
+    pub(crate) nested_host: Option<NestedHostInfo>,
 }
 
 /// The emulated host of a nested run: its image, its machine under TCG,
 /// and the QEMU inside it (the outer one's binary).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct NestedHostInfo {
-    pub kernel: PathBuf,
-    pub initramfs: PathBuf,
+pub(crate) struct NestedHostInfo {
+    pub(crate) kernel: PathBuf,
+    pub(crate) initramfs: PathBuf,
     /// The image recipe's manifest (null when absent).
     #[serde(default)]
-    pub manifest: Option<Value>,
+    pub(crate) manifest: Option<Value>,
     /// QEMU's `-cpu` for the host.
-    pub cpu: String,
-    pub vcpus: u32,
+    pub(crate) cpu: String,
+    pub(crate) vcpus: u32,
     /// Both NUMA nodes' memory.
-    pub memory_mib: u64,
+    pub(crate) memory_mib: u64,
     /// Node 1's memory (no vCPUs): the host's huge pages, which its guests'
     /// RAM is made of, and their overhead.
     #[serde(default)]
-    pub guest_node_mib: Option<u64>,
+    pub(crate) guest_node_mib: Option<u64>,
     /// 2 MiB huge pages on node 1.
     #[serde(default)]
-    pub huge_pages: Option<u64>,
+    pub(crate) huge_pages: Option<u64>,
 }
 
 impl RunDocument {
@@ -220,8 +220,8 @@ impl RunDocument {
 /// What every record of a run carries of its run.json.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RunStamp {
-    pub run: Option<RunRef>,
-    pub conditions: RunConditions,
+    pub(crate) run: Option<RunRef>,
+    pub(crate) conditions: RunConditions,
 }
 
 impl RunDocument {
@@ -237,35 +237,35 @@ impl RunDocument {
 /// Which run a record belongs to: its run.json's `run_id`, and the shard
 /// (`--shard I/N`) that measured it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct RunRef {
-    pub id: String,
+pub(crate) struct RunRef {
+    pub(crate) id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shard: Option<ShardRef>,
+    pub(crate) shard: Option<ShardRef>,
 }
 
 /// `--shard I/N` of a record's run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct ShardRef {
+pub(crate) struct ShardRef {
     /// 1-based.
-    pub index: u32,
-    pub count: u32,
+    pub(crate) index: u32,
+    pub(crate) count: u32,
 }
 
 /// The run-wide conditions that change a record's numbers, copied from
 /// run.json into each record, so that a record copied into another run's
 /// directory still says what it was measured under.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct RunConditions {
+pub(crate) struct RunConditions {
     /// Why the accelerator (run.json's `accel_reason`).
-    pub accel_reason: String,
+    pub(crate) accel_reason: String,
     /// `--deterministic`.
-    pub deterministic: bool,
+    pub(crate) deterministic: bool,
     /// Guest instructions counted (the plugin costs the vCPUs time).
-    pub count_insns: bool,
+    pub(crate) count_insns: bool,
     /// The first line of `qemu --version`.
-    pub qemu_version: Option<String>,
-    pub blklab_version: String,
-    pub git_commit: String,
+    pub(crate) qemu_version: Option<String>,
+    pub(crate) blklab_version: String,
+    pub(crate) git_commit: String,
 }
 
 /// A new run's identity: its start (`YYYYmmdd-HHMMSS` UTC) and 32 random

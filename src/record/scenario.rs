@@ -9,33 +9,33 @@ use serde::{Deserialize, Serialize};
 
 /// Where a variant's IO goes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct Target {
+pub(crate) struct Target {
     /// `virtio`, `scsi_debug` or `null_blk`.
-    pub kind: String,
+    pub(crate) kind: String,
     /// Module parameters (`NAME=VALUE`), for the module targets.
-    pub params: Vec<String>,
+    pub(crate) params: Vec<String>,
 }
 
 /// A device-mapper stack built on a variant's target devices; fio then runs
 /// on the stack's devices instead of the targets.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct Stack {
+pub(crate) struct Stack {
     /// `multipath`: one request-based dm-multipath map per logical unit,
     /// its paths the target devices showing that unit (SCSI disks with the
     /// same channel:target:lun on different hosts; any other device is a
     /// map of one path).
-    pub kind: String,
+    pub(crate) kind: String,
     /// `selector=service-time|round-robin|queue-length` (the path selector,
     /// default service-time as multipath-tools), `path_sched=NAME` (the
     /// I/O scheduler of the path devices; the variant's `sched` and queue
     /// knobs apply to the maps).
-    pub params: Vec<String>,
+    pub(crate) params: Vec<String>,
 }
 
 /// How fio's jobs cover a variant's target devices.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
-pub enum Layout {
+pub(crate) enum Layout {
     /// One job section over every device (`--filename=DEV1:DEV2:…`); its
     /// `numjobs` jobs spread their IO over all of them.
     #[default]
@@ -58,59 +58,59 @@ impl Layout {
 /// One measured case of a scenario, with the globals folded in.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Variant {
-    pub name: String,
-    pub target: Target,
+    pub(crate) name: String,
+    pub(crate) target: Target,
     /// A dm stack on the targets (null: fio runs on the targets).
     #[serde(default)]
-    pub stack: Option<Stack>,
+    pub(crate) stack: Option<Stack>,
     /// The I/O scheduler written to `queue/scheduler` (null: left alone).
-    pub sched: Option<String>,
+    pub(crate) sched: Option<String>,
     /// Written to `queue/nr_requests` (null: left alone).
-    pub nr_requests: Option<u64>,
+    pub(crate) nr_requests: Option<u64>,
     /// Written to `device/queue_depth` (SCSI devices; null: left alone).
     #[serde(default)]
-    pub queue_depth: Option<u64>,
+    pub(crate) queue_depth: Option<u64>,
     /// Written to `queue/nomerges` (0, 1 or 2; null: left alone).
     #[serde(default)]
-    pub nomerges: Option<u64>,
+    pub(crate) nomerges: Option<u64>,
     /// Written to `queue/rq_affinity` (0, 1 or 2; null: left alone).
     #[serde(default)]
-    pub rq_affinity: Option<u64>,
+    pub(crate) rq_affinity: Option<u64>,
     /// The backend's device model for this variant (`blklab run`'s device
     /// options as `NAME=VALUE`, globals first, the variant's replacing
     /// globals of the same name). Variants whose settings differ run in
     /// separate boots.
     #[serde(default)]
-    pub device: Vec<String>,
+    pub(crate) device: Vec<String>,
     /// fio's job layout over the target devices.
     #[serde(default)]
-    pub layout: Layout,
+    pub(crate) layout: Layout,
     /// fio runtime, seconds.
-    pub runtime: u64,
+    pub(crate) runtime: u64,
     /// fio ramp_time, seconds.
-    pub ramp: u64,
+    pub(crate) ramp: u64,
     /// The scenario's fio arguments (global ones first).
-    pub fio_args: Vec<String>,
+    pub(crate) fio_args: Vec<String>,
 }
 
 /// A parsed scenario file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Scenario {
     pub name: String,
-    pub description: Option<String>,
+    pub(crate) description: Option<String>,
     /// Disks the host serves (default 1).
-    pub disks: u32,
+    pub(crate) disks: u32,
     /// Virtqueues per disk, when the scenario fixes it.
-    pub queues: Option<u16>,
+    pub(crate) queues: Option<u16>,
     /// Guest vCPUs, when the scenario fixes them.
     #[serde(default)]
-    pub vcpus: Option<u32>,
+    pub(crate) vcpus: Option<u32>,
     /// Guest memory (QEMU syntax: 1G, 2048M), when the scenario fixes it.
     #[serde(default)]
-    pub memory: Option<String>,
+    pub(crate) memory: Option<String>,
     /// Virtqueue size, when the scenario fixes it.
     #[serde(default)]
-    pub queue_size: Option<u16>,
+    pub(crate) queue_size: Option<u16>,
     pub variants: Vec<Variant>,
 }
 

@@ -16,10 +16,10 @@ pub const SUMMARY_SCHEMA: &str = "blklab-run-summary/1";
 
 /// Mean and sample standard deviation of one metric.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct Stat {
-    pub n: usize,
-    pub mean: f64,
-    pub sd: f64,
+pub(crate) struct Stat {
+    pub(crate) n: usize,
+    pub(crate) mean: f64,
+    pub(crate) sd: f64,
 }
 
 /// One (scenario, variant, kernel) row.
@@ -30,26 +30,26 @@ pub struct Row {
     pub kernel: String,
     /// Records of the row, failed ones included.
     pub iterations: usize,
-    pub failed: usize,
+    pub(crate) failed: usize,
     /// Iterations the run planned for the row that left no record (the
     /// run ended first, or its mode did not reach them): not run, counted
     /// apart, neither ok nor failed. 0 in summaries older than the count.
     #[serde(default)]
     pub not_run: usize,
     /// Metric key → its statistic over the ok records.
-    pub metrics: BTreeMap<String, Stat>,
+    pub(crate) metrics: BTreeMap<String, Stat>,
 }
 
 /// A boot whose console stayed silent and that was tried once more.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RetriedBoot {
-    pub kernel: String,
-    pub scenario: String,
-    pub iteration: u32,
+    pub(crate) kernel: String,
+    pub(crate) scenario: String,
+    pub(crate) iteration: u32,
     /// Why the first attempt failed.
-    pub error: String,
+    pub(crate) error: String,
     /// The first attempt's console log.
-    pub console: PathBuf,
+    pub(crate) console: PathBuf,
 }
 
 fn summary_schema_pattern() -> String {

@@ -38,9 +38,9 @@ pub(crate) fn base_name(sym: &str) -> Cow<'_, str> {
 /// [`GROUPS`] order) one of whose exact names or prefixes matches its base
 /// name; else to `other`.
 pub(crate) struct Group {
-    pub name: &'static str,
-    pub exact: &'static [&'static str],
-    pub prefixes: &'static [&'static str],
+    pub(crate) name: &'static str,
+    pub(crate) exact: &'static [&'static str],
+    prefixes: &'static [&'static str],
 }
 
 /// The groups, in matching order. Names, not source files: System.map has

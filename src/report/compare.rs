@@ -19,7 +19,7 @@ use thiserror::Error;
 use crate::record::metrics::{self, RowLabels};
 use crate::record::result::ResultRecord;
 use crate::record::scenario::Variant;
-pub use crate::report::comparability::check::Difference;
+pub(crate) use crate::report::comparability::check::Difference;
 use crate::report::comparability::refusal::{
     checked_differences, forced_conditions, ComparabilityError,
 };
@@ -54,7 +54,7 @@ pub enum ReportError {
 /// What a report compares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Kernel B against kernel A, row by row (scenario, variant).
     Kernels,
     /// On one kernel, each pair's other variant (B) against its base (A).
@@ -67,16 +67,16 @@ pub enum Mode {
 /// One variant of a `--pair`: `VARIANT` (in every scenario that has both
 /// variants of the pair) or `SCENARIO/VARIANT`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct VariantRef {
-    pub scenario: Option<String>,
-    pub variant: String,
+pub(crate) struct VariantRef {
+    pub(crate) scenario: Option<String>,
+    pub(crate) variant: String,
 }
 
 /// A variant pair as asked for: `BASE:OTHER`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PairSpec {
-    pub base: VariantRef,
-    pub other: VariantRef,
+    pub(crate) base: VariantRef,
+    pub(crate) other: VariantRef,
 }
 
 impl PairSpec {
@@ -139,35 +139,35 @@ fn row_pair((b, o): &Resolved) -> RowPair {
 
 /// One row: a (scenario, variant) of two kernels, or a variant pair.
 #[derive(Debug, Clone, Serialize)]
-pub struct Row {
+pub(crate) struct Row {
     /// The scenario (of the base variant, for pairs).
-    pub scenario: String,
+    pub(crate) scenario: String,
     /// The variant (the base variant, for pairs).
-    pub variant: String,
+    pub(crate) variant: String,
     /// Pairs: the base (A) and other (B) variant of the row.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pair: Option<RowPair>,
-    pub labels: RowLabels,
+    pub(crate) pair: Option<RowPair>,
+    pub(crate) labels: RowLabels,
     /// What the row measures: its scenario's description and the
     /// variant's target and scheduler (the base variant's, for pairs).
-    pub about: String,
+    pub(crate) about: String,
     /// Pairs: the other variant's labels, when they differ from the base's.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub labels_other: Option<RowLabels>,
+    pub(crate) labels_other: Option<RowLabels>,
     /// Failed records left out, per side (for the difference in
     /// differences, over both variants of each kernel).
-    pub failed_a: usize,
-    pub failed_b: usize,
+    pub(crate) failed_a: usize,
+    pub(crate) failed_b: usize,
     /// metric key → comparison (only metrics with data on both sides);
     /// empty in a difference-in-differences report (see `did`).
-    pub metrics: BTreeMap<String, Comparison>,
+    pub(crate) metrics: BTreeMap<String, Comparison>,
     /// Difference in differences: metric key → each kernel's pair effect
     /// and the difference in differences.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub did: BTreeMap<String, DidCell>,
+    pub(crate) did: BTreeMap<String, DidCell>,
     /// The row's groups of records with their samples, for plots.
     #[serde(skip)]
-    pub groups: Vec<Group>,
+    pub(crate) groups: Vec<Group>,
 }
 
 impl Row {
@@ -182,26 +182,26 @@ impl Row {
 
 /// One metric of one row of a difference-in-differences report.
 #[derive(Debug, Clone, Serialize)]
-pub struct DidCell {
+pub(crate) struct DidCell {
     /// The pair's effect on kernel A (A = base, B = other).
-    pub a: Comparison,
+    pub(crate) a: Comparison,
     /// The pair's effect on kernel B.
-    pub b: Comparison,
+    pub(crate) b: Comparison,
     /// B's effect against A's.
-    pub did: DiffInDiff,
+    pub(crate) did: DiffInDiff,
 }
 
 /// One group of records of a row (a side's variant), for plots.
 #[derive(Debug, Clone)]
-pub struct Group {
+pub(crate) struct Group {
     /// The legend of its series, e.g. `A debian-6.12` or `B smoke/write`.
-    pub label: String,
+    pub(crate) label: String,
     /// Which side's records: 0 = A, 1 = B.
-    pub side: usize,
-    pub scenario: String,
-    pub variant: String,
+    pub(crate) side: usize,
+    pub(crate) scenario: String,
+    pub(crate) variant: String,
     /// metric key → sample values.
-    pub samples: BTreeMap<String, Vec<f64>>,
+    pub(crate) samples: BTreeMap<String, Vec<f64>>,
 }
 
 impl Group {
@@ -219,34 +219,34 @@ impl Group {
 
 /// Description of a side in a report.
 #[derive(Debug, Clone, Serialize)]
-pub struct SideInfo {
-    pub dir: PathBuf,
-    pub kernel: String,
-    pub kernel_spec: String,
-    pub records: usize,
+pub(crate) struct SideInfo {
+    pub(crate) dir: PathBuf,
+    pub(crate) kernel: String,
+    pub(crate) kernel_spec: String,
+    pub(crate) records: usize,
     /// The run the side's records come from.
-    pub run: RunIdentity,
+    pub(crate) run: RunIdentity,
 }
 
 /// What a run was, from its run.json: what a reader needs to trust or
 /// reproduce the numbers.
 #[derive(Debug, Clone, Serialize)]
-pub struct RunIdentity {
+pub(crate) struct RunIdentity {
     /// When the run started, `YYYYmmdd-HHMMSS` UTC.
-    pub started: String,
-    pub accel: String,
-    pub accel_reason: String,
-    pub deterministic: bool,
+    pub(crate) started: String,
+    pub(crate) accel: String,
+    pub(crate) accel_reason: String,
+    pub(crate) deterministic: bool,
     /// Guest instructions counted (`--count-insns`).
-    pub instructions: bool,
+    pub(crate) instructions: bool,
     /// `qemu --version`'s first line.
-    pub qemu: String,
+    pub(crate) qemu: String,
     /// The distinct vCPU counts of the side's records.
-    pub vcpus: String,
-    pub iterations: u32,
+    pub(crate) vcpus: String,
+    pub(crate) iterations: u32,
     /// blklab's version and the commit it was built from.
-    pub blklab: String,
-    pub host: String,
+    pub(crate) blklab: String,
+    pub(crate) host: String,
 }
 
 fn run_identity(s: &Side) -> RunIdentity {
@@ -286,33 +286,33 @@ fn run_identity(s: &Side) -> RunIdentity {
 /// A complete comparison.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
-    pub schema: &'static str,
+    pub(crate) schema: &'static str,
     /// Forced over these differences (each `CONDITION: A … / B …`): every
     /// report format says so at its top. Empty unless forced over one.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub forced_over: Vec<String>,
-    pub mode: Mode,
+    pub(crate) forced_over: Vec<String>,
+    pub(crate) mode: Mode,
     /// A's kernel (with variant pairs on one kernel, `a` and `b` are the
     /// same side and each row's `pair` says which variant is A and B).
-    pub a: SideInfo,
-    pub b: SideInfo,
+    pub(crate) a: SideInfo,
+    pub(crate) b: SideInfo,
     /// The `--pair` arguments, as given.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub pairs: Vec<String>,
-    pub confidence: f64,
-    pub metrics: Vec<String>,
-    pub rows: Vec<Row>,
-    pub differences: Vec<Difference>,
-    pub forced: bool,
+    pub(crate) pairs: Vec<String>,
+    pub(crate) confidence: f64,
+    pub(crate) metrics: Vec<String>,
+    pub(crate) rows: Vec<Row>,
+    pub(crate) differences: Vec<Difference>,
+    pub(crate) forced: bool,
     /// The differential instruction profile per row (records with
     /// `instructions` on both sides only); with two kernels and pairs, one
     /// per kernel and row.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub profiles: Vec<profile::RowProfile>,
+    pub(crate) profiles: Vec<profile::RowProfile>,
     /// `--coverage DIR`: the rows' would-be exits beside a nested run's
     /// KVM exits.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub coverage: Option<Coverage>,
+    pub(crate) coverage: Option<Coverage>,
 }
 
 /// A side's distinct vCPU counts (`?` where a record says nothing).
@@ -456,11 +456,11 @@ fn correct(rows: &mut [Row], metric_keys: &[String], confidence: f64) {
 pub(crate) struct Options {
     /// The confidence of the intervals, and 1 − the family-wise level of
     /// the multiple-comparison correction (e.g. 0.95).
-    pub confidence: f64,
+    pub(crate) confidence: f64,
     /// Compare the common rows of sides whose rows or setups differ.
-    pub force: bool,
+    pub(crate) force: bool,
     /// Functions per row in the differential instruction profile.
-    pub profile_top: usize,
+    pub(crate) profile_top: usize,
 }
 
 /// Every metric's comparison of `b`'s samples against `a`'s (metrics with
@@ -594,18 +594,18 @@ pub(crate) fn build<R: RowResolver>(
 #[derive(Debug, Clone)]
 pub struct Request {
     /// `DIR`, `DIR:KERNEL`, or two of them.
-    pub sides: Vec<String>,
-    pub pairs: Vec<PairSpec>,
+    pub(crate) sides: Vec<String>,
+    pub(crate) pairs: Vec<PairSpec>,
     /// Empty: the defaults for the records; `all`: every metric.
-    pub metrics: Vec<String>,
-    pub confidence: f64,
-    pub force: bool,
-    pub profile_top: usize,
+    pub(crate) metrics: Vec<String>,
+    pub(crate) confidence: f64,
+    pub(crate) force: bool,
+    pub(crate) profile_top: usize,
     /// `--run ID`: the run to read in a directory holding several runs'
     /// records.
-    pub runs: Vec<String>,
+    pub(crate) runs: Vec<String>,
     /// `--coverage DIR`: a nested run of the same cases.
-    pub coverage: Option<PathBuf>,
+    pub(crate) coverage: Option<PathBuf>,
 }
 
 impl Request {
@@ -634,8 +634,8 @@ impl Request {
 /// on one kernel).
 pub struct Compared {
     pub report: Report,
-    pub a: Side,
-    pub b: Side,
+    pub(crate) a: Side,
+    pub(crate) b: Side,
 }
 
 /// `blklab compare`: one DIR holding two kernels, or two sides, compare

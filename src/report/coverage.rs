@@ -42,29 +42,29 @@ pub(crate) const NOT_COUNTED: &str = "RDMSR, MMIO loads, user-space MMIO, nested
 
 /// One case (kernel, scenario, variant) measured both ways.
 #[derive(Debug, Clone, Serialize)]
-pub struct CoverageRow {
-    pub kernel: String,
+pub(crate) struct CoverageRow {
+    pub(crate) kernel: String,
     /// `SCENARIO/VARIANT`.
-    pub case: String,
+    pub(crate) case: String,
     /// Would-be exits per IO under TCG (the report's side), mean of `n`.
-    pub would_be_per_io: f64,
-    pub n: usize,
+    would_be_per_io: f64,
+    pub(crate) n: usize,
     /// KVM's exits per IO in the nested run, mean of `nested_n`.
-    pub kvm_exits_per_io: f64,
-    pub nested_n: usize,
+    pub(crate) kvm_exits_per_io: f64,
+    nested_n: usize,
     /// `would_be_per_io` as a percentage of `kvm_exits_per_io`.
-    pub covered_pct: f64,
+    covered_pct: f64,
 }
 
 /// The coverage section of a report.
 #[derive(Debug, Clone, Serialize)]
-pub struct Coverage {
+pub(crate) struct Coverage {
     /// The nested run's directory.
-    pub nested: PathBuf,
-    pub counted: &'static str,
-    pub not_counted: &'static str,
+    pub(crate) nested: PathBuf,
+    pub(crate) counted: &'static str,
+    not_counted: &'static str,
     /// The cases both runs have; empty when none.
-    pub rows: Vec<CoverageRow>,
+    pub(crate) rows: Vec<CoverageRow>,
 }
 
 /// The mean of `metric` over the records of `kernel` and case `(s, v)`.

@@ -21,7 +21,7 @@ const BOOTSTRAP_SEED: u64 = 0x626c_6b6c_6162;
 
 /// One side's samples, summarised.
 #[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub n: usize,
     pub mean: f64,
     /// Sample standard deviation (n − 1).
@@ -117,7 +117,7 @@ pub(crate) fn t_quantile(confidence: f64, df: f64) -> f64 {
 
 /// A confidence interval of mean(b) − mean(a), in the metric's unit.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
-pub struct Interval {
+pub(crate) struct Interval {
     pub lo: f64,
     pub hi: f64,
 }
@@ -219,7 +219,7 @@ fn bootstrap(a: &[f64], b: &[f64], confidence: f64) -> (Option<Interval>, Option
 /// How the interval was computed.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
-pub enum Method {
+pub(crate) enum Method {
     Welch,
     Bootstrap,
     /// Few samples: both were computed and the wider interval (and larger
@@ -233,7 +233,7 @@ pub enum Method {
 /// What the test of "no difference" concluded, for a [`Comparison`] or a
 /// [`DiffInDiff`].
 #[derive(Debug, Clone, Serialize)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub method: Method,
     /// Two-sided p-value of "no difference" (from the same method).
     pub p_value: Option<f64>,
@@ -308,7 +308,7 @@ fn larger(x: Option<f64>, y: Option<f64>) -> Option<f64> {
 
 /// One metric of one row, A against B.
 #[derive(Debug, Clone, Serialize)]
-pub struct Comparison {
+pub(crate) struct Comparison {
     pub a: Summary,
     pub b: Summary,
     /// (mean B − mean A) / |mean A| × 100.
@@ -400,7 +400,7 @@ pub(crate) fn holm(comparisons: &mut [&mut Outcome], confidence: f64) {
 /// resampling each group when skewed; the wider of both (and the larger
 /// p-value) with fewer samples.
 #[derive(Debug, Clone, Serialize)]
-pub struct DiffInDiff {
+pub(crate) struct DiffInDiff {
     /// Samples of (A.base, A.other, B.base, B.other).
     pub n: [usize; 4],
     /// d, in natural-log units.

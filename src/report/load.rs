@@ -107,11 +107,11 @@ pub enum MergeError {
 
 /// One side of a comparison: the records of one kernel in one run.
 #[derive(Debug, Clone)]
-pub struct Side {
-    pub dir: PathBuf,
-    pub kernel: String,
-    pub run: RunDocument,
-    pub records: Vec<ResultRecord>,
+pub(crate) struct Side {
+    pub(crate) dir: PathBuf,
+    pub(crate) kernel: String,
+    pub(crate) run: RunDocument,
+    pub(crate) records: Vec<ResultRecord>,
 }
 
 /// Is this document's `schema` a result record's (of any version)?
@@ -126,7 +126,7 @@ fn is_result(schema: &str) -> bool {
 /// The runs `compare --run ID` names: a directory whose records belong to
 /// several runs is read only when one of them is named here.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct RunFilter<'a>(pub &'a [String]);
+pub(crate) struct RunFilter<'a>(pub &'a [String]);
 
 /// A run directory: run.json and every record of its run in it (files of
 /// other documents are left alone; a record or run.json of a schema version
@@ -138,7 +138,7 @@ pub fn load_dir(dir: &Path) -> Result<(RunDocument, Vec<ResultRecord>), LoadErro
 
 /// [`load_dir`], keeping the records of the run `filter` names where the
 /// directory holds several runs'.
-pub fn load_dir_of(
+fn load_dir_of(
     dir: &Path,
     filter: RunFilter,
 ) -> Result<(RunDocument, Vec<ResultRecord>), LoadError> {

@@ -21,7 +21,7 @@ pub(crate) mod html;
 pub(crate) mod inference;
 pub mod load;
 pub(crate) mod profile;
-pub mod render;
+pub(crate) mod render;
 pub mod screenshot;
 pub(crate) mod verdict;
 
@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 /// Write every format of `report` into `dir`: report.txt, report.md,
 /// report.csv, report.json, report.html and plots/. Returns the files.
-pub fn write_all(
+pub(crate) fn write_all(
     report: &compare::Report,
     a: &load::Side,
     b: &load::Side,
@@ -53,7 +53,7 @@ pub fn write_all(
 
 /// The comparisons `blklab run` makes at its end: its first kernel (A)
 /// against each other kernel (B), from the run directory it wrote.
-pub fn run_comparisons(
+pub(crate) fn run_comparisons(
     out_dir: &Path,
     metrics: &[String],
 ) -> Result<Vec<(compare::Report, load::Side, load::Side)>, compare::ReportError> {

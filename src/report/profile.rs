@@ -22,12 +22,12 @@ pub(crate) const DEFAULT_TOP: usize = 15;
 
 /// One side's samples of one quantity, summarised.
 #[derive(Debug, Clone, Serialize)]
-pub struct SideValue {
-    pub mean: f64,
-    pub sd: f64,
-    pub n: usize,
-    pub min: f64,
-    pub max: f64,
+pub(crate) struct SideValue {
+    pub(crate) mean: f64,
+    pub(crate) sd: f64,
+    pub(crate) n: usize,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
 }
 
 fn side_value(v: &[f64]) -> SideValue {
@@ -43,17 +43,17 @@ fn side_value(v: &[f64]) -> SideValue {
 
 /// One line of a profile: a function or a group.
 #[derive(Debug, Clone, Serialize)]
-pub struct Entry {
-    pub name: String,
+pub(crate) struct Entry {
+    pub(crate) name: String,
     /// The function's symbol group (for functions); the group itself for groups.
-    pub group: String,
-    pub a: SideValue,
-    pub b: SideValue,
+    pub(crate) group: String,
+    pub(crate) a: SideValue,
+    pub(crate) b: SideValue,
     /// mean(B) − mean(A), instructions per IO.
-    pub diff: f64,
+    pub(crate) diff: f64,
     /// Every run of one side lies beyond every run of the other: a
     /// difference the runs' scatter cannot explain.
-    pub separated: bool,
+    pub(crate) separated: bool,
 }
 
 /// Do the two sides' ranges not overlap (with a difference)?
@@ -78,9 +78,9 @@ impl Entry {
 
 /// The two variants of one row of a pair comparison, as `SCENARIO/VARIANT`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct RowPair {
-    pub base: String,
-    pub other: String,
+pub(crate) struct RowPair {
+    pub(crate) base: String,
+    pub(crate) other: String,
 }
 
 impl RowPair {
@@ -106,78 +106,78 @@ impl RowPair {
 /// The profile of one (scenario, variant) row, or of a variant pair (on
 /// one kernel).
 #[derive(Debug, Clone, Serialize)]
-pub struct RowProfile {
-    pub scenario: String,
-    pub variant: String,
+pub(crate) struct RowProfile {
+    pub(crate) scenario: String,
+    pub(crate) variant: String,
     /// Variant pairs: A is the base variant, B the other.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pair: Option<RowPair>,
+    pub(crate) pair: Option<RowPair>,
     /// Variant pairs on two kernels: the kernel this profile is of.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub kernel: Option<String>,
+    pub(crate) kernel: Option<String>,
     /// What A and B are, for the column headers.
     #[serde(skip)]
-    pub a_label: String,
+    pub(crate) a_label: String,
     #[serde(skip)]
-    pub b_label: String,
+    pub(crate) b_label: String,
     /// kernel, user, total instructions per IO, idle entries and context
     /// switches per IO: the quantities that explain the totals' scatter.
-    pub totals: Vec<Entry>,
+    pub(crate) totals: Vec<Entry>,
     /// Every group, largest |diff| first.
-    pub groups: Vec<Entry>,
+    pub(crate) groups: Vec<Entry>,
     /// The `top` functions: separated differences first, each by |diff|.
-    pub functions: Vec<Entry>,
+    pub(crate) functions: Vec<Entry>,
     /// Functions with a difference that were left out of `functions`.
-    pub more_functions: usize,
+    pub(crate) more_functions: usize,
     /// Sum of every function's diff (= the kernel's per-IO difference as far
     /// as blocks were attributed).
-    pub functions_diff_sum: f64,
+    pub(crate) functions_diff_sum: f64,
     /// Measurement artefacts at the top of either side's profile (see
     /// [`artefacts`]); empty for a clean profile.
-    pub warnings: Vec<ArtefactWarning>,
+    pub(crate) warnings: Vec<ArtefactWarning>,
     /// Nested runs: the host's profile, when both sides have one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub host: Option<HostProfile>,
+    pub(crate) host: Option<HostProfile>,
     /// The modelled host cost per IO (`record::host_cost`: not measured),
     /// term by term, when both sides count would-be exits.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub modelled: Vec<Entry>,
+    pub(crate) modelled: Vec<Entry>,
 }
 
 /// The host side of a nested row's profile: the host's instructions per IO
 /// (kernel, user, all, world switches), its kernel's by host group and by
 /// function, B − A.
 #[derive(Debug, Clone, Serialize)]
-pub struct HostProfile {
-    pub totals: Vec<Entry>,
+pub(crate) struct HostProfile {
+    pub(crate) totals: Vec<Entry>,
     /// Every host group, largest |diff| first.
-    pub groups: Vec<Entry>,
+    pub(crate) groups: Vec<Entry>,
     /// The `top` functions, ranked as the guest's.
-    pub functions: Vec<Entry>,
+    pub(crate) functions: Vec<Entry>,
     /// Functions with a difference that were left out of `functions`.
-    pub more_functions: usize,
+    pub(crate) more_functions: usize,
     /// Sum of every host function's diff.
-    pub functions_diff_sum: f64,
+    pub(crate) functions_diff_sum: f64,
 }
 
 /// A function near the top of one side's profile that says more about how
 /// the guest was measured than about the block layer: an emulated clock, an
 /// allocator on its slow path, a vCPU spinning on a lock.
 #[derive(Debug, Clone, Serialize)]
-pub struct ArtefactWarning {
+pub(crate) struct ArtefactWarning {
     /// "a" or "b".
-    pub side: &'static str,
-    pub function: String,
+    pub(crate) side: &'static str,
+    pub(crate) function: String,
     /// "clock read", "allocator slow path" or "lock spinning".
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
     /// Its rank on that side by instructions per IO (1 = the most).
-    pub rank: usize,
+    pub(crate) rank: usize,
     /// Mean instructions per IO on that side.
-    pub per_io: f64,
+    pub(crate) per_io: f64,
     /// Its share of that side's kernel instructions per IO, in percent.
-    pub kernel_share_pct: f64,
+    pub(crate) kernel_share_pct: f64,
     /// What it suggests, and what to check.
-    pub hint: &'static str,
+    pub(crate) hint: &'static str,
 }
 
 /// A function counts as "top" when it is among the first [`ARTEFACT_RANK`]

@@ -319,7 +319,7 @@ fn differences_text(report: &Report) -> Vec<(String, Vec<String>)> {
 }
 
 /// The terminal table: one section per metric.
-pub fn table(report: &Report) -> String {
+pub(crate) fn table(report: &Report) -> String {
     let mut out = String::new();
     for l in forced_banner(report) {
         out.push_str(&l);
@@ -400,7 +400,7 @@ fn md_escape(s: &str) -> String {
 }
 
 /// Markdown, to paste into a mailing-list reply.
-pub fn markdown(report: &Report) -> String {
+pub(crate) fn markdown(report: &Report) -> String {
     let mut out = format!("### {}\n\n", md_escape(&heading(report)));
     let banner = forced_banner(report);
     if let Some((first, rest)) = banner.split_first() {
@@ -503,7 +503,7 @@ fn csv_line(fields: &[String]) -> String {
 /// each kernel's four means, both pair effects and the DiD.
 /// A forced comparison opens with `#` comment lines naming the conditions
 /// that differ.
-pub fn csv(report: &Report) -> String {
+pub(crate) fn csv(report: &Report) -> String {
     let mut out: String = forced_banner(report)
         .iter()
         .map(|l| format!("# {}\n", l.trim_start()))
@@ -659,7 +659,7 @@ struct WithVerdict<'a> {
 }
 
 /// The whole report as JSON, its verdict last.
-pub fn json(report: &Report) -> String {
+pub(crate) fn json(report: &Report) -> String {
     let doc = WithVerdict {
         report,
         verdict: verdict::judge(report),

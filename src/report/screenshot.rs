@@ -134,7 +134,7 @@ fn page_height(dom: &str) -> Option<u32> {
 }
 
 /// Draw `html` into `report.png` beside it; the PNG's path.
-pub fn screenshot(html: &Path) -> Result<PathBuf, ScreenshotError> {
+pub(crate) fn screenshot(html: &Path) -> Result<PathBuf, ScreenshotError> {
     let browser = find_browser().ok_or(ScreenshotError::NoBrowser)?;
     let html = std::fs::canonicalize(html).unwrap_or_else(|_| html.to_path_buf());
     let png = html.with_file_name("report.png");

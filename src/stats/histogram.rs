@@ -56,7 +56,7 @@ pub(crate) const LATENCY_MAX_NS: u64 = 100_000_000_000;
 ///
 /// See the [module documentation](self) for the representation.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Hist {
+pub(crate) struct Hist {
     /// `m`: values below `2^m` are exact.
     bits: u32,
     /// The largest value kept; larger ones are recorded as this.
@@ -234,7 +234,7 @@ impl TickHist {
 /// into the histogram when the value changes, so a repeated value costs
 /// a compare and an increment. [`hist`](Self::hist) has every value.
 #[derive(Debug, Clone)]
-pub struct RunHist {
+pub(crate) struct RunHist {
     hist: Hist,
     /// The current run: its value and length (0: none yet).
     run: (u64, u64),

@@ -195,15 +195,15 @@ pub struct QueueStats {
     /// [`INTER_ARRIVAL`]: the others.
     at_pop: [TickHist; POP_SLOTS],
     /// Requests in service when a request is popped.
-    pub inflight_at_pop: RunHist,
+    pub(crate) inflight_at_pop: RunHist,
     /// How long the queue waited for a command slot, ns.
-    pub tag_wait: Hist,
+    tag_wait: Hist,
     /// Adaptive polling: the poll window each wait for the guest had, ns.
     poll_window: Hist,
     /// Adaptive polling: the poll window now, ns.
     poll_window_now_ns: u64,
     /// Kernel thread id of the worker serving this queue (for its CPU time).
-    pub worker_tid: Option<i32>,
+    pub(crate) worker_tid: Option<i32>,
     /// The worker's CPU time when these statistics started (reset or
     /// snapshot baseline).
     cpu_baseline: Option<ThreadCpu>,
@@ -598,9 +598,9 @@ impl QueueStats {
 
 /// User and system CPU seconds of one thread.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq)]
-pub struct ThreadCpu {
-    pub user_s: f64,
-    pub sys_s: f64,
+pub(crate) struct ThreadCpu {
+    pub(crate) user_s: f64,
+    pub(crate) sys_s: f64,
 }
 
 /// CPU time of thread `tid` of this process, from /proc (no cost to the
@@ -624,17 +624,17 @@ pub(crate) fn current_tid() -> i32 {
 pub struct QueueReport {
     /// The virtqueue's index in its disk.
     #[serde(default)]
-    pub index: usize,
+    pub(crate) index: usize,
     pub counters: QueueCounters,
     /// Requests popped per wake-up.
     #[serde(default)]
-    pub requests_per_wakeup: HistSummary,
+    pub(crate) requests_per_wakeup: HistSummary,
     /// Requests popped per kick, per wake-up that had kicks (rounded).
     #[serde(default)]
     pub requests_per_kick: HistSummary,
     /// The requests-per-kick distribution: (requests, kicks) pairs.
     #[serde(default)]
-    pub requests_per_kick_values: Vec<(u64, u64)>,
+    pub(crate) requests_per_kick_values: Vec<(u64, u64)>,
     #[serde(default)]
     pub kicks_per_wakeup: HistSummary,
     /// Service time, pop to used, ns, by op.
@@ -643,27 +643,27 @@ pub struct QueueReport {
     #[serde(default)]
     pub latency_write_ns: HistSummary,
     #[serde(default)]
-    pub latency_other_ns: HistSummary,
+    pub(crate) latency_other_ns: HistSummary,
     /// Time between consecutive pops, ns.
     #[serde(default)]
-    pub inter_arrival_ns: HistSummary,
+    pub(crate) inter_arrival_ns: HistSummary,
     /// Requests in service when a request is popped.
     #[serde(default)]
-    pub inflight_at_pop: HistSummary,
+    pub(crate) inflight_at_pop: HistSummary,
     /// How long the queue waited for a command slot, ns.
     #[serde(default)]
-    pub tag_wait_ns: HistSummary,
+    pub(crate) tag_wait_ns: HistSummary,
     /// Adaptive polling: the poll window of each wait for the guest that a
     /// request ended (its size over the document's span), ns.
     #[serde(default)]
-    pub poll_window_ns: HistSummary,
+    pub(crate) poll_window_ns: HistSummary,
     /// Adaptive polling: the poll window at the time of the document, ns.
     #[serde(default)]
-    pub poll_window_now_ns: u64,
+    pub(crate) poll_window_now_ns: u64,
     /// The worker thread's CPU time over the document's span (null when
     /// the queue has not been served yet).
     #[serde(default)]
-    pub worker_cpu: Option<ThreadCpu>,
+    pub(crate) worker_cpu: Option<ThreadCpu>,
 }
 
 /// The git commit blklab was built from (`unknown` outside a checkout).
@@ -723,7 +723,7 @@ pub struct StatsDocument {
     pub git_commit: String,
     /// Wall-clock time of the document, ns since the Unix epoch.
     #[serde(default)]
-    pub time_unix_ns: u128,
+    time_unix_ns: u128,
     /// For snapshots: the label and the seconds the delta covers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label: Option<String>,

@@ -48,7 +48,7 @@ pub(crate) fn sample(pid: i32) -> Option<ProcessSample> {
 /// CPU seconds of one group of threads over an interval.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(default)]
-pub struct CpuSeconds {
+pub(crate) struct CpuSeconds {
     pub user_s: f64,
     pub sys_s: f64,
     pub total_s: f64,
@@ -58,7 +58,7 @@ pub struct CpuSeconds {
 
 /// One thread's CPU over an interval.
 #[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
-pub struct ThreadCpuDelta {
+pub(crate) struct ThreadCpuDelta {
     pub tid: i32,
     pub name: String,
     pub user_s: f64,
@@ -69,7 +69,7 @@ pub struct ThreadCpuDelta {
 /// default when absent: trimmed recordings keep only `groups`.)
 #[derive(Debug, Clone, Default, Serialize, Deserialize, schemars::JsonSchema, PartialEq)]
 #[serde(default)]
-pub struct ProcessCpu {
+pub(crate) struct ProcessCpu {
     pub pid: i32,
     pub wall_s: f64,
     pub total: CpuSeconds,

@@ -32,11 +32,11 @@ pub enum AccelError {
 /// instructions.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct AccelDecision {
-    pub accel: Accel,
-    pub reason: String,
-    pub count_insns: bool,
+    pub(crate) accel: Accel,
+    pub(crate) reason: String,
+    pub(crate) count_insns: bool,
     /// Why `--count-insns auto` takes no counts, when it takes none.
-    pub no_insns_because: Option<String>,
+    pub(crate) no_insns_because: Option<String>,
 }
 
 /// Decide the accelerator and instruction counting. `probe` is the real

@@ -81,25 +81,25 @@ pub(crate) use crate::backend::qemu_args::QemuDisk;
 /// Everything that makes up one guest's QEMU command line.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct QemuSpec {
-    pub qemu: String,
+    pub(crate) qemu: String,
     /// Kvm or Tcg (never Auto here).
-    pub accel: Accel,
-    pub vcpus: u32,
+    pub(crate) accel: Accel,
+    pub(crate) vcpus: u32,
     /// QEMU size syntax: `1G`, `2048M`.
-    pub memory: String,
-    pub kernel: PathBuf,
-    pub initramfs: PathBuf,
-    pub append: String,
-    pub disks: Vec<QemuDisk>,
+    pub(crate) memory: String,
+    pub(crate) kernel: PathBuf,
+    pub(crate) initramfs: PathBuf,
+    pub(crate) append: String,
+    pub(crate) disks: Vec<QemuDisk>,
     /// `-icount shift=0` with single-threaded TCG (TCG only).
-    pub deterministic: bool,
+    pub(crate) deterministic: bool,
     /// `-plugin` argument: the plugin's path and its arguments
     /// (`/x/libblklab-insns.so,ctl=/x/insns.sock`), TCG only.
-    pub plugin: Option<String>,
+    pub(crate) plugin: Option<String>,
     /// A QMP socket QEMU listens on (`-qmp unix:PATH,server=on,wait=off`).
-    pub qmp: Option<PathBuf>,
+    pub(crate) qmp: Option<PathBuf>,
     /// What backs the guest's RAM.
-    pub ram: GuestRam,
+    pub(crate) ram: GuestRam,
 }
 
 impl QemuSpec {
@@ -170,7 +170,7 @@ pub(crate) struct Guest {
     /// The last console lines, for error messages.
     tail: Arc<Mutex<VecDeque<String>>>,
     stderr: Arc<Mutex<String>>,
-    pub started: Instant,
+    pub(crate) started: Instant,
 }
 
 /// QEMU dies with us, however we die (SIGKILL included).

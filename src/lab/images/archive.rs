@@ -123,9 +123,9 @@ fn record(cache: &Path, rel: &str) -> Result<FileRecord, ArchiveError> {
 /// What an export wrote.
 #[derive(Debug)]
 pub(crate) struct Exported {
-    pub index: Index,
+    pub(crate) index: Index,
     /// Bytes of the archive.
-    pub size: u64,
+    pub(crate) size: u64,
 }
 
 /// Write the images of `specs` (and the plugin, with `plugin`; the nested
@@ -253,10 +253,10 @@ fn first_index<R: Read>(
 /// What an import installed.
 #[derive(Debug)]
 pub(crate) struct Imported {
-    pub index: Index,
+    pub(crate) index: Index,
     /// Files and bytes verified and installed.
-    pub files: usize,
-    pub bytes: u64,
+    pub(crate) files: usize,
+    pub(crate) bytes: u64,
 }
 
 /// Verify `archive` completely, then install its entries into `cache`

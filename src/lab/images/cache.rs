@@ -109,13 +109,13 @@ pub enum Kind {
 /// plugin, the nested host image) or an initramfs with its `.manifest.json` and `.inputs-hash`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     /// Relative to the cache: `kernel-build-6.12`, `tools/fio`,
     /// `initramfs/kernel-build-6.12.cpio.gz`.
-    pub path: String,
-    pub key: String,
+    pub(crate) path: String,
+    pub(crate) key: String,
     /// Its files, relative to the cache, sorted.
-    pub files: Vec<String>,
+    pub(crate) files: Vec<String>,
 }
 
 /// The suffixes of an initramfs entry's files (`X.cpio.gz`,
@@ -295,24 +295,24 @@ pub(crate) fn entries(
 /// from, from its manifest.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Listed {
-    pub kind: Kind,
-    pub path: String,
+    pub(crate) kind: Kind,
+    pub(crate) path: String,
     /// Its key (the manifest's `inputs_hash`); null for entries made
     /// before keys were recorded.
-    pub key: Option<String>,
+    pub(crate) key: Option<String>,
     /// The package (and version) it was built or fetched from.
-    pub package: Option<String>,
-    pub version: Option<String>,
-    pub patch: Option<String>,
-    pub config_sha256: Option<String>,
+    pub(crate) package: Option<String>,
+    pub(crate) version: Option<String>,
+    pub(crate) patch: Option<String>,
+    config_sha256: Option<String>,
     /// When it was built, fetched or prepared.
-    pub built_at: Option<String>,
+    pub(crate) built_at: Option<String>,
     /// Bytes of its files.
-    pub size: u64,
+    pub(crate) size: u64,
     /// A one-line summary.
-    pub from: String,
+    pub(crate) from: String,
     /// The whole manifest.
-    pub manifest: Value,
+    pub(crate) manifest: Value,
 }
 
 fn s(v: &Value, k: &str) -> Option<String> {

@@ -27,11 +27,11 @@ pub enum CommandError {
 #[derive(Debug, Args)]
 pub struct ImagesArgs {
     #[command(subcommand)]
-    pub command: ImagesCommand,
+    pub(crate) command: ImagesCommand,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum ImagesCommand {
+pub(crate) enum ImagesCommand {
     /// Prepare SPECs as `blklab run` does (images/prepare.sh: fetch or
     /// build each kernel, its initramfs, fio, mpstat) and the
     /// instruction-count plugin for the installed QEMU (and, with
@@ -58,88 +58,88 @@ pub enum ImagesCommand {
 
 /// The plugin's QEMU.
 #[derive(Debug, Clone, Args)]
-pub struct PluginArgs {
+pub(crate) struct PluginArgs {
     /// The QEMU whose instruction-count plugin is built, exported or keyed.
     #[arg(long, value_name = "PATH", default_value = "qemu-system-x86_64")]
-    pub qemu: String,
+    pub(crate) qemu: String,
     /// Leave the instruction-count plugin out.
     #[arg(long)]
-    pub no_plugin: bool,
+    no_plugin: bool,
 }
 
 /// The nested mode's host image (images/build-nested-host.sh): not a
 /// guest kernel but, like the plugin, an artifact of the installed QEMU
 /// (`--qemu`), so a flag beside the plugin's rather than a SPEC.
 #[derive(Debug, Clone, Args)]
-pub struct NestedHostArgs {
+pub(crate) struct NestedHostArgs {
     /// Also the nested mode's host image: Debian's 6.12 kernel and an
     /// initramfs with kvm_amd and this QEMU, booted under TCG as a KVM
     /// host. With it, SPECs may be left out.
     #[arg(long)]
-    pub nested_host: bool,
+    pub(crate) nested_host: bool,
 }
 
 #[derive(Debug, Args)]
-pub struct BuildArgs {
+pub(crate) struct BuildArgs {
     /// Kernels as `blklab run --kernel` takes them: debian-6.1,
     /// debian-6.12, build:SERIES[+PATCH], path:FILE[,modules=DIR][,map=FILE][,name=LABEL].
     #[arg(value_name = "SPEC", required_unless_present = "nested_host")]
-    pub specs: Vec<String>,
+    pub(crate) specs: Vec<String>,
     #[command(flatten)]
-    pub place: LabLocation,
+    pub(crate) place: LabLocation,
     #[command(flatten)]
-    pub plugin: PluginArgs,
+    pub(crate) plugin: PluginArgs,
     #[command(flatten)]
-    pub host: NestedHostArgs,
+    pub(crate) host: NestedHostArgs,
 }
 
 #[derive(Debug, Args)]
-pub struct ExportArgs {
+pub(crate) struct ExportArgs {
     /// The archive to write (replaced whole when done).
     #[arg(long, value_name = "FILE")]
-    pub out: PathBuf,
+    pub(crate) out: PathBuf,
     /// The kernels whose images go in (built first with `images build`).
     #[arg(value_name = "SPEC", required_unless_present = "nested_host")]
-    pub specs: Vec<String>,
+    pub(crate) specs: Vec<String>,
     #[command(flatten)]
-    pub place: LabLocation,
+    pub(crate) place: LabLocation,
     #[command(flatten)]
-    pub plugin: PluginArgs,
+    pub(crate) plugin: PluginArgs,
     #[command(flatten)]
-    pub host: NestedHostArgs,
+    pub(crate) host: NestedHostArgs,
 }
 
 #[derive(Debug, Args)]
-pub struct ImportArgs {
+pub(crate) struct ImportArgs {
     /// An archive of `blklab images export`.
     #[arg(value_name = "FILE")]
-    pub archive: PathBuf,
+    pub(crate) archive: PathBuf,
     #[command(flatten)]
-    pub cache: CacheOption,
+    pub(crate) cache: CacheOption,
 }
 
 #[derive(Debug, Args)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     #[command(flatten)]
-    pub cache: CacheOption,
+    pub(crate) cache: CacheOption,
     /// Print JSON (every entry with its whole manifest).
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
-pub struct KeyArgs {
+pub(crate) struct KeyArgs {
     #[arg(value_name = "SPEC", required_unless_present = "nested_host")]
-    pub specs: Vec<String>,
+    pub(crate) specs: Vec<String>,
     #[command(flatten)]
-    pub lab_dir: LabDirOption,
+    pub(crate) lab_dir: LabDirOption,
     #[command(flatten)]
-    pub plugin: PluginArgs,
+    pub(crate) plugin: PluginArgs,
     #[command(flatten)]
-    pub host: NestedHostArgs,
+    pub(crate) host: NestedHostArgs,
     /// Print JSON: the specs' keys and where their images live in the cache.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 fn plugin_key(lab: &Path, p: &PluginArgs) -> Result<Option<PluginKey>, ImageError> {

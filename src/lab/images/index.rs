@@ -46,17 +46,17 @@ pub enum IndexError {
 pub struct FileRecord {
     /// Relative to the cache (and the archive member's name).
     pub path: String,
-    pub size: u64,
-    pub sha256: String,
+    pub(crate) size: u64,
+    pub(crate) sha256: String,
     /// Installed with mode 0755 (else 0644).
-    pub executable: bool,
+    pub(crate) executable: bool,
 }
 
 /// One cache entry in the archive.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EntryRecord {
     pub kind: Kind,
-    pub path: String,
+    pub(crate) path: String,
     pub key: String,
     pub files: Vec<FileRecord>,
 }
@@ -64,16 +64,16 @@ pub struct EntryRecord {
 /// `index.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Index {
-    pub format: String,
-    pub version: u32,
+    pub(crate) format: String,
+    pub(crate) version: u32,
     /// The blklab that wrote it.
-    pub blklab_version: String,
+    pub(crate) blklab_version: String,
     /// When it was written, seconds since the epoch.
-    pub created_unix: u64,
+    created_unix: u64,
     /// The specs exported, with their offline keys.
     pub specs: Vec<SpecKey>,
     /// The instruction-count plugin and the QEMU it is for, when exported.
-    pub plugin: Option<PluginKey>,
+    pub(crate) plugin: Option<PluginKey>,
     /// The nested mode's host image, when exported (absent from archives
     /// without one, which older blklabs read as before).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -20,12 +20,12 @@ const SCRIPT: &str = "images/build-nested-host.sh";
 #[derive(Debug, Clone)]
 pub(crate) struct NestedHostImage {
     /// The host's kernel (a copy of the debian-6.12 bzImage).
-    pub kernel: PathBuf,
+    pub(crate) kernel: PathBuf,
     /// `host.cpio`: uncompressed newc, a multiple of 512 bytes long; the
     /// lab appends its per-run archive (`/lab/run/...`) to it.
-    pub initramfs: PathBuf,
+    pub(crate) initramfs: PathBuf,
     /// `manifest.json` beside them (null when absent or unreadable).
-    pub manifest: Option<Value>,
+    pub(crate) manifest: Option<Value>,
 }
 
 /// The host image's offline key (`images/build-nested-host.sh --key`): the
@@ -35,11 +35,11 @@ pub(crate) struct NestedHostImage {
 pub struct NestedHostKey {
     pub key: String,
     /// Its directory, relative to the cache.
-    pub dir: String,
+    pub(crate) dir: String,
     /// The QEMU package and version it holds.
-    pub qemu: String,
+    pub(crate) qemu: String,
     /// The key of the debian-6.12 kernel it is built from.
-    pub kernel_key: String,
+    pub(crate) kernel_key: String,
 }
 
 /// The host image's key for `qemu`.

@@ -90,9 +90,9 @@ pub(crate) enum ExitTraceUnavailable {
 /// A histogram's key: the thread, the ISA and the raw exit reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct ExitKey {
-    pub pid: u64,
-    pub isa: u64,
-    pub reason: u64,
+    pub(crate) pid: u64,
+    pub(crate) isa: u64,
+    pub(crate) reason: u64,
 }
 
 /// A histogram read: hits per key.
@@ -219,8 +219,8 @@ pub(crate) fn parse_hist(text: &str, path: &Path) -> Result<(Hist, u64), KvmExit
 /// summed over them.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub(crate) struct ExitReasons {
-    pub total: BTreeMap<String, u64>,
-    pub per_thread: Vec<BTreeMap<String, u64>>,
+    pub(crate) total: BTreeMap<String, u64>,
+    pub(crate) per_thread: Vec<BTreeMap<String, u64>>,
 }
 
 /// The increase from `begin` to `end` for the threads `tids`.

@@ -65,14 +65,14 @@ pub enum KvmStatsError {
 /// One statistic's description (`StatsSchemaValue`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub(crate) struct StatSchema {
-    pub name: String,
+    pub(crate) name: String,
     #[serde(rename = "type")]
-    pub kind: String,
+    pub(crate) kind: String,
     #[serde(default)]
-    pub unit: Option<String>,
+    pub(crate) unit: Option<String>,
     #[serde(default)]
-    pub base: Option<i8>,
-    pub exponent: i16,
+    pub(crate) base: Option<i8>,
+    pub(crate) exponent: i16,
 }
 
 impl StatSchema {
@@ -146,8 +146,8 @@ struct StatsResult {
 /// One vCPU's statistics at one moment.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct VcpuSample {
-    pub qom_path: String,
-    pub values: BTreeMap<String, StatValue>,
+    pub(crate) qom_path: String,
+    pub(crate) values: BTreeMap<String, StatValue>,
 }
 
 /// Every vCPU's statistics at one moment, in vCPU order.

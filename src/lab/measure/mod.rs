@@ -3,4 +3,4 @@
 pub(crate) mod kvm_exit_tracepoint;
 pub(crate) mod kvm_qmp_stats;
 pub mod plugin;
-pub mod plugin_exits;
+pub(crate) mod plugin_exits;

@@ -43,12 +43,12 @@ pub enum ExitKind {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ExitLine {
     /// 1 or 2.
-    pub level: u8,
-    pub vcpu: usize,
-    pub kind: ExitKind,
-    pub count: u64,
+    pub(crate) level: u8,
+    pub(crate) vcpu: usize,
+    pub(crate) kind: ExitKind,
+    pub(crate) count: u64,
     /// An MMIO store's MemoryRegion name.
-    pub region: Option<String>,
+    pub(crate) region: Option<String>,
 }
 
 /// `LEVEL VCPU KIND KEY N [NAME]` (after `exit`).
@@ -86,7 +86,7 @@ pub struct ExitCounts {
     /// (vCPU, kind) → executions.
     pub counts: BTreeMap<(usize, ExitKind), u64>,
     /// MMIO address → its MemoryRegion's name.
-    pub regions: BTreeMap<u64, String>,
+    pub(crate) regions: BTreeMap<u64, String>,
 }
 
 impl ExitCounts {
@@ -158,9 +158,9 @@ pub(crate) const NOTIFY_MULTIPLIER: u64 = 4;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct NotifyArea {
     /// The disk's index (the `-device` order: vda, vdb, …).
-    pub disk: usize,
-    pub base: u64,
-    pub queues: u64,
+    pub(crate) disk: usize,
+    pub(crate) base: u64,
+    pub(crate) queues: u64,
 }
 
 impl NotifyArea {

@@ -42,25 +42,25 @@ pub enum MergeError {
 /// One window's plugin dumps: the begin's, then the window's counts.
 #[derive(Debug, Default)]
 pub(crate) struct Window {
-    pub begin: Option<Dump>,
-    pub counted: Option<Dump>,
+    pub(crate) begin: Option<Dump>,
+    pub(crate) counted: Option<Dump>,
 }
 
 /// Where the merged records go and what symbolises their counts.
 pub(crate) struct Destination<'a> {
-    pub out_dir: &'a Path,
+    pub(crate) out_dir: &'a Path,
     /// The outer run's, which its records carry instead of the inner run's.
-    pub stamp: &'a RunStamp,
+    pub(crate) stamp: &'a RunStamp,
     /// The kernels' labels and, with counts, their System.maps.
-    pub labels: &'a [String],
-    pub maps: &'a [Option<Arc<SymbolMap>>],
+    pub(crate) labels: &'a [String],
+    pub(crate) maps: &'a [Option<Arc<SymbolMap>>],
 }
 
 /// What the nested host's boots produced.
 pub(crate) struct Merged {
-    pub records: Vec<ResultRecord>,
-    pub failures: Vec<String>,
-    pub retried: Vec<RetriedBoot>,
+    pub(crate) records: Vec<ResultRecord>,
+    pub(crate) failures: Vec<String>,
+    pub(crate) retried: Vec<RetriedBoot>,
 }
 
 /// Where the inner lab's log is kept in the outer run directory.

@@ -27,18 +27,18 @@ const TAG: &str = "BLKLAB-NESTED";
 /// The variant window a SYNC line belongs to: one record's identity.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct WindowKey {
-    pub kernel: String,
-    pub scenario: String,
-    pub variant: String,
-    pub iteration: u32,
+    pub(crate) kernel: String,
+    pub(crate) scenario: String,
+    pub(crate) variant: String,
+    pub(crate) iteration: u32,
 }
 
 /// One relay line the outer lab acts on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SyncLine {
-    pub seq: u64,
-    pub phase: Phase,
-    pub key: WindowKey,
+    pub(crate) seq: u64,
+    pub(crate) phase: Phase,
+    pub(crate) key: WindowKey,
 }
 
 impl SyncLine {

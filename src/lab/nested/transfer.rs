@@ -38,8 +38,8 @@ pub(crate) const RESULTS_DISK_BYTES: u64 = 2 << 30;
 /// prepared (their files on the run disk).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct InnerRun {
-    pub options: RunOptions,
-    pub guests: Vec<PreparedGuest>,
+    pub(crate) options: RunOptions,
+    pub(crate) guests: Vec<PreparedGuest>,
 }
 
 impl InnerRun {

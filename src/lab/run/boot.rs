@@ -30,39 +30,39 @@ use crate::record::RecordError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Boot {
     /// Index of the kernel in `--kernel` order.
-    pub kernel: usize,
+    pub(crate) kernel: usize,
     /// Index of the boot unit (a scenario's variants sharing device
     /// settings).
-    pub unit: usize,
-    pub iteration: u32,
+    pub(crate) unit: usize,
+    pub(crate) iteration: u32,
     /// The (iteration, unit) group: the unit of sharding.
-    pub group: usize,
+    pub(crate) group: usize,
 }
 
 /// What one boot runs and with what.
 pub(crate) struct BootCtx<'a> {
-    pub options: &'a RunOptions,
+    pub(crate) options: &'a RunOptions,
     /// The boot's position in the run (0-based).
-    pub seq: usize,
-    pub boot: &'a Boot,
+    pub(crate) seq: usize,
+    pub(crate) boot: &'a Boot,
     /// The kernel's label.
-    pub label: &'a str,
-    pub guest: &'a PreparedGuest,
-    pub scenario: &'a Scenario,
-    pub unit: &'a Unit,
-    pub accel: Accel,
+    pub(crate) label: &'a str,
+    pub(crate) guest: &'a PreparedGuest,
+    pub(crate) scenario: &'a Scenario,
+    pub(crate) unit: &'a Unit,
+    pub(crate) accel: Accel,
     /// The QEMU binary.
-    pub qemu: &'a str,
-    pub out_dir: &'a Path,
-    pub pb: &'a Progress,
+    pub(crate) qemu: &'a str,
+    pub(crate) out_dir: &'a Path,
+    pub(crate) pb: &'a Progress,
     /// The instruction-count plugin (--count-insns).
-    pub plugin: Option<&'a Path>,
+    pub(crate) plugin: Option<&'a Path>,
     /// The kernel's System.map (--count-insns).
-    pub symbols: Option<Arc<SymbolMap>>,
+    pub(crate) symbols: Option<Arc<SymbolMap>>,
     /// What each record carries of the run document.
-    pub stamp: &'a RunStamp,
+    pub(crate) stamp: &'a RunStamp,
     /// Inside a nested host: the outer lab, told of every SYNC.
-    pub relay: Option<&'a dyn SyncRelay>,
+    pub(crate) relay: Option<&'a dyn SyncRelay>,
 }
 
 impl BootCtx<'_> {
@@ -238,10 +238,10 @@ impl Drop for SocketDir {
 /// their own. (Fields drop in order: the server stops before its sockets'
 /// directory goes.)
 pub(crate) struct BootDisks {
-    pub server: Server,
-    pub disks: Vec<Arc<Disk>>,
-    pub configs: Vec<DiskConfig>,
-    pub sockets: SocketDir,
+    pub(crate) server: Server,
+    pub(crate) disks: Vec<Arc<Disk>>,
+    pub(crate) configs: Vec<DiskConfig>,
+    pub(crate) sockets: SocketDir,
 }
 
 impl BootDisks {

@@ -21,9 +21,9 @@ use crate::record::summary::RetriedBoot;
 
 /// What the boots produced.
 pub(crate) struct Boots {
-    pub records: Vec<ResultRecord>,
-    pub failures: Vec<String>,
-    pub retried: Vec<RetriedBoot>,
+    pub(crate) records: Vec<ResultRecord>,
+    pub(crate) failures: Vec<String>,
+    pub(crate) retried: Vec<RetriedBoot>,
 }
 
 /// Boot every planned boot in order, each with its retry policy (inside a

@@ -29,7 +29,7 @@ pub mod nested_inner;
 pub(crate) mod plan;
 pub(crate) mod prepare;
 pub(crate) mod progress;
-pub mod request;
+pub(crate) mod request;
 pub(crate) mod run_document;
 pub(crate) mod session;
 pub(crate) mod settings;
@@ -37,7 +37,7 @@ pub mod summary;
 
 use std::path::PathBuf;
 
-pub use error::RunError;
+pub(crate) use error::RunError;
 pub use request::RunRequest;
 
 use crate::lab::run::boots::Boots;

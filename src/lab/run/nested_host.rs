@@ -101,13 +101,13 @@ pub enum NestedError {
 /// backing file, counts each block at the level its code's place says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HostMachine {
-    pub vcpus: u32,
+    pub(crate) vcpus: u32,
     /// Both nodes.
-    pub memory_mib: u64,
+    pub(crate) memory_mib: u64,
     /// Node 1's: the huge pages and their overhead.
-    pub guest_node_mib: u64,
+    pub(crate) guest_node_mib: u64,
     /// 2 MiB pages on node 1.
-    pub huge_pages: u64,
+    pub(crate) huge_pages: u64,
 }
 
 impl HostMachine {
@@ -181,23 +181,23 @@ pub(crate) fn info(image: &NestedHostImage, machine: HostMachine) -> NestedHostI
 
 /// What the outer lab hands the nested host's boot.
 pub(crate) struct HostRun<'a> {
-    pub options: &'a RunOptions,
-    pub lab_dir: &'a Path,
-    pub guests: &'a [PreparedGuest],
-    pub labels: &'a [String],
-    pub out_dir: &'a Path,
-    pub qemu: &'a str,
-    pub image: &'a NestedHostImage,
+    pub(crate) options: &'a RunOptions,
+    pub(crate) lab_dir: &'a Path,
+    pub(crate) guests: &'a [PreparedGuest],
+    pub(crate) labels: &'a [String],
+    pub(crate) out_dir: &'a Path,
+    pub(crate) qemu: &'a str,
+    pub(crate) image: &'a NestedHostImage,
     /// The instruction-count plugin, for the outer QEMU.
-    pub plugin: Option<&'a Path>,
+    pub(crate) plugin: Option<&'a Path>,
     /// The guests' System.maps, by kernel (with the plugin).
-    pub maps: &'a [Option<Arc<SymbolMap>>],
-    pub machine: HostMachine,
+    pub(crate) maps: &'a [Option<Arc<SymbolMap>>],
+    pub(crate) machine: HostMachine,
     /// The longest variant's runtime and ramp.
-    pub longest_variant: Duration,
-    pub pb: &'a Progress,
+    pub(crate) longest_variant: Duration,
+    pub(crate) pb: &'a Progress,
     /// What each record carries of the run document.
-    pub stamp: &'a RunStamp,
+    pub(crate) stamp: &'a RunStamp,
 }
 
 /// Boot the host, follow its console to its end, and bring its records

@@ -110,42 +110,42 @@ pub(crate) fn unique_labels(names: &[String]) -> Vec<String> {
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanDocument {
     /// `blklab-plan/1`.
-    pub schema: String,
-    pub kernels: Vec<PlanKernel>,
-    pub scenarios: Vec<String>,
-    pub iterations: u32,
+    pub(crate) schema: String,
+    pub(crate) kernels: Vec<PlanKernel>,
+    pub(crate) scenarios: Vec<String>,
+    pub(crate) iterations: u32,
     /// (iteration, unit) groups: what `--shard` distributes.
-    pub groups: usize,
+    pub(crate) groups: usize,
     /// The shard printed (`null`: the whole run).
-    pub shard: Option<PlanShard>,
-    pub boots: Vec<PlanBoot>,
+    pub(crate) shard: Option<PlanShard>,
+    pub(crate) boots: Vec<PlanBoot>,
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct PlanKernel {
-    pub label: String,
-    pub spec: String,
+pub(crate) struct PlanKernel {
+    pub(crate) label: String,
+    pub(crate) spec: String,
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct PlanShard {
-    pub index: u32,
-    pub count: u32,
+pub(crate) struct PlanShard {
+    pub(crate) index: u32,
+    pub(crate) count: u32,
 }
 
 /// One boot of a plan.
 #[derive(Debug, Clone, Serialize)]
-pub struct PlanBoot {
+pub(crate) struct PlanBoot {
     /// Position in the whole run's order.
-    pub index: usize,
-    pub group: usize,
-    pub kernel: String,
-    pub scenario: String,
-    pub iteration: u32,
-    pub variants: Vec<String>,
+    pub(crate) index: usize,
+    pub(crate) group: usize,
+    pub(crate) kernel: String,
+    pub(crate) scenario: String,
+    pub(crate) iteration: u32,
+    pub(crate) variants: Vec<String>,
     /// The shard that runs this boot when the run is cut into
     /// `shard.count` slices (null without --shard).
-    pub shard: Option<u32>,
+    pub(crate) shard: Option<u32>,
 }
 
 /// The shard record of run.json: the whole plan and this slice.
@@ -161,13 +161,13 @@ pub(crate) fn shard_info(shard: Shard, plan: &[BootOrder]) -> ShardInfo {
 pub(crate) struct Plan {
     /// The kernels' labels: the ones images/prepare.sh will give (checked
     /// when it has).
-    pub labels: Vec<String>,
+    pub(crate) labels: Vec<String>,
     /// Every boot of the run, in order.
-    pub all: Vec<Boot>,
+    pub(crate) all: Vec<Boot>,
     /// The boots this run (or shard) boots.
-    pub boots: Vec<Boot>,
+    pub(crate) boots: Vec<Boot>,
     /// `--shard`'s slice, if any.
-    pub shard: Option<Shard>,
+    pub(crate) shard: Option<Shard>,
 }
 
 impl Plan {

@@ -22,16 +22,16 @@ use crate::util::wallclock::utc_stamp;
 /// guests, the accelerator and, with instruction counts, the plugin and
 /// each kernel's System.map.
 pub(crate) struct Lab {
-    pub qemu: String,
-    pub out_dir: PathBuf,
-    pub guests: Vec<PreparedGuest>,
-    pub accel: Accel,
-    pub accel_reason: String,
-    pub plugin: Option<PathBuf>,
+    pub(crate) qemu: String,
+    pub(crate) out_dir: PathBuf,
+    pub(crate) guests: Vec<PreparedGuest>,
+    pub(crate) accel: Accel,
+    pub(crate) accel_reason: String,
+    pub(crate) plugin: Option<PathBuf>,
     /// By kernel; `Some` when instructions are counted.
-    pub maps: Vec<Option<Arc<SymbolMap>>>,
+    pub(crate) maps: Vec<Option<Arc<SymbolMap>>>,
     /// `--accel nested`: the emulated host the guests boot in.
-    pub nested_host: Option<NestedHostImage>,
+    pub(crate) nested_host: Option<NestedHostImage>,
 }
 
 /// Find QEMU, make the output directory, prepare the guests' images (or

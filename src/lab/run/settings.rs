@@ -52,12 +52,12 @@ fn flag_of(name: &str) -> String {
 #[derive(Debug, Clone)]
 pub(crate) struct BootSettings {
     /// Indexes into the scenario's variants, in file order.
-    pub variants: Vec<usize>,
-    pub machine: Machine,
+    pub(crate) variants: Vec<usize>,
+    pub(crate) machine: Machine,
     /// The device settings in effect, by name (unset ones absent).
-    pub device: BTreeMap<String, String>,
+    pub(crate) device: BTreeMap<String, String>,
     /// Flags that replaced a value the scenario pinned.
-    pub overridden: Vec<Override>,
+    pub(crate) overridden: Vec<Override>,
 }
 
 /// Why a boot's device settings make no disks.
@@ -124,11 +124,11 @@ impl BootSettings {
 #[derive(Debug, Clone)]
 pub(crate) struct Unit {
     /// The scenario's index in the run.
-    pub scenario: usize,
-    pub settings: BootSettings,
+    pub(crate) scenario: usize,
+    pub(crate) settings: BootSettings,
     /// Which of the scenario's units (its console log's name needs it when
     /// the scenario has several).
-    pub part: Option<usize>,
+    pub(crate) part: Option<usize>,
 }
 
 /// Every scenario's units, in scenario order.

@@ -206,14 +206,9 @@ fn fmt(s: Option<&Stat>) -> String {
     }
 }
 
-/// The plain-text table (mean±sd over iterations).
-pub fn table(records: &[ResultRecord]) -> String {
-    table_planned(records, &[])
-}
-
-/// [`table`] of [`rows_planned`]: a row's planned iterations that left no
-/// record show as `not run` in its `n`, and a last line counts them and
-/// names each.
+/// The plain-text table (mean±sd over iterations) of [`rows_planned`]: a
+/// row's planned iterations that left no record show as `not run` in its
+/// `n`, and a last line counts them and names each.
 pub fn table_planned(records: &[ResultRecord], order: &[BootOrder]) -> String {
     let rows = rows_planned(records, order);
     let mut header = vec!["scenario/variant".to_string(), "kernel".into(), "n".into()];
@@ -292,6 +287,11 @@ mod tests {
     use super::*;
     use crate::record::result::{test_cpu_all, test_record};
     use serde_json::json;
+
+    /// The table of records with nothing planned beyond them.
+    fn table(records: &[ResultRecord]) -> String {
+        table_planned(records, &[])
+    }
 
     fn rec(kernel: &str, busy: f64, iops: f64) -> ResultRecord {
         test_record(json!({

@@ -21,25 +21,25 @@ type Key = (String, String);
 /// Something that differs between what a report compares.
 #[derive(Debug, Clone, Serialize)]
 pub struct Difference {
-    pub what: String,
+    pub(crate) what: String,
     /// The condition of the contract, when it is one (a QEMU command line,
     /// the host: shown, never a condition).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub condition: Option<Condition>,
-    pub a: String,
-    pub b: String,
+    pub(crate) condition: Option<Condition>,
+    pub(crate) a: String,
+    pub(crate) b: String,
     /// Refuses the comparison unless forced.
-    pub blocking: bool,
+    pub(crate) blocking: bool,
     /// The two variants of a pair, which differ by design (never blocking).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub by_design: bool,
+    pub(crate) by_design: bool,
     /// Within one side (`A` or `B`): its records disagree (`a` is the
     /// most common value, `b` the others).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub within: Option<String>,
+    pub(crate) within: Option<String>,
     /// The rows it concerns (a variant's condition); empty: every row.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub rows: Vec<String>,
+    pub(crate) rows: Vec<String>,
 }
 
 impl Difference {
@@ -58,8 +58,8 @@ fn record_name(r: &ResultRecord) -> String {
 /// The records a check reads: a side's run document and some of its
 /// records.
 pub(crate) struct Records<'a> {
-    pub run: &'a RunDocument,
-    pub records: Vec<&'a ResultRecord>,
+    pub(crate) run: &'a RunDocument,
+    pub(crate) records: Vec<&'a ResultRecord>,
 }
 
 impl Records<'_> {
@@ -103,24 +103,24 @@ impl Records<'_> {
 /// What the check of a report's records is asked.
 pub(crate) struct Check<'a> {
     /// Each side's records that the report reads, with the side's name.
-    pub sides: Vec<(&'a str, Records<'a>)>,
+    pub(crate) sides: Vec<(&'a str, Records<'a>)>,
     /// The rows: for each, the groups of records compared against each
     /// other, as (side index, records), and whether the groups are a
     /// pair's two variants (which differ by design in a variant's
     /// conditions).
-    pub rows: Vec<RowGroups<'a>>,
+    pub(crate) rows: Vec<RowGroups<'a>>,
     /// Whether the report shows a backend metric.
-    pub backend_metric: bool,
+    pub(crate) backend_metric: bool,
 }
 
 /// The groups of one row: `across` are compared with each other (the same
 /// variant on the two sides), `pair` the variants of a pair.
 pub(crate) struct RowGroups<'a> {
-    pub name: String,
+    pub(crate) name: String,
     /// Records of one variant on side A and side B.
-    pub across: Vec<[Records<'a>; 2]>,
+    pub(crate) across: Vec<[Records<'a>; 2]>,
     /// A pair's base and other variant on one side (named).
-    pub pair: Vec<(&'a str, [Records<'a>; 2])>,
+    pub(crate) pair: Vec<(&'a str, [Records<'a>; 2])>,
 }
 
 impl<'a> Check<'a> {

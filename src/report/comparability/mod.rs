@@ -34,7 +34,7 @@ use crate::record::scenario::Variant;
 /// A condition that changes the measured numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Condition {
+pub(crate) enum Condition {
     /// TCG, KVM or KVM nested in TCG.
     Accelerator,
     /// Why that accelerator (forced, or what the probe found).

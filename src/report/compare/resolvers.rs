@@ -94,9 +94,9 @@ fn resolve_pairs(side: &Side, pairs: &[PairSpec]) -> Result<Vec<Resolved>, Repor
 /// What a report compares: sides A and B (the same side twice for
 /// variant pairs on one kernel) and the `--pair` arguments.
 pub(crate) struct Subject<'a> {
-    pub a: &'a Side,
-    pub b: &'a Side,
-    pub pairs: &'a [PairSpec],
+    pub(crate) a: &'a Side,
+    pub(crate) b: &'a Side,
+    pub(crate) pairs: &'a [PairSpec],
 }
 
 /// Which rows a report of a [`Subject`] has, and how one row is made from

@@ -189,9 +189,9 @@ fn row_label(y: f64, names: &[String]) -> String {
 
 /// One bar of a profile plot: a function, B − A, and its whisker.
 pub(crate) struct DiffBar {
-    pub name: String,
-    pub diff: f64,
-    pub spread: f64,
+    pub(crate) name: String,
+    pub(crate) diff: f64,
+    pub(crate) spread: f64,
 }
 
 /// Horizontal bars of B − A from zero, the largest on top, whiskers

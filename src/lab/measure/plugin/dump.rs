@@ -19,7 +19,7 @@ pub struct LevelCounts {
     pub exits: ExitCounts,
     /// The would-be exits at the plugin's last mark (its `mark=`: the
     /// guest's reads of /proc/interrupts); empty without marks.
-    pub marked: ExitCounts,
+    pub(crate) marked: ExitCounts,
 }
 
 impl LevelCounts {
@@ -63,9 +63,9 @@ impl LevelCounts {
 /// One vCPU's world switches: VMRUNs (entries into the SVM guest) and the
 /// returns to the host after them (#VMEXITs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Switches {
-    pub vmruns: u64,
-    pub returns: u64,
+pub(crate) struct Switches {
+    pub(crate) vmruns: u64,
+    pub(crate) returns: u64,
 }
 
 /// How a dump's levels were told apart.
@@ -89,7 +89,7 @@ pub struct Dump {
     pub level1: LevelCounts,
     pub level2: LevelCounts,
     /// Per vCPU.
-    pub switches: Vec<Switches>,
+    pub(crate) switches: Vec<Switches>,
     /// Translated blocks the VMRUN tracking saw run at both levels.
     pub mixed: u64,
     /// Under [`LevelRule::Address`], block executions whose level by
@@ -112,7 +112,7 @@ pub struct Dump {
     /// The plugin's marks so far (a window: between its two dumps), when
     /// it marks (`mark=`; the `marks` record); the levels' `marked` are the
     /// exit counts at the last one.
-    pub marks: Option<u64>,
+    pub(crate) marks: Option<u64>,
 }
 
 /// The header lines of the dumps [`Dump::parse`] reads: format 5, format 4
@@ -123,11 +123,11 @@ const DUMP_HEADER_4: &str = "blklab-insns 4";
 const DUMP_HEADER_3: &str = "blklab-insns 3";
 
 /// What a format-3 or 4 dump's window says about blocks cut short.
-pub const FORMAT_4_CUT: &str =
+const FORMAT_4_CUT: &str =
     "the plugin's dump is format 4 or older, counting a block cut short in full (rebuild it: images/build-qemu-plugin.sh)";
 
 /// What a format-3 dump's window says about would-be exits.
-pub const FORMAT_3_EXITS: &str =
+const FORMAT_3_EXITS: &str =
     "the plugin's dump is format 3, without would-be exits (rebuild it: images/build-qemu-plugin.sh)";
 
 /// The fields of a `vcpu` line after its index, in order.
@@ -245,7 +245,7 @@ impl Dump {
 
     /// Whether the counts' split into levels can be trusted: always by
     /// address; by VMRUN, when the tracking checked out.
-    pub fn levels_trusted(&self) -> bool {
+    pub(crate) fn levels_trusted(&self) -> bool {
         self.rule == LevelRule::Address || self.levels_consistent()
     }
 }

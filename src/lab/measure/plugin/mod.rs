@@ -32,13 +32,14 @@ pub(crate) mod symbol_map;
 
 pub(crate) use build::build_plugin;
 pub(crate) use control::Control;
-pub use dump::{Dump, LevelCounts, LevelRule, Switches, FORMAT_3_EXITS, FORMAT_4_CUT};
-pub use error::InsnsError;
+pub use dump::{Dump, LevelRule};
+pub(crate) use error::InsnsError;
 pub(crate) use records::exits_record;
-pub use records::{host_record, profile, record, Profile};
+pub(crate) use records::host_record;
+pub use records::{profile, record};
 pub use symbol_map::SymbolMap;
 
-pub use crate::lab::measure::plugin_exits::{ExitCounts, ExitKind};
+pub use crate::lab::measure::plugin_exits::ExitKind;
 pub(crate) use crate::record::instructions::InsnsWindow;
 
 /// The kernel function whose entry the plugin marks at (`mark=`): it

@@ -22,15 +22,15 @@ const IDLE_SYMBOLS: &[&str] = &["schedule_idle", "do_idle"];
 /// executions of the idle function's entry block.
 #[derive(Debug, Clone, Default)]
 pub struct Profile {
-    pub kernel: u64,
-    pub user: u64,
-    pub per_vcpu: Vec<(u64, u64)>,
+    pub(crate) kernel: u64,
+    pub(crate) user: u64,
+    pub(crate) per_vcpu: Vec<(u64, u64)>,
     /// base name → instructions.
     pub functions: BTreeMap<String, u64>,
     pub idle_symbol: Option<String>,
     pub idle_entries: Option<u64>,
     /// [`ENTRY_FUNCTIONS`] → entries (None: not in the System.map).
-    pub entries: BTreeMap<String, Option<u64>>,
+    pub(crate) entries: BTreeMap<String, Option<u64>>,
 }
 
 /// Executions of the translation block starting at `addr`: the entries of
@@ -200,7 +200,7 @@ fn sum_groups(
 /// profile of the window's level 1 against the host's `/proc/kallsyms`,
 /// `window` the dump difference it came from (its world switches), `ios`
 /// the guest block layer's IO count of the window.
-pub fn host_record(
+pub(crate) fn host_record(
     p: &Profile,
     window: &Dump,
     ios: Option<f64>,
