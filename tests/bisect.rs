@@ -180,8 +180,9 @@ fn make_history(src: &Path, dir: &Path) -> (String, String, String) {
         .collect();
     std::fs::write(&gi, kept.join("\n") + "\n").unwrap();
     git(dir, &["init", "-q", "-b", "main"]);
-    // Loose objects uncompressed: ~80,000 files are added once.
-    git(dir, &["config", "core.looseCompression", "0"]);
+    // ~80,000 files are added once per key and the objects kept: zlib's
+    // fastest level: 0.6 GB against 1.6 GB uncompressed.
+    git(dir, &["config", "core.looseCompression", "1"]);
     git(dir, &["config", "gc.auto", "0"]);
     let base = commit_all(dir, "linux-source-6.12 as Debian ships it");
     git(dir, &["tag", "base"]);
