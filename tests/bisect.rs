@@ -1,12 +1,24 @@
 //! `blklab bisect` for real, without network: a small git history made from
 //! the image cache's linux-source-6.12 tree (the one `build:6.12` builds,
 //! copied with its objects and time stamps so every build is incremental):
-//! the tree as Debian ships it, two harmless commits, the plug removal of
-//! `images/patches/noplug.patch`, two more harmless commits. Under
+//! the tree as Debian ships it, a harmless commit, the plug removal of
+//! `images/patches/noplug.patch`, another harmless commit. Under
 //! mq-deadline removing the plug costs +37–54 % kernel instructions per IO
 //! (docs/reproducing.md, R5), so `bisect --scenario plug-qd1 --variant
 //! mq-deadline-10k` must name the plug commit, leave the tree where it was
 //! and write the table, `bisect.json` and the differential profile.
+//!
+//! With one commit on each side of the plug removal `git bisect` calls a
+//! candidate on each side: the plug removal (bad) and the harmless commit
+//! before it (good); the commit after it is the bad end.
+//!
+//! Making that history costs minutes (copying the built tree, committing
+//! about 80,000 files), so it is kept in `CARGO_TARGET_TMPDIR` between
+//! runs, keyed by what the copy was made from (the cached tree's state and
+//! build inputs, the patch, the history's recipe): a changed cache tree or
+//! recipe makes it again. The key is withdrawn while the bisection runs and
+//! written back only once the tree is found where it was, so a run stopped
+//! halfway leaves nothing that a later run would trust.
 //!
 //! The errors a user meets before anything is built are
 //! `tests/bisect_errors.rs` (no kernel, no guest).
@@ -116,9 +128,14 @@ fn cached_tree() -> PathBuf {
     tree
 }
 
-/// A git history of the cached tree in `dir`: (base, plug removal, head).
-fn make_history(dir: &Path) -> (String, String, String) {
-    let src = cached_tree();
+/// The history's commits after the base, oldest first: a harmless
+/// commit on each side of the plug removal. Part of the kept tree's key.
+const RECIPE: &str = "base; block: a harmless comment in blk-settings.c; \
+    block: remove the per-bio plug from __submit_bio(); virtio_blk: a harmless comment";
+
+/// A git history of the cached tree `src` in `dir`: (base, plug removal,
+/// head).
+fn make_history(src: &Path, dir: &Path) -> (String, String, String) {
     let t = Instant::now();
     // Under the tree's lock (no build-kernel.sh may have a patch applied
     // meanwhile), with time stamps (-a): the first build is incremental.
@@ -127,7 +144,7 @@ fn make_history(dir: &Path) -> (String, String, String) {
         .arg(&lockfile)
         .arg("cp")
         .arg("-a")
-        .arg(&src)
+        .arg(src)
         .arg(dir)
         .status()
         .expect("run flock cp");
@@ -143,7 +160,7 @@ fn make_history(dir: &Path) -> (String, String, String) {
              | xargs -0 -r sed -i \"s|$1|$2|g\"",
         )
         .arg("sh")
-        .arg(&src)
+        .arg(src)
         .arg(dir)
         .status()
         .expect("run sed");
@@ -163,8 +180,9 @@ fn make_history(dir: &Path) -> (String, String, String) {
         .collect();
     std::fs::write(&gi, kept.join("\n") + "\n").unwrap();
     git(dir, &["init", "-q", "-b", "main"]);
-    // Loose objects uncompressed: ~80,000 files are added once.
-    git(dir, &["config", "core.looseCompression", "0"]);
+    // ~80,000 files are added once per key and the objects kept: zlib's
+    // fastest level: 0.6 GB against 1.6 GB uncompressed.
+    git(dir, &["config", "core.looseCompression", "1"]);
     git(dir, &["config", "gc.auto", "0"]);
     let base = commit_all(dir, "linux-source-6.12 as Debian ships it");
     git(dir, &["tag", "base"]);
@@ -172,11 +190,6 @@ fn make_history(dir: &Path) -> (String, String, String) {
         "[bisect] git add + commit of the tree: {:.1}s",
         t.elapsed().as_secs_f64()
     );
-    append(
-        &dir.join("Documentation/block/blk-mq.rst"),
-        "\n.. a harmless note\n",
-    );
-    commit_all(dir, "Documentation: a harmless note on blk-mq");
     append(&dir.join("block/blk-settings.c"), "\n/* harmless */\n");
     commit_all(dir, "block: a harmless comment in blk-settings.c");
     let st = Command::new("patch")
@@ -190,8 +203,6 @@ fn make_history(dir: &Path) -> (String, String, String) {
         .expect("run patch");
     assert!(st.success(), "noplug.patch does not apply");
     let plug = commit_all(dir, "block: remove the per-bio plug from __submit_bio()");
-    append(&dir.join("README"), "\nA harmless line.\n");
-    commit_all(dir, "README: a harmless line");
     append(
         &dir.join("drivers/block/virtio_blk.c"),
         "\n/* harmless */\n",
@@ -200,15 +211,114 @@ fn make_history(dir: &Path) -> (String, String, String) {
     (base, plug, head)
 }
 
+/// What the kept history was made from: the recipe, the cached tree's
+/// source and configuration (its state file, less the patch line, which
+/// says only what a build has applied for the moment), the `build:6.12`
+/// kernel's build inputs and the plug removal's patch.
+fn history_key(src: &Path) -> String {
+    let state = std::fs::read_to_string(src.join(".blklab/state")).unwrap();
+    let state: Vec<&str> = state.lines().filter(|l| !l.starts_with("patch=")).collect();
+    let manifest = read_json(&image_cache().join("kernel-build-6.12/manifest.json"));
+    let patch = std::fs::read_to_string(root().join("images/patches/noplug.patch")).unwrap();
+    format!(
+        "recipe: {RECIPE}\nstate: {}\ninputs_hash: {}\nnoplug.patch:\n{patch}",
+        state.join(" "),
+        manifest["inputs_hash"]
+    )
+}
+
+/// The kept history in `tree`, when it is the one `key` names and where a
+/// bisection leaves it: on `main`, clean, no bisection under way, the
+/// recipe's commits after `base`.
+fn kept_history(tree: &Path, key_file: &Path, key: &str) -> Option<(String, String, String)> {
+    if std::fs::read_to_string(key_file).ok()? != key || tree.join(".git/BISECT_START").exists() {
+        return None;
+    }
+    let quiet = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git")
+            .arg("-C")
+            .arg(tree)
+            .args(args)
+            .env("LC_ALL", "C")
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let subjects = quiet(&["log", "--reverse", "--format=%s", "base..main"])?;
+    let want: Vec<&str> = RECIPE.split("; ").skip(1).collect();
+    let clean = quiet(&["status", "--porcelain", "--untracked-files=no"])?;
+    if quiet(&["symbolic-ref", "--short", "HEAD"])? != "main"
+        || subjects.lines().collect::<Vec<_>>() != want
+        || !clean.is_empty()
+    {
+        return None;
+    }
+    Some((
+        quiet(&["rev-parse", "base^{commit}"])?,
+        quiet(&["rev-parse", "main~1"])?,
+        quiet(&["rev-parse", "main"])?,
+    ))
+}
+
+/// The history to bisect, in `dir/linux`, and its key: the kept one when
+/// its key (`dir/key`) still holds, else made again. The key is withdrawn
+/// until [`keep_history`] writes it back.
+fn history(dir: &Path) -> (PathBuf, String, (String, String, String)) {
+    let src = cached_tree();
+    let tree = dir.join("linux");
+    let key_file = dir.join("key");
+    let key = history_key(&src);
+    let commits = match kept_history(&tree, &key_file, &key) {
+        Some(c) => {
+            eprintln!("[bisect] the kept history is current: {}", tree.display());
+            c
+        }
+        None => {
+            let t = Instant::now();
+            let _ = std::fs::remove_dir_all(&tree);
+            eprintln!(
+                "[bisect] removing the old history: {:.1}s",
+                t.elapsed().as_secs_f64()
+            );
+            make_history(&src, &tree)
+        }
+    };
+    let _ = std::fs::remove_file(&key_file);
+    (tree, key, commits)
+}
+
+/// The history is where a bisection must leave it: trust it next time.
+fn keep_history(dir: &Path, key: &str) {
+    std::fs::write(dir.join("key"), key).unwrap();
+}
+
+/// An exclusive lock on `path` (created), held until the file is dropped:
+/// two test processes sharing a target directory take turns on the kept
+/// history.
+fn lock(path: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::create(path).unwrap();
+    // SAFETY: flock(2) on a descriptor this function owns; no memory is
+    // passed.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "flock {}", path.display());
+    f
+}
+
 #[test]
 fn bisect_names_the_plug_removal_under_mq_deadline() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let start = Instant::now();
-    let work = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("bisect-plug");
+    let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let kept = tmp.join("bisect-history");
+    std::fs::create_dir_all(&kept).unwrap();
+    let _lock = lock(&kept.join("lock"));
+    let work = tmp.join("bisect-plug");
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).unwrap();
-    let tree = work.join("linux");
-    let (base, plug, head) = make_history(&tree);
+    let (tree, key, (base, plug, head)) = history(&kept);
     let config_before = std::fs::read(tree.join(".config")).unwrap();
     let out_dir = work.join("out");
     let cache = image_cache();
@@ -253,27 +363,32 @@ fn bisect_names_the_plug_removal_under_mq_deadline() {
         stdout.contains(&format!("first bad commit: {plug}")),
         "{stdout}"
     );
-    // Every candidate was called from its values, on the right side.
+    // Every candidate was called from its values, on the right side, and
+    // there was one to call on each side.
     let order: Vec<String> = git(&tree, &["rev-list", "--reverse", "base..main"])
         .lines()
         .map(str::to_string)
         .collect();
     let plug_at = order.iter().position(|c| *c == plug).unwrap();
     let steps = rec["steps"].as_array().unwrap();
-    let mut called = 0;
+    let mut called = (0, 0);
     for s in steps {
         let c = s["commit"].as_str().unwrap();
         assert_eq!(s["values"].as_array().unwrap().len(), 2, "{s}");
         if s["role"] != "candidate" {
             continue;
         }
-        called += 1;
         let at = order.iter().position(|x| x == c).unwrap();
         let want = if at >= plug_at { "bad" } else { "good" };
         assert_eq!(s["verdict"], want, "{s}");
+        if want == "good" {
+            called.0 += 1;
+        } else {
+            called.1 += 1;
+        }
         assert!(s["build_seconds"].as_f64().unwrap() > 0.0, "{s}");
     }
-    assert!(called >= 1, "{rec:#}");
+    assert!(called.0 >= 1 && called.1 >= 1, "{called:?}: {rec:#}");
     let good_end = steps.iter().find(|s| s["role"] == "good end").unwrap();
     let bad_end = steps.iter().find(|s| s["role"] == "bad end").unwrap();
     let (g, b) = (
@@ -305,6 +420,7 @@ fn bisect_names_the_plug_removal_under_mq_deadline() {
     assert!(profile.contains("mq-deadline-10k"), "{profile}");
     assert!(out_dir.join("profile/report.html").is_file());
     assert_eq!(rec["last_good"]["commit"], order[plug_at - 1].as_str());
+    keep_history(&kept, &key);
     eprintln!("[bisect] whole test: {:.1}s", start.elapsed().as_secs_f64());
     let _ = std::fs::remove_dir_all(&work);
 }

@@ -21,6 +21,7 @@
 
 mod common;
 
+use common::scenario_checks::check_variant;
 use common::{read_json, root};
 
 use std::path::{Path, PathBuf};
@@ -354,7 +355,8 @@ fn prepare_builds_plain_and_noplug_kernels_then_hits_the_cache() {
 }
 
 /// `blklab run --kernel SPEC --scenario smoke` once (TCG, no instruction
-/// counts, the kernel's info messages on the console): it must pass, and
+/// counts, the kernel's info messages on the console): it must pass, each
+/// record as a shipped scenario's variant must (`common::scenario_checks`), and
 /// the guest must run on the TSC clocksource (`tsc`, or `tsc-early` before
 /// its refined calibration; the lab's `clocksource=tsc tsc=reliable`),
 /// never falling back to the HPET or the ACPI PM timer, whose emulated
@@ -391,6 +393,8 @@ fn boots_smoke_on_tsc(spec: &str) {
         if name.contains(".smoke.") && name.ends_with(".json") {
             let r = read_json(&e.path());
             assert_eq!(r["ok"], true, "{spec}: {name} is not ok");
+            // tests/shipped_scenarios.rs leaves `smoke` to these boots.
+            check_variant(&r);
             assert!(
                 r["qemu_command_line"]
                     .as_array()

@@ -14,6 +14,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::read_json;
+use common::scenario_checks::check_variant;
 use serde_json::Value;
 
 /// The tests share the image cache and two CPUs: one at a time.
@@ -285,7 +286,9 @@ fn check_entries(what: &str, ins: &Value, plug: bool) {
 /// the reduced R5 (plug-inverse-quick) under TCG three times each,
 /// interleaved, prints only its progress and the A/B report (the backend's
 /// messages go to the run's log file), and writes a report page that
-/// passes the browser test, with R5's effect called significant.
+/// passes the browser test, with R5's effect called significant. Every
+/// record also passes `tests/shipped_scenarios.rs`'s check of a shipped
+/// scenario's variant, which leaves these two scenarios to this run.
 #[test]
 fn default_run_builds_the_pair_and_reports() {
     let _g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
@@ -381,6 +384,8 @@ fn default_run_builds_the_pair_and_reports() {
                     .join(format!("{l}.seed002-quick.{v}.{i:02}.json"));
                 let r = read_json(&p);
                 check_record(&format!("{l}/{v}/{i}"), &r, 2);
+                // tests/shipped_scenarios.rs leaves this scenario to us.
+                check_variant(&r);
                 // KVM's own vCPU counters under KVM (or why there are
                 // none), nothing under TCG.
                 let kvm = &r["kvm"];
@@ -429,6 +434,7 @@ fn default_run_builds_the_pair_and_reports() {
                 .join(format!("{l}.plug-inverse-quick.mq-deadline.{i:02}.json"));
             let r = read_json(&p);
             check_record(&what, &r, 1);
+            check_variant(&r);
             if tcg {
                 let kblockd = f(&r["instructions"], "/entries_per_io/blk_mq_run_work_fn");
                 if l == "6.12" {

@@ -10,6 +10,7 @@ pub(crate) mod guest_program;
 pub(crate) mod nested_boot;
 pub(crate) mod offline;
 pub(crate) mod qmp;
+pub(crate) mod scenario_checks;
 pub(crate) mod tools;
 
 use std::path::{Path, PathBuf};
