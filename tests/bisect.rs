@@ -31,71 +31,15 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use common::git_tree::{append, bisect, commit_all, error_line, git, stderr};
 use common::{image_cache, read_json, root};
 
 /// The guests and builds share two CPUs: one test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .arg("-C")
-        .arg(dir)
-        .args(args)
-        .env("LC_ALL", "C")
-        .env("GIT_AUTHOR_NAME", "blklab test")
-        .env("GIT_AUTHOR_EMAIL", "test@blklab.invalid")
-        .env("GIT_COMMITTER_NAME", "blklab test")
-        .env("GIT_COMMITTER_EMAIL", "test@blklab.invalid")
-        .env("GIT_AUTHOR_DATE", "2026-01-01T00:00:00Z")
-        .env("GIT_COMMITTER_DATE", "2026-01-01T00:00:00Z")
-        .output()
-        .expect("run git");
-    assert!(
-        out.status.success(),
-        "git {args:?} in {}: {}",
-        dir.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_string()
-}
-
-fn bisect(args: &[&str]) -> Output {
-    Command::new(common::blklab_bin())
-        .arg("bisect")
-        .args(args)
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run blklab bisect")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// The last line of stderr: the one-line error.
-fn error_line(o: &Output) -> String {
-    stderr(o).lines().last().unwrap_or_default().to_string()
-}
-
-fn append(path: &Path, text: &str) {
-    use std::io::Write;
-    let mut f = std::fs::OpenOptions::new()
-        .append(true)
-        .open(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    f.write_all(text.as_bytes()).unwrap();
-}
-
-fn commit_all(dir: &Path, message: &str) -> String {
-    git(dir, &["add", "-A"]);
-    git(dir, &["commit", "-q", "-m", message]);
-    git(dir, &["rev-parse", "HEAD"])
-}
 
 /// The cache's linux-source-6.12 tree, built (prepare.sh build:6.12).
 fn cached_tree() -> PathBuf {

@@ -6,6 +6,7 @@
 
 pub(crate) mod browser;
 pub(crate) mod client;
+pub(crate) mod git_tree;
 pub(crate) mod guest_program;
 pub(crate) mod nested_boot;
 pub(crate) mod offline;
