@@ -171,8 +171,9 @@ teardown() {        # undo the variant's setup, last step first; R_DEVICES: what
 # shellcheck disable=SC2153  # the V* variables are set by variant_begin
 variant_result() {  # the document on stdout between its markers, and in OUTDIR and BLKLAB_KEEP
     if [ -z "$ERR" ]; then R_OK=true; else R_OK=false; fi
+    R_CLOCKSOURCE=$(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)
     export R_SCENARIO="$SCN_NAME" R_VARIANT="$VNAME" R_OK R_ERROR="$ERR" R_KERNEL="$KERNEL" \
-        R_NCPU="$NCPU" R_KIND="$VKIND" R_PARAMS="$VPARAMS" R_SCHED="$VSCHED" R_NR="$VNR" \
+        R_NCPU="$NCPU" R_CLOCKSOURCE R_KIND="$VKIND" R_PARAMS="$VPARAMS" R_SCHED="$VSCHED" R_NR="$VNR" \
         R_QDEPTH="$VQDEPTH" R_NOMERGES="$VNOMERGES" R_RQAFF="$VRQAFF" R_LAYOUT="$VLAYOUT" \
         R_STACK="$VSTACK" R_STACKP="$VSTACKP" R_PATHS R_PATH_QUEUE \
         R_RUNTIME="$VRUNTIME" R_RAMP="$VRAMP" R_FIOARGS="$VFIO" R_FIOCMD R_DEVICES \

@@ -4,15 +4,22 @@
 //! probe, `-accel kvm`, KVM's statistics over QMP — and the outer plugin
 //! counts the guest's and the host's instructions apart.
 //!
-//! An A/A run: two boots of `smoke` on the same kernel. Images come from
-//! the image cache (built on first use, like the other lab tests).
+//! An A/A run: two boots of `smoke` on the same kernel, counting
+//! instructions; and a run on a user's host's code paths (memfd RAM,
+//! `--accel kvm` forced inside, /sys/kernel/tracing, kvm-clock) beside a
+//! second VM. Images come from the image cache (built on first use, like
+//! the other lab tests).
 
 mod common;
 
 use std::process::Command;
+use std::sync::Mutex;
 
 use common::read_json;
 use serde_json::Value;
+
+/// One emulated host at a time: each is a whole TCG machine.
+static HOST: Mutex<()> = Mutex::new(());
 
 fn num(v: &Value, path: &[&str]) -> f64 {
     let mut x = v;
@@ -25,6 +32,7 @@ fn num(v: &Value, path: &[&str]) -> f64 {
 
 #[test]
 fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
+    let _one = HOST.lock().unwrap_or_else(|p| p.into_inner());
     let out = tempfile::tempdir().unwrap();
     let dir = out.path().join("run");
     let res = Command::new(common::blklab_bin())
@@ -223,5 +231,104 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
         "/proc/kallsyms",
     ] {
         assert!(text.contains(want), "no {want:?} in:\n{text}");
+    }
+}
+
+/// What a user's KVM host runs, inside the emulated host: no instruction
+/// counting, so the guests' RAM is memfd (no huge pages), `--accel kvm`
+/// forced inside (no probe), tracefs at /sys/kernel/tracing, the guest on
+/// kvm-clock; and a second VM rebooting beside the lab's the whole time,
+/// whose exits must not reach the lab's counts.
+#[test]
+fn a_user_hosts_paths_beside_a_neighbour_vm_count_the_labs_own_exits() {
+    let _one = HOST.lock().unwrap_or_else(|p| p.into_inner());
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("run");
+    let res = Command::new(common::blklab_bin())
+        .args(["run", "--cache"])
+        .arg(common::image_cache())
+        .args(["--no-progress", "--accel", "nested", "--count-insns", "off"])
+        .args(["--inner-accel", "kvm", "--nested-neighbour"])
+        .args(["--kernel", "build:6.12", "--scenario", "smoke"])
+        .args(["--iterations", "1", "--out"])
+        .arg(&dir)
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("run blklab");
+    let stderr = String::from_utf8_lossy(&res.stderr);
+    assert!(res.status.success(), "blklab run failed:\n{stderr}");
+
+    let run = read_json(&dir.join("run.json"));
+    let host = &run["nested_host"];
+    assert_eq!(host["guest_ram"], "memfd", "{host:#}");
+    assert_eq!(host["inner_accel"], "kvm", "{host:#}");
+    assert_eq!(host["neighbour"], true, "{host:#}");
+    assert!(host["huge_pages"].is_null(), "{host:#}");
+    let log = std::fs::read_to_string(dir.join("console/nested-host.blklab.log")).unwrap();
+    assert!(log.contains("forced with --accel kvm"), "{log}");
+    assert!(!log.contains("KVM probe booted"), "{log}");
+
+    let neighbour = read_json(&dir.join("console/nested-host.neighbour.json"));
+    let neighbour_exits = num(&neighbour, &["kvm", "counters", "exits"]);
+    eprintln!("[nested] the neighbour's KVM exits over the inner run: {neighbour_exits}");
+    assert!(neighbour_exits > 1000.0, "{neighbour:#}");
+
+    let records: Vec<Value> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "json")
+                && !matches!(
+                    p.file_name().and_then(|n| n.to_str()),
+                    Some("run.json" | "summary.json")
+                )
+        })
+        .map(|p| read_json(&p))
+        .collect();
+    assert_eq!(records.len(), 2, "1 kernel x 2 variants");
+    for r in &records {
+        let name = r["variant"].to_string();
+        assert_eq!(r["ok"], true, "{name}");
+        let cl: Vec<&str> = r["qemu_command_line"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let line = cl.join(" ");
+        assert!(line.contains("-accel kvm"), "{name}: {line}");
+        assert!(line.contains("memory-backend-memfd"), "{name}: {line}");
+        assert!(!line.contains("hugetlb"), "{name}: {line}");
+        assert!(!line.contains("clocksource="), "{name}: {line}");
+        assert_eq!(r["guest"]["clocksource"], "kvm-clock", "{name}");
+
+        // Counted through /sys/kernel/tracing, filtered to this QEMU's two
+        // vCPU threads; within KVM's own per-VM count of the same window,
+        // which the neighbour's exits would have overrun.
+        let kvm = &r["kvm"];
+        let trace = kvm["exit_reasons_trace"].as_str().unwrap_or_default();
+        assert!(
+            trace.starts_with("/sys/kernel/tracing/instances/blklab-"),
+            "{name}: {kvm:#}"
+        );
+        assert_eq!(
+            trace.matches("common_pid == ").count(),
+            2,
+            "{name}: {trace}"
+        );
+        assert!(kvm["exit_reasons_dropped"].is_null(), "{name}: {kvm:#}");
+        let traced: f64 = kvm["exit_reasons"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{name}: no exit_reasons in {kvm:#}"))
+            .values()
+            .filter_map(Value::as_f64)
+            .sum();
+        let exits = num(kvm, &["counters", "exits"]);
+        eprintln!("[nested] {name}: the lab's exits {exits}, traced {traced}");
+        assert!(
+            traced <= exits && traced >= 0.9 * exits - 20.0,
+            "{name}: traced {traced}, KVM's exits {exits}"
+        );
     }
 }

@@ -6,6 +6,7 @@
 #   R_SCENARIO R_VARIANT     names
 #   R_OK                     "true" or "false";  R_ERROR  message ("" -> null)
 #   R_KERNEL R_NCPU          uname -r, online CPUs
+#   R_CLOCKSOURCE            the clocksource at the variant's end ("" -> null)
 #   R_KIND R_PARAMS R_STACK R_STACKP R_SCHED R_NR R_QDEPTH R_NOMERGES R_RQAFF R_LAYOUT
 #   R_RUNTIME R_RAMP R_FIOARGS   effective settings
 #   R_FIOCMD                 the whole fio command line (blank-separated words)
@@ -49,6 +50,7 @@ BEGIN {
     print "  \"ok\": " (ENVIRON["R_OK"] == "true" ? "true" : "false") ", \"error\": " jstr_or_null(ENVIRON["R_ERROR"]) ","
     print "  \"kernel\": " jstr(ENVIRON["R_KERNEL"]) ","
     print "  \"nr_cpus\": " jnum_or_null(ENVIRON["R_NCPU"]) ","
+    print "  \"clocksource\": " jstr_or_null(ENVIRON["R_CLOCKSOURCE"]) ","
     print "  \"settings\": {\"target\": " jstr(ENVIRON["R_KIND"]) ", \"target_params\": " jlist(ENVIRON["R_PARAMS"]) ", " \
           "\"stack\": " jstr_or_null(ENVIRON["R_STACK"]) ", \"stack_params\": " jlist(ENVIRON["R_STACKP"]) ", " \
           "\"sched\": " jstr_or_null(ENVIRON["R_SCHED"]) ", \"nr_requests\": " jnum_or_null(ENVIRON["R_NR"]) ", " \

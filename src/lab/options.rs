@@ -120,6 +120,18 @@ pub struct RunArgs {
     /// (counting the host's instructions apart from the guest's).
     #[arg(long, value_enum, default_value = "auto")]
     pub(crate) accel: Accel,
+    /// With --accel nested: the accelerator of the lab inside the emulated
+    /// host. auto probes KVM there as on a user's host; kvm is forced, as
+    /// `--accel kvm` on a KVM host.
+    #[arg(long, value_enum, value_name = "auto|kvm", default_value = "auto")]
+    pub(crate) inner_accel: InnerAccel,
+    /// With --accel nested: a second VM runs in the emulated host beside
+    /// the lab's guests for the whole run (the first kernel, rebooting in a
+    /// loop), as on a host shared with other VMs. The lab's KVM counts must
+    /// stay its guests' own; the neighbour's exits are kept in
+    /// console/nested-host.neighbour.json.
+    #[arg(long)]
+    pub(crate) nested_neighbour: bool,
     /// QEMU binary.
     #[arg(long, value_name = "PATH", default_value = "qemu-system-x86_64")]
     pub(crate) qemu: String,
@@ -193,6 +205,8 @@ pub(crate) struct RunOptions {
     pub(crate) machine: MachineOverrides,
     pub(crate) device: DeviceOverrides,
     pub(crate) guest: GuestOptions,
+    #[serde(default)]
+    pub(crate) nested: NestedOptions,
     pub(crate) timeouts: Timeouts,
     pub(crate) place: LabLocation,
     /// The output directory (`None`: blklab-results/YYYYmmdd-HHMMSS).
@@ -251,6 +265,49 @@ pub(crate) struct GuestOptions {
     pub(crate) ram: GuestRam,
 }
 
+/// `--inner-accel`: how the lab inside a nested host chooses its
+/// accelerator.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum InnerAccel {
+    /// The KVM probe decides, as `--accel auto` on a user's host.
+    #[default]
+    Auto,
+    /// KVM, without a probe, as `--accel kvm`.
+    Kvm,
+}
+
+impl InnerAccel {
+    /// The inner lab's `--accel`.
+    pub(crate) fn accel(self) -> Accel {
+        match self {
+            InnerAccel::Auto => Accel::Auto,
+            InnerAccel::Kvm => Accel::Kvm,
+        }
+    }
+}
+
+/// How a nested run's emulated host is set up (`--accel nested` only).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct NestedOptions {
+    pub(crate) inner_accel: InnerAccel,
+    /// A second VM beside the lab's guests in the host.
+    pub(crate) neighbour: bool,
+}
+
+impl NestedOptions {
+    /// The flag that was given, when any differs from its default.
+    pub(crate) fn given(&self) -> Option<&'static str> {
+        if self.inner_accel != InnerAccel::Auto {
+            Some("--inner-accel")
+        } else if self.neighbour {
+            Some("--nested-neighbour")
+        } else {
+            None
+        }
+    }
+}
+
 /// The longest waits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Timeouts {
@@ -300,6 +357,7 @@ impl RunOptions {
             machine: MachineOverrides::default(),
             device: DeviceOverrides::default(),
             guest: GuestOptions::default(),
+            nested: NestedOptions::default(),
             timeouts: Timeouts::default(),
             place: LabLocation::default(),
             out: None,
@@ -343,6 +401,10 @@ impl RunArgs {
                 append: self.append.clone(),
                 deterministic: self.deterministic,
                 ram: GuestRam::Memfd,
+            },
+            nested: NestedOptions {
+                inner_accel: self.inner_accel,
+                neighbour: self.nested_neighbour,
             },
             timeouts: Timeouts {
                 boot: self.boot_timeout,

@@ -45,6 +45,11 @@ pub struct GuestResult {
     /// Online CPUs.
     #[serde(default)]
     pub(crate) nr_cpus: Option<u32>,
+    /// The guest's clocksource at the variant's end (`tsc`, `kvm-clock`,
+    /// `hpet`, …: `/sys/devices/system/clocksource/clocksource0/current_clocksource`);
+    /// null from guests that did not say.
+    #[serde(default)]
+    pub(crate) clocksource: Option<String>,
     #[serde(default)]
     pub settings: Option<GuestSettings>,
     /// fio's command line (null when fio did not run).

@@ -66,9 +66,18 @@ pub(crate) struct KvmWindow {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) exit_reasons_per_io: BTreeMap<String, f64>,
     /// Why the record has no exits by reason (no tracefs, not root, a
-    /// kernel without hist triggers); absent when it has them.
+    /// kernel without hist triggers, a histogram that dropped entries);
+    /// absent when it has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) exit_reasons_unavailable: Option<String>,
+    /// How the exits by reason were counted: the tracefs instance and the
+    /// hist trigger as installed, its filter naming QEMU's vCPU threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) exit_reasons_trace: Option<String>,
+    /// Keys the histogram dropped by the window's end (it was full); the
+    /// record then has no exits by reason, KVM's counters only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) exit_reasons_dropped: Option<u64>,
 }
 
 impl KvmWindow {

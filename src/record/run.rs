@@ -190,6 +190,17 @@ pub(crate) struct NestedHostInfo {
     /// 2 MiB huge pages on node 1.
     #[serde(default)]
     pub(crate) huge_pages: Option<u64>,
+    /// What the inner guests' RAM is: `huge pages on node 1` (counting
+    /// instructions: the plugin tells the levels apart by address) or
+    /// `memfd` (as on a user's host); null in older runs.
+    #[serde(default)]
+    pub(crate) guest_ram: Option<String>,
+    /// The inner lab's `--accel`: `auto` (the KVM probe) or `kvm`.
+    #[serde(default)]
+    pub(crate) inner_accel: Option<Accel>,
+    /// A second VM ran beside the lab's guests (`--nested-neighbour`).
+    #[serde(default)]
+    pub(crate) neighbour: bool,
 }
 
 impl RunDocument {

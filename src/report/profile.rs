@@ -205,13 +205,13 @@ pub(crate) fn artefact(function: &str) -> Option<(&'static str, &'static str)> {
             "the clocksource is the HPET? every clock read is an emulated MMIO read; \
              check the kernel's clocksource (boot console 'Switched to clocksource', \
              /sys/devices/system/clocksource/clocksource0/current_clocksource; \
-             blklab boots with clocksource=tsc tsc=reliable unless --append overrides it)",
+             under TCG blklab boots with clocksource=tsc tsc=reliable unless --append overrides it; records say the guest's clocksource)",
         ),
         "acpi_pm_read" | "acpi_pm_read_verified" | "acpi_pm_read_slow" => (
             CLOCK,
             "the clocksource is the ACPI PM timer? every clock read is an emulated port read; \
              check the kernel's clocksource (boot console 'Switched to clocksource'; \
-             blklab boots with clocksource=tsc tsc=reliable unless --append overrides it)",
+             under TCG blklab boots with clocksource=tsc tsc=reliable unless --append overrides it; records say the guest's clocksource)",
         ),
         "i8253_read" | "pit_read" => (
             CLOCK,

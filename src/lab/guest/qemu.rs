@@ -49,8 +49,9 @@ pub enum QemuError {
 
 pub(crate) use crate::record::run::Accel;
 
-/// The clocksource every lab guest boots with, whatever the kernel and the
-/// accelerator: the TSC, trusted as it is. Under TCG with 2 vCPUs, 5.10
+/// The clocksource every lab guest under TCG boots with, whatever the
+/// kernel: the TSC, trusted as it is (under KVM the guest keeps kvm-clock,
+/// the clocksource a user's guests have). Under TCG with 2 vCPUs, 5.10
 /// left to itself prints "tsc: Marking TSC unstable due to TSCs
 /// unsynchronized" (its boot-time check across CPUs) and switches to the
 /// HPET, and then every clock read (ktime_get, several per IO) is an

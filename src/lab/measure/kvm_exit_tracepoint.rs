@@ -3,10 +3,13 @@
 //! run's own, keyed by the exiting thread, the ISA (VMX or SVM) and the
 //! exit reason. The trigger counts in the kernel as the tracepoint fires
 //! (nothing goes through a ring buffer, nothing is lost while the lab
-//! sleeps); the lab reads the histogram at the begin and the end SYNC and
-//! keeps the increase for QEMU's vCPU threads only, so other VMs on the
-//! host do not count. Reason names are the running kernel's own, read from
-//! the tracepoint's print format (`VMX_EXIT_REASONS`, `SVM_EXIT_REASONS`).
+//! sleeps); the trigger's filter admits QEMU's vCPU threads only, so other
+//! VMs on the host neither count nor fill the histogram, and the lab reads
+//! it at the begin and the end SYNC and keeps the increase. A histogram
+//! that dropped entries all the same is not an error: the records keep
+//! KVM's own counters and say why they have no exits by reason. Reason
+//! names are the running kernel's own, read from the tracepoint's print
+//! format (`VMX_EXIT_REASONS`, `SVM_EXIT_REASONS`).
 //!
 //! KVM's binary statistics (`kvm_stats`) count exits in a few classes
 //! (`halt_exits`, `io_exits`, …); this says why every exit happened.
@@ -23,9 +26,18 @@ use thiserror::Error;
 /// Where tracefs may be mounted, in order of preference.
 const TRACEFS: &[&str] = &["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
 
-/// The trigger the run installs (the size bounds the distinct keys: vCPU
-/// threads × reasons, a few hundred even for a host full of VMs).
-const TRIGGER: &str = "hist:keys=common_pid,isa,exit_reason:vals=hitcount:size=8192";
+/// The trigger the run installs, before its filter (the size bounds the
+/// distinct keys: the lab's vCPU threads × reasons, a few hundred).
+const TRIGGER_KEYS: &str = "hist:keys=common_pid,isa,exit_reason:vals=hitcount:size=8192";
+
+/// The trigger for the threads `tids`: only their exits are counted.
+fn trigger_for(tids: &[u64]) -> String {
+    if tids.is_empty() {
+        return TRIGGER_KEYS.to_string();
+    }
+    let filter: Vec<String> = tids.iter().map(|t| format!("common_pid == {t}")).collect();
+    format!("{TRIGGER_KEYS} if {}", filter.join(" || "))
+}
 
 /// `KVM_ISA_VMX` and `KVM_ISA_SVM` (arch/x86/kvm/trace.h).
 const ISA_VMX: u64 = 1;
@@ -52,8 +64,6 @@ pub enum KvmExitsError {
     },
     #[error("{path}: not a histogram line: {line:?}")]
     HistLine { path: PathBuf, line: String },
-    #[error("{path}: the kernel dropped {dropped} keys (the histogram is full)")]
-    Dropped { path: PathBuf, dropped: u64 },
     #[error(
         "{path}: the histogram went down for thread {pid} reason {reason}: {begin} then {end}"
     )]
@@ -71,6 +81,12 @@ pub enum KvmExitsError {
 pub(crate) enum ExitTraceUnavailable {
     #[error("no tracefs with instances at {} (mount -t tracefs nodev /sys/kernel/tracing, as root)", TRACEFS.join(" or "))]
     NoTracefs,
+    #[error("tracefs at {} is not readable by this user (exits by reason need root): {source}", path.display())]
+    Permission {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{} does not exist: the kvm module is not loaded", path.display())]
     NoKvmEvent { path: PathBuf },
     #[error("cannot create the tracefs instance {}: {source}", path.display())]
@@ -262,27 +278,66 @@ pub(crate) fn window(
     Ok(w)
 }
 
+/// The tracefs to use among `roots` (the first with instances), or why
+/// none can be used: none mounted, or one this user may not read.
+pub(crate) fn find_tracefs(roots: &[&Path]) -> Result<PathBuf, ExitTraceUnavailable> {
+    for root in roots {
+        match std::fs::metadata(root.join("instances")) {
+            Ok(m) if m.is_dir() => return Ok(root.to_path_buf()),
+            Ok(_) => {}
+            Err(e) => {
+                if let Some(why) = unreadable(root, e) {
+                    return Err(why);
+                }
+            }
+        }
+    }
+    Err(ExitTraceUnavailable::NoTracefs)
+}
+
+/// A tracefs root whose `instances` could not be read: a permission error
+/// names it; anything else (not mounted there) lets the next root be tried.
+fn unreadable(root: &Path, e: std::io::Error) -> Option<ExitTraceUnavailable> {
+    (e.kind() == std::io::ErrorKind::PermissionDenied).then(|| ExitTraceUnavailable::Permission {
+        path: root.to_path_buf(),
+        source: e,
+    })
+}
+
+/// One read of the histogram.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct HistSample {
+    pub(crate) hist: Hist,
+    /// Keys the kernel could not add since the trigger was installed (the
+    /// histogram was full): their exits are missing from `hist`.
+    pub(crate) dropped: u64,
+}
+
 /// The run's histogram on `kvm:kvm_exit`: installed by [`ExitTrace::start`],
 /// removed with its instance when dropped.
 #[derive(Debug)]
 pub(crate) struct ExitTrace {
     instance: PathBuf,
+    trigger: String,
     names: ReasonNames,
 }
 
+/// The tracefs with the `kvm:kvm_exit` event, or why this host has none.
+pub(crate) fn kvm_tracefs() -> Result<PathBuf, ExitTraceUnavailable> {
+    let roots: Vec<&Path> = TRACEFS.iter().map(Path::new).collect();
+    let root = find_tracefs(&roots)?;
+    let event = root.join("events/kvm/kvm_exit");
+    if !event.is_dir() {
+        return Err(ExitTraceUnavailable::NoKvmEvent { path: event });
+    }
+    Ok(root)
+}
+
 impl ExitTrace {
-    /// Install the trigger in a new tracefs instance, or say why the host
-    /// cannot count exits by reason.
-    pub(crate) fn start() -> Result<ExitTrace, ExitTraceUnavailable> {
-        let root = TRACEFS
-            .iter()
-            .map(Path::new)
-            .find(|p| p.join("instances").is_dir())
-            .ok_or(ExitTraceUnavailable::NoTracefs)?;
+    /// Install the trigger for the vCPU threads `tids` in a new instance
+    /// of the tracefs at `root` ([`kvm_tracefs`]).
+    pub(crate) fn start(root: &Path, tids: &[u64]) -> Result<ExitTrace, ExitTraceUnavailable> {
         let event = root.join("events/kvm/kvm_exit");
-        if !event.is_dir() {
-            return Err(ExitTraceUnavailable::NoKvmEvent { path: event });
-        }
         remove_stale_instances(&root.join("instances"));
         let instance = root.join("instances").join(format!(
             "{INSTANCE_PREFIX}{}-{}",
@@ -298,20 +353,32 @@ impl ExitTrace {
         let format = std::fs::read_to_string(event.join("format")).unwrap_or_default();
         let trace = ExitTrace {
             names: ReasonNames::parse(&format),
+            trigger: trigger_for(tids),
             instance,
         };
-        let trigger = trace.trigger_file();
-        if let Err(source) = std::fs::write(&trigger, TRIGGER) {
-            return Err(ExitTraceUnavailable::Trigger {
-                path: trigger,
-                source,
-            });
+        let file = trace.trigger_file();
+        if let Err(source) = std::fs::write(&file, &trace.trigger) {
+            return Err(ExitTraceUnavailable::Trigger { path: file, source });
         }
-        debug!(
-            "counting KVM exits by reason in {}",
-            trace.instance.display()
-        );
+        debug!("counting KVM exits by reason: {}", trace.describe());
         Ok(trace)
+    }
+
+    /// A trace over an instance directory the caller made (a fixture: its
+    /// `events/kvm/kvm_exit/hist` is whatever the test writes there).
+    #[cfg(test)]
+    pub(crate) fn in_fixture(instance: &Path, tids: &[u64]) -> ExitTrace {
+        std::fs::create_dir_all(instance.join("events/kvm/kvm_exit")).unwrap();
+        ExitTrace {
+            instance: instance.to_path_buf(),
+            trigger: trigger_for(tids),
+            names: ReasonNames::parse(include_str!("testdata/kvm_exit.format.linux-6.12-svm")),
+        }
+    }
+
+    /// Where and how the exits are counted: the instance and the trigger.
+    pub(crate) fn describe(&self) -> String {
+        format!("{}: {}", self.instance.display(), self.trigger)
     }
 
     fn trigger_file(&self) -> PathBuf {
@@ -322,18 +389,15 @@ impl ExitTrace {
         self.instance.join("events/kvm/kvm_exit/hist")
     }
 
-    /// The histogram now.
-    pub(crate) fn sample(&self) -> Result<Hist, KvmExitsError> {
+    /// The histogram now, and what it has dropped.
+    pub(crate) fn sample(&self) -> Result<HistSample, KvmExitsError> {
         let path = self.hist_file();
         let text = std::fs::read_to_string(&path).map_err(|source| KvmExitsError::Read {
             path: path.clone(),
             source,
         })?;
         let (hist, dropped) = parse_hist(&text, &path)?;
-        if dropped > 0 {
-            return Err(KvmExitsError::Dropped { path, dropped });
-        }
-        Ok(hist)
+        Ok(HistSample { hist, dropped })
     }
 
     /// Exits by reason of the threads `tids` from `begin` to `end`.
@@ -349,16 +413,16 @@ impl ExitTrace {
 
 impl Drop for ExitTrace {
     fn drop(&mut self) {
-        remove_instance(&self.instance);
+        remove_instance(&self.instance, &self.trigger);
     }
 }
 
 /// Remove the trigger, then the instance (tracefs refuses to remove an
 /// instance whose events still have triggers).
-fn remove_instance(instance: &Path) {
-    let trigger = instance.join("events/kvm/kvm_exit/trigger");
-    if let Err(e) = std::fs::write(&trigger, format!("!{TRIGGER}")) {
-        debug!("removing the trigger in {}: {e}", trigger.display());
+fn remove_instance(instance: &Path, trigger: &str) {
+    let file = instance.join("events/kvm/kvm_exit/trigger");
+    if let Err(e) = std::fs::write(&file, format!("!{trigger}")) {
+        debug!("removing the trigger in {}: {e}", file.display());
     }
     if let Err(e) = std::fs::remove_dir(instance) {
         warn!(
@@ -366,6 +430,14 @@ fn remove_instance(instance: &Path) {
             instance.display()
         );
     }
+}
+
+/// A stale instance's trigger, as its `trigger` file lists it (one per
+/// line, with the kernel's own additions after ` [active]` or similar).
+fn installed_trigger(instance: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(instance.join("events/kvm/kvm_exit/trigger")).ok()?;
+    let line = text.lines().find(|l| l.starts_with("hist:"))?;
+    Some(line.split(" [").next().unwrap_or(line).to_string())
 }
 
 /// Instances left by blklab processes that no longer run (killed before
@@ -382,7 +454,8 @@ fn remove_stale_instances(instances: &Path) {
             .and_then(|p| p.parse::<u32>().ok());
         if let Some(pid) = pid {
             if !Path::new(&format!("/proc/{pid}")).exists() {
-                remove_instance(&entry.path());
+                let trigger = installed_trigger(&entry.path());
+                remove_instance(&entry.path(), trigger.as_deref().unwrap_or(TRIGGER_KEYS));
             }
         }
     }
@@ -451,7 +524,45 @@ mod tests {
     }
 
     #[test]
-    fn malformed_hist_lines_and_drops_are_errors() {
+    fn the_trigger_counts_the_labs_threads_only() {
+        assert_eq!(
+            trigger_for(&[101, 102]),
+            "hist:keys=common_pid,isa,exit_reason:vals=hitcount:size=8192 \
+             if common_pid == 101 || common_pid == 102"
+        );
+        assert_eq!(trigger_for(&[]), TRIGGER_KEYS);
+    }
+
+    #[test]
+    fn tracefs_is_the_first_root_with_instances_and_unreadable_is_not_unmounted() {
+        let t = tempfile::tempdir().unwrap();
+        let (a, b) = (t.path().join("tracing"), t.path().join("debug/tracing"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(b.join("instances")).unwrap();
+        // Not mounted at the first (an empty mount point), mounted at the second.
+        assert_eq!(find_tracefs(&[&a, &b]).unwrap(), b);
+        std::fs::create_dir_all(a.join("instances")).unwrap();
+        assert_eq!(find_tracefs(&[&a, &b]).unwrap(), a);
+        let none = t.path().join("none");
+        assert!(matches!(
+            find_tracefs(&[&none]),
+            Err(ExitTraceUnavailable::NoTracefs)
+        ));
+        // Root-only permissions (tracefs's default mode is 0700) are named
+        // as such, with the path, not as a missing mount.
+        let denied = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let why = unreadable(&a, denied).unwrap();
+        assert!(
+            why.to_string().contains("not readable by this user")
+                && why.to_string().contains("tracing"),
+            "{why}"
+        );
+        let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+        assert!(unreadable(&a, missing).is_none());
+    }
+
+    #[test]
+    fn malformed_hist_lines_are_errors_and_drops_are_counted() {
         let path = Path::new("hist");
         let bad = "{ common_pid: 12, isa: 2 } hitcount: 3\n";
         assert!(matches!(

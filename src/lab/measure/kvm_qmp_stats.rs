@@ -18,7 +18,9 @@ use serde_json::{json, Value};
 use thiserror::Error;
 
 use crate::lab::guest::qmp::{Qmp, QmpError};
-use crate::lab::measure::kvm_exit_tracepoint::{ExitTrace, Hist, KvmExitsError};
+use crate::lab::measure::kvm_exit_tracepoint::{
+    kvm_tracefs, ExitTrace, ExitTraceUnavailable, HistSample, KvmExitsError,
+};
 use crate::record::kvm::{KvmVcpu, KvmWindow, KVM_SOURCE};
 
 /// How long QEMU has to open its QMP socket.
@@ -257,8 +259,8 @@ enum Exits {
         trace: ExitTrace,
         /// vCPU QOM path → its thread.
         threads: BTreeMap<String, u64>,
-        begin: Option<Hist>,
-        end: Option<Hist>,
+        begin: Option<HistSample>,
+        end: Option<HistSample>,
     },
     Unavailable(String),
 }
@@ -286,16 +288,22 @@ pub(crate) fn parse_vcpu_threads(answer: Value) -> Result<BTreeMap<String, u64>,
 impl Exits {
     /// Start counting QEMU's exits by reason on this host.
     fn start(qmp: &mut Qmp) -> Result<Exits, KvmStatsError> {
-        let trace = match ExitTrace::start() {
-            Ok(t) => t,
-            Err(why) => {
-                if !WARNED_EXITS.swap(true, Ordering::Relaxed) {
-                    warn!("records will have no KVM exits by reason: {why}");
-                }
-                return Ok(Exits::Unavailable(why.to_string()));
+        let unavailable = |why: ExitTraceUnavailable| {
+            if !WARNED_EXITS.swap(true, Ordering::Relaxed) {
+                warn!("records will have no KVM exits by reason: {why}");
             }
+            Exits::Unavailable(why.to_string())
+        };
+        let root = match kvm_tracefs() {
+            Ok(root) => root,
+            Err(why) => return Ok(unavailable(why)),
         };
         let threads = parse_vcpu_threads(qmp.execute("query-cpus-fast", None)?)?;
+        let tids: Vec<u64> = threads.values().copied().collect();
+        let trace = match ExitTrace::start(&root, &tids) {
+            Ok(t) => t,
+            Err(why) => return Ok(unavailable(why)),
+        };
         Ok(Exits::Counting {
             trace,
             threads,
@@ -319,12 +327,13 @@ impl Exits {
     }
 
     /// Add the exits by reason from the begin to the end sample to `w`
-    /// (whose vCPUs are QEMU's, in order).
-    fn end(&mut self, w: &mut KvmWindow) -> Result<(), KvmStatsError> {
+    /// (whose vCPUs are QEMU's, in order); a warning when the histogram
+    /// dropped keys (`w` then keeps KVM's counters only, and says why).
+    fn end(&mut self, w: &mut KvmWindow) -> Result<Option<String>, KvmStatsError> {
         let (trace, threads, begin, end) = match self {
             Exits::Unavailable(why) => {
                 w.exit_reasons_unavailable = Some(why.clone());
-                return Ok(());
+                return Ok(None);
             }
             Exits::Counting {
                 trace,
@@ -334,7 +343,7 @@ impl Exits {
             } => (trace, threads, begin, end),
         };
         let (Some(first), Some(end)) = (begin.take(), end.take()) else {
-            return Ok(());
+            return Ok(None);
         };
         let tids = w
             .per_vcpu
@@ -348,13 +357,28 @@ impl Exits {
                     })
             })
             .collect::<Result<Vec<u64>, KvmStatsError>>()?;
-        let reasons = trace.window(&tids, &first, &end)?;
+        w.exit_reasons_trace = Some(trace.describe());
+        if end.dropped > 0 {
+            let why = dropped_reason(end.dropped);
+            w.exit_reasons_dropped = Some(end.dropped);
+            w.exit_reasons_unavailable = Some(why.clone());
+            return Ok(Some(why));
+        }
+        let reasons = trace.window(&tids, &first.hist, &end.hist)?;
         for (v, r) in w.per_vcpu.iter_mut().zip(reasons.per_thread) {
             v.exit_reasons = r;
         }
         w.exit_reasons = Some(reasons.total);
-        Ok(())
+        Ok(None)
     }
+}
+
+/// Why a window whose histogram dropped `n` keys has no exits by reason.
+fn dropped_reason(n: u64) -> String {
+    format!(
+        "the kvm:kvm_exit histogram dropped {n} key(s) (it was full): exits by reason \
+         would be short, so this record has KVM's counters only"
+    )
 }
 
 /// Where the sampler stands with QEMU.
@@ -415,7 +439,9 @@ impl KvmSampler {
             return Ok(None);
         };
         let mut w = window(schemas, &first, &last)?;
-        exits.end(&mut w)?;
+        if let Some(why) = exits.end(&mut w)? {
+            warn!("KVM exits by reason: {why}");
+        }
         Ok(Some(w))
     }
 
@@ -508,6 +534,61 @@ mod tests {
 
     fn sample(text: &str) -> Sample {
         parse_stats(answer(text)).unwrap()
+    }
+
+    /// Exits counted over a fixture histogram for one vCPU (thread 7):
+    /// `begin` and `end` are the hist file's text at each SYNC.
+    fn exits_over(begin: &str, end: &str) -> (KvmWindow, Option<String>) {
+        let t = tempfile::tempdir().unwrap();
+        let instance = t.path().join("blklab-fixture");
+        let trace = ExitTrace::in_fixture(&instance, &[7]);
+        let hist = instance.join("events/kvm/kvm_exit/hist");
+        let mut exits = Exits::Counting {
+            trace,
+            threads: [("/machine/unattached/device[0]".to_string(), 7)].into(),
+            begin: None,
+            end: None,
+        };
+        std::fs::write(&hist, begin).unwrap();
+        exits.begin().unwrap();
+        std::fs::write(&hist, end).unwrap();
+        exits.sample_end().unwrap();
+        let mut w = KvmWindow {
+            counters: [("exits".to_string(), 40)].into(),
+            per_vcpu: vec![KvmVcpu {
+                qom_path: "/machine/unattached/device[0]".into(),
+                counters: [("exits".to_string(), 40)].into(),
+                exit_reasons: BTreeMap::new(),
+            }],
+            ..KvmWindow::default()
+        };
+        let warning = exits.end(&mut w).unwrap();
+        (w, warning)
+    }
+
+    #[test]
+    fn a_histogram_that_dropped_keys_is_a_warning_and_the_counters_stay() {
+        let line =
+            |hits: u64| format!("{{ common_pid: 7, isa: 2, exit_reason: 120 }} hitcount: {hits}\n");
+        let totals = |dropped: u64| {
+            format!("\nTotals:\n    Hits: 1\n    Entries: 1\n    Dropped: {dropped}\n")
+        };
+        // A full histogram: the window goes on with KVM's counters, says
+        // why it has no reasons, and the sampler is told to warn.
+        let (w, warning) = exits_over(&line(3), &(line(30) + &totals(2)));
+        let why = warning.expect("a warning");
+        assert!(why.contains("dropped 2 key(s)"), "{why}");
+        assert_eq!(w.exit_reasons, None);
+        assert_eq!(w.exit_reasons_dropped, Some(2));
+        assert_eq!(w.exit_reasons_unavailable.as_deref(), Some(why.as_str()));
+        assert_eq!(w.counters["exits"], 40);
+        let trace = w.exit_reasons_trace.unwrap();
+        assert!(trace.ends_with("if common_pid == 7"), "{trace}");
+        // Nothing dropped: the reasons, no warning.
+        let (w, warning) = exits_over(&line(3), &(line(30) + &totals(0)));
+        assert_eq!(warning, None);
+        assert_eq!(w.exit_reasons, Some([("hlt".to_string(), 27)].into()));
+        assert_eq!(w.exit_reasons_dropped, None);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use crate::lab::guest::qemu::Accel;
 use crate::lab::measure::plugin::{self, Dump, InsnsWindow, SymbolMap};
+use crate::lab::nested::neighbour::NEIGHBOUR_FILE;
 use crate::lab::nested::relay::WindowKey;
 use crate::lab::nested::transfer::{ERROR_FILE, KALLSYMS};
 use crate::record::result::ResultRecord;
@@ -77,6 +78,15 @@ pub(crate) fn records(
 ) -> Result<Merged, MergeError> {
     let log = inner_log(r.out_dir);
     copy_if_there(&results.join("blklab.log"), &log)?;
+    let console = r.out_dir.join("console");
+    copy_if_there(
+        &results.join(NEIGHBOUR_FILE),
+        &console.join("nested-host.neighbour.json"),
+    )?;
+    copy_if_there(
+        &results.join("neighbour.console"),
+        &console.join("nested-host.neighbour.log"),
+    )?;
     // The inner boots' consoles first: a failed run names them.
     let inner = results.join("out");
     copy_consoles(&inner.join("console"), &r.out_dir.join("console"))?;

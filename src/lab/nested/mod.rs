@@ -16,12 +16,14 @@
 //! - [`relay`]: the SYNC relay between the levels (the console protocol);
 //! - [`transfer`]: what goes in (a tar on a read-only disk) and what comes
 //!   out (a tar the host writes to a second disk), and the names on them;
-//! - [`merge`]: the inner records with the outer lab's counts.
+//! - [`merge`]: the inner records with the outer lab's counts;
+//! - [`neighbour`]: a second VM beside the lab's in the host, when asked.
 //!
 //! The two runs are the run's own: the outer lab's side (the host's
 //! machine, boot and console session) is `lab::run::nested_host`, the lab
 //! inside the host (`blklab nested-inner`) `lab::run::nested_inner`.
 
 pub(crate) mod merge;
+pub(crate) mod neighbour;
 pub(crate) mod relay;
 pub(crate) mod transfer;

@@ -15,11 +15,10 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::backend::qemu_args::GuestRam;
-use crate::lab::guest::qemu::Accel;
 use crate::lab::images::KernelSpec;
 use crate::lab::images::PreparedGuest;
 use crate::lab::location::{CacheOption, LabDirOption, LabLocation};
-use crate::lab::options::{CountInsns, GuestOptions, RunOptions};
+use crate::lab::options::{CountInsns, GuestOptions, NestedOptions, RunOptions};
 
 /// Where the host's `/init` unpacks the run disk.
 pub(crate) const RUN_ROOT: &str = "/lab/run";
@@ -40,12 +39,23 @@ pub(crate) const RESULTS_DISK_BYTES: u64 = 2 << 30;
 pub(crate) struct InnerRun {
     pub(crate) options: RunOptions,
     pub(crate) guests: Vec<PreparedGuest>,
+    /// Boot a second VM beside the lab's guests for the whole run.
+    #[serde(default)]
+    pub(crate) neighbour: bool,
 }
 
 impl InnerRun {
     /// The inner run of the outer `options` over `guests`, whose files are
     /// (or will be) on the run disk under `guests/I/` for I = `dirs[k]`.
-    pub(crate) fn new(options: &RunOptions, guests: &[PreparedGuest], dirs: &[usize]) -> InnerRun {
+    /// `levels_by_address`: the outer plugin tells the guest's code from
+    /// the host's by where it runs, so the guests' RAM must be the host's
+    /// huge pages; otherwise it is memfd RAM, as on a user's host.
+    pub(crate) fn new(
+        options: &RunOptions,
+        guests: &[PreparedGuest],
+        dirs: &[usize],
+        levels_by_address: bool,
+    ) -> InnerRun {
         let at = |i: usize, file: &str| PathBuf::from(format!("{RUN_ROOT}/guests/{i}/{file}"));
         let guests: Vec<PreparedGuest> = guests
             .iter()
@@ -78,17 +88,20 @@ impl InnerRun {
         // several times as long as on hardware: give it a boot's time.
         timeouts.kvm_probe = timeouts.kvm_probe.max(timeouts.boot);
         a.guest = GuestOptions {
-            // The real KVM probe decides, as on a KVM host; the inner lab
-            // refuses to go on without KVM.
-            accel: Accel::Auto,
+            // As on a KVM host: the real KVM probe decides, or --accel kvm
+            // is forced; the inner lab refuses to go on without KVM.
+            accel: options.nested.inner_accel.accel(),
             qemu: "qemu-system-x86_64".into(),
             count_insns: CountInsns::Off,
             append: a.guest.append,
             deterministic: false,
-            // The host's huge pages are its guests' RAM, where the outer
-            // plugin tells the guest's code from the host's.
-            ram: GuestRam::HugeMemfd,
+            ram: if levels_by_address {
+                GuestRam::HugeMemfd
+            } else {
+                GuestRam::Memfd
+            },
         };
+        a.nested = NestedOptions::default();
         a.out = Some(PathBuf::from(RESULTS_ROOT).join("out"));
         a.place = LabLocation {
             cache: CacheOption {
@@ -100,7 +113,11 @@ impl InnerRun {
         };
         a.progress = false;
         a.plan_only = false;
-        InnerRun { options: a, guests }
+        InnerRun {
+            options: a,
+            guests,
+            neighbour: options.nested.neighbour,
+        }
     }
 }
 
@@ -243,6 +260,7 @@ pub(crate) fn unpack_results(disk: &Path, into: &Path) -> Result<(), TransferErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lab::guest::qemu::Accel;
 
     #[test]
     fn the_inner_run_keeps_the_plan_and_runs_under_kvm_inside() {
@@ -275,7 +293,7 @@ mod tests {
             kernel_manifest: Some("/cache/k/manifest.json".into()),
             initramfs_manifest: None,
         };
-        let inner = InnerRun::new(&options, &[g.clone(), g], &[0, 0]);
+        let inner = InnerRun::new(&options, &[g.clone(), g.clone()], &[0, 0], true);
         // What the inner lab reads back.
         let text = serde_json::to_string(&inner).unwrap();
         let inner: InnerRun = serde_json::from_str(&text).unwrap();
@@ -311,6 +329,21 @@ mod tests {
         // It survives inner.json.
         let back: InnerRun = serde_json::from_str(&serde_json::to_string(&inner).unwrap()).unwrap();
         assert_eq!(back.options.kernels, a.kernels);
+        assert!(!inner.neighbour);
+
+        // Without the outer plugin: a user host's memfd RAM; the forced
+        // accelerator and the neighbour handed in, the nested flags not.
+        let mut options = options;
+        options.nested = NestedOptions {
+            inner_accel: crate::lab::options::InnerAccel::Kvm,
+            neighbour: true,
+        };
+        let inner = InnerRun::new(&options, &[g], &[0], false);
+        let a = &inner.options;
+        assert_eq!(a.guest.accel, Accel::Kvm);
+        assert_eq!(a.guest.ram, GuestRam::Memfd);
+        assert_eq!(a.nested, NestedOptions::default());
+        assert!(inner.neighbour);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use thiserror::Error;
 use crate::backend::server::{ServeError, Server};
 use crate::backend::Disk;
 use crate::device::config::DiskConfig;
-use crate::lab::guest::qemu::{Accel, QemuDisk, QemuError, QemuSpec};
+use crate::lab::guest::qemu::{Accel, QemuDisk, QemuError, QemuSpec, CLOCKSOURCE_ARGS};
 use crate::lab::images::PreparedGuest;
 use crate::lab::measure::kvm_qmp_stats::KvmStatsError;
 use crate::lab::measure::plugin::{self, InsnsError, SymbolMap};
@@ -269,8 +269,8 @@ fn kernel_append(c: &BootCtx) -> String {
     let mut append = format!(
         // loglevel=5: the console shows KERN_WARNING and worse, so a WARN
         // splat reaches the fault scanner (`quiet` would hide it).
-        "console=ttyS0 loglevel=5 panic=-1 {} blklab.run=lab blklab.scenarios={} blklab.sync=1",
-        crate::lab::guest::qemu::CLOCKSOURCE_ARGS,
+        "console=ttyS0 loglevel=5 panic=-1 {}blklab.run=lab blklab.scenarios={} blklab.sync=1",
+        clocksource_args(c.accel),
         c.scenario.name
     );
     if let Some(extra) = &c.options.guest.append {
@@ -300,6 +300,16 @@ fn kernel_append(c: &BootCtx) -> String {
         append.push_str(" nokaslr");
     }
     append
+}
+
+/// The clocksource arguments for a guest under `accel`, with a trailing
+/// blank: TCG's ([`CLOCKSOURCE_ARGS`]); none under KVM, where the guest
+/// keeps kvm-clock as on a user's host.
+fn clocksource_args(accel: Accel) -> String {
+    match accel {
+        Accel::Kvm => String::new(),
+        _ => format!("{CLOCKSOURCE_ARGS} "),
+    }
 }
 
 /// What QEMU runs for one boot: the guest, its disks, with
@@ -365,6 +375,14 @@ mod tests {
             plugin_arg(p, ctl, None, true),
             "/p/libblklab-insns.so,ctl=/s/insns.sock,retired=off"
         );
+    }
+
+    #[test]
+    fn only_tcg_guests_are_told_their_clocksource() {
+        assert_eq!(clocksource_args(Accel::Kvm), "");
+        for a in [Accel::Tcg, Accel::Auto] {
+            assert_eq!(clocksource_args(a), "clocksource=tsc tsc=reliable ");
+        }
     }
 
     fn exited() -> QemuError {

@@ -110,7 +110,11 @@ pub(crate) fn boot_nested_host(
         image: host,
         plugin: lab.plugin.as_deref(),
         maps: &lab.maps,
-        machine: HostMachine::for_units(&request.units),
+        machine: HostMachine::new(
+            &request.units,
+            lab.plugin.is_some(),
+            request.options.nested.neighbour,
+        ),
         longest_variant: std::time::Duration::from_secs(longest_variant),
         pb: &pb,
         stamp,

@@ -91,6 +91,8 @@ pub enum RunError {
     Accel(#[from] AccelError),
     #[error(transparent)]
     Nested(#[from] NestedError),
+    #[error("{flag} applies to --accel nested only")]
+    NestedOnly { flag: &'static str },
     #[error("inside the nested host the guests would not run under KVM ({reason})")]
     NoKvmInside { reason: String },
     #[error(

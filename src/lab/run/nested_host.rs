@@ -20,9 +20,10 @@ use crate::lab::images::nested_host::NestedHostImage;
 use crate::lab::images::PreparedGuest;
 use crate::lab::measure::plugin::{self, InsnsError, SymbolMap};
 use crate::lab::nested::merge::{self, MergeError, Merged, Window};
+use crate::lab::nested::neighbour::NEIGHBOUR_MIB;
 use crate::lab::nested::relay::{self, SyncLine, WindowKey};
 use crate::lab::nested::transfer::{self, InnerRun, RunDisk, TransferError, RESULTS_DISK_BYTES};
-use crate::lab::options::RunOptions;
+use crate::lab::options::{NestedOptions, RunOptions};
 use crate::lab::run::boot::{BootFailure, SocketDir};
 use crate::lab::run::progress::Progress;
 use crate::lab::run::settings::Unit;
@@ -92,13 +93,17 @@ pub enum NestedError {
 }
 
 /// The emulated host's machine: a vCPU more than its largest guest (for
-/// the backend and QEMU's own threads), and two NUMA nodes. Node 0 has
-/// every vCPU and [`HOST_OVERHEAD_MIB`]: the host's own memory. Node 1 has
-/// no vCPU and holds the host's whole pool of 2 MiB huge pages, as many as
-/// its largest guest's RAM, which the guests' RAM comes from
-/// (`hugetlb=on`) and nothing else uses. So the guest's code runs from
-/// node 1 and the host's never does, and the plugin, told node 1's
-/// backing file, counts each block at the level its code's place says.
+/// the backend and QEMU's own threads) and [`HOST_OVERHEAD_MIB`] besides
+/// the guests' memory.
+///
+/// Counting instructions, it has two NUMA nodes. Node 0 has every vCPU
+/// and the host's own memory. Node 1 has no vCPU and holds the host's
+/// whole pool of 2 MiB huge pages, as many as its largest guest's RAM,
+/// which the guests' RAM comes from (`hugetlb=on`) and nothing else uses.
+/// So the guest's code runs from node 1 and the host's never does, and the
+/// plugin, told node 1's backing file, counts each block at the level its
+/// code's place says. Without counting, one node and no huge pages: the
+/// guests' RAM is memfd, as on a user's host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct HostMachine {
     pub(crate) vcpus: u32,
@@ -111,7 +116,9 @@ pub(crate) struct HostMachine {
 }
 
 impl HostMachine {
-    pub(crate) fn for_units(units: &[Unit]) -> HostMachine {
+    /// The host for `units`; `levels_by_address` when the plugin counts
+    /// (node 1 and its huge pages); `neighbour` with room for a second VM.
+    pub(crate) fn new(units: &[Unit], levels_by_address: bool, neighbour: bool) -> HostMachine {
         let vcpus = units
             .iter()
             .map(|u| u.settings.machine.vcpus)
@@ -123,19 +130,31 @@ impl HostMachine {
             .map(|b| b >> 20)
             .max()
             .unwrap_or(1024);
+        let host_mib = HOST_OVERHEAD_MIB + if neighbour { NEIGHBOUR_MIB } else { 0 };
+        if !levels_by_address {
+            return HostMachine {
+                vcpus: vcpus + 1,
+                memory_mib: host_mib + guest_mib,
+                guest_node_mib: 0,
+                huge_pages: 0,
+            };
+        }
         let huge_pages = guest_mib.div_ceil(HUGE_PAGE_MIB);
         let guest_node_mib = guest_node_mib(huge_pages);
         HostMachine {
             vcpus: vcpus + 1,
-            memory_mib: HOST_OVERHEAD_MIB + guest_node_mib,
+            memory_mib: host_mib + guest_node_mib,
             guest_node_mib,
             huge_pages,
         }
     }
 
     /// The host's kernel command line: [`HOST_APPEND`] and the huge pages,
-    /// all on node 1.
+    /// all on node 1, when it has them.
     fn append(&self) -> String {
+        if self.huge_pages == 0 {
+            return HOST_APPEND.to_string();
+        }
         format!(
             "{HOST_APPEND} hugepagesz={HUGE_PAGE_MIB}M hugepages=1:{}",
             self.huge_pages
@@ -145,6 +164,9 @@ impl HostMachine {
     /// `-m`, the nodes' memory backends and `-numa`: node 1's backed by
     /// `guest_node` (a private mapping: nothing is written to the file).
     fn memory_args(&self, guest_node: &Path) -> Vec<String> {
+        if self.guest_node_mib == 0 {
+            return vec!["-m".into(), format!("{}M", self.memory_mib)];
+        }
         let host_mib = self.memory_mib - self.guest_node_mib;
         vec![
             "-m".into(),
@@ -166,7 +188,12 @@ impl HostMachine {
 }
 
 /// What run.json says of the host.
-pub(crate) fn info(image: &NestedHostImage, machine: HostMachine) -> NestedHostInfo {
+pub(crate) fn info(
+    image: &NestedHostImage,
+    machine: HostMachine,
+    nested: &NestedOptions,
+) -> NestedHostInfo {
+    let by_address = machine.huge_pages > 0;
     NestedHostInfo {
         kernel: image.kernel.clone(),
         initramfs: image.initramfs.clone(),
@@ -174,8 +201,18 @@ pub(crate) fn info(image: &NestedHostImage, machine: HostMachine) -> NestedHostI
         cpu: HOST_CPU.to_string(),
         vcpus: machine.vcpus,
         memory_mib: machine.memory_mib,
-        guest_node_mib: Some(machine.guest_node_mib),
-        huge_pages: Some(machine.huge_pages),
+        guest_node_mib: by_address.then_some(machine.guest_node_mib),
+        huge_pages: by_address.then_some(machine.huge_pages),
+        guest_ram: Some(
+            if by_address {
+                "huge pages on node 1"
+            } else {
+                "memfd"
+            }
+            .to_string(),
+        ),
+        inner_accel: Some(nested.inner_accel.accel()),
+        neighbour: nested.neighbour,
     }
 }
 
@@ -265,7 +302,7 @@ fn write_run_disk(r: &HostRun, stage: &Path) -> Result<PathBuf, NestedError> {
     })?;
     disk.add_file(&exe, "blklab")?;
     let dirs = add_guests(&mut disk, r.guests)?;
-    let inner = InnerRun::new(r.options, r.guests, &dirs);
+    let inner = InnerRun::new(r.options, r.guests, &dirs, r.plugin.is_some());
     let json = serde_json::to_vec_pretty(&inner).expect("an inner run serialises");
     disk.add_bytes("inner.json", &json)?;
     disk.add_file(
@@ -584,7 +621,7 @@ mod tests {
                 .to_options()
                 .unwrap(),
         );
-        let m = HostMachine::for_units(&units);
+        let m = HostMachine::new(&units, true, false);
         // Node 1: 1024 huge pages, their struct pages (64 MiB) and 160 MiB.
         assert_eq!(
             m,
@@ -611,6 +648,18 @@ mod tests {
                 "-numa",
                 "node,nodeid=1,memdev=guest-node"
             ]
+        );
+        // Not counting: one node, no huge pages, room for a neighbour.
+        let m = HostMachine::new(&units, false, true);
+        assert_eq!(
+            (m.vcpus, m.memory_mib, m.huge_pages),
+            (5, HOST_OVERHEAD_MIB + NEIGHBOUR_MIB + 2048, 0)
+        );
+        assert_eq!(m.append(), HOST_APPEND);
+        let mib = HOST_OVERHEAD_MIB + NEIGHBOUR_MIB + 2048;
+        assert_eq!(
+            m.memory_args(Path::new("/s/guest-node.ram")),
+            ["-m".to_string(), format!("{mib}M")]
         );
     }
 

@@ -12,6 +12,7 @@ use thiserror::Error;
 
 use crate::lab::guest::qemu::Accel;
 use crate::lab::images::PreparedGuest;
+use crate::lab::nested::neighbour::{Neighbour, NeighbourError};
 use crate::lab::nested::relay;
 use crate::lab::nested::relay::SyncRelay;
 use crate::lab::nested::transfer::{InnerRun, ERROR_FILE, KALLSYMS, RESULTS_ROOT};
@@ -35,6 +36,8 @@ pub enum InnerError {
     },
     #[error(transparent)]
     Run(#[from] Box<RunError>),
+    #[error(transparent)]
+    Neighbour(#[from] NeighbourError),
 }
 
 /// Run the inner lab of `file` (`inner.json` on the run disk).
@@ -51,13 +54,35 @@ pub fn run(file: &Path) -> Result<(), InnerError> {
     let results = Path::new(RESULTS_ROOT);
     save_kallsyms(results);
     let relay = relay::console();
-    match run_inside(&inner.options, inner.guests, &relay) {
+    let neighbour = match start_neighbour(&inner, results) {
+        Ok(n) => n,
+        Err(e) => {
+            let _ = std::fs::write(results.join(ERROR_FILE), error_chain(&e));
+            return Err(e.into());
+        }
+    };
+    let outcome = run_inside(&inner.options, inner.guests, &relay);
+    if let Some(n) = neighbour {
+        if let Err(e) = n.finish(results) {
+            warn!("{e}");
+        }
+    }
+    match outcome {
         Ok(_) => Ok(()),
         Err(e) => {
             let _ = std::fs::write(results.join(ERROR_FILE), error_chain(&e));
             Err(InnerError::Run(Box::new(e)))
         }
     }
+}
+
+/// The neighbour VM, when the run asks for one, booted from the first
+/// guest's kernel.
+fn start_neighbour(inner: &InnerRun, results: &Path) -> Result<Option<Neighbour>, NeighbourError> {
+    let Some(guest) = inner.guests.first().filter(|_| inner.neighbour) else {
+        return Ok(None);
+    };
+    Neighbour::start(&inner.options.guest.qemu, &guest.kernel, results).map(Some)
 }
 
 /// The lab inside a nested host (`blklab nested-inner`): the outer lab

@@ -47,6 +47,9 @@ impl RunRequest {
         if guest.accel == Accel::Nested && guest.deterministic {
             return Err(AccelError::NestedDeterministic.into());
         }
+        if let (false, Some(flag)) = (guest.accel == Accel::Nested, options.nested.given()) {
+            return Err(RunError::NestedOnly { flag });
+        }
         let lab_dir = images::lab_dir(options.place.lab_dir.get())?;
         let scenarios: Vec<Scenario> = load_scenarios(&options.scenarios, &lab_dir)?
             .into_iter()
@@ -182,6 +185,17 @@ mod tests {
             matches!(e, RunError::Accel(AccelError::NestedDeterministic)),
             "{e:?}"
         );
+        for flags in [
+            &["--inner-accel", "kvm"][..],
+            &["--nested-neighbour", "--accel", "tcg"],
+        ] {
+            let e = check(flags).err().unwrap();
+            assert!(matches!(e, RunError::NestedOnly { .. }), "{e:?}");
+            assert!(
+                e.to_string().ends_with("applies to --accel nested only"),
+                "{e}"
+            );
+        }
         let e = check(&["--kernel", "path:/nonexistent/vmlinuz"])
             .err()
             .unwrap();

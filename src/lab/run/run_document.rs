@@ -63,10 +63,11 @@ pub(crate) fn write(request: &RunRequest, plan: &Plan, lab: &Lab) -> Result<RunS
             .options
             .shard
             .map(|sh| run_plan::shard_info(sh, &order_of(&plan.all))),
-        nested_host: lab
-            .nested_host
-            .as_ref()
-            .map(|h| nested_host::info(h, HostMachine::for_units(&request.units))),
+        nested_host: lab.nested_host.as_ref().map(|h| {
+            let nested = &request.options.nested;
+            let machine = HostMachine::new(&request.units, lab.plugin.is_some(), nested.neighbour);
+            nested_host::info(h, machine, nested)
+        }),
     };
     crate::record::write(&lab.out_dir.join("run.json"), &run_doc)?;
     Ok(run_doc.stamp())
