@@ -405,6 +405,12 @@ fn boots_smoke_on_tsc(spec: &str) {
                         .is_some_and(|a| a.contains("clocksource=tsc tsc=reliable"))),
                 "{spec}: {name}: no clocksource=tsc tsc=reliable on the kernel command line"
             );
+            // The record says the clocksource the guest had at the end.
+            let cs = r["guest"]["clocksource"].as_str();
+            assert!(
+                matches!(cs, Some("tsc" | "tsc-early")),
+                "{spec}: {name}: guest.clocksource {cs:?}"
+            );
             records += 1;
         }
     }
