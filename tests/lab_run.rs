@@ -887,6 +887,30 @@ fn missing_kernel_and_missing_qemu_are_clear_errors() {
             && stderr.contains("apt-get install qemu-system-x86"),
         "{stderr}"
     );
+    // This host's own /dev/kvm, when the lab cannot use it (PVM on the
+    // development VMs and CI): --accel kvm is refused before anything is
+    // built, naming what was found and what to use instead.
+    if Path::new("/sys/module/kvm_pvm").exists() {
+        let (o, _) = blklab_run(&[
+            "--accel",
+            "kvm",
+            "--scenario",
+            "smoke",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let (_, stderr) = text(&o);
+        assert!(!o.status.success());
+        assert!(
+            stderr.contains("--accel kvm: /dev/kvm is PVM")
+                && stderr.contains("--accel nested")
+                && stderr.contains("--accel tcg"),
+            "{stderr}"
+        );
+        assert_nothing_booted(&out);
+    } else {
+        eprintln!("this host's /dev/kvm is not PVM: the forced --accel kvm refusal is checked by the unit tests only");
+    }
     let (o, _) = blklab_run(&["--tags", "shared", "--scenario", "smoke"]);
     let (_, stderr) = text(&o);
     assert!(!o.status.success());

@@ -50,6 +50,14 @@ impl RunRequest {
         if let (false, Some(flag)) = (guest.accel == Accel::Nested, options.nested.given()) {
             return Err(RunError::NestedOnly { flag });
         }
+        // A forced KVM this host cannot give is refused before anything
+        // is built, with what was found and what to use instead.
+        if guest.accel == Accel::Kvm {
+            let kvm = crate::util::kvm_host::classify();
+            if !kvm.usable() {
+                return Err(AccelError::KvmUnusable(kvm.explain()).into());
+            }
+        }
         let lab_dir = images::lab_dir(options.place.lab_dir.get())?;
         let scenarios: Vec<Scenario> = load_scenarios(&options.scenarios, &lab_dir)?
             .into_iter()
