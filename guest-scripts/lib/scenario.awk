@@ -11,7 +11,7 @@
 #   mode=json  one JSON line, the scenario as written (globals folded into each
 #              variant; no environment overrides, @NCPU@ left as is):
 #              {"name","description","disks","queues","vcpus","memory",
-#               "queue_size","variants":[{"name","target":{"kind",
+#               "queue_size","kernel_append","variants":[{"name","target":{"kind",
 #               "params":[...]},"stack":null|{"kind","params":[...]},"sched","nr_requests","queue_depth",
 #               "nomerges","rq_affinity","device":[...],"layout","runtime",
 #               "ramp","fio_args":[...]}]}
@@ -34,7 +34,7 @@ BEGIN {
     g_desc = ""; g_disks = 1; g_queues = ""
     g_runtime = 10; g_ramp = 0
     g_kind = "virtio"; g_params = ""; g_sched = ""; g_nr = ""; g_fio = ""
-    g_vcpus = ""; g_memory = ""; g_qsize = ""
+    g_vcpus = ""; g_memory = ""; g_qsize = ""; g_append = ""
     g_qdepth = ""; g_nomerges = ""; g_rqaff = ""; g_layout = ""; g_dev = ""
     g_stack = ""; g_stackp = ""
     # device settings (values are checked by the host: lab::settings)
@@ -142,6 +142,9 @@ function words(from,    i, s) {
         if (t !~ /^[0-9]+$/ || length(t) > 9 || t !~ /[1-9]/)
             fail("memory: bad size '" $2 "' (want a number with an optional K, M, G or T suffix, e.g. 2G)")
         g_memory = $2
+    } else if (d == "kernel_append") {
+        global_only(); want_args(1, -1)
+        g_append = words(2)
     } else if (d == "queue_size") {
         global_only(); want_args(1, 1)
         v = number($2, 1, 1024)
@@ -289,7 +292,8 @@ function print_json(    i, out) {
     out = "{\"name\":" jstr(NAME) ",\"description\":" jstr_or_null(g_desc) \
           ",\"disks\":" g_disks ",\"queues\":" jnum_or_null(g_queues) \
           ",\"vcpus\":" jnum_or_null(g_vcpus) ",\"memory\":" jstr_or_null(g_memory) \
-          ",\"queue_size\":" jnum_or_null(g_qsize) ",\"variants\":["
+          ",\"queue_size\":" jnum_or_null(g_qsize) \
+          ",\"kernel_append\":" jstr_or_null(g_append) ",\"variants\":["
     for (i = 1; i <= nv; i++) {
         out = out (i > 1 ? "," : "") "{\"name\":" jstr(v_name[i]) \
               ",\"target\":{\"kind\":" jstr(v_kind[i]) ",\"params\":" jlist(v_params[i]) "}" \

@@ -279,6 +279,7 @@ struct Parser {
     vcpus: Option<u32>,
     memory: Option<String>,
     queue_size: Option<u16>,
+    kernel_append: Option<String>,
     global: Settings,
     /// (name, line, settings)
     variants: Vec<(String, usize, Settings)>,
@@ -289,9 +290,8 @@ impl Parser {
     /// of the current variant (of every variant before the first).
     fn line(&mut self, l: &Line) -> Result<(), ScenarioError> {
         match l.directive {
-            "description" | "disks" | "queues" | "vcpus" | "memory" | "queue_size" => {
-                self.scenario_wide(l)
-            }
+            "description" | "disks" | "queues" | "vcpus" | "memory" | "kernel_append"
+            | "queue_size" => self.scenario_wide(l),
             "variant" => self.variant(l),
             _ => match self.variants.last_mut() {
                 Some((_, _, s)) => setting(s, l),
@@ -317,6 +317,10 @@ impl Parser {
             "queues" => self.queues = Some(l.one_number(1, Some(64))? as u16),
             "vcpus" => self.vcpus = Some(l.one_number(1, Some(64))? as u32),
             "memory" => self.memory = Some(memory(l)?),
+            "kernel_append" => {
+                l.want(1, None)?;
+                self.kernel_append = Some(l.args.join(" "));
+            }
             // The last scenario-wide directive of `line`: queue_size.
             _ => self.queue_size = Some(queue_size(l)?),
         }
@@ -364,6 +368,7 @@ impl Parser {
             vcpus: self.vcpus,
             memory: self.memory,
             queue_size: self.queue_size,
+            kernel_append: self.kernel_append,
             variants,
         })
     }

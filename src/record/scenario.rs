@@ -111,6 +111,10 @@ pub struct Scenario {
     /// Virtqueue size, when the scenario fixes it.
     #[serde(default)]
     pub(crate) queue_size: Option<u16>,
+    /// Guest kernel command-line arguments for every boot of the scenario,
+    /// after blklab's own and before `--append` (`kernel_append`).
+    #[serde(default)]
+    pub(crate) kernel_append: Option<String>,
     pub variants: Vec<Variant>,
 }
 

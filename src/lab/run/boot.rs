@@ -266,17 +266,18 @@ impl BootDisks {
 
 /// The guest kernel's command line for one boot.
 fn kernel_append(c: &BootCtx) -> String {
-    let mut append = format!(
+    let base = format!(
         // loglevel=5: the console shows KERN_WARNING and worse, so a WARN
         // splat reaches the fault scanner (`quiet` would hide it).
         "console=ttyS0 loglevel=5 panic=-1 {}blklab.run=lab blklab.scenarios={} blklab.sync=1",
         clocksource_args(c.accel),
         c.scenario.name
     );
-    if let Some(extra) = &c.options.guest.append {
-        append.push(' ');
-        append.push_str(extra);
-    }
+    let mut append = with_appends(
+        base,
+        c.scenario.kernel_append.as_deref(),
+        c.options.guest.append.as_deref(),
+    );
     if let Some(r) = c.options.fio.runtime {
         append.push_str(&format!(" blklab.runtime={r}"));
     }
@@ -300,6 +301,17 @@ fn kernel_append(c: &BootCtx) -> String {
         append.push_str(" nokaslr");
     }
     append
+}
+
+/// `base` with the scenario's `kernel_append`, then `--append`'s, after
+/// it: the kernel takes the last of a repeated argument, so the user's
+/// wins over the scenario's, which wins over blklab's.
+fn with_appends(mut base: String, scenario: Option<&str>, user: Option<&str>) -> String {
+    for extra in [scenario, user].into_iter().flatten() {
+        base.push(' ');
+        base.push_str(extra);
+    }
+    base
 }
 
 /// The clocksource arguments for a guest under `accel`, with a trailing
@@ -374,6 +386,24 @@ mod tests {
         assert_eq!(
             plugin_arg(p, ctl, None, true),
             "/p/libblklab-insns.so,ctl=/s/insns.sock,retired=off"
+        );
+    }
+
+    #[test]
+    fn the_scenarios_arguments_come_after_blklabs_and_the_users_last() {
+        let base = || "console=ttyS0 clocksource=tsc".to_string();
+        assert_eq!(
+            with_appends(
+                base(),
+                Some("clocksource=hpet"),
+                Some("clocksource=acpi_pm")
+            ),
+            "console=ttyS0 clocksource=tsc clocksource=hpet clocksource=acpi_pm"
+        );
+        assert_eq!(with_appends(base(), None, None), base());
+        assert_eq!(
+            with_appends(base(), None, Some("x=1")),
+            "console=ttyS0 clocksource=tsc x=1"
         );
     }
 
