@@ -847,6 +847,7 @@ fn good_fixture_parses_to_the_exact_document() {
         "vcpus": 4,
         "memory": "2G",
         "queue_size": 128,
+        "kernel_append": "clocksource=hpet foo=1",
         "variants": [
             {"name": "first",
              "target": {"kind": "null_blk", "params": ["queue_mode=2", "submit_queues=@NCPU@"]},
