@@ -104,9 +104,7 @@ pub(crate) fn records(
     };
     for path in record_files(&inner)? {
         let mut record: ResultRecord = crate::record::read(&path)?;
-        record.accel = Accel::Nested;
-        record.run = r.stamp.run.clone();
-        record.run_conditions = Some(r.stamp.conditions.clone());
+        restamp(&mut record, r.stamp);
         let key = WindowKey {
             kernel: record.kernel.clone(),
             scenario: record.scenario.clone(),
@@ -138,6 +136,20 @@ pub(crate) fn records(
 
 /// The inner run's record files (every JSON but its run and summary
 /// documents), by name.
+/// An inner record as the outer run's: its accelerator, its run and run
+/// conditions, and how many vCPUs could run at once on this host (the
+/// inner run saw the emulated host's cores; the guest's vCPUs ran on
+/// this host's).
+fn restamp(record: &mut ResultRecord, stamp: &RunStamp) {
+    record.accel = Accel::Nested;
+    record.run = stamp.run.clone();
+    record.run_conditions = Some(stamp.conditions.clone());
+    record.parallelism = match (&stamp.conditions.parallelism, &record.machine) {
+        (Some(h), Some(m)) => Some(h.with_vcpus(m.vcpus)),
+        _ => None,
+    };
+}
+
 fn record_files(dir: &Path) -> Result<Vec<PathBuf>, MergeError> {
     let entries = std::fs::read_dir(dir).map_err(|source| MergeError::Read {
         path: dir.to_path_buf(),
