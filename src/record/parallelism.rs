@@ -13,6 +13,15 @@ use crate::util::host;
 /// Where the warning sends a reader.
 const SEE: &str = "see docs/user-guide.md#host-parallelism";
 
+/// `core` or `cores`, for `n` of them.
+fn cores(n: u32) -> &'static str {
+    if n == 1 {
+        "core"
+    } else {
+        "cores"
+    }
+}
+
 /// How QEMU runs a guest's vCPUs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -134,11 +143,11 @@ impl Parallelism {
                 self.vcpus
             ),
             VcpuThreads::PerVcpu => {
-                let cores = self.host_cores_usable.unwrap_or(at_once);
+                let n = self.host_cores_usable.unwrap_or(at_once);
                 format!(
-                    "{} vCPUs on {cores} usable host {}: at most {at_once} {} at once, {cannot}; {SEE}",
+                    "{} vCPUs on {n} usable host {}: at most {at_once} {} at once, {cannot}; {SEE}",
                     self.vcpus,
-                    if cores == 1 { "core" } else { "cores" },
+                    cores(n),
                     if at_once == 1 { "runs" } else { "run" },
                 )
             }
@@ -153,7 +162,7 @@ impl Parallelism {
             .map_or("(not recorded)".to_string(), |n| n.to_string());
         let how = match (self.vcpu_threads, self.host_cores_usable) {
             (VcpuThreads::Single, _) => "single-threaded TCG".to_string(),
-            (VcpuThreads::PerVcpu, Some(c)) => format!("{c} usable host cores"),
+            (VcpuThreads::PerVcpu, Some(c)) => format!("{c} usable host {}", cores(c)),
             (VcpuThreads::PerVcpu, None) => "usable host cores unknown".to_string(),
         };
         format!("{at_once} ({} vCPUs, {how})", self.vcpus)
@@ -191,7 +200,12 @@ mod tests {
         assert_eq!(host(None, VcpuThreads::Single).vcpus_at_once(4), Some(1));
         let p = multi.with_vcpus(16);
         assert_eq!(
-            (p.vcpus, p.vcpus_at_once, p.host_cores_usable, p.host_cores_online),
+            (
+                p.vcpus,
+                p.vcpus_at_once,
+                p.host_cores_usable,
+                p.host_cores_online
+            ),
             (16, Some(2), Some(2), Some(16))
         );
     }
@@ -241,10 +255,17 @@ mod tests {
     #[test]
     fn described_with_vcpus_and_cores() {
         let h = host(Some(2), VcpuThreads::PerVcpu);
-        assert_eq!(h.with_vcpus(16).describe(), "2 (16 vCPUs, 2 usable host cores)");
+        assert_eq!(
+            h.with_vcpus(16).describe(),
+            "2 (16 vCPUs, 2 usable host cores)"
+        );
         assert_eq!(
             h.describe(),
             "2 usable of 16 online cores (AMD EPYC), a thread per vCPU"
+        );
+        assert_eq!(
+            host(Some(1), VcpuThreads::PerVcpu).with_vcpus(2).describe(),
+            "1 (2 vCPUs, 1 usable host core)"
         );
         assert_eq!(
             host(Some(2), VcpuThreads::Single).with_vcpus(4).describe(),

@@ -324,7 +324,13 @@ mod tests {
             Vec::<String>::new()
         );
         // Two scenarios of 2 and 8 vCPUs on 4 cores: the 8 alone.
-        let r = check(&["--scenario", "smoke", "--scenario", "seed002-scsi-debug-wide"]).unwrap();
+        let r = check(&[
+            "--scenario",
+            "smoke",
+            "--scenario",
+            "seed002-scsi-debug-wide",
+        ])
+        .unwrap();
         let w = r.parallelism_warnings(&host(4, VcpuThreads::PerVcpu));
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].starts_with("8 vCPUs on 4 usable host cores"), "{w:?}");

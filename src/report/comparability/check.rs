@@ -593,7 +593,11 @@ mod tests {
     #[test]
     fn vcpus_at_once_differ_within_a_side_and_by_design_in_a_pair() {
         let run = fixture_run();
-        let a = [rec("a", Some((4, 2))), rec("a", Some((4, 16))), rec("a", None)];
+        let a = [
+            rec("a", Some((4, 2))),
+            rec("a", Some((4, 16))),
+            rec("a", None),
+        ];
         let b = [rec("b", Some((4, 2)))];
         let d = across_sides(&run, &a, &b);
         assert_eq!(d.len(), 1, "{d:?}");
@@ -619,7 +623,11 @@ mod tests {
     #[test]
     fn a_parallelism_warning_is_said_once_for_every_record_that_has_it() {
         let run = fixture_run();
-        let a = [rec("a", Some((16, 2))), rec("a", Some((16, 2))), rec("a", None)];
+        let a = [
+            rec("a", Some((16, 2))),
+            rec("a", Some((16, 2))),
+            rec("a", None),
+        ];
         let b = [rec("b", Some((16, 2))), rec("b", Some((2, 2)))];
         let check = Check {
             sides: vec![("A", records(&run, &a)), ("B", records(&run, &b))],
@@ -628,7 +636,10 @@ mod tests {
         };
         let w = check.parallelism_warnings();
         assert_eq!(w.len(), 1, "{w:?}");
-        assert!(w[0].starts_with("16 vCPUs on 2 usable host cores: "), "{w:?}");
+        assert!(
+            w[0].starts_with("16 vCPUs on 2 usable host cores: "),
+            "{w:?}"
+        );
         let none = Check {
             sides: vec![("B", records(&run, &b[1..]))],
             rows: Vec::new(),
