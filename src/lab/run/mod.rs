@@ -67,7 +67,7 @@ pub fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     crate::lab::guest::cleanup::install();
     // Before anything is built: vCPUs that cannot run at once hide the
     // contention the lab is there to show.
-    for w in request.parallelism_warnings(&request.host_parallelism()) {
+    for w in request::unsaid(request.parallelism_warnings(&request.host_parallelism())) {
         warn!("{w}");
     }
     let plan = Plan::new(request);

@@ -4,6 +4,7 @@
 //! before anything is built or booted. Every phase of the run takes it.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::backend::qemu_args::GuestRam;
 use crate::lab::guest::accel::AccelError;
@@ -99,6 +100,23 @@ impl RunRequest {
             .filter_map(|v| host.with_vcpus(v).warning())
             .collect()
     }
+}
+
+/// The parallelism warnings this process has said: `blklab bisect` runs
+/// the lab once per commit, and says each once.
+static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Those of `lines` this process has not said yet, now counted as said.
+pub(crate) fn unsaid(lines: Vec<String>) -> Vec<String> {
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    let mut out = Vec::new();
+    for l in lines {
+        if !said.contains(&l) {
+            said.push(l.clone());
+            out.push(l);
+        }
+    }
+    out
 }
 
 /// How QEMU runs the guests' vCPUs under `options`.
@@ -344,6 +362,14 @@ mod tests {
             w[0].starts_with("2 vCPUs under single-threaded TCG (--deterministic)"),
             "{w:?}"
         );
+    }
+
+    #[test]
+    fn a_warning_is_said_once_per_process() {
+        let lines = || vec!["test line a".to_string(), "test line b".to_string()];
+        assert_eq!(unsaid(lines()), lines());
+        assert_eq!(unsaid(lines()), Vec::<String>::new());
+        assert_eq!(unsaid(vec!["test line c".into()]), ["test line c"]);
     }
 
     #[test]
