@@ -134,8 +134,6 @@ pub(crate) fn records(
     Ok(out)
 }
 
-/// The inner run's record files (every JSON but its run and summary
-/// documents), by name.
 /// An inner record as the outer run's: its accelerator, its run and run
 /// conditions, and how many vCPUs could run at once on this host (the
 /// inner run saw the emulated host's cores; the guest's vCPUs ran on
@@ -150,6 +148,8 @@ fn restamp(record: &mut ResultRecord, stamp: &RunStamp) {
     };
 }
 
+/// The inner run's record files (every JSON but its run and summary
+/// documents), by name.
 fn record_files(dir: &Path) -> Result<Vec<PathBuf>, MergeError> {
     let entries = std::fs::read_dir(dir).map_err(|source| MergeError::Read {
         path: dir.to_path_buf(),

@@ -341,19 +341,16 @@ mod tests {
             r.parallelism_warnings(&host(16, VcpuThreads::PerVcpu)),
             Vec::<String>::new()
         );
-        // Two scenarios of 2 and 8 vCPUs on 4 cores: the 8 alone.
-        let r = check(&[
-            "--scenario",
-            "smoke",
-            "--scenario",
-            "seed002-scsi-debug-wide",
-        ])
-        .unwrap();
+        // Units of 2, 8 and again 8 vCPUs on 4 cores: the 8, once.
+        let mut r = check(&["--scenario", "smoke", "--vcpus", "2"]).unwrap();
+        let mut wide = r.units[0].clone();
+        wide.settings.machine.vcpus = 8;
+        r.units.extend([wide.clone(), wide]);
         let w = r.parallelism_warnings(&host(4, VcpuThreads::PerVcpu));
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].starts_with("8 vCPUs on 4 usable host cores"), "{w:?}");
         // --deterministic runs one vCPU at a time, whatever the cores.
-        let r = check(&["--scenario", "smoke", "--deterministic"]).unwrap();
+        let r = check(&["--scenario", "smoke", "--vcpus", "2", "--deterministic"]).unwrap();
         let h = r.host_parallelism();
         assert_eq!(h.vcpu_threads, VcpuThreads::Single);
         let w = r.parallelism_warnings(&h);
