@@ -1267,3 +1267,146 @@ fn the_blklab_version_blocks_only_with_a_backend_metric() {
         "{forced}"
     );
 }
+
+/// Kernel `label`'s records of `aa/` and its run.json, edited by
+/// `edit_run` and `edit_record`, alone in a new directory; returns
+/// (tempdir, side).
+fn edited_side(
+    label: &str,
+    edit_run: impl Fn(&mut Value),
+    edit_record: impl Fn(&mut Value),
+) -> (tempfile::TempDir, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    for e in std::fs::read_dir(fixture("aa")).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.file_name().unwrap().to_string_lossy().into_owned();
+        let mut v = common::read_json(&p);
+        if name == "run.json" {
+            edit_run(&mut v);
+        } else if name.starts_with(&format!("{label}.")) {
+            edit_record(&mut v);
+        } else {
+            continue;
+        }
+        std::fs::write(tmp.path().join(&name), serde_json::to_string(&v).unwrap()).unwrap();
+    }
+    let side = format!("{}:{label}", tmp.path().display());
+    (tmp, side)
+}
+
+/// A side of `aa/` measured on `usable` of 16 host cores (its 2 vCPUs a
+/// thread each), in run.json and every record; `None`: as recorded, before
+/// the field.
+fn side_on_cores(label: &str, usable: Option<u32>) -> (tempfile::TempDir, String) {
+    let host = move |r: &mut Value| {
+        if let Some(u) = usable {
+            r["parallelism"] = serde_json::json!({"cores_online": 16, "cores_usable": u,
+                "cpu_model": "AMD EPYC", "vcpu_threads": "per_vcpu"});
+        }
+    };
+    let record = move |r: &mut Value| {
+        if let Some(u) = usable {
+            r["parallelism"] = serde_json::json!({"host_cores_online": 16,
+                "host_cores_usable": u, "cpu_model": "AMD EPYC", "vcpu_threads": "per_vcpu",
+                "vcpus": 2, "vcpus_at_once": u.min(2)});
+        }
+    };
+    edited_side(label, host, record)
+}
+
+/// Contention between vCPUs shows only when they run at once: sides whose
+/// records could run a different number of vCPUs at once are refused
+/// unless forced, naming both; other host cores that run every vCPU are a
+/// setup difference only, and a record older than the field compares with
+/// one that has it. A side whose vCPUs could not all run at once has the
+/// warning in every format, after the forced banner.
+#[test]
+fn a_different_number_of_vcpus_at_once_is_refused_unless_forced_and_warned() {
+    let (la, lb) = aa_labels();
+    let warning = "warning: 2 vCPUs on 1 usable host core: at most 1 runs at once, \
+                   so contention between vCPUs (shared tags, lock contention) cannot show";
+    let (_ta, a) = side_on_cores(&la, Some(1));
+    let (tb, b) = side_on_cores(&lb, Some(16));
+    let e = err_text(&compare(&[&a, &b]));
+    assert!(
+        e.contains("differ in more than the kernel")
+            && e.contains("vCPUs at once")
+            && e.contains("1 (2 vCPUs, 1 usable host core)")
+            && e.contains("2 (2 vCPUs, 16 usable host cores)"),
+        "{e}"
+    );
+    let out = tb.path().join("report");
+    ok_stdout(&compare(&[
+        &a,
+        &b,
+        "--force",
+        "--metric",
+        "iops",
+        "--out",
+        arg(&out),
+    ]));
+    let file = |name: &str| std::fs::read_to_string(out.join(name)).unwrap();
+    let v: Value = serde_json::from_str(&file("report.json")).unwrap();
+    let over = v["forced_over"].as_array().unwrap();
+    assert_eq!(over.len(), 1, "{over:?}");
+    assert!(
+        over[0]
+            .as_str()
+            .unwrap()
+            .starts_with("vCPUs at once (smoke/"),
+        "{over:?}"
+    );
+    let warnings = v["parallelism_warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        format!("warning: {}", warnings[0].as_str().unwrap()).starts_with(warning),
+        "{warnings:?}"
+    );
+    let txt = file("report.txt");
+    let first_lines: Vec<&str> = txt.lines().take(4).collect();
+    assert!(txt.starts_with("FORCED: "), "{txt}");
+    assert!(
+        first_lines.iter().any(|l| l.starts_with(warning)),
+        "{first_lines:?}"
+    );
+    assert!(
+        file("report.md").contains(&format!("**Warning**: {}", &warning[9..])),
+        "markdown"
+    );
+    assert!(file("report.csv").contains(&format!("# {warning}")), "csv");
+    let html = file("report.html");
+    let (note, verdict) = (
+        html.find("class=\"parallelism\""),
+        html.find("id=\"verdict\""),
+    );
+    assert!(
+        note.is_some() && note < verdict,
+        "no warning before the verdict"
+    );
+
+    // 2 and 16 usable cores both run the 2 vCPUs: the cores are shown, not
+    // refused, and nothing is warned.
+    let (_ta, a) = side_on_cores(&la, Some(2));
+    let v: Value = serde_json::from_str(&ok_stdout(&compare(&[
+        &a, &b, "--format", "json", "--metric", "iops",
+    ])))
+    .unwrap();
+    let d = v["differences"].as_array().unwrap();
+    assert!(
+        d.iter().any(|d| d["what"] == "host cores"
+            && d["blocking"] == false
+            && d["a"]
+                .as_str()
+                .unwrap()
+                .starts_with("2 usable of 16 online cores")),
+        "{d:?}"
+    );
+    assert!(v.get("parallelism_warnings").is_none(), "{v}");
+
+    // A side recorded before the field against one on 1 core: unknown is
+    // no difference, and the known side's warning is still said.
+    let (_ta, a) = side_on_cores(&la, Some(1));
+    let (_tb, b) = side_on_cores(&lb, None);
+    let txt = ok_stdout(&compare(&[&a, &b, "--metric", "iops"]));
+    assert!(txt.starts_with(warning), "{txt}");
+}

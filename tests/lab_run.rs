@@ -595,6 +595,44 @@ fn the_plan_is_printed_without_building_and_shards_slice_it() {
     }
 }
 
+/// A guest whose vCPUs cannot all run at once warns in one line before
+/// anything is built (`--plan` reaches it), once for the run however many
+/// kernels and boots: here under `taskset -c 0`, one usable core whatever
+/// the host has. A guest whose vCPUs can all run is not warned about.
+#[test]
+fn vcpus_beyond_the_usable_cores_warn_once_before_anything_is_built() {
+    let plan_on_one_core = |vcpus: &str| -> String {
+        let o = Command::new("taskset")
+            .args(["-c", "0"])
+            .arg(common::blklab_bin())
+            .arg("run")
+            .arg("--cache")
+            .arg(common::image_cache())
+            .args(["--kernel", "build:6.12", "--kernel", "build:6.12+noplug"])
+            .args(["--scenario", "smoke", "--iterations", "3", "--plan"])
+            .args(["--vcpus", vcpus])
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run blklab under taskset");
+        let (_, stderr) = text(&o);
+        assert!(o.status.success(), "--plan failed:\n{stderr}");
+        stderr
+    };
+    let stderr = plan_on_one_core("16");
+    let said: Vec<&str> = stderr.lines().filter(|l| l.contains("vCPUs")).collect();
+    assert_eq!(
+        said,
+        [
+            "warning: 16 vCPUs on 1 usable host core: at most 1 runs at once, so contention \
+          between vCPUs (shared tags, lock contention) cannot show; \
+          see docs/user-guide.md#host-parallelism"
+        ],
+        "{stderr}"
+    );
+    let stderr = plan_on_one_core("1");
+    assert!(!stderr.contains("vCPUs"), "{stderr}");
+}
+
 /// A kernel against itself, the way the CI workflow runs it:
 /// `--plan`, the images exported from the shared cache and imported into
 /// a fresh one, three shards (`--shard I/3`, one A/B pair of boots each,

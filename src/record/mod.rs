@@ -8,7 +8,8 @@
 //!   document ([`guest`]), the backend's stats document
 //!   ([`crate::stats::queue::StatsDocument`], `blklab-stats/1`), the host's
 //!   CPU ([`crate::util::hostcpu::ProcessCpu`]), the instruction
-//!   profile ([`instructions`]) and KVM's vCPU statistics ([`kvm`]);
+//!   profile ([`instructions`]), KVM's vCPU statistics ([`kvm`]) and how
+//!   many of its vCPUs could run at once ([`parallelism`]);
 //! - [`summary::SummaryDocument`]: `summary.json` (`blklab-run-summary/1`).
 //!
 //! Each carries its `schema` string; [`read`] refuses another name or
@@ -21,6 +22,7 @@ pub(crate) mod instructions;
 pub(crate) mod kvm;
 pub(crate) mod machine;
 pub(crate) mod metrics;
+pub(crate) mod parallelism;
 pub mod result;
 pub mod run;
 pub(crate) mod scenario;

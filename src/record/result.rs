@@ -10,6 +10,7 @@ use crate::record::guest::GuestResult;
 use crate::record::instructions::{HostInstructions, Instructions};
 use crate::record::kvm::KvmWindow;
 use crate::record::machine::{Machine, Override};
+use crate::record::parallelism::Parallelism;
 use crate::record::run::{Accel, Manifests, RunConditions, RunRef};
 use crate::record::scenario::Variant;
 use crate::record::Document;
@@ -168,6 +169,10 @@ pub struct ResultRecord {
     /// Settings the command line changed from what the scenario pins.
     #[serde(default)]
     pub(crate) overridden: Vec<Override>,
+    /// The host's cores, the guest's vCPUs and how many of them could run
+    /// at once (absent from records older than the field: unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) parallelism: Option<Parallelism>,
     /// The variant as run (null if the guest ran one the host does not
     /// know).
     pub(crate) scenario_definition: Option<Variant>,

@@ -8,6 +8,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
+use crate::record::parallelism::HostParallelism;
 use crate::record::scenario::Scenario;
 use crate::record::Document;
 
@@ -155,6 +156,11 @@ pub struct RunDocument {
     #[serde(default)]
     pub(crate) count_insns: Option<InsnsSetup>,
     pub(crate) host: HostInfo,
+    /// The host's cores as the lab (and so QEMU) saw them and how QEMU ran
+    /// the vCPUs: with each boot's vCPUs, how many could run at once
+    /// (absent from runs older than the field: unknown).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) parallelism: Option<HostParallelism>,
     pub(crate) qemu: QemuInfo,
     pub kernels: Vec<KernelEntry>,
     pub scenarios: Vec<Scenario>,
@@ -213,6 +219,7 @@ impl RunDocument {
             qemu_version: self.qemu.version.clone(),
             blklab_version: self.blklab_version.clone(),
             git_commit: self.git_commit.clone(),
+            parallelism: self.parallelism.clone(),
         }
     }
 
@@ -277,6 +284,10 @@ pub(crate) struct RunConditions {
     pub(crate) qemu_version: Option<String>,
     pub(crate) blklab_version: String,
     pub(crate) git_commit: String,
+    /// The host's cores and how QEMU ran the vCPUs (run.json's
+    /// `parallelism`; absent from records older than the field).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) parallelism: Option<HostParallelism>,
 }
 
 /// A new run's identity: its start (`YYYYmmdd-HHMMSS` UTC) and 32 random

@@ -291,6 +291,11 @@ pub struct Report {
     /// report format says so at its top. Empty unless forced over one.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) forced_over: Vec<String>,
+    /// The records' vCPUs that could not all run at once (one line per
+    /// distinct case: contention between vCPUs cannot show in them):
+    /// every report format says so at its top, after `forced_over`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) parallelism_warnings: Vec<String>,
     pub(crate) mode: Mode,
     /// A's kernel (with variant pairs on one kernel, `a` and `b` are the
     /// same side and each row's `pair` says which variant is A and B).
@@ -562,6 +567,7 @@ pub(crate) fn build<R: RowResolver>(
     let backend_metric = metric_keys.iter().any(|k| metrics::is_backend_metric(k));
     let check = R::check(subject, &keys, backend_metric);
     let differences = checked_differences(&check, setup, opts.force)?;
+    let parallelism_warnings = check.parallelism_warnings();
     let forced_over = if opts.force {
         forced_conditions(&differences)
     } else {
@@ -585,6 +591,7 @@ pub(crate) fn build<R: RowResolver>(
         differences,
         forced: opts.force,
         forced_over,
+        parallelism_warnings,
         coverage: None,
         profiles,
     })

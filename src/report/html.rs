@@ -233,6 +233,19 @@ fn forced(report: &Report) -> Markup {
     }
 }
 
+/// The records' vCPUs that could not all run at once, after the forced
+/// banner: contention between vCPUs cannot show in them.
+fn parallelism(report: &Report) -> Markup {
+    if report.parallelism_warnings.is_empty() {
+        return html! {};
+    }
+    html! {
+        div.parallelism role="note" {
+            @for w in &report.parallelism_warnings { p { strong { "Warning: " } (w) } }
+        }
+    }
+}
+
 /// No fetch of any kind; inline styles and scripts only; SVG inline.
 const CSP: &str =
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:";
@@ -283,6 +296,7 @@ pub(crate) fn write(
     let verdicts = judge(report);
     let main = html! {
         (forced(report))
+        (parallelism(report))
         (summary::verdict(&mut page, report, &verdicts)?)
         (summary::run(&mut page, report)?)
         (metrics::section(&mut page, report)?)
@@ -326,6 +340,7 @@ mod tests {
         report.a.kernel = hostile.to_string();
         report.b.kernel_spec = hostile.to_string();
         report.forced_over = vec![hostile.to_string()];
+        report.parallelism_warnings = vec![hostile.to_string()];
         for r in &mut report.rows {
             r.scenario = hostile.to_string();
             r.about = hostile.to_string();
@@ -355,6 +370,9 @@ mod tests {
         assert!(page.contains("&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;"));
         assert!(page.contains("<div class=\"forced\" role=\"alert\">"));
         assert!(page.find("class=\"forced\"") < page.find("id=\"verdict\""));
+        let note = page.find("<div class=\"parallelism\" role=\"note\">");
+        assert!(note.is_some() && page.find("class=\"forced\"") < note);
+        assert!(note < page.find("id=\"verdict\""));
         // Ids made of a name keep only safe characters.
         assert!(page.contains("id=\"row-_script_alert__x____script___read\""));
     }

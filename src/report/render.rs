@@ -287,6 +287,16 @@ pub(crate) fn forced_banner(report: &Report) -> Vec<String> {
     out
 }
 
+/// The lines after the forced banner in every format: the records' vCPUs
+/// that could not all run at once, a warning each.
+pub(crate) fn parallelism_lines(report: &Report) -> Vec<String> {
+    report
+        .parallelism_warnings
+        .iter()
+        .map(|w| format!("warning: {w}"))
+        .collect()
+}
+
 /// (heading, lines) of the differences: what differs besides the kernel,
 /// then how each pair's variants differ by design.
 fn differences_text(report: &Report) -> Vec<(String, Vec<String>)> {
@@ -321,7 +331,10 @@ fn differences_text(report: &Report) -> Vec<(String, Vec<String>)> {
 /// The terminal table: one section per metric.
 pub(crate) fn table(report: &Report) -> String {
     let mut out = String::new();
-    for l in forced_banner(report) {
+    for l in forced_banner(report)
+        .into_iter()
+        .chain(parallelism_lines(report))
+    {
         out.push_str(&l);
         out.push('\n');
     }
@@ -409,6 +422,9 @@ pub(crate) fn markdown(report: &Report) -> String {
             out.push_str(&format!("- {}\n", md_escape(l.trim_start())));
         }
         out.push('\n');
+    }
+    for w in &report.parallelism_warnings {
+        out.push_str(&format!("**Warning**: {}\n\n", md_escape(w)));
     }
     out.push_str("**Verdict**\n\n");
     for v in &verdict::judge(report) {
@@ -502,10 +518,11 @@ fn csv_line(fields: &[String]) -> String {
 /// with A the base and B the other variant; the difference in differences:
 /// each kernel's four means, both pair effects and the DiD.
 /// A forced comparison opens with `#` comment lines naming the conditions
-/// that differ.
+/// that differ, then the parallelism warnings as `#` lines.
 pub(crate) fn csv(report: &Report) -> String {
     let mut out: String = forced_banner(report)
-        .iter()
+        .into_iter()
+        .chain(parallelism_lines(report))
         .map(|l| format!("# {}\n", l.trim_start()))
         .collect();
     out.push_str(&match report.mode {

@@ -1,12 +1,28 @@
 //! CPU affinity with sched_setaffinity(2): pin a whole process (each of
 //! its threads, and so every thread they start later) or the calling
-//! thread to a set of CPUs, and let a process run anywhere again.
+//! thread to a set of CPUs, and let a process run anywhere again; and how
+//! many CPUs the calling thread may run on (sched_getaffinity(2)).
 
 use std::io;
 
 /// The CPUs this machine has online.
 pub(crate) fn cpu_count() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// How many CPUs the calling thread may run on (sched_getaffinity(2)):
+/// what a process it starts inherits.
+pub(crate) fn usable_count() -> io::Result<usize> {
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed.
+    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: CPU_COUNT reads `set`, a valid cpu_set_t.
+    let n = unsafe { libc::CPU_COUNT(&set) };
+    Ok(usize::try_from(n).unwrap_or(0))
 }
 
 /// Restrict thread `tid` (0: the calling thread) to `cpus`.
@@ -74,6 +90,7 @@ mod tests {
         std::thread::spawn(|| {
             pin_current_thread(&[0]).unwrap();
             assert_eq!(allowed(), vec![0]);
+            assert_eq!(usable_count().unwrap(), 1);
             // A thread started by a pinned thread inherits its CPUs.
             let inherited = std::thread::spawn(allowed).join().unwrap();
             assert_eq!(inherited, vec![0]);

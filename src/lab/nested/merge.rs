@@ -104,9 +104,7 @@ pub(crate) fn records(
     };
     for path in record_files(&inner)? {
         let mut record: ResultRecord = crate::record::read(&path)?;
-        record.accel = Accel::Nested;
-        record.run = r.stamp.run.clone();
-        record.run_conditions = Some(r.stamp.conditions.clone());
+        restamp(&mut record, r.stamp);
         let key = WindowKey {
             kernel: record.kernel.clone(),
             scenario: record.scenario.clone(),
@@ -134,6 +132,20 @@ pub(crate) fn records(
     }
     out.records.sort_by_key(|r| r.boot_seq);
     Ok(out)
+}
+
+/// An inner record as the outer run's: its accelerator, its run and run
+/// conditions, and how many vCPUs could run at once on this host (the
+/// inner run saw the emulated host's cores; the guest's vCPUs ran on
+/// this host's).
+fn restamp(record: &mut ResultRecord, stamp: &RunStamp) {
+    record.accel = Accel::Nested;
+    record.run = stamp.run.clone();
+    record.run_conditions = Some(stamp.conditions.clone());
+    record.parallelism = match (&stamp.conditions.parallelism, &record.machine) {
+        (Some(h), Some(m)) => Some(h.with_vcpus(m.vcpus)),
+        _ => None,
+    };
 }
 
 /// The inner run's record files (every JSON but its run and summary
@@ -251,5 +263,39 @@ fn attach_counts(
     if let Some(map) = host_map {
         let p = plugin::profile(&window.level1, map);
         record.host_instructions = Some(plugin::host_record(&p, window, ios, &how));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::result::test_record;
+    use serde_json::json;
+
+    #[test]
+    fn a_restamped_record_has_the_outer_runs_cores_with_its_vcpus() {
+        let machine = json!({"vcpus": 4, "memory": "1G", "disks": 1, "num_queues": 4,
+                             "queue_size": 256});
+        // The inner run saw the emulated host's 5 vCPUs as its cores.
+        let inner = json!({"host_cores_usable": 5, "vcpu_threads": "per_vcpu", "vcpus": 4,
+                           "vcpus_at_once": 4});
+        let mut record = test_record(json!({"machine": machine, "parallelism": inner}));
+        let conditions = serde_json::from_value(json!({
+            "accel_reason": "forced", "deterministic": false, "count_insns": false,
+            "qemu_version": null, "blklab_version": "0", "git_commit": "c",
+            "parallelism": {"cores_online": 2, "cores_usable": 2, "vcpu_threads": "per_vcpu"}
+        }))
+        .unwrap();
+        let stamp = RunStamp {
+            run: None,
+            conditions,
+        };
+        restamp(&mut record, &stamp);
+        assert_eq!(record.accel, Accel::Nested);
+        let p = record.parallelism.unwrap();
+        assert_eq!(
+            (p.vcpus, p.host_cores_usable, p.vcpus_at_once),
+            (4, Some(2), Some(2))
+        );
     }
 }

@@ -6,7 +6,8 @@
 //! [`run`] is the table of contents, one phase a module:
 //!
 //! - [`request`]: the request (kernels, scenarios, boot units) resolved
-//!   and checked from the options, before anything is built;
+//!   and checked from the options, before anything is built, and the
+//!   warning when the host cannot run a guest's vCPUs at once;
 //! - [`plan`]: the boots, interleaved, and `--shard`'s slice (`--plan`
 //!   prints them);
 //! - [`prepare`]: the lab (QEMU, the output directory, images,
@@ -37,6 +38,8 @@ pub mod summary;
 
 use std::path::PathBuf;
 
+use log::warn;
+
 pub(crate) use error::RunError;
 pub use request::RunRequest;
 
@@ -62,6 +65,11 @@ pub fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
     // First, before any thread starts: SIGINT/SIGTERM stop QEMU and
     // remove the boots' directories.
     crate::lab::guest::cleanup::install();
+    // Before anything is built: vCPUs that cannot run at once hide the
+    // contention the lab is there to show.
+    for w in request::unsaid(request.parallelism_warnings(&request.host_parallelism())) {
+        warn!("{w}");
+    }
     let plan = Plan::new(request);
     if request.options.plan_only {
         return Ok(RunOutcome::Plan(plan.document(request)));

@@ -4,6 +4,7 @@
 //! before anything is built or booted. Every phase of the run takes it.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::backend::qemu_args::GuestRam;
 use crate::lab::guest::accel::AccelError;
@@ -13,6 +14,7 @@ use crate::lab::options::{RunArgs, RunOptions};
 use crate::lab::run::error::RunError;
 use crate::lab::run::settings::{self, Unit};
 use crate::lab::scenario::{self, Scenario};
+use crate::record::parallelism::{HostParallelism, VcpuThreads};
 
 /// A lab run, resolved and checked: nothing is built or booted yet.
 pub struct RunRequest {
@@ -72,6 +74,57 @@ impl RunRequest {
             scenarios,
             units,
         })
+    }
+}
+
+impl RunRequest {
+    /// This host's cores as the lab (and so QEMU) sees them, and how QEMU
+    /// will run the vCPUs: one at a time under `--deterministic`
+    /// (single-threaded TCG), else a thread each (KVM, multi-threaded TCG,
+    /// and the emulated host of `--accel nested`).
+    pub(crate) fn host_parallelism(&self) -> HostParallelism {
+        HostParallelism::of_this_host(vcpu_threads(&self.options))
+    }
+
+    /// One warning per distinct vCPU count of the boot units that cannot
+    /// all run at once on `host`, in unit order.
+    pub(crate) fn parallelism_warnings(&self, host: &HostParallelism) -> Vec<String> {
+        let mut counts: Vec<u32> = Vec::new();
+        for u in &self.units {
+            if !counts.contains(&u.settings.machine.vcpus) {
+                counts.push(u.settings.machine.vcpus);
+            }
+        }
+        counts
+            .into_iter()
+            .filter_map(|v| host.with_vcpus(v).warning())
+            .collect()
+    }
+}
+
+/// The parallelism warnings this process has said: `blklab bisect` runs
+/// the lab once per commit, and says each once.
+static SAID: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Those of `lines` this process has not said yet, now counted as said.
+pub(crate) fn unsaid(lines: Vec<String>) -> Vec<String> {
+    let mut said = SAID.lock().unwrap_or_else(|p| p.into_inner());
+    let mut out = Vec::new();
+    for l in lines {
+        if !said.contains(&l) {
+            said.push(l.clone());
+            out.push(l);
+        }
+    }
+    out
+}
+
+/// How QEMU runs the guests' vCPUs under `options`.
+fn vcpu_threads(options: &RunOptions) -> VcpuThreads {
+    if options.guest.deterministic {
+        VcpuThreads::Single
+    } else {
+        VcpuThreads::PerVcpu
     }
 }
 
@@ -266,6 +319,54 @@ mod tests {
                 .starts_with("scenario t (a, b): device settings: "),
             "{e}"
         );
+    }
+
+    #[test]
+    fn vcpus_that_cannot_all_run_at_once_warn_once_per_count() {
+        let host = |usable, vcpu_threads| HostParallelism {
+            cores_online: Some(16),
+            cores_usable: Some(usable),
+            cpu_model: None,
+            vcpu_threads,
+        };
+        let r = check(&["--scenario", "smoke", "--vcpus", "16"]).unwrap();
+        assert_eq!(r.host_parallelism().vcpu_threads, VcpuThreads::PerVcpu);
+        let w = r.parallelism_warnings(&host(2, VcpuThreads::PerVcpu));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("16 vCPUs on 2 usable host cores: at most 2 run at once, "),
+            "{w:?}"
+        );
+        assert_eq!(
+            r.parallelism_warnings(&host(16, VcpuThreads::PerVcpu)),
+            Vec::<String>::new()
+        );
+        // Units of 2, 8 and again 8 vCPUs on 4 cores: the 8, once.
+        let mut r = check(&["--scenario", "smoke", "--vcpus", "2"]).unwrap();
+        let mut wide = r.units[0].clone();
+        wide.settings.machine.vcpus = 8;
+        r.units.extend([wide.clone(), wide]);
+        let w = r.parallelism_warnings(&host(4, VcpuThreads::PerVcpu));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("8 vCPUs on 4 usable host cores"), "{w:?}");
+        // --deterministic runs one vCPU at a time, whatever the cores.
+        let r = check(&["--scenario", "smoke", "--vcpus", "2", "--deterministic"]).unwrap();
+        let h = r.host_parallelism();
+        assert_eq!(h.vcpu_threads, VcpuThreads::Single);
+        let w = r.parallelism_warnings(&h);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("2 vCPUs under single-threaded TCG (--deterministic)"),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn a_warning_is_said_once_per_process() {
+        let lines = || vec!["test line a".to_string(), "test line b".to_string()];
+        assert_eq!(unsaid(lines()), lines());
+        assert_eq!(unsaid(lines()), Vec::<String>::new());
+        assert_eq!(unsaid(vec!["test line c".into()]), ["test line c"]);
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub(crate) fn write(request: &RunRequest, plan: &Plan, lab: &Lab) -> Result<RunS
             window: INSNS_WINDOW.to_string(),
         }),
         host: host_info(),
+        parallelism: Some(request.host_parallelism()),
         qemu: QemuInfo {
             path: lab.qemu.clone(),
             version: qemu::version(&lab.qemu),

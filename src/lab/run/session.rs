@@ -605,6 +605,12 @@ fn assemble_record(
         scenario_definition: c.scenario.variant(&variant).cloned(),
         machine: Some(c.unit.settings.machine.clone()),
         overridden: c.unit.settings.overridden.clone(),
+        parallelism: c
+            .stamp
+            .conditions
+            .parallelism
+            .as_ref()
+            .map(|h| h.with_vcpus(c.unit.settings.machine.vcpus)),
         scenario,
         variant,
         iteration: c.boot.iteration,

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::{device_identity, run_value, Condition, Scope};
+use super::{device_identity, parallelism, run_value, Condition, Scope};
 use crate::record::result::ResultRecord;
 use crate::record::run::RunDocument;
 use crate::record::scenario::Variant;
@@ -68,7 +68,10 @@ impl Records<'_> {
     fn values(&self, c: Condition) -> Vec<(Option<String>, Vec<&ResultRecord>)> {
         let mut by: BTreeMap<Option<String>, Vec<&ResultRecord>> = BTreeMap::new();
         for r in &self.records {
-            by.entry(c.value(self.run, r)).or_default().push(r);
+            let v = c.value(self.run, r);
+            if v.is_some() || c.unknown_differs() {
+                by.entry(v).or_default().push(r);
+            }
         }
         let mut v: Vec<_> = by.into_iter().collect();
         v.sort_by_key(|(_, rs)| std::cmp::Reverse(rs.len()));
@@ -187,6 +190,24 @@ impl<'a> Check<'a> {
     }
 }
 
+impl Check<'_> {
+    /// The warning of every record the report reads whose vCPUs could not
+    /// all run at once (contention between them cannot show), once each.
+    pub(crate) fn parallelism_warnings(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for (_, recs) in &self.sides {
+            for r in &recs.records {
+                if let Some(w) = parallelism(recs.run, r).and_then(|p| p.warning()) {
+                    if !out.contains(&w) {
+                        out.push(w);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 /// Every (scenario, variant) the pairs use, once each.
 fn pair_keys(pairs: &[(Key, Key)]) -> Vec<Key> {
     let mut used: Vec<Key> = Vec::new();
@@ -265,7 +286,7 @@ pub(crate) fn differences(check: &Check) -> Vec<Difference> {
                 let Some((va, vb)) = row_values(c, &row.name, [a, b], ["A", "B"], &mut push) else {
                     continue;
                 };
-                if va != vb && c.scope() != Scope::Kernel {
+                if c.differ(&va, &vb) && c.scope() != Scope::Kernel {
                     push(across(c, &row.name, &va, &vb, a, b));
                 }
             }
@@ -277,7 +298,7 @@ pub(crate) fn differences(check: &Check) -> Vec<Difference> {
                 else {
                     continue;
                 };
-                if vb != vo {
+                if c.differ(&vb, &vo) {
                     let mut d = across(c, &row.name, &vb, &vo, base, other);
                     if c.scope() == Scope::Variant {
                         d.blocking = false;
@@ -333,6 +354,12 @@ fn across(
 ) -> Difference {
     let (sa, sb) = match (c, a.records.first(), b.records.first()) {
         (Condition::DeviceModel, Some(ra), Some(rb)) => device_fields(ra, rb),
+        (Condition::VcpusAtOnce, Some(ra), Some(rb)) => {
+            match (parallelism(a.run, ra), parallelism(b.run, rb)) {
+                (Some(pa), Some(pb)) => (pa.describe(), pb.describe()),
+                _ => (c.show(va), c.show(vb)),
+            }
+        }
         (Condition::ScenarioDefinition, Some(ra), Some(rb)) => {
             match (&ra.scenario_definition, &rb.scenario_definition) {
                 (Some(x), Some(y)) => {
@@ -497,6 +524,129 @@ pub(crate) fn run_document_disagreements(side: &str, recs: &Records) -> Vec<Diff
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::result::test_record;
+    use serde_json::json;
+
+    fn fixture_run() -> RunDocument {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/runs/aa");
+        crate::record::read(&std::path::Path::new(dir).join("run.json")).unwrap()
+    }
+
+    /// A record of `vcpus` vCPUs on `usable` host cores (`None`: a record
+    /// older than the field).
+    fn rec(kernel: &str, at: Option<(u32, u32)>) -> ResultRecord {
+        let p = at.map(|(vcpus, usable)| {
+            json!({"host_cores_online": 16, "host_cores_usable": usable,
+                   "vcpu_threads": "per_vcpu", "vcpus": vcpus,
+                   "vcpus_at_once": vcpus.min(usable)})
+        });
+        let mut fields = json!({"kernel": kernel});
+        if let Some(p) = p {
+            fields["parallelism"] = p;
+        }
+        test_record(fields)
+    }
+
+    fn records<'a>(run: &'a RunDocument, rs: &'a [ResultRecord]) -> Records<'a> {
+        Records {
+            run,
+            records: rs.iter().collect(),
+        }
+    }
+
+    /// The differences of kernel B's records against kernel A's, one row.
+    fn across_sides(run: &RunDocument, a: &[ResultRecord], b: &[ResultRecord]) -> Vec<Difference> {
+        differences(&Check {
+            sides: vec![("A", records(run, a)), ("B", records(run, b))],
+            rows: vec![RowGroups {
+                name: "s/v".into(),
+                across: vec![[records(run, a), records(run, b)]],
+                pair: Vec::new(),
+            }],
+            backend_metric: false,
+        })
+    }
+
+    #[test]
+    fn vcpus_at_once_differ_across_sides_but_unknown_and_equal_do_not() {
+        let run = fixture_run();
+        let d = across_sides(
+            &run,
+            &[rec("a", Some((16, 2)))],
+            &[rec("b", Some((16, 16)))],
+        );
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].condition, Some(Condition::VcpusAtOnce));
+        assert!(d[0].blocking);
+        assert_eq!(d[0].what, "vCPUs at once");
+        assert_eq!(d[0].a, "2 (16 vCPUs, 2 usable host cores)");
+        assert_eq!(d[0].b, "16 (16 vCPUs, 16 usable host cores)");
+        assert_eq!(d[0].rows, ["s/v"]);
+        // Unknown on one side is no difference; nor are other cores that
+        // run every vCPU.
+        let unknown = across_sides(&run, &[rec("a", Some((16, 2)))], &[rec("b", None)]);
+        assert!(unknown.is_empty(), "{unknown:?}");
+        let same = across_sides(&run, &[rec("a", Some((2, 2)))], &[rec("b", Some((2, 16)))]);
+        assert!(same.is_empty(), "{same:?}");
+    }
+
+    #[test]
+    fn vcpus_at_once_differ_within_a_side_and_by_design_in_a_pair() {
+        let run = fixture_run();
+        let a = [
+            rec("a", Some((4, 2))),
+            rec("a", Some((4, 16))),
+            rec("a", None),
+        ];
+        let b = [rec("b", Some((4, 2)))];
+        let d = across_sides(&run, &a, &b);
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].within.as_deref(), Some("A"));
+        assert!(d[0].blocking, "{d:?}");
+        // A pair's variants of 16 and 1 vCPUs on 2 cores: by design.
+        let (base, other) = ([rec("a", Some((16, 2)))], [rec("a", Some((1, 2)))]);
+        let both: Vec<ResultRecord> = base.iter().chain(&other).cloned().collect();
+        let d = differences(&Check {
+            sides: vec![("A", records(&run, &both))],
+            rows: vec![RowGroups {
+                name: "s/x → s/y".into(),
+                across: Vec::new(),
+                pair: vec![("A", [records(&run, &base), records(&run, &other)])],
+            }],
+            backend_metric: false,
+        });
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert!(d[0].by_design && !d[0].blocking, "{d:?}");
+        assert_eq!(d[0].what, "variants s/x → s/y (vCPUs at once)");
+    }
+
+    #[test]
+    fn a_parallelism_warning_is_said_once_for_every_record_that_has_it() {
+        let run = fixture_run();
+        let a = [
+            rec("a", Some((16, 2))),
+            rec("a", Some((16, 2))),
+            rec("a", None),
+        ];
+        let b = [rec("b", Some((16, 2))), rec("b", Some((2, 2)))];
+        let check = Check {
+            sides: vec![("A", records(&run, &a)), ("B", records(&run, &b))],
+            rows: Vec::new(),
+            backend_metric: false,
+        };
+        let w = check.parallelism_warnings();
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("16 vCPUs on 2 usable host cores: "),
+            "{w:?}"
+        );
+        let none = Check {
+            sides: vec![("B", records(&run, &b[1..]))],
+            rows: Vec::new(),
+            backend_metric: false,
+        };
+        assert!(none.parallelism_warnings().is_empty());
+    }
 
     #[test]
     fn definitions_differ_by_field() {

@@ -9,8 +9,10 @@
 //! a variant's (its definition, device, machine, command line) one value
 //! per row on each side and the same on both sides of a row, while the two
 //! variants of a `--pair` differ in it by design. A difference is a
-//! refusal naming the condition and both values unless forced. The merge
-//! of a run's shards checks the same list.
+//! refusal naming the condition and both values unless forced. A record
+//! that does not say a condition's value differs from one that does,
+//! except in the vCPUs at once, which records older than the field lack.
+//! The merge of a run's shards checks the same list.
 //!
 //! - this module: the conditions, their scopes and their values;
 //! - [`check`]: which records each kind of report pools and compares, and
@@ -27,6 +29,7 @@ pub(crate) mod setup;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::record::parallelism::Parallelism;
 use crate::record::result::ResultRecord;
 use crate::record::run::{Accel, RunConditions, RunDocument};
 use crate::record::scenario::Variant;
@@ -44,6 +47,11 @@ pub(crate) enum Condition {
     /// The instruction-count plugin costs the vCPUs time.
     InstructionCounting,
     Vcpus,
+    /// How many vCPUs could run at once (the fewer of the vCPUs and the
+    /// host's usable cores, one under single-threaded TCG): contention
+    /// between vCPUs shows only when they run in parallel. Unknown (a
+    /// record older than the field) is no difference.
+    VcpusAtOnce,
     Memory,
     /// The guest kernel's command line, each boot's own paths left out.
     KernelCommandLine,
@@ -75,12 +83,13 @@ pub(crate) enum Scope {
 
 impl Condition {
     /// Every condition, in the order reports list them.
-    pub(crate) const ALL: [Condition; 14] = [
+    pub(crate) const ALL: [Condition; 15] = [
         Condition::Accelerator,
         Condition::AcceleratorReason,
         Condition::Deterministic,
         Condition::InstructionCounting,
         Condition::Vcpus,
+        Condition::VcpusAtOnce,
         Condition::Memory,
         Condition::KernelCommandLine,
         Condition::QemuVersion,
@@ -100,6 +109,7 @@ impl Condition {
             Condition::Deterministic => "--deterministic",
             Condition::InstructionCounting => "instruction counting",
             Condition::Vcpus => "vCPUs",
+            Condition::VcpusAtOnce => "vCPUs at once",
             Condition::Memory => "guest memory",
             Condition::KernelCommandLine => "kernel command line",
             Condition::QemuVersion => "QEMU version",
@@ -115,6 +125,7 @@ impl Condition {
     pub(crate) fn scope(self) -> Scope {
         match self {
             Condition::Vcpus
+            | Condition::VcpusAtOnce
             | Condition::Memory
             | Condition::KernelCommandLine
             | Condition::ScenarioDefinition
@@ -140,6 +151,9 @@ impl Condition {
         }
         match self {
             Condition::Vcpus => vcpus(r).map(|n| n.to_string()),
+            Condition::VcpusAtOnce => parallelism(run, r)
+                .and_then(|p| p.vcpus_at_once)
+                .map(|n| n.to_string()),
             Condition::Memory => qemu_option(r, "-m")
                 .map(str::to_string)
                 .or_else(|| r.machine.as_ref().map(|m| m.memory.clone())),
@@ -173,6 +187,18 @@ impl Condition {
         })
     }
 
+    /// Whether a record that does not say (`None`) differs from one that
+    /// does: not for the vCPUs at once, which older records lack.
+    fn unknown_differs(self) -> bool {
+        self != Condition::VcpusAtOnce
+    }
+
+    /// Whether two values differ (an unknown one, only where
+    /// [`Condition::unknown_differs`]).
+    fn differ(self, a: &Option<String>, b: &Option<String>) -> bool {
+        a != b && (self.unknown_differs() || (a.is_some() && b.is_some()))
+    }
+
     /// A value as a difference shows it (a device model: its fields).
     fn show(self, v: &Option<String>) -> String {
         v.clone().unwrap_or_else(|| "(not recorded)".to_string())
@@ -194,6 +220,20 @@ pub(crate) fn vcpus(r: &ResultRecord) -> Option<u32> {
             .find_map(|p| p.strip_prefix("cpus=").unwrap_or(p).parse::<u32>().ok())
     });
     smp.or(r.guest.nr_cpus)
+}
+
+/// How many of a record's vCPUs could run at once, on what host: the
+/// record's own, else its run conditions' host with its vCPUs (`None`: a
+/// record and run older than the fields).
+pub(crate) fn parallelism(run: &RunDocument, r: &ResultRecord) -> Option<Parallelism> {
+    if let Some(p) = &r.parallelism {
+        return Some(p.clone());
+    }
+    let host = match &r.run_conditions {
+        Some(rc) => rc.parallelism.as_ref(),
+        None => run.parallelism.as_ref(),
+    }?;
+    Some(host.with_vcpus(vcpus(r)?))
 }
 
 /// A value as JSON text (objects with their keys sorted).
@@ -337,6 +377,32 @@ mod tests {
         ] {
             assert_eq!(boot_dirs_named(kept), kept);
         }
+    }
+
+    #[test]
+    fn parallelism_is_the_records_else_its_run_conditions_with_its_vcpus() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/runs/aa");
+        let mut run: RunDocument =
+            crate::record::read(&std::path::Path::new(dir).join("run.json")).unwrap();
+        let host = json!({"cores_online": 4, "cores_usable": 2, "vcpu_threads": "per_vcpu"});
+        let smp4 = json!(["q", "-smp", "4"]);
+        // A record and run older than the fields: unknown.
+        let old = test_record(json!({ "qemu_command_line": smp4 }));
+        assert_eq!(parallelism(&run, &old), None);
+        assert_eq!(Condition::VcpusAtOnce.value(&run, &old), None);
+        // Its run.json says the host: the record's vCPUs on it.
+        run.parallelism = Some(serde_json::from_value(host.clone()).unwrap());
+        let p = parallelism(&run, &old).unwrap();
+        assert_eq!((p.vcpus, p.vcpus_at_once), (4, Some(2)));
+        // The record's run conditions say it first.
+        let mut rc = serde_json::to_value(run.conditions()).unwrap();
+        rc["parallelism"]["cores_usable"] = 8.into();
+        let r = test_record(json!({ "qemu_command_line": smp4, "run_conditions": rc }));
+        assert_eq!(Condition::VcpusAtOnce.value(&run, &r).as_deref(), Some("4"));
+        // The record's own, above all.
+        let own = json!({"vcpu_threads": "single", "vcpus": 4, "vcpus_at_once": 1});
+        let r = test_record(json!({ "qemu_command_line": smp4, "parallelism": own }));
+        assert_eq!(Condition::VcpusAtOnce.value(&run, &r).as_deref(), Some("1"));
     }
 
     #[test]

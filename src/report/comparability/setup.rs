@@ -1,7 +1,8 @@
 //! What differs between the sides' setups besides the conditions of the
 //! contract: the QEMU command lines (each condition in them is checked on
-//! its own, see [`super::Condition`]) and the host. Shown in every report,
-//! never blocking.
+//! its own, see [`super::Condition`]), the host and its cores (the vCPUs
+//! that could run at once are a condition). Shown in every report, never
+//! blocking.
 
 use super::check::Difference;
 use super::{boot_dirs_named, json_text};
@@ -67,7 +68,8 @@ fn qemu_difference(a: &[ResultRecord], b: &[ResultRecord]) -> Option<(String, St
 }
 
 /// What differs between the sides' setups that is not a condition of the
-/// contract, shown and never blocking: the QEMU command lines and the host.
+/// contract, shown and never blocking: the QEMU command lines, the host and
+/// its cores.
 pub(crate) fn setup_differences(a: &Side, b: &Side) -> Vec<Difference> {
     let mut d = Vec::new();
     let mut show = |what: &str, va: String, vb: String| {
@@ -88,6 +90,13 @@ pub(crate) fn setup_differences(a: &Side, b: &Side) -> Vec<Difference> {
         show("QEMU command line", va, vb);
     }
     show("host", json_text(&a.run.host), json_text(&b.run.host));
+    let cores = |s: &Side| {
+        s.run
+            .parallelism
+            .as_ref()
+            .map_or("(not recorded)".to_string(), |p| p.describe())
+    };
+    show("host cores", cores(a), cores(b));
     d
 }
 
