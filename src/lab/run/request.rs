@@ -32,8 +32,9 @@ impl RunRequest {
     }
 
     /// Check the kernels, counts, scenarios and every boot's machine and
-    /// device settings, before building or booting anything.
-    pub(crate) fn new(options: RunOptions) -> Result<RunRequest, RunError> {
+    /// device settings, before building or booting anything. The usable
+    /// host cores are read here when the options do not say.
+    pub(crate) fn new(mut options: RunOptions) -> Result<RunRequest, RunError> {
         for k in &options.kernels {
             k.check()?;
         }
@@ -63,7 +64,8 @@ impl RunRequest {
             .into_iter()
             .map(|s| apply_overrides(s, &options))
             .collect::<Result<_, _>>()?;
-        let units = settings::units(&scenarios, &options);
+        let cores = *options.usable_cores.get_or_insert_with(usable_host_cores);
+        let units = settings::units(&scenarios, &options, cores)?;
         let huge_pages = guest.accel == Accel::Nested || guest.ram == GuestRam::HugeMemfd;
         check_units(&scenarios, &units, huge_pages)?;
         Ok(RunRequest {
@@ -73,6 +75,40 @@ impl RunRequest {
             units,
         })
     }
+}
+
+impl RunRequest {
+    /// The host cores the run's `vcpus host` scenarios follow and its
+    /// timeouts scale with.
+    pub(crate) fn usable_cores(&self) -> u32 {
+        self.options.usable_cores.unwrap_or(1)
+    }
+
+    /// One line per scenario whose vCPUs follow the host: what they came
+    /// to here (none when `--vcpus` replaced them).
+    pub(crate) fn host_vcpus_lines(&self) -> Vec<String> {
+        let cores = self.usable_cores();
+        self.scenarios
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let spec = s.vcpus.filter(|v| v.follows_host())?;
+                if self.options.machine.vcpus.is_some() {
+                    return None;
+                }
+                let m = &self.units.iter().find(|u| u.scenario == i)?.settings.machine;
+                Some(format!(
+                    "{}: {} vCPUs, {} of memory (vcpus {spec}; {cores} usable host cores)",
+                    s.name, m.vcpus, m.memory
+                ))
+            })
+            .collect()
+    }
+}
+
+/// The CPUs this process may run on (its affinity), at least 1.
+fn usable_host_cores() -> u32 {
+    crate::util::host::cpus().map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX).max(1))
 }
 
 /// The scenario a run executes, after `--runtime`/`--variants`.
@@ -239,11 +275,11 @@ mod tests {
     fn a_unit_with_bad_settings_is_refused_by_kind() {
         let s = scenario("vcpus 64\nvariant a\n");
         let a = args(&["--vcpus", "64"]);
-        let units = settings::units(std::slice::from_ref(&s), &a);
+        let units = settings::units(std::slice::from_ref(&s), &a, 2).unwrap();
         check_units(std::slice::from_ref(&s), &units, false).unwrap();
         // A nested run's guests are made of 2 MiB pages.
         let s = scenario("memory 1025M\nvariant a\n");
-        let units = settings::units(std::slice::from_ref(&s), &args(&[]));
+        let units = settings::units(std::slice::from_ref(&s), &args(&[]), 2).unwrap();
         check_units(std::slice::from_ref(&s), &units, false).unwrap();
         let e = check_units(std::slice::from_ref(&s), &units, true).unwrap_err();
         assert!(
@@ -251,10 +287,10 @@ mod tests {
             "{e:?}"
         );
         let s = scenario("memory 1026M\nvariant a\n");
-        let units = settings::units(std::slice::from_ref(&s), &args(&[]));
+        let units = settings::units(std::slice::from_ref(&s), &args(&[]), 2).unwrap();
         check_units(std::slice::from_ref(&s), &units, true).unwrap();
         let s = scenario("device tags=sideways\nvariant a\nvariant b\n");
-        let units = settings::units(std::slice::from_ref(&s), &args(&[]));
+        let units = settings::units(std::slice::from_ref(&s), &args(&[]), 2).unwrap();
         let e = check_units(std::slice::from_ref(&s), &units, false).unwrap_err();
         assert!(
             matches!(&e, RunError::UnitDevice { variants, source: DeviceSettingsError::Config(_), .. }

@@ -154,7 +154,7 @@ impl<'a> Session<'a> {
             disks,
             c,
             command_line,
-            deadline: Instant::now() + c.options.timeouts.boot,
+            deadline: Instant::now() + c.timeouts.boot,
             waiting_for: "the guest to boot (BLKLAB-INIT)".to_string(),
             booted: false,
             spoke: false,
@@ -253,7 +253,7 @@ impl<'a> Session<'a> {
                         })?;
                 }
                 self.expect(
-                    c.options.timeouts.step,
+                    c.timeouts.step,
                     "the guest to start the scenario".into(),
                 );
             }
@@ -364,7 +364,7 @@ impl<'a> Session<'a> {
             .map(|v| (v.runtime, v.ramp))
             .unwrap_or((0, 0));
         self.expect(
-            Duration::from_secs(rt + ramp) + c.options.timeouts.step,
+            Duration::from_secs(rt + ramp) + c.timeouts.step,
             format!("variant {variant} to finish"),
         );
         Ok(())
@@ -428,7 +428,7 @@ impl<'a> Session<'a> {
             warn!("end SYNC for {scenario}/{variant} without its begin");
         }
         self.expect(
-            self.c.options.timeouts.step,
+            self.c.timeouts.step,
             format!("the result of {variant}"),
         );
         Ok(())
@@ -496,7 +496,7 @@ impl<'a> Session<'a> {
         crate::record::write(&file, &record)?;
         self.records.push(record);
         c.pb.variant_done();
-        self.expect(c.options.timeouts.step, "the next variant".into());
+        self.expect(c.timeouts.step, "the next variant".into());
         Ok(())
     }
 
