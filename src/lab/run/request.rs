@@ -250,6 +250,35 @@ mod tests {
     }
 
     #[test]
+    fn scenarios_that_follow_the_host_resolve_for_its_cores_and_say_so() {
+        let request = |flags: &[&str], cores: Option<u32>| {
+            let mut o = args(flags);
+            o.usable_cores = cores;
+            RunRequest::new(o).unwrap()
+        };
+        let both = ["--scenario", "seed002-quick", "--scenario", "smoke"];
+        let r = request(&both, Some(16));
+        assert_eq!(
+            r.host_vcpus_lines(),
+            ["seed002-quick: 16 vCPUs, 1920M of memory (vcpus host:16; 16 usable host cores)"]
+        );
+        let vcpus: Vec<u32> = r.units.iter().map(|u| u.settings.machine.vcpus).collect();
+        assert_eq!(vcpus, [16, 2]);
+        let r = request(&both, Some(2));
+        assert_eq!(
+            r.host_vcpus_lines(),
+            ["seed002-quick: 2 vCPUs, 1G of memory (vcpus host:16; 2 usable host cores)"]
+        );
+        // --vcpus replaces the host's count: nothing to say.
+        let r = request(&["--scenario", "seed002-quick", "--vcpus", "4"], Some(16));
+        assert!(r.host_vcpus_lines().is_empty());
+        // Unsaid, the cores are this process's, kept for the inner lab.
+        let r = request(&both, None);
+        assert_eq!(r.options.usable_cores, Some(usable_host_cores()));
+        assert!(r.usable_cores() >= 1);
+    }
+
+    #[test]
     fn an_unknown_variant_names_the_ones_there_are() {
         let s = scenario("variant a\nvariant b\n");
         let e = apply_overrides(s, &args(&["--variants", "a,c"])).unwrap_err();
