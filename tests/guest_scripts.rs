@@ -355,7 +355,10 @@ fn check_scenario_content(name: &str, doc: &Value) {
                 _ => assert_eq!(doc["vcpus"], 2),
             }
             if name != "seed002-randrw" {
-                assert_eq!((&doc["memory"], &doc["memory_per_vcpu"]), (&"1G".into(), &"64M".into()));
+                assert_eq!(
+                    (&doc["memory"], &doc["memory_per_vcpu"]),
+                    (&"1G".into(), &"64M".into())
+                );
             }
             for v in vs {
                 has_args(
@@ -558,7 +561,11 @@ fn check_scenario_content(name: &str, doc: &Value) {
                 for want in queues.iter().chain(&["fake_rw=1", "ndelay=1000000"]) {
                     assert!(p.contains(&want.to_string()), "{n}: {p:?}");
                 }
-                let sched = if n.ends_with("-none") { "none" } else { "mq-deadline" };
+                let sched = if n.ends_with("-none") {
+                    "none"
+                } else {
+                    "mq-deadline"
+                };
                 assert_eq!(v["sched"], sched, "{n}");
             }
         }

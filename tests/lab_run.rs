@@ -846,7 +846,10 @@ fn a_guest_of_16_vcpus_boots_and_runs_its_variants() {
         // backend's and the block layer's.
         check_record(&what, &r, 1);
         assert_eq!(r["guest"]["nr_cpus"], 16, "{what}");
-        assert_eq!(r["machine"]["num_queues"], 2, "{what}: the scenario's queues");
+        assert_eq!(
+            r["machine"]["num_queues"], 2,
+            "{what}: the scenario's queues"
+        );
         assert_eq!(
             r["overridden"],
             serde_json::json!([{"setting": "vcpus", "flag": "--vcpus", "scenario": "2", "used": "16"}]),

@@ -774,7 +774,9 @@ mod tests {
         assert_eq!(vcpus("host:48").ok(), host(Some(48)));
         assert_eq!(vcpus("host:064").ok(), host(Some(64)));
         let bad = "(want an integer from 1 to 64, host, or host:MAX with MAX from 1 to 64)";
-        for arg in ["0", "65", "host:0", "host:65", "host:", "hosts", "host:x", "HOST", "-1"] {
+        for arg in [
+            "0", "65", "host:0", "host:65", "host:", "hosts", "host:x", "HOST", "-1",
+        ] {
             let (l, m) = line_of(vcpus(arg).unwrap_err());
             assert_eq!((l, m), (1, format!("vcpus: bad count '{arg}' {bad}")));
         }
@@ -794,7 +796,10 @@ mod tests {
         let (l, m) = line_of(p("variant v\nmemory_per_vcpu 1G\n").unwrap_err());
         assert_eq!(
             (l, m.as_str()),
-            (2, "memory_per_vcpu is only allowed before the first variant")
+            (
+                2,
+                "memory_per_vcpu is only allowed before the first variant"
+            )
         );
     }
 

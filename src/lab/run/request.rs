@@ -96,7 +96,12 @@ impl RunRequest {
                 if self.options.machine.vcpus.is_some() {
                     return None;
                 }
-                let m = &self.units.iter().find(|u| u.scenario == i)?.settings.machine;
+                let m = &self
+                    .units
+                    .iter()
+                    .find(|u| u.scenario == i)?
+                    .settings
+                    .machine;
                 Some(format!(
                     "{}: {} vCPUs, {} of memory (vcpus {spec}; {cores} usable host cores)",
                     s.name, m.vcpus, m.memory

@@ -252,10 +252,7 @@ impl<'a> Session<'a> {
                             source,
                         })?;
                 }
-                self.expect(
-                    c.timeouts.step,
-                    "the guest to start the scenario".into(),
-                );
+                self.expect(c.timeouts.step, "the guest to start the scenario".into());
             }
             Event::ModuleFail(m) => self.guest_errors.push(format!("module {m} failed to load")),
             Event::Error(m) => {
@@ -427,10 +424,7 @@ impl<'a> Session<'a> {
         } else {
             warn!("end SYNC for {scenario}/{variant} without its begin");
         }
-        self.expect(
-            self.c.timeouts.step,
-            format!("the result of {variant}"),
-        );
+        self.expect(self.c.timeouts.step, format!("the result of {variant}"));
         Ok(())
     }
 

@@ -389,7 +389,12 @@ mod tests {
         assert_eq!(b[0].device["depth"], "64");
         assert!(b[0].overridden.is_empty());
 
-        let b = boot_settings(&s, &args(&["--vcpus", "2", "--depth", "32", "--memory", "2G"]), 2).unwrap();
+        let b = boot_settings(
+            &s,
+            &args(&["--vcpus", "2", "--depth", "32", "--memory", "2G"]),
+            2,
+        )
+        .unwrap();
         assert_eq!(b[0].machine.vcpus, 2);
         assert_eq!(b[0].device["depth"], "32");
         let o: Vec<(&str, &str, &str, &str)> = b[0]
@@ -425,7 +430,12 @@ mod tests {
         let machine = |flags: &[&str], cores| {
             let b = boot_settings(&s, &args(flags), cores).unwrap();
             let m = &b[0].machine;
-            (m.vcpus, m.memory.clone(), m.num_queues, b[0].overridden.len())
+            (
+                m.vcpus,
+                m.memory.clone(),
+                m.num_queues,
+                b[0].overridden.len(),
+            )
         };
         // Two cores: the machine of a `vcpus 2`, `memory 1G` scenario.
         assert_eq!(machine(&[], 2), (2, "1G".to_string(), 2, 0));
@@ -434,8 +444,14 @@ mod tests {
         assert_eq!(machine(&[], 1), (1, "1G".to_string(), 1, 0));
         // --vcpus overrides (recorded against the number here), and the
         // memory follows the vCPUs used; --memory overrides that.
-        assert_eq!(machine(&["--vcpus", "4"], 16), (4, "1152M".to_string(), 4, 1));
-        assert_eq!(machine(&["--vcpus", "16"], 16), (16, "1920M".to_string(), 16, 0));
+        assert_eq!(
+            machine(&["--vcpus", "4"], 16),
+            (4, "1152M".to_string(), 4, 1)
+        );
+        assert_eq!(
+            machine(&["--vcpus", "16"], 16),
+            (16, "1920M".to_string(), 16, 0)
+        );
         assert_eq!(
             machine(&["--memory", "4G"], 64),
             (16, "4G".to_string(), 16, 1)
@@ -446,13 +462,19 @@ mod tests {
         // Without a maximum, up to 64; without `memory`, the default floor.
         let s = scenario("vcpus host\nmemory_per_vcpu 128M\nvariant a\n");
         let b = boot_settings(&s, &args(&[]), 64).unwrap();
-        assert_eq!((b[0].machine.vcpus, b[0].machine.memory.as_str()), (64, "8960M"));
+        assert_eq!(
+            (b[0].machine.vcpus, b[0].machine.memory.as_str()),
+            (64, "8960M")
+        );
         let b = boot_settings(&s, &args(&[]), 200).unwrap();
         assert_eq!(b[0].machine.vcpus, 64);
         // A memory too large to add up is an error, not a wrapped number.
         let s = scenario("vcpus 64\nmemory 999999999T\nmemory_per_vcpu 999999999T\nvariant a\n");
         let e = boot_settings(&s, &args(&[]), 2).unwrap_err();
-        assert!(matches!(&e, MachineError::Memory { vcpus: 64, .. }), "{e:?}");
+        assert!(
+            matches!(&e, MachineError::Memory { vcpus: 64, .. }),
+            "{e:?}"
+        );
     }
 
     #[test]
@@ -465,15 +487,26 @@ mod tests {
             ("2048", "256", 6, "3G"),
             ("1G", "1K", 3, "1048577K"),
         ] {
-            assert_eq!(memory_for(floor, per, vcpus).unwrap(), want, "{floor} {per} {vcpus}");
+            assert_eq!(
+                memory_for(floor, per, vcpus).unwrap(),
+                want,
+                "{floor} {per} {vcpus}"
+            );
         }
     }
 
     #[test]
     fn the_default_runs_seed002_case_is_unchanged_on_two_cores() {
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/guest-scripts/scenarios/seed002-quick.scn");
-        let s = crate::lab::scenario::parse(&std::fs::read_to_string(path).unwrap(), path, "seed002-quick")
-            .unwrap();
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/guest-scripts/scenarios/seed002-quick.scn"
+        );
+        let s = crate::lab::scenario::parse(
+            &std::fs::read_to_string(path).unwrap(),
+            path,
+            "seed002-quick",
+        )
+        .unwrap();
         let b = boot_settings(&s, &args(&[]), 2).unwrap();
         assert_eq!(b.len(), 1);
         assert_eq!(
@@ -487,7 +520,10 @@ mod tests {
             }
         );
         assert!(b[0].overridden.is_empty());
-        assert_eq!(boot_settings(&s, &args(&[]), 16).unwrap()[0].machine.vcpus, 16);
+        assert_eq!(
+            boot_settings(&s, &args(&[]), 16).unwrap()[0].machine.vcpus,
+            16
+        );
     }
 
     #[test]
