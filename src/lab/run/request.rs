@@ -75,9 +75,7 @@ impl RunRequest {
             units,
         })
     }
-}
 
-impl RunRequest {
     /// The host cores the run's `vcpus host` scenarios follow and its
     /// timeouts scale with.
     pub(crate) fn usable_cores(&self) -> u32 {
