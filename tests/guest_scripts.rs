@@ -140,6 +140,21 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
             vec!["j2-r100", "j2-r0", "j4-r100", "j4-r0"],
         ),
         (
+            "seed002-scale",
+            vec![
+                "j20-r100", "j20-r70", "j20-r0", "j40-r100", "j40-r70", "j40-r0",
+            ],
+        ),
+        (
+            "seed000-scale",
+            vec![
+                "host-tags",
+                "single-queue",
+                "host-tags-none",
+                "single-queue-none",
+            ],
+        ),
+        (
             "plug-inverse",
             vec!["mq-deadline", "none", "null-mq-deadline", "null-none"],
         ),
@@ -290,10 +305,12 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
                     );
                 }
             }
-            // Self-contained: the machine is pinned.
+            // Self-contained: the machine is pinned, or follows the host
+            // (`vcpus host[:MAX]`), whose virtqueues may follow the vCPUs.
+            let follows_host = doc["vcpus"].as_str().is_some_and(|v| v.starts_with("host"));
             for key in ["vcpus", "memory", "queues", "queue_size"] {
                 assert!(
-                    !doc[key].is_null(),
+                    !doc[key].is_null() || (key == "queues" && follows_host),
                     "[{label}] {name}: the scenario does not pin {key}"
                 );
             }
@@ -328,8 +345,21 @@ fn check_scenario_content(name: &str, doc: &Value) {
                 assert_eq!(v["target"]["kind"], "virtio");
             }
         }
-        "seed002-randrw" | "seed002-quick" => {
-            assert_eq!(doc["disks"], if name == "seed002-randrw" { 12 } else { 2 });
+        "seed002-randrw" | "seed002-quick" | "seed002-scale" => {
+            assert_eq!(doc["disks"], if name == "seed002-quick" { 2 } else { 12 });
+            // The default run's case and the reporter's scale follow the
+            // host (2 vCPUs and 1G on a 2-core host, as always).
+            match name {
+                "seed002-quick" => assert_eq!(doc["vcpus"], "host:16"),
+                "seed002-scale" => assert_eq!(doc["vcpus"], "host:48"),
+                _ => assert_eq!(doc["vcpus"], 2),
+            }
+            if name != "seed002-randrw" {
+                assert_eq!(
+                    (&doc["memory"], &doc["memory_per_vcpu"]),
+                    (&"1G".into(), &"64M".into())
+                );
+            }
             for v in vs {
                 has_args(
                     v,
@@ -341,6 +371,7 @@ fn check_scenario_content(name: &str, doc: &Value) {
                         "--direct=1",
                     ],
                 );
+                assert_eq!(v["sched"], "none");
                 let n = v["name"].as_str().unwrap();
                 let (per_disk, n) = match n.strip_prefix("lun-") {
                     Some(rest) => (true, rest),
@@ -511,6 +542,31 @@ fn check_scenario_content(name: &str, doc: &Value) {
                         "none"
                     }
                 );
+            }
+        }
+        "seed000-scale" => {
+            // The 1 ms variants of seed000-scsi-debug, on the host's vCPUs.
+            assert_eq!(doc["vcpus"], "host:32");
+            for v in vs {
+                has_args(v, SEED000_FIO);
+                assert_eq!(v["runtime"], 20);
+                assert_eq!(v["target"]["kind"], "scsi_debug");
+                let p = target_params(v);
+                let n = v["name"].as_str().unwrap();
+                let queues: &[&str] = if n.starts_with("host-tags") {
+                    &["host_max_queue=128", "submit_queues=@NCPU@"]
+                } else {
+                    &["max_queue=128", "submit_queues=1"]
+                };
+                for want in queues.iter().chain(&["fake_rw=1", "ndelay=1000000"]) {
+                    assert!(p.contains(&want.to_string()), "{n}: {p:?}");
+                }
+                let sched = if n.ends_with("-none") {
+                    "none"
+                } else {
+                    "mq-deadline"
+                };
+                assert_eq!(v["sched"], sched, "{n}");
             }
         }
         "seed000-scsi-debug" => {
@@ -755,6 +811,31 @@ fn malformed_scenarios_fail_with_file_and_line() {
             "vcpus is only allowed before the first variant",
         ),
         (
+            "bad-vcpus-host-max",
+            2,
+            "vcpus: bad count 'host:65' (want an integer from 1 to 64, host, or host:MAX with MAX from 1 to 64)",
+        ),
+        (
+            "bad-vcpus-word",
+            1,
+            "vcpus: bad count 'hosts' (want an integer from 1 to 64, host, or host:MAX with MAX from 1 to 64)",
+        ),
+        (
+            "bad-vcpus-host-empty",
+            1,
+            "vcpus: bad count 'host:' (want an integer from 1 to 64, host, or host:MAX with MAX from 1 to 64)",
+        ),
+        (
+            "bad-memory-per-vcpu",
+            2,
+            "memory_per_vcpu: bad size '64MB' (want a number with an optional K, M, G or T suffix, e.g. 256M)",
+        ),
+        (
+            "memory-per-vcpu-in-variant",
+            2,
+            "memory_per_vcpu is only allowed before the first variant",
+        ),
+        (
             "too-many-disks",
             2,
             "disks: bad number '65' (want an integer from 1 to 64)",
@@ -846,6 +927,7 @@ fn good_fixture_parses_to_the_exact_document() {
         "queues": 2,
         "vcpus": 4,
         "memory": "2G",
+        "memory_per_vcpu": null,
         "queue_size": 128,
         "kernel_append": "clocksource=hpet foo=1",
         "variants": [

@@ -11,7 +11,7 @@
 #   mode=json  one JSON line, the scenario as written (globals folded into each
 #              variant; no environment overrides, @NCPU@ left as is):
 #              {"name","description","disks","queues","vcpus","memory",
-#               "queue_size","kernel_append","variants":[{"name","target":{"kind",
+#               "memory_per_vcpu","queue_size","kernel_append","variants":[{"name","target":{"kind",
 #               "params":[...]},"stack":null|{"kind","params":[...]},"sched","nr_requests","queue_depth",
 #               "nomerges","rq_affinity","device":[...],"layout","runtime",
 #               "ramp","fio_args":[...]}]}
@@ -34,7 +34,7 @@ BEGIN {
     g_desc = ""; g_disks = 1; g_queues = ""
     g_runtime = 10; g_ramp = 0
     g_kind = "virtio"; g_params = ""; g_sched = ""; g_nr = ""; g_fio = ""
-    g_vcpus = ""; g_memory = ""; g_qsize = ""; g_append = ""
+    g_vcpus = ""; g_memory = ""; g_mempercpu = ""; g_qsize = ""; g_append = ""
     g_qdepth = ""; g_nomerges = ""; g_rqaff = ""; g_layout = ""; g_dev = ""
     g_stack = ""; g_stackp = ""
     # device settings (values are checked by the host: lab::settings)
@@ -75,6 +75,40 @@ function number(s, min, max,    t) {
     } else if (s !~ /^[0-9]+$/ || length(t) > 9 || t + 0 < min)
         fail($1 ": bad number '" s "' (want an integer >= " min ")")
     return t + 0
+}
+
+# s as an unsigned decimal integer from min to max (at most 9 digits,
+# leading zeros allowed), else ""
+function decimal_in(s, min, max,    t) {
+    if (s !~ /^[0-9]+$/) return ""
+    t = s
+    sub(/^0+/, "", t)
+    if (t == "") t = "0"
+    if (length(t) > 9 || t + 0 < min || t + 0 > max) return ""
+    return t + 0
+}
+
+# vcpus N, host or host:MAX (N and MAX from 1 to 64): N, "host" or "host:MAX"
+function vcpus_count(s,    m) {
+    if (s == "host") return s
+    m = s
+    if (sub(/^host:/, "", m)) {
+        m = decimal_in(m, 1, 64)
+        if (m != "") return "host:" m
+    } else {
+        m = decimal_in(s, 1, 64)
+        if (m != "") return m
+    }
+    fail("vcpus: bad count '" s "' (want an integer from 1 to 64, host, or host:MAX with MAX from 1 to 64)")
+}
+
+# memory SIZE, memory_per_vcpu SIZE: digits (not all 0) with an optional K, M, G or T
+function mem_size(s, example,    t) {
+    t = s
+    sub(/[KMGT]$/, "", t)
+    if (t !~ /^[0-9]+$/ || length(t) > 9 || t !~ /[1-9]/)
+        fail($1 ": bad size '" s "' (want a number with an optional K, M, G or T suffix, e.g. " example ")")
+    return s
 }
 
 function global_only() {
@@ -134,14 +168,13 @@ function words(from,    i, s) {
         g_queues = number($2, 1, 64)
     } else if (d == "vcpus") {
         global_only(); want_args(1, 1)
-        g_vcpus = number($2, 1, 64)
+        g_vcpus = vcpus_count($2)
     } else if (d == "memory") {
         global_only(); want_args(1, 1)
-        t = $2
-        sub(/[KMGT]$/, "", t)
-        if (t !~ /^[0-9]+$/ || length(t) > 9 || t !~ /[1-9]/)
-            fail("memory: bad size '" $2 "' (want a number with an optional K, M, G or T suffix, e.g. 2G)")
-        g_memory = $2
+        g_memory = mem_size($2, "2G")
+    } else if (d == "memory_per_vcpu") {
+        global_only(); want_args(1, 1)
+        g_mempercpu = mem_size($2, "256M")
     } else if (d == "kernel_append") {
         global_only(); want_args(1, -1)
         g_append = words(2)
@@ -291,7 +324,9 @@ END {
 function print_json(    i, out) {
     out = "{\"name\":" jstr(NAME) ",\"description\":" jstr_or_null(g_desc) \
           ",\"disks\":" g_disks ",\"queues\":" jnum_or_null(g_queues) \
-          ",\"vcpus\":" jnum_or_null(g_vcpus) ",\"memory\":" jstr_or_null(g_memory) \
+          ",\"vcpus\":" (g_vcpus ~ /^host/ ? jstr(g_vcpus) : jnum_or_null(g_vcpus)) \
+          ",\"memory\":" jstr_or_null(g_memory) \
+          ",\"memory_per_vcpu\":" jstr_or_null(g_mempercpu) \
           ",\"queue_size\":" jnum_or_null(g_qsize) \
           ",\"kernel_append\":" jstr_or_null(g_append) ",\"variants\":["
     for (i = 1; i <= nv; i++) {

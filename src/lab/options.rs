@@ -108,11 +108,13 @@ pub struct RunArgs {
     /// (see `serve --help`; default off, notify mode).
     #[arg(long, value_name = "off|on|SPIN|adaptive[:MAX]", num_args = 0..=1, default_missing_value = "on", require_equals = true)]
     pub(crate) poll: Option<String>,
-    /// Guest vCPUs (default: the scenario's `vcpus`, else 2).
+    /// Guest vCPUs (default: the scenario's `vcpus`, a count or the usable
+    /// host cores for `vcpus host[:MAX]`, else 2).
     #[arg(long, value_name = "N")]
     pub(crate) vcpus: Option<u32>,
     /// Guest memory, QEMU syntax: 1G, 2048M (default: the scenario's
-    /// `memory`, else 1G).
+    /// `memory`, plus its `memory_per_vcpu` for each vCPU beyond 2, else
+    /// 1G).
     #[arg(long, value_name = "SIZE")]
     pub(crate) memory: Option<String>,
     /// Accelerator: auto probes KVM by booting the guest under it; nested
@@ -160,10 +162,12 @@ pub struct RunArgs {
     pub(crate) out: Option<PathBuf>,
     #[command(flatten)]
     pub(crate) place: LabLocation,
-    /// Longest wait for a guest to boot.
+    /// Longest wait for a guest to boot, times ceil(vCPUs / usable host
+    /// cores) for each boot.
     #[arg(long, value_name = "DURATION", default_value = "180s", value_parser = parse_interval)]
     pub(crate) boot_timeout: std::time::Duration,
-    /// Longest wait between two guest steps, beyond a variant's runtime.
+    /// Longest wait between two guest steps, beyond a variant's runtime,
+    /// times ceil(vCPUs / usable host cores) for each boot.
     #[arg(long, value_name = "DURATION", default_value = "300s", value_parser = parse_interval)]
     step_timeout: std::time::Duration,
     /// Longest wait for the KVM probe guest.
@@ -208,6 +212,11 @@ pub(crate) struct RunOptions {
     #[serde(default)]
     pub(crate) nested: NestedOptions,
     pub(crate) timeouts: Timeouts,
+    /// The host cores a `vcpus host` scenario follows and the timeouts
+    /// scale with (`None`: the CPUs this process may run on, read when the
+    /// run is resolved; the nested mode's inner lab gets the outer host's).
+    #[serde(default)]
+    pub(crate) usable_cores: Option<u32>,
     pub(crate) place: LabLocation,
     /// The output directory (`None`: blklab-results/YYYYmmdd-HHMMSS).
     pub(crate) out: Option<PathBuf>,
@@ -319,6 +328,20 @@ pub(crate) struct Timeouts {
     pub(crate) kvm_probe: Duration,
 }
 
+impl Timeouts {
+    /// The waits for a boot of `vcpus` vCPUs on `usable_cores` host cores:
+    /// the boot and step timeouts times ceil(vcpus / cores), at least 1
+    /// (vCPUs beyond the cores take turns on them under TCG).
+    pub(crate) fn for_boot(self, vcpus: u32, usable_cores: u32) -> Timeouts {
+        let factor = vcpus.div_ceil(usable_cores.max(1)).max(1);
+        Timeouts {
+            boot: self.boot.saturating_mul(factor),
+            step: self.step.saturating_mul(factor),
+            kvm_probe: self.kvm_probe,
+        }
+    }
+}
+
 impl Default for Timeouts {
     /// The command line's defaults.
     fn default() -> Timeouts {
@@ -359,6 +382,7 @@ impl RunOptions {
             guest: GuestOptions::default(),
             nested: NestedOptions::default(),
             timeouts: Timeouts::default(),
+            usable_cores: None,
             place: LabLocation::default(),
             out: None,
             progress: true,
@@ -411,6 +435,7 @@ impl RunArgs {
                 step: self.step_timeout,
                 kvm_probe: self.kvm_probe_timeout,
             },
+            usable_cores: None,
             place: self.place.clone(),
             out: self.out.clone(),
             progress: !self.no_progress,
@@ -518,6 +543,29 @@ mod tests {
             serde_json::to_value(&made).unwrap(),
             serde_json::to_value(&from_flags).unwrap()
         );
+    }
+
+    #[test]
+    fn boot_and_step_timeouts_scale_with_vcpus_per_usable_core() {
+        let t = Timeouts::default();
+        let secs = |t: Timeouts| (t.boot.as_secs(), t.step.as_secs(), t.kvm_probe.as_secs());
+        for (vcpus, cores, factor) in [
+            (2, 2, 1),
+            (1, 2, 1),
+            (3, 2, 2),
+            (16, 2, 8),
+            (16, 16, 1),
+            (17, 16, 2),
+            (64, 64, 1),
+            (64, 2, 32),
+            (2, 0, 2),
+        ] {
+            assert_eq!(
+                secs(t.for_boot(vcpus, cores)),
+                (180 * factor, 300 * factor, 30),
+                "{vcpus} vCPUs on {cores} cores"
+            );
+        }
     }
 
     #[test]

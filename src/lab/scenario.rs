@@ -2,7 +2,7 @@
 //! and how many disks the host must serve for it.
 //!
 //! The format is documented in `docs/lab-protocol.md`; the guest parses the
-//! same files with `guest-scripts/run.sh` (awk), and `tests/guest_scripts.rs`
+//! same files with `guest-scripts/run.sh` (awk), and `tests/scenario_parsers.rs`
 //! checks both parsers agree on every shipped scenario. The host parses them
 //! to refuse a malformed file before booting anything and to learn the
 //! `disks`/`queues` the scenario wants.
@@ -32,7 +32,9 @@ pub enum ScenarioError {
     },
 }
 
-pub(crate) use crate::record::scenario::{Layout, Scenario, Stack, Target, Variant};
+pub(crate) use crate::record::scenario::{
+    Layout, Scenario, Stack, Target, Variant, Vcpus, MAX_VCPUS,
+};
 
 /// Settings that may appear globally or per variant.
 #[derive(Debug, Clone, Default)]
@@ -190,7 +192,7 @@ fn parse_stack(kind: &str, params: &[&str]) -> Result<Option<Stack>, String> {
 /// Parse scenario text; `file` names it in errors, `name` is the scenario's
 /// name (the file stem). The rules and every error message are those of
 /// docs/lab-protocol.md, word for word the same as the guest's parser
-/// (`guest-scripts/lib/scenario.awk`); `tests/guest_scripts.rs` holds
+/// (`guest-scripts/lib/scenario.awk`); `tests/scenario_parsers.rs` holds
 /// the two to that.
 pub fn parse(text: &str, file: &str, name: &str) -> Result<Scenario, ScenarioError> {
     let mut p = Parser::default();
@@ -247,14 +249,7 @@ impl Line<'_> {
     /// allowed), >= min and, with a max, <= max.
     fn number(&self, s: &str, min: u64, max: Option<u64>) -> Result<u64, ScenarioError> {
         let d = self.directive;
-        let digits = s.trim_start_matches('0');
-        let ok_form = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && digits.len() <= 9;
-        let v = if ok_form {
-            digits.parse::<u64>().unwrap_or(0)
-        } else {
-            0
-        };
-        if ok_form && v >= min && max.map_or(true, |m| v <= m) {
+        if let Some(v) = decimal(s).filter(|&v| v >= min && max.map_or(true, |m| v <= m)) {
             return Ok(v);
         }
         Err(self.err(match max {
@@ -270,14 +265,23 @@ impl Line<'_> {
     }
 }
 
+/// `s` as an unsigned decimal integer of at most 9 digits, leading zeros
+/// allowed (and not counted).
+fn decimal(s: &str) -> Option<u64> {
+    let digits = s.trim_start_matches('0');
+    let ok_form = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && digits.len() <= 9;
+    ok_form.then(|| digits.parse::<u64>().unwrap_or(0))
+}
+
 /// What the lines so far said.
 #[derive(Default)]
 struct Parser {
     description: Option<String>,
     disks: Option<u32>,
     queues: Option<u16>,
-    vcpus: Option<u32>,
+    vcpus: Option<Vcpus>,
     memory: Option<String>,
+    memory_per_vcpu: Option<String>,
     queue_size: Option<u16>,
     kernel_append: Option<String>,
     global: Settings,
@@ -290,8 +294,8 @@ impl Parser {
     /// of the current variant (of every variant before the first).
     fn line(&mut self, l: &Line) -> Result<(), ScenarioError> {
         match l.directive {
-            "description" | "disks" | "queues" | "vcpus" | "memory" | "kernel_append"
-            | "queue_size" => self.scenario_wide(l),
+            "description" | "disks" | "queues" | "vcpus" | "memory" | "memory_per_vcpu"
+            | "kernel_append" | "queue_size" => self.scenario_wide(l),
             "variant" => self.variant(l),
             _ => match self.variants.last_mut() {
                 Some((_, _, s)) => setting(s, l),
@@ -315,8 +319,9 @@ impl Parser {
             }
             "disks" => self.disks = Some(l.one_number(1, Some(64))? as u32),
             "queues" => self.queues = Some(l.one_number(1, Some(64))? as u16),
-            "vcpus" => self.vcpus = Some(l.one_number(1, Some(64))? as u32),
-            "memory" => self.memory = Some(memory(l)?),
+            "vcpus" => self.vcpus = Some(vcpus(l)?),
+            "memory" => self.memory = Some(size(l, "2G")?),
+            "memory_per_vcpu" => self.memory_per_vcpu = Some(size(l, "256M")?),
             "kernel_append" => {
                 l.want(1, None)?;
                 self.kernel_append = Some(l.args.join(" "));
@@ -367,6 +372,7 @@ impl Parser {
             queues: self.queues,
             vcpus: self.vcpus,
             memory: self.memory,
+            memory_per_vcpu: self.memory_per_vcpu,
             queue_size: self.queue_size,
             kernel_append: self.kernel_append,
             variants,
@@ -374,13 +380,37 @@ impl Parser {
     }
 }
 
-/// `memory SIZE`.
-fn memory(l: &Line) -> Result<String, ScenarioError> {
+/// `vcpus N`, `vcpus host` or `vcpus host:MAX` (N and MAX from 1 to 64).
+fn vcpus(l: &Line) -> Result<Vcpus, ScenarioError> {
+    l.want(1, Some(1))?;
+    let a = l.args[0];
+    let count = |s: &str| {
+        decimal(s)
+            .filter(|n| (1..=u64::from(MAX_VCPUS)).contains(n))
+            .map(|n| n as u32)
+    };
+    let v = match a.strip_prefix("host") {
+        Some("") => Some(Vcpus::Host { max: None }),
+        Some(rest) => rest
+            .strip_prefix(':')
+            .and_then(count)
+            .map(|m| Vcpus::Host { max: Some(m) }),
+        None => count(a).map(Vcpus::Fixed),
+    };
+    v.ok_or_else(|| {
+        l.err(format!(
+            "vcpus: bad count '{a}' (want an integer from 1 to 64, host, or host:MAX with MAX from 1 to 64)"
+        ))
+    })
+}
+
+/// `memory SIZE` or `memory_per_vcpu SIZE` (`example` in the error).
+fn size(l: &Line, example: &str) -> Result<String, ScenarioError> {
     l.want(1, Some(1))?;
     if !is_memory_size(l.args[0]) {
         return Err(l.err(format!(
-            "memory: bad size '{}' (want a number with an optional K, M, G or T suffix, e.g. 2G)",
-            l.args[0]
+            "{}: bad size '{}' (want a number with an optional K, M, G or T suffix, e.g. {example})",
+            l.directive, l.args[0]
         )));
     }
     Ok(l.args[0].to_string())
@@ -733,6 +763,44 @@ mod tests {
         // Leading zeros are decimal; CRs and comments are ignored.
         let s = p("disks 012\r\nvariant v # c\r\n").unwrap();
         assert_eq!(s.disks, 12);
+    }
+
+    #[test]
+    fn vcpus_are_a_count_or_the_hosts_and_memory_may_grow_with_them() {
+        let vcpus = |arg: &str| p(&format!("vcpus {arg}\nvariant v\n")).map(|s| s.vcpus);
+        let host = |max| Some(Some(Vcpus::Host { max }));
+        assert_eq!(vcpus("16").ok(), Some(Some(Vcpus::Fixed(16))));
+        assert_eq!(vcpus("host").ok(), host(None));
+        assert_eq!(vcpus("host:48").ok(), host(Some(48)));
+        assert_eq!(vcpus("host:064").ok(), host(Some(64)));
+        let bad = "(want an integer from 1 to 64, host, or host:MAX with MAX from 1 to 64)";
+        for arg in [
+            "0", "65", "host:0", "host:65", "host:", "hosts", "host:x", "HOST", "-1",
+        ] {
+            let (l, m) = line_of(vcpus(arg).unwrap_err());
+            assert_eq!((l, m), (1, format!("vcpus: bad count '{arg}' {bad}")));
+        }
+        let s = p("memory 2G\nmemory_per_vcpu 128M\nvariant v\n").unwrap();
+        assert_eq!(
+            (s.memory.as_deref(), s.memory_per_vcpu.as_deref()),
+            (Some("2G"), Some("128M"))
+        );
+        let (l, m) = line_of(p("memory_per_vcpu 0\nvariant v\n").unwrap_err());
+        assert_eq!(
+            (l, m.as_str()),
+            (
+                1,
+                "memory_per_vcpu: bad size '0' (want a number with an optional K, M, G or T suffix, e.g. 256M)"
+            )
+        );
+        let (l, m) = line_of(p("variant v\nmemory_per_vcpu 1G\n").unwrap_err());
+        assert_eq!(
+            (l, m.as_str()),
+            (
+                2,
+                "memory_per_vcpu is only allowed before the first variant"
+            )
+        );
     }
 
     #[test]

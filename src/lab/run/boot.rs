@@ -19,7 +19,7 @@ use crate::lab::images::PreparedGuest;
 use crate::lab::measure::kvm_qmp_stats::KvmStatsError;
 use crate::lab::measure::plugin::{self, InsnsError, SymbolMap};
 use crate::lab::nested::relay::{RelayError, SyncRelay};
-use crate::lab::options::RunOptions;
+use crate::lab::options::{RunOptions, Timeouts};
 use crate::lab::run::progress::Progress;
 use crate::lab::run::settings::{DeviceSettingsError, Unit};
 use crate::lab::scenario::Scenario;
@@ -42,6 +42,9 @@ pub(crate) struct Boot {
 /// What one boot runs and with what.
 pub(crate) struct BootCtx<'a> {
     pub(crate) options: &'a RunOptions,
+    /// The run's timeouts, scaled for this boot's vCPUs on the usable host
+    /// cores.
+    pub(crate) timeouts: Timeouts,
     /// The boot's position in the run (0-based).
     pub(crate) seq: usize,
     pub(crate) boot: &'a Boot,

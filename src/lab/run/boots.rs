@@ -48,8 +48,13 @@ pub(crate) fn boot_all(
     };
     for (seq, boot) in plan.boots.iter().enumerate() {
         let unit = &request.units[boot.unit];
+        let vcpus = unit.settings.machine.vcpus;
         let ctx = BootCtx {
             options: &request.options,
+            timeouts: request
+                .options
+                .timeouts
+                .for_boot(vcpus, request.usable_cores()),
             seq,
             boot,
             label: &plan.labels[boot.kernel],
@@ -100,6 +105,15 @@ pub(crate) fn boot_nested_host(
         .max()
         .unwrap_or(0);
     let pb = Progress::new(variants, plan.boots.len(), request.options.progress);
+    let machine = HostMachine::new(
+        &request.units,
+        lab.plugin.is_some(),
+        request.options.nested.neighbour,
+    );
+    let timeouts = request
+        .options
+        .timeouts
+        .for_boot(machine.vcpus, request.usable_cores());
     let run = HostRun {
         options: &request.options,
         lab_dir: &request.lab_dir,
@@ -110,11 +124,8 @@ pub(crate) fn boot_nested_host(
         image: host,
         plugin: lab.plugin.as_deref(),
         maps: &lab.maps,
-        machine: HostMachine::new(
-            &request.units,
-            lab.plugin.is_some(),
-            request.options.nested.neighbour,
-        ),
+        machine,
+        timeouts,
         longest_variant: std::time::Duration::from_secs(longest_variant),
         pb: &pb,
         stamp,

@@ -10,7 +10,7 @@ use crate::lab::images;
 use crate::lab::measure::plugin::InsnsError;
 use crate::lab::run::boot::BootFailure;
 use crate::lab::run::nested_host::NestedError;
-use crate::lab::run::settings::DeviceSettingsError;
+use crate::lab::run::settings::{DeviceSettingsError, MachineError};
 use crate::lab::scenario;
 use crate::record::RecordError;
 
@@ -63,6 +63,8 @@ pub enum RunError {
         variants: String,
         memory: String,
     },
+    #[error(transparent)]
+    UnitMachine(#[from] MachineError),
     #[error("scenario {scenario} ({variants}): device settings: {source}")]
     UnitDevice {
         scenario: String,

@@ -75,6 +75,9 @@ pub fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
         return Ok(RunOutcome::Plan(plan.document(request)));
     }
     plan.check_not_empty()?;
+    for line in request.host_vcpus_lines() {
+        log::info!("{line}");
+    }
     let lab = prepare::prepare_lab(request, &plan, None)?;
     let stamp = run_document::write(request, &plan, &lab)?;
     let boots = match &lab.nested_host {

@@ -23,7 +23,7 @@ use crate::lab::nested::merge::{self, MergeError, Merged, Window};
 use crate::lab::nested::neighbour::NEIGHBOUR_MIB;
 use crate::lab::nested::relay::{self, SyncLine, WindowKey};
 use crate::lab::nested::transfer::{self, InnerRun, RunDisk, TransferError, RESULTS_DISK_BYTES};
-use crate::lab::options::{NestedOptions, RunOptions};
+use crate::lab::options::{NestedOptions, RunOptions, Timeouts};
 use crate::lab::run::boot::{BootFailure, SocketDir};
 use crate::lab::run::progress::Progress;
 use crate::lab::run::settings::Unit;
@@ -230,6 +230,9 @@ pub(crate) struct HostRun<'a> {
     /// The guests' System.maps, by kernel (with the plugin).
     pub(crate) maps: &'a [Option<Arc<SymbolMap>>],
     pub(crate) machine: HostMachine,
+    /// The run's timeouts for a boot of the host's vCPUs (which cover the
+    /// inner lab's, scaled for its guests' fewer vCPUs).
+    pub(crate) timeouts: Timeouts,
     /// The longest variant's runtime and ramp.
     pub(crate) longest_variant: Duration,
     pub(crate) pb: &'a Progress,
@@ -446,7 +449,7 @@ impl<'a> HostSession<'a> {
             plugin,
             stage,
             console,
-            deadline: Instant::now() + r.options.timeouts.boot,
+            deadline: Instant::now() + r.timeouts.boot,
             waiting_for: "the nested host to boot (BLKLAB-HOST-INIT)".into(),
             booted: false,
             fault: FaultScanner::default(),
@@ -459,7 +462,7 @@ impl<'a> HostSession<'a> {
     /// The longest the inner lab may be silent: a guest's boot, a step
     /// and the longest variant, all inside the host.
     fn inner_step(&self) -> Duration {
-        let t = &self.r.options.timeouts;
+        let t = &self.r.timeouts;
         t.boot + t.step + self.r.longest_variant
     }
 
@@ -620,7 +623,9 @@ mod tests {
             &crate::lab::options::RunArgs::from_flags(&[])
                 .to_options()
                 .unwrap(),
-        );
+            2,
+        )
+        .unwrap();
         let m = HostMachine::new(&units, true, false);
         // Node 1: 1024 huge pages, their struct pages (64 MiB) and 160 MiB.
         assert_eq!(

@@ -34,8 +34,9 @@ impl RunRequest {
     }
 
     /// Check the kernels, counts, scenarios and every boot's machine and
-    /// device settings, before building or booting anything.
-    pub(crate) fn new(options: RunOptions) -> Result<RunRequest, RunError> {
+    /// device settings, before building or booting anything. The usable
+    /// host cores are read here when the options do not say.
+    pub(crate) fn new(mut options: RunOptions) -> Result<RunRequest, RunError> {
         for k in &options.kernels {
             k.check()?;
         }
@@ -65,7 +66,8 @@ impl RunRequest {
             .into_iter()
             .map(|s| apply_overrides(s, &options))
             .collect::<Result<_, _>>()?;
-        let units = settings::units(&scenarios, &options);
+        let cores = *options.usable_cores.get_or_insert_with(usable_host_cores);
+        let units = settings::units(&scenarios, &options, cores)?;
         let huge_pages = guest.accel == Accel::Nested || guest.ram == GuestRam::HugeMemfd;
         check_units(&scenarios, &units, huge_pages)?;
         Ok(RunRequest {
@@ -75,6 +77,43 @@ impl RunRequest {
             units,
         })
     }
+
+    /// The host cores the run's `vcpus host` scenarios follow and its
+    /// timeouts scale with.
+    pub(crate) fn usable_cores(&self) -> u32 {
+        self.options.usable_cores.unwrap_or(1)
+    }
+
+    /// One line per scenario whose vCPUs follow the host: what they came
+    /// to here (none when `--vcpus` replaced them).
+    pub(crate) fn host_vcpus_lines(&self) -> Vec<String> {
+        let cores = self.usable_cores();
+        self.scenarios
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| {
+                let spec = s.vcpus.filter(|v| v.follows_host())?;
+                if self.options.machine.vcpus.is_some() {
+                    return None;
+                }
+                let m = &self
+                    .units
+                    .iter()
+                    .find(|u| u.scenario == i)?
+                    .settings
+                    .machine;
+                Some(format!(
+                    "{}: {} vCPUs, {} of memory (vcpus {spec}; {cores} usable host cores)",
+                    s.name, m.vcpus, m.memory
+                ))
+            })
+            .collect()
+    }
+}
+
+/// The CPUs this process may run on (its affinity), at least 1.
+fn usable_host_cores() -> u32 {
+    crate::util::host::cpus().map_or(1, |n| u32::try_from(n).unwrap_or(u32::MAX).max(1))
 }
 
 impl RunRequest {
@@ -267,6 +306,35 @@ mod tests {
     }
 
     #[test]
+    fn scenarios_that_follow_the_host_resolve_for_its_cores_and_say_so() {
+        let request = |flags: &[&str], cores: Option<u32>| {
+            let mut o = args(flags);
+            o.usable_cores = cores;
+            RunRequest::new(o).unwrap()
+        };
+        let both = ["--scenario", "seed002-quick", "--scenario", "smoke"];
+        let r = request(&both, Some(16));
+        assert_eq!(
+            r.host_vcpus_lines(),
+            ["seed002-quick: 16 vCPUs, 1920M of memory (vcpus host:16; 16 usable host cores)"]
+        );
+        let vcpus: Vec<u32> = r.units.iter().map(|u| u.settings.machine.vcpus).collect();
+        assert_eq!(vcpus, [16, 2]);
+        let r = request(&both, Some(2));
+        assert_eq!(
+            r.host_vcpus_lines(),
+            ["seed002-quick: 2 vCPUs, 1G of memory (vcpus host:16; 2 usable host cores)"]
+        );
+        // --vcpus replaces the host's count: nothing to say.
+        let r = request(&["--scenario", "seed002-quick", "--vcpus", "4"], Some(16));
+        assert!(r.host_vcpus_lines().is_empty());
+        // Unsaid, the cores are this process's, kept for the inner lab.
+        let r = request(&both, None);
+        assert_eq!(r.options.usable_cores, Some(usable_host_cores()));
+        assert!(r.usable_cores() >= 1);
+    }
+
+    #[test]
     fn an_unknown_variant_names_the_ones_there_are() {
         let s = scenario("variant a\nvariant b\n");
         let e = apply_overrides(s, &args(&["--variants", "a,c"])).unwrap_err();
@@ -292,11 +360,11 @@ mod tests {
     fn a_unit_with_bad_settings_is_refused_by_kind() {
         let s = scenario("vcpus 64\nvariant a\n");
         let a = args(&["--vcpus", "64"]);
-        let units = settings::units(std::slice::from_ref(&s), &a);
+        let units = settings::units(std::slice::from_ref(&s), &a, 2).unwrap();
         check_units(std::slice::from_ref(&s), &units, false).unwrap();
         // A nested run's guests are made of 2 MiB pages.
         let s = scenario("memory 1025M\nvariant a\n");
-        let units = settings::units(std::slice::from_ref(&s), &args(&[]));
+        let units = settings::units(std::slice::from_ref(&s), &args(&[]), 2).unwrap();
         check_units(std::slice::from_ref(&s), &units, false).unwrap();
         let e = check_units(std::slice::from_ref(&s), &units, true).unwrap_err();
         assert!(
@@ -304,10 +372,10 @@ mod tests {
             "{e:?}"
         );
         let s = scenario("memory 1026M\nvariant a\n");
-        let units = settings::units(std::slice::from_ref(&s), &args(&[]));
+        let units = settings::units(std::slice::from_ref(&s), &args(&[]), 2).unwrap();
         check_units(std::slice::from_ref(&s), &units, true).unwrap();
         let s = scenario("device tags=sideways\nvariant a\nvariant b\n");
-        let units = settings::units(std::slice::from_ref(&s), &args(&[]));
+        let units = settings::units(std::slice::from_ref(&s), &args(&[]), 2).unwrap();
         let e = check_units(std::slice::from_ref(&s), &units, false).unwrap_err();
         assert!(
             matches!(&e, RunError::UnitDevice { variants, source: DeviceSettingsError::Config(_), .. }

@@ -154,7 +154,7 @@ impl<'a> Session<'a> {
             disks,
             c,
             command_line,
-            deadline: Instant::now() + c.options.timeouts.boot,
+            deadline: Instant::now() + c.timeouts.boot,
             waiting_for: "the guest to boot (BLKLAB-INIT)".to_string(),
             booted: false,
             spoke: false,
@@ -252,10 +252,7 @@ impl<'a> Session<'a> {
                             source,
                         })?;
                 }
-                self.expect(
-                    c.options.timeouts.step,
-                    "the guest to start the scenario".into(),
-                );
+                self.expect(c.timeouts.step, "the guest to start the scenario".into());
             }
             Event::ModuleFail(m) => self.guest_errors.push(format!("module {m} failed to load")),
             Event::Error(m) => {
@@ -364,7 +361,7 @@ impl<'a> Session<'a> {
             .map(|v| (v.runtime, v.ramp))
             .unwrap_or((0, 0));
         self.expect(
-            Duration::from_secs(rt + ramp) + c.options.timeouts.step,
+            Duration::from_secs(rt + ramp) + c.timeouts.step,
             format!("variant {variant} to finish"),
         );
         Ok(())
@@ -427,10 +424,7 @@ impl<'a> Session<'a> {
         } else {
             warn!("end SYNC for {scenario}/{variant} without its begin");
         }
-        self.expect(
-            self.c.options.timeouts.step,
-            format!("the result of {variant}"),
-        );
+        self.expect(self.c.timeouts.step, format!("the result of {variant}"));
         Ok(())
     }
 
@@ -496,7 +490,7 @@ impl<'a> Session<'a> {
         crate::record::write(&file, &record)?;
         self.records.push(record);
         c.pb.variant_done();
-        self.expect(c.options.timeouts.step, "the next variant".into());
+        self.expect(c.timeouts.step, "the next variant".into());
         Ok(())
     }
 

@@ -8,6 +8,11 @@
 //!
 //! Precedence, lowest first: blklab's defaults, the scenario's global
 //! settings, the variant's, the command line.
+//!
+//! A scenario's vCPUs may follow the host (`vcpus host[:MAX]`: the cores
+//! the lab may use, at most MAX) and its memory may grow with its vCPUs
+//! (`memory_per_vcpu`): both are resolved here, for the usable cores given,
+//! so a boot's machine holds the numbers it ran with.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,6 +23,7 @@ use crate::device::config::{ConfigError, DiskArgs, DiskConfig};
 use crate::lab::options::RunOptions;
 use crate::lab::scenario::{Scenario, DEVICE_SETTINGS};
 use crate::record::machine::{Machine, Override};
+use crate::util::units::{format_size, parse_size, SizeError};
 
 /// Defaults when neither the scenario nor the command line says.
 pub(crate) const DEFAULT_VCPUS: u32 = 2;
@@ -58,6 +64,22 @@ pub(crate) struct BootSettings {
     pub(crate) device: BTreeMap<String, String>,
     /// Flags that replaced a value the scenario pinned.
     pub(crate) overridden: Vec<Override>,
+}
+
+/// Why a scenario's machine cannot be resolved.
+#[derive(Debug, Error)]
+pub enum MachineError {
+    #[error(
+        "scenario {scenario}: memory {memory} and memory_per_vcpu {per_vcpu} at {vcpus} vCPUs: {source}"
+    )]
+    Memory {
+        scenario: String,
+        memory: String,
+        per_vcpu: String,
+        vcpus: u32,
+        #[source]
+        source: SizeError,
+    },
 }
 
 /// Why a boot's device settings make no disks.
@@ -131,11 +153,16 @@ pub(crate) struct Unit {
     pub(crate) part: Option<usize>,
 }
 
-/// Every scenario's units, in scenario order.
-pub(crate) fn units(scenarios: &[Scenario], options: &RunOptions) -> Vec<Unit> {
+/// Every scenario's units, in scenario order, on a host whose lab may
+/// use `usable_cores` CPUs.
+pub(crate) fn units(
+    scenarios: &[Scenario],
+    options: &RunOptions,
+    usable_cores: u32,
+) -> Result<Vec<Unit>, MachineError> {
     let mut out = Vec::new();
     for (i, s) in scenarios.iter().enumerate() {
-        let b = boot_settings(s, options);
+        let b = boot_settings(s, options, usable_cores)?;
         let several = b.len() > 1;
         for (k, settings) in b.into_iter().enumerate() {
             out.push(Unit {
@@ -145,7 +172,48 @@ pub(crate) fn units(scenarios: &[Scenario], options: &RunOptions) -> Vec<Unit> {
             });
         }
     }
-    out
+    Ok(out)
+}
+
+/// A size in QEMU's `-m` syntax, in bytes: a bare number is MiB.
+fn qemu_size(s: &str) -> Result<u64, SizeError> {
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        parse_size(&format!("{s}M"))
+    } else {
+        parse_size(s)
+    }
+}
+
+/// The guest memory of `vcpus` vCPUs: `floor` up to 2 vCPUs (as written),
+/// and `per_vcpu` more for each vCPU beyond 2 (QEMU syntax).
+pub(crate) fn memory_for(floor: &str, per_vcpu: &str, vcpus: u32) -> Result<String, SizeError> {
+    let extra = u64::from(vcpus.saturating_sub(2));
+    if extra == 0 {
+        return Ok(floor.to_string());
+    }
+    let too_large = || SizeError::Overflow(format!("{floor} + {extra} x {per_vcpu}"));
+    let total = qemu_size(per_vcpu)?
+        .checked_mul(extra)
+        .and_then(|a| a.checked_add(qemu_size(floor).ok()?))
+        .ok_or_else(too_large)?;
+    Ok(format_size(total))
+}
+
+/// The memory scenario `s` gives a guest of `vcpus` vCPUs, when it says.
+fn scenario_memory(s: &Scenario, vcpus: u32) -> Result<Option<String>, MachineError> {
+    let Some(per_vcpu) = &s.memory_per_vcpu else {
+        return Ok(s.memory.clone());
+    };
+    let floor = s.memory.as_deref().unwrap_or(DEFAULT_MEMORY);
+    memory_for(floor, per_vcpu, vcpus)
+        .map(Some)
+        .map_err(|source| MachineError::Memory {
+            scenario: s.name.clone(),
+            memory: floor.to_string(),
+            per_vcpu: per_vcpu.clone(),
+            vcpus,
+            source,
+        })
 }
 
 /// A variant's device settings as a map (later ones win; the parser has
@@ -159,8 +227,12 @@ fn variant_device(list: &[String]) -> BTreeMap<String, String> {
 
 /// The boots a scenario needs (one per group of variants with the same
 /// device settings, in the order their first variants appear) and what
-/// each runs with.
-pub(crate) fn boot_settings(s: &Scenario, options: &RunOptions) -> Vec<BootSettings> {
+/// each runs with, on a host whose lab may use `usable_cores` CPUs.
+pub(crate) fn boot_settings(
+    s: &Scenario,
+    options: &RunOptions,
+    usable_cores: u32,
+) -> Result<Vec<BootSettings>, MachineError> {
     let mut groups: Vec<(BTreeMap<String, String>, Vec<usize>)> = Vec::new();
     for (i, v) in s.variants.iter().enumerate() {
         let d = variant_device(&v.device);
@@ -171,7 +243,7 @@ pub(crate) fn boot_settings(s: &Scenario, options: &RunOptions) -> Vec<BootSetti
     }
     groups
         .into_iter()
-        .map(|(pinned, variants)| resolve(s, options, &pinned, variants))
+        .map(|(pinned, variants)| resolve(s, options, usable_cores, &pinned, variants))
         .collect()
 }
 
@@ -212,22 +284,26 @@ impl Picker {
     }
 }
 
+/// One boot's settings: the scenario's (vCPUs and memory resolved for
+/// `usable_cores`) under the command line's.
 fn resolve(
     s: &Scenario,
     options: &RunOptions,
+    usable_cores: u32,
     pinned: &BTreeMap<String, String>,
     variants: Vec<usize>,
-) -> BootSettings {
+) -> Result<BootSettings, MachineError> {
     let mut p = Picker::default();
     let m = &options.machine;
-    let vcpus = p.pick(("vcpus", "--vcpus"), m.vcpus, s.vcpus, || {
+    let scenario_vcpus = s.vcpus.map(|v| v.resolve(usable_cores));
+    let vcpus = p.pick(("vcpus", "--vcpus"), m.vcpus, scenario_vcpus, || {
         Some(DEFAULT_VCPUS)
     });
     let vcpus = vcpus.unwrap_or(DEFAULT_VCPUS);
     let memory = p.pick(
         ("memory", "--memory"),
         m.memory.clone(),
-        s.memory.clone(),
+        scenario_memory(s, vcpus)?,
         || Some(DEFAULT_MEMORY.to_string()),
     );
     let queue_size = p.pick(
@@ -258,7 +334,7 @@ fn resolve(
         .iter()
         .map(|(n, _)| *n)
         .eq(DEVICE_SETTINGS.iter().copied()));
-    BootSettings {
+    Ok(BootSettings {
         variants,
         machine: Machine {
             vcpus,
@@ -269,7 +345,7 @@ fn resolve(
         },
         device,
         overridden: p.overridden,
-    }
+    })
 }
 
 #[cfg(test)]
@@ -289,7 +365,7 @@ mod tests {
     #[test]
     fn defaults_apply_when_nothing_pins() {
         let s = scenario("variant a\n");
-        let b = boot_settings(&s, &args(&[]));
+        let b = boot_settings(&s, &args(&[]), 2).unwrap();
         assert_eq!(b.len(), 1);
         assert_eq!(b[0].machine.vcpus, DEFAULT_VCPUS);
         assert_eq!(b[0].machine.memory, DEFAULT_MEMORY);
@@ -304,7 +380,7 @@ mod tests {
         let s = scenario(
             "vcpus 8\nmemory 2G\nqueue_size 128\nqueues 4\ndevice tags=shared depth=64 tag_scope=host\nvariant a\n",
         );
-        let b = boot_settings(&s, &args(&[]));
+        let b = boot_settings(&s, &args(&[]), 2).unwrap();
         assert_eq!(b[0].machine.vcpus, 8);
         assert_eq!(b[0].machine.memory, "2G");
         assert_eq!(b[0].machine.queue_size, 128);
@@ -316,7 +392,9 @@ mod tests {
         let b = boot_settings(
             &s,
             &args(&["--vcpus", "2", "--depth", "32", "--memory", "2G"]),
-        );
+            2,
+        )
+        .unwrap();
         assert_eq!(b[0].machine.vcpus, 2);
         assert_eq!(b[0].device["depth"], "32");
         let o: Vec<(&str, &str, &str, &str)> = b[0]
@@ -347,13 +425,115 @@ mod tests {
     }
 
     #[test]
+    fn host_vcpus_and_their_memory_follow_the_usable_cores() {
+        let s = scenario("vcpus host:16\nmemory 1G\nmemory_per_vcpu 64M\nvariant a\n");
+        let machine = |flags: &[&str], cores| {
+            let b = boot_settings(&s, &args(flags), cores).unwrap();
+            let m = &b[0].machine;
+            (
+                m.vcpus,
+                m.memory.clone(),
+                m.num_queues,
+                b[0].overridden.len(),
+            )
+        };
+        // Two cores: the machine of a `vcpus 2`, `memory 1G` scenario.
+        assert_eq!(machine(&[], 2), (2, "1G".to_string(), 2, 0));
+        assert_eq!(machine(&[], 16), (16, "1920M".to_string(), 16, 0));
+        assert_eq!(machine(&[], 64), (16, "1920M".to_string(), 16, 0));
+        assert_eq!(machine(&[], 1), (1, "1G".to_string(), 1, 0));
+        // --vcpus overrides (recorded against the number here), and the
+        // memory follows the vCPUs used; --memory overrides that.
+        assert_eq!(
+            machine(&["--vcpus", "4"], 16),
+            (4, "1152M".to_string(), 4, 1)
+        );
+        assert_eq!(
+            machine(&["--vcpus", "16"], 16),
+            (16, "1920M".to_string(), 16, 0)
+        );
+        assert_eq!(
+            machine(&["--memory", "4G"], 64),
+            (16, "4G".to_string(), 16, 1)
+        );
+        let b = boot_settings(&s, &args(&["--vcpus", "4"]), 16).unwrap();
+        let o = &b[0].overridden[0];
+        assert_eq!((o.scenario.as_str(), o.used.as_str()), ("16", "4"));
+        // Without a maximum, up to 64; without `memory`, the default floor.
+        let s = scenario("vcpus host\nmemory_per_vcpu 128M\nvariant a\n");
+        let b = boot_settings(&s, &args(&[]), 64).unwrap();
+        assert_eq!(
+            (b[0].machine.vcpus, b[0].machine.memory.as_str()),
+            (64, "8960M")
+        );
+        let b = boot_settings(&s, &args(&[]), 200).unwrap();
+        assert_eq!(b[0].machine.vcpus, 64);
+        // A memory too large to add up is an error, not a wrapped number.
+        let s = scenario("vcpus 64\nmemory 999999999T\nmemory_per_vcpu 999999999T\nvariant a\n");
+        let e = boot_settings(&s, &args(&[]), 2).unwrap_err();
+        assert!(
+            matches!(&e, MachineError::Memory { vcpus: 64, .. }),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn memory_grows_by_its_per_vcpu_size_beyond_two_vcpus() {
+        for (floor, per, vcpus, want) in [
+            ("1G", "64M", 1, "1G"),
+            ("1G", "64M", 2, "1G"),
+            ("1G", "64M", 3, "1088M"),
+            ("1G", "512M", 4, "2G"),
+            ("2048", "256", 6, "3G"),
+            ("1G", "1K", 3, "1048577K"),
+        ] {
+            assert_eq!(
+                memory_for(floor, per, vcpus).unwrap(),
+                want,
+                "{floor} {per} {vcpus}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_default_runs_seed002_case_is_unchanged_on_two_cores() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/guest-scripts/scenarios/seed002-quick.scn"
+        );
+        let s = crate::lab::scenario::parse(
+            &std::fs::read_to_string(path).unwrap(),
+            path,
+            "seed002-quick",
+        )
+        .unwrap();
+        let b = boot_settings(&s, &args(&[]), 2).unwrap();
+        assert_eq!(b.len(), 1);
+        assert_eq!(
+            b[0].machine,
+            Machine {
+                vcpus: 2,
+                memory: "1G".into(),
+                disks: 2,
+                num_queues: 2,
+                queue_size: 256
+            }
+        );
+        assert!(b[0].overridden.is_empty());
+        assert_eq!(
+            boot_settings(&s, &args(&[]), 16).unwrap()[0].machine.vcpus,
+            16
+        );
+    }
+
+    #[test]
     fn variants_with_different_device_settings_boot_apart() {
         let s = scenario(
             "device depth=128\nvariant host-tags\ndevice tags=shared tag_scope=host\n\
              variant per-queue\ndevice tags=per-queue\nvariant host-tags-2\n\
              device tag_scope=host tags=shared\nvariant plain\n",
         );
-        let b = boot_settings(&s, &args(&[]));
+        let b = boot_settings(&s, &args(&[]), 2).unwrap();
         let groups: Vec<Vec<usize>> = b.iter().map(|b| b.variants.clone()).collect();
         assert_eq!(groups, vec![vec![0, 2], vec![1], vec![3]]);
         assert_eq!(b[0].device["tags"], "shared");
@@ -370,7 +550,7 @@ mod tests {
             "variant notify\ndevice poll=off\nvariant adaptive\ndevice poll=adaptive:32us\n\
              variant poll\ndevice poll=on\nvariant default\n",
         );
-        let b = boot_settings(&s, &args(&[]));
+        let b = boot_settings(&s, &args(&[]), 2).unwrap();
         assert_eq!(b.len(), 4, "each polling mode boots apart");
         let mode =
             |b: &BootSettings| b.disk_configs(PathBuf::from("/tmp/x.sock")).unwrap()[0].poll_mode();
@@ -389,7 +569,7 @@ mod tests {
         let default = b[3].disk_configs(PathBuf::from("/tmp/x.sock")).unwrap();
         assert_eq!(off, default);
         let s = scenario("variant a\ndevice poll=sometimes\n");
-        let e = boot_settings(&s, &args(&[]))[0]
+        let e = boot_settings(&s, &args(&[]), 2).unwrap()[0]
             .disk_configs(PathBuf::from("/tmp/x.sock"))
             .unwrap_err();
         assert!(e.to_string().contains("\"sometimes\""), "{e}");
@@ -398,7 +578,7 @@ mod tests {
     #[test]
     fn a_bad_device_value_is_an_error_not_a_panic() {
         let s = scenario("device depth=many\nvariant a\n");
-        let b = boot_settings(&s, &args(&[]));
+        let b = boot_settings(&s, &args(&[]), 2).unwrap();
         let e = b[0].disk_args(PathBuf::from("/tmp/x.sock")).unwrap_err();
         assert!(
             matches!(&e, DeviceSettingsError::NotANumber { name, value } if name == "depth" && value == "many"),
@@ -406,7 +586,7 @@ mod tests {
         );
         assert!(e.to_string().contains("depth=many"), "{e}");
         let s = scenario("device depth=99999999999\nvariant a\n");
-        let b = boot_settings(&s, &args(&[]));
+        let b = boot_settings(&s, &args(&[]), 2).unwrap();
         let e = b[0].disk_configs(PathBuf::from("/tmp/x.sock")).unwrap_err();
         assert!(
             matches!(e, DeviceSettingsError::DepthTooLarge(99999999999)),
