@@ -8,7 +8,8 @@
 //! make on PATH fail loudly. One smoke boot there must succeed with the
 //! bundle's QEMU (loaded by the bundle's loader with the bundle's
 //! libraries only) and the bundle's plugin, its records ok, run.json
-//! naming the bundle's QEMU, and no QEMU left behind.
+//! naming the bundle's QEMU, and no QEMU left behind; and a blklab killed
+//! (SIGKILL) while its guest boots takes the bundle's QEMU along.
 //!
 //! Needs root (the mount namespace), the image cache of `tests/images.rs`
 //! (build:6.12 is built there on first use: minutes) and the installed
@@ -20,7 +21,7 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use common::offline::NoBuildTools;
 use common::read_json;
@@ -77,24 +78,30 @@ fn blklab(args: &[&str]) -> Output {
 }
 
 /// `PROGRAM ARGS…` in a new private mount namespace with the host's QEMU,
-/// firmware, busybox and cpio hidden and `path` as PATH.
+/// firmware, busybox and cpio hidden and `path` as PATH. unshare and the
+/// script exec: the process is PROGRAM's.
+fn hidden_command(path: &std::ffi::OsStr, program: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("unshare");
+    c.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        HIDE,
+        "hide",
+    ])
+    .arg(HIDDEN_FILES.join(" "))
+    .arg(HIDDEN_DIRS.join(" "))
+    .arg(program)
+    .args(args)
+    .env("PATH", path)
+    .stdin(Stdio::null());
+    c
+}
+
 fn hidden(path: &std::ffi::OsStr, program: &Path, args: &[&str]) -> Output {
-    Command::new("unshare")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            HIDE,
-            "hide",
-        ])
-        .arg(HIDDEN_FILES.join(" "))
-        .arg(HIDDEN_DIRS.join(" "))
-        .arg(program)
-        .args(args)
-        .env("PATH", path)
-        .stdin(Stdio::null())
+    hidden_command(path, program, args)
         .output()
         .expect("run unshare (util-linux)")
 }
@@ -123,9 +130,11 @@ fn libraries_after_exec(ld_debug: &str, bundle: &Path) -> Vec<String> {
         .collect()
 }
 
-/// The processes whose command line mentions `dir` (a QEMU left behind).
-fn processes_in(dir: &Path) -> Vec<String> {
-    let needle = dir.to_str().unwrap().as_bytes();
+/// The bundle's QEMUs running: the processes whose command line names
+/// the bundle's QEMU binary.
+fn qemus_of(bundle: &Path) -> Vec<String> {
+    let binary = bundle.join("libexec/qemu-system-x86_64");
+    let needle = binary.to_str().unwrap().as_bytes();
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -134,6 +143,80 @@ fn processes_in(dir: &Path) -> Vec<String> {
         .filter(|c| c.windows(needle.len()).any(|w| w == needle))
         .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
         .collect()
+}
+
+/// SIGKILL to a blklab run whose guest boots under the bundle's QEMU:
+/// the QEMU goes too (PR_SET_PDEATHSIG, set before the wrapper's exec and
+/// kept across it and the loader's).
+fn a_killed_run_takes_the_bundles_qemu_along(path: &std::ffi::OsStr, cache: &Path, dir: &Path) {
+    let bundle = bundle_in(cache);
+    assert_eq!(qemus_of(&bundle), Vec::<String>::new());
+    let out_dir = dir.join("killed");
+    let mut cmd = hidden_command(
+        path,
+        &common::blklab_bin(),
+        &[
+            "run",
+            "--cache",
+            cache.to_str().unwrap(),
+            "--kernel",
+            SPEC,
+            "--scenario",
+            "smoke",
+            "--iterations",
+            "1",
+            "--count-insns",
+            "off",
+            "--accel",
+            "tcg",
+            "--out",
+            out_dir.to_str().unwrap(),
+        ],
+    );
+    // The boot's socket directory, which a SIGKILL leaves, stays in here.
+    let mut child = cmd
+        .env("TMPDIR", dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run unshare (util-linux)");
+    let qemu = common::wait_for(
+        "the bundle's QEMU to start",
+        Duration::from_secs(300),
+        || {
+            if let Some(st) = child.try_wait().unwrap() {
+                panic!("blklab run ended ({st}) before its QEMU started");
+            }
+            // The guest's QEMU, not the `--version` blklab asks first.
+            qemus_of(&bundle)
+                .into_iter()
+                .find(|c| c.contains(" -kernel "))
+        },
+    );
+    // SAFETY: kill(2) on our own child (blklab: unshare and sh exec it).
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGKILL) }, 0);
+    child.wait().unwrap();
+    common::wait_for(
+        "the bundle's QEMU to die with blklab",
+        Duration::from_secs(60),
+        || qemus_of(&bundle).is_empty().then_some(()),
+    );
+    eprintln!("killed blklab; its QEMU died with it: {qemu}");
+}
+
+/// The `qemu-bundle-KEY` directory of `cache`.
+fn bundle_in(cache: &Path) -> std::path::PathBuf {
+    std::fs::read_dir(cache)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("qemu-bundle-")
+        })
+        .expect("the import installed a qemu-bundle-KEY directory")
 }
 
 /// Export with `--bundle` from the shared cache, check the archive holds
@@ -210,17 +293,7 @@ fn an_imported_bundle_runs_the_lab_without_the_hosts_qemu_busybox_cpio_or_a_comp
         fresh.to_str().unwrap(),
         archive.to_str().unwrap(),
     ]);
-    let bundle = std::fs::read_dir(&fresh)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("qemu-bundle-")
-        })
-        .expect("the import installed a qemu-bundle-KEY directory");
+    let bundle = bundle_in(&fresh);
     let wrapper = bundle.join("bin/qemu-system-x86_64");
 
     // The bundle's QEMU, with the host's hidden: its own loader maps its
@@ -320,8 +393,10 @@ fn an_imported_bundle_runs_the_lab_without_the_hosts_qemu_busybox_cpio_or_a_comp
     }
     assert_eq!(records, 2);
     assert_eq!(
-        processes_in(&bundle),
+        qemus_of(&bundle),
         Vec::<String>::new(),
         "a bundle's QEMU outlived the run"
     );
+    a_killed_run_takes_the_bundles_qemu_along(&offline.path, &fresh, dir.path());
+    assert_eq!(offline.calls(), "", "apt or a compiler was called");
 }
