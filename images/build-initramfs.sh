@@ -36,7 +36,10 @@
 # guest-scripts dir, and the kernel, fio and mpstat: by their keys when they
 # come from the image cache, else by content; images/lib.sh key_initramfs),
 # nothing is done. The host's busybox and dmsetup are not in the key (the
-# manifest records their sha256): an imported image stays valid.
+# manifest records their sha256): an imported image stays valid. The check
+# comes before the build's tools are looked for: a cache hit runs neither
+# busybox nor cpio, gzip, ldd or readelf (a host without them runs the lab
+# from imported images).
 set -eu
 
 LOG_NAME=build-initramfs
@@ -84,14 +87,6 @@ if [ -z "$DMSETUP" ]; then
 elif ! { [ -f "$DMSETUP" ] && [ -x "$DMSETUP" ]; }; then
     die "--dmsetup $DMSETUP is not an executable file"
 fi
-[ -x "$BUSYBOX" ] || die "busybox not found at $BUSYBOX (apt-get install busybox-static)"
-if ! "$BUSYBOX" --list 2>/dev/null | grep -qx insmod; then
-    die "$BUSYBOX has no insmod applet (need busybox-static: apt-get install busybox-static)"
-fi
-if ldd "$BUSYBOX" >/dev/null 2>&1; then
-    die "$BUSYBOX is dynamically linked (need busybox-static: apt-get install busybox-static)"
-fi
-need_tools "apt-get install cpio gzip libc-bin binutils findutils" cpio gzip ldd sha256sum find readelf
 [ -z "$EXTRA" ] || [ -d "$EXTRA" ] || die "--extra-dir $EXTRA is not a directory"
 if [ -n "$GSCRIPTS" ]; then
     [ -d "$GSCRIPTS" ] || die "--guest-scripts $GSCRIPTS is not a directory"
@@ -111,6 +106,16 @@ if [ -f "$OUT" ] && [ -f "$OUT.inputs-hash" ] && [ -f "$OUT.manifest.json" ] \
     log "cached: $OUT"
     exit 0
 fi
+
+# --- the build's tools (a cache hit needs none of them) -------------------------
+[ -x "$BUSYBOX" ] || die "busybox not found at $BUSYBOX (apt-get install busybox-static)"
+if ! "$BUSYBOX" --list 2>/dev/null | grep -qx insmod; then
+    die "$BUSYBOX has no insmod applet (need busybox-static: apt-get install busybox-static)"
+fi
+if ldd "$BUSYBOX" >/dev/null 2>&1; then
+    die "$BUSYBOX is dynamically linked (need busybox-static: apt-get install busybox-static)"
+fi
+need_tools "apt-get install cpio gzip libc-bin binutils findutils" cpio gzip ldd sha256sum find readelf
 
 # --- staging ------------------------------------------------------------------
 work_dir initramfs

@@ -22,8 +22,8 @@
 # them (from `modinfo -F depends`; decompressed, depmod run on the copied
 # set); QEMU (--qemu, default qemu-system-x86_64 on PATH) as
 # /usr/bin/qemu-system-x86_64 with every library ldd lists and the ELF
-# interpreter, and the firmware it reads to boot a bzImage on q35 (see
-# FIRMWARE); libgcc_s, libm, libc and the loader for blklab's own binary,
+# interpreter, and the firmware it reads to boot a bzImage on q35
+# (QEMU_FIRMWARE in qemu-lib.sh); libgcc_s, libm, libc and the loader for blklab's own binary,
 # which the lab adds per run (/lab/run/blklab). Nothing under /lab/run.
 #
 # Uncompressed newc, not gzip -1: under TCG (-cpu EPYC -smp 2, 3G) the
@@ -41,8 +41,8 @@
 # Key: the debian-6.12 kernel's key, the installed QEMU's package and
 # version (dpkg; a QEMU from no package: its sha256), the firmware files'
 # sha256, busybox-static's and libc6's versions (blklab's binary, built
-# on this machine, runs on the image's libc), this script, lib.sh and the
-# init. `--key` prints it as JSON (key, dir, qemu, kernel_key): local
+# on this machine, runs on the image's libc), this script, lib.sh,
+# qemu-lib.sh and the init. `--key` prints it as JSON (key, dir, qemu, kernel_key): local
 # reads only, no network, no apt.
 #
 # Cached: DIR/nested-host-HASH/manifest.json with the key and the sha256
@@ -61,6 +61,8 @@ ARG_MISSING=error
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=images/lib.sh
 . "$HERE/lib.sh"
+# shellcheck source=images/qemu-lib.sh
+. "$HERE/qemu-lib.sh"
 
 CACHE=""
 QEMU=qemu-system-x86_64
@@ -82,57 +84,26 @@ BUSYBOX=${BUSYBOX:-/bin/busybox}
 # The modules /init loads; modprobe pulls in what they depend on (kvm_amd:
 # kvm, irqbypass, ccp). Built-in ones (Debian 6.12: virtio_pci) are skipped.
 MODULES="kvm_amd virtio_pci virtio_blk"
-# What QEMU reads to boot a lab guest (blklab run's command line: a
-# bzImage with -kernel on q35, -accel kvm, the default VGA, -nic none, memfd
-# memory, vhost-user-blk-pci disks): SeaBIOS, the standard VGA's BIOS, the
-# TPR-patching option ROM and the DMA Linux loader (strace -e openat of
-# that command line). Nothing else: no NIC ROMs, no modules.
-FIRMWARE="bios-256k.bin vgabios-stdvga.bin kvmvapic.bin linuxboot_dma.bin"
 # Libraries blklab's binary links besides QEMU's.
 BLKLAB_LIBS="libgcc_s.so.1 libm.so.6 libc.so.6"
 
 [ -f "$INIT" ] || die "$INIT is missing"
 command -v "$QEMU" >/dev/null 2>&1 || die "$QEMU not found: apt-get install qemu-system-x86"
 need_tools "this needs a Debian system" dpkg-query sha256sum
-QBIN=$(readlink -f "$(command -v "$QEMU")")
 
 # --- what goes in (local reads only: the dpkg database, QEMU itself) ------------------------
-QPKG=$(dpkg-query -S "$QBIN" 2>/dev/null | head -n1 | cut -d: -f1 || true)
-if [ -n "$QPKG" ]; then
-    QPKGVER=$(dpkg-query -W -f='${Version}' "$QPKG")
-    QID="$QPKG $QPKGVER"
-else
-    QPKGVER=""
-    QID="sha256 $(sha256 "$QBIN")"
-fi
-# firmware_path NAME: where $QEMU finds NAME (its -L help directories, in
-# its order); nothing when it finds it nowhere.
-QDATA=$("$QEMU" -L help 2>/dev/null) || die "$QEMU -L help failed (is $QEMU a QEMU 5.0 or newer?)"
-firmware_path() {
-    for d in $QDATA; do
-        if [ -f "$d/$1" ]; then
-            echo "$d/$1"
-            return 0
-        fi
-    done
-}
-FWPATHS=""
-for fw in $FIRMWARE; do
-    p=$(firmware_path "$fw")
-    [ -n "$p" ] || die "$QEMU finds no $fw in $(echo "$QDATA" | tr '\n' ' ')(apt-get install qemu-system-data seabios)"
-    FWPATHS="$FWPATHS $p"
-done
+qemu_identify "$QEMU"
+qemu_firmware "$QEMU"
 KKEY=$(key_debian_kernel "$SERIES")
 
 inputs() {
     echo "blklab-key nested-host 1"
     echo "kernel debian-$SERIES $KKEY"
     echo "qemu $QID"
-    for p in $FWPATHS; do
-        echo "firmware ${p##*/} $(sha256 "$p")"
-    done
+    qemu_firmware_inputs
     dep_versions busybox-static libc6
     code_inputs
+    qemu_lib_inputs
     echo "init $(sha256 "$INIT")"
 }
 HASH=$(inputs | sha256)
@@ -230,14 +201,11 @@ copy_file() {
 mkdir -p "$R/usr/bin"
 cp "$QBIN" "$R/usr/bin/qemu-system-x86_64"
 chmod 755 "$R/usr/bin/qemu-system-x86_64"
-LIBS=$(ldd "$QBIN" | awk '/=> \//{print $3} /^[ \t]*\//{print $1}' | LC_ALL=C sort -u)
-[ -n "$LIBS" ] || die "ldd $QBIN listed no libraries"
-for lib in $LIBS; do
-    [ -e "$lib" ] || die "library $lib (from ldd $QBIN) does not exist"
+LIBS=$(elf_libs "$QBIN")
+for lib in $(echo "$LIBS" | cut -d' ' -f2); do
     copy_file "$lib"
 done
-INTERP=$(LC_ALL=C readelf -l "$QBIN" | sed -n 's/.*Requesting program interpreter: \(.*\)]/\1/p')
-[ -n "$INTERP" ] || die "$QBIN names no ELF interpreter"
+INTERP=$(elf_interp "$QBIN")
 copy_file "$INTERP"
 for name in $BLKLAB_LIBS; do
     lib=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n && /x86-64/ {print $NF; exit}')
@@ -306,10 +274,7 @@ cp "$KDIR/vmlinuz" "$STAGE/vmlinuz"
     || die "cpio failed"
 FILES_JSON=$(cd "$R" && find . -type f -printf '%P %s\n' | LC_ALL=C sort \
     | awk '{ printf "%s\n    {\"path\": \"/%s\", \"size\": %s}", (n++ ? "," : ""), $1, $2 }')
-FW_JSON=$(for p in $FWPATHS; do
-        printf '{"path": "%s", "package": "%s", "sha256": "%s"}\n' "$(jstr "$p")" \
-            "$(dpkg-query -S "$p" 2>/dev/null | head -n1 | cut -d: -f1)" "$(sha256 "$p")"
-    done | awk '{ printf "%s%s", (n++ ? ", " : ""), $0 }')
+FW_JSON=$(firmware_json)
 UNPACKED=$(cd "$R" && find . -type f -printf '%s\n' | awk '{ s += $1 } END { print s + 0 }')
 qpkg_json=null; qver_json=null
 if [ -n "$QPKG" ]; then qpkg_json="\"$QPKG\""; qver_json="\"$(jstr "$QPKGVER")\""; fi

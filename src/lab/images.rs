@@ -9,14 +9,18 @@
 //! - [`archive`]: `blklab images export` and `import`;
 //! - [`command`]: the `blklab images` verbs;
 //! - [`nested_host`]: the host image of the nested mode
-//!   (`images/build-nested-host.sh`).
+//!   (`images/build-nested-host.sh`);
+//! - [`bundle`]: the QEMU bundle (`images/build-qemu-bundle.sh`), for a
+//!   host without Debian's packages, and the QEMU a run uses.
 
 pub mod archive;
+pub mod bundle;
 pub(crate) mod cache;
 pub mod command;
 pub(crate) mod index;
 pub(crate) mod nested_host;
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -73,6 +77,14 @@ pub enum ImageError {
     },
     #[error("{script} printed {stdout:?}, not the paths of the host's kernel and initramfs (one a line)")]
     HostOutput { script: PathBuf, stdout: String },
+    #[error("building the QEMU bundle failed ({status}): {last}")]
+    BundleFailed {
+        script: PathBuf,
+        status: String,
+        last: String,
+    },
+    #[error("{script} printed {stdout:?}, not the directory of a QEMU bundle")]
+    BundleOutput { script: PathBuf, stdout: String },
 }
 
 /// The series `build:SERIES` takes: the Debian `linux-source-SERIES`
@@ -502,6 +514,20 @@ pub(crate) fn qemu_key<K: serde::de::DeserializeOwned>(
             why: "expected one JSON line".into(),
         }),
     }
+}
+
+/// Copy a script's stderr to ours line by line; returns its last
+/// non-empty line (the `NAME: ERROR: …` of a failure).
+pub(crate) fn forward_stderr(stderr: Option<impl std::io::Read>) -> Option<String> {
+    let mut last = None;
+    let ours = std::io::stderr();
+    for line in BufReader::new(stderr?).lines().map_while(Result::ok) {
+        let _ = writeln!(ours.lock(), "{line}");
+        if !line.trim().is_empty() {
+            last = Some(line);
+        }
+    }
+    last
 }
 
 /// `blklab images build`: prepare `specs` as `blklab run` does and, with

@@ -134,8 +134,11 @@ pub struct RunArgs {
     /// console/nested-host.neighbour.json.
     #[arg(long)]
     pub(crate) nested_neighbour: bool,
-    /// QEMU binary.
-    #[arg(long, value_name = "PATH", default_value = "qemu-system-x86_64")]
+    /// QEMU binary: a name on PATH or a path. Left at its default on a
+    /// host with no qemu-system-x86_64 on PATH, the image cache's QEMU
+    /// bundle (`blklab images export --bundle`, imported), with its own
+    /// plugin; `bundle` takes the bundle whatever the host has.
+    #[arg(long, value_name = "PATH|bundle", default_value = "qemu-system-x86_64")]
     pub(crate) qemu: String,
     /// Count executed guest instructions with blklab's TCG plugin (built for
     /// the installed QEMU on first use): kernel and user per IO, idle

@@ -18,10 +18,9 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use super::cache::{self, CacheError, Entry, Kind, INITRAMFS_SUFFIXES};
+use super::cache::{self, CacheError, Entry, Kind, QemuArtifacts, INITRAMFS_SUFFIXES};
 use super::index::{EntryRecord, FileRecord, Index, IndexError, INDEX_NAME};
-use super::nested_host::NestedHostKey;
-use super::{PluginKey, SpecKey};
+use super::SpecKey;
 
 /// The largest index an import reads (a guard against a bogus archive).
 const MAX_INDEX: u64 = 64 << 20;
@@ -128,18 +127,17 @@ pub(crate) struct Exported {
     pub(crate) size: u64,
 }
 
-/// Write the images of `specs` (and the plugin, with `plugin`; the nested
-/// host image, with `host`) from `cache` to the archive `out` (written as
-/// `out.tmp`, then renamed). Every entry must be in the cache under its
-/// key.
+/// Write the images of `specs` and the QEMU artifacts of `extra` (the
+/// plugin, the nested host image, the QEMU bundle) from `cache` to the
+/// archive `out` (written as `out.tmp`, then renamed). Every entry must be
+/// in the cache under its key.
 pub(crate) fn export(
     cache: &Path,
     specs: &[SpecKey],
-    plugin: Option<&PluginKey>,
-    host: Option<&NestedHostKey>,
+    extra: QemuArtifacts<'_>,
     out: &Path,
 ) -> Result<Exported, ArchiveError> {
-    let entries: Vec<Entry> = cache::entries(cache, specs, plugin, host)?;
+    let entries: Vec<Entry> = cache::entries(cache, specs, extra)?;
     let mut records = Vec::new();
     for e in &entries {
         let mut r = EntryRecord::from(e);
@@ -148,7 +146,7 @@ pub(crate) fn export(
         }
         records.push(r);
     }
-    let index = Index::new(specs.to_vec(), plugin.cloned(), host.cloned(), records);
+    let index = Index::new(specs.to_vec(), extra, records);
     index.check().map_err(|source| ArchiveError::Index {
         archive: out.to_path_buf(),
         source,
@@ -396,6 +394,8 @@ fn install(cache: &Path, stage: &Path, index: &Index) -> Result<(), ArchiveError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lab::images::bundle::BundleKey;
+    use crate::lab::images::nested_host::NestedHostKey;
 
     /// A small cache with one spec's entries, as prepare.sh lays them out.
     fn cache_with_one_spec(c: &Path) -> SpecKey {
@@ -465,7 +465,13 @@ mod tests {
         let a = t.path().join("a");
         let spec = cache_with_one_spec(&a);
         let ar = t.path().join("images.tar");
-        let ex = export(&a, std::slice::from_ref(&spec), None, None, &ar).unwrap();
+        let ex = export(
+            &a,
+            std::slice::from_ref(&spec),
+            QemuArtifacts::default(),
+            &ar,
+        )
+        .unwrap();
         assert_eq!(ex.index.entries.len(), 4);
         let b = t.path().join("b");
         let im = import(&ar, &b).unwrap();
@@ -484,9 +490,14 @@ mod tests {
         // A spec that is not built under its key is refused by export.
         let mut other = spec;
         other.kernel_key = "K2".into();
-        let e = export(&a, &[other], None, None, &t.path().join("x.tar"))
-            .unwrap_err()
-            .to_string();
+        let e = export(
+            &a,
+            &[other],
+            QemuArtifacts::default(),
+            &t.path().join("x.tar"),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("not in the cache with key K2"), "{e}");
         assert!(!t.path().join("x.tar").exists());
     }
@@ -508,7 +519,11 @@ mod tests {
             kernel_key: "KK".into(),
         };
         let ar = t.path().join("images.tar");
-        let ex = export(&a, std::slice::from_ref(&spec), None, Some(&host), &ar).unwrap();
+        let only_host = |h| QemuArtifacts {
+            nested_host: Some(h),
+            ..Default::default()
+        };
+        let ex = export(&a, std::slice::from_ref(&spec), only_host(&host), &ar).unwrap();
         assert_eq!(ex.index.entries.len(), 5);
         assert_eq!(ex.index.entries[4].kind, Kind::NestedHost);
         assert_eq!(read_index(&ar).unwrap().nested_host, Some(host.clone()));
@@ -517,12 +532,69 @@ mod tests {
         assert_eq!(tree(&a), tree(&b));
         // Only the host image: no spec needed.
         let only = t.path().join("host.tar");
-        let ex = export(&a, &[], None, Some(&host), &only).unwrap();
+        let ex = export(&a, &[], only_host(&host), &only).unwrap();
         assert_eq!(ex.index.entries.len(), 1);
-        let mut stale = host;
+        let mut stale = host.clone();
         stale.key = "other".into();
-        let e = export(&a, &[], None, Some(&stale), &only).unwrap_err();
+        let e = export(&a, &[], only_host(&stale), &only).unwrap_err();
         assert!(e.to_string().contains("nested host image"), "{e}");
+    }
+
+    #[test]
+    fn the_qemu_bundle_goes_out_and_comes_back_executable() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let a = t.path().join("a");
+        let spec = cache_with_one_spec(&a);
+        let d = a.join("qemu-bundle-0123456789abcdef");
+        let put = |rel: &str, mode: u32| {
+            let p = d.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, rel).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        put("bin/qemu-system-x86_64", 0o755);
+        put("libexec/qemu-system-x86_64", 0o755);
+        put("lib/ld-linux-x86-64.so.2", 0o755);
+        put("lib/libc.so.6", 0o644);
+        put("share/qemu/bios-256k.bin", 0o644);
+        put("plugin/libblklab-insns.so", 0o644);
+        std::fs::write(d.join("manifest.json"), r#"{"inputs_hash": "BK"}"#).unwrap();
+        let bundle = BundleKey {
+            key: "BK".into(),
+            dir: "qemu-bundle-0123456789abcdef".into(),
+            qemu: "qemu-system-x86 1:10.0.2".into(),
+        };
+        let extra = QemuArtifacts {
+            bundle: Some(&bundle),
+            ..Default::default()
+        };
+        let ar = t.path().join("images.tar");
+        let ex = export(&a, std::slice::from_ref(&spec), extra, &ar).unwrap();
+        assert_eq!(ex.index.entries[4].kind, Kind::QemuBundle);
+        assert_eq!(ex.index.entries[4].files.len(), 7);
+        assert_eq!(read_index(&ar).unwrap().bundle, Some(bundle.clone()));
+        let b = t.path().join("b");
+        import(&ar, &b).unwrap();
+        assert_eq!(tree(&a), tree(&b));
+        let mode = |rel: &str| {
+            std::fs::metadata(b.join("qemu-bundle-0123456789abcdef").join(rel))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        assert_eq!(mode("bin/qemu-system-x86_64"), 0o755);
+        assert_eq!(mode("lib/ld-linux-x86-64.so.2"), 0o755, "the loader runs");
+        assert_eq!(mode("lib/libc.so.6"), 0o644);
+        let mut stale = bundle;
+        stale.key = "other".into();
+        let extra = QemuArtifacts {
+            bundle: Some(&stale),
+            ..Default::default()
+        };
+        let e = export(&a, &[], extra, &t.path().join("x.tar")).unwrap_err();
+        assert!(e.to_string().contains("images build --bundle"), "{e}");
     }
 
     /// A change to one member: its name, header and data; false drops it.
@@ -554,7 +626,7 @@ mod tests {
         let a = t.path().join("a");
         let spec = cache_with_one_spec(&a);
         let good = t.path().join("good.tar");
-        export(&a, &[spec], None, None, &good).unwrap();
+        export(&a, &[spec], QemuArtifacts::default(), &good).unwrap();
         let cases: Vec<(&str, Box<Tamper>)> = vec![
             (
                 "sha256",

@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde_json::Value;
 use thiserror::Error;
 
+use super::bundle::BundleKey;
 use super::nested_host::NestedHostKey;
 use super::{PluginKey, SpecKey};
 
@@ -27,6 +28,10 @@ pub enum CacheError {
     NoPlugin { qemu: String, dir: String },
     #[error("the nested host image for {qemu} is not in the cache ({dir}; run `blklab images build --nested-host`)")]
     NoNestedHost { qemu: String, dir: String },
+    #[error(
+        "the QEMU bundle of {qemu} is not in the cache ({dir}; run `blklab images build --bundle`)"
+    )]
+    NoBundle { qemu: String, dir: String },
     #[error("cannot read {path}: {source}")]
     Io {
         path: PathBuf,
@@ -103,10 +108,12 @@ pub enum Kind {
     Mpstat,
     QemuPlugin,
     NestedHost,
+    QemuBundle,
 }
 
 /// One cache entry, installed as a whole: a directory (kernels, tools, the
-/// plugin, the nested host image) or an initramfs with its `.manifest.json` and `.inputs-hash`.
+/// plugin, the nested host image, the QEMU bundle) or an initramfs with
+/// its `.manifest.json` and `.inputs-hash`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
     pub(crate) kind: Kind,
@@ -189,14 +196,39 @@ fn dir_entry(
     })
 }
 
+/// The artifacts of the installed QEMU an archive may hold besides the
+/// specs' images, by their keys: the plugin, the nested host image, the
+/// QEMU bundle.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct QemuArtifacts<'a> {
+    pub(crate) plugin: Option<&'a PluginKey>,
+    pub(crate) nested_host: Option<&'a NestedHostKey>,
+    pub(crate) bundle: Option<&'a BundleKey>,
+}
+
+/// A directory entry of a QEMU artifact under its key, or `missing` (the
+/// error naming how to build it) when the cache does not have it.
+fn artifact_entry(
+    cache: &Path,
+    kind: Kind,
+    what: &'static str,
+    dir: &str,
+    key: &str,
+    missing: impl FnOnce() -> CacheError,
+) -> Result<Entry, CacheError> {
+    match dir_entry(cache, what, kind, what, dir, key) {
+        Err(CacheError::NotBuilt { .. }) => Err(missing()),
+        other => other,
+    }
+}
+
 /// The entries of `specs`' images (kernels, initramfs, fio, mpstat), each
-/// once, checked to be in `cache` under the specs' keys; the plugin's with
-/// `plugin`, the nested host image's with `host`.
+/// once, checked to be in `cache` under the specs' keys, and those of
+/// `extra`, each under its key.
 pub(crate) fn entries(
     cache: &Path,
     specs: &[SpecKey],
-    plugin: Option<&PluginKey>,
-    host: Option<&NestedHostKey>,
+    extra: QemuArtifacts<'_>,
 ) -> Result<Vec<Entry>, CacheError> {
     let mut out: Vec<Entry> = Vec::new();
     let mut push = |e: Entry| {
@@ -250,43 +282,44 @@ pub(crate) fn entries(
             &s.mpstat_key,
         )?);
     }
-    if let Some(p) = plugin {
-        match dir_entry(
+    if let Some(p) = extra.plugin {
+        push(artifact_entry(
             cache,
-            "qemu-plugin",
             Kind::QemuPlugin,
             "plugin",
             &p.dir,
             &p.key,
-        ) {
-            Ok(e) => push(e),
-            Err(CacheError::NotBuilt { .. }) => {
-                return Err(CacheError::NoPlugin {
-                    qemu: p.qemu.clone(),
-                    dir: p.dir.clone(),
-                })
-            }
-            Err(e) => return Err(e),
-        }
+            || CacheError::NoPlugin {
+                qemu: p.qemu.clone(),
+                dir: p.dir.clone(),
+            },
+        )?);
     }
-    if let Some(h) = host {
-        match dir_entry(
+    if let Some(h) = extra.nested_host {
+        push(artifact_entry(
             cache,
-            "nested-host",
             Kind::NestedHost,
             "nested host image",
             &h.dir,
             &h.key,
-        ) {
-            Ok(e) => push(e),
-            Err(CacheError::NotBuilt { .. }) => {
-                return Err(CacheError::NoNestedHost {
-                    qemu: h.qemu.clone(),
-                    dir: h.dir.clone(),
-                })
-            }
-            Err(e) => return Err(e),
-        }
+            || CacheError::NoNestedHost {
+                qemu: h.qemu.clone(),
+                dir: h.dir.clone(),
+            },
+        )?);
+    }
+    if let Some(b) = extra.bundle {
+        push(artifact_entry(
+            cache,
+            Kind::QemuBundle,
+            "QEMU bundle",
+            &b.dir,
+            &b.key,
+            || CacheError::NoBundle {
+                qemu: b.qemu.clone(),
+                dir: b.dir.clone(),
+            },
+        )?);
     }
     Ok(out)
 }
@@ -337,7 +370,9 @@ fn listed(cache: &Path, kind: Kind, path: &str, manifest: Value, files: &[String
         },
         Kind::Fio => (Some("fio (source)".into()), s(m, "source_version")),
         Kind::Mpstat => (s(m, "package"), s(m, "package_version")),
-        Kind::QemuPlugin | Kind::NestedHost => (s(m, "qemu_package"), s(m, "qemu_package_version")),
+        Kind::QemuPlugin | Kind::NestedHost | Kind::QemuBundle => {
+            (s(m, "qemu_package"), s(m, "qemu_package_version"))
+        }
         Kind::Initramfs => (None, s(m, "kernel_version")),
     };
     let patch = m
@@ -406,6 +441,8 @@ pub(crate) fn list(cache: &Path) -> Result<Vec<Listed>, CacheError> {
             Kind::QemuPlugin
         } else if name.starts_with("nested-host-") {
             Kind::NestedHost
+        } else if name.starts_with(super::bundle::DIR_PREFIX) {
+            Kind::QemuBundle
         } else {
             continue;
         };
@@ -542,7 +579,7 @@ mod tests {
             fio_key: "F".into(),
             mpstat_key: "M".into(),
         };
-        let e = entries(c, &[spec.clone(), spec.clone()], None, None).unwrap();
+        let e = entries(c, &[spec.clone(), spec.clone()], QemuArtifacts::default()).unwrap();
         assert_eq!(e.len(), 4, "each entry once: {e:?}");
         assert_eq!(
             e[0].files,
@@ -553,13 +590,15 @@ mod tests {
             ]
         );
         spec.kernel_key = "K2".into();
-        let err = entries(c, &[spec.clone()], None, None)
+        let err = entries(c, &[spec.clone()], QemuArtifacts::default())
             .unwrap_err()
             .to_string();
         assert!(err.contains("not in the cache with key K2"), "{err}");
         spec.kernel_key = "K1".into();
         spec.key = "S2".into();
-        let err = entries(c, &[spec], None, None).unwrap_err().to_string();
+        let err = entries(c, &[spec], QemuArtifacts::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("initramfs"), "{err}");
         let listed = list(c).unwrap();
         let kinds: Vec<Kind> = listed.iter().map(|l| l.kind).collect();
@@ -591,7 +630,15 @@ mod tests {
             qemu: "qemu-system-x86 1:10.0.2".into(),
             kernel_key: "K".into(),
         };
-        let e = entries(c, &[], None, Some(&key)).unwrap();
+        let e = entries(
+            c,
+            &[],
+            QemuArtifacts {
+                nested_host: Some(&key),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert_eq!(e.len(), 1);
         assert_eq!(e[0].kind, Kind::NestedHost);
         assert_eq!(
@@ -603,7 +650,15 @@ mod tests {
             ]
         );
         key.key = "H2".into();
-        let err = entries(c, &[], None, Some(&key)).unwrap_err();
+        let err = entries(
+            c,
+            &[],
+            QemuArtifacts {
+                nested_host: Some(&key),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
         assert!(matches!(err, CacheError::NoNestedHost { .. }), "{err}");
         assert!(err.to_string().contains("--nested-host"), "{err}");
         let listed = list(c).unwrap();
@@ -620,5 +675,54 @@ mod tests {
                 .starts_with("nested-host nested-host-0123456789abcdef H1"),
             "{table}"
         );
+    }
+
+    #[test]
+    fn a_qemu_bundle_is_checked_by_its_key_and_listed() {
+        let t = tempfile::tempdir().unwrap();
+        let c = t.path();
+        let d = c.join("qemu-bundle-0123456789abcdef");
+        for f in [
+            "bin/qemu-system-x86_64",
+            "lib/libc.so.6",
+            "share/qemu/bios-256k.bin",
+        ] {
+            std::fs::create_dir_all(d.join(f).parent().unwrap()).unwrap();
+            std::fs::write(d.join(f), b"x").unwrap();
+        }
+        std::fs::write(
+            d.join("manifest.json"),
+            r#"{"kind": "qemu-bundle", "inputs_hash": "B1", "qemu_package": "qemu-system-x86",
+                "qemu_package_version": "1:10.0.2", "built_at": "T"}"#,
+        )
+        .unwrap();
+        let mut key = BundleKey {
+            key: "B1".into(),
+            dir: "qemu-bundle-0123456789abcdef".into(),
+            qemu: "qemu-system-x86 1:10.0.2".into(),
+        };
+        let with = |k: &BundleKey| {
+            entries(
+                c,
+                &[],
+                QemuArtifacts {
+                    bundle: Some(k),
+                    ..Default::default()
+                },
+            )
+        };
+        let e = with(&key).unwrap();
+        assert_eq!(e.len(), 1);
+        assert_eq!(e[0].kind, Kind::QemuBundle);
+        assert_eq!(e[0].files.len(), 4, "{:?}", e[0].files);
+        key.key = "B2".into();
+        let err = with(&key).unwrap_err();
+        assert!(matches!(err, CacheError::NoBundle { .. }), "{err}");
+        assert!(err.to_string().contains("--bundle"), "{err}");
+        let listed = list(c).unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].kind, Kind::QemuBundle);
+        assert_eq!(listed[0].from, "qemu-system-x86 1:10.0.2");
+        assert!(list_table(&listed).contains("qemu-bundle qemu-bundle-0123456789abcdef B1"));
     }
 }

@@ -8,7 +8,8 @@ use clap::{Args, Subcommand};
 use thiserror::Error;
 
 use super::archive::{self, ArchiveError};
-use super::cache::{self, CacheError};
+use super::bundle::{self, BundleKey};
+use super::cache::{self, CacheError, QemuArtifacts};
 use super::nested_host::NestedHostKey;
 use super::{ImageError, PluginKey};
 use crate::lab::location::{CacheOption, LabDirOption, LabLocation};
@@ -35,11 +36,12 @@ pub(crate) enum ImagesCommand {
     /// Prepare SPECs as `blklab run` does (images/prepare.sh: fetch or
     /// build each kernel, its initramfs, fio, mpstat) and the
     /// instruction-count plugin for the installed QEMU (and, with
-    /// --nested-host, the nested mode's host image); print each spec's
-    /// kernel and initramfs.
+    /// --nested-host, the nested mode's host image; with --bundle, the
+    /// QEMU bundle); print each spec's kernel and initramfs.
     Build(BuildArgs),
     /// Write the images of SPECs (kernels with System.map and modules,
-    /// initramfs, fio, mpstat, the plugin, manifests) to a self-describing
+    /// initramfs, fio, mpstat, the plugin, manifests; with --bundle, QEMU
+    /// itself for a host without Debian's packages) to a self-describing
     /// archive: a tar whose first member, index.json, names each spec, its
     /// key and every file with size and sha256.
     Export(ExportArgs),
@@ -79,11 +81,24 @@ pub(crate) struct NestedHostArgs {
     pub(crate) nested_host: bool,
 }
 
+/// The QEMU bundle (images/build-qemu-bundle.sh): like the nested host's
+/// image, an artifact of the installed QEMU (`--qemu`).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct BundleArgs {
+    /// Also the QEMU bundle, for a host without Debian's packages: this
+    /// QEMU (--qemu) with every library ldd lists and its ELF loader, the
+    /// firmware a lab guest reads and the instruction-count plugin (about
+    /// 60 MB). `blklab run` there uses it when the host has no QEMU on
+    /// PATH, or with --qemu bundle. With it, SPECs may be left out.
+    #[arg(long)]
+    pub(crate) bundle: bool,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct BuildArgs {
     /// Kernels as `blklab run --kernel` takes them: debian-6.1,
     /// debian-6.12, build:SERIES[+PATCH], path:FILE[,modules=DIR][,map=FILE][,name=LABEL].
-    #[arg(value_name = "SPEC", required_unless_present = "nested_host")]
+    #[arg(value_name = "SPEC", required_unless_present_any = ["nested_host", "bundle"])]
     pub(crate) specs: Vec<String>,
     #[command(flatten)]
     pub(crate) place: LabLocation,
@@ -91,6 +106,8 @@ pub(crate) struct BuildArgs {
     pub(crate) plugin: PluginArgs,
     #[command(flatten)]
     pub(crate) host: NestedHostArgs,
+    #[command(flatten)]
+    pub(crate) bundle: BundleArgs,
 }
 
 #[derive(Debug, Args)]
@@ -99,7 +116,7 @@ pub(crate) struct ExportArgs {
     #[arg(long, value_name = "FILE")]
     pub(crate) out: PathBuf,
     /// The kernels whose images go in (built first with `images build`).
-    #[arg(value_name = "SPEC", required_unless_present = "nested_host")]
+    #[arg(value_name = "SPEC", required_unless_present_any = ["nested_host", "bundle"])]
     pub(crate) specs: Vec<String>,
     #[command(flatten)]
     pub(crate) place: LabLocation,
@@ -107,6 +124,8 @@ pub(crate) struct ExportArgs {
     pub(crate) plugin: PluginArgs,
     #[command(flatten)]
     pub(crate) host: NestedHostArgs,
+    #[command(flatten)]
+    pub(crate) bundle: BundleArgs,
 }
 
 #[derive(Debug, Args)]
@@ -129,7 +148,7 @@ pub(crate) struct ListArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct KeyArgs {
-    #[arg(value_name = "SPEC", required_unless_present = "nested_host")]
+    #[arg(value_name = "SPEC", required_unless_present_any = ["nested_host", "bundle"])]
     pub(crate) specs: Vec<String>,
     #[command(flatten)]
     pub(crate) lab_dir: LabDirOption,
@@ -137,6 +156,8 @@ pub(crate) struct KeyArgs {
     pub(crate) plugin: PluginArgs,
     #[command(flatten)]
     pub(crate) host: NestedHostArgs,
+    #[command(flatten)]
+    pub(crate) bundle: BundleArgs,
     /// Print JSON: the specs' keys and where their images live in the cache.
     #[arg(long)]
     pub(crate) json: bool,
@@ -157,6 +178,14 @@ fn host_key(
 ) -> Result<Option<NestedHostKey>, ImageError> {
     if h.nested_host {
         super::nested_host::nested_host_key(lab, &p.qemu).map(Some)
+    } else {
+        Ok(None)
+    }
+}
+
+fn bundle_key(lab: &Path, b: &BundleArgs, p: &PluginArgs) -> Result<Option<BundleKey>, ImageError> {
+    if b.bundle {
+        bundle::bundle_key(lab, &p.qemu).map(Some)
     } else {
         Ok(None)
     }
@@ -247,6 +276,10 @@ fn build(a: &BuildArgs) -> Result<String, CommandError> {
             h.initramfs.display()
         ));
     }
+    if a.bundle.bundle {
+        let dir = bundle::build_bundle(&lab, &cache, &a.plugin.qemu)?;
+        out.push_str(&format!("qemu-bundle\t{}\n", dir.display()));
+    }
     Ok(out)
 }
 
@@ -259,7 +292,13 @@ fn export(a: &ExportArgs) -> Result<String, CommandError> {
     let keys = super::keys(&lab, &specs)?;
     let plugin = plugin_key(&lab, &a.plugin)?;
     let host = host_key(&lab, &a.host, &a.plugin)?;
-    let ex = archive::export(&cache, &keys, plugin.as_ref(), host.as_ref(), &a.out)?;
+    let bundle = bundle_key(&lab, &a.bundle, &a.plugin)?;
+    let extra = QemuArtifacts {
+        plugin: plugin.as_ref(),
+        nested_host: host.as_ref(),
+        bundle: bundle.as_ref(),
+    };
+    let ex = archive::export(&cache, &keys, extra, &a.out)?;
     let files: usize = ex.index.entries.iter().map(|e| e.files.len()).sum();
     out.push_str(&format!(
         "wrote {} ({} entries, {files} files, {} bytes)\n",
@@ -272,6 +311,9 @@ fn export(a: &ExportArgs) -> Result<String, CommandError> {
     }
     if let Some(h) = &ex.index.nested_host {
         out.push_str(&format!("{}  nested-host ({})\n", h.key, h.qemu));
+    }
+    if let Some(b) = &ex.index.bundle {
+        out.push_str(&format!("{}  qemu-bundle ({})\n", b.key, b.qemu));
     }
     Ok(out)
 }
@@ -297,6 +339,9 @@ fn import(a: &ImportArgs) -> Result<String, CommandError> {
     }
     if let Some(h) = &im.index.nested_host {
         out.push_str(&format!("{}  nested-host ({})\n", h.key, h.qemu));
+    }
+    if let Some(b) = &im.index.bundle {
+        out.push_str(&format!("{}  qemu-bundle ({})\n", b.key, b.qemu));
     }
     for note in stale_keys(&im.index) {
         log::warn!("{note}");
@@ -326,8 +371,9 @@ fn key(a: &KeyArgs) -> Result<String, CommandError> {
     let keys = super::keys(&lab, &specs)?;
     let plugin = plugin_key(&lab, &a.plugin)?;
     let host = host_key(&lab, &a.host, &a.plugin)?;
+    let bundle = bundle_key(&lab, &a.bundle, &a.plugin)?;
     if a.json {
-        let v = serde_json::json!({"specs": keys, "plugin": plugin, "nested_host": host});
+        let v = serde_json::json!({"specs": keys, "plugin": plugin, "nested_host": host, "bundle": bundle});
         out.push_str(&serde_json::to_string_pretty(&v).expect("keys serialize"));
         out.push('\n');
     } else {
@@ -339,6 +385,9 @@ fn key(a: &KeyArgs) -> Result<String, CommandError> {
         }
         if let Some(h) = host {
             out.push_str(&format!("{}  nested-host ({})\n", h.key, h.qemu));
+        }
+        if let Some(b) = bundle {
+            out.push_str(&format!("{}  qemu-bundle ({})\n", b.key, b.qemu));
         }
     }
     Ok(out)

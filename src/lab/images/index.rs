@@ -10,7 +10,8 @@ use std::collections::HashSet;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::cache::{Entry, Kind, INITRAMFS_SUFFIXES};
+use super::bundle::{BundleKey, DIR_PREFIX as BUNDLE_PREFIX};
+use super::cache::{Entry, Kind, QemuArtifacts, INITRAMFS_SUFFIXES};
 use super::nested_host::NestedHostKey;
 use super::{PluginKey, SpecKey};
 
@@ -78,6 +79,9 @@ pub struct Index {
     /// without one, which older blklabs read as before).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nested_host: Option<NestedHostKey>,
+    /// The QEMU bundle, when exported (absent as the nested host's is).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<BundleKey>,
     pub entries: Vec<EntryRecord>,
 }
 
@@ -101,6 +105,7 @@ fn entry_path_ok(kind: Kind, p: &str) -> bool {
         Kind::Mpstat => p == "tools/sysstat",
         Kind::QemuPlugin => one("qemu-plugin-") && !p.starts_with("qemu-plugin-header-"),
         Kind::NestedHost => one("nested-host-"),
+        Kind::QemuBundle => one(BUNDLE_PREFIX),
     }
 }
 
@@ -121,8 +126,7 @@ impl Index {
     /// A new index of `entries` (their files' records made by the caller).
     pub(crate) fn new(
         specs: Vec<SpecKey>,
-        plugin: Option<PluginKey>,
-        nested_host: Option<NestedHostKey>,
+        extra: QemuArtifacts<'_>,
         entries: Vec<EntryRecord>,
     ) -> Index {
         Index {
@@ -134,8 +138,9 @@ impl Index {
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             specs,
-            plugin,
-            nested_host,
+            plugin: extra.plugin.cloned(),
+            nested_host: extra.nested_host.cloned(),
+            bundle: extra.bundle.cloned(),
             entries,
         }
     }
@@ -221,8 +226,7 @@ mod tests {
     fn index() -> Index {
         Index::new(
             Vec::new(),
-            None,
-            None,
+            QemuArtifacts::default(),
             vec![
                 EntryRecord {
                     kind: Kind::Kernel,
@@ -252,6 +256,7 @@ mod tests {
         i.check().unwrap();
         let text = serde_json::to_string(&i).unwrap();
         assert!(!text.contains("nested_host"), "none is left out: {text}");
+        assert!(!text.contains("bundle"), "none is left out: {text}");
         let back: Index = serde_json::from_str(&text).unwrap();
         assert_eq!(back, i);
         let mut h = index();
@@ -266,6 +271,20 @@ mod tests {
             path: "nested-host-0123".into(),
             key: "h".into(),
             files: vec![file("nested-host-0123/host.cpio")],
+        });
+        h.bundle = Some(BundleKey {
+            key: "b".into(),
+            dir: "qemu-bundle-0123".into(),
+            qemu: "qemu-system-x86 1:10.0.2".into(),
+        });
+        h.entries.push(EntryRecord {
+            kind: Kind::QemuBundle,
+            path: "qemu-bundle-0123".into(),
+            key: "b".into(),
+            files: vec![
+                file("qemu-bundle-0123/bin/qemu-system-x86_64"),
+                file("qemu-bundle-0123/lib/ld-linux-x86-64.so.2"),
+            ],
         });
         h.check().unwrap();
         let back: Index = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
@@ -310,6 +329,10 @@ mod tests {
         let mut i = index();
         i.entries[0].path = "kernel-build-6.12".into();
         i.entries[0].kind = Kind::NestedHost;
+        assert!(matches!(i.check(), Err(IndexError::NotAnEntry(_))));
+        let mut i = index();
+        i.entries[0].path = "kernel-build-6.12".into();
+        i.entries[0].kind = Kind::QemuBundle;
         assert!(matches!(i.check(), Err(IndexError::NotAnEntry(_))));
         let mut i = index();
         i.entries[0].files[0].sha256 = "zz".into();

@@ -4,7 +4,6 @@
 //! lab runs inside it as on a KVM host. Its offline key (`--key`) and the
 //! call that builds it or finds it in the cache.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -71,7 +70,7 @@ pub(crate) fn prepare_nested_host(
         .stderr(Stdio::piped())
         .spawn()
         .map_err(spawn)?;
-    let last = forward_stderr(child.stderr.take());
+    let last = super::forward_stderr(child.stderr.take());
     // stdout is two lines: the pipe holds them until the script exits.
     let out = child.wait_with_output().map_err(spawn)?;
     if !out.status.success() {
@@ -98,20 +97,6 @@ pub(crate) fn prepare_nested_host(
         initramfs,
         manifest,
     })
-}
-
-/// Copy the script's stderr to ours line by line; returns its last
-/// non-empty line (the `NAME: ERROR: …` of a failure).
-fn forward_stderr(stderr: Option<impl std::io::Read>) -> Option<String> {
-    let mut last = None;
-    let ours = std::io::stderr();
-    for line in BufReader::new(stderr?).lines().map_while(Result::ok) {
-        let _ = writeln!(ours.lock(), "{line}");
-        if !line.trim().is_empty() {
-            last = Some(line);
-        }
-    }
-    last
 }
 
 /// The script's stdout: the kernel's path, then the initramfs's, both

@@ -24,6 +24,13 @@ pub enum RunError {
     Image(#[from] images::ImageError),
     #[error(transparent)]
     Qemu(#[from] qemu::QemuError),
+    #[error(transparent)]
+    QemuChoice(#[from] images::bundle::ChooseError),
+    #[error(
+        "--accel nested with a QEMU bundle's QEMU ({qemu}): the nested mode packs the host's \
+         Debian QEMU into its emulated host; run it on a host with qemu-system-x86 installed"
+    )]
+    NestedWithBundle { qemu: PathBuf },
     #[error("--iterations must be at least 1")]
     NoIterations,
     #[error("--out {dir}: it holds {file} of an earlier run; a run writes into an empty or new directory, so that `blklab compare` never pools two runs' records (give another --out, or remove it)")]

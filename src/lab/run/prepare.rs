@@ -1,6 +1,7 @@
-//! The lab a run boots in, prepared: QEMU, the output directory (and the
-//! log copied into it), the guests' images, the accelerator and, to count
-//! instructions, the plugin and each kernel's System.map.
+//! The lab a run boots in, prepared: QEMU (the host's, or an imported
+//! bundle's), the output directory (and the log copied into it), the
+//! guests' images, the accelerator and, to count instructions, the plugin
+//! (a bundle's own with its QEMU) and each kernel's System.map.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -9,8 +10,9 @@ use log::{info, warn};
 
 use crate::lab::guest::accel::decide_accel;
 use crate::lab::guest::qemu::{self, Accel};
+use crate::lab::images::bundle::{choose_qemu, ChosenQemu};
 use crate::lab::images::nested_host::{prepare_nested_host, NestedHostImage};
-use crate::lab::images::{self, PreparedGuest};
+use crate::lab::images::{self, cache, PreparedGuest};
 use crate::lab::measure::plugin::{self, SymbolMap};
 use crate::lab::options::CountInsns;
 use crate::lab::run::error::RunError;
@@ -42,9 +44,14 @@ pub(crate) fn prepare_lab(
     plan: &Plan,
     given: Option<Vec<PreparedGuest>>,
 ) -> Result<Lab, RunError> {
-    let qemu = qemu::locate(&request.options.guest.qemu)?
-        .display()
-        .to_string();
+    let chosen = choose_qemu(
+        &request.options.guest.qemu,
+        &cache::dir(request.options.place.cache.get()),
+    )?;
+    if chosen.bundle.is_some() && request.options.guest.accel == Accel::Nested {
+        return Err(RunError::NestedWithBundle { qemu: chosen.path });
+    }
+    let qemu = chosen.path.display().to_string();
     let out_dir = request
         .options
         .out
@@ -55,6 +62,9 @@ pub(crate) fn prepare_lab(
         std::fs::create_dir_all(&d).map_err(|source| RunError::Write { path: d, source })?;
     }
     log_to_results(&out_dir);
+    if let Some(note) = chosen.note() {
+        info!("{note}");
+    }
     let guests = match given {
         Some(guests) => guests,
         None => {
@@ -73,7 +83,7 @@ pub(crate) fn prepare_lab(
             planned: plan.labels.clone(),
         });
     }
-    let (accel, accel_reason, plugin) = choose_accel(request, &qemu, &guests)?;
+    let (accel, accel_reason, plugin) = choose_accel(request, &chosen, &guests)?;
     let maps = symbol_maps(&guests, plugin.is_some())?;
     info!("accelerator: {} ({accel_reason})", accel.describe());
     let most_vcpus = request.units.iter().map(|u| u.settings.machine.vcpus).max();
@@ -158,10 +168,11 @@ fn labels(guests: &[PreparedGuest]) -> Vec<String> {
 /// (`--count-insns auto` goes on without it when it cannot be built).
 fn choose_accel(
     request: &RunRequest,
-    qemu: &str,
+    chosen: &ChosenQemu,
     guests: &[PreparedGuest],
 ) -> Result<(Accel, String, Option<PathBuf>), RunError> {
     let guest = &request.options.guest;
+    let qemu = &chosen.path.display().to_string();
     let decision = decide_accel(
         guest.accel,
         guest.count_insns,
@@ -187,8 +198,7 @@ fn choose_accel(
         info!("no instruction counts (--count-insns auto): {why}");
     }
     let plugin = if decision.count_insns {
-        info!("building the instruction-count plugin for {qemu}");
-        match plugin::build_plugin(&request.lab_dir, request.options.place.cache.get(), qemu) {
+        match plugin_for(request, chosen) {
             Ok(p) => Some(p),
             Err(e) if guest.count_insns != CountInsns::On => {
                 warn!("no instruction counts (--count-insns auto): {e}");
@@ -200,6 +210,21 @@ fn choose_accel(
         None
     };
     Ok((decision.accel, decision.reason, plugin))
+}
+
+/// The instruction-count plugin for the chosen QEMU: a bundle's own, or
+/// built (or found in the cache) for the host's.
+fn plugin_for(request: &RunRequest, chosen: &ChosenQemu) -> Result<PathBuf, plugin::InsnsError> {
+    if let Some(b) = &chosen.bundle {
+        info!(
+            "instruction-count plugin: the bundle's, {}",
+            b.plugin.display()
+        );
+        return Ok(b.plugin.clone());
+    }
+    let qemu = chosen.path.display().to_string();
+    info!("building the instruction-count plugin for {qemu}");
+    plugin::build_plugin(&request.lab_dir, request.options.place.cache.get(), &qemu)
 }
 
 /// The System.map next to a kernel image.

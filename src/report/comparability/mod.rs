@@ -162,7 +162,8 @@ impl Condition {
                 .qemu_command_line
                 .first()
                 .cloned()
-                .or_else(|| Some(run.qemu.path.clone())),
+                .or_else(|| Some(run.qemu.path.clone()))
+                .map(|p| bundle_named(&p)),
             Condition::ScenarioDefinition => r.scenario_definition.as_ref().map(definition_text),
             Condition::DeviceModel => Some(device_identity(r).to_string()),
             Condition::GuestImage => r.manifests.initramfs.as_ref().and_then(guest_tools),
@@ -202,6 +203,21 @@ impl Condition {
     /// A value as a difference shows it (a device model: its fields).
     fn show(self, v: &Option<String>) -> String {
         v.clone().unwrap_or_else(|| "(not recorded)".to_string())
+    }
+}
+
+/// A QEMU binary as the contract compares it: a QEMU bundle's
+/// (`CACHE/qemu-bundle-KEY/bin/qemu-system-x86_64`, images/build-qemu-bundle.sh)
+/// by its bundle alone, `…/qemu-bundle-KEY/bin/qemu-system-x86_64`: the
+/// same binary, libraries and firmware on every host that imported it,
+/// wherever that host's image cache lies; any other by its path.
+fn bundle_named(path: &str) -> String {
+    let parts: Vec<&str> = path.rsplitn(4, '/').collect();
+    match parts.as_slice() {
+        [bin, "bin", dir, _] if *bin == "qemu-system-x86_64" && dir.starts_with("qemu-bundle-") => {
+            format!("…/{dir}/bin/{bin}")
+        }
+        _ => path.to_string(),
     }
 }
 
@@ -352,6 +368,30 @@ mod tests {
     use super::*;
     use crate::record::result::test_record;
     use serde_json::json;
+
+    #[test]
+    fn a_bundles_qemu_is_named_by_its_bundle_wherever_its_cache_is() {
+        let a = "/root/.cache/blklab/images/qemu-bundle-1b2df965ce8bc6b7/bin/qemu-system-x86_64";
+        let b = "/home/u/c/qemu-bundle-1b2df965ce8bc6b7/bin/qemu-system-x86_64";
+        assert_eq!(bundle_named(a), bundle_named(b));
+        assert_eq!(
+            bundle_named(a),
+            "…/qemu-bundle-1b2df965ce8bc6b7/bin/qemu-system-x86_64"
+        );
+        assert_ne!(
+            bundle_named(a),
+            bundle_named("/c/qemu-bundle-0000000000000000/bin/qemu-system-x86_64"),
+            "another bundle is another binary"
+        );
+        for other in [
+            "/usr/bin/qemu-system-x86_64",
+            "qemu-system-x86_64",
+            "/opt/qemu/bin/qemu-system-x86_64",
+            "/x/qemu-bundle-1/libexec/qemu-system-x86_64",
+        ] {
+            assert_eq!(bundle_named(other), other);
+        }
+    }
 
     #[test]
     fn only_per_boot_directory_names_are_replaced() {
