@@ -483,16 +483,19 @@ fn would_be_exits_agree_with_the_backend_and_the_guest() {
     // IPIs. The plugin marks its exit counts each time the guest's kernel
     // enters arch_show_interrupts, which formats those lines: between the
     // marks of the guest's two snapshots (between them: the read after
-    // the begin reply, mpstat's as it starts) the ICR writes are exactly
-    // the IPIs the guest counted in its own window.
+    // the begin reply, mpstat's as it starts) the ICR writes are the IPIs
+    // the guest counted in its own window, but for one in flight at each
+    // mark: written by one vCPU just before a mark and counted by the
+    // other just after it (seen on the 2-core VM under load). With
+    // 2 vCPUs there is at most one such IPI per edge.
     let guest_ipis = gi.ipis() as u64;
     assert!(guest_ipis > 0, "{guest}");
     let gw = &e["guest_window"];
     assert!(n(&gw["marks"]) >= 2, "{gw}");
-    assert_eq!(
-        n(&gw["ipi"]),
-        guest_ipis,
-        "ICR writes between the guest's reads vs its RES + CAL + IWI (TLB {}): {gw}\n{guest}",
+    let sent = n(&gw["ipi"]);
+    assert!(
+        sent.abs_diff(guest_ipis) <= 1,
+        "ICR writes between the guest's reads {sent} vs its RES + CAL + IWI {guest_ipis} (TLB {}): {gw}\n{guest}",
         arch("TLB")
     );
     // Between the host's dumps (the record's other counts), the plugin's
