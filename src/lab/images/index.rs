@@ -56,7 +56,7 @@ pub struct FileRecord {
     /// Relative to the cache (and the archive member's name).
     pub path: String,
     pub(crate) size: u64,
-    pub(crate) sha256: String,
+    pub sha256: String,
     /// Installed with mode 0755 (else 0644).
     pub(crate) executable: bool,
 }
