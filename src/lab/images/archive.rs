@@ -147,7 +147,13 @@ pub(crate) fn export(
         .map(|e| (e, cache))
         .collect();
     if let Some(l) = lab {
-        entries.push((l.entry(), l.root()));
+        let entry = Entry {
+            kind: Kind::Lab,
+            path: l.key.dir.clone(),
+            key: l.key.key.clone(),
+            files: l.files().to_vec(),
+        };
+        entries.push((entry, l.root()));
     }
     let mut records = Vec::new();
     for (e, root) in &entries {

@@ -19,8 +19,6 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use super::cache::{Entry, Kind};
-
 /// A lab tree's directory in the cache: this prefix and its key's first
 /// 16 hex digits.
 pub(crate) const DIR_PREFIX: &str = "lab-";
@@ -108,14 +106,9 @@ impl Staged {
         self.root.path()
     }
 
-    /// The cache entry it becomes.
-    pub(crate) fn entry(&self) -> Entry {
-        Entry {
-            kind: Kind::Lab,
-            path: self.key.dir.clone(),
-            key: self.key.key.clone(),
-            files: self.files.clone(),
-        }
+    /// Its files, relative to the root (`lab-KEY/…`), sorted.
+    pub(crate) fn files(&self) -> &[String] {
+        &self.files
     }
 }
 
@@ -378,8 +371,7 @@ mod tests {
         );
         let tree = LabTree::at(&root).unwrap();
         assert_eq!(tree.blklab_version, env!("CARGO_PKG_VERSION"));
-        let e = s.entry();
-        assert_eq!((e.kind, e.path.as_str()), (Kind::Lab, dir.as_str()));
+        assert!(s.files().iter().all(|f| f.starts_with(&format!("{dir}/"))));
         // The same content, the same key; another binary, another key.
         let again = stage(&checkout(), &exe(t.path()), t.path()).unwrap();
         assert_eq!(again.key, s.key);
