@@ -1,13 +1,18 @@
 //! The offline lab bundle: `blklab images export --bundle build:6.12` (the
-//! guest images and QEMU itself: its libraries, ELF loader, firmware and
-//! instruction-count plugin), imported into an empty cache, runs the lab on
-//! a host made to look like one without Debian's packages: in a private
-//! mount namespace (`unshare --mount --propagation private`) the host's
-//! QEMU binary, busybox and cpio are `/dev/null` and QEMU's firmware and
-//! module directories empty tmpfs, and apt-get, apt-cache, gcc, cc and
-//! make on PATH fail loudly. One smoke boot there must succeed with the
-//! bundle's QEMU (loaded by the bundle's loader with the bundle's
-//! libraries only) and the bundle's plugin, its records ok, run.json
+//! guest images, QEMU itself with its libraries, ELF loader, firmware and
+//! instruction-count plugin, the lab tree and the blklab binary), and
+//! nothing else, runs the lab on a host made to look like one without
+//! Debian's packages or a checkout: the blklab binary is taken out of the
+//! archive with plain `tar`, and it imports the archive into an empty
+//! cache and runs from a directory outside the checkout, with no
+//! `--lab-dir` and no `BLKLAB_LAB_DIR`, in a private mount namespace
+//! (`unshare --mount --propagation private`) where the host's QEMU binary,
+//! busybox and cpio are `/dev/null`, QEMU's firmware and module
+//! directories and the checkout itself (the tree the binary was built
+//! from) empty tmpfs, and apt-get, apt-cache, gcc, cc and make on PATH
+//! fail loudly. One smoke boot there must succeed with the bundle's QEMU
+//! (loaded by the bundle's loader with the bundle's libraries only), the
+//! bundle's plugin and the imported lab tree, its records ok, run.json
 //! naming the bundle's QEMU, and no QEMU left behind; and a blklab killed
 //! (SIGKILL) while its guest boots takes the bundle's QEMU along.
 //!
@@ -44,15 +49,17 @@ const HIDDEN_DIRS: &[&str] = &[
 ];
 
 /// The namespace's `sh -c` script: hide, check that it is hidden (exit 90
-/// and a line on stderr when not), then exec its arguments.
+/// and a line on stderr when not), then exec its arguments. The third
+/// argument is the checkout, hidden like the directories.
 const HIDE: &str = r#"set -eu
-files=$1 dirs=$2
-shift 2
+files=$1 dirs=$2 checkout=$3
+shift 3
 for f in $files; do mount --bind /dev/null "$f"; done
-for d in $dirs; do
+for d in $dirs "$checkout"; do
     mount -t tmpfs -o size=1m,mode=755 blklab-hidden "$d"
     [ -z "$(ls -A "$d")" ] || { echo "HIDE: $d is not empty" >&2; exit 90; }
 done
+[ ! -e "$checkout/images/prepare.sh" ] || { echo "HIDE: the checkout is still there" >&2; exit 90; }
 for t in qemu-system-x86_64 busybox cpio; do
     if command -v "$t" >/dev/null 2>&1; then echo "HIDE: $t is still on PATH" >&2; exit 90; fi
 done
@@ -77,10 +84,18 @@ fn blklab(args: &[&str]) -> Output {
     out
 }
 
+/// The host as the test makes it: its PATH (without build tools) and the
+/// directory its commands run in, outside the checkout.
+struct Host<'a> {
+    path: &'a std::ffi::OsStr,
+    cwd: &'a Path,
+}
+
 /// `PROGRAM ARGS…` in a new private mount namespace with the host's QEMU,
-/// firmware, busybox and cpio hidden and `path` as PATH. unshare and the
+/// firmware, busybox, cpio and the checkout hidden, `host.path` as PATH,
+/// `host.cwd` as the directory and no `BLKLAB_LAB_DIR`. unshare and the
 /// script exec: the process is PROGRAM's.
-fn hidden_command(path: &std::ffi::OsStr, program: &Path, args: &[&str]) -> Command {
+fn hidden_command(host: &Host<'_>, program: &Path, args: &[&str]) -> Command {
     let mut c = Command::new("unshare");
     c.args([
         "--mount",
@@ -93,15 +108,18 @@ fn hidden_command(path: &std::ffi::OsStr, program: &Path, args: &[&str]) -> Comm
     ])
     .arg(HIDDEN_FILES.join(" "))
     .arg(HIDDEN_DIRS.join(" "))
+    .arg(common::root())
     .arg(program)
     .args(args)
-    .env("PATH", path)
+    .env("PATH", host.path)
+    .env_remove("BLKLAB_LAB_DIR")
+    .current_dir(host.cwd)
     .stdin(Stdio::null());
     c
 }
 
-fn hidden(path: &std::ffi::OsStr, program: &Path, args: &[&str]) -> Output {
-    hidden_command(path, program, args)
+fn hidden(host: &Host<'_>, program: &Path, args: &[&str]) -> Output {
+    hidden_command(host, program, args)
         .output()
         .expect("run unshare (util-linux)")
 }
@@ -148,13 +166,14 @@ fn qemus_of(bundle: &Path) -> Vec<String> {
 /// SIGKILL to a blklab run whose guest boots under the bundle's QEMU:
 /// the QEMU goes too (PR_SET_PDEATHSIG, set before the wrapper's exec and
 /// kept across it and the loader's).
-fn a_killed_run_takes_the_bundles_qemu_along(path: &std::ffi::OsStr, cache: &Path, dir: &Path) {
+fn a_killed_run_takes_the_bundles_qemu_along(host: &Host<'_>, blklab: &Path, cache: &Path) {
     let bundle = bundle_in(cache);
     assert_eq!(qemus_of(&bundle), Vec::<String>::new());
+    let dir = host.cwd;
     let out_dir = dir.join("killed");
     let mut cmd = hidden_command(
-        path,
-        &common::blklab_bin(),
+        host,
+        blklab,
         &[
             "run",
             "--cache",
@@ -204,19 +223,48 @@ fn a_killed_run_takes_the_bundles_qemu_along(path: &std::ffi::OsStr, cache: &Pat
     eprintln!("killed blklab; its QEMU died with it: {qemu}");
 }
 
-/// The `qemu-bundle-KEY` directory of `cache`.
-fn bundle_in(cache: &Path) -> std::path::PathBuf {
+/// The `PREFIX…` directory of `cache` (`qemu-bundle-KEY`, `lab-KEY`).
+fn entry_in(cache: &Path, prefix: &str) -> std::path::PathBuf {
     std::fs::read_dir(cache)
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .find(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .starts_with("qemu-bundle-")
-        })
-        .expect("the import installed a qemu-bundle-KEY directory")
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(prefix))
+        .unwrap_or_else(|| panic!("the import installed no {prefix}KEY directory"))
+}
+
+/// The `qemu-bundle-KEY` directory of `cache`.
+fn bundle_in(cache: &Path) -> std::path::PathBuf {
+    entry_in(cache, "qemu-bundle-")
+}
+
+fn sha256_of(path: &Path) -> String {
+    use sha2::Digest;
+    let bytes = std::fs::read(path).unwrap();
+    sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The blklab binary taken out of `archive` with plain tar, as the user
+/// guide says, into `dir`; returns its path.
+fn take_blklab_out(archive: &Path, dir: &Path) -> std::path::PathBuf {
+    let o = Command::new("tar")
+        .arg("-xf")
+        .arg(archive)
+        .args(["--wildcards", "--strip-components=2", "lab-*/bin/blklab"])
+        .current_dir(dir)
+        .output()
+        .expect("run tar");
+    assert!(
+        o.status.success(),
+        "tar: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let bin = dir.join("blklab");
+    assert_eq!(sha256_of(&bin), sha256_of(&common::blklab_bin()));
+    bin
 }
 
 /// Export with `--bundle` from the shared cache, check the archive holds
@@ -242,6 +290,38 @@ fn export_bundle(dir: &Path) -> std::path::PathBuf {
         serde_json::from_slice(&blklab(&["images", "key", "--json", "--bundle", SPEC]).stdout)
             .unwrap();
     let index = blklab::lab::images::archive::read_index(&archive).unwrap();
+    // The lab tree: this blklab, prepare.sh and the guest scripts with
+    // their scenarios; not what no run reads.
+    let lab = index.lab.as_ref().expect("the index names the lab tree");
+    let entry = index
+        .entries
+        .iter()
+        .find(|e| e.key == lab.key)
+        .expect("the lab tree's entry");
+    let file = |f: &str| {
+        entry
+            .files
+            .iter()
+            .find(|r| r.path == format!("{}/{f}", lab.dir))
+    };
+    for f in [
+        "bin/blklab",
+        "images/prepare.sh",
+        "images/build-initramfs.sh",
+        "guest-scripts/lab.sh",
+        "guest-scripts/scenarios/smoke.scn",
+        "manifest.json",
+    ] {
+        assert!(file(f).is_some(), "{f} is not in the lab tree");
+    }
+    for f in ["images/demo.sh", "images/README.md", "images/build-tree.sh"] {
+        assert!(file(f).is_none(), "{f} is in the lab tree");
+    }
+    assert_eq!(
+        file("bin/blklab").unwrap().sha256,
+        sha256_of(&common::blklab_bin()),
+        "the binary is the blklab that exported"
+    );
     let bundle = index.bundle.as_ref().expect("the index names the bundle");
     assert_eq!(bundle.key, keys["bundle"]["key"].as_str().unwrap());
     let entry = index
@@ -283,23 +363,44 @@ fn an_imported_bundle_runs_the_lab_without_the_hosts_qemu_busybox_cpio_or_a_comp
         .unwrap()
         .to_string();
 
+    // The host: the archive, and nothing of the checkout.
+    assert!(
+        !dir.path().starts_with(common::root()),
+        "the temporary directory must lie outside the checkout (TMPDIR)"
+    );
+    let cwd = dir.path().join("host");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let host_blklab = take_blklab_out(&archive, &cwd);
     let fresh = dir.path().join("cache");
     let offline = NoBuildTools::new(dir.path());
     offline.assert_armed();
-    blklab(&[
-        "images",
-        "import",
-        "--cache",
-        fresh.to_str().unwrap(),
-        archive.to_str().unwrap(),
-    ]);
+    let host = Host {
+        path: &offline.path,
+        cwd: &cwd,
+    };
+    let o = hidden(
+        &host,
+        &host_blklab,
+        &[
+            "images",
+            "import",
+            "--cache",
+            fresh.to_str().unwrap(),
+            archive.to_str().unwrap(),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    eprint!("{}", String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "images import failed:\n{stdout}");
     let bundle = bundle_in(&fresh);
+    let lab_tree = entry_in(&fresh, "lab-");
+    assert!(stdout.contains("  lab (blklab "), "{stdout}");
     let wrapper = bundle.join("bin/qemu-system-x86_64");
 
     // The bundle's QEMU, with the host's hidden: its own loader maps its
     // own libraries only, and it is the host's QEMU's version.
     let o = hidden(
-        &offline.path,
+        &host,
         Path::new("env"),
         &["LD_DEBUG=libs", wrapper.to_str().unwrap(), "--version"],
     );
@@ -322,8 +423,8 @@ fn an_imported_bundle_runs_the_lab_without_the_hosts_qemu_busybox_cpio_or_a_comp
     let out_dir = dir.path().join("run");
     let t0 = Instant::now();
     let o = hidden(
-        &offline.path,
-        &common::blklab_bin(),
+        &host,
+        &host_blklab,
         &[
             "run",
             "--cache",
@@ -365,6 +466,20 @@ fn an_imported_bundle_runs_the_lab_without_the_hosts_qemu_busybox_cpio_or_a_comp
         "{}",
         said[0]
     );
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("lab tree: the imported one"))
+        .collect();
+    assert_eq!(
+        said.len(),
+        1,
+        "one line says the imported lab tree is the lab directory:\n{stderr}"
+    );
+    assert!(
+        said[0].contains(&format!("one, {} (", lab_tree.display())),
+        "{}",
+        said[0]
+    );
     assert!(
         stderr.contains(&format!(
             "instruction-count plugin: the bundle's, {}",
@@ -397,6 +512,6 @@ fn an_imported_bundle_runs_the_lab_without_the_hosts_qemu_busybox_cpio_or_a_comp
         Vec::<String>::new(),
         "a bundle's QEMU outlived the run"
     );
-    a_killed_run_takes_the_bundles_qemu_along(&offline.path, &fresh, dir.path());
+    a_killed_run_takes_the_bundles_qemu_along(&host, &host_blklab, &fresh);
     assert_eq!(offline.calls(), "", "apt or a compiler was called");
 }

@@ -11,15 +11,19 @@
 //! - [`nested_host`]: the host image of the nested mode
 //!   (`images/build-nested-host.sh`);
 //! - [`bundle`]: the QEMU bundle (`images/build-qemu-bundle.sh`), for a
-//!   host without Debian's packages, and the QEMU a run uses.
+//!   host without Debian's packages, and the QEMU a run uses;
+//! - [`lab_tree`]: the lab tree and blklab binary an archive carries with
+//!   the bundle, and the lab directory a run takes when it has no other.
 
 pub mod archive;
 pub mod bundle;
 pub(crate) mod cache;
 pub mod command;
 pub(crate) mod index;
+pub mod lab_tree;
 pub(crate) mod nested_host;
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -44,6 +48,8 @@ pub enum ImageError {
     MissingMap(PathBuf),
     #[error("cannot find {0}: pass --lab-dir (the blklab source tree with images/ and guest-scripts/) or set BLKLAB_LAB_DIR")]
     NoLabDir(PathBuf),
+    #[error("cannot find {prepare} (the tree this blklab was built from) and {cache} holds no imported lab tree: pass --lab-dir (the blklab source tree with images/ and guest-scripts/), set BLKLAB_LAB_DIR, or import an image archive made with `blklab images export --bundle`")]
+    NoLabTree { prepare: PathBuf, cache: PathBuf },
     #[error("cannot run {script}: {source}")]
     Spawn {
         script: PathBuf,
@@ -305,18 +311,103 @@ impl PreparedGuest {
 /// The blklab source tree (images/, guest-scripts/): `--lab-dir`, else
 /// `BLKLAB_LAB_DIR`, else the tree this binary was built from.
 pub(crate) fn lab_dir(explicit: Option<&Path>) -> Result<PathBuf, ImageError> {
-    let dir = match explicit {
-        Some(d) => d.to_path_buf(),
-        None => match std::env::var_os("BLKLAB_LAB_DIR") {
-            Some(d) => PathBuf::from(d),
-            None => PathBuf::from(env!("CARGO_MANIFEST_DIR")),
-        },
-    };
-    let prepare = dir.join("images/prepare.sh");
+    checked_lab_dir(given_lab_dir(
+        explicit,
+        std::env::var_os("BLKLAB_LAB_DIR"),
+        Path::new(BUILT_TREE),
+    ))
+}
+
+/// The tree this binary was built from.
+const BUILT_TREE: &str = env!("CARGO_MANIFEST_DIR");
+
+/// `--lab-dir`, else `BLKLAB_LAB_DIR`, else `built`.
+fn given_lab_dir(explicit: Option<&Path>, env: Option<OsString>, built: &Path) -> PathBuf {
+    match (explicit, env) {
+        (Some(d), _) => d.to_path_buf(),
+        (None, Some(d)) => PathBuf::from(d),
+        (None, None) => built.to_path_buf(),
+    }
+}
+
+fn checked_lab_dir(dir: PathBuf) -> Result<PathBuf, ImageError> {
+    let prepare = dir.join(lab_tree::PREPARE);
     if !prepare.is_file() {
         return Err(ImageError::NoLabDir(prepare));
     }
     Ok(dir)
+}
+
+/// The lab directory a run (or `blklab images`) uses, and the line that
+/// says so when it is an imported lab tree.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FoundLabDir {
+    pub(crate) dir: PathBuf,
+    pub(crate) note: Option<String>,
+}
+
+/// The lab directory as [`lab_dir`] finds it; but when neither
+/// `--lab-dir` nor `BLKLAB_LAB_DIR` is given and the tree this binary was
+/// built from is not here (a binary copied to another machine, as an
+/// archive made with `--bundle` carries it), the newest lab tree imported
+/// into `cache`, as the newest bundle's QEMU is taken.
+pub(crate) fn find_lab_dir(
+    explicit: Option<&Path>,
+    cache: &Path,
+) -> Result<FoundLabDir, ImageError> {
+    choose_lab_dir(
+        explicit,
+        std::env::var_os("BLKLAB_LAB_DIR"),
+        Path::new(BUILT_TREE),
+        cache,
+    )
+}
+
+fn choose_lab_dir(
+    explicit: Option<&Path>,
+    env: Option<OsString>,
+    built: &Path,
+    cache: &Path,
+) -> Result<FoundLabDir, ImageError> {
+    if explicit.is_some() || env.is_some() || built.join(lab_tree::PREPARE).is_file() {
+        let dir = checked_lab_dir(given_lab_dir(explicit, env, built))?;
+        return Ok(FoundLabDir { dir, note: None });
+    }
+    let trees = lab_tree::installed(cache);
+    let Some(tree) = trees.first() else {
+        return Err(ImageError::NoLabTree {
+            prepare: built.join(lab_tree::PREPARE),
+            cache: cache.to_path_buf(),
+        });
+    };
+    let of = if trees.len() > 1 {
+        format!("; the newest of {} in the cache", trees.len())
+    } else {
+        String::new()
+    };
+    let note = format!(
+        "lab tree: the imported one, {} (blklab {}'s images/ and guest-scripts/, exported {}; no --lab-dir, no BLKLAB_LAB_DIR, and the tree this blklab was built from, {}, is not here{of})",
+        tree.dir.display(),
+        tree.blklab_version,
+        tree.built_at,
+        built.display()
+    );
+    Ok(FoundLabDir {
+        dir: tree.dir.clone(),
+        note: Some(note),
+    })
+}
+
+/// [`find_lab_dir`], its line (an imported lab tree's) logged.
+pub(crate) fn lab_dir_or_imported(
+    explicit: Option<&Path>,
+    cache: &Path,
+) -> Result<PathBuf, ImageError> {
+    let found = find_lab_dir(explicit, cache)?;
+    if let Some(note) = &found.note {
+        log::info!("{note}");
+    }
+    Ok(found.dir)
 }
 
 /// Run `images/prepare.sh` for `specs` (its progress goes to our stderr)
@@ -602,6 +693,64 @@ mod tests {
             let e = bad.parse::<KernelSpec>().unwrap_err().to_string();
             assert!(e.contains("invalid --kernel"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn the_lab_dir_is_the_flag_the_environment_the_built_tree_then_an_imported_tree() {
+        let t = tempfile::tempdir().unwrap();
+        let lab = |name: &str, manifest: Option<&str>| {
+            let d = t.path().join(name);
+            std::fs::create_dir_all(d.join("images")).unwrap();
+            std::fs::write(d.join(lab_tree::PREPARE), "").unwrap();
+            if let Some(m) = manifest {
+                std::fs::write(d.join("manifest.json"), m).unwrap();
+            }
+            d
+        };
+        let (flag, env, built) = (lab("flag", None), lab("env", None), lab("built", None));
+        let cache = t.path().join("cache");
+        let gone = t.path().join("gone");
+        let choose = |f: Option<&Path>, e: Option<&Path>, b: &Path| {
+            choose_lab_dir(f, e.map(|e| e.as_os_str().to_owned()), b, &cache)
+        };
+        let found = |dir: &Path| FoundLabDir {
+            dir: dir.to_path_buf(),
+            note: None,
+        };
+        assert_eq!(
+            choose(Some(&flag), Some(&env), &built).unwrap(),
+            found(&flag)
+        );
+        assert_eq!(choose(None, Some(&env), &built).unwrap(), found(&env));
+        assert_eq!(choose(None, None, &built).unwrap(), found(&built));
+        // No built tree and nothing imported: every remedy named.
+        let e = choose(None, None, &gone).unwrap_err();
+        assert!(matches!(e, ImageError::NoLabTree { .. }), "{e}");
+        assert!(e.to_string().contains("images export --bundle"), "{e}");
+        let manifest = |when: &str| {
+            format!(r#"{{"kind": "lab", "blklab_version": "0.1.0", "built_at": "{when}"}}"#)
+        };
+        let old = lab(
+            "cache/lab-0000000000000001",
+            Some(&manifest("2026-01-01T00:00:00Z")),
+        );
+        let c = choose(None, None, &gone).unwrap();
+        assert_eq!(c.dir, old);
+        let note = c.note.unwrap();
+        assert!(note.starts_with("lab tree: the imported one"), "{note}");
+        assert!(note.contains("exported 2026-01-01T00:00:00Z"), "{note}");
+        let new = lab(
+            "cache/lab-0000000000000002",
+            Some(&manifest("2026-02-01T00:00:00Z")),
+        );
+        let c = choose(None, None, &gone).unwrap();
+        assert_eq!(c.dir, new);
+        assert!(c.note.unwrap().contains("the newest of 2"));
+        // A flag or the environment is never replaced by an imported tree.
+        let e = choose(Some(&gone), None, &gone).unwrap_err();
+        assert!(matches!(e, ImageError::NoLabDir(_)), "{e}");
+        let e = choose(None, Some(&gone), &gone).unwrap_err();
+        assert!(matches!(e, ImageError::NoLabDir(_)), "{e}");
     }
 
     #[test]

@@ -18,7 +18,9 @@ pub(crate) struct CacheOption {
 #[derive(Debug, Clone, Default, clap::Args, serde::Serialize, serde::Deserialize)]
 pub(crate) struct LabDirOption {
     /// The blklab source tree holding images/ and guest-scripts/ (default:
-    /// $BLKLAB_LAB_DIR, else the tree this binary was built from).
+    /// $BLKLAB_LAB_DIR, else the tree this binary was built from, else,
+    /// when that is not here, the newest lab tree imported into the image
+    /// cache from an archive made with `images export --bundle`).
     #[arg(long, value_name = "DIR")]
     pub(crate) lab_dir: Option<PathBuf>,
 }

@@ -20,6 +20,7 @@ use thiserror::Error;
 
 use super::cache::{self, CacheError, Entry, Kind, QemuArtifacts, INITRAMFS_SUFFIXES};
 use super::index::{EntryRecord, FileRecord, Index, IndexError, INDEX_NAME};
+use super::lab_tree::Staged;
 use super::SpecKey;
 
 /// The largest index an import reads (a guard against a bogus archive).
@@ -104,9 +105,10 @@ impl<R> Hashing<R> {
     }
 }
 
-fn record(cache: &Path, rel: &str) -> Result<FileRecord, ArchiveError> {
+/// The record of the file `rel` of an entry whose files lie below `root`.
+fn record(root: &Path, rel: &str) -> Result<FileRecord, ArchiveError> {
     use std::os::unix::fs::PermissionsExt;
-    let path = cache.join(rel);
+    let path = root.join(rel);
     let f = std::fs::File::open(&path).map_err(io(&path))?;
     let executable = f.metadata().map_err(io(&path))?.permissions().mode() & 0o111 != 0;
     let mut h = Hashing::new(f);
@@ -128,31 +130,47 @@ pub(crate) struct Exported {
 }
 
 /// Write the images of `specs` and the QEMU artifacts of `extra` (the
-/// plugin, the nested host image, the QEMU bundle) from `cache` to the
-/// archive `out` (written as `out.tmp`, then renamed). Every entry must be
-/// in the cache under its key.
+/// plugin, the nested host image, the QEMU bundle) from `cache`, and the
+/// staged `lab` tree from its own directory, to the archive `out` (written
+/// as `out.tmp`, then renamed). Every entry of the cache must be there
+/// under its key.
 pub(crate) fn export(
     cache: &Path,
     specs: &[SpecKey],
     extra: QemuArtifacts<'_>,
+    lab: Option<&Staged>,
     out: &Path,
 ) -> Result<Exported, ArchiveError> {
-    let entries: Vec<Entry> = cache::entries(cache, specs, extra)?;
+    // Each entry with the directory its files' paths are relative to.
+    let mut entries: Vec<(Entry, &Path)> = cache::entries(cache, specs, extra)?
+        .into_iter()
+        .map(|e| (e, cache))
+        .collect();
+    if let Some(l) = lab {
+        let entry = Entry {
+            kind: Kind::Lab,
+            path: l.key.dir.clone(),
+            key: l.key.key.clone(),
+            files: l.files().to_vec(),
+        };
+        entries.push((entry, l.root()));
+    }
     let mut records = Vec::new();
-    for e in &entries {
+    for (e, root) in &entries {
         let mut r = EntryRecord::from(e);
         for f in &e.files {
-            r.files.push(record(cache, f)?);
+            r.files.push(record(root, f)?);
         }
         records.push(r);
     }
-    let index = Index::new(specs.to_vec(), extra, records);
+    let index = Index::new(specs.to_vec(), extra, lab.map(|l| l.key.clone()), records);
     index.check().map_err(|source| ArchiveError::Index {
         archive: out.to_path_buf(),
         source,
     })?;
     let tmp = PathBuf::from(format!("{}.tmp", out.display()));
-    let result = write_archive(cache, &index, &tmp);
+    let roots: Vec<&Path> = entries.iter().map(|(_, root)| *root).collect();
+    let result = write_archive(&roots, &index, &tmp);
     if let Err(e) = result {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);
@@ -173,16 +191,18 @@ fn header(size: u64, mode: u32) -> tar::Header {
     h
 }
 
-fn write_archive(cache: &Path, index: &Index, tmp: &Path) -> Result<(), ArchiveError> {
+/// Write `index` and every file it names, each read from below its
+/// entry's root (`roots`, one per entry of the index, in order).
+fn write_archive(roots: &[&Path], index: &Index, tmp: &Path) -> Result<(), ArchiveError> {
     let file = std::fs::File::create(tmp).map_err(io(tmp))?;
     let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
     let json = serde_json::to_vec_pretty(index).expect("the index serializes");
     let mut h = header(json.len() as u64, 0o644);
     tar.append_data(&mut h, INDEX_NAME, json.as_slice())
         .map_err(io(tmp))?;
-    for e in &index.entries {
+    for (e, root) in index.entries.iter().zip(roots) {
         for f in &e.files {
-            let path = cache.join(&f.path);
+            let path = root.join(&f.path);
             let file = std::fs::File::open(&path).map_err(io(&path))?;
             let mut h = header(f.size, if f.executable { 0o755 } else { 0o644 });
             // The file is read once more as it goes in: what the archive
@@ -469,6 +489,7 @@ mod tests {
             &a,
             std::slice::from_ref(&spec),
             QemuArtifacts::default(),
+            None,
             &ar,
         )
         .unwrap();
@@ -494,6 +515,7 @@ mod tests {
             &a,
             &[other],
             QemuArtifacts::default(),
+            None,
             &t.path().join("x.tar"),
         )
         .unwrap_err()
@@ -523,7 +545,7 @@ mod tests {
             nested_host: Some(h),
             ..Default::default()
         };
-        let ex = export(&a, std::slice::from_ref(&spec), only_host(&host), &ar).unwrap();
+        let ex = export(&a, std::slice::from_ref(&spec), only_host(&host), None, &ar).unwrap();
         assert_eq!(ex.index.entries.len(), 5);
         assert_eq!(ex.index.entries[4].kind, Kind::NestedHost);
         assert_eq!(read_index(&ar).unwrap().nested_host, Some(host.clone()));
@@ -532,11 +554,11 @@ mod tests {
         assert_eq!(tree(&a), tree(&b));
         // Only the host image: no spec needed.
         let only = t.path().join("host.tar");
-        let ex = export(&a, &[], only_host(&host), &only).unwrap();
+        let ex = export(&a, &[], only_host(&host), None, &only).unwrap();
         assert_eq!(ex.index.entries.len(), 1);
         let mut stale = host.clone();
         stale.key = "other".into();
-        let e = export(&a, &[], only_host(&stale), &only).unwrap_err();
+        let e = export(&a, &[], only_host(&stale), None, &only).unwrap_err();
         assert!(e.to_string().contains("nested host image"), "{e}");
     }
 
@@ -570,7 +592,7 @@ mod tests {
             ..Default::default()
         };
         let ar = t.path().join("images.tar");
-        let ex = export(&a, std::slice::from_ref(&spec), extra, &ar).unwrap();
+        let ex = export(&a, std::slice::from_ref(&spec), extra, None, &ar).unwrap();
         assert_eq!(ex.index.entries[4].kind, Kind::QemuBundle);
         assert_eq!(ex.index.entries[4].files.len(), 7);
         assert_eq!(read_index(&ar).unwrap().bundle, Some(bundle.clone()));
@@ -593,8 +615,58 @@ mod tests {
             bundle: Some(&stale),
             ..Default::default()
         };
-        let e = export(&a, &[], extra, &t.path().join("x.tar")).unwrap_err();
+        let e = export(&a, &[], extra, None, &t.path().join("x.tar")).unwrap_err();
         assert!(e.to_string().contains("images build --bundle"), "{e}");
+    }
+
+    #[test]
+    fn a_staged_lab_tree_goes_out_beside_the_cache_and_comes_back_as_an_entry() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let a = t.path().join("a");
+        let spec = cache_with_one_spec(&a);
+        let exe = t.path().join("blklab");
+        std::fs::write(&exe, "binary").unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let checkout = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let lab = super::super::lab_tree::stage(checkout, &exe, t.path()).unwrap();
+        let ar = t.path().join("images.tar");
+        let ex = export(
+            &a,
+            std::slice::from_ref(&spec),
+            QemuArtifacts::default(),
+            Some(&lab),
+            &ar,
+        )
+        .unwrap();
+        assert_eq!(ex.index.version, 2);
+        assert_eq!(ex.index.entries[4].kind, Kind::Lab);
+        assert_eq!(read_index(&ar).unwrap().lab, Some(lab.key.clone()));
+        assert!(
+            !a.join(&lab.key.dir).exists(),
+            "the exporting cache is left alone"
+        );
+        let b = t.path().join("b");
+        import(&ar, &b).unwrap();
+        let installed = b.join(&lab.key.dir);
+        assert_eq!(
+            std::fs::read(installed.join("bin/blklab")).unwrap(),
+            b"binary"
+        );
+        let mode = std::fs::metadata(installed.join("bin/blklab"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        assert_eq!(
+            std::fs::read(installed.join("images/prepare.sh")).unwrap(),
+            std::fs::read(checkout.join("images/prepare.sh")).unwrap()
+        );
+        let trees = super::super::lab_tree::installed(&b);
+        assert_eq!(trees.len(), 1);
+        assert_eq!(trees[0].dir, installed);
+        let listed = cache::list(&b).unwrap();
+        assert!(listed.iter().any(|l| l.kind == Kind::Lab), "{listed:?}");
     }
 
     /// A change to one member: its name, header and data; false drops it.
@@ -626,7 +698,7 @@ mod tests {
         let a = t.path().join("a");
         let spec = cache_with_one_spec(&a);
         let good = t.path().join("good.tar");
-        export(&a, &[spec], QemuArtifacts::default(), &good).unwrap();
+        export(&a, &[spec], QemuArtifacts::default(), None, &good).unwrap();
         let cases: Vec<(&str, Box<Tamper>)> = vec![
             (
                 "sha256",

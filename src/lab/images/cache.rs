@@ -109,10 +109,13 @@ pub enum Kind {
     QemuPlugin,
     NestedHost,
     QemuBundle,
+    /// The lab tree and blklab binary an archive made with `--bundle`
+    /// carries (`lab_tree`).
+    Lab,
 }
 
 /// One cache entry, installed as a whole: a directory (kernels, tools, the
-/// plugin, the nested host image, the QEMU bundle) or an initramfs with
+/// plugin, the nested host image, the QEMU bundle, a lab tree) or an initramfs with
 /// its `.manifest.json` and `.inputs-hash`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
@@ -373,6 +376,7 @@ fn listed(cache: &Path, kind: Kind, path: &str, manifest: Value, files: &[String
         Kind::QemuPlugin | Kind::NestedHost | Kind::QemuBundle => {
             (s(m, "qemu_package"), s(m, "qemu_package_version"))
         }
+        Kind::Lab => (Some("blklab".into()), s(m, "blklab_version")),
         Kind::Initramfs => (None, s(m, "kernel_version")),
     };
     let patch = m
@@ -443,6 +447,8 @@ pub(crate) fn list(cache: &Path) -> Result<Vec<Listed>, CacheError> {
             Kind::NestedHost
         } else if name.starts_with(super::bundle::DIR_PREFIX) {
             Kind::QemuBundle
+        } else if name.starts_with(super::lab_tree::DIR_PREFIX) {
+            Kind::Lab
         } else {
             continue;
         };

@@ -10,6 +10,7 @@ use thiserror::Error;
 use super::archive::{self, ArchiveError};
 use super::bundle::{self, BundleKey};
 use super::cache::{self, CacheError, QemuArtifacts};
+use super::lab_tree::{self, LabTreeError};
 use super::nested_host::NestedHostKey;
 use super::{ImageError, PluginKey};
 use crate::lab::location::{CacheOption, LabDirOption, LabLocation};
@@ -22,6 +23,8 @@ pub enum CommandError {
     Archive(#[from] ArchiveError),
     #[error(transparent)]
     Cache(#[from] CacheError),
+    #[error(transparent)]
+    LabTree(#[from] LabTreeError),
 }
 
 /// `blklab images`.
@@ -41,7 +44,8 @@ pub(crate) enum ImagesCommand {
     Build(BuildArgs),
     /// Write the images of SPECs (kernels with System.map and modules,
     /// initramfs, fio, mpstat, the plugin, manifests; with --bundle, QEMU
-    /// itself for a host without Debian's packages) to a self-describing
+    /// itself, the lab tree and this blklab binary for a host without
+    /// Debian's packages or a checkout) to a self-describing
     /// archive: a tar whose first member, index.json, names each spec, its
     /// key and every file with size and sha256.
     Export(ExportArgs),
@@ -89,7 +93,9 @@ pub(crate) struct BundleArgs {
     /// QEMU (--qemu) with every library ldd lists and its ELF loader, the
     /// firmware a lab guest reads and the instruction-count plugin (about
     /// 60 MB). `blklab run` there uses it when the host has no QEMU on
-    /// PATH, or with --qemu bundle. With it, SPECs may be left out.
+    /// PATH, or with --qemu bundle. An export with it also carries the lab
+    /// tree (the images/ and guest-scripts/ files a run reads) and this
+    /// blklab binary, as `lab-KEY/`. With it, SPECs may be left out.
     #[arg(long)]
     pub(crate) bundle: bool,
 }
@@ -191,14 +197,15 @@ fn bundle_key(lab: &Path, b: &BundleArgs, p: &PluginArgs) -> Result<Option<Bundl
     }
 }
 
-/// The specs of an imported index whose key this source tree computes
-/// differently (another checkout's recipes or guest scripts: a run from
-/// here would build them again), one note each. Best effort: nothing when
-/// the keys cannot be computed here.
-fn stale_keys(index: &super::index::Index) -> Vec<String> {
-    let Ok(lab) = super::lab_dir(None) else {
+/// The specs of an imported index whose key the lab directory a run from
+/// here takes computes differently (another checkout's recipes or guest
+/// scripts: a run from here would build them again), one note each. Best
+/// effort: nothing when the keys cannot be computed here.
+fn stale_keys(index: &super::index::Index, cache: &Path) -> Vec<String> {
+    let Ok(found) = super::find_lab_dir(None, cache) else {
         return Vec::new();
     };
+    let lab = found.dir;
     let specs: Vec<String> = index.specs.iter().map(|s| s.spec.clone()).collect();
     let Ok(parsed) = super::parse_specs(&specs) else {
         return Vec::new();
@@ -238,8 +245,8 @@ pub fn run(args: &ImagesArgs) -> Result<String, CommandError> {
 /// and, with `--nested-host`, the nested host's images.
 fn build(a: &BuildArgs) -> Result<String, CommandError> {
     let mut out = String::new();
-    let lab = super::lab_dir(a.place.lab_dir.get())?;
     let cache = cache::dir(a.place.cache.get());
+    let lab = super::lab_dir_or_imported(a.place.lab_dir.get(), &cache)?;
     let specs = super::parse_specs(&a.specs)?;
     let qemu = (!a.plugin.no_plugin).then_some(a.plugin.qemu.as_str());
     let (guests, plugin) = super::build(&lab, &cache, &specs, qemu)?;
@@ -283,11 +290,12 @@ fn build(a: &BuildArgs) -> Result<String, CommandError> {
     Ok(out)
 }
 
-/// `blklab images export`: what was written, and its keys.
+/// `blklab images export`: what was written, and its keys (with
+/// `--bundle`, the lab tree's, and how to take the binary out).
 fn export(a: &ExportArgs) -> Result<String, CommandError> {
     let mut out = String::new();
-    let lab = super::lab_dir(a.place.lab_dir.get())?;
     let cache = cache::dir(a.place.cache.get());
+    let lab = super::lab_dir_or_imported(a.place.lab_dir.get(), &cache)?;
     let specs = super::parse_specs(&a.specs)?;
     let keys = super::keys(&lab, &specs)?;
     let plugin = plugin_key(&lab, &a.plugin)?;
@@ -298,7 +306,19 @@ fn export(a: &ExportArgs) -> Result<String, CommandError> {
         nested_host: host.as_ref(),
         bundle: bundle.as_ref(),
     };
-    let ex = archive::export(&cache, &keys, extra, &a.out)?;
+    let staged = if a.bundle.bundle {
+        let exe = std::env::current_exe().map_err(LabTreeError::Exe)?;
+        // Staged beside the archive: a copy of the binary, which /tmp may
+        // hold in memory.
+        let near = match a.out.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        Some(lab_tree::stage(&lab, &exe, near)?)
+    } else {
+        None
+    };
+    let ex = archive::export(&cache, &keys, extra, staged.as_ref(), &a.out)?;
     let files: usize = ex.index.entries.iter().map(|e| e.files.len()).sum();
     out.push_str(&format!(
         "wrote {} ({} entries, {files} files, {} bytes)\n",
@@ -314,6 +334,16 @@ fn export(a: &ExportArgs) -> Result<String, CommandError> {
     }
     if let Some(b) = &ex.index.bundle {
         out.push_str(&format!("{}  qemu-bundle ({})\n", b.key, b.qemu));
+    }
+    if let Some(l) = &ex.index.lab {
+        out.push_str(&format!(
+            "{}  lab (blklab {}; the binary: tar -xf {} {}/{})\n",
+            l.key,
+            l.blklab_version,
+            a.out.display(),
+            l.dir,
+            lab_tree::BINARY
+        ));
     }
     Ok(out)
 }
@@ -343,7 +373,10 @@ fn import(a: &ImportArgs) -> Result<String, CommandError> {
     if let Some(b) = &im.index.bundle {
         out.push_str(&format!("{}  qemu-bundle ({})\n", b.key, b.qemu));
     }
-    for note in stale_keys(&im.index) {
+    if let Some(l) = &im.index.lab {
+        out.push_str(&format!("{}  lab (blklab {})\n", l.key, l.blklab_version));
+    }
+    for note in stale_keys(&im.index, &cache) {
         log::warn!("{note}");
     }
     Ok(out)
@@ -366,7 +399,7 @@ fn list(a: &ListArgs) -> Result<String, CommandError> {
 /// `blklab images key`: the keys, as lines or JSON.
 fn key(a: &KeyArgs) -> Result<String, CommandError> {
     let mut out = String::new();
-    let lab = super::lab_dir(a.lab_dir.get())?;
+    let lab = super::lab_dir_or_imported(a.lab_dir.get(), &cache::dir(None))?;
     let specs = super::parse_specs(&a.specs)?;
     let keys = super::keys(&lab, &specs)?;
     let plugin = plugin_key(&lab, &a.plugin)?;

@@ -1,7 +1,8 @@
 //! The index of an image archive (`index.json`, the archive's first
 //! member): its format and version, the specs it holds with their keys,
 //! and every entry's files with size and sha256. [`Index::check`] refuses
-//! what an import must not trust: another format or version, a path that
+//! what an import must not trust: another format or a version this blklab
+//! does not read, a path that
 //! is absolute, has `.`/`..` or escapes its entry, an entry outside the
 //! cache's layout, a file or entry named twice.
 
@@ -12,13 +13,20 @@ use thiserror::Error;
 
 use super::bundle::{BundleKey, DIR_PREFIX as BUNDLE_PREFIX};
 use super::cache::{Entry, Kind, QemuArtifacts, INITRAMFS_SUFFIXES};
+use super::lab_tree::{LabKey, DIR_PREFIX as LAB_PREFIX};
 use super::nested_host::NestedHostKey;
 use super::{PluginKey, SpecKey};
 
 /// The archive's format name.
 pub(crate) const FORMAT: &str = "blklab-images";
-/// The version of the format this blklab reads and writes.
-pub(crate) const VERSION: u32 = 1;
+/// The newest version of the format, which this blklab reads and writes:
+/// version 1 and a lab tree (the `lab` field and a `lab` entry). An
+/// archive without a lab tree is written as version 1, which older
+/// blklabs read; one with a lab tree as version 2, which they refuse by
+/// its version (the blklab that wrote it is in the archive).
+pub(crate) const VERSION: u32 = 2;
+/// The oldest version this blklab reads.
+pub(crate) const OLDEST_VERSION: u32 = 1;
 /// The archive member holding the index, first in the archive.
 pub(crate) const INDEX_NAME: &str = "index.json";
 
@@ -26,7 +34,7 @@ pub(crate) const INDEX_NAME: &str = "index.json";
 pub enum IndexError {
     #[error("not a blklab image archive (format {0:?}, expected {FORMAT:?})")]
     Format(String),
-    #[error("image archive format version {0} is not supported (this blklab reads version {VERSION}); use the blklab that wrote it, or export again")]
+    #[error("image archive format version {0} is not supported (this blklab reads versions {OLDEST_VERSION} to {VERSION}); use the blklab that wrote it, or export again")]
     Version(u32),
     #[error("unsafe path {0:?} in the archive's index (absolute, empty, or with . or ..)")]
     UnsafePath(String),
@@ -48,7 +56,7 @@ pub struct FileRecord {
     /// Relative to the cache (and the archive member's name).
     pub path: String,
     pub(crate) size: u64,
-    pub(crate) sha256: String,
+    pub sha256: String,
     /// Installed with mode 0755 (else 0644).
     pub(crate) executable: bool,
 }
@@ -82,6 +90,10 @@ pub struct Index {
     /// The QEMU bundle, when exported (absent as the nested host's is).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bundle: Option<BundleKey>,
+    /// The lab tree and blklab binary, exported with the bundle (absent
+    /// otherwise; with it the index is version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lab: Option<LabKey>,
     pub entries: Vec<EntryRecord>,
 }
 
@@ -106,6 +118,7 @@ fn entry_path_ok(kind: Kind, p: &str) -> bool {
         Kind::QemuPlugin => one("qemu-plugin-") && !p.starts_with("qemu-plugin-header-"),
         Kind::NestedHost => one("nested-host-"),
         Kind::QemuBundle => one(BUNDLE_PREFIX),
+        Kind::Lab => one(LAB_PREFIX),
     }
 }
 
@@ -123,15 +136,21 @@ fn inside(e: &EntryRecord, file: &str) -> bool {
 }
 
 impl Index {
-    /// A new index of `entries` (their files' records made by the caller).
+    /// A new index of `entries` (their files' records made by the caller):
+    /// version 2 with a lab tree, else 1.
     pub(crate) fn new(
         specs: Vec<SpecKey>,
         extra: QemuArtifacts<'_>,
+        lab: Option<LabKey>,
         entries: Vec<EntryRecord>,
     ) -> Index {
         Index {
             format: FORMAT.to_string(),
-            version: VERSION,
+            version: if lab.is_some() {
+                VERSION
+            } else {
+                OLDEST_VERSION
+            },
             blklab_version: env!("CARGO_PKG_VERSION").to_string(),
             created_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -141,6 +160,7 @@ impl Index {
             plugin: extra.plugin.cloned(),
             nested_host: extra.nested_host.cloned(),
             bundle: extra.bundle.cloned(),
+            lab,
             entries,
         }
     }
@@ -150,7 +170,7 @@ impl Index {
         if self.format != FORMAT {
             return Err(IndexError::Format(self.format.clone()));
         }
-        if self.version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&self.version) {
             return Err(IndexError::Version(self.version));
         }
         let mut entries = HashSet::new();
@@ -227,6 +247,7 @@ mod tests {
         Index::new(
             Vec::new(),
             QemuArtifacts::default(),
+            None,
             vec![
                 EntryRecord {
                     kind: Kind::Kernel,
@@ -289,6 +310,42 @@ mod tests {
         h.check().unwrap();
         let back: Index = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
         assert_eq!(back, h);
+        assert_eq!(
+            h.version, 1,
+            "no lab tree: version 1, as older blklabs read"
+        );
+    }
+
+    #[test]
+    fn an_index_with_a_lab_tree_is_version_2() {
+        let lab = LabKey {
+            key: "l".into(),
+            dir: "lab-0123456789abcdef".into(),
+            blklab_version: "0.1.0".into(),
+        };
+        let mut i = Index::new(
+            Vec::new(),
+            QemuArtifacts::default(),
+            Some(lab.clone()),
+            vec![EntryRecord {
+                kind: Kind::Lab,
+                path: lab.dir.clone(),
+                key: "l".into(),
+                files: vec![
+                    file("lab-0123456789abcdef/bin/blklab"),
+                    file("lab-0123456789abcdef/images/prepare.sh"),
+                ],
+            }],
+        );
+        assert_eq!(i.version, 2);
+        i.check().unwrap();
+        let text = serde_json::to_string(&i).unwrap();
+        assert!(text.contains(r#""lab":{"key":"l""#), "{text}");
+        assert_eq!(serde_json::from_str::<Index>(&text).unwrap(), i);
+        i.entries[0].path = "kernel-build-6.12".into();
+        assert!(matches!(i.check(), Err(IndexError::NotAnEntry(_))));
+        i.entries[0].path = "lab-0123/x".into();
+        assert!(matches!(i.check(), Err(IndexError::NotAnEntry(_))));
     }
 
     #[test]
@@ -297,8 +354,10 @@ mod tests {
             assert!(!safe_path(bad), "{bad:?}");
         }
         let mut i = index();
-        i.version = 2;
-        assert_eq!(i.check(), Err(IndexError::Version(2)));
+        i.version = 3;
+        assert_eq!(i.check(), Err(IndexError::Version(3)));
+        i.version = 0;
+        assert_eq!(i.check(), Err(IndexError::Version(0)));
         let mut i = index();
         i.format = "tar".into();
         assert!(matches!(i.check(), Err(IndexError::Format(_))));

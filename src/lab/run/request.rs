@@ -19,7 +19,8 @@ use crate::record::parallelism::{HostParallelism, VcpuThreads};
 /// A lab run, resolved and checked: nothing is built or booted yet.
 pub struct RunRequest {
     pub(crate) options: RunOptions,
-    /// The lab's checkout (images/, guest-scripts/).
+    /// The lab's checkout (images/, guest-scripts/), or the lab tree an
+    /// image archive brought.
     pub(crate) lab_dir: PathBuf,
     /// The scenarios as the run executes them.
     pub(crate) scenarios: Vec<Scenario>,
@@ -61,7 +62,10 @@ impl RunRequest {
                 return Err(AccelError::KvmUnusable(kvm.explain()).into());
             }
         }
-        let lab_dir = images::lab_dir(options.place.lab_dir.get())?;
+        let lab_dir = images::lab_dir_or_imported(
+            options.place.lab_dir.get(),
+            &images::cache::dir(options.place.cache.get()),
+        )?;
         let scenarios: Vec<Scenario> = load_scenarios(&options.scenarios, &lab_dir)?
             .into_iter()
             .map(|s| apply_overrides(s, &options))
