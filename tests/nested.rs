@@ -30,6 +30,24 @@ fn num(v: &Value, path: &[&str]) -> f64 {
         .unwrap_or_else(|| panic!("{} is not a number in {v:#}", path.join(".")))
 }
 
+/// The records of the run directory `dir` (its JSON documents but run.json
+/// and summary.json).
+fn records_in(dir: &std::path::Path) -> Vec<Value> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "json")
+                && !matches!(
+                    p.file_name().and_then(|n| n.to_str()),
+                    Some("run.json" | "summary.json")
+                )
+        })
+        .map(|p| read_json(&p))
+        .collect()
+}
+
 #[test]
 fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
     let _one = HOST.lock().unwrap_or_else(|p| p.into_inner());
@@ -62,19 +80,7 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
     let log = std::fs::read_to_string(dir.join("console/nested-host.blklab.log")).unwrap();
     assert!(log.contains("KVM probe booted the guest"), "{log}");
 
-    let records: Vec<Value> = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.extension().is_some_and(|x| x == "json")
-                && !matches!(
-                    p.file_name().and_then(|n| n.to_str()),
-                    Some("run.json" | "summary.json")
-                )
-        })
-        .map(|p| read_json(&p))
-        .collect();
+    let records = records_in(&dir);
     assert_eq!(records.len(), 4, "2 kernels x 2 variants");
     for r in &records {
         let name = format!("{} {}", r["kernel"], r["variant"]);
@@ -273,19 +279,7 @@ fn a_user_hosts_paths_beside_a_neighbour_vm_count_the_labs_own_exits() {
     eprintln!("[nested] the neighbour's KVM exits over the inner run: {neighbour_exits}");
     assert!(neighbour_exits > 1000.0, "{neighbour:#}");
 
-    let records: Vec<Value> = std::fs::read_dir(&dir)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| {
-            p.extension().is_some_and(|x| x == "json")
-                && !matches!(
-                    p.file_name().and_then(|n| n.to_str()),
-                    Some("run.json" | "summary.json")
-                )
-        })
-        .map(|p| read_json(&p))
-        .collect();
+    let records = records_in(&dir);
     assert_eq!(records.len(), 2, "1 kernel x 2 variants");
     for r in &records {
         let name = r["variant"].to_string();
