@@ -517,6 +517,10 @@ impl QueueStats {
     }
 
     /// Record which thread serves this queue (first wake-up of a worker).
+    /// Never inlined, like the recording functions: `blklab bench
+    /// --instructions` counts its check on every wake-up as the
+    /// statistics'.
+    #[inline(never)]
     pub(crate) fn set_worker(&mut self, tid: i32) {
         if self.worker_tid != Some(tid) {
             self.worker_tid = Some(tid);
