@@ -39,6 +39,15 @@ pub(crate) struct AccelDecision {
     pub(crate) no_insns_because: Option<String>,
 }
 
+/// `--accel kvm` on a host whose `/dev/kvm` the lab cannot use: refused,
+/// with what was found and what to use instead. Other choices pass.
+pub(crate) fn refuse_unusable_kvm(want: Accel, kvm: &KvmHost) -> Result<(), AccelError> {
+    if want == Accel::Kvm && !kvm.usable() {
+        return Err(AccelError::KvmUnusable(kvm.explain()));
+    }
+    Ok(())
+}
+
 /// Decide the accelerator and instruction counting. `probe` is the real
 /// KVM probe (a boot under KVM, seconds to `/init`, or why not), called
 /// only when `want` is `Auto` and nothing forces TCG; `maps_usable` says
@@ -69,8 +78,10 @@ pub(crate) fn decide_accel<E: std::fmt::Display>(
         ),
         (Some(what), Accel::Kvm) => return Err(AccelError::NeedsTcg { what }),
         (Some(what), _) => (Accel::Tcg, format!("{what} needs TCG")),
-        (None, Accel::Kvm) if !kvm.usable() => return Err(AccelError::KvmUnusable(kvm.explain())),
-        (None, Accel::Kvm) => (Accel::Kvm, "forced with --accel kvm".to_string()),
+        (None, Accel::Kvm) => {
+            refuse_unusable_kvm(Accel::Kvm, kvm)?;
+            (Accel::Kvm, "forced with --accel kvm".to_string())
+        }
         (None, Accel::Tcg) => (Accel::Tcg, "forced with --accel tcg".to_string()),
         // Nothing is booted to learn what the host's files say.
         (None, Accel::Auto) if !kvm.usable() => {

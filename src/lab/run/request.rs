@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::backend::qemu_args::GuestRam;
-use crate::lab::guest::accel::AccelError;
+use crate::lab::guest::accel::{self, AccelError};
 use crate::lab::guest::qemu::Accel;
 use crate::lab::images;
 use crate::lab::options::{RunArgs, RunOptions};
@@ -55,12 +55,9 @@ impl RunRequest {
             return Err(RunError::NestedOnly { flag });
         }
         // A forced KVM this host cannot give is refused before anything
-        // is built, with what was found and what to use instead.
+        // is built.
         if guest.accel == Accel::Kvm {
-            let kvm = crate::util::kvm_host::classify();
-            if !kvm.usable() {
-                return Err(AccelError::KvmUnusable(kvm.explain()).into());
-            }
+            accel::refuse_unusable_kvm(guest.accel, &crate::util::kvm_host::classify())?;
         }
         let lab_dir = images::lab_dir_or_imported(
             options.place.lab_dir.get(),
