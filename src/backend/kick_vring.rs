@@ -31,6 +31,8 @@ pub(crate) struct KickCountingVring<M: GuestAddressSpace> {
     refused_size: Arc<AtomicU16>,
     /// The refusal was logged (once per connection).
     warned_size: Arc<AtomicBool>,
+    /// Kicks this vring wrote itself (at the ring's start), not yet read.
+    own_kicks: Arc<AtomicU64>,
 }
 
 impl<M: GuestAddressSpace + 'static> KickCountingVring<M> {
@@ -60,7 +62,9 @@ impl<M: GuestAddressSpace + 'static> KickCountingVring<M> {
         let ready = crate::util::fd::readable_within(kick.as_raw_fd(), 0);
         if ready {
             if let Ok(n) = read_eventfd(kick) {
-                self.kicks.fetch_add(n, Ordering::Relaxed);
+                let own = self.own_kicks.swap(0, Ordering::Relaxed);
+                self.kicks
+                    .fetch_add(n.saturating_sub(own), Ordering::Relaxed);
             }
         }
     }
@@ -72,6 +76,15 @@ impl<'a, M: 'a + GuestAddressSpace> VringStateGuard<'a, M> for KickCountingVring
 
 impl<'a, M: 'a + GuestAddressSpace> VringStateMutGuard<'a, M> for KickCountingVring<M> {
     type G = <VringRwLock<M> as VringStateMutGuard<'a, M>>::G;
+}
+
+/// Add `n` to an eventfd's counter; false when the write failed.
+fn write_eventfd(fd: std::os::fd::RawFd, n: u64) -> bool {
+    let buf = n.to_ne_bytes();
+    // SAFETY: writing 8 bytes from an 8-byte buffer we own to a
+    // descriptor the vring owns.
+    let written = unsafe { libc::write(fd, buf.as_ptr() as *const libc::c_void, 8) };
+    written == 8
 }
 
 /// Read an eventfd's counter: the number of writes of 1 since the last read.
@@ -104,6 +117,7 @@ impl<M: 'static + GuestAddressSpace> VringT<M> for KickCountingVring<M> {
             kicks: Arc::new(AtomicU64::new(0)),
             refused_size: Arc::new(AtomicU16::new(0)),
             warned_size: Arc::new(AtomicBool::new(false)),
+            own_kicks: Arc::new(AtomicU64::new(0)),
         })
     }
 
@@ -204,8 +218,24 @@ impl<M: 'static + GuestAddressSpace> VringT<M> for KickCountingVring<M> {
     /// (O_NONBLOCK among them) belong to the open file description the
     /// frontend shares, so changing them would change the frontend's fd
     /// too. Every read of it is polled first ([`Self::collect_kicks`]).
+    ///
+    /// A ring that starts is looked at once without waiting for the
+    /// guest: the kick fd is written here (and that kick is not counted
+    /// as the guest's). Requests a previous back-end left in flight are
+    /// then served again at once, though the guest, waiting for them,
+    /// may never kick again.
     fn set_kick(&self, file: Option<File>) {
-        self.inner.set_kick(file)
+        let start = file.is_some();
+        self.inner.set_kick(file);
+        if !start {
+            return;
+        }
+        let state = self.inner.get_ref();
+        if let Some(kick) = state.get_kick() {
+            if write_eventfd(kick.as_raw_fd(), 1) {
+                self.own_kicks.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Read the kick counter (instead of discarding it) and report whether

@@ -1,12 +1,16 @@
 //! The vhost-user side of [`BlkBackend`]: features, configuration space,
 //! memory and ring life cycle, and the dispatch of worker-thread events.
 
+use std::fs::File;
 use std::io;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostUserInflight, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
 use vhost_user_backend::VhostUserBackend;
 use vm_memory::{
     GuestAddressSpace, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
@@ -23,6 +27,7 @@ use crate::backend::{BlkBackend, GM};
 use crate::device::config_space;
 use crate::device::polling::PollMode;
 use crate::virtio_blk::features::BlkFeature;
+use crate::virtq::inflight::InflightArea;
 
 /// Longest GET_VRING_BASE waits for requests in service (emulated latency,
 /// stalls) before completing them early.
@@ -112,6 +117,35 @@ fn seal_against_shrinking(f: &std::fs::File) -> bool {
     unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) == 0 }
 }
 
+/// Why an inflight area's shape is refused.
+#[derive(Debug, thiserror::Error)]
+#[error("an inflight area for {queues} queue(s) of {queue_size} descriptors: this disk has {ours} queue(s) of at most 32768 descriptors")]
+struct InflightShape {
+    queues: u16,
+    queue_size: u16,
+    ours: usize,
+}
+
+impl BlkBackend {
+    fn check_inflight_shape(&self, area: &VhostUserInflight) -> io::Result<()> {
+        let ours = self.queues.len();
+        if area.num_queues == 0
+            || usize::from(area.num_queues) > ours
+            || area.queue_size == 0
+            || area.queue_size > 32768
+        {
+            let e = InflightShape {
+                queues: area.num_queues,
+                queue_size: area.queue_size,
+                ours,
+            };
+            warn!("{}: {e}", self.disk.cfg.socket.display());
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, e));
+        }
+        Ok(())
+    }
+}
+
 impl VhostUserBackend for BlkBackend {
     type Bitmap = ();
     type Vring = KickCountingVring<GM>;
@@ -141,6 +175,57 @@ impl VhostUserBackend for BlkBackend {
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
             | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+    }
+
+    /// A new, zeroed inflight area for the frontend to keep (it sends it
+    /// back with SET_INFLIGHT_FD, to this back-end and to the next).
+    fn get_inflight_fd(
+        &self,
+        request: &VhostUserInflight,
+    ) -> io::Result<(VhostUserInflight, File)> {
+        self.check_inflight_shape(request)?;
+        let (file, size) = InflightArea::create(request.num_queues, request.queue_size)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        debug!(
+            "{}: inflight area of {size} bytes for {} queue(s) of {}",
+            self.disk.cfg.socket.display(),
+            request.num_queues,
+            request.queue_size
+        );
+        let reply = VhostUserInflight {
+            mmap_size: size,
+            mmap_offset: 0,
+            num_queues: request.num_queues,
+            queue_size: request.queue_size,
+        };
+        Ok((reply, file))
+    }
+
+    /// Map the frontend's inflight area and record every queue's requests
+    /// in it; each ring reads what a previous back-end left there when it
+    /// starts.
+    fn set_inflight_fd(&self, area: &VhostUserInflight, file: File) -> io::Result<()> {
+        self.check_inflight_shape(area)?;
+        let mapped = InflightArea::open(
+            &file,
+            area.mmap_offset,
+            area.mmap_size,
+            area.num_queues,
+            area.queue_size,
+        )
+        .map_err(|e| {
+            warn!(
+                "{}: refusing the inflight area: {e}",
+                self.disk.cfg.socket.display()
+            );
+            io::Error::new(io::ErrorKind::InvalidInput, e)
+        })?;
+        let mapped = Arc::new(mapped);
+        for q in 0..self.queues.len() {
+            self.lock_queue(q).set_inflight(mapped.queue(q));
+        }
+        Ok(())
     }
 
     /// vhost-user-backend sets EVENT_IDX on every vring's queue itself;

@@ -332,6 +332,34 @@ impl SplitRing {
         Ok(Popped { head, truncated })
     }
 
+    /// Walk the chain at `head` again, one the driver offered before and
+    /// has not had back (a request in flight when a previous back-end
+    /// stopped): as [`pop`](Self::pop) without taking an avail entry.
+    pub(crate) fn walk_head(
+        &self,
+        head: u16,
+        segs: &mut Vec<Segment>,
+    ) -> Result<Popped, RingError> {
+        let size = self.layout.size;
+        if head >= size {
+            return Err(RingError::Head { head, size });
+        }
+        let truncated = self.walk(head, segs);
+        Ok(Popped { head, truncated })
+    }
+
+    /// The used index as the guest sees it in memory.
+    pub(crate) fn used_idx_in_memory(&self) -> Wrapping<u16> {
+        Wrapping(u16::from_le(self.used_u16(2).load(Ordering::Acquire)))
+    }
+
+    /// The descriptor id of used entry `at` (any index: taken modulo the
+    /// ring size), as it is in memory.
+    pub(crate) fn used_id_at(&self, at: Wrapping<u16>) -> u32 {
+        let slot = usize::from(at.0 % self.layout.size);
+        u32::from_le(self.used_u32(4 + 8 * slot).load(Ordering::Relaxed))
+    }
+
     /// Walk the chain at `head` into `segs`, as virtio-queue's
     /// `DescriptorChain` iterates it; true when the walk stopped early.
     fn walk(&self, head: u16, segs: &mut Vec<Segment>) -> bool {

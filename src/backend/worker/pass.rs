@@ -28,6 +28,7 @@ use crate::device::tags::{QueueId, Tag, TagPool};
 use crate::stats::queue::QueueStats;
 use crate::virtio_blk::request::{Op, STATUS_IOERR, STATUS_OK, STATUS_UNSUPP};
 use crate::virtq::guest_map::GuestMap;
+use crate::virtq::inflight::{crash_point, Step};
 use crate::virtq::split_ring::{Popped, RingError, RingLayout, SplitRing};
 
 /// What the worker does after a pass.
@@ -198,6 +199,9 @@ pub(super) fn with_pass<R: UsedRing, T>(
             return Err(why);
         }
     };
+    if q.inflight_unread() {
+        q.resume_inflight(&mut vq, &be.disk.cfg.socket);
+    }
     let out = f(&mut Pass {
         be,
         q: &mut *q,
@@ -315,10 +319,24 @@ impl<R: UsedRing> Pass<'_, R> {
             // The ring is not touched again until the driver resets it.
             return;
         }
-        self.vq.add_used(p.head, p.used_len);
+        self.put_used(p.head, p.used_len);
         self.used_added();
         if let Some(done) = done {
             self.st.completed(p.op, p.popped_at, done);
+        }
+    }
+
+    /// Put `head` on the used ring with `len` bytes written, recording
+    /// in the inflight area (when there is one) that it is no longer in
+    /// flight, in the order a back-end dying at any point needs.
+    #[inline]
+    fn put_used(&mut self, head: u16, len: u32) {
+        if let Some(inf) = &self.q.inflight {
+            inf.area.before_used(head);
+        }
+        self.vq.add_used(head, len);
+        if let Some(inf) = &self.q.inflight {
+            inf.area.after_used(head, self.vq.next_used);
         }
     }
 
@@ -381,11 +399,12 @@ impl<R: UsedRing> Pass<'_, R> {
             let served_before = served_at_once.take().map(|(op, _)| op);
             let popped_at = self.st.popped(self.q.pending.len() as u64, served_before);
             let outcome = self.serve_popped(head.truncated);
+            crash_point(Step::Served);
             let used_len = self.account(outcome);
             let Outcome::Completed { op, fault, .. } = outcome else {
                 // Malformed: returned at once, no emulated service time.
                 disk.put_tag(self.q.index, tag);
-                self.vq.add_used(head.head, 0);
+                self.put_used(head.head, 0);
                 r.used += 1;
                 self.used_added();
                 continue;
@@ -416,6 +435,14 @@ impl<R: UsedRing> Pass<'_, R> {
     fn stop_before_pop(&mut self, popped: u64) -> Option<DrainStop> {
         if self.q.is_broken() {
             return Some(DrainStop::Broken);
+        }
+        if self
+            .q
+            .inflight
+            .as_ref()
+            .is_some_and(|i| !i.resubmit.is_empty())
+        {
+            return None;
         }
         match self.vq.pending() {
             Ok(0) => Some(DrainStop::Empty),
@@ -456,11 +483,27 @@ impl<R: UsedRing> Pass<'_, R> {
         }
     }
 
-    /// Pop the next chain into the queue's segment list, holding `tag`;
-    /// `None` when the driver broke the ring (the slot is given back).
+    /// Pop the next chain into the queue's segment list, holding `tag`
+    /// (first the requests a previous back-end left in flight, then the
+    /// avail ring's, each recorded in the inflight area); `None` when the
+    /// driver broke the ring (the slot is given back).
     #[inline]
     fn pop(&mut self, tag: Option<Tag>) -> Option<Popped> {
-        match self.vq.pop(&mut self.q.segs) {
+        let again = self
+            .q
+            .inflight
+            .as_mut()
+            .and_then(|i| i.resubmit.pop_front());
+        let popped = match again {
+            Some(head) => self.vq.walk_head(head, &mut self.q.segs),
+            None => self.vq.pop(&mut self.q.segs).inspect(|p| {
+                crash_point(Step::Taken);
+                if let Some(inf) = self.q.inflight.as_mut() {
+                    inf.area.taken(p.head);
+                }
+            }),
+        };
+        match popped {
             Ok(p) => Some(p),
             Err(e) => {
                 // virtio 1.2 §2.7.13.1: a head is a descriptor index. One

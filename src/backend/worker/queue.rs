@@ -8,13 +8,13 @@
 
 use std::cell::RefCell;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, VecDeque};
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use log::warn;
+use log::{info, warn};
 use vm_memory::{GuestAddressSpace, GuestMemoryMmap};
 
 use crate::backend::deadline::{DeadlineTimer, TimerLead};
@@ -27,6 +27,7 @@ use crate::device::polling::PollMode;
 use crate::device::tags::Tag;
 use crate::stats::queue::{current_tid, QueueStats};
 use crate::virtio_blk::request::{Op, Segment};
+use crate::virtq::inflight::{InflightQueue, Recovered};
 use crate::virtq::split_ring::{RingError, SplitRing};
 
 /// A request in service: executed, waiting for its emulated completion time.
@@ -91,6 +92,17 @@ enum RingHealth {
     BrokenByMemory,
 }
 
+/// The queue's region of the inflight area (INFLIGHT_SHMFD), and what the
+/// ring's start found in it.
+pub(crate) struct Inflight {
+    pub(super) area: InflightQueue,
+    /// The region was read since the ring last started.
+    checked: bool,
+    /// Heads a previous back-end took and never put on the used ring, to
+    /// serve again before anything new, in the order they were taken.
+    pub(super) resubmit: VecDeque<u16>,
+}
+
 /// State owned by one queue's worker thread.
 pub(crate) struct QueueState {
     pub(crate) index: usize,
@@ -138,6 +150,9 @@ pub(crate) struct QueueState {
     /// When the queue state was made: the deadline of requests served at
     /// once, which never wait for one (no clock read for them).
     pub(super) epoch: Instant,
+    /// Where the requests taken off the ring are recorded for the next
+    /// back-end, when the frontend gave an area.
+    pub(super) inflight: Option<Inflight>,
 }
 
 impl QueueState {
@@ -181,7 +196,58 @@ impl QueueState {
                 _ => None,
             },
             epoch: Instant::now(),
+            inflight: None,
         })
+    }
+
+    /// SET_INFLIGHT_FD: record this queue's requests in `area` (none when
+    /// the area has no region for it); read it when the ring next starts.
+    pub(crate) fn set_inflight(&mut self, area: Option<InflightQueue>) {
+        self.inflight = area.map(|area| Inflight {
+            area,
+            checked: false,
+            resubmit: VecDeque::new(),
+        });
+    }
+
+    /// Whether the ring's start has yet to read the inflight area.
+    #[inline]
+    pub(super) fn inflight_unread(&self) -> bool {
+        self.inflight.as_ref().is_some_and(|i| !i.checked)
+    }
+
+    /// The ring `vq` starts: take up what the previous back-end left in
+    /// the inflight area (heads to serve again, the next avail index).
+    pub(super) fn resume_inflight(&mut self, vq: &mut SplitRing, socket: &Path) {
+        let index = self.index;
+        let Some(inf) = self.inflight.as_mut() else {
+            return;
+        };
+        inf.checked = true;
+        let used = vq.used_idx_in_memory();
+        match inf.area.recover(vq.size(), used, |i| vq.used_id_at(i)) {
+            Recovered::Fresh => {}
+            Recovered::Resume { heads, next_avail } => {
+                if !heads.is_empty() {
+                    info!(
+                        "{} queue {index}: serving again {} request(s) a previous back-end left in flight",
+                        socket.display(),
+                        heads.len()
+                    );
+                }
+                vq.next_avail = std::num::Wrapping(next_avail);
+                vq.next_used = used;
+                inf.resubmit = heads.into();
+            }
+            Recovered::Reset {
+                capacity,
+                ring_size,
+            } => warn!(
+                "{} queue {index}: the inflight area was laid out for {capacity} descriptors, the ring has {ring_size}: started afresh{}",
+                socket.display(),
+                if ring_size > capacity { ", requests not tracked" } else { "" }
+            ),
+        }
     }
 
     /// The guest memory the queue's ring lives in, once the frontend has
@@ -209,6 +275,10 @@ impl QueueState {
     pub(crate) fn restart(&mut self) {
         self.health = RingHealth::Usable;
         self.ring = None;
+        if let Some(inf) = self.inflight.as_mut() {
+            inf.checked = false;
+            inf.resubmit.clear();
+        }
     }
 
     /// The driver broke the ring: not served until it resets it.
