@@ -354,20 +354,54 @@ impl<R: UsedRing> Pass<'_, R> {
         // The last request served at once: its service time ends at the
         // next pop (or at the end of the pass).
         let mut served_at_once: Option<(Op, u64)> = None;
-        let r = self.drain_timed(timed, &mut served_at_once);
+        let mut r = Drained {
+            used: 0,
+            popped: 0,
+            stop: DrainStop::Empty,
+        };
+        if self
+            .q
+            .inflight
+            .as_ref()
+            .is_some_and(|i| !i.resubmit.is_empty())
+        {
+            r = self.drain_again(timed, &mut served_at_once);
+        }
+        if r.stop == DrainStop::Empty {
+            let rest = self.drain_timed::<false>(timed, &mut served_at_once);
+            r = Drained {
+                used: r.used + rest.used,
+                popped: r.popped + rest.popped,
+                stop: rest.stop,
+            };
+        }
         if let Some((op, at)) = served_at_once {
             self.st.served(op, at);
         }
         r
     }
 
+    /// Once after a restart: serve the requests a previous back-end left
+    /// in flight (the drain is `Empty` when all were taken).
+    #[cold]
+    #[inline(never)]
+    fn drain_again(&mut self, timed: bool, served_at_once: &mut Option<(Op, u64)>) -> Drained {
+        self.drain_timed::<true>(timed, served_at_once)
+    }
+
     /// The drain: for each available chain, take a command slot, pop and
     /// serve the chain, and complete it at once or schedule its
     /// completion. `timed`: record service times (the statistics'
     /// histograms are on), `served_at_once` holding the last request
-    /// completed at once.
+    /// completed at once. `AGAIN`: the chains are the inflight area's
+    /// heads to serve again (the drain is `Empty` when none is left), not
+    /// the avail ring's.
     #[inline]
-    fn drain_timed(&mut self, timed: bool, served_at_once: &mut Option<(Op, u64)>) -> Drained {
+    fn drain_timed<const AGAIN: bool>(
+        &mut self,
+        timed: bool,
+        served_at_once: &mut Option<(Op, u64)>,
+    ) -> Drained {
         let mut r = Drained {
             used: 0,
             popped: 0,
@@ -377,7 +411,7 @@ impl<R: UsedRing> Pass<'_, R> {
         let slots = disk.tag_slots[self.q.index].as_ref();
         let no_latency = disk.cfg.latency.is_zero();
         loop {
-            if let Some(stop) = self.stop_before_pop(r.popped) {
+            if let Some(stop) = self.stop_before_pop::<AGAIN>(r.popped) {
                 r.stop = stop;
                 return r;
             }
@@ -385,7 +419,7 @@ impl<R: UsedRing> Pass<'_, R> {
                 r.stop = DrainStop::NoSlot;
                 return r;
             };
-            let Some(head) = self.pop(tag) else {
+            let Some(head) = self.pop::<AGAIN>(tag) else {
                 r.stop = DrainStop::Broken;
                 return r;
             };
@@ -432,17 +466,13 @@ impl<R: UsedRing> Pass<'_, R> {
     /// broken, empty, or a queue size was popped in this pass. Reads the
     /// avail index only: the command slot comes before the pop.
     #[inline]
-    fn stop_before_pop(&mut self, popped: u64) -> Option<DrainStop> {
+    fn stop_before_pop<const AGAIN: bool>(&mut self, popped: u64) -> Option<DrainStop> {
         if self.q.is_broken() {
             return Some(DrainStop::Broken);
         }
-        if self
-            .q
-            .inflight
-            .as_ref()
-            .is_some_and(|i| !i.resubmit.is_empty())
-        {
-            return None;
+        if AGAIN {
+            let left = self.q.inflight.as_ref().map_or(0, |i| i.resubmit.len());
+            return (left == 0).then_some(DrainStop::Empty);
         }
         match self.vq.pending() {
             Ok(0) => Some(DrainStop::Empty),
@@ -488,20 +518,22 @@ impl<R: UsedRing> Pass<'_, R> {
     /// avail ring's, each recorded in the inflight area); `None` when the
     /// driver broke the ring (the slot is given back).
     #[inline]
-    fn pop(&mut self, tag: Option<Tag>) -> Option<Popped> {
-        let again = self
-            .q
-            .inflight
-            .as_mut()
-            .and_then(|i| i.resubmit.pop_front());
-        let popped = match again {
-            Some(head) => self.vq.walk_head(head, &mut self.q.segs),
-            None => self.vq.pop(&mut self.q.segs).inspect(|p| {
+    fn pop<const AGAIN: bool>(&mut self, tag: Option<Tag>) -> Option<Popped> {
+        let popped = if AGAIN {
+            let head = self
+                .q
+                .inflight
+                .as_mut()
+                .and_then(|i| i.resubmit.pop_front());
+            self.vq
+                .walk_head(head.unwrap_or(u16::MAX), &mut self.q.segs)
+        } else {
+            self.vq.pop(&mut self.q.segs).inspect(|p| {
                 crash_point(Step::Taken);
                 if let Some(inf) = self.q.inflight.as_mut() {
                     inf.area.taken(p.head);
                 }
-            }),
+            })
         };
         match popped {
             Ok(p) => Some(p),

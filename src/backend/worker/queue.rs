@@ -218,6 +218,8 @@ impl QueueState {
 
     /// The ring `vq` starts: take up what the previous back-end left in
     /// the inflight area (heads to serve again, the next avail index).
+    #[cold]
+    #[inline(never)]
     pub(super) fn resume_inflight(&mut self, vq: &mut SplitRing, socket: &Path) {
         let index = self.index;
         let Some(inf) = self.inflight.as_mut() else {
