@@ -331,12 +331,31 @@ impl<R: UsedRing> Pass<'_, R> {
     /// flight, in the order a back-end dying at any point needs.
     #[inline]
     fn put_used(&mut self, head: u16, len: u32) {
+        match &self.q.inflight {
+            None => self.vq.add_used(head, len),
+            Some(_) => self.put_used_tracked(head, len),
+        }
+    }
+
+    /// [`put_used`](Self::put_used) with an inflight area: out of line,
+    /// so the path without one stays as short as it was.
+    #[inline(never)]
+    fn put_used_tracked(&mut self, head: u16, len: u32) {
         if let Some(inf) = &self.q.inflight {
             inf.area.before_used(head);
         }
         self.vq.add_used(head, len);
         if let Some(inf) = &self.q.inflight {
             inf.area.after_used(head, self.vq.next_used);
+        }
+    }
+
+    /// `head` was taken off the avail ring: record it in the inflight
+    /// area (out of line, as [`put_used_tracked`](Self::put_used_tracked)).
+    #[inline(never)]
+    fn record_taken(&mut self, head: u16) {
+        if let Some(inf) = self.q.inflight.as_mut() {
+            inf.area.taken(head);
         }
     }
 
@@ -528,12 +547,14 @@ impl<R: UsedRing> Pass<'_, R> {
             self.vq
                 .walk_head(head.unwrap_or(u16::MAX), &mut self.q.segs)
         } else {
-            self.vq.pop(&mut self.q.segs).inspect(|p| {
+            let p = self.vq.pop(&mut self.q.segs);
+            if let Ok(p) = &p {
                 crash_point(Step::Taken);
-                if let Some(inf) = self.q.inflight.as_mut() {
-                    inf.area.taken(p.head);
+                if self.q.inflight.is_some() {
+                    self.record_taken(p.head);
                 }
-            })
+            }
+            p
         };
         match popped {
             Ok(p) => Some(p),
