@@ -36,7 +36,7 @@
 //! writes that never completed, the kernel's error lines, the kills or the
 //! migration's downtime) and, on failure, why: the problems, what the host
 //! did when, the guest's kernel messages, the daemons' and QEMU's logs and
-//! the console. Results: docs/results/2026-12-05-lifecycle.md.
+//! the console. Results: docs/results/lifecycle.md.
 
 mod common;
 
@@ -176,70 +176,88 @@ fn start_backend(
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// The crash: kill the backend with SIGKILL [`KILLS`] times while fio
-/// writes, each time at the next quarter of the writes and once the
-/// daemon before has completed writes again, and start a new one on the
-/// same socket right away (QEMU reconnects by itself).
-fn crash_and_restart(kind: Kind) {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let image = Image::prepare();
-    let (dir, disk) = image_file();
-    let socket = dir.path().join("vd.sock");
-    let mut daemon = Some(start_backend(
-        &kind,
-        dir.path(),
-        "daemon-0",
-        &socket,
-        &disk,
-        Role::Sole,
-    ));
-    let mut logs = vec![dir.path().join("daemon-0.log")];
-    let (tx, rx) = channel();
-    let mut qemu = Guest::start("guest", &spec(&image, &socket), None, dir.path(), tx);
-    let mut watch = Watch::new(rx);
-    watch.fio_started(BOOT_PATIENCE, &qemu.console());
-    let mut host_problems = Vec::new();
-    let mut kills = Vec::new();
+/// What the kills and restarts of a crash run left.
+struct Kills {
+    /// The daemon running at the end (none when a restart failed).
+    daemon: Option<Backend>,
+    problems: Vec<String>,
+    /// `WRITES:IN_FLIGHT` at each kill.
+    at: Vec<String>,
+    logs: Vec<PathBuf>,
+}
+
+/// Kill the backend with SIGKILL [`KILLS`] times while fio writes, each
+/// time at the next quarter of the writes and once the daemon before has
+/// completed writes again, and start a new one on the same socket right
+/// away (QEMU reconnects by itself).
+fn kill_and_restart(
+    kind: &Kind,
+    dir: &Path,
+    (socket, disk): (&Path, &Path),
+    first: Backend,
+    watch: &mut Watch,
+) -> Kills {
+    let mut out = Kills {
+        daemon: Some(first),
+        problems: Vec::new(),
+        at: Vec::new(),
+        logs: vec![dir.join("daemon-0.log")],
+    };
     for k in 1..=KILLS {
         if let Err(e) = watch.kill_point(k, KILLS + 1, PROGRESS_PATIENCE) {
-            host_problems.push(format!(
-                "the backend was killed {} time(s) of {KILLS}: {e}",
-                k - 1
+            let done = k - 1;
+            out.problems.push(format!(
+                "the backend was killed {done} time(s) of {KILLS}: {e}"
             ));
             break;
         }
         let p = watch.progress.clone().expect("a progress line");
-        daemon.take().expect("a running daemon").kill9();
+        out.daemon.take().expect("a running daemon").kill9();
         watch.forget_progress();
+        let (writes, total) = (p.writes, watch.total_writes());
         watch.note(format!(
-            "kill -9 #{k} at {} of {} writes, {} write(s) in flight",
-            p.writes,
-            watch.total_writes(),
+            "kill -9 #{k} at {writes} of {total} writes, {} write(s) in flight",
             p.inflight_writes
         ));
-        kills.push(format!("{}:{}", p.writes, p.inflight_writes));
+        out.at.push(format!("{writes}:{}", p.inflight_writes));
         let label = format!("daemon-{k}");
-        logs.push(dir.path().join(format!("{label}.log")));
-        match kind.start(dir.path(), &label, &socket, &disk, Role::Sole) {
-            Ok(d) => daemon = Some(d),
+        out.logs.push(dir.join(format!("{label}.log")));
+        match kind.start(dir, &label, socket, disk, Role::Sole) {
+            Ok(d) => out.daemon = Some(d),
             Err(e) => {
-                host_problems.push(format!("restart #{k} failed: {e}"));
+                out.problems.push(format!("restart #{k} failed: {e}"));
                 break;
             }
         }
         watch.note(format!("{label} started on the same socket"));
     }
+    out
+}
+
+/// The crash: [`kill_and_restart`] under a guest writing with verify.
+fn crash_and_restart(kind: Kind) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let image = Image::prepare();
+    let (dir, disk) = image_file();
+    let d = dir.path();
+    let socket = d.join("vd.sock");
+    let first = start_backend(&kind, d, "daemon-0", &socket, &disk, Role::Sole);
+    let (tx, rx) = channel();
+    let mut qemu = Guest::start("guest", &spec(&image, &socket), None, d, tx);
+    let mut watch = Watch::new(rx);
+    watch.fio_started(BOOT_PATIENCE, &qemu.console());
+    let kills = kill_and_restart(&kind, d, (&socket, &disk), first, &mut watch);
     watch.until(END_PATIENCE, |w| w.ended.is_some());
     let (status, stderr) = qemu.finish(EXIT_PATIENCE);
-    drop(daemon);
+    drop(kills.daemon);
     Run {
         backend: kind.name(),
         case: "kill -9 and restart",
         watch,
-        host_problems,
+        host_problems: kills.problems,
         qemus: vec![("guest", status, stderr)],
-        logs,
-        facts: format!("kills (writes done:in flight) {}", kills.join(" ")),
+        logs: kills.logs,
+        facts: format!("kills (writes done:in flight) {}", kills.at.join(" ")),
     }
     .conclude();
 }
@@ -278,6 +296,32 @@ fn migrate(src: &Guest, uri: &str, watch: &mut Watch) -> Result<serde_json::Valu
     }
 }
 
+/// Migrate `src` to `uri` once a third of the writes are done, then stop
+/// the source; the problems (none when the migration completed) and the
+/// result line's facts (the downtime).
+fn migrate_at_a_third(src: &Guest, uri: &str, watch: &mut Watch) -> (Vec<String>, String) {
+    let mut host_problems = Vec::new();
+    let mut facts = String::from("no migration");
+    match watch.kill_point(1, 3, PROGRESS_PATIENCE) {
+        Err(e) => host_problems.push(format!("no migration: {e}")),
+        Ok(()) => match migrate(src, uri, watch) {
+            Ok(m) => {
+                facts = format!(
+                    "migration downtime {} ms, total {} ms",
+                    m["downtime"], m["total-time"]
+                );
+                watch.note(format!("migration completed: {facts}"));
+                let _ = src.qmp("quit", serde_json::Value::Null);
+            }
+            Err(e) => {
+                watch.note(format!("migration failed: {e}"));
+                host_problems.push(format!("the migration failed: {e}"));
+            }
+        },
+    }
+    (host_problems, facts)
+}
+
 /// The live migration: a source QEMU and a destination QEMU (`-incoming`)
 /// on this host, each with its own daemon and socket, both daemons on one
 /// image; migrated over a Unix socket once a third of the writes are done.
@@ -312,25 +356,7 @@ fn live_migration(kind: Kind) {
     let mut dst = Guest::start("destination", &spec(&image, &sock_b), Some(&uri), d, tx);
     let mut watch = Watch::new(rx);
     watch.fio_started(BOOT_PATIENCE, &src.console());
-    let mut host_problems = Vec::new();
-    let mut facts = String::from("no migration");
-    match watch.kill_point(1, 3, PROGRESS_PATIENCE) {
-        Err(e) => host_problems.push(format!("no migration: {e}")),
-        Ok(()) => match migrate(&src, &uri, &mut watch) {
-            Ok(m) => {
-                facts = format!(
-                    "migration downtime {} ms, total {} ms",
-                    m["downtime"], m["total-time"]
-                );
-                watch.note(format!("migration completed: {facts}"));
-                let _ = src.qmp("quit", serde_json::Value::Null);
-            }
-            Err(e) => {
-                watch.note(format!("migration failed: {e}"));
-                host_problems.push(format!("the migration failed: {e}"));
-            }
-        },
-    }
+    let (mut host_problems, facts) = migrate_at_a_third(&src, &uri, &mut watch);
     watch.until(END_PATIENCE, |w| w.ended.is_some());
     if host_problems.is_empty() && watch.ended != Some("destination") {
         host_problems.push(format!(
@@ -339,7 +365,9 @@ fn live_migration(kind: Kind) {
         ));
     }
     let src_end = src.finish(EXIT_PATIENCE);
-    let dst_end = dst.finish(if watch.ended.is_some() {
+    // The destination powers off once the guest has ended there; one that
+    // never took over waits for its migration forever.
+    let dst_end = dst.finish(if watch.ended == Some("destination") {
         EXIT_PATIENCE
     } else {
         Duration::ZERO
@@ -379,14 +407,14 @@ fn blklab_live_migration_between_two_daemons_on_one_image() {
 
 /// The reference: qemu-storage-daemon 7.2, the same crash (by hand).
 #[test]
-#[ignore = "the reference daemon, run by hand (docs/results/2026-12-05-lifecycle.md)"]
+#[ignore = "the reference daemon, run by hand (docs/results/lifecycle.md)"]
 fn qsd_7_2_kill9_and_restart() {
     crash_and_restart(Kind::reference_qsd());
 }
 
 /// The reference: qemu-storage-daemon 7.2, the same migration (by hand).
 #[test]
-#[ignore = "the reference daemon, run by hand (docs/results/2026-12-05-lifecycle.md)"]
+#[ignore = "the reference daemon, run by hand (docs/results/lifecycle.md)"]
 fn qsd_7_2_live_migration() {
     live_migration(Kind::reference_qsd());
 }

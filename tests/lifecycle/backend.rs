@@ -22,11 +22,12 @@ pub(crate) const WRITE_LATENCY: &str = "uniform:5ms..50ms";
 pub(crate) const QSD_WRITE_IOPS: u32 = 500;
 
 /// The options that let two `blklab serve` share one image during a live
-/// migration, the source's and the destination's. The image lock's
-/// shared-storage migration mode is being added: these are the one place
-/// that names it, to be changed to the flag as it lands.
+/// migration, the source's and the destination's: the image lock's
+/// shared-storage migration mode (`--image-lock`; the source keeps the
+/// default, `exclusive`, and releases its write locks when QEMU stops its
+/// rings with dirty logging on). The one place that names the mode.
 pub(crate) const MIGRATION_SOURCE_ARGS: &[&str] = &[];
-pub(crate) const MIGRATION_DESTINATION_ARGS: &[&str] = &["--image-lock", "migration-incoming"];
+pub(crate) const MIGRATION_DESTINATION_ARGS: &[&str] = &["--image-lock", "incoming"];
 
 /// Which daemon serves the disk.
 #[derive(Clone, Debug)]
