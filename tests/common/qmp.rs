@@ -1,5 +1,6 @@
-//! What a hung QEMU was doing, for a test's failure message: its vCPUs'
-//! instruction pointers, read over a QMP socket the test gave it.
+//! QMP for the tests: a command on a QMP socket the test gave QEMU, and
+//! what a hung QEMU was doing, for a test's failure message (its vCPUs'
+//! instruction pointers).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -11,10 +12,18 @@ pub(crate) fn qmp_arg(path: &Path) -> String {
     format!("unix:{},server=on,wait=off", path.display())
 }
 
-/// Run the HMP command `cmd` through QMP at `path`. An answer that does not
-/// come within `within` means QEMU's main loop is blocked (e.g. waiting for
-/// a vhost-user backend's reply), which is itself the diagnosis.
-pub(crate) fn hmp(path: &Path, cmd: &str, within: Duration) -> Result<String, String> {
+/// Run the QMP command `command` with `arguments` (JSON `null` for none)
+/// through QMP at `path`: its `return` value, or QEMU's error (its class
+/// and description). An answer that does not come within `within` means
+/// QEMU's main loop is blocked (e.g. waiting for a vhost-user backend's
+/// reply), which is itself the diagnosis. Events QEMU sends meanwhile are
+/// skipped.
+pub(crate) fn execute(
+    path: &Path,
+    command: &str,
+    arguments: serde_json::Value,
+    within: Duration,
+) -> Result<serde_json::Value, String> {
     let stream =
         UnixStream::connect(path).map_err(|e| format!("connect {}: {e}", path.display()))?;
     stream
@@ -47,18 +56,32 @@ pub(crate) fn hmp(path: &Path, cmd: &str, within: Duration) -> Result<String, St
         .write_all(b"{\"execute\":\"qmp_capabilities\"}\n")
         .map_err(|e| e.to_string())?;
     read_reply(&mut reader)?;
-    let request = serde_json::json!({
-        "execute": "human-monitor-command",
-        "arguments": {"command-line": cmd},
-    });
+    let mut request = serde_json::json!({ "execute": command });
+    if !arguments.is_null() {
+        request["arguments"] = arguments;
+    }
     writer
         .write_all(format!("{request}\n").as_bytes())
         .map_err(|e| e.to_string())?;
     let v = read_reply(&mut reader)?;
-    v.get("return")
-        .and_then(|r| r.as_str())
+    match (v.get("return"), v.get("error")) {
+        (Some(r), _) => Ok(r.clone()),
+        (None, Some(e)) => Err(format!(
+            "QMP {command} failed: {}: {}",
+            e["class"].as_str().unwrap_or("?"),
+            e["desc"].as_str().unwrap_or("?")
+        )),
+        (None, None) => Err(format!("QMP {command}: unexpected answer {v}")),
+    }
+}
+
+/// Run the HMP command `cmd` through QMP at `path` ([`execute`]).
+pub(crate) fn hmp(path: &Path, cmd: &str, within: Duration) -> Result<String, String> {
+    let arguments = serde_json::json!({ "command-line": cmd });
+    let v = execute(path, "human-monitor-command", arguments, within)?;
+    v.as_str()
         .map(str::to_string)
-        .ok_or_else(|| format!("HMP {cmd:?} failed: {v}"))
+        .ok_or_else(|| format!("HMP {cmd:?} answered {v}"))
 }
 
 /// Each vCPU's RIP and halted state, one line per vCPU, or why not.
