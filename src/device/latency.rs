@@ -538,6 +538,7 @@ impl OpLatency {
     }
 
     /// Whether no kind has any delay.
+    #[inline]
     pub(crate) fn is_zero(&self) -> bool {
         LatOp::ALL.iter().all(|&op| self.get(op).is_zero())
     }
