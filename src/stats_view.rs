@@ -1,6 +1,9 @@
 //! `blklab stats`: read a running daemon's statistics through its control
 //! socket and show them as a per-queue table (in the spirit of `iostat -x`)
-//! or as the JSON document.
+//! or as the JSON document. The table starts with the daemon it comes from
+//! and each disk's connection generation; with `--watch` it says when the
+//! daemon was replaced (its statistics started afresh: no rates over that
+//! interval) or a disk's frontend reconnected (the statistics carry over).
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -10,6 +13,80 @@ use std::time::Instant;
 use crate::backend::control::{query, query_stats, stats_answer};
 use crate::cli::{StatsArgs, StatsFormat};
 use crate::stats::queue::StatsDocument;
+
+/// `secs` as a short duration: `45s`, `12m05s`, `3h02m`, `2d04h`.
+fn fmt_uptime(secs: f64) -> String {
+    let s = secs.max(0.0) as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{:02}s", s / 60, s % 60),
+        3600..=86_399 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{:02}h", s / 86_400, s % 86_400 / 3600),
+    }
+}
+
+/// Whether `doc` and `prev` come from the same daemon instance (true when
+/// either does not say: a daemon older than the field).
+fn same_daemon(doc: &StatsDocument, prev: &StatsDocument) -> bool {
+    match (&doc.daemon, &prev.daemon) {
+        (Some(a), Some(b)) => a.instance == b.instance,
+        _ => true,
+    }
+}
+
+/// The lines above the table: the daemon (pid, instance, uptime) and each
+/// disk's connection generation; with `prev`, the earlier look, what
+/// changed since: the daemon replaced, or a disk's frontend reconnected.
+pub(crate) fn header(doc: &StatsDocument, prev: Option<&StatsDocument>) -> String {
+    let mut out = String::new();
+    if let Some(d) = &doc.daemon {
+        let _ = writeln!(
+            out,
+            "daemon pid {}, instance {}, up {}",
+            d.pid,
+            d.short(),
+            fmt_uptime(d.uptime_s(doc.time_unix_ns()))
+        );
+    }
+    let replaced = prev.filter(|p| !same_daemon(doc, p));
+    if let (Some(p), Some(now)) = (replaced, &doc.daemon) {
+        let was = p.daemon.as_ref().map_or("?", |d| d.short());
+        let _ = writeln!(
+            out,
+            "the daemon was replaced since the last look (instance {was} -> {}): its statistics started afresh, no rates over this interval",
+            now.short()
+        );
+    }
+    for (i, d) in doc.disks.iter().enumerate() {
+        let state = if d.connected {
+            "connected"
+        } else {
+            "no frontend"
+        };
+        let _ = write!(
+            out,
+            "{}: connection {} ({state})",
+            d.socket(),
+            d.connections
+        );
+        let before = prev
+            .filter(|_| replaced.is_none())
+            .and_then(|p| p.disks.get(i))
+            .map(|p| p.connections);
+        match before {
+            Some(b) if b != d.connections => {
+                let _ = write!(
+                    out,
+                    "; reconnected since the last look (connection {b} -> {}): the device started over, the statistics carry over",
+                    d.connections
+                );
+            }
+            _ => {}
+        }
+        let _ = writeln!(out);
+    }
+    out
+}
 
 /// Render a stats document; `prev` (with the seconds since it) adds rates.
 pub(crate) fn table(doc: &StatsDocument, prev: Option<(&StatsDocument, f64)>) -> String {
@@ -136,8 +213,11 @@ pub fn run(args: &StatsArgs) -> io::Result<()> {
             StatsFormat::Table => {
                 let doc = query_stats(&args.control, "stats").map_err(|e| cannot_query(args, e))?;
                 let now = Instant::now();
+                print!("{}", header(&doc, prev.as_ref().map(|(v, _)| v)));
+                // Rates only between two looks at the same daemon.
                 let p = prev
                     .as_ref()
+                    .filter(|(v, _)| same_daemon(&doc, v))
                     .map(|(v, t)| (v, now.duration_since(*t).as_secs_f64()));
                 print!("{}", table(&doc, p));
                 if args.watch.is_some() {
@@ -150,5 +230,66 @@ pub fn run(args: &StatsArgs) -> io::Result<()> {
             return Ok(());
         };
         std::thread::sleep(interval);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A document of daemon `instance`, started at 0, taken at `secs`,
+    /// with one disk at `/s` in connection `gen`.
+    fn doc(instance: &str, secs: u64, gen: u64) -> StatsDocument {
+        let mut d: StatsDocument = serde_json::from_value(serde_json::json!({
+            "daemon": {"pid": 42, "started_unix_ns": 0, "instance": instance},
+            "disks": [{"queues": [], "connections": gen, "connected": gen > 0}],
+        }))
+        .unwrap();
+        d.set_time_unix_ns(u128::from(secs) * 1_000_000_000);
+        d
+    }
+
+    #[test]
+    fn uptimes_are_short() {
+        assert_eq!(fmt_uptime(45.9), "45s");
+        assert_eq!(fmt_uptime(725.0), "12m05s");
+        assert_eq!(fmt_uptime(3.0 * 3600.0 + 120.0), "3h02m");
+        assert_eq!(fmt_uptime(2.0 * 86_400.0 + 4.0 * 3600.0), "2d04h");
+    }
+
+    #[test]
+    fn the_header_names_the_daemon_and_each_connection() {
+        let a = doc("0123456789abcdef0123456789abcdef", 725, 2);
+        let h = header(&a, None);
+        assert!(
+            h.starts_with("daemon pid 42, instance 01234567, up 12m05s\n"),
+            "{h}"
+        );
+        assert!(h.contains("?: connection 2 (connected)\n"), "{h}");
+        assert!(!h.contains("since the last look"), "{h}");
+        // The same daemon, the disk's frontend reconnected.
+        let b = doc("0123456789abcdef0123456789abcdef", 730, 3);
+        let h = header(&b, Some(&a));
+        assert!(
+            h.contains("reconnected since the last look (connection 2 -> 3)"),
+            "{h}"
+        );
+        assert!(!h.contains("replaced"), "{h}");
+        assert!(same_daemon(&b, &a));
+        // A new daemon: said, and no reconnect claimed across it.
+        let c = doc("fedcba9876543210fedcba9876543210", 3, 1);
+        let h = header(&c, Some(&b));
+        assert!(
+            h.contains(
+                "the daemon was replaced since the last look (instance 01234567 -> fedcba98)"
+            ),
+            "{h}"
+        );
+        assert!(!h.contains("reconnected"), "{h}");
+        assert!(!same_daemon(&c, &b));
+        // A daemon older than the identity: no daemon line, taken as the same.
+        let old = StatsDocument::from_json(r#"{"disks": []}"#).unwrap();
+        assert_eq!(header(&old, None), "");
+        assert!(same_daemon(&old, &c));
     }
 }

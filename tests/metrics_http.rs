@@ -46,6 +46,9 @@ fn document() -> StatsDocument {
         config: Some(config),
         queues: vec![q],
         tag_pools: Vec::new(),
+        connections: 1,
+        connected: true,
+        connections_at_start: None,
     }])
 }
 

@@ -334,12 +334,26 @@ enum Data<'a> {
 
 impl Conn {
     fn connect(socket: &Path, setup: &Setup) -> Conn {
+        let mut conn = Self::handshake(socket, setup.mem, new_guest_memory());
+        for q in 0..NUM_QUEUES {
+            conn.setup_queue(q);
+        }
+        if setup.enable {
+            for q in 0..NUM_QUEUES {
+                conn.enable(q);
+            }
+        }
+        conn
+    }
+
+    /// Connect to `socket` and negotiate as QEMU does, guest memory `mem`
+    /// given by `mem_mode`; no queue set up yet.
+    fn handshake(socket: &Path, mem_mode: MemMode, mem: GuestMemoryMmap) -> Conn {
         let sock = connect_socket(socket);
         // A backend that stops answering fails the test instead of hanging it.
         sock.set_read_timeout(Some(MSG_TIMEOUT)).unwrap();
         sock.set_write_timeout(Some(MSG_TIMEOUT)).unwrap();
         let mut fe = Frontend::from_stream(sock, NUM_QUEUES as u64);
-        let mem = new_guest_memory();
 
         // GET_FEATURES
         let offered = fe.get_features().expect("GET_FEATURES");
@@ -383,7 +397,7 @@ impl Conn {
         let region = mem.iter().next().expect("one region");
         let info = VhostUserMemoryRegionInfo::from_guest_region(region).expect("region info");
         let hva_base = info.userspace_addr - region.start_addr().0;
-        match setup.mem {
+        match mem_mode {
             MemMode::AddMemReg => {
                 assert!(
                     protocol.contains(VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS),
@@ -397,7 +411,7 @@ impl Conn {
         }
 
         let epoll = Epoll::new().expect("epoll");
-        let mut conn = Conn {
+        Conn {
             fe,
             mem,
             hva_base,
@@ -408,16 +422,58 @@ impl Conn {
             next_buf: BUF_BASE,
             buf_end: MEM_SIZE,
             seq: 0,
-        };
-        for q in 0..NUM_QUEUES {
-            conn.setup_queue(q);
         }
-        if setup.enable {
-            for q in 0..NUM_QUEUES {
-                conn.enable(q);
-            }
+    }
+
+    /// Connect to `socket` again over this connection's guest memory and
+    /// rings, as QEMU does when its backend went away and a new one
+    /// listens: each ring restarts from the used index it finds in guest
+    /// memory (`virtio_queue_restore_last_avail_idx`), with its kick
+    /// pending (QEMU's new host notifier starts signalled). What the
+    /// driver made available past that index is served by the new backend.
+    fn resume(self, socket: &Path) -> Conn {
+        let Conn {
+            mem,
+            queues,
+            next_buf,
+            buf_end,
+            seq,
+            ..
+        } = self;
+        let mut c = Self::handshake(socket, MemMode::AddMemReg, mem);
+        (c.next_buf, c.buf_end, c.seq) = (next_buf, buf_end, seq);
+        for (q, vq) in queues.into_iter().enumerate() {
+            let base: u16 = c
+                .mem
+                .load(GuestAddress(vq.used + 2), Ordering::Acquire)
+                .unwrap();
+            c.epoll
+                .ctl(
+                    ControlOperation::Add,
+                    vq.call.as_raw_fd(),
+                    EpollEvent::new(EventSet::IN, q as u64),
+                )
+                .expect("epoll add");
+            let cfg = VringConfigData {
+                queue_max_size: QSIZE,
+                queue_size: QSIZE,
+                flags: 0,
+                desc_table_addr: c.hva_base + vq.desc,
+                used_ring_addr: c.hva_base + vq.used,
+                avail_ring_addr: c.hva_base + vq.avail,
+                log_addr: None,
+            };
+            c.fe.set_vring_num(q, QSIZE).expect("SET_VRING_NUM");
+            c.fe.set_vring_base(q, u16::from_le(base))
+                .expect("SET_VRING_BASE");
+            c.fe.set_vring_addr(q, &cfg).expect("SET_VRING_ADDR");
+            c.fe.set_vring_call(q, &vq.call).expect("SET_VRING_CALL");
+            vq.kick.write(1).expect("kick");
+            c.fe.set_vring_kick(q, &vq.kick).expect("SET_VRING_KICK");
+            c.queues.push(vq);
+            c.enable(q);
         }
-        conn
+        c
     }
 
     fn setup_queue(&mut self, q: usize) {
@@ -1946,12 +2002,12 @@ fn set_vring_call_signals_the_new_call_fd() {
 
 /// A request in service for a long time (100 s of emulated latency) while
 /// the frontend stops the ring (GET_VRING_BASE waits for it): SIGTERM still
-/// ends the daemon promptly (it used to sleep up to 60 s holding the
-/// queue's lock).
+/// ends the daemon once the stop's drain time (here 1 s) is over; neither
+/// wait holds the queue's lock while it sleeps.
 #[test]
 fn shutdown_is_not_held_by_a_request_in_service() {
     blklab_only("blklab's emulated latency and counters");
-    let (server, ctl, _log) = spawn_logged(&["--latency", "100s"]);
+    let (server, ctl, _log) = spawn_logged(&["--latency", "100s", "--drain-timeout", "1s"]);
     let mut c = server.connect();
     let data = pattern(4096, 21);
     let (segs, _, _) = c.blk_segs(VIRTIO_BLK_T_OUT, 8, &Data::Out(&data));
@@ -2600,4 +2656,376 @@ fn a_queue_whose_memory_comes_back_is_served() {
     assert_eq!(c.byte(st), VIRTIO_BLK_S_OK);
     c.check_serving(1);
     end(server, c);
+}
+
+// ---------------------------------------------------------------------------
+// Stopping, replacing and reconnecting the daemon
+// ---------------------------------------------------------------------------
+
+/// One request offered to the backend: its head, status byte and sector.
+struct Offered {
+    head: u16,
+    status: u64,
+    sector: u64,
+}
+
+/// Offer `n` 4 KiB writes on queue `q` (sectors `first`, `first + 8`, …,
+/// each its own pattern, seeded by its sector) and kick once; nothing is
+/// waited for.
+fn offer_writes(c: &mut Conn, q: usize, first: u64, n: u64) -> Vec<Offered> {
+    let offered = (0..n)
+        .map(|i| {
+            let sector = first + 8 * i;
+            let data = pattern(4096, sector);
+            let (segs, _, status) = c.blk_segs(VIRTIO_BLK_T_OUT, sector, &Data::Out(&data));
+            let head = c.write_chain(q, &segs);
+            c.publish(q, head);
+            Offered {
+                head,
+                status,
+                sector,
+            }
+        })
+        .collect();
+    c.kick(q);
+    offered
+}
+
+/// The used entries of queue `q` (`used`, as (id, len)) are exactly the
+/// requests `offered`, each once, completed OK.
+fn assert_used_once(c: &Conn, q: usize, offered: &[Offered], used: &[(u32, u32)]) {
+    let mut got: Vec<u32> = used.iter().map(|(id, _)| *id).collect();
+    let mut want: Vec<u32> = offered.iter().map(|o| u32::from(o.head)).collect();
+    got.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(got, want, "queue {q}: used entries");
+    assert!(used.iter().all(|(_, len)| *len == 1), "queue {q}: {used:?}");
+    for o in offered {
+        assert_eq!(
+            c.byte(o.status),
+            VIRTIO_BLK_S_OK,
+            "queue {q}: head {}",
+            o.head
+        );
+    }
+}
+
+/// Send `sig` to daemon `d`, without waiting for it.
+fn signal(d: &common::Daemon, sig: libc::c_int) {
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    assert_eq!(unsafe { libc::kill(d.pid(), sig) }, 0);
+}
+
+/// Wait until the daemon has closed `c`'s vhost-user connection (end of
+/// file on its socket: the daemon sends nothing unasked on it).
+fn wait_for_close(c: &Conn) {
+    let fd = c.fe.as_raw_fd();
+    common::wait_until("the daemon to close the connection", || {
+        let mut b = 0u8;
+        // SAFETY: recv(2) of at most one byte into `b`, which we own;
+        // MSG_PEEK leaves anything there queued.
+        let n = unsafe {
+            libc::recv(
+                fd,
+                (&mut b as *mut u8).cast(),
+                1,
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
+        };
+        n == 0
+    });
+}
+
+/// Wait for daemon `d` to exit by itself; it must succeed.
+fn wait_for_exit(d: &mut common::Daemon) {
+    let st = common::wait_for("the daemon to exit", common::PATIENCE, || d.exited());
+    assert!(st.success(), "blklab serve exited with {st}");
+}
+
+/// A `blklab serve` of the raw-frontend disk plus `extra`, writing its final
+/// statistics into a file of `out`; returns the daemon, its control
+/// socket, its log and the statistics file.
+fn spawn_with_stats_out(
+    extra: &[&str],
+    out: &tempfile::TempDir,
+) -> (common::Daemon, PathBuf, PathBuf, PathBuf) {
+    let stats = out.path().join("stats.json");
+    let stats_arg = stats.display().to_string();
+    let mut args = extra.to_vec();
+    args.extend(["--stats-out", &stats_arg]);
+    let (server, ctl, log) = spawn_logged(&args);
+    let Server::Blklab(d) = server else {
+        unreachable!("spawn_logged starts blklab")
+    };
+    (d, ctl, log, stats)
+}
+
+/// `completed_early` of every queue in a stats document.
+fn completed_early(doc: &serde_json::Value) -> Vec<u64> {
+    (0..NUM_QUEUES)
+        .map(|q| {
+            doc["disks"][0]["queues"][q]["counters"]["completed_early"]
+                .as_u64()
+                .expect("completed_early")
+        })
+        .collect()
+}
+
+/// SIGTERM with writes in service that complete out of order (emulated
+/// latency): the daemon pops nothing more, completes every one at its
+/// emulated time onto the used ring, and only then closes the connection.
+#[test]
+fn a_stop_completes_every_request_in_service_before_closing() {
+    blklab_only("blklab's emulated latency and graceful stop");
+    let out = tempfile::tempdir().unwrap();
+    let (mut d, ctl, log, stats) = spawn_with_stats_out(
+        &[
+            "--write-latency",
+            "uniform:2s..5s",
+            "--drain-timeout",
+            "3600s",
+        ],
+        &out,
+    );
+    let mut c = Conn::connect(&d.socket, &Setup::default());
+    let offered: Vec<_> = (0..NUM_QUEUES)
+        .map(|q| offer_writes(&mut c, q, 4096 * q as u64, 8))
+        .collect();
+    for q in 0..NUM_QUEUES {
+        common::wait_for_counters(&ctl, 0, q, &[("requests", 8)]);
+    }
+    signal(&d, libc::SIGTERM);
+    wait_for_close(&c);
+    for (q, offered) in offered.iter().enumerate() {
+        let used = c.drain(q, Duration::ZERO);
+        assert_used_once(&c, q, offered, &used);
+    }
+    wait_for_exit(&mut d);
+    // Each at its emulated time, none cut short.
+    assert_eq!(completed_early(&common::read_json(&stats)), [0, 0]);
+    assert!(
+        log_lines(&log)
+            .iter()
+            .any(|l| l.contains("every request in service is on the used ring")),
+        "{:?}",
+        log_lines(&log)
+    );
+}
+
+/// Requests whose emulated time is an hour away: the stop waits for them
+/// for `--drain-timeout` only, then completes them at once, still before
+/// closing; the statistics count them as completed early.
+#[test]
+fn a_stop_past_its_drain_time_completes_the_rest_at_once() {
+    blklab_only("blklab's emulated latency and graceful stop");
+    let out = tempfile::tempdir().unwrap();
+    let (mut d, ctl, _log, stats) = spawn_with_stats_out(
+        &["--write-latency", "3600s", "--drain-timeout", "300ms"],
+        &out,
+    );
+    let mut c = Conn::connect(&d.socket, &Setup::default());
+    let offered: Vec<_> = (0..NUM_QUEUES)
+        .map(|q| offer_writes(&mut c, q, 0, 5))
+        .collect();
+    for q in 0..NUM_QUEUES {
+        common::wait_for_counters(&ctl, 0, q, &[("requests", 5)]);
+    }
+    assert_eq!((c.used_idx(0), c.used_idx(1)), (0, 0));
+    signal(&d, libc::SIGTERM);
+    wait_for_close(&c);
+    for (q, offered) in offered.iter().enumerate() {
+        let used = c.drain(q, Duration::ZERO);
+        assert_used_once(&c, q, offered, &used);
+    }
+    wait_for_exit(&mut d);
+    assert_eq!(completed_early(&common::read_json(&stats)), [5, 5]);
+}
+
+/// A second SIGTERM while the stop waits (here for an hour) ends the wait:
+/// the requests in service complete at once, onto the used ring, before
+/// the connection closes.
+#[test]
+fn a_second_signal_completes_the_requests_in_service_at_once() {
+    blklab_only("blklab's emulated latency and graceful stop");
+    let out = tempfile::tempdir().unwrap();
+    let (mut d, ctl, log, stats) = spawn_with_stats_out(
+        &["--write-latency", "3600s", "--drain-timeout", "3600s"],
+        &out,
+    );
+    let mut c = Conn::connect(&d.socket, &Setup::default());
+    let offered: Vec<_> = (0..NUM_QUEUES)
+        .map(|q| offer_writes(&mut c, q, 0, 3))
+        .collect();
+    for q in 0..NUM_QUEUES {
+        common::wait_for_counters(&ctl, 0, q, &[("requests", 3)]);
+    }
+    signal(&d, libc::SIGTERM);
+    // The first signal must have been taken before the second is sent
+    // (two pending SIGTERMs are one).
+    common::wait_until("the stop to wait for 6 requests", || {
+        log_lines(&log)
+            .iter()
+            .any(|l| l.contains("completing 6 request(s) in service"))
+    });
+    signal(&d, libc::SIGTERM);
+    wait_for_close(&c);
+    for (q, offered) in offered.iter().enumerate() {
+        let used = c.drain(q, Duration::ZERO);
+        assert_used_once(&c, q, offered, &used);
+    }
+    wait_for_exit(&mut d);
+    assert_eq!(completed_early(&common::read_json(&stats)), [3, 3]);
+}
+
+/// The daemon replaced under a running guest: SIGTERM with writes in
+/// service (completing out of order), more writes made available while it
+/// stops; the next daemon, on the same socket and image, reached as QEMU
+/// reconnects (each ring from its used index, its kick pending), serves
+/// exactly the writes the first did not pop: none lost, none twice, and
+/// every write's data is on the image.
+#[test]
+fn a_replaced_daemon_serves_on_from_the_used_index() {
+    blklab_only("blklab's graceful stop");
+    let img_dir = tempfile::tempdir().unwrap();
+    let img = format!("file:{}", img_dir.path().join("disk.img").display());
+    let args = [
+        "--disk",
+        &img,
+        "--size",
+        "64M",
+        "--num-queues",
+        "2",
+        "--queue-size",
+        "64",
+        "--write-latency",
+        "uniform:300ms..1500ms",
+    ];
+    let (mut first_daemon, log) = common::Daemon::with_control_logged(&args);
+    let ctl = first_daemon.control().to_path_buf();
+    let mut c = Conn::connect(&first_daemon.socket, &Setup::default());
+    let first: Vec<_> = (0..NUM_QUEUES)
+        .map(|q| offer_writes(&mut c, q, 8192 * q as u64, 8))
+        .collect();
+    for q in 0..NUM_QUEUES {
+        common::wait_for_counters(&ctl, 0, q, &[("requests", 8)]);
+    }
+    signal(&first_daemon, libc::SIGTERM);
+    common::wait_until("the stop to begin", || {
+        log_lines(&log)
+            .iter()
+            .any(|l| l.contains("request(s) in service before closing"))
+    });
+    // Made available while the daemon stops: left on the avail ring.
+    let later: Vec<_> = (0..NUM_QUEUES)
+        .map(|q| offer_writes(&mut c, q, 8192 * q as u64 + 1024, 6))
+        .collect();
+    wait_for_close(&c);
+    for q in 0..NUM_QUEUES {
+        let used = c.drain(q, Duration::ZERO);
+        assert_used_once(&c, q, &first[q], &used);
+        for o in &later[q] {
+            assert_eq!(c.byte(o.status), STATUS_UNTOUCHED, "popped while stopping");
+        }
+    }
+    wait_for_exit(&mut first_daemon);
+
+    let mut next = common::Daemon::spawn_at(
+        tempfile::tempdir().unwrap(),
+        first_daemon.socket.clone(),
+        &args,
+        1,
+    );
+    let mut c = c.resume(&next.socket);
+    for (q, later) in later.iter().enumerate() {
+        let used: Vec<(u32, u32)> = (0..later.len())
+            .map(|i| {
+                c.wait_used(q, WAIT).unwrap_or_else(|| {
+                    panic!("queue {q}: {i} of {} later writes served", later.len())
+                })
+            })
+            .collect();
+        assert_used_once(&c, q, later, &used);
+        assert_eq!(c.wait_used(q, MAYBE_WAIT), None, "queue {q}: served twice");
+    }
+    for o in first.iter().chain(&later).flatten() {
+        assert!(
+            c.read_ok(0, o.sector, 4096) == pattern(4096, o.sector),
+            "sector {}: not the data written",
+            o.sector
+        );
+    }
+    drop(c);
+    next.terminate();
+}
+
+/// The stats document of a daemon's control socket `ctl`.
+fn stats_doc(ctl: &Path) -> serde_json::Value {
+    blklab::backend::control::query(ctl, "stats").expect("control query: stats")
+}
+
+/// Connections that end with requests in service, and with queues waiting
+/// for a command slot, give every slot back and leave no waiter behind,
+/// round after round, with per-queue and shared pools; each connection is
+/// counted in the disk's connection generation, under one daemon identity.
+#[test]
+fn command_slots_come_back_when_connections_end_with_requests_in_service() {
+    blklab_only("blklab's tag pools and counters");
+    for tags in ["per-queue", "shared"] {
+        let (server, ctl, _) =
+            spawn_logged(&["--tags", tags, "--depth", "4", "--write-latency", "3600s"]);
+        let Server::Blklab(d) = &server else {
+            unreachable!()
+        };
+        let daemon = stats_doc(&ctl)["daemon"].clone();
+        assert_eq!(daemon["pid"].as_i64(), Some(i64::from(d.pid())), "{daemon}");
+        const ROUNDS: u64 = 8;
+        for round in 1..=ROUNDS {
+            let mut c = server.connect();
+            for q in 0..NUM_QUEUES {
+                offer_writes(&mut c, q, 0, 6);
+            }
+            // Every pool full and every queue waiting for a slot.
+            common::wait_until("full pools with every queue waiting", || {
+                let doc = stats_doc(&ctl);
+                let disk = &doc["disks"][0];
+                disk["connections"] == round
+                    && disk["connected"] == true
+                    && disk["tag_pools"].as_array().unwrap().iter().all(|p| {
+                        p["in_use"] == p["depth"]
+                            && p["waiting_queues"].as_u64()
+                                == Some(p["queues"].as_array().unwrap().len() as u64)
+                    })
+            });
+            drop(c);
+            common::wait_until("every slot back and no waiter left", || {
+                let doc = stats_doc(&ctl);
+                let disk = &doc["disks"][0];
+                disk["connected"] == false
+                    && disk["tag_pools"].as_array().unwrap().iter().all(|p| {
+                        p["in_use"] == 0
+                            && p["waiting_queues"] == 0
+                            && p["active_queues"] == 0
+                            && p["gets"] == p["puts"]
+                    })
+            });
+        }
+        let doc = stats_doc(&ctl);
+        assert_eq!(doc["daemon"], daemon, "one daemon throughout");
+        assert_eq!(doc["disks"][0]["connections"], ROUNDS);
+        // A snapshot (a delta) says which connections its window saw.
+        let snap = |label: &str| {
+            blklab::backend::control::query(&ctl, &format!("snapshot {label}")).unwrap()
+        };
+        let first = snap("rounds");
+        assert_eq!(first["disks"][0]["connections_at_start"], 0, "{first}");
+        assert_eq!(first["disks"][0]["connections"], ROUNDS);
+        let second = snap("none");
+        assert_eq!(second["disks"][0]["connections_at_start"], ROUNDS);
+        // The next connection has the whole depth: reads are served.
+        let mut c = server.connect();
+        for q in 0..NUM_QUEUES {
+            assert_eq!(c.read_ok(q, 0, 4096).len(), 4096);
+        }
+        server.finish(c);
+    }
 }

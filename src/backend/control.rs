@@ -6,7 +6,8 @@
 //! - `snapshot LABEL` / `{"cmd":"snapshot","label":"LABEL"}`: the delta since
 //!   the previous snapshot (or start/reset), with the wall time it covers;
 //! - `reset`: zero every statistic;
-//! - `config`: every disk's configuration, version and git commit;
+//! - `config`: every disk's configuration, version and git commit, and the
+//!   daemon's identity;
 //! - `prom`: `{"prometheus": TEXT}`, the statistics in Prometheus format.
 //!
 //! Each answer is one JSON line; errors are `{"error": "..."}`.
@@ -37,6 +38,7 @@ use serde_json::{json, Value};
 use vmm_sys_util::eventfd::EventFd;
 
 use crate::backend::Disk;
+use crate::stats::daemon::DaemonIdentity;
 use crate::stats::queue::{DiskReport, QueueStats, StatsDocument};
 
 /// Longest request line (bytes, newline excluded) the control socket reads.
@@ -60,35 +62,65 @@ fn quote_prefix(text: &str) -> String {
     }
 }
 
-/// A stats document for `disks`, as deltas against `base` when given.
-pub(crate) fn report(disks: &[Arc<Disk>], base: Option<&[Vec<QueueStats>]>) -> StatsDocument {
+/// What a delta is taken against: each disk's connection generation and
+/// every queue's statistics, as of one moment ([`baselines`]).
+#[derive(Clone)]
+pub(crate) struct Baseline {
+    disks: Vec<DiskBaseline>,
+}
+
+#[derive(Clone)]
+struct DiskBaseline {
+    connections: u64,
+    queues: Vec<QueueStats>,
+}
+
+/// The stats document of `daemon`'s `disks`, as deltas against `base`
+/// when given.
+pub(crate) fn report(
+    daemon: &DaemonIdentity,
+    disks: &[Arc<Disk>],
+    base: Option<&Baseline>,
+) -> StatsDocument {
     let reports = disks
         .iter()
         .enumerate()
-        .map(|(d, disk)| DiskReport {
-            config: Some(disk.cfg.clone()),
-            queues: (0..disk.stats.len())
-                .map(|q| {
-                    let st = disk.queue_stats(q);
-                    st.report(q, base.and_then(|b| b.get(d)).and_then(|v| v.get(q)))
-                })
-                .collect(),
-            tag_pools: disk.tag_pool_stats(),
+        .map(|(d, disk)| {
+            let base = base.and_then(|b| b.disks.get(d));
+            let (connections, connected) = disk.connection();
+            DiskReport {
+                config: Some(disk.cfg.clone()),
+                queues: (0..disk.stats.len())
+                    .map(|q| {
+                        let st = disk.queue_stats(q);
+                        st.report(q, base.and_then(|b| b.queues.get(q)))
+                    })
+                    .collect(),
+                tag_pools: disk.tag_pool_stats(),
+                connections,
+                connected,
+                connections_at_start: base.map(|b| b.connections),
+            }
         })
         .collect();
-    StatsDocument::new(reports)
+    let mut doc = StatsDocument::new(reports);
+    doc.daemon = Some(daemon.clone());
+    doc
 }
 
-/// Baselines of every queue of every disk, for later deltas.
-pub(crate) fn baselines(disks: &[Arc<Disk>]) -> Vec<Vec<QueueStats>> {
-    disks
-        .iter()
-        .map(|disk| {
-            (0..disk.stats.len())
-                .map(|q| disk.queue_stats(q).baseline())
-                .collect()
-        })
-        .collect()
+/// Baselines of every disk and queue, for later deltas.
+pub(crate) fn baselines(disks: &[Arc<Disk>]) -> Baseline {
+    Baseline {
+        disks: disks
+            .iter()
+            .map(|disk| DiskBaseline {
+                connections: disk.connection().0,
+                queues: (0..disk.stats.len())
+                    .map(|q| disk.queue_stats(q).baseline())
+                    .collect(),
+            })
+            .collect(),
+    }
 }
 
 /// Zero every statistic.
@@ -102,19 +134,20 @@ pub(crate) fn reset(disks: &[Arc<Disk>]) {
 
 /// State shared by the control connections.
 struct Control {
+    daemon: DaemonIdentity,
     disks: Vec<Arc<Disk>>,
     /// Baseline of the next snapshot and when it was taken.
-    snapshot: Mutex<(Instant, Vec<Vec<QueueStats>>)>,
+    snapshot: Mutex<(Instant, Baseline)>,
 }
 
 impl Control {
     fn answer(&self, line: &str) -> Value {
         let (cmd, label) = parse_command(line);
         match cmd.as_str() {
-            "stats" => to_value(&report(&self.disks, None)),
+            "stats" => to_value(&report(&self.daemon, &self.disks, None)),
             "snapshot" => {
                 let mut snap = self.snapshot.lock().unwrap_or_else(|p| p.into_inner());
-                let mut doc = report(&self.disks, Some(&snap.1));
+                let mut doc = report(&self.daemon, &self.disks, Some(&snap.1));
                 let now = Instant::now();
                 doc.label = Some(label.unwrap_or_default());
                 doc.interval_s = Some(now.duration_since(snap.0).as_secs_f64());
@@ -128,13 +161,14 @@ impl Control {
                 json!({"ok": true})
             }
             "prom" => {
-                json!({"prometheus": crate::stats::prometheus::render(&report(&self.disks, None))})
+                json!({"prometheus": crate::stats::prometheus::render(&report(&self.daemon, &self.disks, None))})
             }
             "config" => {
                 let doc = StatsDocument::new(Vec::new());
                 json!({
                     "blklab_version": doc.blklab_version,
                     "git_commit": doc.git_commit,
+                    "daemon": self.daemon,
                     "disks": self.disks.iter().map(|d| d.cfg.clone()).collect::<Vec<_>>(),
                 })
             }
@@ -180,12 +214,14 @@ fn parse_command(line: &str) -> (String, Option<String>) {
 /// `wake` becomes readable.
 pub(crate) fn spawn(
     listener: UnixListener,
+    daemon: DaemonIdentity,
     disks: Vec<Arc<Disk>>,
     shutdown: Arc<AtomicBool>,
     wake: Arc<EventFd>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     let control = Arc::new(Control {
         snapshot: Mutex::new((Instant::now(), baselines(&disks))),
+        daemon,
         disks,
     });
     let active = Arc::new(AtomicUsize::new(0));
@@ -398,9 +434,13 @@ pub fn stats_answer(answer: &Value, command: &str) -> std::io::Result<StatsDocum
     })
 }
 
-/// Write the final statistics document to `path`.
-pub(crate) fn write_stats_file(path: &Path, disks: &[Arc<Disk>]) -> std::io::Result<()> {
-    let doc = report(disks, None);
+/// Write `daemon`'s final statistics document to `path`.
+pub(crate) fn write_stats_file(
+    path: &Path,
+    daemon: &DaemonIdentity,
+    disks: &[Arc<Disk>],
+) -> std::io::Result<()> {
+    let doc = report(daemon, disks, None);
     let text = serde_json::to_string_pretty(&doc).map_err(std::io::Error::other)?;
     std::fs::write(path, text + "\n")?;
     info!("wrote statistics to {}", path.display());

@@ -2,7 +2,7 @@
 //! command-slot pools, shared by every connection for the life of the
 //! process.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use vmm_sys_util::eventfd::EventFd;
@@ -40,9 +40,19 @@ pub(crate) struct Disk {
     pub(super) tag_slots: Vec<Option<(Arc<TagPool>, QueueId)>>,
     /// Each queue's wake-up eventfd, written by its pool when slots free.
     pub(super) tag_wakers: Vec<Arc<EventFd>>,
-    /// The process is shutting down: a GET_VRING_BASE waiting for requests
-    /// in service completes them at once instead.
+    /// The daemon is stopping: no queue pops a new request; the requests
+    /// in service complete (at their deadlines) before the connection
+    /// closes.
+    pub(super) quiescing: AtomicBool,
+    /// The stop's wait for requests in service is over (its time ran out,
+    /// or a second signal came): they complete at once, and a
+    /// GET_VRING_BASE waiting for them stops waiting.
     pub(super) stopping: AtomicBool,
+    /// Frontends that have connected since the disk was opened (the
+    /// connection generation).
+    connections: AtomicU64,
+    /// A frontend is connected now.
+    connected: AtomicBool,
 }
 
 impl Disk {
@@ -102,7 +112,10 @@ impl Disk {
             writeback: AtomicBool::new(Self::CONFIGURED_WRITEBACK),
             tag_slots,
             tag_wakers,
+            quiescing: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            connections: AtomicU64::new(0),
+            connected: AtomicBool::new(false),
         })
     }
 
@@ -117,6 +130,38 @@ impl Disk {
     pub(super) fn reset_cache_mode(&self) {
         self.writeback
             .store(Self::CONFIGURED_WRITEBACK, Ordering::Relaxed);
+    }
+
+    /// A frontend connected: returns its connection generation (1 for the
+    /// first).
+    pub(super) fn frontend_connected(&self) -> u64 {
+        self.connected.store(true, Ordering::SeqCst);
+        self.connections.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// The frontend's connection ended.
+    pub(super) fn frontend_disconnected(&self) {
+        self.connected.store(false, Ordering::SeqCst);
+    }
+
+    /// (connection generation, whether a frontend is connected now).
+    pub(crate) fn connection(&self) -> (u64, bool) {
+        (
+            self.connections.load(Ordering::SeqCst),
+            self.connected.load(Ordering::SeqCst),
+        )
+    }
+
+    /// The stop's wait for requests in service is over: they complete at
+    /// once (see `stopping`).
+    pub(super) fn end_stop_wait(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// The daemon is stopping: pop nothing more (see `quiescing`).
+    #[inline]
+    pub(super) fn is_quiescing(&self) -> bool {
+        self.quiescing.load(Ordering::Relaxed)
     }
 
     /// The pools this disk's queues draw from (one entry per distinct pool).
@@ -137,6 +182,15 @@ impl Disk {
     pub(super) fn put_tag(&self, q: usize, tag: Option<Tag>) {
         if let (Some(t), Some((pool, id))) = (tag, &self.tag_slots[q]) {
             pool.put(*id, t);
+        }
+    }
+
+    /// Queue `q`'s connection ended: it no longer waits for a command
+    /// slot (the next connection's queue registers again when it needs
+    /// one). Its slots must have been given back first.
+    pub(super) fn leave_tag_pool(&self, q: usize) {
+        if let Some((pool, id)) = &self.tag_slots[q] {
+            pool.stop_waiting(*id);
         }
     }
 

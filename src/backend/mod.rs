@@ -211,12 +211,16 @@ impl BlkBackend {
 impl Drop for BlkBackend {
     /// A frontend that went away without stopping its rings leaves requests
     /// in service: give their command slots back so a shared pool does not
-    /// shrink. And close the exit-event consumers (`exit_consumers`).
+    /// shrink, and take a queue that waited for one out of the pool's
+    /// waiters (its fair share goes back to the others). The disk's pools
+    /// outlive the connection; the next one finds them as if this one had
+    /// never held anything. And close the exit-event consumers
+    /// (`exit_consumers`).
     fn drop(&mut self) {
         for q in &mut self.queues {
-            q.get_mut()
-                .unwrap_or_else(|p| p.into_inner())
-                .release_slots(&self.disk);
+            let q = q.get_mut().unwrap_or_else(|p| p.into_inner());
+            q.release_slots(&self.disk);
+            self.disk.leave_tag_pool(q.index);
         }
         let fds = std::mem::take(
             self.exit_consumers

@@ -1,15 +1,21 @@
 //! Serving disks: one listening socket and one accept loop per disk, a
 //! fresh device per vhost-user connection (the disk's data stays), and a
-//! clean shutdown that removes the sockets.
+//! graceful stop: the sockets go first (a new daemon can bind them), no
+//! queue pops a new request, every request in service completes onto the
+//! used ring (at its emulated deadline, within the stop's drain time),
+//! and only then do the connections close. A frontend that restarts each
+//! ring from its used index when its backend goes away (QEMU) then finds
+//! nothing lost and nothing to repeat.
 
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use log::{error, info, warn};
 use thiserror::Error;
@@ -22,7 +28,12 @@ use crate::backend::disk::DiskError;
 use crate::backend::{BlkBackend, Disk};
 use crate::device::config::{DiskConfig, TagMode, TagScope};
 use crate::device::tags::TagPool;
+use crate::stats::daemon::DaemonIdentity;
 use crate::util::fd;
+
+/// How long a stop waits, by default, for requests in service to reach
+/// their emulated completion time before completing them at once.
+const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Error)]
 pub enum ServeError {
@@ -125,22 +136,88 @@ fn temporary_name(path: &Path) -> Option<PathBuf> {
         .find(|p| p.as_os_str().len() <= SUN_PATH_MAX)
 }
 
+/// A socket file this server bound, known by its device and inode: a
+/// stop removes it only while the path still names it (not a socket a
+/// newer daemon has bound there since).
+struct SocketFile {
+    path: PathBuf,
+    id: Option<(u64, u64)>,
+}
+
+impl SocketFile {
+    /// The socket just bound at `path`.
+    fn bound(path: &Path) -> SocketFile {
+        SocketFile {
+            path: path.to_path_buf(),
+            id: std::fs::symlink_metadata(path)
+                .ok()
+                .map(|m| (m.dev(), m.ino())),
+        }
+    }
+
+    /// Remove the file if the path still names it.
+    fn remove(&mut self) {
+        let Some(id) = self.id.take() else {
+            return;
+        };
+        let now = std::fs::symlink_metadata(&self.path)
+            .ok()
+            .map(|m| (m.dev(), m.ino()));
+        if now == Some(id) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// A disk's frontend connection, while it lasts.
+struct Connection {
+    handle: ShutdownHandle,
+    backend: Arc<BlkBackend>,
+}
+
+/// Bind every disk's socket, all or nothing: on a failure the sockets
+/// bound so far, and the control socket at `control`, are removed.
+fn bind_disk_sockets(
+    disks: &[Arc<Disk>],
+    control: Option<&Path>,
+) -> Result<Vec<(UnixListener, SocketFile)>, ServeError> {
+    let mut listeners = Vec::new();
+    for d in disks {
+        match bind_socket(&d.cfg.socket, d.cfg.socket_mode) {
+            Ok(l) => listeners.push((l, SocketFile::bound(&d.cfg.socket))),
+            Err(e) => {
+                for (_, mut file) in listeners {
+                    file.remove();
+                }
+                if let Some(p) = control {
+                    let _ = std::fs::remove_file(p);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(listeners)
+}
+
 /// One disk being served.
 struct Served {
     disk: Arc<Disk>,
-    connection: Arc<Mutex<Option<ShutdownHandle>>>,
+    socket: SocketFile,
+    connection: Arc<Mutex<Option<Connection>>>,
     thread: Option<JoinHandle<()>>,
 }
 
 /// A set of disks being served by this process.
 pub(crate) struct Server {
+    /// Whose statistics these disks count.
+    identity: DaemonIdentity,
     served: Vec<Served>,
     shutdown: Arc<AtomicBool>,
     /// Becomes readable (and stays so) when shutdown starts; wakes the
     /// accept loops.
     wake: Arc<EventFd>,
-    /// The control socket's path and thread, when there is one.
-    control: Option<(PathBuf, JoinHandle<()>)>,
+    /// The control socket and its thread, when there is one.
+    control: Option<(SocketFile, JoinHandle<()>)>,
 }
 
 impl Server {
@@ -170,21 +247,8 @@ impl Server {
             Some(p) => Some((p.to_path_buf(), bind_socket(p, 0o600)?)),
             None => None,
         };
-        let mut listeners = Vec::new();
-        for d in &disks {
-            match bind_socket(&d.cfg.socket, d.cfg.socket_mode) {
-                Ok(l) => listeners.push(l),
-                Err(e) => {
-                    for prev in &disks[..listeners.len()] {
-                        let _ = std::fs::remove_file(&prev.cfg.socket);
-                    }
-                    if let Some((p, _)) = &control_listener {
-                        let _ = std::fs::remove_file(p);
-                    }
-                    return Err(e);
-                }
-            }
-        }
+        let listeners = bind_disk_sockets(&disks, control)?;
+        let identity = DaemonIdentity::new();
         let shutdown = Arc::new(AtomicBool::new(false));
         let wake = Arc::new(
             EventFd::new(libc::EFD_CLOEXEC | libc::EFD_NONBLOCK).map_err(|source| {
@@ -195,7 +259,7 @@ impl Server {
             })?,
         );
         let mut served = Vec::new();
-        for (disk, listener) in disks.into_iter().zip(listeners) {
+        for (disk, (listener, socket)) in disks.into_iter().zip(listeners) {
             info!("serving {}", disk.cfg.describe());
             let connection = Arc::new(Mutex::new(None));
             let (d, c, s, w) = (
@@ -214,6 +278,7 @@ impl Server {
                 })?;
             served.push(Served {
                 disk,
+                socket,
                 connection,
                 thread: Some(thread),
             });
@@ -221,17 +286,29 @@ impl Server {
         let control = match control_listener {
             Some((path, l)) => {
                 let disks = served.iter().map(|s| s.disk.clone()).collect();
-                let t = crate::backend::control::spawn(l, disks, shutdown.clone(), wake.clone())
-                    .map_err(|source| ServeError::Thread {
-                        path: path.clone(),
-                        source,
-                    })?;
+                let file = SocketFile::bound(&path);
+                let t = crate::backend::control::spawn(
+                    l,
+                    identity.clone(),
+                    disks,
+                    shutdown.clone(),
+                    wake.clone(),
+                )
+                .map_err(|source| ServeError::Thread {
+                    path: path.clone(),
+                    source,
+                })?;
                 info!("control socket {}", path.display());
-                Some((path, t))
+                Some((file, t))
             }
             None => None,
         };
+        info!(
+            "daemon pid {}, instance {}",
+            identity.pid, identity.instance
+        );
         Ok(Server {
+            identity,
             served,
             shutdown,
             wake,
@@ -244,24 +321,47 @@ impl Server {
         self.served.iter().map(|s| s.disk.clone()).collect()
     }
 
-    /// End every connection and accept loop, wait for them, and remove the
-    /// sockets.
-    pub(crate) fn shutdown(mut self) {
-        self.stop();
+    /// Whose statistics the disks count: this server's identity.
+    pub(crate) fn identity(&self) -> &DaemonIdentity {
+        &self.identity
     }
 
-    fn stop(&mut self) {
+    /// Stop gracefully ([`Server::shutdown_within`]) with the default
+    /// drain time.
+    pub(crate) fn shutdown(self) {
+        self.shutdown_within(DEFAULT_DRAIN_TIMEOUT);
+    }
+
+    /// Stop gracefully: remove the sockets, pop no new request, complete
+    /// every request in service at its deadline for at most `drain` (then
+    /// at once; sooner if [`Disk::end_stop_wait`] says so), close the
+    /// connections and wait for the accept loops.
+    pub(crate) fn shutdown_within(mut self, drain: Duration) {
+        self.stop(drain);
+    }
+
+    fn stop(&mut self, drain: Duration) {
         self.shutdown.store(true, Ordering::SeqCst);
         // Wake the accept loops waiting for a frontend.
         if let Err(e) = self.wake.write(1) {
             error!("cannot wake the accept loops: {e}");
         }
+        // The sockets go first: a frontend that reconnects finds the next
+        // daemon, never this one closing.
+        for s in &mut self.served {
+            s.socket.remove();
+        }
+        if let Some((file, _)) = &mut self.control {
+            file.remove();
+        }
+        self.drain(drain);
         for s in &self.served {
-            // A GET_VRING_BASE waiting for requests in service stops waiting.
-            s.disk.stopping.store(true, Ordering::SeqCst);
+            // A GET_VRING_BASE still waiting for requests in service stops
+            // waiting.
+            s.disk.end_stop_wait();
             let conn = s.connection.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(h) = conn.as_ref() {
-                h.shutdown();
+            if let Some(c) = conn.as_ref() {
+                c.handle.shutdown();
             }
         }
         for s in &mut self.served {
@@ -270,11 +370,44 @@ impl Server {
                     error!("server thread for {} panicked", s.disk.cfg.socket.display());
                 }
             }
-            let _ = std::fs::remove_file(&s.disk.cfg.socket);
         }
-        if let Some((path, t)) = self.control.take() {
+        if let Some((_, t)) = self.control.take() {
             let _ = t.join();
-            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Pop nothing more on any disk, then complete every request in
+    /// service (see [`BlkBackend::quiesce`]), waiting at most `drain` for
+    /// their deadlines.
+    fn drain(&self, drain: Duration) {
+        for s in &self.served {
+            s.disk.quiescing.store(true, Ordering::SeqCst);
+        }
+        let backends: Vec<(&Path, Arc<BlkBackend>)> = self
+            .served
+            .iter()
+            .filter_map(|s| {
+                let conn = s.connection.lock().unwrap_or_else(|p| p.into_inner());
+                Some((s.disk.cfg.socket.as_path(), conn.as_ref()?.backend.clone()))
+            })
+            .collect();
+        let in_service: usize = backends.iter().map(|(_, b)| b.in_service()).sum();
+        if in_service > 0 {
+            info!(
+                "completing {in_service} request(s) in service before closing (at their emulated completion time, for at most {drain:?}; SIGTERM or SIGINT again completes them at once)"
+            );
+        }
+        let give_up = Instant::now() + drain;
+        for (path, b) in backends {
+            // Also with nothing in service: the rings go back with their
+            // notifications on.
+            b.quiesce(give_up);
+            if in_service > 0 {
+                info!(
+                    "{}: every request in service is on the used ring",
+                    path.display()
+                );
+            }
         }
     }
 }
@@ -282,7 +415,7 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         if self.served.iter().any(|s| s.thread.is_some()) || self.control.is_some() {
-            self.stop();
+            self.stop(DEFAULT_DRAIN_TIMEOUT);
         }
     }
 }
@@ -291,14 +424,13 @@ impl Drop for Server {
 fn serve_disk(
     disk: Arc<Disk>,
     listener: UnixListener,
-    current: Arc<Mutex<Option<ShutdownHandle>>>,
+    current: Arc<Mutex<Option<Connection>>>,
     shutdown: Arc<AtomicBool>,
     wake: Arc<EventFd>,
 ) {
     let path = disk.cfg.socket.display().to_string();
     let listen_fd = listener.as_raw_fd();
     let mut listener = Listener::from(listener);
-    let mut connections = 0u64;
     while !shutdown.load(Ordering::SeqCst) {
         match fd::listener_or_wake(listen_fd, wake.as_raw_fd()) {
             Ok(true) => {}
@@ -318,7 +450,7 @@ fn serve_disk(
         };
         let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
         let mut daemon = match VhostUserDaemon::new(
-            format!("blklab-conn-{connections}"),
+            format!("blklab-conn-{}", disk.connection().0 + 1),
             backend.clone(),
             mem,
         ) {
@@ -344,9 +476,13 @@ fn serve_disk(
         if shutdown.load(Ordering::SeqCst) {
             daemon.request_shutdown();
         }
-        connections += 1;
-        info!("{path}: frontend connected (connection {connections})");
-        *current.lock().unwrap_or_else(|p| p.into_inner()) = daemon.shutdown_handle();
+        let generation = disk.frontend_connected();
+        info!("{path}: frontend connected (connection {generation})");
+        *current.lock().unwrap_or_else(|p| p.into_inner()) =
+            daemon.shutdown_handle().map(|handle| Connection {
+                handle,
+                backend: backend.clone(),
+            });
         if shutdown.load(Ordering::SeqCst) {
             daemon.request_shutdown();
         }
@@ -361,6 +497,8 @@ fn serve_disk(
             Err(e) => warn!("{path}: connection ended: {e}"),
         }
         *current.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        disk.frontend_disconnected();
+        backend.retire_workers();
         // Dropping the daemon stops and joins its queue worker threads.
         drop(daemon);
         backend.log_summary();

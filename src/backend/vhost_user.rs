@@ -32,9 +32,6 @@ use crate::virtq::inflight::InflightArea;
 /// Longest GET_VRING_BASE waits for requests in service (emulated latency,
 /// stalls) before completing them early.
 const STOP_WAIT_MAX: Duration = Duration::from_secs(60);
-/// GET_VRING_BASE waits in slices of at most this long (without the queue's
-/// lock), to see a shutdown promptly.
-const STOP_WAIT_SLICE: Duration = Duration::from_millis(50);
 
 /// Why a memory region the frontend sent is refused.
 #[derive(Debug, thiserror::Error)]
@@ -319,33 +316,20 @@ impl VhostUserBackend for BlkBackend {
         // lock waits for a pass in progress. Requests still in service
         // complete at their deadlines before GET_VRING_BASE is answered, so
         // the guest gets every buffer back. The wait never holds the
-        // queue's lock, is bounded, and ends at once when the process
-        // shuts down.
+        // queue's lock, is bounded, and ends at once when the daemon's
+        // stop has run out of time.
         let qi = queue_index as usize;
         if qi >= self.queues.len() {
             return Ok(());
         }
-        let give_up = Instant::now() + STOP_WAIT_MAX;
-        loop {
-            let mut q = self.lock_queue(qi);
-            let now = Instant::now();
-            let all = now >= give_up || self.disk.stopping.load(Ordering::SeqCst);
-            let next = self.complete_for_stop(&mut q, all);
-            self.hand_back(&mut q);
+        self.complete_in_service(qi, Instant::now() + STOP_WAIT_MAX, |be, q| {
+            be.hand_back(q);
             // The driver restarts the ring from here.
             q.restart();
-            self.release_ring(qi);
-            let Some(next) = next else {
-                q.set_timer(None);
-                return Ok(());
-            };
-            drop(q);
-            std::thread::sleep(
-                next.saturating_duration_since(Instant::now())
-                    .min(give_up.saturating_duration_since(Instant::now()))
-                    .min(STOP_WAIT_SLICE),
-            );
-        }
+            be.release_ring(qi);
+        });
+        self.lock_queue(qi).set_timer(None);
+        Ok(())
     }
 
     fn handle_event(

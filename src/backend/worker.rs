@@ -15,8 +15,9 @@ mod queue;
 mod tests;
 
 use std::cmp::Reverse;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
@@ -29,6 +30,11 @@ use crate::backend::worker::queue::BrokenRing;
 pub(crate) use crate::backend::worker::queue::QueueState;
 use crate::backend::{BlkBackend, GM};
 use crate::stats::queue::QueueStats;
+
+/// A wait for requests in service ([`BlkBackend::complete_in_service`])
+/// sleeps at most this long at a time (without the queue's lock), to see
+/// its deadline or the daemon's stop promptly.
+const STOP_WAIT_SLICE: Duration = Duration::from_millis(50);
 
 /// Why a worker serves its queue now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +89,10 @@ impl Turns {
         self.popped += d.popped;
         self.served.worked |= t.completed + d.used > 0 || d.popped > 0;
         self.served.arrived |= d.popped > 0;
-        self.served.pollable = !matches!(d.stop, DrainStop::Broken | DrainStop::NoSlot);
+        self.served.pollable = !matches!(
+            d.stop,
+            DrainStop::Broken | DrainStop::NoSlot | DrainStop::Quiescing
+        );
         self.bounded = d.stop == DrainStop::Bounded;
     }
 }
@@ -93,7 +102,9 @@ impl BlkBackend {
     /// come, pop and execute what the guest made available (as far as
     /// command slots allow), notify the guest, and re-arm the completion
     /// timer. In [`Mode::Poll`], one pass only, leaving guest
-    /// notifications off (the worker goes on polling the ring).
+    /// notifications off (the worker goes on polling the ring). While the
+    /// daemon stops, never in [`Mode::Poll`]: a ring it hands back keeps
+    /// its notifications on.
     pub(super) fn serve_queue(
         &self,
         q: &mut QueueState,
@@ -103,6 +114,11 @@ impl BlkBackend {
     ) -> Served {
         let Some(mem) = q.memory() else {
             return Served::NOTHING;
+        };
+        let mode = if self.disk.is_quiescing() {
+            Mode::Notify
+        } else {
+            mode
         };
         q.keep_vring(vring);
         if q.is_broken() {
@@ -244,9 +260,68 @@ impl BlkBackend {
         }
     }
 
-    /// GET_VRING_BASE: put the requests in service whose deadline has come
-    /// (all of them with `all`) on the used ring and signal the guest;
-    /// returns the earliest deadline still pending.
+    /// Complete queue `qi`'s requests in service, each at its deadline, or
+    /// all at once from `give_up` on or once the daemon's stop says so
+    /// ([`Disk::stopping`](crate::backend::Disk)); `each` runs on the
+    /// queue after every round, under its lock. The wait between rounds
+    /// never holds the queue's lock and looks at the clock and the stop at
+    /// least every [`STOP_WAIT_SLICE`].
+    pub(super) fn complete_in_service(
+        &self,
+        qi: usize,
+        give_up: Instant,
+        mut each: impl FnMut(&Self, &mut QueueState),
+    ) {
+        loop {
+            let mut q = self.lock_queue(qi);
+            let all = Instant::now() >= give_up || self.disk.stopping.load(Ordering::SeqCst);
+            let next = self.complete_for_stop(&mut q, all);
+            each(self, &mut q);
+            let Some(next) = next else {
+                return;
+            };
+            drop(q);
+            std::thread::sleep(
+                next.saturating_duration_since(Instant::now())
+                    .min(give_up.saturating_duration_since(Instant::now()))
+                    .min(STOP_WAIT_SLICE),
+            );
+        }
+    }
+
+    /// The daemon stops (nothing new is popped: [`Disk::is_quiescing`]):
+    /// complete every queue's requests in service, at their deadlines
+    /// until `give_up`, then at once, and hand each ring back with guest
+    /// notifications on. Every request popped is then on the used ring, so
+    /// a frontend that restarts each ring from its used index (QEMU, when
+    /// its backend goes away) loses and repeats nothing.
+    ///
+    /// [`Disk::is_quiescing`]: crate::backend::Disk
+    pub(crate) fn quiesce(&self, give_up: Instant) {
+        for qi in 0..self.queues.len() {
+            self.complete_in_service(qi, give_up, |be, q| be.hand_back(q));
+        }
+    }
+
+    /// Requests in service on every queue now.
+    pub(crate) fn in_service(&self) -> usize {
+        (0..self.queues.len())
+            .map(|qi| self.lock_queue(qi).pending.len())
+            .sum()
+    }
+
+    /// A connection ended: each queue's worker CPU time so far joins its
+    /// statistics' total before the worker threads go.
+    pub(crate) fn retire_workers(&self) {
+        for qi in 0..self.queues.len() {
+            self.disk.queue_stats(qi).retire_worker();
+        }
+    }
+
+    /// GET_VRING_BASE or a stop: put the requests in service whose
+    /// deadline has come (all of them with `all`, counting those that
+    /// complete before their deadline) on the used ring and signal the
+    /// guest; returns the earliest deadline still pending.
     pub(super) fn complete_for_stop(&self, q: &mut QueueState, all: bool) -> Option<Instant> {
         if q.pending.is_empty() {
             return None;
@@ -266,6 +341,9 @@ impl BlkBackend {
                     break;
                 }
                 pass.q.pending.pop();
+                if p.deadline > now {
+                    pass.st.counters.completed_early += 1;
+                }
                 pass.finish(p, Some(now_ticks));
                 n += 1;
             }

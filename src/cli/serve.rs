@@ -26,6 +26,14 @@ pub struct ServeArgs {
     /// Write the final statistics (JSON) to FILE at exit.
     #[arg(long, value_name = "FILE")]
     pub stats_out: Option<PathBuf>,
+    /// On SIGTERM or SIGINT: wait at most this long (e.g. 10s, 500ms, 0)
+    /// for requests in service to reach their emulated completion time,
+    /// then complete them at once; a second signal ends the wait. Either
+    /// way every request in service is on the used ring before the
+    /// connections close, so a guest reconnecting to the next daemon loses
+    /// and repeats nothing.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_drain_timeout)]
+    pub drain_timeout: std::time::Duration,
     /// Print the QEMU options that attach these disks, then exit.
     #[arg(long)]
     pub print_qemu_args: bool,
@@ -55,6 +63,35 @@ impl ServeArgs {
             control: self.control,
             metrics: self.metrics,
             stats_out: self.stats_out,
+            drain_timeout: self.drain_timeout,
+        }
+    }
+}
+
+/// `--drain-timeout`: a fixed duration, 0 included.
+fn parse_drain_timeout(s: &str) -> Result<std::time::Duration, String> {
+    use crate::device::latency::LatencySpec;
+    match s.parse::<LatencySpec>() {
+        Ok(LatencySpec::Fixed(d)) => Ok(d),
+        Ok(LatencySpec::Zero) => Ok(std::time::Duration::ZERO),
+        _ => Err(format!(
+            "invalid duration {s:?}: expected a fixed duration, e.g. 10s, 500ms or 0"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn drain_timeouts() {
+        assert_eq!(parse_drain_timeout("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_drain_timeout("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_drain_timeout("0"), Ok(Duration::ZERO));
+        for bad in ["", "soon", "uniform:1ms..2ms", "-1s"] {
+            assert!(parse_drain_timeout(bad).is_err(), "{bad}");
         }
     }
 }

@@ -473,6 +473,21 @@ impl TagPool {
         }
     }
 
+    /// Queue `q` stops waiting for a tag (its user went away, e.g. its
+    /// connection ended while it waited): it is no longer counted as
+    /// waiting, nor as active once it holds nothing, and with fairness the
+    /// queues waiting on their share are woken (it just grew). Its tags
+    /// must have been put back first. A later `try_get` registers it again.
+    pub(crate) fn stop_waiting(&self, q: QueueId) {
+        let qs = self.slot(q.0 as usize);
+        if self.clear_waiting(qs, false)
+            && qs.state.load(Ordering::SeqCst) == 0
+            && self.fairness_applies()
+        {
+            self.wake(u32::MAX, true, Reason::Share);
+        }
+    }
+
     /// Return `tag`, taken by queue `q`, and wake waiters as due. A tag
     /// that is not held is ignored (and asserts in debug builds).
     pub(crate) fn put(&self, q: QueueId, tag: Tag) {
@@ -1065,6 +1080,58 @@ mod tests {
         }
         pool.put(q[1], other1);
         assert_eq!(pool.stats().active_queues, 0);
+    }
+
+    /// A waiting queue whose user goes away stops counting as waiting and
+    /// active, and is not woken by later puts.
+    #[test]
+    fn a_queue_that_stops_waiting_is_neither_waiting_nor_active() {
+        let pool = TagPool::new(2, false);
+        let (e0, e1) = (efd(), efd());
+        let (q0, q1) = (pool.register(e0.clone()), pool.register(e1.clone()));
+        let (mut h0, mut h1) = (0, 0);
+        let held: Vec<Tag> = (0..2).map(|_| pool.try_get(q0, &mut h0).unwrap()).collect();
+        assert_eq!(pool.try_get(q1, &mut h1), None);
+        let s = pool.stats();
+        assert_eq!((s.active_queues, s.waiting_queues), (2, 1));
+        pool.stop_waiting(q1);
+        let s = pool.stats();
+        assert_eq!((s.active_queues, s.waiting_queues), (1, 0));
+        for t in held {
+            pool.put(q0, t);
+        }
+        let s = pool.stats();
+        assert_eq!((s.in_use, s.active_queues, s.wakeups_sent), (0, 0, 0));
+        assert!(!signalled(&e1), "a queue that left was woken");
+        // Not waiting: a second call changes nothing; it registers again.
+        pool.stop_waiting(q1);
+        assert_eq!(pool.stats().active_queues, 0);
+        assert!(pool.try_get(q1, &mut h1).is_some());
+    }
+
+    /// With fairness, a queue that leaves while waiting for slots makes
+    /// the others' share grow: a queue waiting on its share is woken.
+    #[test]
+    fn a_queue_that_stops_waiting_gives_its_share_back() {
+        let pool = TagPool::new(4, true);
+        let (e0, e1) = (efd(), efd());
+        let (q0, q1) = (pool.register(e0.clone()), pool.register(e1.clone()));
+        let (mut h0, mut h1) = (0, 0);
+        for _ in 0..4 {
+            pool.try_get(q0, &mut h0).unwrap();
+        }
+        // The pool is full: q1 waits for slots, and q0, over its share of
+        // 2 now that q1 is active, waits on its share.
+        assert_eq!(pool.try_get(q1, &mut h1), None);
+        assert_eq!(pool.try_get(q0, &mut h0), None);
+        let s = pool.stats();
+        assert_eq!((s.active_queues, s.waiting_queues), (2, 2));
+        assert_eq!(s.queues[0].share_waits, 1);
+        pool.stop_waiting(q1);
+        let s = pool.stats();
+        assert_eq!((s.active_queues, s.waiting_queues), (1, 0));
+        assert!(signalled(&e0), "the share waiter was not woken");
+        assert!(!signalled(&e1));
     }
 
     #[test]

@@ -41,6 +41,15 @@ pub(crate) struct Checks {
     guest_block_equals_backend: Option<bool>,
     #[serde(default)]
     guest_cpu_percent_sum: Option<f64>,
+    /// A frontend connected to one of the backend's disks during the
+    /// window (a disk's connection generation changed): the backend's
+    /// counters span more than one connection's device, whose rings,
+    /// latency sequences and fault schedules started over. Null without a
+    /// backend document, or one older than the generation. (The daemon's
+    /// instance cannot change within a window: the lab serves its disks in
+    /// process, one server per boot, named by the document's `daemon`.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) backend_reconnected: Option<bool>,
 }
 
 impl Checks {
@@ -72,6 +81,7 @@ impl Checks {
             fio_equals_backend: same(fio_ios, backend_ios),
             guest_block_equals_backend: same(block_ios, backend_ios),
             guest_cpu_percent_sum: guest.cpu.as_ref().map(|c| c.all.components().iter().sum()),
+            backend_reconnected: backend.and_then(StatsDocument::reconnected),
         }
     }
 }
@@ -254,6 +264,8 @@ mod tests {
         assert_eq!(c.fio_equals_backend, Some(true));
         assert_eq!(c.guest_block_equals_backend, Some(true));
         assert_eq!(c.guest_cpu_percent_sum, Some(100.0));
+        // A document older than the connection generation says nothing.
+        assert_eq!(c.backend_reconnected, None);
         let backend = StatsDocument::from_json(
             r#"{"disks": [{"queues": [{"counters": {"reads": 1, "writes": 0}}]}]}"#,
         )
@@ -273,6 +285,34 @@ mod tests {
         ramp.settings.as_mut().unwrap().ramp = Some(1);
         let c = Checks::of(&ramp, Some(&backend));
         assert_eq!((c.fio_ios, c.fio_equals_guest_block), (None, None));
+    }
+
+    /// The check says whether a disk's connection generation moved during
+    /// the window, on any disk.
+    #[test]
+    fn checks_say_when_the_backend_reconnected() {
+        let guest: GuestResult =
+            serde_json::from_value(json!({"settings": {"target": "virtio"}})).unwrap();
+        let window = |gens: &[(u64, u64)]| {
+            let disks: Vec<_> = gens
+                .iter()
+                .map(|(at_start, now)| {
+                    json!({"queues": [], "connections": now, "connected": true,
+                           "connections_at_start": at_start})
+                })
+                .collect();
+            let doc = StatsDocument::deserialize(json!({ "disks": disks })).unwrap();
+            Checks::of(&guest, Some(&doc)).backend_reconnected
+        };
+        assert_eq!(window(&[(1, 1)]), Some(false));
+        assert_eq!(window(&[(1, 1), (2, 3)]), Some(true));
+        assert_eq!(window(&[(0, 1)]), Some(true));
+        // A whole-life document (no baseline) is no window.
+        let whole = StatsDocument::deserialize(
+            json!({"disks": [{"queues": [], "connections": 4, "connected": true}]}),
+        )
+        .unwrap();
+        assert_eq!(Checks::of(&guest, Some(&whole)).backend_reconnected, None);
     }
 
     #[test]

@@ -5,9 +5,13 @@
 //! [`render`] turns a [`StatsDocument`] into metric families: every
 //! per-queue counter as a `blklab_<field>_total` counter, the worker's CPU
 //! time, the histograms as summaries (quantiles 0.5, 0.9, 0.99, 0.999, with
-//! `_sum` and `_count`; latencies in seconds), and `blklab_info` /
-//! `blklab_disk_info` gauges. Every per-queue sample carries the labels
-//! `disk="<socket path>"` and `queue="<index>"`.
+//! `_sum` and `_count`; latencies in seconds), `blklab_info` /
+//! `blklab_disk_info` gauges, and the daemon's life: its start time by
+//! instance (`blklab_start_time_seconds`, a new instance when the daemon
+//! was restarted or replaced) and each disk's connection generation and
+//! state (`blklab_disk_connections_total`, `blklab_disk_connected`).
+//! Every per-queue sample carries the labels `disk="<socket path>"` and
+//! `queue="<index>"`.
 //!
 //! **Which crate does what.** This module decides the families (names,
 //! HELP texts, types, labels, values); the `prometheus` crate (TiKV's
@@ -166,6 +170,7 @@ fn counter_help(field: &str) -> String {
         "empty_wakeups" => "Worker wake-ups that found no request.",
         "notifications" => "Used-buffer notifications sent to the guest.",
         "tag_waits" => "Times the queue found no free command slot and stopped popping.",
+        "completed_early" => "Requests in service completed before their emulated completion time because their ring or the daemon stopped.",
         "poll_spin_ns" => "Nanoseconds the worker polled the idle ring (--poll).",
         "poll_hits" => "Poll spins that found a request (--poll).",
         "poll_misses" => "Poll spins that ran out and re-enabled guest notifications (--poll).",
@@ -313,6 +318,48 @@ fn info_families(doc: &StatsDocument) -> [MetricFamily; 2] {
     ]
 }
 
+/// The daemon's start time by instance, and each disk's connection
+/// generation and whether a frontend is connected.
+fn lifecycle_families(doc: &StatsDocument) -> [MetricFamily; 3] {
+    let start = doc
+        .daemon
+        .iter()
+        .map(|d| {
+            gauge(
+                &[("instance", &d.instance), ("pid", &d.pid.to_string())],
+                d.started_unix_ns as f64 / 1e9,
+            )
+        })
+        .collect();
+    let per_disk = |value: fn(&crate::stats::queue::DiskReport) -> f64,
+                    make: fn(&[(&str, &str)], f64) -> Metric| {
+        doc.disks
+            .iter()
+            .map(|d| make(&[("disk", &d.socket())], value(d)))
+            .collect::<Vec<_>>()
+    };
+    [
+        family(
+            "blklab_start_time_seconds",
+            "When the daemon started serving, seconds since the Unix epoch, labelled with its instance id (new when it was restarted or replaced: its counters started afresh).",
+            MetricType::GAUGE,
+            start,
+        ),
+        family(
+            "blklab_disk_connections_total",
+            "Frontends that have connected to the disk (its connection generation); the device's rings, latency sequences and fault schedules start over with each, the counters carry over.",
+            MetricType::COUNTER,
+            per_disk(|d| d.connections as f64, counter),
+        ),
+        family(
+            "blklab_disk_connected",
+            "Whether a frontend is connected to the disk now.",
+            MetricType::GAUGE,
+            per_disk(|d| f64::from(u8::from(d.connected)), gauge),
+        ),
+    ]
+}
+
 /// One counter family per `QueueCounters` field: the field list comes
 /// from serde, so a new field appears here without a change to this
 /// module.
@@ -397,6 +444,7 @@ fn families(doc: &StatsDocument) -> Vec<MetricFamily> {
     let queues = queues(doc);
     let mut all = Vec::new();
     all.extend(info_families(doc));
+    all.extend(lifecycle_families(doc));
     all.extend(counter_families(&queues));
     all.extend(worker_families(&queues));
     all.extend(summary_families(&queues));
@@ -689,14 +737,24 @@ mod tests {
                 .map(|q| queue(q, 1000 * (q as u64 + 1)))
                 .collect(),
             tag_pools: Vec::new(),
+            connections: 3,
+            connected: true,
+            connections_at_start: None,
         }
     }
 
     fn document() -> StatsDocument {
-        StatsDocument::new(vec![
+        let mut doc = StatsDocument::new(vec![
             disk("/tmp/a.sock", 2),
             disk("/tmp/we\"ird\\dir/b\nc.sock", 1),
-        ])
+        ]);
+        doc.disks[1].connected = false;
+        doc.daemon = Some(crate::stats::daemon::DaemonIdentity {
+            pid: 7,
+            started_unix_ns: 1_700_000_000_500_000_000,
+            instance: "00112233445566778899aabbccddeeff".into(),
+        });
+        doc
     }
 
     #[test]
@@ -897,6 +955,39 @@ mod tests {
             ),
             1.0
         );
+    }
+
+    #[test]
+    fn metrics_name_the_daemon_and_each_connection() {
+        let doc = document();
+        let e = parse(&render(&doc)).unwrap();
+        assert_eq!(e.types["blklab_start_time_seconds"], "gauge");
+        assert_eq!(
+            one(
+                &e,
+                "blklab_start_time_seconds",
+                &[
+                    ("instance", "00112233445566778899aabbccddeeff"),
+                    ("pid", "7")
+                ]
+            ),
+            1_700_000_000.5
+        );
+        assert_eq!(e.types["blklab_disk_connections_total"], "counter");
+        assert_eq!(
+            one(
+                &e,
+                "blklab_disk_connections_total",
+                &[("disk", "/tmp/a.sock")]
+            ),
+            3.0
+        );
+        assert_eq!(
+            one(&e, "blklab_disk_connected", &[("disk", "/tmp/a.sock")]),
+            1.0
+        );
+        let weird = "/tmp/we\"ird\\dir/b\nc.sock";
+        assert_eq!(one(&e, "blklab_disk_connected", &[("disk", weird)]), 0.0);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::device::config::DiskConfig;
+use crate::stats::daemon::DaemonIdentity;
 use crate::stats::histogram::{Hist, HistSummary, RunHist, TickHist, TickScale};
 use crate::util::clock::{Clock, MonotonicTicks, TickSource, TscTicks};
 use crate::virtio_blk::request::Op;
@@ -65,6 +66,11 @@ pub struct QueueCounters {
     pub injected_fail_every: u64,
     pub injected_fail_range: u64,
     pub injected_stalls: u64,
+    /// Requests in service put on the used ring before their emulated
+    /// completion time because their ring or the daemon stopped and the
+    /// wait for them ran out (GET_VRING_BASE after a minute, a stop after
+    /// `--drain-timeout` or a second signal).
+    pub completed_early: u64,
     /// Nanoseconds the worker spun waiting for completion deadlines
     /// (--latency-spin).
     pub latency_spin_ns: u64,
@@ -106,6 +112,7 @@ impl QueueCounters {
             injected_fail_every: self.injected_fail_every - e.injected_fail_every,
             injected_fail_range: self.injected_fail_range - e.injected_fail_range,
             injected_stalls: self.injected_stalls - e.injected_stalls,
+            completed_early: self.completed_early - e.completed_early,
             latency_spin_ns: self.latency_spin_ns - e.latency_spin_ns,
             poll_spin_ns: self.poll_spin_ns - e.poll_spin_ns,
             poll_hits: self.poll_hits - e.poll_hits,
@@ -204,8 +211,14 @@ pub struct QueueStats {
     poll_window_now_ns: u64,
     /// Kernel thread id of the worker serving this queue (for its CPU time).
     pub(crate) worker_tid: Option<i32>,
-    /// The worker's CPU time when these statistics started (reset or
-    /// snapshot baseline).
+    /// The current worker's CPU time when it started serving this queue.
+    worker_start: ThreadCpu,
+    /// The CPU time of the queue's earlier workers (each connection has
+    /// its own), each from its start to the end of its connection; `None`
+    /// before the first connection ended.
+    retired_cpu: Option<ThreadCpu>,
+    /// The queue's worker CPU time ([`QueueStats::worker_cpu_total`]) when
+    /// these statistics started (reset or snapshot baseline).
     cpu_baseline: Option<ThreadCpu>,
     /// False with --no-stats: counters only, no histograms.
     pub histograms: bool,
@@ -256,6 +269,8 @@ impl QueueStats {
             poll_window: Hist::new_latency(),
             poll_window_now_ns: 0,
             worker_tid: None,
+            worker_start: ThreadCpu::default(),
+            retired_cpu: None,
             cpu_baseline: None,
             histograms: true,
             last_pop: NO_POP,
@@ -507,11 +522,12 @@ impl QueueStats {
 
     /// Forget everything counted so far.
     pub(crate) fn reset(&mut self) {
-        let tid = self.worker_tid;
         *self = QueueStats {
-            worker_tid: tid,
+            worker_tid: self.worker_tid,
+            worker_start: self.worker_start,
+            retired_cpu: self.retired_cpu,
             histograms: self.histograms,
-            cpu_baseline: tid.and_then(thread_cpu),
+            cpu_baseline: self.worker_cpu_total(),
             ..QueueStats::with_clock(self.clock)
         };
     }
@@ -523,8 +539,34 @@ impl QueueStats {
     #[inline(never)]
     pub(crate) fn set_worker(&mut self, tid: i32) {
         if self.worker_tid != Some(tid) {
+            self.retire_worker();
             self.worker_tid = Some(tid);
-            self.cpu_baseline = thread_cpu(tid);
+            self.worker_start = thread_cpu(tid).unwrap_or_default();
+        }
+    }
+
+    /// The queue's worker is done (its connection ended): its CPU time so
+    /// far joins the earlier workers', so the queue's worker CPU time
+    /// covers every connection since the statistics started.
+    pub(crate) fn retire_worker(&mut self) {
+        let Some(tid) = self.worker_tid.take() else {
+            return;
+        };
+        let spent =
+            thread_cpu(tid).map_or_else(ThreadCpu::default, |now| now.since(self.worker_start));
+        self.retired_cpu = Some(self.retired_cpu.unwrap_or_default().plus(spent));
+    }
+
+    /// The CPU time of every worker that has served this queue, each
+    /// since it started serving it (`None` before the first).
+    fn worker_cpu_total(&self) -> Option<ThreadCpu> {
+        let current = self
+            .worker_tid
+            .and_then(thread_cpu)
+            .map(|now| now.since(self.worker_start));
+        match (self.retired_cpu, current) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or_default().plus(b.unwrap_or_default())),
         }
     }
 
@@ -532,7 +574,7 @@ impl QueueStats {
     /// with the worker's CPU time as of now.
     pub(crate) fn baseline(&self) -> QueueStats {
         let mut b = self.clone();
-        b.cpu_baseline = self.worker_tid.and_then(thread_cpu);
+        b.cpu_baseline = self.worker_cpu_total();
         b
     }
 
@@ -582,29 +624,40 @@ impl QueueStats {
         }
     }
 
-    /// The worker's CPU seconds since the baseline (`earlier`'s, else our own).
+    /// The workers' CPU seconds since the baseline (`earlier`'s, else our
+    /// own).
     fn worker_cpu_since(&self, earlier: Option<&QueueStats>) -> Option<ThreadCpu> {
-        let now = thread_cpu(self.worker_tid?)?;
+        let now = self.worker_cpu_total()?;
         let base = match earlier {
             Some(e) => e.cpu_baseline,
             None => self.cpu_baseline,
-        }
-        .unwrap_or(ThreadCpu {
-            user_s: 0.0,
-            sys_s: 0.0,
-        });
-        Some(ThreadCpu {
-            user_s: (now.user_s - base.user_s).max(0.0),
-            sys_s: (now.sys_s - base.sys_s).max(0.0),
-        })
+        };
+        Some(now.since(base.unwrap_or_default()))
     }
 }
 
 /// User and system CPU seconds of one thread.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, JsonSchema, PartialEq)]
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, JsonSchema, PartialEq)]
 pub(crate) struct ThreadCpu {
     pub(crate) user_s: f64,
     pub(crate) sys_s: f64,
+}
+
+impl ThreadCpu {
+    fn plus(self, o: ThreadCpu) -> ThreadCpu {
+        ThreadCpu {
+            user_s: self.user_s + o.user_s,
+            sys_s: self.sys_s + o.sys_s,
+        }
+    }
+
+    /// `self - o`, each part at least 0.
+    fn since(self, o: ThreadCpu) -> ThreadCpu {
+        ThreadCpu {
+            user_s: (self.user_s - o.user_s).max(0.0),
+            sys_s: (self.sys_s - o.sys_s).max(0.0),
+        }
+    }
 }
 
 /// CPU time of thread `tid` of this process, from /proc (no cost to the
@@ -664,8 +717,9 @@ pub struct QueueReport {
     /// Adaptive polling: the poll window at the time of the document, ns.
     #[serde(default)]
     pub(crate) poll_window_now_ns: u64,
-    /// The worker thread's CPU time over the document's span (null when
-    /// the queue has not been served yet).
+    /// The CPU time of the worker threads serving the queue over the
+    /// document's span, the workers of every connection in it counted
+    /// (null when the queue has not been served yet).
     #[serde(default)]
     pub(crate) worker_cpu: Option<ThreadCpu>,
 }
@@ -684,9 +738,31 @@ pub struct DiskReport {
     /// The command-slot pools the disk's queues draw from (cumulative).
     #[serde(default)]
     pub tag_pools: Vec<crate::device::tags::PoolStats>,
+    /// The disk's connection generation: how many frontends have connected
+    /// to it since the daemon started (n while the n-th is connected, 0
+    /// before the first). What a connection's device keeps (its rings,
+    /// latency sequences, fault schedules, cache mode) starts over with
+    /// each; the statistics here and the tag pools carry over.
+    #[serde(default)]
+    pub connections: u64,
+    /// A frontend is connected now.
+    #[serde(default)]
+    pub connected: bool,
+    /// In a delta (a snapshot, a lab record's window): `connections` when
+    /// its baseline was taken. When it differs from `connections` a
+    /// frontend connected during the window, and the window's counters
+    /// span more than one connection's device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connections_at_start: Option<u64>,
 }
 
 impl DiskReport {
+    /// In a delta: whether a frontend connected to the disk during it
+    /// (`None` for a document that is no delta, or older than the field).
+    pub(crate) fn reconnected(&self) -> Option<bool> {
+        Some(self.connections_at_start? != self.connections)
+    }
+
     /// The disk's socket path as text (`?` when the document has no
     /// configuration).
     pub(crate) fn socket(&self) -> String {
@@ -733,6 +809,11 @@ pub struct StatsDocument {
     pub label: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval_s: Option<f64>,
+    /// The daemon whose statistics these are (absent from documents older
+    /// than the field). Two documents of the same instance can be
+    /// subtracted; a new instance started its statistics afresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon: Option<DaemonIdentity>,
     pub disks: Vec<DiskReport>,
 }
 
@@ -748,6 +829,7 @@ impl StatsDocument {
                 .unwrap_or(0),
             label: None,
             interval_s: None,
+            daemon: None,
             disks,
         }
     }
@@ -755,6 +837,26 @@ impl StatsDocument {
     /// Every queue of every disk.
     pub(crate) fn queues(&self) -> impl Iterator<Item = &QueueReport> {
         self.disks.iter().flat_map(|d| d.queues.iter())
+    }
+
+    /// When the document was made, ns since the Unix epoch.
+    pub(crate) fn time_unix_ns(&self) -> u128 {
+        self.time_unix_ns
+    }
+
+    /// Set when the document was made (documents written by hand in tests).
+    #[cfg(test)]
+    pub(crate) fn set_time_unix_ns(&mut self, t: u128) {
+        self.time_unix_ns = t;
+    }
+
+    /// In a delta: whether a frontend connected to any disk during it
+    /// (`None` when no disk says, see [`DiskReport::reconnected`]).
+    pub(crate) fn reconnected(&self) -> Option<bool> {
+        self.disks
+            .iter()
+            .filter_map(DiskReport::reconnected)
+            .reduce(|a, b| a || b)
     }
 
     /// The sum of one counter over every queue of every disk.
@@ -945,8 +1047,12 @@ mod tests {
             config: None,
             queues: vec![s.report(0, None)],
             tag_pools: Vec::new(),
+            connections: 2,
+            connected: true,
+            connections_at_start: Some(1),
         }]);
         doc.label = Some("x".into());
+        doc.daemon = Some(DaemonIdentity::new());
         let text = serde_json::to_string(&doc).unwrap();
         assert!(text.starts_with(r#"{"schema":"blklab-stats/1","#), "{text}");
         assert_eq!(StatsDocument::from_json(&text).unwrap(), doc);
@@ -955,6 +1061,11 @@ mod tests {
         let d = StatsDocument::from_json(old).unwrap();
         assert_eq!(d.schema, STATS_SCHEMA);
         assert_eq!(d.sum(|c| c.kicks), 2);
+        // Older than the daemon's identity and the connection generation:
+        // neither said.
+        assert_eq!(d.daemon, None);
+        assert_eq!((d.disks[0].connections, d.disks[0].connected), (0, false));
+        assert_eq!(d.reconnected(), None);
         let e = StatsDocument::from_json(r#"{"schema":"blklab-stats/2","disks":[]}"#)
             .unwrap_err()
             .to_string();
@@ -962,6 +1073,54 @@ mod tests {
             e.contains("\"blklab-stats/2\"") && e.contains("reads \"blklab-stats/1\""),
             "{e}"
         );
+    }
+
+    /// Burn this thread's CPU until the kernel has charged it a tick.
+    fn burn_a_tick() -> ThreadCpu {
+        let tid = current_tid();
+        let mut x = 0u64;
+        let start = std::time::Instant::now();
+        loop {
+            for i in 0..1_000_000u64 {
+                x = std::hint::black_box(x.wrapping_add(i * i));
+            }
+            let c = thread_cpu(tid).expect("our own thread's stat");
+            if c.user_s + c.sys_s > 0.0 || start.elapsed() > std::time::Duration::from_secs(60) {
+                return c;
+            }
+        }
+    }
+
+    /// Each connection has its own worker thread: the queue's worker CPU
+    /// counts the one of a connection that ended, and a baseline taken
+    /// between connections leaves it out.
+    #[test]
+    fn worker_cpu_counts_the_workers_of_every_connection() {
+        let s = ns_stats();
+        assert_eq!(s.report(0, None).worker_cpu, None, "never served");
+        let mut s = std::thread::spawn(move || {
+            let mut s = s;
+            s.set_worker(current_tid());
+            burn_a_tick();
+            s.retire_worker();
+            s
+        })
+        .join()
+        .unwrap();
+        let first = s.report(0, None).worker_cpu.expect("a worker served");
+        assert!(first.user_s + first.sys_s > 0.0, "{first:?}");
+        let between = s.baseline();
+        s.set_worker(current_tid());
+        let since = s.report(0, Some(&between)).worker_cpu.unwrap();
+        let total = s.report(0, None).worker_cpu.unwrap();
+        let sum = |c: ThreadCpu| c.user_s + c.sys_s;
+        assert!(sum(total) >= sum(first), "{total:?} < {first:?}");
+        assert!(sum(since) <= sum(total) - sum(first) + 1e-9, "{since:?}");
+        // A reset forgets the earlier workers' time too.
+        s.reset();
+        let after = s.report(0, None).worker_cpu.unwrap();
+        let now = s.worker_cpu_total().unwrap();
+        assert!(sum(after) <= sum(now) - sum(first) + 1e-9, "{after:?}");
     }
 
     #[test]

@@ -106,6 +106,9 @@ pub(super) enum DrainStop {
     /// next pass, so that no ring state keeps a worker from its lock, its
     /// messages or its shutdown.
     Bounded,
+    /// The daemon is stopping: what the guest made available stays on the
+    /// avail ring for whoever serves the ring next.
+    Quiescing,
 }
 
 /// What one drain of the avail ring did.
@@ -376,6 +379,15 @@ impl<R: UsedRing> Pass<'_, R> {
     /// allow. Requests without emulated latency complete at once; the
     /// others wait in the queue's deadline heap.
     pub(super) fn drain(&mut self) -> Drained {
+        if self.be.disk.is_quiescing() {
+            // Checked under the queue's lock, once per pass: once the stop
+            // has held this lock after raising the flag, nothing is popped.
+            return Drained {
+                used: 0,
+                popped: 0,
+                stop: DrainStop::Quiescing,
+            };
+        }
         let timed = self.st.histograms;
         // The last request served at once: its service time ends at the
         // next pop (or at the end of the pass).

@@ -499,6 +499,41 @@ fn emulated_latency_holds_the_used_entry_until_its_deadline() {
     assert!(r.be.lock_queue(0).pending.is_empty());
 }
 
+/// While the daemon stops, a pass pops nothing (what the guest makes
+/// available stays on the avail ring for the next daemon) and still
+/// completes the requests in service whose time has come.
+#[test]
+fn a_stopping_daemon_pops_nothing_and_completes_what_is_due() {
+    let r = rig(&["--latency", "20ms"]);
+    let mut d = Driver::new(&r.mem);
+    r.mem.write_slice(&[0xee; 2], GuestAddress(STATUS)).unwrap();
+    r.header(hdr_at(0), VIRTIO_BLK_T_IN, 0);
+    let head = d.push(&[(hdr_at(0), 16, 0), (0x10000, 512, W), (st_at(0), 1, W)]);
+    let mut ring = d.ring(false);
+    assert_eq!(r.serve(&mut ring)[0].drained.popped, 1);
+    r.be.disk
+        .quiescing
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    r.header(hdr_at(1), VIRTIO_BLK_T_IN, 0);
+    d.push(&[(hdr_at(1), 16, 0), (0x10200, 512, W), (st_at(1), 1, W)]);
+    std::thread::sleep(std::time::Duration::from_millis(25));
+    let t = r.serve(&mut ring);
+    assert_eq!(t.len(), 1);
+    assert_eq!(t[0].completed, 1);
+    assert_eq!(
+        t[0].drained,
+        Drained {
+            used: 0,
+            popped: 0,
+            stop: DrainStop::Quiescing,
+        }
+    );
+    assert_eq!(d.used(), vec![(u32::from(head), 513)]);
+    assert_eq!(r.byte(st_at(1)), 0xee, "popped while stopping");
+    assert_eq!(ring.queue.next_avail(), 1);
+    assert_eq!(r.counters().requests, 1);
+}
+
 #[test]
 fn injected_failures_are_ioerr_and_counted() {
     let r = rig(&["--fail-every", "2:read"]);

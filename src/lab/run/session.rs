@@ -25,7 +25,7 @@ use crate::lab::run::boot::{qemu_spec, BootCtx, BootDisks, BootFailure};
 use crate::record::guest::{GuestResult, GUEST_SCHEMA};
 use crate::record::kvm::KvmWindow;
 use crate::record::result::{Checks, HostWindow, ResultRecord, RESULT_SCHEMA};
-use crate::stats::queue::{QueueStats, StatsDocument};
+use crate::stats::queue::StatsDocument;
 use crate::util::hostcpu;
 use crate::util::schema::SchemaMismatch;
 use crate::util::wallclock::unix_now;
@@ -35,7 +35,7 @@ struct Begin {
     scenario: String,
     variant: String,
     at: Instant,
-    backend: Vec<Vec<QueueStats>>,
+    backend: control::Baseline,
     qemu: Option<hostcpu::ProcessSample>,
     me: Option<hostcpu::ProcessSample>,
     insns: Option<Dump>,
@@ -387,8 +387,17 @@ impl<'a> Session<'a> {
                 ),
                 _ => None,
             };
-            let mut doc = control::report(&self.disks.disks, Some(&b.backend));
+            let mut doc = control::report(
+                self.disks.server.identity(),
+                &self.disks.disks,
+                Some(&b.backend),
+            );
             doc.label = Some(format!("{scenario}/{variant}"));
+            if doc.reconnected() == Some(true) {
+                warn!(
+                    "{scenario}/{variant}: QEMU reconnected to a disk during the window: the backend's counters span more than one connection's device"
+                );
+            }
             doc.interval_s = Some(b.at.elapsed().as_secs_f64());
             let qemu_now = hostcpu::sample(self.qemu_pid);
             let me_now = hostcpu::sample(self.my_pid);
