@@ -1,12 +1,15 @@
 //! The vhost-user side of [`BlkBackend`]: features, configuration space,
 //! memory and ring life cycle, and the dispatch of worker-thread events.
 
+use std::fs::File;
 use std::io;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostUserLog, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+};
 use vhost_user_backend::VhostUserBackend;
 use vm_memory::{
     GuestAddressSpace, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion, GuestRegionMmap,
@@ -22,7 +25,9 @@ use crate::backend::worker::{Mode, Wake};
 use crate::backend::{BlkBackend, GM};
 use crate::device::config_space;
 use crate::device::polling::PollMode;
+use crate::util::fd::seal_against_shrinking;
 use crate::virtio_blk::features::BlkFeature;
+use crate::virtq::dirty_log::DirtyLog;
 
 /// Longest GET_VRING_BASE waits for requests in service (emulated latency,
 /// stalls) before completing them early.
@@ -94,24 +99,6 @@ fn region_backing_error(r: &GuestRegionMmap) -> Option<RegionError> {
     }
 }
 
-/// Add F_SEAL_SHRINK to `f` when it takes seals; true when it has it.
-fn seal_against_shrinking(f: &std::fs::File) -> bool {
-    use std::os::fd::AsRawFd;
-    let fd = f.as_raw_fd();
-    // SAFETY: fcntl on a descriptor the region owns, reading its seals;
-    // no memory is passed.
-    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
-    if seals < 0 {
-        return false; // not a memfd (or shmem file) that takes seals
-    }
-    if seals & libc::F_SEAL_SHRINK != 0 {
-        return true;
-    }
-    // SAFETY: as above, adding a seal; fails harmlessly (EPERM) when the
-    // file is sealed against further sealing.
-    unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) == 0 }
-}
-
 impl VhostUserBackend for BlkBackend {
     type Bitmap = ();
     type Vring = KickCountingVring<GM>;
@@ -125,15 +112,30 @@ impl VhostUserBackend for BlkBackend {
     }
 
     fn features(&self) -> u64 {
-        self.disk.cfg.features.bits() | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        self.disk.cfg.features.bits()
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
+    /// Called on every SET_FEATURES: QEMU sets LOG_ALL when a migration
+    /// starts and clears it when the migration ends or fails.
     fn acked_features(&self, features: u64) {
         debug!(
             "{}: guest acked features {features:#x}",
             self.disk.cfg.socket.display()
         );
         self.acked_features.store(features, Ordering::Relaxed);
+        let log_all = features & VhostUserVirtioFeatures::LOG_ALL.bits() != 0;
+        if log_all != self.dirty.log_all() {
+            info!(
+                "{}: dirty page logging {} (VHOST_F_LOG_ALL)",
+                self.disk.cfg.socket.display(),
+                if log_all { "requested" } else { "ended" }
+            );
+        }
+        if self.dirty.set_log_all(log_all) {
+            self.wait_for_passes();
+        }
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -141,6 +143,42 @@ impl VhostUserBackend for BlkBackend {
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
             | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::LOG_SHMFD
+    }
+
+    /// The workers write guest memory through their own mappings, so they
+    /// mark the dirty log themselves.
+    fn logs_dirty_pages(&self) -> bool {
+        true
+    }
+
+    /// SET_LOG_BASE: map the frontend's log. One that its file does not
+    /// hold is refused; vhost-user has no negative reply to SET_LOG_BASE,
+    /// so the refusal ends the connection (the frontend sees it fail; the
+    /// daemon accepts the next one).
+    fn set_log_base(&self, log: &VhostUserLog, file: File) -> io::Result<()> {
+        let (size, offset) = (log.mmap_size, log.mmap_offset);
+        let log = DirtyLog::map(&file, offset, size).map_err(|e| {
+            warn!(
+                "{}: refusing the dirty log (SET_LOG_BASE): {e}; vhost-user has no way to refuse it in a reply, so the connection ends",
+                self.disk.cfg.socket.display()
+            );
+            io::Error::new(io::ErrorKind::InvalidInput, e)
+        })?;
+        debug!(
+            "{}: dirty log of {size} bytes at offset {offset} ({} pages)",
+            self.disk.cfg.socket.display(),
+            log.pages()
+        );
+        if self.dirty.set_log(log) {
+            self.wait_for_passes();
+        }
+        Ok(())
+    }
+
+    /// SET_LOG_FD: the eventfd written after a pass that marked the log.
+    fn set_log_fd(&self, file: File) -> io::Result<()> {
+        self.dirty.set_kick(file)
     }
 
     /// vhost-user-backend sets EVENT_IDX on every vring's queue itself;
@@ -331,3 +369,4 @@ impl VhostUserBackend for BlkBackend {
         Ok(())
     }
 }
+
