@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::backend::handover::ImageHold;
 use crate::device::config::{DiskConfig, TagMode, TagScope};
 use crate::device::config_space;
 use crate::device::storage::{self, Storage, StorageError};
@@ -43,6 +44,8 @@ pub(crate) struct Disk {
     /// The process is shutting down: a GET_VRING_BASE waiting for requests
     /// in service completes them at once instead.
     pub(super) stopping: AtomicBool,
+    /// Who holds the image's write locks across a live migration.
+    pub(super) image: ImageHold,
 }
 
 impl Disk {
@@ -96,6 +99,7 @@ impl Disk {
             }
         };
         Ok(Disk {
+            image: ImageHold::new(&cfg),
             cfg,
             storage,
             stats,

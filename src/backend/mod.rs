@@ -5,7 +5,8 @@
 //! [`BlkBackend`] is created per vhost-user connection and shares the disk,
 //! so data survives reconnects while ring state starts fresh.
 //!
-//! - `disk.rs`: the served disk;
+//! - `disk.rs`: the served disk, with `handover.rs` (its image's locks
+//!   across a live migration);
 //! - `worker.rs`: a queue's worker (why it woke, the turns of one
 //!   wake-up), with `worker/queue.rs` (its state, and the methods that name
 //!   what happens to it) and `worker/pass.rs` (one pass over the ring: pop,
@@ -27,6 +28,7 @@ pub(crate) mod deadline;
 mod dirty_logging;
 mod disk;
 mod events;
+mod handover;
 pub(crate) mod kick_vring;
 mod poll;
 pub(crate) mod poll_window;

@@ -290,6 +290,8 @@ impl VhostUserBackend for BlkBackend {
             self.release_ring(qi);
             let Some(next) = next else {
                 q.set_timer(None);
+                drop(q);
+                self.after_stop();
                 return Ok(());
             };
             drop(q);
@@ -370,3 +372,18 @@ impl VhostUserBackend for BlkBackend {
     }
 }
 
+impl BlkBackend {
+    /// A ring stopped (GET_VRING_BASE). After the last ring of a
+    /// migration's source stops (dirty logging on), the image's write
+    /// locks go to the destination.
+    fn after_stop(&self) {
+        if self.dirty.log_all() && !self.any_ring_serving() {
+            self.disk.hand_over_image();
+        }
+    }
+
+    /// Whether any ring has been served since it (last) started.
+    fn any_ring_serving(&self) -> bool {
+        (0..self.queues.len()).any(|q| self.lock_queue(q).serving())
+    }
+}

@@ -138,6 +138,9 @@ pub(crate) struct QueueState {
     /// When the queue state was made: the deadline of requests served at
     /// once, which never wait for one (no clock read for them).
     pub(super) epoch: Instant,
+    /// The ring has been served since it (last) started: the disk's image
+    /// was checked to be ours to serve (see `backend/handover.rs`).
+    pub(super) serving: bool,
 }
 
 impl QueueState {
@@ -181,6 +184,7 @@ impl QueueState {
                 _ => None,
             },
             epoch: Instant::now(),
+            serving: false,
         })
     }
 
@@ -209,6 +213,12 @@ impl QueueState {
     pub(crate) fn restart(&mut self) {
         self.health = RingHealth::Usable;
         self.ring = None;
+        self.serving = false;
+    }
+
+    /// Whether the ring has been served since it (last) started.
+    pub(crate) fn serving(&self) -> bool {
+        self.serving
     }
 
     /// The driver broke the ring: not served until it resets it.
