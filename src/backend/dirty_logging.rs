@@ -48,6 +48,12 @@ impl DirtyLogging {
         if !self.on.load(Ordering::Acquire) {
             return None;
         }
+        self.current_log()
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn current_log(&self) -> Option<Arc<DirtyLog>> {
         self.lock().log.clone()
     }
 

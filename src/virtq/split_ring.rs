@@ -269,11 +269,21 @@ impl SplitRing {
     }
 
     /// Log the ring's writes (and, through [`log_written`], the data's) in
-    /// `log` from now on; `None`: log nothing.
+    /// `log` from now on; `None`: log nothing. Without a log before or
+    /// after, nothing is touched (the request path's cost while the
+    /// frontend does not migrate).
     ///
     /// [`log_written`]: Self::log_written
     #[inline]
     pub(crate) fn set_log(&mut self, log: Option<Arc<DirtyLog>>) {
+        if log.is_some() || self.log.is_some() {
+            self.replace_log(log);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn replace_log(&mut self, log: Option<Arc<DirtyLog>>) {
         self.log = log;
     }
 
@@ -287,9 +297,7 @@ impl SplitRing {
     #[inline]
     pub(crate) fn log_written(&self, segs: &[Segment]) {
         if let Some(log) = &self.log {
-            for s in segs.iter().filter(|s| s.write) {
-                log.mark(s.addr, u64::from(s.len));
-            }
+            mark_written(log, segs);
         }
     }
 
@@ -298,7 +306,7 @@ impl SplitRing {
     #[inline]
     fn log_used(&self, offset: usize, len: u64) {
         if let Some(log) = &self.log {
-            log.mark(self.layout.used + offset as u64, len);
+            mark_used(log, self.layout.used, offset, len);
         }
     }
 
@@ -485,8 +493,7 @@ impl SplitRing {
         self.used_u16(2)
             .store(self.next_used.0.to_le(), Ordering::Release);
         if let Some(log) = &self.log {
-            log.mark(self.layout.used + 4 + 8 * slot as u64, 8);
-            log.mark(self.layout.used + 2, 2);
+            mark_used_entry(log, self.layout.used, slot);
         }
     }
 
@@ -554,6 +561,32 @@ impl SplitRing {
         }
         self.notify_off = true;
     }
+}
+
+/// Mark the pages of the device-writable buffers in `segs` (out of the
+/// request path's line: only while the frontend migrates).
+#[cold]
+#[inline(never)]
+fn mark_written(log: &DirtyLog, segs: &[Segment]) {
+    for s in segs.iter().filter(|s| s.write) {
+        log.mark(s.addr, u64::from(s.len));
+    }
+}
+
+/// Mark `len` bytes at `offset` of the used ring at guest address `used`.
+#[cold]
+#[inline(never)]
+fn mark_used(log: &DirtyLog, used: u64, offset: usize, len: u64) {
+    log.mark(used + offset as u64, len);
+}
+
+/// Mark used ring entry `slot` and the used index of the used ring at
+/// guest address `used`.
+#[cold]
+#[inline(never)]
+fn mark_used_entry(log: &DirtyLog, used: u64, slot: usize) {
+    log.mark(used + 4 + 8 * slot as u64, 8);
+    log.mark(used + 2, 2);
 }
 
 /// virtio-queue's own walk of the next chain of `q` over `mem`, as

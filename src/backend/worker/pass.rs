@@ -313,6 +313,7 @@ impl<R: UsedRing> Pass<'_, R> {
     /// Put a request on the used ring and give its slot back; its service
     /// time is recorded as ending at `done` (ticks of the statistics'
     /// clock, [`QueueStats::now`]; None: the caller records it).
+    #[inline]
     pub(super) fn finish(&mut self, p: Pending, done: Option<u64>) {
         self.be.disk.put_tag(self.q.index, p.tag);
         if self.q.is_broken() {
