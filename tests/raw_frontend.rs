@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use blklab::bench::versus_qsd::qsd_command;
 use vhost::vhost_user::message::{VhostUserConfigFlags, VhostUserHeaderFlag};
 use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
-use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use vhost::{VhostBackend, VhostUserDirtyLogRegion, VhostUserMemoryRegionInfo, VringConfigData};
 use vm_memory::{
     Bytes, FileOffset, GuestAddress, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion,
 };
@@ -89,6 +89,9 @@ const VIRTIO_BLK_F_WRITE_ZEROES: u64 = 1 << 14;
 const VIRTIO_RING_F_INDIRECT_DESC: u64 = 1 << 28;
 const VIRTIO_RING_F_EVENT_IDX: u64 = 1 << 29;
 const VHOST_USER_F_PROTOCOL_FEATURES: u64 = 1 << 30;
+/// VHOST_F_LOG_ALL: the frontend migrates the guest; the device logs the
+/// pages it writes.
+const VHOST_F_LOG_ALL: u64 = 1 << 26;
 const VIRTIO_F_VERSION_1: u64 = 1 << 32;
 /// Device-specific feature bits (0..=23) plus the ring/transport bits this
 /// frontend implements. Never packed rings, IOMMU, in-order, notification data.
@@ -368,7 +371,8 @@ impl Conn {
         let want = VhostUserProtocolFeatures::MQ
             | VhostUserProtocolFeatures::CONFIG
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
-            | VhostUserProtocolFeatures::REPLY_ACK;
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::LOG_SHMFD;
         let protocol = pf & want;
         fe.set_protocol_features(protocol)
             .expect("SET_PROTOCOL_FEATURES");
@@ -3028,4 +3032,199 @@ fn command_slots_come_back_when_connections_end_with_requests_in_service() {
         }
         server.finish(c);
     }
+}
+
+// ---------------------------------------------------------------------------
+// Dirty logging (VHOST_F_LOG_ALL, LOG_SHMFD, SET_LOG_BASE, SET_LOG_FD)
+// ---------------------------------------------------------------------------
+
+/// A memfd of `len` bytes (a dirty log, as QEMU's `vhost_log_alloc` makes
+/// one).
+fn log_memfd(len: u64) -> File {
+    // SAFETY: memfd_create(2) with a valid NUL-terminated name.
+    let fd = unsafe { libc::memfd_create(c"raw-frontend-log".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+    // SAFETY: a fresh fd nobody else owns.
+    let file = unsafe { File::from_raw_fd(fd) };
+    file.set_len(len).expect("size the log");
+    file
+}
+
+/// The guest pages marked in a log's bytes, in order.
+fn marked_pages(log: &File, len: usize) -> Vec<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut b = vec![0u8; len];
+    log.read_exact_at(&mut b, 0).expect("read the log");
+    (0..8 * len as u64)
+        .filter(|p| b[(p / 8) as usize] & (1 << (p % 8)) != 0)
+        .collect()
+}
+
+impl Conn {
+    /// SET_LOG_BASE with LOG_SHMFD: `size` bytes of `log` at offset 0.
+    fn set_log_base(&mut self, log: &File, size: u64) -> vhost::Result<()> {
+        // SET_LOG_BASE has a reply of its own: no REPLY_ACK.
+        self.fe.set_hdr_flags(VhostUserHeaderFlag::empty());
+        let r = self.fe.set_log_base(
+            0,
+            Some(VhostUserDirtyLogRegion {
+                mmap_size: size,
+                mmap_offset: 0,
+                mmap_handle: log.as_raw_fd(),
+            }),
+        );
+        if self.protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+            self.fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
+        r
+    }
+
+    /// SET_FEATURES with LOG_ALL on or off, as QEMU sends it when a
+    /// migration starts and when it ends.
+    fn log_all(&mut self, on: bool) {
+        let f = if on {
+            self.features | VHOST_F_LOG_ALL
+        } else {
+            self.features
+        };
+        self.fe.set_features(f).expect("SET_FEATURES");
+    }
+
+    /// One request on queue 0 whose buffers are at the given guest
+    /// addresses: `segs`, then wait for it; returns its status byte.
+    fn logged_request(&mut self, segs: &[Seg], status: u64) -> u8 {
+        let head = self.submit(0, segs);
+        self.expect_used(0, head);
+        self.byte(status)
+    }
+
+    /// A read (8 KiB into a buffer that crosses two page boundaries), a
+    /// write (its 8 KiB payload on pages of its own) and a GET_ID, each
+    /// with its status byte, at fixed guest addresses on pages nothing else
+    /// uses. Returns the pages the device writes: the read's data, the
+    /// GET_ID buffer and the status bytes (not the headers, not the write's
+    /// payload).
+    fn logged_requests(&mut self) -> Vec<u64> {
+        const AT: u64 = 0x30_0000;
+        let hdr = |c: &mut Conn, i: u64, typ: u32| {
+            let a = AT + 16 * i;
+            c.mem
+                .write_slice(&blk_header(typ, 64), GuestAddress(a))
+                .unwrap();
+            a
+        };
+        let (read_hdr, write_hdr, id_hdr) = (
+            hdr(self, 0, VIRTIO_BLK_T_IN),
+            hdr(self, 1, VIRTIO_BLK_T_OUT),
+            hdr(self, 2, VIRTIO_BLK_T_GET_ID),
+        );
+        let payload = AT + 0x1000;
+        self.mem
+            .write_slice(&pattern(8192, 9), GuestAddress(payload))
+            .unwrap();
+        let (read_data, read_st, write_st) = (AT + 0x4800, AT + 0x8000, AT + 0x8fff);
+        let (id_buf, id_st) = (AT + 0xa000, AT + 0xb010);
+        for st in [read_st, write_st, id_st] {
+            self.mem
+                .write_slice(&[STATUS_UNTOUCHED], GuestAddress(st))
+                .unwrap();
+        }
+        let write = [r(write_hdr, 16), r(payload, 8192), w(write_st, 1)];
+        assert_eq!(self.logged_request(&write, write_st), VIRTIO_BLK_S_OK);
+        let read = [r(read_hdr, 16), w(read_data, 8192), w(read_st, 1)];
+        assert_eq!(self.logged_request(&read, read_st), VIRTIO_BLK_S_OK);
+        assert!(self.read(read_data, 8192) == pattern(8192, 9));
+        let id = [r(id_hdr, 16), w(id_buf, 20), w(id_st, 1)];
+        assert_eq!(self.logged_request(&id, id_st), VIRTIO_BLK_S_OK);
+        let page = |a: u64| a / 4096;
+        vec![
+            page(read_data),
+            page(read_data) + 1,
+            page(read_data) + 2,
+            page(read_st),
+            page(id_buf),
+            page(id_st),
+        ]
+    }
+}
+
+/// VHOST_F_LOG_ALL and LOG_SHMFD offered; with a log set (SET_LOG_BASE)
+/// and LOG_ALL acked, exactly the pages the device writes are marked: the
+/// data of device-writable buffers, the status bytes and the used ring
+/// (entries, index, avail_event), never a page it only reads. Nothing is
+/// marked before LOG_ALL or after it is cleared. SET_LOG_FD's eventfd is
+/// written after the marks.
+#[test]
+fn the_dirty_log_marks_exactly_the_pages_the_device_writes() {
+    // qemu-storage-daemon 7.2 (libvhost-user) answers SET_LOG_BASE with an
+    // 8-byte body where the vhost crate's frontend reads a 16-byte
+    // VhostUserLog (QEMU reads whatever size the header gives): the
+    // harness would wait for ever.
+    blklab_only("a SET_LOG_BASE reply of the size the vhost crate's frontend reads");
+    let (server, mut c) = start();
+    let offered = c.fe.get_features().expect("GET_FEATURES");
+    assert_ne!(offered & VHOST_F_LOG_ALL, 0, "LOG_ALL not offered");
+    assert!(
+        c.protocol.contains(VhostUserProtocolFeatures::LOG_SHMFD),
+        "LOG_SHMFD not offered"
+    );
+    // 128 bytes cover the 4 MiB of guest memory; QEMU's log is a whole
+    // number of 8-byte chunks, and the rest of the page stays unused.
+    let log = log_memfd(4096);
+    c.set_log_base(&log, 4096).expect("SET_LOG_BASE");
+    let kick = EventFd::new(EFD_NONBLOCK).expect("eventfd");
+    c.fe.set_log_fd(kick.as_raw_fd()).expect("SET_LOG_FD");
+    c.logged_requests();
+    assert_eq!(
+        marked_pages(&log, 4096),
+        Vec::<u64>::new(),
+        "before LOG_ALL"
+    );
+    assert!(
+        kick.read().is_err(),
+        "the log fd was written before LOG_ALL"
+    );
+
+    c.log_all(true);
+    let mut want = c.logged_requests();
+    // The used ring of queue 0 (entries, index and avail_event) is one page.
+    want.push(c.queues[0].used / 4096);
+    want.sort_unstable();
+    // The marks of a pass come before the log fd's write at its end.
+    common::wait_for("the log fd's write", WAIT, || kick.read().ok());
+    assert_eq!(marked_pages(&log, 4096), want, "with LOG_ALL");
+
+    c.log_all(false);
+    // Cleared, as QEMU's sync clears what it read.
+    std::os::unix::fs::FileExt::write_all_at(&log, &[0u8; 4096], 0).unwrap();
+    c.logged_requests();
+    assert_eq!(marked_pages(&log, 4096), Vec::<u64>::new(), "after LOG_ALL");
+    end(server, c);
+}
+
+/// A log its file does not hold (mmap size beyond the memfd's end) would
+/// raise SIGBUS at the first mark: SET_LOG_BASE is refused with a warning
+/// that says why, and since vhost-user has no negative reply to it the
+/// connection ends; the daemon serves the next one.
+#[test]
+fn a_dirty_log_beyond_its_file_is_refused_and_the_daemon_serves_on() {
+    blklab_only("blklab's log");
+    let (mut server, _ctl, daemon_log) = spawn_logged(&[]);
+    let mut c = server.connect();
+    c.check_serving(0);
+    let log = log_memfd(4096);
+    assert!(
+        c.set_log_base(&log, 8192).is_err(),
+        "a log of 8192 bytes over a file of 4096 was accepted"
+    );
+    assert!(server.alive(), "the daemon died");
+    common::wait_until("the refusal in the log", || {
+        log_lines(&daemon_log).iter().any(|l| {
+            l.contains("refusing the dirty log (SET_LOG_BASE)")
+                && l.contains("exceeds the log file's size 0x1000")
+        })
+    });
+    drop(c);
+    let c = server.connect();
+    end(server, c);
 }

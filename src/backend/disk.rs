@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::backend::handover::ImageHold;
 use crate::device::config::{DiskConfig, TagMode, TagScope};
 use crate::device::config_space;
 use crate::device::storage::{self, Storage, StorageError};
@@ -53,6 +54,8 @@ pub(crate) struct Disk {
     connections: AtomicU64,
     /// A frontend is connected now.
     connected: AtomicBool,
+    /// Who holds the image's write locks across a live migration.
+    pub(super) image: ImageHold,
 }
 
 impl Disk {
@@ -106,6 +109,7 @@ impl Disk {
             }
         };
         Ok(Disk {
+            image: ImageHold::new(&cfg),
             cfg,
             storage,
             stats,

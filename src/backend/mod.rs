@@ -5,7 +5,8 @@
 //! [`BlkBackend`] is created per vhost-user connection and shares the disk,
 //! so data survives reconnects while ring state starts fresh.
 //!
-//! - `disk.rs`: the served disk;
+//! - `disk.rs`: the served disk, with `handover.rs` (its image's locks
+//!   across a live migration);
 //! - `worker.rs`: a queue's worker (why it woke, the turns of one
 //!   wake-up), with `worker/queue.rs` (its state, and the methods that name
 //!   what happens to it) and `worker/pass.rs` (one pass over the ring: pop,
@@ -14,7 +15,8 @@
 //! - `poll.rs`: the poll modes, with `poll_window.rs` (adaptive polling's
 //!   window);
 //! - `events.rs`: the ids of the worker threads' epoll events;
-//! - `vhost_user.rs`: the [`VhostUserBackend`] implementation;
+//! - `vhost_user.rs`: the [`VhostUserBackend`] implementation, with
+//!   `dirty_logging.rs` (the frontend's dirty log while it migrates);
 //! - `server.rs` and `control.rs`: the sockets and the control socket;
 //! - `serve.rs`: a daemon's life, from its options to the signal that
 //!   ends it.
@@ -23,8 +25,10 @@
 
 pub mod control;
 pub(crate) mod deadline;
+mod dirty_logging;
 mod disk;
 mod events;
+mod handover;
 pub(crate) mod kick_vring;
 mod poll;
 pub(crate) mod poll_window;
@@ -46,6 +50,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::eventfd::EventFd;
 
+use crate::backend::dirty_logging::DirtyLogging;
 pub(crate) use crate::backend::disk::Disk;
 use crate::backend::events::{Event, EventIds};
 use crate::backend::worker::QueueState;
@@ -82,6 +87,8 @@ pub(crate) struct BlkBackend {
     /// layout, cleared when the queue stops): a ring that overlaps another
     /// queue's is refused, or two queues could feed each other.
     rings: Mutex<Vec<Option<RingLayout>>>,
+    /// The frontend's dirty log, marked while it migrates the guest.
+    dirty: DirtyLogging,
 }
 
 impl BlkBackend {
@@ -116,6 +123,7 @@ impl BlkBackend {
             repoll,
             exit_consumers: Mutex::new(Vec::new()),
             rings: Mutex::new(vec![None; n]),
+            dirty: DirtyLogging::default(),
         })
     }
 
@@ -170,6 +178,16 @@ impl BlkBackend {
     /// Queue `qi` no longer serves a ring (stopped, or its ring refused).
     fn release_ring(&self, qi: usize) {
         self.rings.lock().unwrap_or_else(|p| p.into_inner())[qi] = None;
+    }
+
+    /// Wait until every pass in progress has ended (each holds its
+    /// queue's lock): the passes after it see what changed before, such as
+    /// dirty logging turned on or a new log, so no write the frontend must
+    /// hear of goes unmarked or into a log it has already read.
+    fn wait_for_passes(&self) {
+        for q in 0..self.queues.len() {
+            drop(self.lock_queue(q));
+        }
     }
 
     fn lock_queue(&self, q: usize) -> MutexGuard<'_, QueueState> {

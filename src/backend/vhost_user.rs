@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use log::{debug, info, warn};
 use vhost::vhost_user::message::{
-    VhostUserInflight, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
+    VhostUserInflight, VhostUserLog, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
 use vhost_user_backend::VhostUserBackend;
 use vm_memory::{
@@ -26,7 +26,9 @@ use crate::backend::worker::{Mode, Wake};
 use crate::backend::{BlkBackend, GM};
 use crate::device::config_space;
 use crate::device::polling::PollMode;
+use crate::util::fd::seal_against_shrinking;
 use crate::virtio_blk::features::BlkFeature;
+use crate::virtq::dirty_log::DirtyLog;
 use crate::virtq::inflight::InflightArea;
 
 /// Longest GET_VRING_BASE waits for requests in service (emulated latency,
@@ -96,24 +98,6 @@ fn region_backing_error(r: &GuestRegionMmap) -> Option<RegionError> {
     }
 }
 
-/// Add F_SEAL_SHRINK to `f` when it takes seals; true when it has it.
-fn seal_against_shrinking(f: &std::fs::File) -> bool {
-    use std::os::fd::AsRawFd;
-    let fd = f.as_raw_fd();
-    // SAFETY: fcntl on a descriptor the region owns, reading its seals;
-    // no memory is passed.
-    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
-    if seals < 0 {
-        return false; // not a memfd (or shmem file) that takes seals
-    }
-    if seals & libc::F_SEAL_SHRINK != 0 {
-        return true;
-    }
-    // SAFETY: as above, adding a seal; fails harmlessly (EPERM) when the
-    // file is sealed against further sealing.
-    unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) == 0 }
-}
-
 /// Why an inflight area's shape is refused.
 #[derive(Debug, thiserror::Error)]
 #[error("an inflight area for {queues} queue(s) of {queue_size} descriptors: this disk has {ours} queue(s) of at most 32768 descriptors")]
@@ -156,15 +140,30 @@ impl VhostUserBackend for BlkBackend {
     }
 
     fn features(&self) -> u64 {
-        self.disk.cfg.features.bits() | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        self.disk.cfg.features.bits()
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | VhostUserVirtioFeatures::LOG_ALL.bits()
     }
 
+    /// Called on every SET_FEATURES: QEMU sets LOG_ALL when a migration
+    /// starts and clears it when the migration ends or fails.
     fn acked_features(&self, features: u64) {
         debug!(
             "{}: guest acked features {features:#x}",
             self.disk.cfg.socket.display()
         );
         self.acked_features.store(features, Ordering::Relaxed);
+        let log_all = features & VhostUserVirtioFeatures::LOG_ALL.bits() != 0;
+        if log_all != self.dirty.log_all() {
+            info!(
+                "{}: dirty page logging {} (VHOST_F_LOG_ALL)",
+                self.disk.cfg.socket.display(),
+                if log_all { "requested" } else { "ended" }
+            );
+        }
+        if self.dirty.set_log_all(log_all) {
+            self.wait_for_passes();
+        }
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -173,6 +172,7 @@ impl VhostUserBackend for BlkBackend {
             | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
             | VhostUserProtocolFeatures::REPLY_ACK
             | VhostUserProtocolFeatures::INFLIGHT_SHMFD
+            | VhostUserProtocolFeatures::LOG_SHMFD
     }
 
     /// A new, zeroed inflight area for the frontend to keep (it sends it
@@ -223,6 +223,41 @@ impl VhostUserBackend for BlkBackend {
             self.lock_queue(q).set_inflight(mapped.queue(q));
         }
         Ok(())
+    }
+
+    /// The workers write guest memory through their own mappings, so they
+    /// mark the dirty log themselves.
+    fn logs_dirty_pages(&self) -> bool {
+        true
+    }
+
+    /// SET_LOG_BASE: map the frontend's log. One that its file does not
+    /// hold is refused; vhost-user has no negative reply to SET_LOG_BASE,
+    /// so the refusal ends the connection (the frontend sees it fail; the
+    /// daemon accepts the next one).
+    fn set_log_base(&self, log: &VhostUserLog, file: File) -> io::Result<()> {
+        let (size, offset) = (log.mmap_size, log.mmap_offset);
+        let log = DirtyLog::map(&file, offset, size).map_err(|e| {
+            warn!(
+                "{}: refusing the dirty log (SET_LOG_BASE): {e}; vhost-user has no way to refuse it in a reply, so the connection ends",
+                self.disk.cfg.socket.display()
+            );
+            io::Error::new(io::ErrorKind::InvalidInput, e)
+        })?;
+        debug!(
+            "{}: dirty log of {size} bytes at offset {offset} ({} pages)",
+            self.disk.cfg.socket.display(),
+            log.pages()
+        );
+        if self.dirty.set_log(log) {
+            self.wait_for_passes();
+        }
+        Ok(())
+    }
+
+    /// SET_LOG_FD: the eventfd written after a pass that marked the log.
+    fn set_log_fd(&self, file: File) -> io::Result<()> {
+        self.dirty.set_kick(file)
     }
 
     /// vhost-user-backend sets EVENT_IDX on every vring's queue itself;
@@ -329,6 +364,7 @@ impl VhostUserBackend for BlkBackend {
             be.release_ring(qi);
         });
         self.lock_queue(qi).set_timer(None);
+        self.after_stop();
         Ok(())
     }
 
@@ -398,5 +434,21 @@ impl VhostUserBackend for BlkBackend {
         drop(q);
         self.poll_loop(thread_id, vrings);
         Ok(())
+    }
+}
+
+impl BlkBackend {
+    /// A ring stopped (GET_VRING_BASE). After the last ring of a
+    /// migration's source stops (dirty logging on), the image's write
+    /// locks go to the destination.
+    fn after_stop(&self) {
+        if self.dirty.log_all() && !self.any_ring_serving() {
+            self.disk.hand_over_image();
+        }
+    }
+
+    /// Whether any ring has been served since it (last) started.
+    fn any_ring_serving(&self) -> bool {
+        (0..self.queues.len()).any(|q| self.lock_queue(q).serving())
     }
 }

@@ -126,6 +126,15 @@ impl BlkBackend {
             // look at the ring.
             return Served::NOTHING;
         }
+        if !q.serving {
+            // The ring's first wake-up since it started: the disk's image
+            // must be ours to write (a live migration may have handed it
+            // to another daemon). Its requests wait in the ring meanwhile.
+            if !self.disk.activate_image() {
+                return Served::NOTHING;
+            }
+            q.serving = true;
+        }
         let mut st = self.disk.queue_stats(q.index);
         st.set_worker(q.worker_tid());
         if wake != Wake::Kick {

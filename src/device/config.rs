@@ -64,6 +64,8 @@ pub enum ConfigError {
     SizeMax(u32),
     #[error("--direct is only meaningful for file disks")]
     DirectNotFile,
+    #[error("--image-lock incoming is only meaningful for file disks (a mem or null disk's contents are not shared with another daemon)")]
+    IncomingNotFile,
     #[error("config file {path}: {source}")]
     ReadFile {
         path: PathBuf,
@@ -163,6 +165,38 @@ pub struct TagPolicy {
     pub fairness: bool,
 }
 
+/// How a file disk holds its image's locks (QEMU's protocol, see
+/// `device/storage/file.rs`) across a live migration.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum ImageLock {
+    /// A writer's locks from the start. When the frontend stops every ring
+    /// with dirty logging on (a live migration's last step on its source,
+    /// before the destination runs) the locks that keep other writers away
+    /// are released; they are taken back when a ring starts again (a
+    /// failed migration), and the disk is not served while another process
+    /// holds them.
+    #[default]
+    Exclusive,
+    /// A live migration's destination, as QEMU's `-incoming`: the image is
+    /// opened beside the writer it takes over from, with only the locks of
+    /// a reader that shares writes; the writer's locks are taken when the
+    /// frontend starts the device (after the source released them), or, if
+    /// the source still holds them then, as soon as it releases them.
+    Incoming,
+}
+
 /// What backs the disk's contents.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(tag = "kind", content = "path", rename_all = "lowercase")]
@@ -248,6 +282,18 @@ pub struct DiskArgs {
     /// Open file images with O_DIRECT.
     #[arg(long)]
     pub direct: bool,
+    /// How a file disk holds its image's locks for a live migration with
+    /// shared storage. exclusive (the default): locked against other
+    /// writers from the start; when the frontend stops every ring with
+    /// dirty logging on (the source's last step of a live migration) the
+    /// write locks are released for the destination, and taken back if a
+    /// ring starts again. incoming: the migration's destination daemon (as
+    /// QEMU's -incoming): opens an image the source still holds and takes
+    /// its write locks once the frontend starts the device and the source
+    /// has released them.
+    #[arg(long, value_name = "exclusive|incoming", value_enum, default_value_t = ImageLock::Exclusive, hide_possible_values = true)]
+    #[serde(alias = "image_lock")]
+    pub image_lock: ImageLock,
     /// Comma-separated virtio features not to offer: version-1, mq, seg-max,
     /// size-max, blk-size, topology, flush, config-wce, discard, write-zeroes,
     /// event-idx, indirect-desc.
@@ -401,6 +447,7 @@ impl DiskArgs {
             block_size: self.block_size,
             read_only: self.read_only,
             direct: self.direct,
+            image_lock: self.image_lock,
             features,
             queues_per_thread,
             socket_mode,
@@ -477,6 +524,9 @@ impl DiskArgs {
         }
         if self.direct && !matches!(storage, StorageSpec::File(_)) {
             return Err(ConfigError::DirectNotFile);
+        }
+        if self.image_lock == ImageLock::Incoming && !matches!(storage, StorageSpec::File(_)) {
+            return Err(ConfigError::IncomingNotFile);
         }
         if self.size_max < 4096 {
             return Err(ConfigError::SizeMax(self.size_max));
@@ -671,6 +721,10 @@ pub struct DiskConfig {
     pub read_only: bool,
     pub serial: String,
     pub direct: bool,
+    /// See `--image-lock`. Records written before it existed read as
+    /// exclusive.
+    #[serde(default)]
+    pub image_lock: ImageLock,
     pub features: FeatureSet,
     pub queues_per_thread: Vec<u64>,
     pub socket_mode: u32,
@@ -720,7 +774,7 @@ impl DiskConfig {
             mode => format!(" poll={mode}"),
         };
         format!(
-            "{} {} {} queues={} queue-size={} block-size={}{}{poll} features=[{}]",
+            "{} {} {} queues={} queue-size={} block-size={}{}{}{poll} features=[{}]",
             self.socket.display(),
             self.storage,
             format_size(self.size),
@@ -728,6 +782,10 @@ impl DiskConfig {
             self.queue_size,
             self.block_size,
             if self.read_only { " read-only" } else { "" },
+            match self.image_lock {
+                ImageLock::Exclusive => "",
+                ImageLock::Incoming => " image-lock=incoming",
+            },
             self.features.names().join(",")
         )
     }
@@ -1019,6 +1077,33 @@ mod tests {
             e.to_string(),
             "invalid --queues-per-thread: \"zz\" is not a number (use 0x3 or 3)"
         );
+    }
+
+    /// `--image-lock` (and `image-lock` / `image_lock` in a config file):
+    /// exclusive by default, incoming for file disks only.
+    #[test]
+    fn image_lock_modes() {
+        let file = ["--socket", "/x", "--disk", "file:/img", "--size", "1M"];
+        let d = DiskArgs::parse_for_test(&file).to_configs().unwrap();
+        assert_eq!(d[0].image_lock, ImageLock::Exclusive);
+        let mut a = file.to_vec();
+        a.extend(["--image-lock", "incoming"]);
+        let d = DiskArgs::parse_for_test(&a).to_configs().unwrap();
+        assert_eq!(d[0].image_lock, ImageLock::Incoming);
+        assert!(d[0].describe().contains("image-lock=incoming"));
+        assert!(DiskArgs::parse_from(&["--image-lock", "shared"]).is_err());
+        assert!(matches!(
+            base(&["--image-lock", "incoming"]).to_configs(),
+            Err(ConfigError::IncomingNotFile)
+        ));
+        let p = Path::new("/cfg.toml");
+        for key in ["image-lock", "image_lock"] {
+            let t = format!("[[disk]]\nsocket='/x'\ndisk='file:/i'\nsize='1M'\n{key}='incoming'\n");
+            let d = parse_config_file(&t, p).unwrap();
+            assert_eq!(d[0].image_lock, ImageLock::Incoming);
+        }
+        let t = "[[disk]]\nsocket='/x'\ndisk='file:/i'\nsize='1M'\nimage-lock='nope'\n";
+        assert!(parse_config_file(t, p).is_err());
     }
 
     /// A config file's errors name the file (and the disk table) and carry

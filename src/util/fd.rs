@@ -1,7 +1,8 @@
-//! One `poll(2)` helper for every wait on a file descriptor.
+//! One `poll(2)` helper for every wait on a file descriptor, and the seal
+//! that keeps a shared file from shrinking under a mapping of it.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, RawFd};
 
 /// What [`poll_readable`] saw.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,10 +69,26 @@ pub(crate) fn listener_or_wake(listen_fd: RawFd, wake_fd: RawFd) -> io::Result<b
     }
 }
 
+/// Add F_SEAL_SHRINK to `f` when it takes seals; true when it has it.
+pub(crate) fn seal_against_shrinking(f: &std::fs::File) -> bool {
+    let fd = f.as_raw_fd();
+    // SAFETY: fcntl on a descriptor `f` owns, reading its seals;
+    // no memory is passed.
+    let seals = unsafe { libc::fcntl(fd, libc::F_GET_SEALS) };
+    if seals < 0 {
+        return false; // not a memfd (or shmem file) that takes seals
+    }
+    if seals & libc::F_SEAL_SHRINK != 0 {
+        return true;
+    }
+    // SAFETY: as above, adding a seal; fails harmlessly (EPERM) when the
+    // file is sealed against further sealing.
+    unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) == 0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::fd::AsRawFd;
     use vmm_sys_util::eventfd::EventFd;
 
     #[test]

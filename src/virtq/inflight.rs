@@ -44,6 +44,8 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
+use crate::util::fd::seal_against_shrinking;
+
 /// Queue regions are aligned to this many bytes (libvhost-user's
 /// `INFLIGHT_ALIGNMENT`).
 const ALIGNMENT: u64 = 64;
@@ -238,13 +240,6 @@ fn area_size(queues: u16, queue_size: u16) -> Result<u64, InflightError> {
         return Err(InflightError::Shape { queues, queue_size });
     }
     Ok(u64::from(queues) * queue_region_size(queue_size))
-}
-
-/// Add F_SEAL_SHRINK to `f` when it takes seals.
-fn seal_against_shrinking(f: &File) {
-    // SAFETY: fcntl on a descriptor `f` owns; no memory is passed. Fails
-    // harmlessly on a file that takes no seals.
-    unsafe { libc::fcntl(f.as_raw_fd(), libc::F_ADD_SEALS, libc::F_SEAL_SHRINK) };
 }
 
 /// What [`InflightQueue::recover`] found.

@@ -22,9 +22,11 @@
 
 use std::num::Wrapping;
 use std::sync::atomic::{fence, AtomicU16, AtomicU32, Ordering};
+use std::sync::Arc;
 
 use vm_memory::{Bytes, GuestAddress};
 
+use super::dirty_log::DirtyLog;
 use super::guest_map::GuestMap;
 
 /// `VRING_DESC_F_NEXT`, `VRING_DESC_F_WRITE`, `VRING_DESC_F_INDIRECT`.
@@ -166,6 +168,9 @@ pub(crate) struct SplitRing {
     /// This ring has told the driver not to notify and not yet asked again
     /// (false when unknown: the next disable writes the flag).
     notify_off: bool,
+    /// The frontend's dirty log while it migrates the guest: every write
+    /// to the used ring marks its page.
+    log: Option<Arc<DirtyLog>>,
 }
 
 // SAFETY: the raw pointers point into mappings `map` keeps alive; they
@@ -234,6 +239,7 @@ impl SplitRing {
             next_used: Wrapping(next_used),
             num_added: Wrapping(0),
             notify_off: false,
+            log: None,
         })
     }
 
@@ -260,6 +266,48 @@ impl SplitRing {
 
     pub(crate) fn layout(&self) -> RingLayout {
         self.layout
+    }
+
+    /// Log the ring's writes (and, through [`log_written`], the data's) in
+    /// `log` from now on; `None`: log nothing. Without a log before or
+    /// after, nothing is touched (the request path's cost while the
+    /// frontend does not migrate).
+    ///
+    /// [`log_written`]: Self::log_written
+    #[inline]
+    pub(crate) fn set_log(&mut self, log: Option<Arc<DirtyLog>>) {
+        if log.is_some() || self.log.is_some() {
+            self.replace_log(log);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn replace_log(&mut self, log: Option<Arc<DirtyLog>>) {
+        self.log = log;
+    }
+
+    /// The dirty log this ring marks, if any.
+    pub(crate) fn log(&self) -> Option<&DirtyLog> {
+        self.log.as_deref()
+    }
+
+    /// Mark the pages of the device-writable buffers in `segs` (a chain
+    /// the device has just answered) when logging.
+    #[inline]
+    pub(crate) fn log_written(&self, segs: &[Segment]) {
+        if let Some(log) = &self.log {
+            mark_written(log, segs);
+        }
+    }
+
+    /// Mark the page of `len` bytes at `offset` in the used ring when
+    /// logging (after writing them).
+    #[inline]
+    fn log_used(&self, offset: usize, len: u64) {
+        if let Some(log) = &self.log {
+            mark_used(log, self.layout.used, offset, len);
+        }
     }
 
     pub(crate) fn event_idx(&self) -> bool {
@@ -472,6 +520,9 @@ impl SplitRing {
         self.num_added += Wrapping(1);
         self.used_u16(2)
             .store(self.next_used.0.to_le(), Ordering::Release);
+        if let Some(log) = &self.log {
+            mark_used_entry(log, self.layout.used, slot);
+        }
     }
 
     /// Whether the used entries added since the last check must be
@@ -508,8 +559,10 @@ impl SplitRing {
             let off = 4 + 8 * usize::from(self.layout.size);
             self.used_u16(off)
                 .store(self.next_avail.0.to_le(), Ordering::Relaxed);
+            self.log_used(off, 2);
         } else {
             self.used_u16(0).store(0, Ordering::Relaxed);
+            self.log_used(0, 2);
         }
         fence(Ordering::SeqCst);
         Wrapping(u16::from_le(self.avail_u16(1).load(Ordering::Relaxed))) != self.next_avail
@@ -532,9 +585,36 @@ impl SplitRing {
         if !self.event_idx && !self.notify_off {
             self.used_u16(0)
                 .store(USED_F_NO_NOTIFY.to_le(), Ordering::Relaxed);
+            self.log_used(0, 2);
         }
         self.notify_off = true;
     }
+}
+
+/// Mark the pages of the device-writable buffers in `segs` (out of the
+/// request path's line: only while the frontend migrates).
+#[cold]
+#[inline(never)]
+fn mark_written(log: &DirtyLog, segs: &[Segment]) {
+    for s in segs.iter().filter(|s| s.write) {
+        log.mark(s.addr, u64::from(s.len));
+    }
+}
+
+/// Mark `len` bytes at `offset` of the used ring at guest address `used`.
+#[cold]
+#[inline(never)]
+fn mark_used(log: &DirtyLog, used: u64, offset: usize, len: u64) {
+    log.mark(used + offset as u64, len);
+}
+
+/// Mark used ring entry `slot` and the used index of the used ring at
+/// guest address `used`.
+#[cold]
+#[inline(never)]
+fn mark_used_entry(log: &DirtyLog, used: u64, slot: usize) {
+    log.mark(used + 4 + 8 * slot as u64, 8);
+    log.mark(used + 2, 2);
 }
 
 /// virtio-queue's own walk of the next chain of `q` over `mem`, as
@@ -779,6 +859,67 @@ mod tests {
                 let flags: u16 = mem.read_obj(GuestAddress(0x200)).unwrap();
                 assert_eq!(flags, 0);
             }
+        }
+    }
+
+    /// With a dirty log, every used ring write marks the pages it wrote
+    /// (the entry, the index, the flags or avail_event), and the data of
+    /// an answered chain marks its device-writable buffers' pages; without
+    /// one nothing is marked.
+    #[test]
+    fn a_logged_ring_marks_the_pages_it_writes() {
+        // The used ring at 0x2fc0 (134 bytes): entry 7 (0x2ffc..0x3004)
+        // crosses from page 2 into page 3, avail_event is at 0x3044.
+        let lay = RingLayout {
+            used: 0x2fc0,
+            ..layout()
+        };
+        for event_idx in [false, true] {
+            let mem = setup(&[(0, 0x10000)]);
+            let mut r = SplitRing::new(GuestMap::new(mem.clone()), lay, event_idx, 0, 0).unwrap();
+            let log = Arc::new(DirtyLog::in_memfd(8));
+            r.add_used(1, 0);
+            r.set_log(Some(log.clone()));
+            assert!(log.take_pages().is_empty(), "marked before logging");
+            r.add_used(1, 0);
+            assert_eq!(log.take_pages(), [2], "entry 1 and the index");
+            for _ in 2..7 {
+                r.add_used(1, 0);
+            }
+            log.take_pages();
+            r.add_used(3, 512);
+            assert_eq!(log.take_pages(), [2, 3], "entry 7 crosses a page");
+            r.disable_notification();
+            r.disable_notification();
+            let flags = if event_idx { vec![] } else { vec![2] };
+            assert_eq!(log.take_pages(), flags, "the flags, written once");
+            r.enable_notification();
+            let field = if event_idx { 3 } else { 2 };
+            assert_eq!(log.take_pages(), [field], "avail_event or the flags");
+            let segs = [
+                Segment {
+                    addr: 0x5000,
+                    len: 16,
+                    write: false,
+                },
+                Segment {
+                    addr: 0x6ff0,
+                    len: 0x1011,
+                    write: true,
+                },
+                Segment {
+                    addr: 0x9000,
+                    len: 1,
+                    write: true,
+                },
+            ];
+            r.log_written(&segs);
+            assert_eq!(log.take_pages(), [6, 7, 8, 9], "the writable buffers");
+            r.set_log(None);
+            r.add_used(1, 0);
+            r.log_written(&segs);
+            r.enable_notification();
+            assert!(log.take_pages().is_empty(), "marked after logging");
         }
     }
 

@@ -8,6 +8,7 @@ pub(crate) mod browser;
 pub(crate) mod client;
 pub(crate) mod git_tree;
 pub(crate) mod guest_program;
+pub(crate) mod mini_frontend;
 pub(crate) mod nested_boot;
 pub(crate) mod offline;
 pub(crate) mod qmp;

@@ -205,6 +205,7 @@ pub(super) fn with_pass<R: UsedRing, T>(
     if q.inflight_unread() {
         q.resume_inflight(&mut vq, &be.disk.cfg.socket);
     }
+    vq.set_log(be.dirty.current());
     let out = f(&mut Pass {
         be,
         q: &mut *q,
@@ -215,6 +216,9 @@ pub(super) fn with_pass<R: UsedRing, T>(
     let queue = ring.queue_mut();
     queue.set_next_avail(vq.next_avail.0);
     queue.set_next_used(vq.next_used.0);
+    if vq.log().is_some_and(|log| log.take_marked()) {
+        be.dirty.kick();
+    }
     q.ring = Some(vq);
     Ok(out)
 }
@@ -480,6 +484,9 @@ impl<R: UsedRing> Pass<'_, R> {
                 self.used_added();
                 continue;
             };
+            // Its data and status are in guest memory: mark their pages
+            // while the frontend logs.
+            self.vq.log_written(&self.q.segs);
             let p = Pending {
                 deadline: self.q.epoch,
                 seq: self.q.seq,

@@ -153,6 +153,9 @@ pub(crate) struct QueueState {
     /// Where the requests taken off the ring are recorded for the next
     /// back-end, when the frontend gave an area.
     pub(super) inflight: Option<Inflight>,
+    /// The ring has been served since it (last) started: the disk's image
+    /// was checked to be ours to serve (see `backend/handover.rs`).
+    pub(super) serving: bool,
 }
 
 impl QueueState {
@@ -197,6 +200,7 @@ impl QueueState {
             },
             epoch: Instant::now(),
             inflight: None,
+            serving: false,
         })
     }
 
@@ -281,6 +285,12 @@ impl QueueState {
             inf.checked = false;
             inf.resubmit.clear();
         }
+        self.serving = false;
+    }
+
+    /// Whether the ring has been served since it (last) started.
+    pub(crate) fn serving(&self) -> bool {
+        self.serving
     }
 
     /// The driver broke the ring: not served until it resets it.

@@ -19,6 +19,7 @@ use super::{total_len, GuestBuf, Storage, StorageError};
 pub(crate) struct FileStorage {
     file: File,
     size: u64,
+    read_only: bool,
     direct: bool,
     /// Alignment O_DIRECT needs for offsets, lengths and buffer addresses.
     align: usize,
@@ -68,28 +69,58 @@ fn ofd_lock(
     Ok(fl)
 }
 
-/// Lock `file` as QEMU would for a disk that reads (and, unless
-/// `read_only`, writes) and shares reads and unchanged writes but not
-/// writes or resizes: shared locks on the bytes of CONSISTENT_READ (and
-/// WRITE) and on the "unshared" bytes of WRITE and RESIZE. `Ok(false)`
-/// when another open file (QEMU or a second blklab) holds a conflicting
-/// lock: it forbids what we use, or uses what we forbid. So two
+/// What an opener uses and what it keeps others from using, as QEMU's
+/// permission masks (bits [`PERM_CONSISTENT_READ`] … [`PERM_RESIZE`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Perms {
+    used: u32,
+    unshared: u32,
+}
+
+const fn bit(p: u32) -> u32 {
+    1 << p
+}
+
+impl Perms {
+    /// A disk that reads and writes, sharing reads and unchanged writes
+    /// but not writes or resizes (QEMU's default for a writable image).
+    const WRITER: Perms = Perms {
+        used: bit(PERM_CONSISTENT_READ) | bit(PERM_WRITE),
+        unshared: bit(PERM_WRITE) | bit(PERM_RESIZE),
+    };
+    /// A read-only disk: it reads, and keeps writers away (QEMU's default
+    /// for a read-only image).
+    const READER: Perms = Perms {
+        used: bit(PERM_CONSISTENT_READ),
+        unshared: bit(PERM_WRITE) | bit(PERM_RESIZE),
+    };
+    /// A writable disk waiting for its image (a live migration's
+    /// destination): it reads and shares everything, so it coexists with
+    /// the writer it takes over from.
+    const WAITING: Perms = Perms {
+        used: bit(PERM_CONSISTENT_READ),
+        unshared: 0,
+    };
+}
+
+// A writer shares reads and unchanged writes, as QEMU's.
+const _: () = assert!(
+    ((1 << PERM_COUNT) - 1) & !Perms::WRITER.unshared
+        == bit(PERM_CONSISTENT_READ) | bit(PERM_WRITE_UNCHANGED)
+);
+
+/// Lock `file` as QEMU would for an opener with `perms`: shared locks on
+/// the bytes of the permissions it uses and of those it does not share.
+/// `Ok(false)` when another open file (QEMU or a second blklab) holds a
+/// conflicting lock: it forbids what we use, or uses what we forbid. So two
 /// read-only opens coexist; a writer excludes any other writer and any
 /// reader that does not share writes (QEMU's default for a read-only
-/// open), and vice versa.
-fn lock_like_qemu(file: &File, read_only: bool) -> io::Result<bool> {
-    let bit = |p: u32| 1u32 << p;
-    let mut perm = bit(PERM_CONSISTENT_READ);
-    if !read_only {
-        perm |= bit(PERM_WRITE);
-    }
+/// open), and vice versa. Locks taken before a conflict was seen stay
+/// taken (the caller drops the file, or releases them).
+fn lock_like_qemu(file: &File, perms: Perms) -> io::Result<bool> {
     let all = (1u32 << PERM_COUNT) - 1;
-    let unshared = bit(PERM_WRITE) | bit(PERM_RESIZE);
+    let Perms { used, unshared } = perms;
     let shared = all & !unshared;
-    debug_assert_eq!(
-        shared,
-        bit(PERM_CONSISTENT_READ) | bit(PERM_WRITE_UNCHANGED)
-    );
     // A shared lock is refused (EAGAIN/EACCES) only by an exclusive one
     // on the byte (QEMU takes none, another tool might): a conflict too.
     let take = |off: i64| -> io::Result<bool> {
@@ -100,7 +131,7 @@ fn lock_like_qemu(file: &File, read_only: bool) -> io::Result<bool> {
         }
     };
     for i in 0..PERM_COUNT {
-        if perm & bit(i) != 0 && !take(PERM_BASE + i64::from(i))? {
+        if used & bit(i) != 0 && !take(PERM_BASE + i64::from(i))? {
             return Ok(false);
         }
         if unshared & bit(i) != 0 && !take(SHARED_BASE + i64::from(i))? {
@@ -114,7 +145,7 @@ fn lock_like_qemu(file: &File, read_only: bool) -> io::Result<bool> {
             let fl = ofd_lock(file, libc::F_OFD_GETLK, libc::F_WRLCK, off)?;
             Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
         };
-        if perm & bit(i) != 0 && held(SHARED_BASE + i64::from(i))? {
+        if used & bit(i) != 0 && held(SHARED_BASE + i64::from(i))? {
             return Ok(false);
         }
         if shared & bit(i) == 0 && held(PERM_BASE + i64::from(i))? {
@@ -122,6 +153,30 @@ fn lock_like_qemu(file: &File, read_only: bool) -> io::Result<bool> {
         }
     }
     Ok(true)
+}
+
+/// Unlock the bytes a writer locks beyond those of [`Perms::WAITING`].
+fn unlock_writer_bytes(file: &File) -> io::Result<()> {
+    let (w, waiting) = (Perms::WRITER, Perms::WAITING);
+    for i in 0..PERM_COUNT {
+        if w.used & !waiting.used & bit(i) != 0 {
+            ofd_lock(
+                file,
+                libc::F_OFD_SETLK,
+                libc::F_UNLCK,
+                PERM_BASE + i64::from(i),
+            )?;
+        }
+        if w.unshared & !waiting.unshared & bit(i) != 0 {
+            ofd_lock(
+                file,
+                libc::F_OFD_SETLK,
+                libc::F_UNLCK,
+                SHARED_BASE + i64::from(i),
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// Most iovecs one preadv/pwritev takes (IOV_MAX on Linux).
@@ -134,13 +189,18 @@ const BOUNCE_CHUNK: usize = 1 << 20;
 
 impl FileStorage {
     /// Open `path`; `size` None uses the image's size, a larger size grows
-    /// the image (sparsely).
-    pub(crate) fn open(
+    /// the image (sparsely). `waiting`: a writable image is opened as a
+    /// live migration's destination, with only the locks of a reader that
+    /// shares writes, beside the writer it takes over from (see
+    /// [`Storage::take_write_locks`]); otherwise with a writer's (or a
+    /// reader's) locks.
+    pub(crate) fn open_with(
         path: &Path,
         size: Option<u64>,
         read_only: bool,
         direct: bool,
         block_size: u32,
+        waiting: bool,
     ) -> Result<Self, StorageError> {
         let name = path.display().to_string();
         let mut opts = OpenOptions::new();
@@ -155,7 +215,12 @@ impl FileStorage {
             path: name.clone(),
             source,
         })?;
-        match lock_like_qemu(&file, read_only) {
+        let perms = match (read_only, waiting) {
+            (true, _) => Perms::READER,
+            (false, false) => Perms::WRITER,
+            (false, true) => Perms::WAITING,
+        };
+        match lock_like_qemu(&file, perms) {
             Ok(true) => {}
             Ok(false) => return Err(StorageError::Locked(name)),
             Err(source) => return Err(StorageError::Open { path: name, source }),
@@ -214,6 +279,7 @@ impl FileStorage {
         Ok(FileStorage {
             file,
             size,
+            read_only,
             direct,
             align: block_size.max(512) as usize,
             syncs: AtomicU64::new(0),
@@ -413,6 +479,26 @@ impl Storage for FileStorage {
         self.vectored(true, offset, bufs)
     }
 
+    fn release_write_locks(&self) -> io::Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        unlock_writer_bytes(&self.file)
+    }
+
+    fn take_write_locks(&self) -> io::Result<bool> {
+        if self.read_only {
+            return Ok(true);
+        }
+        if lock_like_qemu(&self.file, Perms::WRITER)? {
+            return Ok(true);
+        }
+        // Back to a waiting reader's locks: what was taken before the
+        // conflict showed must not keep the holder from its own.
+        unlock_writer_bytes(&self.file)?;
+        Ok(false)
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
@@ -531,6 +617,21 @@ impl Drop for AlignedBuf {
 }
 
 #[cfg(test)]
+impl FileStorage {
+    /// [`open_with`](Self::open_with) with the locks of a writer (or a
+    /// reader).
+    pub(crate) fn open(
+        path: &Path,
+        size: Option<u64>,
+        read_only: bool,
+        direct: bool,
+        block_size: u32,
+    ) -> Result<Self, StorageError> {
+        Self::open_with(path, size, read_only, direct, block_size, false)
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use vm_memory::mmap::MmapRegion;
@@ -586,6 +687,46 @@ mod tests {
         ));
         drop((f2, f3));
         FileStorage::open(&p, None, false, false, 512).unwrap();
+    }
+
+    /// A live migration's image hand-over: the destination opens the
+    /// image beside its writer, takes the writer's locks only once the
+    /// writer has released them, and then keeps the old writer (and any
+    /// other) away; a failed attempt leaves nothing that keeps the holder
+    /// from taking its locks back.
+    #[test]
+    fn a_waiting_open_takes_the_image_over_once_its_writer_releases_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("img.raw");
+        let src = FileStorage::open(&p, Some(1 << 20), false, false, 512).unwrap();
+        let dst = FileStorage::open_with(&p, None, false, false, 512, true).unwrap();
+        assert!(!dst.take_write_locks().unwrap(), "the writer holds it");
+        src.release_write_locks().unwrap();
+        assert!(
+            src.take_write_locks().unwrap(),
+            "a failed attempt left locks"
+        );
+        src.release_write_locks().unwrap();
+        assert!(dst.take_write_locks().unwrap());
+        assert!(!src.take_write_locks().unwrap(), "taken over");
+        assert!(matches!(
+            FileStorage::open(&p, None, false, false, 512),
+            Err(StorageError::Locked(_))
+        ));
+        // A waiting open keeps nothing away but those that do not share
+        // reads: a second one coexists.
+        drop(FileStorage::open_with(&p, None, false, false, 512, true).unwrap());
+        dst.release_write_locks().unwrap();
+        assert!(src.take_write_locks().unwrap(), "handed back");
+        // Read-only disks hold their locks throughout.
+        drop((src, dst));
+        let ro = FileStorage::open_with(&p, None, true, false, 512, true).unwrap();
+        ro.release_write_locks().unwrap();
+        assert!(matches!(
+            FileStorage::open(&p, None, false, false, 512),
+            Err(StorageError::Locked(_))
+        ));
+        assert!(ro.take_write_locks().unwrap());
     }
 
     #[test]

@@ -16,7 +16,7 @@ pub(crate) use file::FileStorage;
 pub(crate) use mem::MemStorage;
 pub(crate) use null::NullStorage;
 
-use crate::device::config::{DiskConfig, StorageSpec};
+use crate::device::config::{DiskConfig, ImageLock, StorageSpec};
 
 /// A guest buffer: a slice of mapped guest memory.
 pub(crate) type GuestBuf<'a> = VolatileSlice<'a, ()>;
@@ -63,6 +63,17 @@ pub(crate) trait Storage: Send + Sync {
     fn syncs(&self) -> u64 {
         0
     }
+    /// Release the image locks that keep other writers away, keeping
+    /// those of a reader that shares writes: a live migration hands the
+    /// image to its destination. Storage without locks has nothing to do.
+    fn release_write_locks(&self) -> io::Result<()> {
+        Ok(())
+    }
+    /// Take the locks of a writer (back): `Ok(false)`, holding the same
+    /// locks as before, while another process holds a conflicting one.
+    fn take_write_locks(&self) -> io::Result<bool> {
+        Ok(true)
+    }
 }
 
 /// Open the storage a disk configuration names. For file disks with no size
@@ -73,7 +84,15 @@ pub(crate) fn open(cfg: &mut DiskConfig) -> Result<Box<dyn Storage>, StorageErro
         StorageSpec::Mem => Box::new(MemStorage::new(cfg.size)?),
         StorageSpec::File(path) => {
             let size = (cfg.size != 0).then_some(cfg.size);
-            let f = FileStorage::open(path, size, cfg.read_only, cfg.direct, cfg.block_size)?;
+            let waiting = cfg.image_lock == ImageLock::Incoming;
+            let f = FileStorage::open_with(
+                path,
+                size,
+                cfg.read_only,
+                cfg.direct,
+                cfg.block_size,
+                waiting,
+            )?;
             cfg.size = f.size();
             Box::new(f)
         }
