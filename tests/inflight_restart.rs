@@ -313,3 +313,57 @@ fn without_the_area_a_write_completes_twice() {
     );
     served.kill();
 }
+
+/// An inflight area the daemon cannot use is refused with a clear error
+/// (the connection ends: GET_INFLIGHT_FD and SET_INFLIGHT_FD have no
+/// negative reply), and the next frontend is served.
+#[test]
+fn a_bad_inflight_area_is_refused_and_the_daemon_serves_on() {
+    let mut served = Served::new();
+    let handshake = |sock: &Path| {
+        let s = UnixStream::connect(sock).expect("connect");
+        s.set_read_timeout(Some(common::PATIENCE)).unwrap();
+        let mut fe = Frontend::from_stream(s, 1);
+        fe.get_features().unwrap();
+        fe.set_protocol_features(
+            VhostUserProtocolFeatures::REPLY_ACK | VhostUserProtocolFeatures::INFLIGHT_SHMFD,
+        )
+        .unwrap();
+        fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        fe
+    };
+    // More queues than the disk has, and a queue size of 0.
+    for (num_queues, queue_size) in [(2, QSIZE), (1, 0)] {
+        let mut fe = handshake(&served.socket());
+        let ask = VhostUserInflight {
+            num_queues,
+            queue_size,
+            ..Default::default()
+        };
+        assert!(
+            fe.get_inflight_fd(&ask).is_err(),
+            "{num_queues}x{queue_size}"
+        );
+    }
+    // An area its file does not hold.
+    let mut fe = handshake(&served.socket());
+    // SAFETY: memfd_create with a NUL-terminated name; the File owns it.
+    let fd = unsafe { libc::memfd_create(c"short-area".as_ptr(), libc::MFD_CLOEXEC) };
+    // SAFETY: `fd` is new and owned by nobody else.
+    let short = unsafe { File::from_raw_fd(fd) };
+    short.set_len(100).unwrap();
+    let area = VhostUserInflight {
+        mmap_size: 4096,
+        mmap_offset: 0,
+        num_queues: 1,
+        queue_size: QSIZE,
+    };
+    assert!(fe.set_inflight_fd(&area, short.as_raw_fd()).is_err());
+    drop(fe);
+    // The daemon serves on.
+    let mem = guest_memory();
+    offer_writes(&mem);
+    let _c = connect(&served.socket(), &mem, &mut None, true);
+    common::wait_until("every write to complete", || used_idx(&mem) == WRITES);
+    served.kill();
+}
