@@ -3221,7 +3221,7 @@ fn a_dirty_log_beyond_its_file_is_refused_and_the_daemon_serves_on() {
     common::wait_until("the refusal in the log", || {
         log_lines(&daemon_log).iter().any(|l| {
             l.contains("refusing the dirty log (SET_LOG_BASE)")
-                && l.contains("exceeds the log file's size 0x1000")
+                && l.contains("exceeds the file's size 0x1000")
         })
     });
     drop(c);

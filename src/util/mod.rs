@@ -16,6 +16,7 @@ pub mod logging;
 pub(crate) mod procfs;
 pub(crate) mod schedstat;
 pub(crate) mod schema;
+pub(crate) mod shared_file;
 pub(crate) mod slots;
 pub(crate) mod text;
 pub(crate) mod units;

@@ -13,52 +13,32 @@
 //! reference: the frontend writes it concurrently.
 
 use std::fs::File;
-use std::io;
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 
 use log::warn;
 
-use crate::util::fd::seal_against_shrinking;
+use crate::util::shared_file::{SharedMapError, SharedMapping};
 
 /// The size of a page in the log.
 pub(crate) const LOG_PAGE: u64 = 4096;
 
 /// Why a log the frontend sent cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum LogError {
-    #[error("the log is empty (mmap size 0)")]
-    Empty,
-    #[error("cannot stat the log's file: {0}")]
-    Stat(#[source] io::Error),
-    #[error("mmap offset {offset:#x} + size {len:#x} exceeds the log file's size {size:#x}")]
-    BeyondFile { offset: u64, len: u64, size: u64 },
-    #[error("mmap offset {offset:#x} + size {len:#x} does not fit in the address space")]
-    TooLarge { offset: u64, len: u64 },
-    #[error("cannot map the log: {0}")]
-    Map(#[source] io::Error),
-}
+#[error("the dirty log: {0}")]
+pub(crate) struct LogError(#[from] pub(crate) SharedMapError);
 
 /// A frontend's dirty log, mapped shared.
 pub(crate) struct DirtyLog {
-    /// The log's first byte (inside `map`, which starts at the page below).
-    base: *mut u8,
-    /// Bytes of log: it covers `8 * len` pages.
+    /// The log's bytes: it covers `8 * len` pages.
+    mapping: SharedMapping,
+    /// Bytes of log.
     len: u64,
-    map: *mut libc::c_void,
-    map_len: usize,
     /// A page was marked since the last [`take_marked`](Self::take_marked).
     marked: AtomicBool,
     /// Pages that were to be marked but lie beyond the log.
     beyond: AtomicU64,
     warned_beyond: AtomicBool,
 }
-
-// SAFETY: the pointers point into a shared mapping this struct owns until
-// it is dropped; the log is only accessed with atomic operations.
-unsafe impl Send for DirtyLog {}
-// SAFETY: as above; nothing but atomics is mutated through `&self`.
-unsafe impl Sync for DirtyLog {}
 
 impl std::fmt::Debug for DirtyLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -76,47 +56,10 @@ impl DirtyLog {
     /// sealed is first sealed against shrinking, so the check holds for the
     /// life of the mapping (QEMU seals its log memfd itself).
     pub(crate) fn map(file: &File, offset: u64, size: u64) -> Result<DirtyLog, LogError> {
-        if size == 0 {
-            return Err(LogError::Empty);
-        }
-        seal_against_shrinking(file);
-        let file_size = file.metadata().map_err(LogError::Stat)?.len();
-        let end = offset.checked_add(size);
-        if !end.is_some_and(|e| e <= file_size) {
-            return Err(LogError::BeyondFile {
-                offset,
-                len: size,
-                size: file_size,
-            });
-        }
-        // mmap needs a page-aligned file offset: map from the page below.
-        // SAFETY: sysconf has no memory arguments.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-        let delta = offset % page;
-        let too_large = |_| LogError::TooLarge { offset, len: size };
-        let map_len = usize::try_from(size + delta).map_err(too_large)?;
-        let file_off = libc::off_t::try_from(offset - delta).map_err(too_large)?;
-        // SAFETY: a new shared mapping of a file we hold open, at no fixed
-        // address; the kernel checks the descriptor, length and offset.
-        let map = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                map_len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                file_off,
-            )
-        };
-        if map == libc::MAP_FAILED {
-            return Err(LogError::Map(io::Error::last_os_error()));
-        }
+        let mapping = SharedMapping::of_file(file, offset, size)?;
         Ok(DirtyLog {
-            // SAFETY: delta < page <= map_len, inside the mapping.
-            base: unsafe { (map as *mut u8).add(delta as usize) },
-            len: size,
-            map,
-            map_len,
+            len: mapping.len(),
+            mapping,
             marked: AtomicBool::new(false),
             beyond: AtomicU64::new(0),
             warned_beyond: AtomicBool::new(false),
@@ -145,7 +88,7 @@ impl DirtyLog {
             // the log, inside the mapping `self` owns. The frontend reads
             // and clears it concurrently, so it is only accessed
             // atomically (a byte has no alignment to meet).
-            let byte = unsafe { AtomicU8::from_ptr(self.base.add((page / 8) as usize)) };
+            let byte = unsafe { AtomicU8::from_ptr(self.mapping.base().add((page / 8) as usize)) };
             // Release: the device's write of the page is visible before
             // the mark (the frontend's exchange of the byte is a full
             // barrier).
@@ -186,9 +129,6 @@ impl Drop for DirtyLog {
                 self.pages()
             );
         }
-        // SAFETY: `map` and `map_len` are the mapping `map` made, unmapped
-        // once, here; no pointer into it outlives `self`.
-        unsafe { libc::munmap(self.map, self.map_len) };
     }
 }
 
@@ -205,7 +145,7 @@ impl DirtyLog {
         use std::os::fd::FromRawFd;
         // SAFETY: memfd_create with a NUL-terminated name.
         let fd = unsafe { libc::memfd_create(c"dirty-log".as_ptr(), libc::MFD_CLOEXEC) };
-        assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+        assert!(fd >= 0, "memfd_create: {}", std::io::Error::last_os_error());
         // SAFETY: a fresh descriptor nobody else owns.
         let f = unsafe { File::from_raw_fd(fd) };
         f.set_len(bytes).unwrap();
@@ -218,7 +158,7 @@ impl DirtyLog {
         let mut pages = Vec::new();
         for i in 0..self.len {
             // SAFETY: i < len: a byte of the log, accessed atomically.
-            let byte = unsafe { AtomicU8::from_ptr(self.base.add(i as usize)) };
+            let byte = unsafe { AtomicU8::from_ptr(self.mapping.base().add(i as usize)) };
             let b = byte.swap(0, Ordering::SeqCst);
             pages.extend(
                 (0..8)
@@ -319,23 +259,26 @@ mod tests {
         let f = memfd(4096, true);
         assert!(matches!(
             DirtyLog::map(&f, 0, 4097),
-            Err(LogError::BeyondFile {
+            Err(LogError(SharedMapError::BeyondFile {
                 offset: 0,
                 len: 4097,
                 size: 4096
-            })
+            }))
         ));
         assert!(matches!(
             DirtyLog::map(&f, 4000, 100),
-            Err(LogError::BeyondFile { .. })
+            Err(LogError(SharedMapError::BeyondFile { .. }))
         ));
         assert!(matches!(
             DirtyLog::map(&f, u64::MAX, 2),
-            Err(LogError::BeyondFile { .. })
+            Err(LogError(SharedMapError::BeyondFile { .. }))
         ));
-        assert!(matches!(DirtyLog::map(&f, 0, 0), Err(LogError::Empty)));
+        assert!(matches!(
+            DirtyLog::map(&f, 0, 0),
+            Err(LogError(SharedMapError::Empty))
+        ));
         let e = DirtyLog::map(&f, 0, 8192).unwrap_err().to_string();
-        assert!(e.contains("exceeds the log file's size 0x1000"), "{e}");
+        assert!(e.contains("exceeds the file's size 0x1000"), "{e}");
         DirtyLog::map(&f, 4000, 96).unwrap();
     }
 

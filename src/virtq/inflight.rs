@@ -44,7 +44,7 @@ use std::sync::Arc;
 
 use thiserror::Error;
 
-use crate::util::fd::seal_against_shrinking;
+use crate::util::shared_file::{SharedMapError, SharedMapping};
 
 /// Queue regions are aligned to this many bytes (libvhost-user's
 /// `INFLIGHT_ALIGNMENT`).
@@ -78,10 +78,6 @@ pub(crate) enum InflightError {
         #[source]
         source: io::Error,
     },
-    #[error("cannot stat the inflight area's file: {0}")]
-    Stat(#[source] io::Error),
-    #[error("inflight area of {size} bytes at offset {offset:#x}: the file has {file} bytes")]
-    BeyondFile { offset: u64, size: u64, file: u64 },
     #[error("inflight area of {size} bytes is too small for {queues} queue(s) of {queue_size} descriptors ({needed} bytes)")]
     TooSmall {
         size: u64,
@@ -89,8 +85,10 @@ pub(crate) enum InflightError {
         queues: u16,
         queue_size: u16,
     },
-    #[error("cannot map the inflight area: {0}")]
-    Map(#[source] io::Error),
+    #[error("inflight area at offset {0:#x} of its file: the offset must be a multiple of 64")]
+    Misaligned(u64),
+    #[error("the inflight area: {0}")]
+    Map(#[from] SharedMapError),
 }
 
 /// An inflight area mapped shared: `queues` regions of `queue_size`
@@ -98,17 +96,10 @@ pub(crate) enum InflightError {
 /// dropped.
 #[derive(Debug)]
 pub(crate) struct InflightArea {
-    base: *mut u8,
-    len: usize,
+    mapping: SharedMapping,
     queues: u16,
     queue_size: u16,
 }
-
-// SAFETY: the mapping is shared memory owned by this value; it is only
-// accessed through atomics, from any thread.
-unsafe impl Send for InflightArea {}
-// SAFETY: as above: every access is atomic.
-unsafe impl Sync for InflightArea {}
 
 impl InflightArea {
     /// A new zeroed area in a memfd (sealed against shrinking and
@@ -163,46 +154,14 @@ impl InflightArea {
                 queue_size,
             });
         }
-        seal_against_shrinking(file);
-        let have = file.metadata().map_err(InflightError::Stat)?.len();
-        if !offset.checked_add(size).is_some_and(|end| end <= have) {
-            return Err(InflightError::BeyondFile {
-                offset,
-                size,
-                file: have,
-            });
+        // Its states are read with atomics: they must be aligned.
+        if offset % ALIGNMENT != 0 {
+            return Err(InflightError::Misaligned(offset));
         }
-        let len = usize::try_from(needed).map_err(|_| InflightError::TooSmall {
-            size,
-            needed,
-            queues,
-            queue_size,
-        })?;
-        let off = libc::off_t::try_from(offset).map_err(|_| InflightError::BeyondFile {
-            offset,
-            size,
-            file: have,
-        })?;
-        // SAFETY: a new shared mapping of `len` bytes of `file` from
-        // `offset`, all inside the file (checked above); the kernel picks
-        // the address. It is unmapped in Drop and never aliased by a Rust
-        // reference other than atomics.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                off,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(InflightError::Map(io::Error::last_os_error()));
-        }
+        // The whole range the frontend gave must be in its file, even
+        // beyond the regions used here.
         Ok(InflightArea {
-            base: base.cast(),
-            len,
+            mapping: SharedMapping::of_file(file, offset, size)?,
             queues,
             queue_size,
         })
@@ -216,7 +175,7 @@ impl InflightArea {
         let offset = index * queue_region_size(self.queue_size) as usize;
         // SAFETY: `offset` + the region size is inside the mapping:
         // `open` mapped `queues` regions.
-        let region = unsafe { self.base.add(offset) };
+        let region = unsafe { self.mapping.base().add(offset) };
         Some(InflightQueue {
             _area: self.clone(),
             region,
@@ -224,13 +183,6 @@ impl InflightArea {
             counter: 0,
             ring_size: 0,
         })
-    }
-}
-
-impl Drop for InflightArea {
-    fn drop(&mut self) {
-        // SAFETY: the mapping `open` made, unmapped once.
-        unsafe { libc::munmap(self.base.cast(), self.len) };
     }
 }
 
@@ -524,9 +476,17 @@ mod tests {
         let e = InflightArea::open(&f, 0, len - 1, 2, 128).unwrap_err();
         assert!(matches!(e, InflightError::TooSmall { .. }), "{e}");
         let e = InflightArea::open(&f, 4096, len, 2, 128).unwrap_err();
-        assert!(matches!(e, InflightError::BeyondFile { .. }), "{e}");
-        let e = InflightArea::open(&f, u64::MAX - 10, len, 2, 128).unwrap_err();
-        assert!(matches!(e, InflightError::BeyondFile { .. }), "{e}");
+        assert!(
+            matches!(e, InflightError::Map(SharedMapError::BeyondFile { .. })),
+            "{e}"
+        );
+        let e = InflightArea::open(&f, u64::MAX - 63, len, 2, 128).unwrap_err();
+        assert!(
+            matches!(e, InflightError::Map(SharedMapError::BeyondFile { .. })),
+            "{e}"
+        );
+        let e = InflightArea::open(&f, 8, len, 2, 128).unwrap_err();
+        assert!(matches!(e, InflightError::Misaligned(8)), "{e}");
         // The memfd is sealed: the front-end cannot shrink it.
         assert!(f.set_len(1).is_err());
     }
