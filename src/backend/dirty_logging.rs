@@ -11,13 +11,14 @@
 //! [`current`]: DirtyLogging::current
 
 use std::fs::File;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use log::warn;
 
+use crate::util::fd::signal_eventfd;
 use crate::virtq::dirty_log::DirtyLog;
 
 /// The log, the log's eventfd and the acked LOG_ALL, under one lock.
@@ -78,17 +79,10 @@ impl DirtyLogging {
         self.update(&g)
     }
 
-    /// SET_LOG_FD: the eventfd written after a pass that marked the log.
-    /// Made non-blocking, so that a descriptor nobody reads never stops a
-    /// worker.
+    /// SET_LOG_FD: the eventfd written after a pass that marked the log
+    /// (never blocking, its flags left as the frontend set them: see
+    /// [`kick`](Self::kick)).
     pub(crate) fn set_kick(&self, file: File) -> io::Result<()> {
-        let fd = file.as_raw_fd();
-        // SAFETY: fcntl on a descriptor `file` owns; no memory is passed.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        // SAFETY: as above, setting its status flags.
-        if flags < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
         self.lock().kick = Some(file);
         Ok(())
     }
@@ -109,9 +103,8 @@ impl DirtyLogging {
         let Some(f) = g.kick.as_ref() else {
             return;
         };
-        match (&*f).write(&1u64.to_ne_bytes()) {
+        match signal_eventfd(f.as_raw_fd()) {
             Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
             Err(e) => {
                 if !self.warned_kick.swap(true, Ordering::Relaxed) {
                     warn!(

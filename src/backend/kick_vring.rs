@@ -78,15 +78,6 @@ impl<'a, M: 'a + GuestAddressSpace> VringStateMutGuard<'a, M> for KickCountingVr
     type G = <VringRwLock<M> as VringStateMutGuard<'a, M>>::G;
 }
 
-/// Add `n` to an eventfd's counter; false when the write failed.
-fn write_eventfd(fd: std::os::fd::RawFd, n: u64) -> bool {
-    let buf = n.to_ne_bytes();
-    // SAFETY: writing 8 bytes from an 8-byte buffer we own to a
-    // descriptor the vring owns.
-    let written = unsafe { libc::write(fd, buf.as_ptr() as *const libc::c_void, 8) };
-    written == 8
-}
-
 /// Read an eventfd's counter: the number of writes of 1 since the last read.
 /// Returns 0 when nothing is pending (non-blocking fd) .
 fn read_eventfd(fd: &impl AsRawFd) -> io::Result<u64> {
@@ -232,7 +223,7 @@ impl<M: 'static + GuestAddressSpace> VringT<M> for KickCountingVring<M> {
         }
         let state = self.inner.get_ref();
         if let Some(kick) = state.get_kick() {
-            if write_eventfd(kick.as_raw_fd(), 1) {
+            if crate::util::fd::signal_eventfd(kick.as_raw_fd()).unwrap_or(false) {
                 self.own_kicks.fetch_add(1, Ordering::Relaxed);
             }
         }

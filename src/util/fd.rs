@@ -1,5 +1,6 @@
-//! One `poll(2)` helper for every wait on a file descriptor, and the seal
-//! that keeps a shared file from shrinking under a mapping of it.
+//! One `poll(2)` helper for every wait on a file descriptor, an eventfd
+//! signal that never blocks, and the seal that keeps a shared file from
+//! shrinking under a mapping of it.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -56,6 +57,42 @@ pub(crate) fn readable_within(fd: RawFd, timeout_ms: i32) -> bool {
     matches!(poll_readable(&[fd], timeout_ms), Ok(Ready::Readable(_)))
 }
 
+/// Add 1 to an eventfd's counter (or write 8 bytes to a pipe) without
+/// ever blocking and without changing the descriptor's flags, which it
+/// may share with another process: polled for room first. `Ok(false)`:
+/// no room (an eventfd at its maximum count already signals; a full pipe
+/// is unread), nothing written.
+pub(crate) fn signal_eventfd(fd: RawFd) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, exclusively borrowed for the call.
+    let rc = unsafe { libc::poll(&mut p, 1, 0) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if p.revents & libc::POLLOUT == 0 {
+        return Ok(false);
+    }
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writing 8 bytes from an 8-byte buffer we own.
+    let n = unsafe { libc::write(fd, one.as_ptr().cast(), one.len()) };
+    if n == 8 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    match e.kind() {
+        io::ErrorKind::WouldBlock => Ok(false),
+        _ if n >= 0 => Err(io::Error::new(
+            io::ErrorKind::WriteZero,
+            "short eventfd write",
+        )),
+        _ => Err(e),
+    }
+}
+
 /// Wait until `listen_fd` has a connection (true) or `wake_fd` is
 /// readable (false: time to stop). A queued Unix connection makes accept()
 /// return at once, so the accept that follows never blocks.
@@ -90,6 +127,21 @@ pub(crate) fn seal_against_shrinking(f: &std::fs::File) -> bool {
 mod tests {
     use super::*;
     use vmm_sys_util::eventfd::EventFd;
+
+    /// A blocking eventfd at its maximum count (a frontend can put it
+    /// there): the signal returns at once and leaves its flags alone.
+    #[test]
+    fn an_eventfd_signal_never_blocks() {
+        let e = EventFd::new(0).unwrap();
+        assert!(signal_eventfd(e.as_raw_fd()).unwrap());
+        assert_eq!(e.read().unwrap(), 1);
+        e.write(u64::MAX - 1).unwrap();
+        assert!(!signal_eventfd(e.as_raw_fd()).unwrap());
+        // SAFETY: fcntl reading the flags of a descriptor `e` owns.
+        let flags = unsafe { libc::fcntl(e.as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(flags & libc::O_NONBLOCK, 0);
+        assert_eq!(e.read().unwrap(), u64::MAX - 1);
+    }
 
     #[test]
     fn readable_timeout_and_order() {
