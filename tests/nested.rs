@@ -60,6 +60,11 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
         .args(["--kernel", "build:6.12", "--kernel", "build:6.12"])
         .args(["--scenario", "smoke", "--iterations", "1", "--out"])
         .arg(&dir)
+        // The first host stops every process in it after the first boot:
+        // the outer lab must see it fall silent, keep its state, and run
+        // the second boot on a fresh host.
+        .args(["--host-silence", "30s"])
+        .env("BLKLAB_NESTED_SILENCE_AFTER_BOOT", "0")
         .env("RUST_LOG", "info")
         .output()
         .expect("run blklab");
@@ -68,6 +73,7 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
         res.status.success(),
         "blklab run --accel nested failed:\n{stderr}"
     );
+    the_silent_host_was_replaced(&dir);
 
     let run = read_json(&dir.join("run.json"));
     assert_eq!(run["accel"], "nested", "{run:#}");
@@ -238,6 +244,40 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
     ] {
         assert!(text.contains(want), "no {want:?} in:\n{text}");
     }
+}
+
+/// The first host fell silent after the first boot: caught from outside
+/// within the limit, its state kept (QMP's view, its console after an
+/// NMI), the first boot's records kept from its checkpoint, the second
+/// boot run on a fresh host.
+fn the_silent_host_was_replaced(dir: &std::path::Path) {
+    let summary = read_json(&dir.join("summary.json"));
+    let hosts = summary["retried_hosts"].as_array().expect("retried_hosts");
+    assert_eq!(hosts.len(), 1, "{summary:#}");
+    let h = &hosts[0];
+    assert_eq!(h["attempt"], 1, "{h:#}");
+    assert_eq!(h["boots_kept"], serde_json::json!([0]), "{h:#}");
+    let quiet = num(h, &["quiet_seconds"]);
+    assert!((30.0..45.0).contains(&quiet), "{h:#}");
+    assert!(num(h, &["vcpu_seconds"]) < 0.05 * quiet, "{h:#}");
+    let state = std::fs::read_to_string(h["state"].as_str().unwrap()).unwrap();
+    for want in ["query-cpus-fast", "CPU#2 RIP", "dumping local APIC state for CPU 2"] {
+        assert!(state.contains(want), "no {want:?} in the kept state:\n{state}");
+    }
+    // Every process stopped, the host's CPUs idle: each vCPU halted in the
+    // kernel's idle loop, and the NMI answered with a panic from there.
+    assert!(state.contains("default_idle"), "{state}");
+    assert!(state.contains("NMI received for unknown reason"), "{state}");
+    assert!(std::path::Path::new(h["console"].as_str().unwrap()).is_file());
+    let kept_log = dir.join("console/nested-host.attempt1.blklab.log");
+    let log = std::fs::read_to_string(&kept_log).unwrap();
+    assert!(log.contains("silencing the host on purpose"), "{log}");
+    let mut boots: Vec<u64> = records_in(dir)
+        .iter()
+        .map(|r| r["boot_seq"].as_u64().unwrap())
+        .collect();
+    boots.sort();
+    assert_eq!(boots, [0, 0, 1, 1], "each boot's records once");
 }
 
 /// What a user's KVM host runs, inside the emulated host: no instruction

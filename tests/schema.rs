@@ -209,6 +209,7 @@ fn recorded_runs_load_as_their_types_and_validate() {
             finished_unix: 0.0,
             failures: Vec::new(),
             retried_boots: Vec::new(),
+            retried_hosts: Vec::new(),
             rows: blklab::lab::run::summary::rows(&records),
         };
         assert!(!summary.rows.is_empty());
@@ -298,6 +299,7 @@ fn a_planned_run_without_its_record_is_counted_as_not_run() {
         finished_unix: 0.0,
         failures: Vec::new(),
         retried_boots: Vec::new(),
+        retried_hosts: Vec::new(),
         rows,
     };
     let v = serde_json::to_value(&doc).unwrap();

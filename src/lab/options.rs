@@ -134,6 +134,12 @@ pub struct RunArgs {
     /// console/nested-host.neighbour.json.
     #[arg(long)]
     pub(crate) nested_neighbour: bool,
+    /// With --accel nested: how long the emulated host may say nothing
+    /// (no console line, no inner log line) while its vCPUs sit idle
+    /// before it counts as silent. A silent host's state is kept and a
+    /// fresh host runs the boots it had not finished.
+    #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = parse_interval)]
+    pub(crate) host_silence: std::time::Duration,
     /// QEMU binary: a name on PATH or a path. Left at its default on a
     /// host with no qemu-system-x86_64 on PATH, the image cache's QEMU
     /// bundle (`blklab images export --bundle`, imported), with its own
@@ -300,11 +306,31 @@ impl InnerAccel {
 }
 
 /// How a nested run's emulated host is set up (`--accel nested` only).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct NestedOptions {
     pub(crate) inner_accel: InnerAccel,
     /// A second VM beside the lab's guests in the host.
     pub(crate) neighbour: bool,
+    /// How long the host may be silent and idle before it is replaced.
+    #[serde(default = "default_host_silence")]
+    pub(crate) silence: Duration,
+}
+
+/// `--host-silence`'s default.
+const HOST_SILENCE: Duration = Duration::from_secs(90);
+
+fn default_host_silence() -> Duration {
+    HOST_SILENCE
+}
+
+impl Default for NestedOptions {
+    fn default() -> NestedOptions {
+        NestedOptions {
+            inner_accel: InnerAccel::Auto,
+            neighbour: false,
+            silence: HOST_SILENCE,
+        }
+    }
 }
 
 impl NestedOptions {
@@ -314,6 +340,8 @@ impl NestedOptions {
             Some("--inner-accel")
         } else if self.neighbour {
             Some("--nested-neighbour")
+        } else if self.silence != HOST_SILENCE {
+            Some("--host-silence")
         } else {
             None
         }
@@ -432,6 +460,7 @@ impl RunArgs {
             nested: NestedOptions {
                 inner_accel: self.inner_accel,
                 neighbour: self.nested_neighbour,
+                silence: self.host_silence,
             },
             timeouts: Timeouts {
                 boot: self.boot_timeout,

@@ -52,6 +52,26 @@ pub struct RetriedBoot {
     pub(crate) console: PathBuf,
 }
 
+/// A nested host that went silent: the outer lab kept its state and
+/// booted a fresh host for the boots it had not finished.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RetriedHost {
+    /// Which host of the run (1 the first).
+    pub(crate) attempt: u32,
+    /// What the outer lab was waiting for when the host fell silent.
+    pub(crate) waiting_for: String,
+    /// How long the host had said nothing when it was given up.
+    pub(crate) quiet_seconds: f64,
+    /// Its vCPU threads' CPU time over that stretch.
+    pub(crate) vcpu_seconds: f64,
+    /// The plan's boots it finished, whose records were kept.
+    pub(crate) boots_kept: Vec<usize>,
+    /// Its state as kept (QMP's view, the console after an NMI).
+    pub(crate) state: PathBuf,
+    /// Its console log.
+    pub(crate) console: PathBuf,
+}
+
 fn summary_schema_pattern() -> String {
     crate::util::schema::pattern(SUMMARY_SCHEMA)
 }
@@ -74,6 +94,9 @@ pub struct SummaryDocument {
     pub failures: Vec<String>,
     #[serde(default)]
     pub retried_boots: Vec<RetriedBoot>,
+    /// With `--accel nested`: the hosts that went silent and were replaced.
+    #[serde(default)]
+    pub retried_hosts: Vec<RetriedHost>,
     pub rows: Vec<Row>,
 }
 

@@ -359,6 +359,15 @@ impl Guest {
         }
     }
 
+    /// The next console line if one comes within `wait`.
+    pub(crate) fn poll_line(&mut self, wait: Duration) -> Option<Next> {
+        match self.lines.recv_timeout(wait) {
+            Ok(l) => Some(Next::Line(l)),
+            Err(RecvTimeoutError::Disconnected) => Some(Next::Closed),
+            Err(RecvTimeoutError::Timeout) => None,
+        }
+    }
+
     /// Type a line on the guest's console.
     pub(crate) fn answer(&mut self, text: &str) -> Result<(), QemuError> {
         let stdin = self

@@ -12,12 +12,13 @@ use thiserror::Error;
 
 use crate::lab::guest::qemu::Accel;
 use crate::lab::measure::plugin::{self, Dump, InsnsWindow, SymbolMap};
+use crate::lab::nested::checkpoint;
 use crate::lab::nested::neighbour::NEIGHBOUR_FILE;
 use crate::lab::nested::relay::WindowKey;
 use crate::lab::nested::transfer::{ERROR_FILE, KALLSYMS};
 use crate::record::result::ResultRecord;
 use crate::record::run::RunStamp;
-use crate::record::summary::{RetriedBoot, SummaryDocument};
+use crate::record::summary::{RetriedBoot, RetriedHost, SummaryDocument};
 use crate::record::RecordError;
 
 #[derive(Debug, Error)]
@@ -58,10 +59,24 @@ pub(crate) struct Destination<'a> {
 }
 
 /// What the nested host's boots produced.
+#[derive(Default)]
 pub(crate) struct Merged {
     pub(crate) records: Vec<ResultRecord>,
     pub(crate) failures: Vec<String>,
     pub(crate) retried: Vec<RetriedBoot>,
+    /// The hosts that went silent before the one that finished.
+    pub(crate) retried_hosts: Vec<RetriedHost>,
+}
+
+impl Merged {
+    /// Add a later host's results to these.
+    pub(crate) fn absorb(&mut self, mut later: Merged) {
+        self.records.append(&mut later.records);
+        self.records.sort_by_key(|r| r.boot_seq);
+        self.failures.append(&mut later.failures);
+        self.retried.append(&mut later.retried);
+        self.retried_hosts.append(&mut later.retried_hosts);
+    }
 }
 
 /// Where the inner lab's log is kept in the outer run directory.
@@ -97,11 +112,7 @@ pub(crate) fn records(
         });
     }
     let host_map = host_symbols(results);
-    let mut out = Merged {
-        records: Vec::new(),
-        failures: Vec::new(),
-        retried: Vec::new(),
-    };
+    let mut out = Merged::default();
     for path in record_files(&inner)? {
         let mut record: ResultRecord = crate::record::read(&path)?;
         restamp(&mut record, r.stamp);
@@ -127,6 +138,10 @@ pub(crate) fn records(
     if let Ok(summary) = crate::record::read::<SummaryDocument>(&inner.join("summary.json")) {
         out.failures = summary.failures;
         out.retried = summary.retried_boots;
+    } else if let Some(kept) = checkpoint::manifest_in(results) {
+        // A host that stopped half-way: its last checkpoint's account.
+        out.failures = kept.failures;
+        out.retried = kept.retried_boots;
     } else {
         warn!("the nested host's run has no summary.json");
     }

@@ -16,6 +16,8 @@
 //! - [`relay`]: the SYNC relay between the levels (the console protocol);
 //! - [`transfer`]: what goes in (a tar on a read-only disk) and what comes
 //!   out (a tar the host writes to a second disk), and the names on them;
+//! - [`checkpoint`]: what the host keeps of its finished boots on the
+//!   results disk as it goes, which outlives a host that stops half-way;
 //! - [`merge`]: the inner records with the outer lab's counts;
 //! - [`neighbour`]: a second VM beside the lab's in the host, when asked.
 //!
@@ -23,6 +25,7 @@
 //! machine, boot and console session) is `lab::run::nested_host`, the lab
 //! inside the host (`blklab nested-inner`) `lab::run::nested_inner`.
 
+pub(crate) mod checkpoint;
 pub(crate) mod merge;
 pub(crate) mod neighbour;
 pub(crate) mod relay;

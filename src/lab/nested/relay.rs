@@ -21,6 +21,7 @@ use std::sync::Mutex;
 use thiserror::Error;
 
 use crate::lab::guest::console::Phase;
+use crate::record::summary::RetriedBoot;
 
 const TAG: &str = "BLKLAB-NESTED";
 
@@ -144,10 +145,20 @@ impl<R: BufRead, W: Write> Relay<R, W> {
     }
 }
 
-/// What a boot's session calls at each SYNC when the lab runs inside a
-/// nested host.
+/// The inner lab's link to the outer one, when the lab runs inside a
+/// nested host: a boot's session calls `sync` at each SYNC; the run asks
+/// which boots an earlier host already finished, and says when one ends.
 pub(crate) trait SyncRelay {
     fn sync(&self, phase: Phase, key: WindowKey) -> Result<(), RelayError>;
+
+    /// The plan's boot `seq` was finished by an earlier host: not run.
+    fn skips(&self, _seq: usize) -> bool {
+        false
+    }
+
+    /// The plan's boot `seq` ended; `failures` and `retried` are the run's
+    /// so far.
+    fn boot_finished(&self, _seq: usize, _failures: &[String], _retried: &[RetriedBoot]) {}
 }
 
 impl<R: BufRead, W: Write> SyncRelay for Relay<R, W> {

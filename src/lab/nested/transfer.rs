@@ -9,6 +9,7 @@
 //! outer lab unpacks it after the host powered off.
 
 use std::fs::File;
+use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -22,6 +23,8 @@ use crate::lab::options::{CountInsns, GuestOptions, NestedOptions, RunOptions};
 
 /// Where the host's `/init` unpacks the run disk.
 pub(crate) const RUN_ROOT: &str = "/lab/run";
+/// The results disk's serial (`/sys/block/vdX/serial` in the host).
+pub(crate) const RESULTS_SERIAL: &str = "blklab-results";
 /// Where the inner lab writes what comes back out.
 pub(crate) const RESULTS_ROOT: &str = "/results";
 /// In the results: the host's kernel symbols, as the outer lab reads them.
@@ -42,6 +45,15 @@ pub(crate) struct InnerRun {
     /// Boot a second VM beside the lab's guests for the whole run.
     #[serde(default)]
     pub(crate) neighbour: bool,
+    /// The plan's boots an earlier host finished (their records are out
+    /// already): not run again.
+    #[serde(default)]
+    pub(crate) skip_boots: Vec<usize>,
+    /// Fault injection for the lab's own tests: after checkpointing this
+    /// boot, stop every process in the host, which then sits idle and
+    /// silent as a host that stopped taking interrupts does.
+    #[serde(default)]
+    pub(crate) silence_after_boot: Option<usize>,
 }
 
 impl InnerRun {
@@ -117,6 +129,8 @@ impl InnerRun {
             options: a,
             guests,
             neighbour: options.nested.neighbour,
+            skip_boots: Vec::new(),
+            silence_after_boot: None,
         }
     }
 }
@@ -224,12 +238,21 @@ pub(crate) fn results_disk(path: &Path, bytes: u64) -> Result<(), TransferError>
 /// Unpack the results disk's tar into `into`, refusing absolute paths and
 /// `..` (the host is not trusted to write only below its results).
 pub(crate) fn unpack_results(disk: &Path, into: &Path) -> Result<(), TransferError> {
-    let unpack = |source| TransferError::Unpack {
+    let f = File::open(disk).map_err(|source| TransferError::Unpack {
         path: disk.to_path_buf(),
         source,
+    })?;
+    unpack_tar(f, disk, into)
+}
+
+/// Unpack the tar `from` (read from `origin`, for errors) into `into`, as
+/// [`unpack_results`].
+pub(crate) fn unpack_tar(from: impl Read, origin: &Path, into: &Path) -> Result<(), TransferError> {
+    let unpack = |source| TransferError::Unpack {
+        path: origin.to_path_buf(),
+        source,
     };
-    let f = File::open(disk).map_err(unpack)?;
-    let mut archive = tar::Archive::new(f);
+    let mut archive = tar::Archive::new(from);
     std::fs::create_dir_all(into).map_err(unpack)?;
     let mut any = false;
     for entry in archive.entries().map_err(unpack)? {
@@ -337,6 +360,7 @@ mod tests {
         options.nested = NestedOptions {
             inner_accel: crate::lab::options::InnerAccel::Kvm,
             neighbour: true,
+            ..NestedOptions::default()
         };
         let inner = InnerRun::new(&options, &[g], &[0], false);
         let a = &inner.options;

@@ -17,13 +17,15 @@ use crate::lab::run::request::RunRequest;
 use crate::lab::run::session::run_boot;
 use crate::record::result::ResultRecord;
 use crate::record::run::RunStamp;
-use crate::record::summary::RetriedBoot;
+use crate::record::summary::{RetriedBoot, RetriedHost};
 
 /// What the boots produced.
 pub(crate) struct Boots {
     pub(crate) records: Vec<ResultRecord>,
     pub(crate) failures: Vec<String>,
     pub(crate) retried: Vec<RetriedBoot>,
+    /// With `--accel nested`, the hosts that went silent and were replaced.
+    pub(crate) retried_hosts: Vec<RetriedHost>,
 }
 
 /// Boot every planned boot in order, each with its retry policy (inside a
@@ -45,8 +47,12 @@ pub(crate) fn boot_all(
         records: Vec::new(),
         failures: Vec::new(),
         retried: Vec::new(),
+        retried_hosts: Vec::new(),
     };
     for (seq, boot) in plan.boots.iter().enumerate() {
+        if relay.is_some_and(|r| r.skips(seq)) {
+            continue;
+        }
         let unit = &request.units[boot.unit];
         let vcpus = unit.settings.machine.vcpus;
         let ctx = BootCtx {
@@ -77,6 +83,9 @@ pub(crate) fn boot_all(
         let (mut records, mut failures) = boot_with_retry(&ctx, &mut out.retried)?;
         out.records.append(&mut records);
         out.failures.append(&mut failures);
+        if let Some(r) = relay {
+            r.boot_finished(seq, &out.failures, &out.retried);
+        }
     }
     pb.finish();
     Ok(out)
@@ -127,6 +136,7 @@ pub(crate) fn boot_nested_host(
         machine,
         timeouts,
         longest_variant: std::time::Duration::from_secs(longest_variant),
+        silence: request.options.nested.silence,
         pb: &pb,
         stamp,
     };
@@ -136,6 +146,7 @@ pub(crate) fn boot_nested_host(
         records: out.records,
         failures: out.failures,
         retried: out.retried,
+        retried_hosts: out.retried_hosts,
     })
 }
 

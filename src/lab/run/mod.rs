@@ -18,12 +18,15 @@
 //!   its console session and records [`session`]; [`progress`] the bar;
 //! - [`nested_host`]: with `--accel nested`, the emulated host booted
 //!   instead, which runs the boots inside it ([`nested_inner`], `blklab
-//!   nested-inner`, is that run) and brings their records back;
+//!   nested-inner`, is that run) and brings their records back; a host
+//!   that falls silent is caught from outside, its state kept, and a
+//!   fresh one booted for the rest (`host_silence`);
 //! - [`summary`]: summary.json and the table printed at the end;
 //! - `error`: why a run failed ([`RunError`]).
 
 pub(crate) mod boot;
 pub(crate) mod boots;
+mod host_silence;
 mod error;
 pub(crate) mod nested_host;
 pub mod nested_inner;
@@ -89,7 +92,13 @@ pub fn run(request: &RunRequest) -> Result<RunOutcome, RunError> {
 
 /// Write the summary; the run's outcome.
 pub(crate) fn finish(lab: Lab, boots: Boots) -> Result<RunOutcome, RunError> {
-    summary::write(&lab.out_dir, &boots.records, &boots.failures, boots.retried)?;
+    summary::write(
+        &lab.out_dir,
+        &boots.records,
+        &boots.failures,
+        boots.retried,
+        boots.retried_hosts,
+    )?;
     Ok(RunOutcome::Ran {
         out_dir: lab.out_dir,
         records: boots.records,

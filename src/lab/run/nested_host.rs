@@ -19,22 +19,29 @@ use crate::lab::guest::qemu::{Guest, Next, QemuError, HEADLESS};
 use crate::lab::images::nested_host::NestedHostImage;
 use crate::lab::images::PreparedGuest;
 use crate::lab::measure::plugin::{self, InsnsError, SymbolMap};
+use crate::lab::nested::checkpoint::{self, CheckpointError};
 use crate::lab::nested::merge::{self, MergeError, Merged, Window};
 use crate::lab::nested::neighbour::NEIGHBOUR_MIB;
 use crate::lab::nested::relay::{self, SyncLine, WindowKey};
 use crate::lab::nested::transfer::{self, InnerRun, RunDisk, TransferError, RESULTS_DISK_BYTES};
 use crate::lab::options::{NestedOptions, RunOptions, Timeouts};
 use crate::lab::run::boot::{BootFailure, SocketDir};
+use crate::lab::run::host_silence::{self, Silence, SilenceWatch};
 use crate::lab::run::progress::Progress;
 use crate::lab::run::settings::Unit;
 use crate::record::run::{NestedHostInfo, RunStamp};
+use crate::record::summary::RetriedHost;
 use crate::util::units::parse_size;
 
 /// The host's kernel command line: its console on the serial port, quiet
 /// (the console also carries the relay).
 /// `nokaslr`: the kernel at its fixed physical address, in node 0, never
 /// among the guests' huge pages on node 1.
-const HOST_APPEND: &str = "console=ttyS0 quiet loglevel=3 panic=-1 nokaslr";
+/// `unknown_nmi_panic` and `panic_all_cpu_backtrace`: an NMI from outside
+/// (the silence probe's, [`host_silence`]) makes the host panic with every
+/// CPU's backtrace on its console; nothing else sends it one.
+const HOST_APPEND: &str = "console=ttyS0 quiet loglevel=3 panic=-1 nokaslr unknown_nmi_panic \
+     sysctl.kernel.panic_all_cpu_backtrace=1";
 
 /// The host's CPU: AMD's EPYC model, whose SVM TCG emulates, without the
 /// features TCG does not emulate (QEMU drops them anyway, with a warning
@@ -67,6 +74,9 @@ const INNER_LOG_TAIL: usize = 12;
 /// the plugin is told is level 2's (`l2ram=`).
 const GUEST_NODE_FILE: &str = "guest-node.ram";
 
+/// The host QEMU's QMP socket in the stage directory.
+const QMP_SOCKET: &str = "host.qmp";
+
 #[derive(Debug, Error)]
 pub enum NestedError {
     #[error("the nested host's working directory: {0}")]
@@ -90,6 +100,10 @@ pub enum NestedError {
     },
     #[error(transparent)]
     Merge(#[from] MergeError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("the nested host fell silent {attempts} times (the last one's state: {})", state.display())]
+    SilentHosts { attempts: u32, state: PathBuf },
 }
 
 /// The emulated host's machine: a vCPU more than its largest guest (for
@@ -235,24 +249,94 @@ pub(crate) struct HostRun<'a> {
     pub(crate) timeouts: Timeouts,
     /// The longest variant's runtime and ramp.
     pub(crate) longest_variant: Duration,
+    /// How long the host may be silent and idle before it is replaced.
+    pub(crate) silence: Duration,
     pub(crate) pb: &'a Progress,
     /// What each record carries of the run document.
     pub(crate) stamp: &'a RunStamp,
 }
 
 /// Boot the host, follow its console to its end, and bring its records
-/// back with the outer lab's counts.
+/// back with the outer lab's counts. A host that falls silent is replaced
+/// by a fresh one for the boots it had not finished, up to
+/// [`HOST_ATTEMPTS`] hosts.
 pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
-    let mut attempt = 1;
+    let mut kept = Merged::default();
+    let mut attempt = Attempt {
+        number: 1,
+        skip: Vec::new(),
+    };
     loop {
-        match boot_once(r) {
-            Err(NestedError::QemuBeforeInit(e)) if attempt < HOST_BOOT_ATTEMPTS => {
+        match boot_retrying_known_bugs(r, &attempt)? {
+            HostEnd::Finished(merged) => {
+                kept.absorb(merged);
+                return Ok(kept);
+            }
+            HostEnd::Silent(silent) => {
+                let SilentHost {
+                    partial,
+                    boots_done,
+                    retried,
+                } = *silent;
+                let state = retried.state.clone();
+                attempt.skip.extend(boots_done);
+                kept.absorb(partial);
+                kept.retried_hosts.push(retried);
+                if attempt.number == HOST_ATTEMPTS {
+                    return Err(NestedError::SilentHosts {
+                        attempts: HOST_ATTEMPTS,
+                        state,
+                    });
+                }
+                attempt.number += 1;
+                r.pb.retry();
+                warn!(
+                    "booting a fresh nested host ({} of at most {HOST_ATTEMPTS}) for the boots left; \
+                     {} finished before",
+                    attempt.number,
+                    attempt.skip.len()
+                );
+            }
+        }
+    }
+}
+
+/// How many hosts a run may boot when they fall silent.
+const HOST_ATTEMPTS: u32 = 4;
+
+/// Which host of the run this is, and the boots earlier ones finished.
+struct Attempt {
+    number: u32,
+    skip: Vec<usize>,
+}
+
+/// How a host ended.
+enum HostEnd {
+    Finished(Merged),
+    Silent(Box<SilentHost>),
+}
+
+/// A host that fell silent: the records of the boots it finished, and
+/// what the summary says of it.
+struct SilentHost {
+    partial: Merged,
+    boots_done: Vec<usize>,
+    retried: RetriedHost,
+}
+
+/// One host, booted again when its QEMU aborts on a known emulator bug
+/// before the host's /init.
+fn boot_retrying_known_bugs(r: &HostRun, attempt: &Attempt) -> Result<HostEnd, NestedError> {
+    let mut boot = 1;
+    loop {
+        match boot_once(r, attempt) {
+            Err(NestedError::QemuBeforeInit(e)) if boot < HOST_BOOT_ATTEMPTS => {
                 let text = e.to_string();
                 let Some(bug) = crate::lab::guest::qemu::known_emulator_bug(&text) else {
                     return Err(NestedError::QemuBeforeInit(e));
                 };
-                attempt += 1;
-                warn!("the nested host's QEMU aborted on a known emulator bug ({bug}) before its /init; boot {attempt} of at most {HOST_BOOT_ATTEMPTS}");
+                boot += 1;
+                warn!("the nested host's QEMU aborted on a known emulator bug ({bug}) before its /init; boot {boot} of at most {HOST_BOOT_ATTEMPTS}");
             }
             other => return other,
         }
@@ -265,10 +349,11 @@ pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
 /// 2.7 GiB layout hit it twice in a row here.
 const HOST_BOOT_ATTEMPTS: u32 = 4;
 
-/// One boot of the nested host, the whole lab inside it.
-fn boot_once(r: &HostRun) -> Result<Merged, NestedError> {
+/// One boot of the nested host, the whole lab (less the boots earlier
+/// hosts finished) inside it.
+fn boot_once(r: &HostRun, attempt: &Attempt) -> Result<HostEnd, NestedError> {
     let stage = SocketDir::new(0).map_err(|e| NestedError::Stage(Box::new(e)))?;
-    let run_disk = write_run_disk(r, &stage.0)?;
+    let run_disk = write_run_disk(r, &stage.0, attempt)?;
     let results_disk = stage.0.join("results.img");
     transfer::results_disk(&results_disk, RESULTS_DISK_BYTES)?;
     let plugin = r
@@ -283,21 +368,41 @@ fn boot_once(r: &HostRun) -> Result<Merged, NestedError> {
     );
     let guest = Guest::spawn_args(r.qemu, &args, Some(&console))?;
     let mut session = HostSession::new(r, guest, plugin, &stage.0, console);
-    let windows = session.follow()?;
+    session.boots_seen = attempt.skip.len();
+    let windows = match session.follow()? {
+        Followed::Ended => std::mem::take(&mut session.windows),
+        Followed::Silent(silence) => {
+            let silent = session.give_up(silence, attempt.number, &results_disk)?;
+            return Ok(HostEnd::Silent(Box::new(silent)));
+        }
+    };
     let results = stage.0.join("results");
     transfer::unpack_results(&results_disk, &results)?;
-    let into = merge::Destination {
+    Ok(HostEnd::Finished(merge::records(
+        &destination(r),
+        &results,
+        windows,
+    )?))
+}
+
+/// Where the host's records go.
+fn destination<'a>(r: &'a HostRun) -> merge::Destination<'a> {
+    merge::Destination {
         out_dir: r.out_dir,
         stamp: r.stamp,
         labels: r.labels,
         maps: r.maps,
-    };
-    Ok(merge::records(&into, &results, windows)?)
+    }
 }
 
-/// The run disk: this blklab, `inner.json`, the guests' files and the
-/// scenarios (with `images/prepare.sh`, which marks a lab directory).
-fn write_run_disk(r: &HostRun, stage: &Path) -> Result<PathBuf, NestedError> {
+/// Fault injection for the lab's own tests: the first host silences
+/// itself after this boot of the plan (see [`InnerRun`]'s field).
+const SILENCE_AFTER_BOOT_ENV: &str = "BLKLAB_NESTED_SILENCE_AFTER_BOOT";
+
+/// The run disk: this blklab, `inner.json` (without the boots earlier
+/// hosts finished), the guests' files and the scenarios (with
+/// `images/prepare.sh`, which marks a lab directory).
+fn write_run_disk(r: &HostRun, stage: &Path, attempt: &Attempt) -> Result<PathBuf, NestedError> {
     let mut disk = RunDisk::create(&stage.join("run.tar"))?;
     let exe = std::env::current_exe().map_err(|source| TransferError::Add {
         from: PathBuf::from("/proc/self/exe"),
@@ -305,7 +410,13 @@ fn write_run_disk(r: &HostRun, stage: &Path) -> Result<PathBuf, NestedError> {
     })?;
     disk.add_file(&exe, "blklab")?;
     let dirs = add_guests(&mut disk, r.guests)?;
-    let inner = InnerRun::new(r.options, r.guests, &dirs, r.plugin.is_some());
+    let mut inner = InnerRun::new(r.options, r.guests, &dirs, r.plugin.is_some());
+    inner.skip_boots = attempt.skip.clone();
+    if attempt.number == 1 {
+        inner.silence_after_boot = std::env::var(SILENCE_AFTER_BOOT_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok());
+    }
     let json = serde_json::to_vec_pretty(&inner).expect("an inner run serialises");
     disk.add_bytes("inner.json", &json)?;
     disk.add_file(
@@ -386,6 +497,10 @@ fn qemu_args(
         ]);
     }
     push(&["-name", "blklab-host,debug-threads=on"]);
+    push(&[
+        "-qmp",
+        &format!("unix:{},server=on,wait=off", stage.join(QMP_SOCKET).display()),
+    ]);
     push(&["-smp", &r.machine.vcpus.to_string()]);
     a.extend(r.machine.memory_args(&guest_node));
     let mut push = |s: &[&str]| a.extend(s.iter().map(|x| x.to_string()));
@@ -433,7 +548,21 @@ struct HostSession<'a> {
     /// The (kernel, scenario, iteration) of the last window, for progress.
     last_boot: Option<(String, String, u32)>,
     boots_seen: usize,
+    watch: SilenceWatch,
+    /// The inner lab's log's length when last looked at.
+    log_len: u64,
 }
+
+/// How a host's console session ended, when not in an error.
+enum Followed {
+    /// `BLKLAB-HOST-END`: the results disk holds the whole run.
+    Ended,
+    /// The host fell silent.
+    Silent(Silence),
+}
+
+/// How often a quiet host's vCPU time is sampled.
+const SILENCE_POLL: Duration = Duration::from_secs(5);
 
 impl<'a> HostSession<'a> {
     fn new(
@@ -456,6 +585,8 @@ impl<'a> HostSession<'a> {
             windows: BTreeMap::new(),
             last_boot: None,
             boots_seen: 0,
+            watch: SilenceWatch::new(r.silence, Instant::now()),
+            log_len: 0,
         }
     }
 
@@ -466,13 +597,17 @@ impl<'a> HostSession<'a> {
         t.boot + t.step + self.r.longest_variant
     }
 
-    /// Follow the console to `BLKLAB-HOST-END`; the windows counted.
-    fn follow(&mut self) -> Result<BTreeMap<WindowKey, Window>, NestedError> {
+    /// Follow the console to `BLKLAB-HOST-END` (the windows counted are
+    /// left in `windows`), or until the host falls silent.
+    fn follow(&mut self) -> Result<Followed, NestedError> {
         loop {
-            let next = self.guest.next_line(self.deadline, &self.waiting_for);
-            let line = match next.inspect_err(|_| self.show_inner_log())? {
-                Next::Line(l) => l,
-                Next::Closed => return Err(self.closed()),
+            let line = match self.next_line()? {
+                Some(Next::Line(l)) => l,
+                Some(Next::Closed) => return Err(self.closed()),
+                None => match self.silence() {
+                    Some(s) => return Ok(Followed::Silent(s)),
+                    None => continue,
+                },
             };
             if self.fault.feed(&line) {
                 if self.fault.complete() {
@@ -491,9 +626,107 @@ impl<'a> HostSession<'a> {
             } else if let Some(rest) = marker(&line, "BLKLAB-HOST-END") {
                 let status = self.guest.wait_exit(Duration::from_secs(120));
                 info!("nested host finished ({rest}; QEMU {status})");
-                return Ok(std::mem::take(&mut self.windows));
+                return Ok(Followed::Ended);
             }
         }
+    }
+
+    /// The next console line within [`SILENCE_POLL`] (`None`: none came),
+    /// or the step's timeout.
+    fn next_line(&mut self) -> Result<Option<Next>, NestedError> {
+        let now = Instant::now();
+        if now >= self.deadline {
+            let e = self.guest.next_line(self.deadline, &self.waiting_for);
+            return Ok(Some(e.inspect_err(|_| self.show_inner_log())?));
+        }
+        let next = self.guest.poll_line(SILENCE_POLL.min(self.deadline - now));
+        if next.is_some() {
+            self.watch.output(Instant::now());
+        }
+        Ok(next)
+    }
+
+    /// Whether the host has fallen silent: its inner log stopped growing
+    /// too, and its vCPUs are idle (only once it has booted: the kernel's
+    /// own boot is quiet on the console).
+    fn silence(&mut self) -> Option<Silence> {
+        let now = Instant::now();
+        let log = std::fs::metadata(merge::inner_log(self.r.out_dir)).map_or(0, |m| m.len());
+        if log != self.log_len {
+            self.log_len = log;
+            self.watch.output(now);
+        }
+        let ticks = host_silence::vcpu_ticks(self.guest.pid())?;
+        let silence = self.watch.sample(now, ticks)?;
+        self.booted.then_some(silence)
+    }
+
+    /// Give the silent host up: keep its state and logs, stop it, and take
+    /// the records of the boots it finished from its last checkpoint.
+    fn give_up(
+        &mut self,
+        silence: Silence,
+        attempt: u32,
+        results_disk: &Path,
+    ) -> Result<SilentHost, NestedError> {
+        let out = self.r.out_dir;
+        warn!(
+            "the nested host fell silent while waiting for {} ({:.0} s without a line, {:.2} s of vCPU time); keeping its state",
+            self.waiting_for,
+            silence.quiet.as_secs_f64(),
+            silence.vcpu_seconds
+        );
+        // The checkpoint first: its kallsyms name the vCPUs' RIPs.
+        let kept = self.kept_boots(results_disk);
+        let symbols = SymbolMap::read(&self.stage.join("checkpoint").join(transfer::KALLSYMS)).ok();
+        let state = host_silence::attempt_file(out, attempt, "state.txt");
+        if let Err(e) = host_silence::keep_state(
+            &self.stage.join(QMP_SOCKET),
+            &mut self.guest,
+            silence,
+            symbols.as_ref(),
+            &state,
+        ) {
+            warn!("cannot write {}: {e}", state.display());
+        }
+        let status = self.guest.wait_exit(Duration::ZERO);
+        info!("the silent nested host stopped (QEMU {status})");
+        let console = host_silence::attempt_file(out, attempt, "log");
+        let _ = std::fs::rename(&self.console, &console);
+        let log = host_silence::attempt_file(out, attempt, "blklab.log");
+        let _ = std::fs::rename(merge::inner_log(out), &log);
+        let (partial, boots_done) = kept?;
+        info!(
+            "kept the records of boots {boots_done:?} from the silent host's checkpoint ({})",
+            state.display()
+        );
+        Ok(SilentHost {
+            retried: RetriedHost {
+                attempt,
+                waiting_for: self.waiting_for.clone(),
+                quiet_seconds: silence.quiet.as_secs_f64(),
+                vcpu_seconds: silence.vcpu_seconds,
+                boots_kept: boots_done.clone(),
+                state,
+                console,
+            },
+            partial,
+            boots_done,
+        })
+    }
+
+    /// The records of the boots a stopped host finished, from the newest
+    /// checkpoint on its results disk, with this session's windows.
+    fn kept_boots(&mut self, results_disk: &Path) -> Result<(Merged, Vec<usize>), NestedError> {
+        let Some(tar) = checkpoint::read_newest(results_disk)? else {
+            return Ok((Merged::default(), Vec::new()));
+        };
+        let into = self.stage.join("checkpoint");
+        transfer::unpack_tar(&tar[..], results_disk, &into)?;
+        let manifest = checkpoint::manifest_in(&into).unwrap_or_default();
+        let windows = std::mem::take(&mut self.windows);
+        let merged = merge::records(&destination(self.r), &into, windows)?;
+        Ok((merged, manifest.boots_done))
     }
 
     fn expect(&mut self, what: String) {

@@ -6,19 +6,22 @@
 //! the host's instructions) and, when it fails, `error.txt` go back out.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
-use log::warn;
+use log::{info, warn};
 use thiserror::Error;
 
+use crate::lab::guest::console::Phase;
 use crate::lab::guest::qemu::Accel;
 use crate::lab::images::PreparedGuest;
 use crate::lab::nested::neighbour::{Neighbour, NeighbourError};
-use crate::lab::nested::relay;
-use crate::lab::nested::relay::SyncRelay;
-use crate::lab::nested::transfer::{InnerRun, ERROR_FILE, KALLSYMS, RESULTS_ROOT};
+use crate::lab::nested::checkpoint::{self, Manifest};
+use crate::lab::nested::relay::{self, RelayError, SyncRelay, WindowKey};
+use crate::lab::nested::transfer::{InnerRun, ERROR_FILE, KALLSYMS, RESULTS_ROOT, RESULTS_SERIAL};
 use crate::lab::options::RunOptions;
 use crate::lab::run::plan::Plan;
 use crate::lab::run::{boots, finish, prepare, run_document, RunError, RunOutcome, RunRequest};
+use crate::record::summary::RetriedBoot;
 
 #[derive(Debug, Error)]
 pub enum InnerError {
@@ -53,7 +56,7 @@ pub fn run(file: &Path) -> Result<(), InnerError> {
     })?;
     let results = Path::new(RESULTS_ROOT);
     save_kallsyms(results);
-    let relay = relay::console();
+    let relay = HostLink::new(relay::console(), &inner);
     let neighbour = match start_neighbour(&inner, results) {
         Ok(n) => n,
         Err(e) => {
@@ -126,4 +129,97 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+/// The inner lab's link to the outer one: the console's SYNC relay, the
+/// boots an earlier host finished, and a checkpoint of the results on the
+/// results disk after each boot this host finishes.
+struct HostLink<R> {
+    relay: R,
+    skip: Vec<usize>,
+    silence_after: Option<usize>,
+    /// The results disk's device, when the host has one.
+    disk: Option<PathBuf>,
+    progress: Mutex<Vec<usize>>,
+}
+
+impl<R: SyncRelay> HostLink<R> {
+    fn new(relay: R, inner: &InnerRun) -> HostLink<R> {
+        let disk = device_with_serial(RESULTS_SERIAL);
+        if disk.is_none() {
+            warn!("no results disk (serial {RESULTS_SERIAL}): finished boots are not checkpointed");
+        }
+        HostLink {
+            relay,
+            skip: inner.skip_boots.clone(),
+            silence_after: inner.silence_after_boot,
+            disk,
+            progress: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Write the results so far, with `manifest`, as checkpoint `seq`.
+    fn checkpoint(&self, seq: u64, manifest: &Manifest) {
+        let Some(disk) = &self.disk else { return };
+        // The log is still being written; the outer lab has its live copy.
+        let written = checkpoint::tar_of(Path::new(RESULTS_ROOT), &[LOG], manifest)
+            .map_err(|e| e.to_string())
+            .and_then(|tar| checkpoint::write(disk, seq, &tar).map_err(|e| e.to_string()));
+        match written {
+            Ok(()) => info!("checkpoint {seq}: boots {:?} kept", manifest.boots_done),
+            Err(e) => warn!("checkpoint {seq}: {e}"),
+        }
+    }
+}
+
+impl<R: SyncRelay> SyncRelay for HostLink<R> {
+    fn sync(&self, phase: Phase, key: WindowKey) -> Result<(), RelayError> {
+        self.relay.sync(phase, key)
+    }
+
+    fn skips(&self, seq: usize) -> bool {
+        self.skip.contains(&seq)
+    }
+
+    fn boot_finished(&self, seq: usize, failures: &[String], retried: &[RetriedBoot]) {
+        let manifest = {
+            let mut done = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+            done.push(seq);
+            Manifest {
+                boots_done: done.clone(),
+                failures: failures.to_vec(),
+                retried_boots: retried.to_vec(),
+            }
+        };
+        self.checkpoint(manifest.boots_done.len() as u64, &manifest);
+        if self.silence_after == Some(seq) {
+            silence_the_host();
+        }
+    }
+}
+
+/// The inner lab's log in the results, as the host's `/init` names it.
+const LOG: &str = "blklab.log";
+
+/// `/dev/vdX` of the virtio disk with `serial`.
+fn device_with_serial(serial: &str) -> Option<PathBuf> {
+    let entries = std::fs::read_dir("/sys/block").ok()?;
+    entries.flatten().find_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let s = std::fs::read_to_string(e.path().join("serial")).ok()?;
+        (name.starts_with("vd") && s.trim() == serial).then(|| PathBuf::from("/dev").join(name))
+    })
+}
+
+/// Fault injection ([`InnerRun::silence_after_boot`]): stop every process
+/// of the host but its init, then this one. Nothing runs any more; the
+/// host's kernel idles, and its console and log say nothing.
+fn silence_the_host() {
+    warn!("silencing the host on purpose (a test's fault injection)");
+    // SAFETY: kill and raise take no pointers; -1 is every process this
+    // one may signal but init and itself.
+    unsafe {
+        libc::kill(-1, libc::SIGSTOP);
+        libc::raise(libc::SIGSTOP);
+    }
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 use crate::lab::run::error::RunError;
 use crate::record::result::ResultRecord;
 use crate::record::run::BootOrder;
-use crate::record::summary::{RetriedBoot, SummaryDocument, SUMMARY_SCHEMA};
+use crate::record::summary::{RetriedBoot, RetriedHost, SummaryDocument, SUMMARY_SCHEMA};
 pub(crate) use crate::record::summary::{Row, Stat};
 
 /// The metrics of the summary, in column order: (key, header).
@@ -260,12 +260,13 @@ pub fn table_planned(records: &[ResultRecord], order: &[BootOrder]) -> String {
 }
 
 /// summary.json and summary.txt: the table of every record, the failed
-/// variants and the retried boots.
+/// variants, the retried boots and the replaced nested hosts.
 pub(crate) fn write(
     out_dir: &Path,
     records: &[ResultRecord],
     failures: &[String],
     retried: Vec<RetriedBoot>,
+    retried_hosts: Vec<RetriedHost>,
 ) -> Result<(), RunError> {
     // The planned variant runs that left no record are counted as not run.
     let order = run_order(out_dir);
@@ -274,6 +275,7 @@ pub(crate) fn write(
         finished_unix: crate::util::wallclock::unix_now(),
         failures: failures.to_vec(),
         retried_boots: retried,
+        retried_hosts,
         rows: rows_planned(records, &order),
     };
     crate::record::write(&out_dir.join("summary.json"), &sum_doc)?;

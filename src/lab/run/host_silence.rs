@@ -1,0 +1,359 @@
+//! A nested host that went silent, seen from outside it: neither its
+//! console nor the inner lab's log moved for a while, and its vCPU
+//! threads (the outer QEMU's, named `CPU N/TCG` with `debug-threads=on`)
+//! barely ran. The inner lab cannot see this (it is what stopped), so the
+//! outer lab watches for it, keeps what the host's state was, and boots a
+//! fresh host for what is left.
+//!
+//! What is kept, in one text file: QMP's view of the machine (its run
+//! state, each vCPU's registers and local APIC, the interrupt
+//! controllers), the vCPU threads' CPU time, and what the host's console
+//! said after an NMI was injected into every vCPU (the host's kernel,
+//! booted with `unknown_nmi_panic`, answers an NMI it can take with a
+//! panic and every CPU's backtrace; one that cannot take it says nothing).
+
+use std::collections::VecDeque;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::lab::guest::qemu::{Guest, Next};
+use crate::lab::guest::qmp::Qmp;
+use crate::lab::measure::plugin::SymbolMap;
+
+/// The share of one CPU the host's vCPUs together may use over the quiet
+/// stretch and still count as silent. An idle Linux host under TCG uses
+/// well under 1 %; a working one, a whole core or more.
+const MAX_BUSY: f64 = 0.05;
+
+/// How long the console is read after the NMI.
+const AFTER_NMI: Duration = Duration::from_secs(20);
+
+/// How long a QMP connection may take.
+const QMP_CONNECT: Duration = Duration::from_secs(5);
+
+/// The vCPU threads' CPU time of the QEMU process `pid`, in clock ticks
+/// (`None` when the process is gone).
+pub(crate) fn vcpu_ticks(pid: i32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut ticks = 0;
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !is_vcpu_thread(comm.trim()) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        ticks += stat_ticks(&stat).unwrap_or(0);
+    }
+    Some(ticks)
+}
+
+/// QEMU's vCPU threads under `-name …,debug-threads=on`: `CPU 0/TCG`.
+fn is_vcpu_thread(comm: &str) -> bool {
+    comm.starts_with("CPU ") && comm.contains('/')
+}
+
+/// utime + stime of a `/proc/…/stat` line (fields 14 and 15, counted
+/// after the command name, which may hold blanks and parentheses).
+fn stat_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // rest starts at field 3 (state): utime is field 14, stime 15.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Clock ticks per second (`/proc`'s unit).
+fn ticks_per_second() -> f64 {
+    // SAFETY: sysconf takes no pointers.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+/// A silence: how long nothing was said, and the vCPU time meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Silence {
+    pub(crate) quiet: Duration,
+    pub(crate) vcpu_seconds: f64,
+}
+
+/// Whether the host has been silent for `limit`: samples of its vCPU time
+/// and the last time it said anything.
+pub(crate) struct SilenceWatch {
+    limit: Duration,
+    last_output: Instant,
+    /// (when, vCPU ticks), oldest first, reaching back at least `limit`.
+    samples: VecDeque<(Instant, u64)>,
+    per_second: f64,
+}
+
+impl SilenceWatch {
+    pub(crate) fn new(limit: Duration, now: Instant) -> SilenceWatch {
+        SilenceWatch {
+            limit,
+            last_output: now,
+            samples: VecDeque::new(),
+            per_second: ticks_per_second(),
+        }
+    }
+
+    /// The host said something (a console line, its log grew).
+    pub(crate) fn output(&mut self, now: Instant) {
+        self.last_output = now;
+    }
+
+    /// Its vCPU time `ticks` at `now`: the silence, when it has lasted.
+    pub(crate) fn sample(&mut self, now: Instant, ticks: u64) -> Option<Silence> {
+        self.samples.push_back((now, ticks));
+        let from = now.checked_sub(self.limit)?;
+        // Keep one sample at or before `from`, none older.
+        while self.samples.get(1).is_some_and(|(t, _)| *t <= from) {
+            self.samples.pop_front();
+        }
+        let quiet = now.saturating_duration_since(self.last_output);
+        let (first, first_ticks) = *self.samples.front()?;
+        if quiet < self.limit || first > from {
+            return None;
+        }
+        let vcpu_seconds = ticks.saturating_sub(first_ticks) as f64 / self.per_second;
+        let span = now.saturating_duration_since(first).as_secs_f64();
+        (vcpu_seconds <= span * MAX_BUSY).then_some(Silence {
+            quiet,
+            vcpu_seconds,
+        })
+    }
+}
+
+/// Keep the silent host's state in `file`: QMP's view of the machine,
+/// its vCPU threads' CPU time, then what its console says after an NMI.
+/// Every step that fails says so in the file; the file itself is the only
+/// thing that must be written.
+pub(crate) fn keep_state(
+    qmp: &Path,
+    guest: &mut Guest,
+    silence: Silence,
+    symbols: Option<&SymbolMap>,
+    file: &Path,
+) -> std::io::Result<()> {
+    let mut text = format!(
+        "The nested host fell silent: nothing on its console or in the inner lab's log for \
+         {:.0} s, its vCPU threads used {:.2} s of CPU meanwhile.\n",
+        silence.quiet.as_secs_f64(),
+        silence.vcpu_seconds
+    );
+    let _ = writeln!(text, "\n== vCPU threads (utime+stime ticks)\n{}", threads(guest.pid()));
+    match Qmp::connect(qmp, QMP_CONNECT) {
+        Ok(mut q) => {
+            machine_state(&mut q, symbols, &mut text);
+            nmi_probe(&mut q, guest, &mut text);
+        }
+        Err(e) => {
+            let _ = writeln!(text, "\n== QMP\n{e}");
+        }
+    }
+    std::fs::write(file, text)
+}
+
+/// Each vCPU thread's name and CPU ticks.
+fn threads(pid: i32) -> String {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return "(the process is gone)".into();
+    };
+    let mut lines = Vec::new();
+    for t in tasks.flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let state = stat
+            .rfind(')')
+            .and_then(|i| stat[i + 1..].split_whitespace().next())
+            .unwrap_or("?");
+        lines.push(format!(
+            "{} tid {} state {state} ticks {}",
+            comm.trim(),
+            t.file_name().to_string_lossy(),
+            stat_ticks(&stat).map_or("?".into(), |n| n.to_string())
+        ));
+    }
+    lines.sort();
+    lines.join("\n")
+}
+
+/// The run state, the vCPUs, their registers (each RIP by the host's
+/// `symbols`, when known) and local APICs, and the interrupt controllers,
+/// as QMP and the human monitor show them.
+fn machine_state(q: &mut Qmp, symbols: Option<&SymbolMap>, text: &mut String) {
+    for command in ["query-status", "query-cpus-fast"] {
+        let answer = q
+            .execute(command, None)
+            .map(|v| serde_json::to_string_pretty(&v).unwrap_or_default())
+            .unwrap_or_else(|e| e.to_string());
+        let _ = writeln!(text, "\n== {command}\n{answer}");
+    }
+    let cpus = q
+        .execute("query-cpus-fast", None)
+        .ok()
+        .and_then(|v| v.as_array().map(|a| a.len()))
+        .unwrap_or(1);
+    let registers = human(q, "info registers -a");
+    let _ = writeln!(text, "\n== each vCPU's RIP\n{}", rips(&registers, symbols));
+    let _ = writeln!(text, "\n== info registers -a\n{registers}");
+    let mut hmp = vec!["info pic".to_string()];
+    hmp.extend((0..cpus).map(|i| format!("info lapic {i}")));
+    for command in hmp {
+        let _ = writeln!(text, "\n== {command}\n{}", human(q, &command));
+    }
+}
+
+/// Each `CPU#N` of `info registers -a` with its RIP and whether it halted,
+/// the RIP by symbol when `symbols` are known.
+fn rips(registers: &str, symbols: Option<&SymbolMap>) -> String {
+    let mut out = Vec::new();
+    let mut cpu = "";
+    for line in registers.lines() {
+        if line.starts_with("CPU#") {
+            cpu = line.trim();
+        }
+        let Some(rip) = line.strip_prefix("RIP=") else {
+            continue;
+        };
+        let hex = rip.split_whitespace().next().unwrap_or("");
+        let halted = line.contains("HLT=1");
+        let name = u64::from_str_radix(hex, 16)
+            .ok()
+            .zip(symbols)
+            .map_or("?", |(a, m)| m.lookup(a));
+        out.push(format!("{cpu} RIP {hex} {name} halted={halted}"));
+    }
+    out.join("\n")
+}
+
+/// A human-monitor command's output over QMP.
+fn human(q: &mut Qmp, command: &str) -> String {
+    match q.execute(
+        "human-monitor-command",
+        Some(json!({"command-line": command})),
+    ) {
+        Ok(v) => v.as_str().unwrap_or_default().to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Inject an NMI into every vCPU and keep what the console says for
+/// [`AFTER_NMI`] (or until QEMU exits: the host panics and powers off).
+fn nmi_probe(q: &mut Qmp, guest: &mut Guest, text: &mut String) {
+    let _ = writeln!(text, "\n== inject-nmi, then the console for up to {AFTER_NMI:?}");
+    if let Err(e) = q.execute("inject-nmi", None) {
+        let _ = writeln!(text, "{e}");
+        return;
+    }
+    let end = Instant::now() + AFTER_NMI;
+    let mut lines = 0;
+    loop {
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        match guest.poll_line(end - now) {
+            Some(Next::Line(l)) => {
+                text.push_str(&l);
+                text.push('\n');
+                lines += 1;
+            }
+            Some(Next::Closed) => {
+                text.push_str("(QEMU exited)\n");
+                break;
+            }
+            None => break,
+        }
+    }
+    if lines == 0 {
+        text.push_str("(nothing: the host did not take the NMI, or could not print)\n");
+    }
+}
+
+/// Where an attempt's kept files go: `console/nested-host.attemptN.*`.
+pub(crate) fn attempt_file(out_dir: &Path, attempt: u32, what: &str) -> PathBuf {
+    out_dir
+        .join("console")
+        .join(format!("nested-host.attempt{attempt}.{what}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_ticks_are_user_and_system_time_after_the_command_name() {
+        let stat = "4242 (CPU 0/TCG) S 1 2 3 4 5 6 7 8 9 10 1234 567 0 0 20 0 1 0";
+        assert_eq!(stat_ticks(stat), Some(1801));
+        let odd = "7 (a) b (c) R 1 2 3 4 5 6 7 8 9 10 11 12 13";
+        assert_eq!(stat_ticks(odd), Some(23));
+        assert_eq!(stat_ticks("garbage"), None);
+        assert!(is_vcpu_thread("CPU 12/TCG") && is_vcpu_thread("CPU 0/KVM"));
+        assert!(!is_vcpu_thread("qemu-system-x86") && !is_vcpu_thread("CPUs"));
+    }
+
+    #[test]
+    fn each_vcpus_rip_is_named() {
+        let regs = "\nCPU#0\nRAX=0\nRIP=ffffffff81000010 RFL=00000212 [----A--] CPL=0 II=0 A20=1 SMM=0 HLT=1\n\
+                    CPU#1\nRIP=ffffffff81000100 RFL=00000002 [-------] CPL=0 II=0 A20=1 SMM=0 HLT=0\n";
+        let map = SymbolMap::parse(
+            "ffffffff81000000 T default_idle\nffffffff81000080 T vmrun_loop\n",
+            Path::new("kallsyms"),
+        )
+        .unwrap();
+        assert_eq!(
+            rips(regs, Some(&map)),
+            "CPU#0 RIP ffffffff81000010 default_idle halted=true\n\
+             CPU#1 RIP ffffffff81000100 vmrun_loop halted=false"
+        );
+        assert!(rips(regs, None).starts_with("CPU#0 RIP ffffffff81000010 ? halted=true"));
+    }
+
+    #[test]
+    fn silence_needs_the_whole_stretch_quiet_and_idle() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let mut w = SilenceWatch::new(Duration::from_secs(90), t0);
+        let per_s = w.per_second as u64;
+        // Busy and quiet: a long variant, not a silence.
+        for n in (0..=200).step_by(5) {
+            assert_eq!(w.sample(s(n), n * per_s), None, "busy at {n} s");
+        }
+        // Idle from 200 s on, but the console spoke at 250 s.
+        let idle = 200 * per_s;
+        w.output(s(250));
+        for n in (205..340).step_by(5) {
+            assert_eq!(w.sample(s(n), idle + n / 10), None, "{n} s");
+        }
+        // Quiet since 250 s and idle: silent 90 s later.
+        let got = w.sample(s(340), idle + 34).expect("silent at 340 s");
+        assert_eq!(got.quiet, Duration::from_secs(90));
+        assert!(got.vcpu_seconds < 0.1, "{got:?}");
+    }
+
+    #[test]
+    fn a_host_busy_for_part_of_the_stretch_is_not_silent() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let mut w = SilenceWatch::new(Duration::from_secs(60), t0);
+        let per_s = w.per_second as u64;
+        // 10 s of a whole CPU within the last 60 s: 17 %, above the bound.
+        assert_eq!(w.sample(s(0), 0), None);
+        assert_eq!(w.sample(s(30), 10 * per_s), None);
+        assert_eq!(w.sample(s(60), 10 * per_s), None);
+        assert_eq!(w.sample(s(89), 10 * per_s), None);
+        // The busy stretch has left the window: silent.
+        assert!(w.sample(s(95), 10 * per_s).is_some());
+        // Without a sample reaching back a whole stretch, no verdict.
+        let mut w = SilenceWatch::new(Duration::from_secs(60), t0);
+        assert_eq!(w.sample(s(61), 0), None);
+    }
+}
