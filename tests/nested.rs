@@ -261,8 +261,15 @@ fn the_silent_host_was_replaced(dir: &std::path::Path) {
     assert!((30.0..45.0).contains(&quiet), "{h:#}");
     assert!(num(h, &["vcpu_seconds"]) < 0.05 * quiet, "{h:#}");
     let state = std::fs::read_to_string(h["state"].as_str().unwrap()).unwrap();
-    for want in ["query-cpus-fast", "CPU#2 RIP", "dumping local APIC state for CPU 2"] {
-        assert!(state.contains(want), "no {want:?} in the kept state:\n{state}");
+    for want in [
+        "query-cpus-fast",
+        "CPU#2 RIP",
+        "dumping local APIC state for CPU 2",
+    ] {
+        assert!(
+            state.contains(want),
+            "no {want:?} in the kept state:\n{state}"
+        );
     }
     // Every process stopped, the host's CPUs idle: each vCPU halted in the
     // kernel's idle loop, and the NMI answered with a panic from there.

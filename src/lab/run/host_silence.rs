@@ -148,7 +148,11 @@ pub(crate) fn keep_state(
         silence.quiet.as_secs_f64(),
         silence.vcpu_seconds
     );
-    let _ = writeln!(text, "\n== vCPU threads (utime+stime ticks)\n{}", threads(guest.pid()));
+    let _ = writeln!(
+        text,
+        "\n== vCPU threads (utime+stime ticks)\n{}",
+        threads(guest.pid())
+    );
     match Qmp::connect(qmp, QMP_CONNECT) {
         Ok(mut q) => {
             machine_state(&mut q, symbols, &mut text);
@@ -248,7 +252,10 @@ fn human(q: &mut Qmp, command: &str) -> String {
 /// Inject an NMI into every vCPU and keep what the console says for
 /// [`AFTER_NMI`] (or until QEMU exits: the host panics and powers off).
 fn nmi_probe(q: &mut Qmp, guest: &mut Guest, text: &mut String) {
-    let _ = writeln!(text, "\n== inject-nmi, then the console for up to {AFTER_NMI:?}");
+    let _ = writeln!(
+        text,
+        "\n== inject-nmi, then the console for up to {AFTER_NMI:?}"
+    );
     if let Err(e) = q.execute("inject-nmi", None) {
         let _ = writeln!(text, "{e}");
         return;

@@ -26,8 +26,8 @@
 
 pub(crate) mod boot;
 pub(crate) mod boots;
-mod host_silence;
 mod error;
+mod host_silence;
 pub(crate) mod nested_host;
 pub mod nested_inner;
 pub(crate) mod plan;

@@ -499,7 +499,10 @@ fn qemu_args(
     push(&["-name", "blklab-host,debug-threads=on"]);
     push(&[
         "-qmp",
-        &format!("unix:{},server=on,wait=off", stage.join(QMP_SOCKET).display()),
+        &format!(
+            "unix:{},server=on,wait=off",
+            stage.join(QMP_SOCKET).display()
+        ),
     ]);
     push(&["-smp", &r.machine.vcpus.to_string()]);
     a.extend(r.machine.memory_args(&guest_node));

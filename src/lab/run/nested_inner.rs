@@ -14,8 +14,8 @@ use thiserror::Error;
 use crate::lab::guest::console::Phase;
 use crate::lab::guest::qemu::Accel;
 use crate::lab::images::PreparedGuest;
-use crate::lab::nested::neighbour::{Neighbour, NeighbourError};
 use crate::lab::nested::checkpoint::{self, Manifest};
+use crate::lab::nested::neighbour::{Neighbour, NeighbourError};
 use crate::lab::nested::relay::{self, RelayError, SyncRelay, WindowKey};
 use crate::lab::nested::transfer::{InnerRun, ERROR_FILE, KALLSYMS, RESULTS_ROOT, RESULTS_SERIAL};
 use crate::lab::options::RunOptions;
@@ -216,6 +216,9 @@ fn device_with_serial(serial: &str) -> Option<PathBuf> {
 /// host's kernel idles, and its console and log say nothing.
 fn silence_the_host() {
     warn!("silencing the host on purpose (a test's fault injection)");
+    // The host's /init copies the log to its second serial port with a
+    // follower that polls each second: let it take this line out first.
+    std::thread::sleep(std::time::Duration::from_secs(3));
     // SAFETY: kill and raise take no pointers; -1 is every process this
     // one may signal but init and itself.
     unsafe {
