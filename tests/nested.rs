@@ -256,6 +256,7 @@ fn the_silent_host_was_replaced(dir: &std::path::Path) {
     assert_eq!(hosts.len(), 1, "{summary:#}");
     let h = &hosts[0];
     assert_eq!(h["attempt"], 1, "{h:#}");
+    assert_eq!(h["busy"], false, "idle, not stuck: {h:#}");
     assert_eq!(h["boots_kept"], serde_json::json!([0]), "{h:#}");
     let quiet = num(h, &["quiet_seconds"]);
     assert!((30.0..45.0).contains(&quiet), "{h:#}");

@@ -52,8 +52,9 @@ pub struct RetriedBoot {
     pub(crate) console: PathBuf,
 }
 
-/// A nested host that went silent: the outer lab kept its state and
-/// booted a fresh host for the boots it had not finished.
+/// A nested host that went silent (or made no progress by the step's
+/// timeout): the outer lab kept its state and booted a fresh host for the
+/// boots it had not finished.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RetriedHost {
     /// Which host of the run (1 the first).
@@ -62,8 +63,12 @@ pub struct RetriedHost {
     pub(crate) waiting_for: String,
     /// How long the host had said nothing when it was given up.
     pub(crate) quiet_seconds: f64,
-    /// Its vCPU threads' CPU time over that stretch.
+    /// Its vCPU threads' CPU time over the last `--host-silence` of it.
     pub(crate) vcpu_seconds: f64,
+    /// Its vCPUs were busy: given up at the step's timeout, stuck rather
+    /// than idle.
+    #[serde(default)]
+    pub(crate) busy: bool,
     /// The plan's boots it finished, whose records were kept.
     pub(crate) boots_kept: Vec<usize>,
     /// Its state as kept (QMP's view, the console after an NMI).

@@ -81,7 +81,12 @@ fn ticks_per_second() -> f64 {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Silence {
     pub(crate) quiet: Duration,
+    /// Over the last stretch of the watch's limit (or less, when the
+    /// watch has not sampled that long).
     pub(crate) vcpu_seconds: f64,
+    /// Its vCPUs were busy: the host was given up at the step's timeout,
+    /// stuck rather than idle.
+    pub(crate) busy: bool,
 }
 
 /// Whether the host has been silent for `limit`: samples of its vCPU time
@@ -127,7 +132,23 @@ impl SilenceWatch {
         (vcpu_seconds <= span * MAX_BUSY).then_some(Silence {
             quiet,
             vcpu_seconds,
+            busy: false,
         })
+    }
+
+    /// The host at the step's timeout, whatever its vCPUs did: how long it
+    /// has said nothing, its vCPU time over the samples kept, and whether
+    /// that was more than an idle host's.
+    pub(crate) fn at_timeout(&mut self, now: Instant, ticks: u64) -> Silence {
+        self.samples.push_back((now, ticks));
+        let (first, first_ticks) = self.samples.front().copied().unwrap_or((now, ticks));
+        let vcpu_seconds = ticks.saturating_sub(first_ticks) as f64 / self.per_second;
+        let span = now.saturating_duration_since(first).as_secs_f64();
+        Silence {
+            quiet: now.saturating_duration_since(self.last_output),
+            vcpu_seconds,
+            busy: vcpu_seconds > span * MAX_BUSY,
+        }
     }
 }
 
@@ -143,8 +164,13 @@ pub(crate) fn keep_state(
     file: &Path,
 ) -> std::io::Result<()> {
     let mut text = format!(
-        "The nested host fell silent: nothing on its console or in the inner lab's log for \
-         {:.0} s, its vCPU threads used {:.2} s of CPU meanwhile.\n",
+        "The nested host {}: nothing on its console or in the inner lab's log for \
+         {:.0} s, its vCPU threads used {:.2} s of CPU over the last stretch.\n",
+        if silence.busy {
+            "made no progress by the step's timeout, its vCPUs busy"
+        } else {
+            "fell silent"
+        },
         silence.quiet.as_secs_f64(),
         silence.vcpu_seconds
     );
@@ -344,6 +370,24 @@ mod tests {
         let got = w.sample(s(340), idle + 34).expect("silent at 340 s");
         assert_eq!(got.quiet, Duration::from_secs(90));
         assert!(got.vcpu_seconds < 0.1, "{got:?}");
+    }
+
+    #[test]
+    fn at_the_timeout_a_busy_host_is_told_from_an_idle_one() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let mut w = SilenceWatch::new(Duration::from_secs(60), t0);
+        let per_s = w.per_second as u64;
+        for n in (0..100).step_by(5) {
+            w.sample(s(n), n * per_s);
+        }
+        let stuck = w.at_timeout(s(100), 100 * per_s);
+        assert!(stuck.busy, "{stuck:?}");
+        assert_eq!(stuck.quiet, Duration::from_secs(100));
+        let mut w = SilenceWatch::new(Duration::from_secs(600), t0);
+        w.sample(s(0), 0);
+        let idle = w.at_timeout(s(50), 1);
+        assert!(!idle.busy && idle.vcpu_seconds < 0.1, "{idle:?}");
     }
 
     #[test]

@@ -604,6 +604,10 @@ impl<'a> HostSession<'a> {
     /// left in `windows`), or until the host falls silent.
     fn follow(&mut self) -> Result<Followed, NestedError> {
         loop {
+            if self.booted && Instant::now() >= self.deadline {
+                self.show_inner_log();
+                return Ok(Followed::Silent(self.stuck()));
+            }
             let line = match self.next_line()? {
                 Some(Next::Line(l)) => l,
                 Some(Next::Closed) => return Err(self.closed()),
@@ -649,6 +653,12 @@ impl<'a> HostSession<'a> {
         Ok(next)
     }
 
+    /// The host at the step's timeout (its vCPUs busy or not).
+    fn stuck(&mut self) -> Silence {
+        let ticks = host_silence::vcpu_ticks(self.guest.pid()).unwrap_or(0);
+        self.watch.at_timeout(Instant::now(), ticks)
+    }
+
     /// Whether the host has fallen silent: its inner log stopped growing
     /// too, and its vCPUs are idle (only once it has booted: the kernel's
     /// own boot is quiet on the console).
@@ -674,7 +684,12 @@ impl<'a> HostSession<'a> {
     ) -> Result<SilentHost, NestedError> {
         let out = self.r.out_dir;
         warn!(
-            "the nested host fell silent while waiting for {} ({:.0} s without a line, {:.2} s of vCPU time); keeping its state",
+            "the nested host {} while waiting for {} ({:.0} s without a line, {:.2} s of vCPU time); keeping its state",
+            if silence.busy {
+                "made no progress by the step's timeout"
+            } else {
+                "fell silent"
+            },
             self.waiting_for,
             silence.quiet.as_secs_f64(),
             silence.vcpu_seconds
@@ -709,6 +724,7 @@ impl<'a> HostSession<'a> {
                 waiting_for: self.waiting_for.clone(),
                 quiet_seconds: silence.quiet.as_secs_f64(),
                 vcpu_seconds: silence.vcpu_seconds,
+                busy: silence.busy,
                 boots_kept: boots_done.clone(),
                 state,
                 console,
