@@ -11,6 +11,11 @@
 //!   tests/fixtures/runs/make-pairs.py): the second label's records become
 //!   the variants `read-again` and `write-again`, defined exactly as `read`
 //!   and `write` — identically defined variants with independent samples;
+//! - `three/`: `blklab run --kernel build:6.12 --kernel build:6.12
+//!   --kernel build:6.12+noplug --scenario smoke --iterations 3 --runtime 1
+//!   --accel tcg --count-insns off` on a 2-core machine busy with other
+//!   runs (hence its spread) — a kernel under test beside an A/A pair
+//!   (`6.12`, `6.12-2`: one image, the same sha256 in run.json);
 //! - `../insns/plug-qd1/` (tests/insns.rs): 6.12 and 6.12-noplug, the
 //!   scheduler pair none/mq-deadline at queue depth 1, with instruction
 //!   profiles.
@@ -210,6 +215,178 @@ fn html_page_and_svg_plots_parse_and_hold_both_series() {
     for f in ["report.txt", "report.md", "report.csv", "report.json"] {
         assert!(out.path().join(f).is_file(), "{f}");
     }
+}
+
+/// `blklab compare DIR:KERNEL DIR:KERNEL --format json --metric all`.
+fn json_report(dir: &Path, a: &str, b: &str) -> Value {
+    let side = |k: &str| format!("{}:{k}", dir.display());
+    let args = [&side(a), &side(b), "--metric", "all", "--format", "json"];
+    serde_json::from_str(&ok_stdout(&compare(&args))).unwrap()
+}
+
+/// A run with an A/A pair (two labels of one kernel) beside the kernel
+/// under test: every row of 6.12 against 6.12-noplug carries the pair's
+/// difference, which is exactly the delta and interval of the pair's own
+/// comparison; a delta no larger than it is marked within the floor; the
+/// pair's own comparison reads A/A.
+#[test]
+fn a_run_with_an_aa_pair_shows_its_floor_beside_each_delta() {
+    let dir = fixture("three");
+    let ab = json_report(&dir, "6.12", "6.12-noplug");
+    let pair = &ab["aa_pair"];
+    assert_eq!(
+        (&pair["first"], &pair["second"]),
+        (&"6.12".into(), &"6.12-2".into())
+    );
+    assert_eq!(pair["this_comparison"], false);
+    let same = pair["same_kernel"].as_str().unwrap();
+    assert!(
+        same.contains("build:6.12") && same.contains("vmlinuz_sha256 "),
+        "{same}"
+    );
+    let aa = json_report(&dir, "6.12", "6.12-2");
+    assert_eq!(aa["aa_pair"]["this_comparison"], true);
+    // (row, metric) → within the floor, for every metric of every row.
+    let mut within = std::collections::BTreeMap::new();
+    for (row, own) in ab["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(aa["rows"].as_array().unwrap())
+    {
+        assert_eq!(row["variant"], own["variant"]);
+        assert!(own.get("aa_floor").is_none(), "{own}");
+        let floors = row["aa_floor"].as_object().unwrap();
+        assert_eq!(floors.len(), row["metrics"].as_object().unwrap().len());
+        for (k, f) in floors {
+            let c = &own["metrics"][k];
+            assert_eq!(f["diff_pct"], c["delta_pct"], "{k}");
+            assert_eq!(f["ci_pct"], c["ci_pct"], "{k}");
+            assert_eq!(f["method"], c["method"], "{k}");
+            assert_eq!(f["n"], serde_json::json!([c["a"]["n"], c["b"]["n"]]));
+            let delta = row["metrics"][k]["delta_pct"].as_f64().unwrap();
+            let w = delta.abs() <= f["diff_pct"].as_f64().unwrap().abs();
+            assert_eq!(f["within"], w, "{k}: {delta} against {f}");
+            within.insert((row["variant"].as_str().unwrap().to_string(), k.clone()), w);
+        }
+    }
+    assert!(within.values().any(|w| *w) && within.values().any(|w| !*w));
+    // The verdict calls no change within the floor an effect.
+    for (v, row) in ab["verdict"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(ab["rows"].as_array().unwrap())
+    {
+        for c in v["changes"].as_array().unwrap() {
+            let k = c["metric"].as_str().unwrap();
+            assert_eq!(row["aa_floor"][k]["within"], false, "{v}");
+        }
+    }
+    // The table: the floor and its interval beside each delta, and the
+    // mark of a delta within it.
+    let table = ok_stdout(&compare(&[
+        &format!("{}:6.12", dir.display()),
+        &format!("{}:6.12-noplug", dir.display()),
+    ]));
+    let heads: Vec<&str> = table
+        .lines()
+        .filter(|l| l.starts_with("scenario/"))
+        .collect();
+    assert!(!heads.is_empty());
+    for h in &heads {
+        assert!(h.contains("A/A floor") && h.contains("A/A 95% CI"), "{h}");
+    }
+    // Its sections: the default metrics, in order, each with every row.
+    let lines: Vec<&str> = table.lines().filter(|l| l.starts_with("smoke/")).collect();
+    let rows = ab["rows"].as_array().unwrap();
+    let shown = [
+        "guest_busy_pct",
+        "guest_cpu_us_per_io",
+        "iops",
+        "host_vcpu_us_per_io",
+    ];
+    assert_eq!(lines.len(), shown.len() * rows.len(), "{table}");
+    for (i, line) in lines.iter().enumerate() {
+        let row = &rows[i % rows.len()];
+        let variant = row["variant"].as_str().unwrap();
+        assert!(line.starts_with(&format!("smoke/{variant} ")), "{line}");
+        let key = shown[i / rows.len()];
+        let floor = row["aa_floor"][key]["diff_pct"].as_f64().unwrap();
+        assert!(line.contains(&format!(" {floor:+.1}% ")), "{key}: {line}");
+        let w = within[&(variant.to_string(), key.to_string())];
+        assert_eq!(line.ends_with("  within A/A floor"), w, "{key}: {line}");
+    }
+    assert!(
+        table.contains("A/A floor = this run's A/A pair, 6.12-2 against 6.12"),
+        "{table}"
+    );
+    // Markdown and CSV carry it too.
+    let md = ok_stdout(&compare(&[
+        &format!("{}:6.12", dir.display()),
+        &format!("{}:6.12-noplug", dir.display()),
+        "--format",
+        "markdown",
+    ]));
+    assert!(
+        md.contains("| A/A floor | A/A 95% CI |") && md.contains("within A/A floor"),
+        "{md}"
+    );
+    let csv = ok_stdout(&compare(&[
+        &format!("{}:6.12", dir.display()),
+        &format!("{}:6.12-noplug", dir.display()),
+        "--format",
+        "csv",
+    ]));
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    assert_eq!(header.len(), 29);
+    assert_eq!(
+        header[25..],
+        [
+            "aa_floor_pct",
+            "aa_ci_lo_pct",
+            "aa_ci_hi_pct",
+            "within_aa_floor"
+        ]
+    );
+    // The page's table of each metric has the floor's columns and marks.
+    let out = tempfile::tempdir().unwrap();
+    ok_stdout(&compare(&[
+        &format!("{}:6.12", dir.display()),
+        &format!("{}:6.12-noplug", dir.display()),
+        "--out",
+        arg(out.path()),
+    ]));
+    let html = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    let iops = html
+        .split("<table id=\"metric-table-iops\"")
+        .nth(1)
+        .expect("the IOPS table");
+    let iops = &iops[..iops.find("</table>").unwrap()];
+    assert!(
+        iops.contains("A/A floor (%)") && iops.contains("A/A CI high (%)"),
+        "{iops}"
+    );
+    let w = within
+        .iter()
+        .filter(|((_, k), w)| k == "iops" && **w)
+        .count();
+    assert_eq!(iops.matches("within the A/A floor").count(), w, "{iops}");
+    // The pair's own comparison is the floor, not a finding.
+    let own = ok_stdout(&compare(&[
+        &format!("{}:6.12", dir.display()),
+        &format!("{}:6.12-2", dir.display()),
+    ]));
+    for h in own.lines().filter(|l| l.starts_with("scenario/")) {
+        assert!(!h.contains("A/A"), "no floor column: {h}");
+    }
+    for l in own.lines().filter(|l| l.starts_with("smoke/")) {
+        assert!(l.ends_with("  A/A") || l.ends_with("  n<3"), "{l}");
+    }
+    assert!(
+        own.contains("  smoke/read (A/A)\n    A/A: both sides are one kernel"),
+        "{own}"
+    );
 }
 
 #[test]

@@ -38,9 +38,13 @@ fn every_kind_of_report_page_works_in_a_real_browser() {
     let aa = fixture("runs/aa");
     let pairs = fixture("runs/pairs");
     let qd1 = fixture("insns/plug-qd1");
-    let cases: [(&str, Vec<&str>); 4] = [
+    let three = fixture("runs/three");
+    let (tested, noplug) = (format!("{three}:6.12"), format!("{three}:6.12-noplug"));
+    let cases: [(&str, Vec<&str>); 5] = [
         // Two kernels, no instruction counts.
         ("kernels", vec![&aa]),
+        // Two kernels beside the run's A/A pair: the floor by each delta.
+        ("floor", vec![&tested, &noplug]),
         // Two kernels with the differential instruction profile.
         ("profile", vec![&qd1]),
         // Variant pairs on one kernel.

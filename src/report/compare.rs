@@ -124,7 +124,9 @@ impl std::fmt::Display for PairSpec {
 
 pub(crate) use crate::report::profile::RowPair;
 
+mod aa_floor;
 mod resolvers;
+pub(crate) use aa_floor::{AaFloor, AaPair};
 pub(crate) use resolvers::{DidRows, KernelRows, PairRows, RowResolver, Subject};
 
 /// (scenario, variant).
@@ -165,6 +167,11 @@ pub(crate) struct Row {
     /// and the difference in differences.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) did: BTreeMap<String, DidCell>,
+    /// Kernels, in a run with an A/A pair beside the kernels compared:
+    /// metric key → the pair's difference in this row (see
+    /// [`Report::aa_pair`]).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) aa_floor: BTreeMap<String, AaFloor>,
     /// The row's groups of records with their samples, for plots.
     #[serde(skip)]
     pub(crate) groups: Vec<Group>,
@@ -318,6 +325,11 @@ pub struct Report {
     /// KVM exits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) coverage: Option<Coverage>,
+    /// Kernels: the run's A/A pair (one kernel under two labels), when the
+    /// sides come from one run that has one; each row's `aa_floor` is its
+    /// difference, unless the comparison is the pair itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) aa_pair: Option<AaPair>,
 }
 
 /// A side's distinct vCPU counts (`?` where a record says nothing).
@@ -538,6 +550,7 @@ impl Row {
             failed_b: 0,
             metrics: BTreeMap::new(),
             did: BTreeMap::new(),
+            aa_floor: BTreeMap::new(),
             groups: Vec::new(),
         }
     }
@@ -579,6 +592,11 @@ pub(crate) fn build<R: RowResolver>(
         .map(|k| R::row(subject, k, opts, &mut profiles))
         .collect();
     correct(&mut rows, metric_keys, opts.confidence);
+    let aa_pair = if R::MODE == Mode::Kernels {
+        aa_floor::attach(subject, &mut rows, opts.confidence)
+    } else {
+        None
+    };
     Ok(Report {
         schema: "blklab-compare/1",
         mode: R::MODE,
@@ -594,6 +612,7 @@ pub(crate) fn build<R: RowResolver>(
         parallelism_warnings,
         coverage: None,
         profiles,
+        aa_pair,
     })
 }
 

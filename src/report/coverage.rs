@@ -196,6 +196,7 @@ mod tests {
             kernel: tcg.kernel.clone(),
             run: crate::record::read(&fixture("runs/aa/run.json")).unwrap(),
             records: vec![tcg.clone()],
+            run_records: Default::default(),
         };
         let case = |v: &str| (&side, "plug-qd1".to_string(), v.to_string());
         let rows = rows(&[case("none-2k"), case("none-10k")], &[nested]);

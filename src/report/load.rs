@@ -6,6 +6,7 @@
 //! comparison rows or rendering.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use thiserror::Error;
 
@@ -112,6 +113,18 @@ pub(crate) struct Side {
     pub(crate) kernel: String,
     pub(crate) run: RunDocument,
     pub(crate) records: Vec<ResultRecord>,
+    /// Every record of the run the side was read from, of every kernel
+    /// (shared by the sides read from one run): where the run's other
+    /// kernels are found, such as an A/A pair beside the two compared.
+    pub(crate) run_records: Arc<Vec<ResultRecord>>,
+}
+
+impl Side {
+    /// The side of another kernel of the same run (no records when the
+    /// run has none of `kernel`).
+    pub(crate) fn sibling(&self, kernel: &str) -> Side {
+        side_of(&self.dir, &self.run, &self.run_records, kernel)
+    }
 }
 
 /// Is this document's `schema` a result record's (of any version)?
@@ -373,7 +386,7 @@ pub(crate) fn kernels(run: &RunDocument, records: &[ResultRecord]) -> Vec<String
     k
 }
 
-fn side_of(dir: &Path, run: &RunDocument, records: &[ResultRecord], kernel: &str) -> Side {
+fn side_of(dir: &Path, run: &RunDocument, records: &Arc<Vec<ResultRecord>>, kernel: &str) -> Side {
     Side {
         dir: dir.to_path_buf(),
         kernel: kernel.to_string(),
@@ -383,6 +396,7 @@ fn side_of(dir: &Path, run: &RunDocument, records: &[ResultRecord], kernel: &str
             .filter(|r| r.kernel == kernel)
             .cloned()
             .collect(),
+        run_records: Arc::clone(records),
     }
 }
 
@@ -418,7 +432,7 @@ fn dirs_label(dirs: &[PathBuf]) -> PathBuf {
 struct LoadedRun {
     dir: PathBuf,
     run: RunDocument,
-    records: Vec<ResultRecord>,
+    records: Arc<Vec<ResultRecord>>,
     kernels: Vec<String>,
 }
 
@@ -429,7 +443,7 @@ impl LoadedRun {
         Ok(LoadedRun {
             dir: dirs_label(dirs),
             run,
-            records,
+            records: Arc::new(records),
             kernels,
         })
     }

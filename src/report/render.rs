@@ -1,7 +1,7 @@
 //! A comparison as a terminal table, Markdown, CSV or JSON.
 
 use crate::record::metrics;
-use crate::report::compare::{DidCell, Mode, Report, Row};
+use crate::report::compare::{AaFloor, DidCell, Mode, Report, Row};
 use crate::report::inference::{
     Comparison, DiffInDiff, Method, Outcome, MIN_SAMPLES_FOR_SIGNIFICANCE,
 };
@@ -22,6 +22,27 @@ fn pct(v: f64) -> String {
 pub(crate) fn mark(c: &Comparison) -> &'static str {
     outcome_mark([c.a.n, c.b.n], &c.outcome)
 }
+
+/// The mark a row's metric shows: [`mark`], but `A/A` in a comparison
+/// of the run's A/A pair itself, and [`WITHIN_FLOOR`] for a delta within
+/// the run's A/A floor (a row with too few samples keeps `n<3`).
+pub(crate) fn row_mark(report: &Report, row: &Row, key: &str, c: &Comparison) -> &'static str {
+    let m = mark(c);
+    if m == "n<3" {
+        m
+    } else if report.is_aa() {
+        AA_MARK
+    } else if report.within_floor(row, key).is_some() {
+        WITHIN_FLOOR
+    } else {
+        m
+    }
+}
+
+/// The mark of the rows of a comparison of the run's A/A pair itself.
+pub(crate) const AA_MARK: &str = "A/A";
+/// The mark of a delta within the run's A/A floor.
+pub(crate) const WITHIN_FLOOR: &str = "within A/A floor";
 
 /// The mark of a difference in differences (as [`mark`], over its four
 /// groups).
@@ -122,20 +143,23 @@ fn section(report: &Report, key: &str) -> (String, Vec<Vec<String>>) {
             format!("B {}", report.b.kernel),
         ),
     };
-    let mut cells = vec![vec![
-        row_heading(report),
-        "iotype".into(),
-        "qd".into(),
-        "nj".into(),
-        "rmix".into(),
+    let conf = format!("{:.0}% CI", report.confidence * 100.0);
+    let mut head: Vec<String> = vec![row_heading(report)];
+    head.extend(["iotype", "qd", "nj", "rmix"].map(String::from));
+    head.extend([
         ha,
         "cv".into(),
         hb,
         "cv".into(),
         "delta".into(),
-        format!("{:.0}% CI", report.confidence * 100.0),
-        "".into(),
-    ]];
+        conf.clone(),
+    ]);
+    let floors = report.has_floors();
+    if floors {
+        head.extend(["A/A floor".to_string(), format!("A/A {conf}")]);
+    }
+    head.push("".into());
+    let mut cells = vec![head];
     for r in &report.rows {
         let Some(c) = r.metrics.get(key) else {
             continue;
@@ -149,11 +173,22 @@ fn section(report: &Report, key: &str) -> (String, Vec<Vec<String>>) {
             format!("{:.1}%", c.b.cv_pct),
             pct(c.delta_pct),
             ci(c),
-            mark(c).to_string(),
         ]);
+        if floors {
+            line.extend(floor_cells(r.aa_floor.get(key)));
+        }
+        line.push(row_mark(report, r, key, c).to_string());
         cells.push(line);
     }
     (title, cells)
+}
+
+/// A row's A/A floor of a metric and its interval (`-` without one).
+fn floor_cells(floor: Option<&AaFloor>) -> [String; 2] {
+    match floor {
+        Some(f) => [pct(f.diff_pct), ci_text(f.ci_pct)],
+        None => ["-".into(), "-".into()],
+    }
 }
 
 /// A difference-in-differences section: each kernel's pair effect (with
@@ -199,15 +234,49 @@ fn did_section(report: &Report, key: &str) -> (String, Vec<Vec<String>>) {
     (title, cells)
 }
 
-/// Which columns of a section are left-aligned.
-fn left_aligned(l: &[String], i: usize) -> bool {
-    i <= 1 || i == l.len() - 1 || (l.len() == 14 && (i == 7 || i == 10))
+/// Which columns of a section are left-aligned: the row's name, its
+/// iotype and the mark; in a difference-in-differences section the first
+/// two effects' marks too.
+fn left_aligned(did: bool) -> impl Fn(&[String], usize) -> bool {
+    move |l, i| i <= 1 || i == l.len() - 1 || (did && (i == 7 || i == 10))
 }
 
 const MARKS: &str = "* significant after Holm's correction over every row and \
          metric shown, ~ noise (cv) exceeds the delta, n<3 too few samples to call";
 
 pub(crate) fn legend(report: &Report) -> String {
+    let mut out = sides_legend(report);
+    if let Some(l) = floor_legend(report) {
+        out.push_str("; ");
+        out.push_str(&l);
+    }
+    out
+}
+
+/// What the A/A floor beside the deltas is, or that the comparison is
+/// the run's A/A pair itself (`None` without an A/A pair).
+pub(crate) fn floor_legend(report: &Report) -> Option<String> {
+    let p = report.aa_pair.as_ref()?;
+    if p.this_comparison {
+        return Some(format!(
+            "{AA_MARK}: A and B are one kernel ({}), so every delta here is run-to-run noise: \
+             the run's A/A floor, shown beside the deltas of its other comparisons, not a finding",
+            p.same_kernel
+        ));
+    }
+    report.has_floors().then(|| {
+        format!(
+            "A/A floor = this run's A/A pair, {} against {} (one kernel: {}), (second - first) / \
+             first with its CI by the same statistics; \"{WITHIN_FLOOR}\": |delta| is not above \
+             |A/A floor|, so the delta is no larger than the noise between two labels of one \
+             kernel, and the verdict does not call it an effect",
+            p.second, p.first, p.same_kernel
+        )
+    })
+}
+
+/// What A and B are and how the delta and its interval are computed.
+fn sides_legend(report: &Report) -> String {
     let conf = report.confidence * 100.0;
     match report.mode {
         Mode::Kernels => format!(
@@ -345,7 +414,7 @@ pub(crate) fn table(report: &Report) -> String {
         }
         out.push_str(&title);
         out.push('\n');
-        let (lines, _) = aligned_lines(&cells, left_aligned);
+        let (lines, _) = aligned_lines(&cells, left_aligned(report.mode == Mode::Did));
         for line in lines {
             out.push_str(&line);
             out.push('\n');
@@ -446,8 +515,9 @@ pub(crate) fn markdown(report: &Report) -> String {
             let line: Vec<String> = l.iter().map(|c| md_escape(c)).collect();
             out.push_str(&format!("| {} |\n", line.join(" | ")));
             if i == 0 {
+                let left = left_aligned(report.mode == Mode::Did);
                 let align: Vec<&str> = (0..l.len())
-                    .map(|j| if left_aligned(l, j) { "---" } else { "---:" })
+                    .map(|j| if left(l, j) { "---" } else { "---:" })
                     .collect();
                 out.push_str(&format!("|{}|\n", align.join("|")));
             }
@@ -514,7 +584,9 @@ fn csv_line(fields: &[String]) -> String {
 }
 
 /// CSV: one line per (row, metric), every metric with data. Kernels:
-/// `scenario,variant,…,a_kernel,…,b_kernel,…`; variant pairs: `kernel,base,other,…`
+/// `scenario,variant,…,a_kernel,…,b_kernel,…`, and last
+/// `aa_floor_pct,aa_ci_lo_pct,aa_ci_hi_pct,within_aa_floor` when the run
+/// has an A/A pair beside the kernels compared; variant pairs: `kernel,base,other,…`
 /// with A the base and B the other variant; the difference in differences:
 /// each kernel's four means, both pair effects and the DiD.
 /// A forced comparison opens with `#` comment lines naming the conditions
@@ -559,10 +631,15 @@ fn labels_fields(r: &Row) -> Vec<String> {
 }
 
 fn csv_kernels(report: &Report) -> String {
+    let floors = report.has_floors();
     let mut out = String::from(
         "scenario,variant,iotype,qd,nj,rmix,metric,unit,a_kernel,a_n,a_mean,a_sd,a_cv_pct,\
-         b_kernel,b_n,b_mean,b_sd,b_cv_pct,delta_pct,ci_lo_pct,ci_hi_pct,method,p_value,significant,noisy\n",
+         b_kernel,b_n,b_mean,b_sd,b_cv_pct,delta_pct,ci_lo_pct,ci_hi_pct,method,p_value,significant,noisy",
     );
+    if floors {
+        out.push_str(",aa_floor_pct,aa_ci_lo_pct,aa_ci_hi_pct,within_aa_floor");
+    }
+    out.push('\n');
     for r in &report.rows {
         for m in metrics::METRICS {
             let Some(c) = r.metrics.get(m.key) else {
@@ -585,10 +662,27 @@ fn csv_kernels(report: &Report) -> String {
                 f(c.b.cv_pct),
             ]);
             fields.extend(comparison_fields(c));
+            if floors {
+                fields.extend(floor_fields(r.aa_floor.get(m.key)));
+            }
             out.push_str(&csv_line(&fields));
         }
     }
     out
+}
+
+/// A row's A/A floor of a metric as CSV fields: the floor, its interval
+/// and whether the delta is within it (empty without one).
+fn floor_fields(floor: Option<&AaFloor>) -> [String; 4] {
+    match floor {
+        Some(x) => [
+            f(x.diff_pct),
+            x.ci_pct.map(|i| f(i.lo)).unwrap_or_default(),
+            x.ci_pct.map(|i| f(i.hi)).unwrap_or_default(),
+            x.within.to_string(),
+        ],
+        None => Default::default(),
+    }
 }
 
 fn csv_variants(report: &Report) -> String {

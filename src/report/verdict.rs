@@ -23,6 +23,12 @@ pub(crate) enum Call {
     Noise,
     /// Fewer than 3 samples a side: nothing can be called.
     TooFew,
+    /// The sides are the run's A/A pair, one kernel under two labels:
+    /// their deltas are the run's noise floor, not findings.
+    Aa,
+    /// Some metric shown changed significantly, but none beyond the run's
+    /// A/A floor: no effect.
+    WithinAaFloor,
 }
 
 impl Call {
@@ -32,6 +38,8 @@ impl Call {
             Call::Significant => "* significant",
             Call::Noise => "~ noise",
             Call::TooFew => "n<3 too few samples",
+            Call::Aa => "A/A",
+            Call::WithinAaFloor => "within the A/A floor",
         }
     }
 }
@@ -58,8 +66,13 @@ pub(crate) struct Change {
 pub(crate) struct RowVerdict {
     pub(crate) row: String,
     pub(crate) call: Call,
-    /// The significant changes, in the report's metric order.
+    /// The significant changes, in the report's metric order (none in a
+    /// comparison of the run's A/A pair itself).
     pub(crate) changes: Vec<Change>,
+    /// The significant changes within the run's A/A floor, which the
+    /// verdict does not call effects.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) within_aa_floor: Vec<Change>,
     /// What moved beneath the metrics in every run: mechanism counts per IO,
     /// then the instruction profile's groups and functions.
     pub(crate) mechanism: Vec<String>,
@@ -102,24 +115,18 @@ fn sides(report: &Report, row: &Row) -> (String, String) {
 
 fn row_verdict(report: &Report, row: &Row) -> RowVerdict {
     let shown: Vec<(&str, &Comparison, String)> = shown_effects(report, row);
-    let changes: Vec<Change> = shown
-        .iter()
-        .filter(|(_, c, _)| c.outcome.significant)
-        .map(|(k, c, effect)| change(k, c, effect))
-        .chain(did_changes(report, row))
-        .collect();
+    let (changes, within_aa_floor) = significant_changes(report, row, &shown);
     let enough = shown.iter().any(|(_, c, _)| {
         c.a.n >= MIN_SAMPLES_FOR_SIGNIFICANCE && c.b.n >= MIN_SAMPLES_FOR_SIGNIFICANCE
     }) || row
         .did
         .values()
         .any(|d| d.did.n.iter().all(|&n| n >= MIN_SAMPLES_FOR_SIGNIFICANCE));
-    let call = if !changes.is_empty() {
-        Call::Significant
-    } else if enough {
-        Call::Noise
+    let call = call_of(report, &changes, &within_aa_floor, enough);
+    let (changes, within_aa_floor) = if call == Call::Aa {
+        (Vec::new(), Vec::new())
     } else {
-        Call::TooFew
+        (changes, within_aa_floor)
     };
     let (a, b) = sides(report, row);
     // One profile per row; with two kernels and pairs, one per kernel.
@@ -138,14 +145,66 @@ fn row_verdict(report: &Report, row: &Row) -> RowVerdict {
         );
     }
     let profile = profiles.first().copied().filter(|p| p.kernel.is_none());
-    let words = words(report, row, call, &changes, &shown, &mechanism, profile);
+    let found = Found {
+        changes: &changes,
+        within_aa_floor: &within_aa_floor,
+        shown: &shown,
+        mechanism: &mechanism,
+    };
+    let words = words(report, row, call, &found, profile);
     RowVerdict {
         row: row.name(),
         call,
         changes,
+        within_aa_floor,
         mechanism,
         words,
     }
+}
+
+/// A row's significant changes: those beyond the run's A/A floor (every
+/// one without a floor, and the differences in differences), and those
+/// within it.
+fn significant_changes(
+    report: &Report,
+    row: &Row,
+    shown: &[(&str, &Comparison, String)],
+) -> (Vec<Change>, Vec<Change>) {
+    let (within, beyond): (Vec<_>, Vec<_>) = shown
+        .iter()
+        .filter(|(_, c, _)| c.outcome.significant)
+        .partition(|(k, _, _)| report.within_floor(row, k).is_some());
+    let as_changes = |v: Vec<&(&str, &Comparison, String)>| -> Vec<Change> {
+        v.into_iter().map(|(k, c, e)| change(k, c, e)).collect()
+    };
+    let mut beyond = as_changes(beyond);
+    beyond.extend(did_changes(report, row));
+    (beyond, as_changes(within))
+}
+
+/// A row's call: `A/A` for the run's A/A pair itself (with enough
+/// samples), significant with a change beyond the A/A floor, within the
+/// floor when every significant change is, else noise or too few samples.
+fn call_of(report: &Report, changes: &[Change], within: &[Change], enough: bool) -> Call {
+    if !enough && changes.is_empty() {
+        Call::TooFew
+    } else if report.is_aa() {
+        Call::Aa
+    } else if !changes.is_empty() {
+        Call::Significant
+    } else if !within.is_empty() {
+        Call::WithinAaFloor
+    } else {
+        Call::Noise
+    }
+}
+
+/// What a row's verdict found, for its words.
+struct Found<'a, 'r> {
+    changes: &'a [Change],
+    within_aa_floor: &'a [Change],
+    shown: &'a [(&'r str, &'r Comparison, String)],
+    mechanism: &'a [String],
 }
 
 /// The comparisons of the metrics shown, with the effect each is of.
@@ -340,43 +399,96 @@ fn words(
     report: &Report,
     row: &Row,
     call: Call,
-    changes: &[Change],
-    shown: &[(&str, &Comparison, String)],
-    mechanism: &[String],
+    found: &Found,
     profile: Option<&RowProfile>,
 ) -> String {
     let (a, b) = sides(report, row);
+    let conf = report.confidence;
+    let list = |changes: &[Change]| -> String {
+        let v: Vec<String> = changes.iter().map(|c| change_text(c, conf)).collect();
+        v.join("; ")
+    };
     let mut out = match call {
-        Call::Significant => {
-            let list: Vec<String> = changes
-                .iter()
-                .map(|c| change_text(c, report.confidence))
-                .collect();
-            format!("{b} against {a}: {}.", list.join("; "))
-        }
+        Call::Significant => format!("{b} against {a}: {}.", list(found.changes)),
         Call::Noise => format!(
             "No metric shown changes significantly: none survives Holm's correction over the \
              report's {} comparisons{}.",
             family_size(report),
-            largest(shown, report.confidence)
+            largest(report, row, found.shown)
         ),
         Call::TooFew => format!(
             "Too few samples to call (fewer than {MIN_SAMPLES_FOR_SIGNIFICANCE} runs a side){}.",
-            largest(shown, report.confidence)
+            largest(report, row, found.shown)
+        ),
+        Call::Aa => aa_words(report, row, found.shown),
+        Call::WithinAaFloor => format!(
+            "No metric shown changes beyond this run's A/A floor: {b} against {a}: {}.",
+            floor_list(report, row, found.within_aa_floor)
         ),
     };
-    if !mechanism.is_empty() {
+    if call == Call::Significant && !found.within_aa_floor.is_empty() {
         out.push_str(&format!(
-            " In every run ({a} → {b}): {}.",
-            mechanism.join("; ")
+            " Significant but not beyond this run's A/A floor, so no effect: {}.",
+            floor_list(report, row, found.within_aa_floor)
         ));
     }
-    if call != Call::Significant {
+    if !found.mechanism.is_empty() {
+        out.push_str(&format!(
+            " In every run ({a} → {b}): {}.",
+            found.mechanism.join("; ")
+        ));
+    }
+    if !matches!(call, Call::Significant | Call::Aa) {
         if let Some(note) = below_noise(row, profile) {
             out.push_str(&format!(" {note}"));
         }
     }
     out
+}
+
+/// The words of a row of the run's A/A pair compared with itself: what
+/// its deltas are, the largest, and how many passed Holm's correction
+/// (which an A/A report does by chance, at most 1 − confidence of the
+/// time).
+fn aa_words(report: &Report, row: &Row, shown: &[(&str, &Comparison, String)]) -> String {
+    let same = report
+        .aa_pair
+        .as_ref()
+        .map_or(String::new(), |p| format!(" ({})", p.same_kernel));
+    let lucky = shown
+        .iter()
+        .filter(|(_, c, _)| c.outcome.significant)
+        .count();
+    let lucky = if lucky == 0 {
+        String::new()
+    } else {
+        format!(
+            " {lucky} metric(s) pass Holm's correction here, which two labels of one kernel \
+             do by chance (at most {:.0} % of A/A reports).",
+            (1.0 - report.confidence) * 100.0
+        )
+    };
+    format!(
+        "A/A: both sides are one kernel{same}, so its deltas are this run's noise floor, \
+         not findings{}.{lucky}",
+        largest(report, row, shown)
+    )
+}
+
+/// Changes within the A/A floor, each with the floor it is within.
+fn floor_list(report: &Report, row: &Row, changes: &[Change]) -> String {
+    let v: Vec<String> = changes
+        .iter()
+        .map(|c| {
+            let floor = report
+                .within_floor(row, &c.metric)
+                .map_or(String::new(), |f| {
+                    format!(", within the A/A floor of {:+.1} %", f.diff_pct)
+                });
+            format!("{}{floor}", change_text(c, report.confidence))
+        })
+        .collect();
+    v.join("; ")
 }
 
 /// How many comparisons the report's Holm correction covers.
@@ -396,8 +508,9 @@ fn family_size(report: &Report) -> usize {
         .sum()
 }
 
-/// `; the largest delta: …` over the shown comparisons.
-fn largest(shown: &[(&str, &Comparison, String)], confidence: f64) -> String {
+/// `; the largest delta: …` over the shown comparisons, with its A/A
+/// floor when the row has one.
+fn largest(report: &Report, row: &Row, shown: &[(&str, &Comparison, String)]) -> String {
     let Some((k, c, effect)) = shown
         .iter()
         .filter(|(_, c, _)| c.delta_pct.is_finite())
@@ -406,9 +519,13 @@ fn largest(shown: &[(&str, &Comparison, String)], confidence: f64) -> String {
         return String::new();
     };
     let cv = c.a.cv_pct.max(c.b.cv_pct);
+    let floor = row.aa_floor.get(*k).map_or(String::new(), |f| {
+        let within = if f.within { ", within it" } else { "" };
+        format!("; A/A floor {:+.1} %{within}", f.diff_pct)
+    });
     format!(
-        "; the largest delta: {} (cv up to {cv:.1} %)",
-        change_text(&change(k, c, effect), confidence)
+        "; the largest delta: {} (cv up to {cv:.1} %{floor})",
+        change_text(&change(k, c, effect), report.confidence)
     )
 }
 

@@ -6,8 +6,8 @@ use maud::{html, Markup};
 use super::table::{anchor, Cell, Col, Table, Tint};
 use super::{beside, file_safe, groups_style, plots, sides_caption, unit_of, with_unit, Page};
 use crate::record::metrics;
-use crate::report::compare::{Mode, Report};
-use crate::report::inference::Interval;
+use crate::report::compare::{AaFloor, Mode, Report, Row};
+use crate::report::inference::{Comparison, Interval};
 use crate::report::render;
 
 /// The legend of a metric's groups: kernels, or with pairs what A and B
@@ -37,6 +37,8 @@ fn mark_cell(m: &str) -> Cell {
         "*" => "* significant",
         "~" => "~ noise",
         "n<3" => "n<3 too few",
+        render::AA_MARK => "A/A: the noise floor",
+        render::WITHIN_FLOOR => "within the A/A floor",
         _ => "",
     };
     Cell::text(word)
@@ -89,10 +91,36 @@ fn metric_cols(report: &Report, unit: &str) -> Vec<Col> {
             Col::num("CI low (%)"),
             Col::num("CI high (%)"),
             Col::num("p"),
-            Col::text("mark"),
         ]);
+        if report.has_floors() {
+            cols.extend(floor_cols());
+        }
+        cols.push(Col::text("mark"));
     }
     cols
+}
+
+/// The columns of a row's A/A floor: the floor and its interval.
+pub(super) fn floor_cols() -> [Col; 3] {
+    [
+        Col::num("A/A floor (%)"),
+        Col::num("A/A CI low (%)"),
+        Col::num("A/A CI high (%)"),
+    ]
+}
+
+/// A row's A/A floor of a metric and its interval (empty without one).
+pub(super) fn floor_cells(floor: Option<&AaFloor>) -> [Cell; 3] {
+    match floor {
+        Some(f) => effect_cells(f.diff_pct, f.ci_pct),
+        None => [Cell::text("-"), Cell::text("-"), Cell::text("-")],
+    }
+}
+
+/// Whether a row's metric is a finding the page shows in bold: significant,
+/// beyond the A/A floor, and not the A/A pair compared with itself.
+pub(super) fn finding(report: &Report, r: &Row, key: &str, c: &Comparison) -> bool {
+    c.outcome.significant && !report.is_aa() && report.within_floor(r, key).is_none()
 }
 
 /// A metric's table: one line per row.
@@ -126,8 +154,11 @@ fn metric_table(report: &Report, key: &str) -> Table {
             }
             cells.extend(effect_cells(c.delta_pct, c.ci_pct));
             cells.push(Cell::p(c.outcome.p_value));
-            cells.push(mark_cell(render::mark(c)));
-            t.row_class(cells, c.outcome.significant.then_some("sig"));
+            if report.has_floors() {
+                cells.extend(floor_cells(r.aa_floor.get(key)));
+            }
+            cells.push(mark_cell(render::row_mark(report, r, key, c)));
+            t.row_class(cells, finding(report, r, key, c).then_some("sig"));
         }
     }
     t

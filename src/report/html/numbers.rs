@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use maud::{html, Markup};
 
-use super::metrics::effect_cells;
+use super::metrics::{effect_cells, finding, floor_cells, floor_cols};
 use super::table::{anchor, Cell, Col, Table, Tint};
 use super::{sides_caption, with_unit, Page};
 use crate::record::metrics;
@@ -97,6 +97,11 @@ fn row_numbers(report: &Report, r: &Row) -> Table {
     cols.extend(summary_cols("A", Tint::A, ""));
     cols.extend(summary_cols("B", Tint::B, ""));
     cols.extend(test_cols());
+    let floors = report.has_floors();
+    if floors {
+        cols.extend(floor_cols());
+        cols.push(Col::text("within the A/A floor"));
+    }
     let mut t =
         Table::new(&format!("numbers-table-{}", r.name()), cols).caption(sides_caption(report));
     for m in metrics::METRICS {
@@ -107,7 +112,12 @@ fn row_numbers(report: &Report, r: &Row) -> Table {
         cells.extend(summary_cells(&c.a));
         cells.extend(summary_cells(&c.b));
         cells.extend(test_cells(c));
-        t.row_class(cells, c.outcome.significant.then_some("sig"));
+        if floors {
+            let floor = r.aa_floor.get(m.key);
+            cells.extend(floor_cells(floor));
+            cells.push(floor.map_or(Cell::text("-"), |f| yes_no(f.within)));
+        }
+        t.row_class(cells, finding(report, r, m.key, c).then_some("sig"));
     }
     t
 }

@@ -16,13 +16,16 @@ pub(super) fn verdict(
     report: &Report,
     verdicts: &[RowVerdict],
 ) -> std::io::Result<Markup> {
-    let legend = format!(
+    let mut legend = format!(
         "* significant: the change survives Holm's correction over every row and metric \
          shown, at {:.0} % confidence; ~ noise: no metric shown changes beyond its run-to-run \
          noise; n<3: too few runs to call. \"In every run\": the runs of the two sides do \
          not overlap.",
         report.confidence * 100.0
     );
+    if let Some(l) = crate::report::render::floor_legend(report) {
+        legend.push_str(&format!(" {l}."));
+    }
     page.section("verdict", "Verdict", |_| {
         Ok(html! {
             p.legend { (legend) }
@@ -45,6 +48,8 @@ fn call_class(call: Call) -> &'static str {
         Call::Significant => "significant",
         Call::Noise => "noise",
         Call::TooFew => "too_few",
+        Call::Aa => "aa",
+        Call::WithinAaFloor => "within_aa_floor",
     }
 }
 
@@ -191,6 +196,20 @@ fn statistics_table(report: &Report) -> Table {
         Cell::text("compared even though the setups differ (--force)"),
         Cell::text(yes(report.forced)),
     ]);
+    if let Some(p) = &report.aa_pair {
+        let what = if p.this_comparison {
+            "A and B themselves: every delta is the floor"
+        } else {
+            "beside each delta"
+        };
+        s.row(vec![
+            Cell::text("the run's A/A floor (one kernel under two labels)"),
+            Cell::text(format!(
+                "{} against {} ({}): {what}",
+                p.second, p.first, p.same_kernel
+            )),
+        ]);
+    }
     s
 }
 
