@@ -22,6 +22,7 @@ use serde_json::json;
 use crate::lab::guest::qemu::{Guest, Next};
 use crate::lab::guest::qmp::Qmp;
 use crate::lab::measure::plugin::SymbolMap;
+use crate::util::procfs;
 
 /// The share of one CPU the host's vCPUs together may use over the quiet
 /// stretch and still count as silent. An idle Linux host under TCG uses
@@ -37,44 +38,19 @@ const QMP_CONNECT: Duration = Duration::from_secs(5);
 /// The vCPU threads' CPU time of the QEMU process `pid`, in clock ticks
 /// (`None` when the process is gone).
 pub(crate) fn vcpu_ticks(pid: i32) -> Option<u64> {
-    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
-    let mut ticks = 0;
-    for t in tasks.flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if !is_vcpu_thread(comm.trim()) {
-            continue;
-        }
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        ticks += stat_ticks(&stat).unwrap_or(0);
-    }
-    Some(ticks)
+    let threads = procfs::threads(pid)?;
+    Some(
+        threads
+            .iter()
+            .filter(|(_, st)| is_vcpu_thread(&st.comm))
+            .map(|(_, st)| st.utime + st.stime)
+            .sum(),
+    )
 }
 
 /// QEMU's vCPU threads under `-name …,debug-threads=on`: `CPU 0/TCG`.
 fn is_vcpu_thread(comm: &str) -> bool {
     comm.starts_with("CPU ") && comm.contains('/')
-}
-
-/// utime + stime of a `/proc/…/stat` line (fields 14 and 15, counted
-/// after the command name, which may hold blanks and parentheses).
-fn stat_ticks(stat: &str) -> Option<u64> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // rest starts at field 3 (state): utime is field 14, stime 15.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
-}
-
-/// Clock ticks per second (`/proc`'s unit).
-fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf takes no pointers.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
-    }
 }
 
 /// A silence: how long nothing was said, and the vCPU time meanwhile.
@@ -105,7 +81,7 @@ impl SilenceWatch {
             limit,
             last_output: now,
             samples: VecDeque::new(),
-            per_second: ticks_per_second(),
+            per_second: procfs::clk_tck(),
         }
     }
 
@@ -191,28 +167,16 @@ pub(crate) fn keep_state(
     std::fs::write(file, text)
 }
 
-/// Each vCPU thread's name and CPU ticks.
+/// Each of QEMU's threads with its name and CPU ticks.
 fn threads(pid: i32) -> String {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+    let Some(threads) = procfs::threads(pid) else {
         return "(the process is gone)".into();
     };
-    let mut lines = Vec::new();
-    for t in tasks.flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        let state = stat
-            .rfind(')')
-            .and_then(|i| stat[i + 1..].split_whitespace().next())
-            .unwrap_or("?");
-        lines.push(format!(
-            "{} tid {} state {state} ticks {}",
-            comm.trim(),
-            t.file_name().to_string_lossy(),
-            stat_ticks(&stat).map_or("?".into(), |n| n.to_string())
-        ));
-    }
-    lines.sort();
-    lines.join("\n")
+    threads
+        .iter()
+        .map(|(tid, st)| format!("{} tid {tid} ticks {}", st.comm, st.utime + st.stime))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The run state, the vCPUs, their registers (each RIP by the host's
@@ -323,14 +287,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn stat_ticks_are_user_and_system_time_after_the_command_name() {
-        let stat = "4242 (CPU 0/TCG) S 1 2 3 4 5 6 7 8 9 10 1234 567 0 0 20 0 1 0";
-        assert_eq!(stat_ticks(stat), Some(1801));
-        let odd = "7 (a) b (c) R 1 2 3 4 5 6 7 8 9 10 11 12 13";
-        assert_eq!(stat_ticks(odd), Some(23));
-        assert_eq!(stat_ticks("garbage"), None);
+    fn vcpu_threads_are_told_by_name() {
         assert!(is_vcpu_thread("CPU 12/TCG") && is_vcpu_thread("CPU 0/KVM"));
         assert!(!is_vcpu_thread("qemu-system-x86") && !is_vcpu_thread("CPUs"));
+        // This process has no vCPU thread: none of its time counts.
+        assert_eq!(vcpu_ticks(std::process::id() as i32), Some(0));
     }
 
     #[test]
