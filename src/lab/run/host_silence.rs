@@ -1,9 +1,11 @@
 //! A nested host that went silent, seen from outside it: neither its
-//! console nor the inner lab's log moved for a while, and its vCPU
-//! threads (the outer QEMU's, named `CPU N/TCG` with `debug-threads=on`)
-//! barely ran. The inner lab cannot see this (it is what stopped), so the
-//! outer lab watches for it, keeps what the host's state was, and boots a
-//! fresh host for what is left.
+//! console nor its second serial port (the inner lab's log, and the
+//! heartbeat the host's `/init` writes there every 15 s) moved for a while;
+//! for a host without the heartbeat, its vCPU threads (the outer QEMU's,
+//! named `CPU N/TCG` with `debug-threads=on`) also barely ran. The inner
+//! lab cannot see this (it is what stopped), so the outer lab watches for
+//! it, keeps what the host's state was, and boots a fresh host for what is
+//! left.
 //!
 //! What is kept, in one text file: QMP's view of the machine (its run
 //! state, each vCPU's registers and local APIC, the interrupt
@@ -65,10 +67,14 @@ pub(crate) struct Silence {
     pub(crate) busy: bool,
 }
 
-/// Whether the host has been silent for `limit`: samples of its vCPU time
-/// and the last time it said anything.
+/// Whether the host has been silent for `limit`: the last time it said
+/// anything (its heartbeat included, when it sends one), and samples of its
+/// vCPU time, which must be idle too when it sends no heartbeat.
 pub(crate) struct SilenceWatch {
     limit: Duration,
+    /// Silence needs idle vCPUs too: the host sends no heartbeat, so a
+    /// long quiet stretch may be a long variant.
+    needs_idle: bool,
     last_output: Instant,
     /// (when, vCPU ticks), oldest first, reaching back at least `limit`.
     samples: VecDeque<(Instant, u64)>,
@@ -79,10 +85,17 @@ impl SilenceWatch {
     pub(crate) fn new(limit: Duration, now: Instant) -> SilenceWatch {
         SilenceWatch {
             limit,
+            needs_idle: true,
             last_output: now,
             samples: VecDeque::new(),
             per_second: procfs::clk_tck(),
         }
+    }
+
+    /// The host sends a heartbeat, which counts as output: a quiet
+    /// stretch is then silence whatever its vCPUs do.
+    pub(crate) fn heartbeat(&mut self) {
+        self.needs_idle = false;
     }
 
     /// The host said something (a console line, its log grew).
@@ -105,10 +118,11 @@ impl SilenceWatch {
         }
         let vcpu_seconds = ticks.saturating_sub(first_ticks) as f64 / self.per_second;
         let span = now.saturating_duration_since(first).as_secs_f64();
-        (vcpu_seconds <= span * MAX_BUSY).then_some(Silence {
+        let busy = vcpu_seconds > span * MAX_BUSY;
+        (!busy || !self.needs_idle).then_some(Silence {
             quiet,
             vcpu_seconds,
-            busy: false,
+            busy,
         })
     }
 
@@ -331,6 +345,22 @@ mod tests {
         let got = w.sample(s(340), idle + 34).expect("silent at 340 s");
         assert_eq!(got.quiet, Duration::from_secs(90));
         assert!(got.vcpu_seconds < 0.1, "{got:?}");
+    }
+
+    #[test]
+    fn with_a_heartbeat_a_quiet_host_is_silent_whatever_its_vcpus_do() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let mut w = SilenceWatch::new(Duration::from_secs(90), t0);
+        w.heartbeat();
+        let per_s = w.per_second as u64;
+        // A fifth of a core spinning, no line: silent 90 s after the last.
+        w.output(s(10));
+        for n in (10..100).step_by(5) {
+            assert_eq!(w.sample(s(n), n * per_s / 5), None, "{n} s");
+        }
+        let got = w.sample(s(100), 20 * per_s).expect("silent at 100 s");
+        assert!(got.busy && got.quiet == Duration::from_secs(90), "{got:?}");
     }
 
     #[test]

@@ -626,6 +626,9 @@ impl<'a> HostSession<'a> {
                 self.on_sync(sync)?;
             } else if let Some(rest) = marker(&line, "BLKLAB-HOST-INIT") {
                 self.booted = true;
+                if rest.split_whitespace().any(|w| w.starts_with("heartbeat=")) {
+                    self.watch.heartbeat();
+                }
                 info!("nested host booted ({rest})");
                 self.expect("the lab inside the nested host".into());
             } else if let Some(rest) = marker(&line, "BLKLAB-HOST-ERROR") {
