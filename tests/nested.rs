@@ -266,6 +266,8 @@ fn the_silent_host_was_replaced(dir: &std::path::Path) {
         "query-cpus-fast",
         "CPU#2 RIP",
         "dumping local APIC state for CPU 2",
+        "CPU 2/TCG tid",
+        "== QEMU's threads' stacks",
     ] {
         assert!(
             state.contains(want),

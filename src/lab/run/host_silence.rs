@@ -9,10 +9,11 @@
 //!
 //! What is kept, in one text file: QMP's view of the machine (its run
 //! state, each vCPU's registers and local APIC, the interrupt
-//! controllers), the vCPU threads' CPU time, and what the host's console
-//! said after an NMI was injected into every vCPU (the host's kernel,
-//! booted with `unknown_nmi_panic`, answers an NMI it can take with a
-//! panic and every CPU's backtrace; one that cannot take it says nothing).
+//! controllers), QEMU's threads' CPU time, what the host's console said
+//! after an NMI was injected into every vCPU (the host's kernel, booted
+//! with `unknown_nmi_panic`, answers an NMI it can take with a panic and a
+//! backtrace; one that cannot take it says nothing), and where QEMU's own
+//! threads wait: in the kernel, and their stacks when gdb is installed.
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
@@ -164,11 +165,15 @@ pub(crate) fn keep_state(
         silence.quiet.as_secs_f64(),
         silence.vcpu_seconds
     );
+    let pid = guest.pid();
     let _ = writeln!(
         text,
-        "\n== vCPU threads (utime+stime ticks)\n{}",
-        threads(guest.pid())
+        "\n== QEMU's threads (utime+stime ticks)\n{}",
+        threads(pid)
     );
+    // Where QEMU's threads wait, before the NMI may end the host.
+    let _ = writeln!(text, "\n== QEMU's threads' kernel waits\n{}", waits(pid));
+    let _ = writeln!(text, "\n== QEMU's threads' stacks\n{}", stacks(pid));
     match Qmp::connect(qmp, QMP_CONNECT) {
         Ok(mut q) => {
             machine_state(&mut q, symbols, &mut text);
@@ -180,6 +185,46 @@ pub(crate) fn keep_state(
     }
     std::fs::write(file, text)
 }
+
+/// Where in the kernel each of QEMU's threads waits (`wchan`): a vCPU
+/// halted as QEMU halts it waits on its condition variable, a futex.
+fn waits(pid: i32) -> String {
+    let Some(threads) = procfs::threads(pid) else {
+        return "(the process is gone)".into();
+    };
+    threads
+        .iter()
+        .map(|(tid, st)| {
+            let wchan = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan"))
+                .unwrap_or_default();
+            format!("{} tid {tid} wchan {}", st.comm, wchan.trim())
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every thread's user-space stack, by gdb when it is on PATH (attached
+/// for a moment, at most [`GDB_LIMIT`]): which lock or condition each
+/// vCPU thread sleeps on.
+fn stacks(pid: i32) -> String {
+    let out = std::process::Command::new("timeout")
+        .arg(GDB_LIMIT.as_secs().to_string())
+        .args(["gdb", "-batch", "-nx", "-p", &pid.to_string()])
+        .args(["-ex", "thread apply all bt 30"])
+        .output();
+    match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Ok(o) => format!(
+            "(gdb: {}; is it installed?) {}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => format!("(cannot run timeout/gdb: {e})"),
+    }
+}
+
+/// How long gdb may take to attach and walk every thread.
+const GDB_LIMIT: Duration = Duration::from_secs(60);
 
 /// Each of QEMU's threads with its name and CPU ticks.
 fn threads(pid: i32) -> String {
