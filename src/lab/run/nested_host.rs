@@ -404,11 +404,9 @@ const SILENCE_AFTER_BOOT_ENV: &str = "BLKLAB_NESTED_SILENCE_AFTER_BOOT";
 /// `images/prepare.sh`, which marks a lab directory).
 fn write_run_disk(r: &HostRun, stage: &Path, attempt: &Attempt) -> Result<PathBuf, NestedError> {
     let mut disk = RunDisk::create(&stage.join("run.tar"))?;
-    let exe = std::env::current_exe().map_err(|source| TransferError::Add {
-        from: PathBuf::from("/proc/self/exe"),
-        source,
-    })?;
-    disk.add_file(&exe, "blklab")?;
+    // This very binary, through /proc/self/exe: its path may name another
+    // file by now (rebuilt while a run went on) or none at all.
+    disk.add_file(Path::new("/proc/self/exe"), "blklab")?;
     let dirs = add_guests(&mut disk, r.guests)?;
     let mut inner = InnerRun::new(r.options, r.guests, &dirs, r.plugin.is_some());
     inner.skip_boots = attempt.skip.clone();
