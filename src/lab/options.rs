@@ -135,9 +135,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub(crate) nested_neighbour: bool,
     /// With --accel nested: how long the emulated host may say nothing
-    /// (no console line, no inner log line) while its vCPUs sit idle
-    /// before it counts as silent. A silent host's state is kept and a
-    /// fresh host runs the boots it had not finished.
+    /// (no console line, no line on its second port, where it sends the
+    /// inner lab's log and a heartbeat every 15 s) before it counts as
+    /// silent. A silent host's state is kept in console/ and a fresh host
+    /// runs the boots it had not finished.
     #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = parse_interval)]
     pub(crate) host_silence: std::time::Duration,
     /// QEMU binary: a name on PATH or a path. Left at its default on a
@@ -311,7 +312,7 @@ pub(crate) struct NestedOptions {
     pub(crate) inner_accel: InnerAccel,
     /// A second VM beside the lab's guests in the host.
     pub(crate) neighbour: bool,
-    /// How long the host may be silent and idle before it is replaced.
+    /// How long the host may say nothing before it is replaced.
     #[serde(default = "default_host_silence")]
     pub(crate) silence: Duration,
 }

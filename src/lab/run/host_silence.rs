@@ -51,9 +51,10 @@ pub(crate) fn vcpu_ticks(pid: i32) -> Option<u64> {
     )
 }
 
-/// QEMU's vCPU threads under `-name …,debug-threads=on`: `CPU 0/TCG`.
+/// QEMU's vCPU threads under `-name …,debug-threads=on`: `CPU 0/TCG`, or
+/// single-threaded TCG's one thread for every vCPU, `ALL CPUs/TCG`.
 fn is_vcpu_thread(comm: &str) -> bool {
-    comm.starts_with("CPU ") && comm.contains('/')
+    (comm.starts_with("CPU ") || comm.starts_with("ALL CPUs")) && comm.contains('/')
 }
 
 /// A silence: how long nothing was said, and the vCPU time meanwhile.
@@ -348,6 +349,7 @@ mod tests {
     #[test]
     fn vcpu_threads_are_told_by_name() {
         assert!(is_vcpu_thread("CPU 12/TCG") && is_vcpu_thread("CPU 0/KVM"));
+        assert!(is_vcpu_thread("ALL CPUs/TCG"));
         assert!(!is_vcpu_thread("qemu-system-x86") && !is_vcpu_thread("CPUs"));
         // This process has no vCPU thread: none of its time counts.
         assert_eq!(vcpu_ticks(std::process::id() as i32), Some(0));

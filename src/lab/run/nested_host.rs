@@ -38,8 +38,8 @@ use crate::util::units::parse_size;
 /// `nokaslr`: the kernel at its fixed physical address, in node 0, never
 /// among the guests' huge pages on node 1.
 /// `unknown_nmi_panic` and `panic_all_cpu_backtrace`: an NMI from outside
-/// (the silence probe's, [`host_silence`]) makes the host panic with every
-/// CPU's backtrace on its console; nothing else sends it one.
+/// (the silence probe's, [`host_silence`]) makes the host panic with a
+/// backtrace of where it was on its console; nothing else sends it one.
 const HOST_APPEND: &str = "console=ttyS0 quiet loglevel=3 panic=-1 nokaslr unknown_nmi_panic \
      sysctl.kernel.panic_all_cpu_backtrace=1";
 
@@ -249,7 +249,7 @@ pub(crate) struct HostRun<'a> {
     pub(crate) timeouts: Timeouts,
     /// The longest variant's runtime and ramp.
     pub(crate) longest_variant: Duration,
-    /// How long the host may be silent and idle before it is replaced.
+    /// How long the host may say nothing before it is replaced.
     pub(crate) silence: Duration,
     pub(crate) pb: &'a Progress,
     /// What each record carries of the run document.
