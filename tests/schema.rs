@@ -222,8 +222,8 @@ fn recorded_runs_load_as_their_types_and_validate() {
         let (_, loaded) = blklab::report::load::load_dir(&dir).unwrap();
         assert_eq!(loaded, records);
     }
-    assert_eq!(runs, 4);
-    assert_eq!(results, 46, "records in the fixtures");
+    assert_eq!(runs, 5);
+    assert_eq!(results, 64, "records in the fixtures");
 }
 
 /// A recorded run whose run.json lists each boot's variants (copied from
