@@ -1170,7 +1170,7 @@ fn nested_host_boots_with_kvm_and_writes_the_results_disk() {
         .find(|l| l.starts_with("BLKLAB-HOST-INIT "))
         .unwrap_or_else(|| panic!("no BLKLAB-HOST-INIT:\n{console}"));
     assert!(init.starts_with("BLKLAB-HOST-INIT kernel=6.12."), "{init}");
-    assert!(init.ends_with(" kvm=yes cpus=2"), "{init}");
+    assert!(init.ends_with(" kvm=yes cpus=2 heartbeat=15"), "{init}");
     assert!(!console.contains("BLKLAB-HOST-ERROR"), "{console}");
     assert!(console.contains("STAND-IN qemu rc=0"), "{console}");
     assert!(console.contains("BLKLAB-HOST-END rc=5"), "{console}");

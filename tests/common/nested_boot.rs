@@ -167,7 +167,7 @@ pub(crate) fn run(machine: Machine, program: &Program) -> (Dumps, String) {
         std::fs::read_to_string(&log).unwrap_or_default()
     );
     let cpus = format!(
-        " kvm=yes cpus={} node1-huge-pages={HUGE_PAGES}\n",
+        " kvm=yes cpus={} node1-huge-pages={HUGE_PAGES} heartbeat=15\n",
         machine.vcpus
     );
     assert!(console.contains(&cpus), "want{cpus}in:\n{console}");
