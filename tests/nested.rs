@@ -63,7 +63,7 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
         // The first host stops every process in it after the first boot:
         // the outer lab must see it fall silent, keep its state, and run
         // the second boot on a fresh host.
-        .args(["--host-silence", "30s"])
+        .args(["--host-silence", "40s"])
         .env("BLKLAB_NESTED_SILENCE_AFTER_BOOT", "0")
         .env("RUST_LOG", "info")
         .output()
@@ -253,13 +253,15 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
 fn the_silent_host_was_replaced(dir: &std::path::Path) {
     let summary = read_json(&dir.join("summary.json"));
     let hosts = summary["retried_hosts"].as_array().expect("retried_hosts");
-    assert_eq!(hosts.len(), 1, "{summary:#}");
+    // The planted silence first; a later host may fall silent on its own
+    // (the run then goes on with another), which the records below cover.
+    assert!(!hosts.is_empty(), "{summary:#}");
     let h = &hosts[0];
     assert_eq!(h["attempt"], 1, "{h:#}");
     assert_eq!(h["busy"], false, "idle, not stuck: {h:#}");
     assert_eq!(h["boots_kept"], serde_json::json!([0]), "{h:#}");
     let quiet = num(h, &["quiet_seconds"]);
-    assert!((30.0..45.0).contains(&quiet), "{h:#}");
+    assert!((40.0..55.0).contains(&quiet), "{h:#}");
     assert!(num(h, &["vcpu_seconds"]) < 0.05 * quiet, "{h:#}");
     let state = std::fs::read_to_string(h["state"].as_str().unwrap()).unwrap();
     for want in [
