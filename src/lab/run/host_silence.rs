@@ -118,9 +118,7 @@ impl SilenceWatch {
         if quiet < self.limit || first > from {
             return None;
         }
-        let vcpu_seconds = ticks.saturating_sub(first_ticks) as f64 / self.per_second;
-        let span = now.saturating_duration_since(first).as_secs_f64();
-        let busy = vcpu_seconds > span * MAX_BUSY;
+        let (vcpu_seconds, busy) = self.since((first, first_ticks), now, ticks);
         (!busy || !self.needs_idle).then_some(Silence {
             quiet,
             vcpu_seconds,
@@ -128,18 +126,25 @@ impl SilenceWatch {
         })
     }
 
+    /// The vCPU seconds from the sample `first` to `ticks` at `now`, and
+    /// whether they were more than [`MAX_BUSY`] of that span.
+    fn since(&self, first: (Instant, u64), now: Instant, ticks: u64) -> (f64, bool) {
+        let vcpu_seconds = ticks.saturating_sub(first.1) as f64 / self.per_second;
+        let span = now.saturating_duration_since(first.0).as_secs_f64();
+        (vcpu_seconds, vcpu_seconds > span * MAX_BUSY)
+    }
+
     /// The host at the step's timeout, whatever its vCPUs did: how long it
     /// has said nothing, its vCPU time over the samples kept, and whether
     /// that was more than an idle host's.
     pub(crate) fn at_timeout(&mut self, now: Instant, ticks: u64) -> Silence {
         self.samples.push_back((now, ticks));
-        let (first, first_ticks) = self.samples.front().copied().unwrap_or((now, ticks));
-        let vcpu_seconds = ticks.saturating_sub(first_ticks) as f64 / self.per_second;
-        let span = now.saturating_duration_since(first).as_secs_f64();
+        let first = self.samples.front().copied().unwrap_or((now, ticks));
+        let (vcpu_seconds, busy) = self.since(first, now, ticks);
         Silence {
             quiet: now.saturating_duration_since(self.last_output),
             vcpu_seconds,
-            busy: vcpu_seconds > span * MAX_BUSY,
+            busy,
         }
     }
 }
@@ -167,13 +172,12 @@ pub(crate) fn keep_state(
         silence.vcpu_seconds
     );
     let pid = guest.pid();
+    // Where QEMU's threads wait, before the NMI may end the host.
     let _ = writeln!(
         text,
-        "\n== QEMU's threads (utime+stime ticks)\n{}",
+        "\n== QEMU's threads (utime+stime ticks, kernel wait)\n{}",
         threads(pid)
     );
-    // Where QEMU's threads wait, before the NMI may end the host.
-    let _ = writeln!(text, "\n== QEMU's threads' kernel waits\n{}", waits(pid));
     let _ = writeln!(text, "\n== QEMU's threads' stacks\n{}", stacks(pid));
     match Qmp::connect(qmp, QMP_CONNECT) {
         Ok(mut q) => {
@@ -185,23 +189,6 @@ pub(crate) fn keep_state(
         }
     }
     std::fs::write(file, text)
-}
-
-/// Where in the kernel each of QEMU's threads waits (`wchan`): a vCPU
-/// halted as QEMU halts it waits on its condition variable, a futex.
-fn waits(pid: i32) -> String {
-    let Some(threads) = procfs::threads(pid) else {
-        return "(the process is gone)".into();
-    };
-    threads
-        .iter()
-        .map(|(tid, st)| {
-            let wchan = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan"))
-                .unwrap_or_default();
-            format!("{} tid {tid} wchan {}", st.comm, wchan.trim())
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 /// Every thread's user-space stack, by gdb when it is on PATH (attached
@@ -227,14 +214,25 @@ fn stacks(pid: i32) -> String {
 /// How long gdb may take to attach and walk every thread.
 const GDB_LIMIT: Duration = Duration::from_secs(60);
 
-/// Each of QEMU's threads with its name and CPU ticks.
+/// Each of QEMU's threads: its name, CPU ticks and where in the kernel it
+/// waits (`wchan`: a vCPU halted as QEMU halts it waits on its condition
+/// variable, a futex).
 fn threads(pid: i32) -> String {
     let Some(threads) = procfs::threads(pid) else {
         return "(the process is gone)".into();
     };
     threads
         .iter()
-        .map(|(tid, st)| format!("{} tid {tid} ticks {}", st.comm, st.utime + st.stime))
+        .map(|(tid, st)| {
+            let wchan = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/wchan"))
+                .unwrap_or_default();
+            format!(
+                "{} tid {tid} ticks {} wchan {}",
+                st.comm,
+                st.utime + st.stime,
+                wchan.trim()
+            )
+        })
         .collect::<Vec<_>>()
         .join("\n")
 }

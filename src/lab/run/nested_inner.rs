@@ -140,7 +140,8 @@ struct HostLink<R> {
     silence_after: Option<usize>,
     /// The results disk's device, when the host has one.
     disk: Option<PathBuf>,
-    progress: Mutex<Vec<usize>>,
+    /// The plan's boots this host finished.
+    done: Mutex<Vec<usize>>,
 }
 
 impl<R: SyncRelay> HostLink<R> {
@@ -154,7 +155,7 @@ impl<R: SyncRelay> HostLink<R> {
             skip: inner.skip_boots.clone(),
             silence_after: inner.silence_after_boot,
             disk,
-            progress: Mutex::new(Vec::new()),
+            done: Mutex::new(Vec::new()),
         }
     }
 
@@ -183,7 +184,7 @@ impl<R: SyncRelay> SyncRelay for HostLink<R> {
 
     fn boot_finished(&self, seq: usize, failures: &[String], retried: &[RetriedBoot]) {
         let manifest = {
-            let mut done = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+            let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
             done.push(seq);
             Manifest {
                 boots_done: done.clone(),
