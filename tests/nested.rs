@@ -60,10 +60,13 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
         .args(["--kernel", "build:6.12", "--kernel", "build:6.12"])
         .args(["--scenario", "smoke", "--iterations", "1", "--out"])
         .arg(&dir)
-        // The first host stops every process in it after the first boot:
-        // the outer lab must see it fall silent, keep its state, and run
-        // the second boot on a fresh host.
+        // The first host's boot is paused from outside before its /init
+        // speaks; the second stops every process in it after the first
+        // boot. The outer lab must see each fall silent, keep its state,
+        // and go on with a fresh host: the whole plan on the second, the
+        // second boot on the third.
         .args(["--host-silence", "40s"])
+        .env("BLKLAB_NESTED_STALL_BOOT", "1")
         .env("BLKLAB_NESTED_SILENCE_AFTER_BOOT", "0")
         .env("RUST_LOG", "info")
         .output()
@@ -222,6 +225,7 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
             kvm_exits <= returns * 1.2 + 100.0,
             "{name}: KVM {kvm_exits}, plugin {returns}"
         );
+        the_hosts_instructions_are_split_by_thread(&name, r);
     }
 
     // The report: KVM's exits and the host's instructions with CIs, and
@@ -246,18 +250,57 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
     }
 }
 
-/// The first host fell silent after the first boot: caught from outside
-/// within the limit, its state kept (QMP's view, its console after an
-/// NMI), the first boot's records kept from its checkpoint, the second
-/// boot run on a fresh host.
+/// The host's instructions by the thread that ran them (the plugin
+/// following the host's task switches, naming tasks by the offsets from the
+/// host's BTF): every part adds up to the host's total, the lab's VM's
+/// vCPU threads (QEMU's pid in the record, its `CPU N/KVM` names) carry
+/// KVM's exit handling, and the lab's process its serving threads.
+fn the_hosts_instructions_are_split_by_thread(name: &str, r: &Value) {
+    let h = &r["host_instructions"];
+    let split = &h["split"];
+    let total = num(h, &["total"]);
+    let parts = num(split, &["total"]);
+    eprintln!("[nested] {name}: host split {}", split["insns"]);
+    // The same instructions, but for what ran while the plugin wrote a
+    // dump (the machine runs on meanwhile).
+    assert!(
+        (parts - total).abs() <= 0.002 * total,
+        "{name}: parts {parts}, host total {total}: {split:#}"
+    );
+    let part = |k: &str| num(split, &["insns", k]);
+    for k in ["kvm_exits", "vmm_vcpu_user", "vmm_other", "backend", "lab"] {
+        assert!(part(k) > 0.0, "{name}: nothing in {k}: {split:#}");
+    }
+    assert!(part("unattributed") <= 0.01 * total, "{name}: {split:#}");
+    assert_eq!(split["vmm_pid"], r["host"]["qemu"]["pid"], "{name}");
+    let threads = split["threads"].as_array().unwrap();
+    let vcpu = threads
+        .iter()
+        .find(|t| t["name"] == "CPU 0/KVM")
+        .unwrap_or_else(|| panic!("{name}: no vCPU thread named: {split:#}"));
+    assert_eq!(vcpu["tgid"], split["vmm_pid"], "{name}: {vcpu:#}");
+    assert_eq!(vcpu["part"], "vcpu", "{name}");
+    assert!(
+        threads
+            .iter()
+            .any(|t| t["name"] == "vring_worker" && t["part"] == "backend"),
+        "{name}: {split:#}"
+    );
+}
+
+/// The first host stalled in its boot and the second fell silent after
+/// the first boot: each caught from outside within the limit, its state
+/// kept (QMP's view, its console after an NMI), the first boot's records
+/// kept from the second host's checkpoint, the second boot run on a third.
 fn the_silent_host_was_replaced(dir: &std::path::Path) {
     let summary = read_json(&dir.join("summary.json"));
     let hosts = summary["retried_hosts"].as_array().expect("retried_hosts");
-    // The planted silence first; a later host may fall silent on its own
+    // The planted faults first; a later host may fall silent on its own
     // (the run then goes on with another), which the records below cover.
-    assert!(!hosts.is_empty(), "{summary:#}");
-    let h = &hosts[0];
-    assert_eq!(h["attempt"], 1, "{h:#}");
+    assert!(hosts.len() >= 2, "{summary:#}");
+    the_stalled_boot_was_replaced(&hosts[0]);
+    let h = &hosts[1];
+    assert_eq!(h["attempt"], 2, "{h:#}");
     assert_eq!(h["busy"], false, "idle, not stuck: {h:#}");
     assert_eq!(h["boots_kept"], serde_json::json!([0]), "{h:#}");
     let quiet = num(h, &["quiet_seconds"]);
@@ -281,7 +324,7 @@ fn the_silent_host_was_replaced(dir: &std::path::Path) {
     assert!(state.contains("default_idle"), "{state}");
     assert!(state.contains("NMI received for unknown reason"), "{state}");
     assert!(std::path::Path::new(h["console"].as_str().unwrap()).is_file());
-    let kept_log = dir.join("console/nested-host.attempt1.blklab.log");
+    let kept_log = dir.join("console/nested-host.attempt2.blklab.log");
     let log = std::fs::read_to_string(&kept_log).unwrap();
     assert!(log.contains("silencing the host on purpose"), "{log}");
     let mut boots: Vec<u64> = records_in(dir)
@@ -290,6 +333,35 @@ fn the_silent_host_was_replaced(dir: &std::path::Path) {
         .collect();
     boots.sort();
     assert_eq!(boots, [0, 0, 1, 1], "each boot's records once");
+}
+
+/// The first host, paused before its /init spoke: given up on its idle
+/// vCPUs alone (a booting kernel says nothing on the console), with
+/// nothing to keep but its state.
+fn the_stalled_boot_was_replaced(h: &Value) {
+    assert_eq!(h["attempt"], 1, "{h:#}");
+    assert_eq!(h["busy"], false, "idle, not stuck: {h:#}");
+    assert_eq!(h["boots_kept"], serde_json::json!([]), "{h:#}");
+    let waiting = h["waiting_for"].as_str().unwrap();
+    assert!(waiting.contains("BLKLAB-HOST-INIT"), "{h:#}");
+    let quiet = num(h, &["quiet_seconds"]);
+    assert!((40.0..55.0).contains(&quiet), "{h:#}");
+    let state = std::fs::read_to_string(h["state"].as_str().unwrap()).unwrap();
+    // Paused in the firmware or the kernel's early boot: RIP or EIP.
+    assert!(
+        state.contains("CPU#2 RIP") || state.contains("CPU#2 EIP"),
+        "{state}"
+    );
+    for want in [
+        "\"status\": \"paused\"",
+        "dumping local APIC state for CPU 2",
+        "CPU 2/TCG tid",
+    ] {
+        assert!(
+            state.contains(want),
+            "no {want:?} in the kept state:\n{state}"
+        );
+    }
 }
 
 /// What a user's KVM host runs, inside the emulated host: no instruction

@@ -131,11 +131,16 @@
  * dump they are equal, or vmruns is one more while the vCPU is in the
  * guest. Without SVM everything is level 1.
  *
- * Arguments (-plugin libblklab-insns.so,ctl=PATH[,out=FILE][,l2ram=FILE][,mark=ADDR]):
+ * Arguments (-plugin libblklab-insns.so,ctl=PATH[,out=FILE][,l2ram=FILE][,mark=ADDR][,switch=ADDR]):
  *   ctl=PATH   listen on a Unix stream socket at PATH; each line received is a
  *              command, each gets one line back:
  *                "dump FILE"  write the counters to FILE, reply "ok FILE"
  *                             (or "error MESSAGE")
+ *                "tasks switch=ADDR comm=OFF pid=OFF tgid=OFF halt=ADDR"
+ *                             follow and name the tasks, set the halt
+ *                             function (see "Tasks"; each optional but
+ *                             switch without switch= at start), reply
+ *                             "ok tasks" (or "error MESSAGE")
  *                "ping"       reply "pong"
  *   out=FILE   write the counters to FILE at exit
  *   l2ram=FILE levels by address: FILE backs level 2's RAM (see above)
@@ -143,6 +148,7 @@
  *              passes for single-threaded TCG with more than one vCPU)
  *   mark=ADDR  marks: the kernel block at ADDR (hex) marks the would-be
  *              exits (see "Marks")
+ *   switch=ADDR tasks: the kernel's __switch_to (hex; see "Tasks")
  *
  * Would-be exits. Besides instructions the plugin counts, per vCPU and
  * level, the guest's events that leave the guest on KVM (a VM exit, or host
@@ -185,8 +191,33 @@
  * timer lines: the counts at a mark are the plugin's at the instant the
  * guest read its own counters, so two marks bound the guest's own window.
  *
+ * Tasks (plugin API version 4). Each count is also kept by the machine's
+ * task that ran it, so that a nested lab can say which of its host's
+ * threads cost what. The machine kernel's __switch_to(prev, next) is
+ * given as switch=ADDR at start or in the "tasks" command (the lab's host
+ * says where it is once it runs; a new address resets the plugin, so that
+ * QEMU translates every block again with the callbacks it now needs); a
+ * callback on the block there, run before the block's count, makes the
+ * task_struct in RSI the vCPU's current task, and every count after it, the block's
+ * own included, is that task's, until the vCPU's next switch. A task is
+ * its task_struct's address and its pid; its tgid and name (comm) are
+ * read from guest memory at each switch to it, once the lab has said
+ * where they lie ("tasks" command: the offsets from the kernel's BTF);
+ * before, pid and tgid are -1 and the name empty. What a vCPU ran before
+ * its first switch is task 0's. A block cut short takes its instructions
+ * back from the task it was charged to (the scoreboard keeps it).
+ *
+ * Halt. With halt=ADDR (the "tasks" command: KVM's kvm_vcpu_halt, which
+ * polls for a wake-up and then sleeps when a guest's vCPU halts), a
+ * callback on the block there reads the return address from the stack
+ * and marks the current task as halting; its level-1 instructions count
+ * as its `halt` too until it runs the block at that address (the
+ * function returned). The mark stays with the task while it sleeps, so
+ * the idle task's instructions are never halt, the vCPU thread's wake-up
+ * is.
+ *
  * Dump format (text, one record a line):
- *   blklab-insns 5
+ *   blklab-insns 6
  *   levels vmrun|address            (how levels are told apart)
  *   vcpus N
  *   vcpu I kernel K user U l2kernel K2 l2user U2 vmruns R returns X
@@ -213,12 +244,25 @@
  *   marks M                         (with mark=: the marks so far)
  *   mark L I KIND KEY N [NAME]      (with mark=: an exit record's count at
  *                                    the last mark; only N > 0)
+ *   tasks off                       (or "tasks switch ADDR halt ADDR names
+ *                                    yes|no": ADDRs hex, halt 0 when not
+ *                                    set; names: whether the offsets are)
+ *   task PTR PID TGID kernel K user U l2kernel K2 l2user U2 halt H switches S comm NAME
+ *                                   (per task with a count: PTR hex, 0 for
+ *                                    what ran before a vCPU's first
+ *                                    switch; PID, TGID -1 when unknown;
+ *                                    NAME the rest of the line, maybe
+ *                                    empty or with spaces; the tasks'
+ *                                    counts add up to the vCPUs', but
+ *                                    for what ran while the dump was
+ *                                    being written)
  *   tb ADDR INSNS EXECS             (level 1 kernel blocks that ran; ADDR hex
  *                                    without 0x)
  *   tb2 ADDR INSNS EXECS            (level 2 kernel blocks that ran)
  *   end
  *
- * Format 4 is format 5 without the cut record (blocks cut short count
+ * Format 5 is format 6 without the task records. Format 4 is format 5
+ * without the cut record (blocks cut short count
  * whole). Format 3 is format 4 without the exit records.
  *
  * Built against the installed QEMU's include/qemu/qemu-plugin.h (plugin API
@@ -255,6 +299,13 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_version = QEMU_PLUGIN_VERSION;
 #define RETIRED 1
 #else
 #define RETIRED 0
+#endif
+
+/* Tasks need guest memory reads: plugin API version 4 (QEMU 10.0). */
+#if QEMU_PLUGIN_VERSION >= 4
+#define TASKS 1
+#else
+#define TASKS 0
 #endif
 
 /* retired=off: count whole blocks. Single-threaded TCG (-icount) with more
@@ -352,6 +403,7 @@ static void vcpu_init(qemu_plugin_id_t id, unsigned int vcpu_index)
  * in length, e.g. after a retranslation, or be two blocks, one per level). */
 typedef struct BlockCb {
     Block *block; /* NULL for a user block */
+    uint64_t vaddr;
     uint64_t n;
     uint32_t levels;
     int32_t fixed; /* levels by address: the block's level index; else -1 */
@@ -374,11 +426,70 @@ static inline void note_level(BlockCb *b, uint64_t lvl)
     }
 }
 
+/* Tasks (see "Tasks" in the header comment). A task is known by its
+ * task_struct's address and its pid (-1 until the offsets are set): a
+ * task_struct freed and reused is another task. */
+typedef struct {
+    uint64_t ptr;
+    int64_t pid;
+} TaskKey;
+
+typedef struct {
+    TaskKey k;
+    int64_t tgid;
+    char comm[17];
+    uint64_t kernel[LEVELS], user[LEVELS];
+    uint64_t halt;     /* level-1 instructions while in the halt function */
+    uint64_t switches; /* times switched in */
+    uint64_t halt_ret; /* while in the halt function: its return address */
+} Task;
+
+static uint64_t switch_addr; /* 0: no task tracking */
+static uint64_t halt_addr;   /* 0: no halt accounting */
+static int64_t off_comm = -1, off_pid = -1, off_tgid = -1;
+static GHashTable *tasks;    /* TaskKey -> Task*, guarded by `lock` */
+static Task no_task;         /* what ran before a vCPU's first switch */
+/* The vCPU's current task: written by its own thread, read by the dump. */
+static Task *cur_task[MAX_VCPUS];
+
+static guint task_hash(gconstpointer p)
+{
+    const TaskKey *k = p;
+    return g_int64_hash(&k->ptr) ^ (guint)(k->pid * 0x9e3779b1u);
+}
+
+static gboolean task_equal(gconstpointer a, gconstpointer b)
+{
+    const TaskKey *x = a, *y = b;
+    return x->ptr == y->ptr && x->pid == y->pid;
+}
+
+/* A task's counters, by the vCPU's current task or what a block was
+ * charged to: the low bit of the word says the block counted as halt. */
+#define TASK_HALT 1ULL
+static inline Task *task_of(uint64_t word)
+{
+    return (Task *)(uintptr_t)(word & ~TASK_HALT);
+}
+
+static inline void add_task(uint64_t word, const BlockCb *b, uint64_t lvl, uint64_t insns)
+{
+    Task *t = task_of(word);
+    if (!t) {
+        return;
+    }
+    __atomic_fetch_add(b->block ? &t->kernel[lvl] : &t->user[lvl], insns, __ATOMIC_RELAXED);
+    if (word & TASK_HALT) {
+        __atomic_fetch_add(&t->halt, insns, __ATOMIC_RELAXED);
+    }
+}
+
 /* Add `insns` instructions and `execs` executions of block `b` at level
  * index `lvl` (negative values take back what was added). */
 static inline void add_counts(VcpuCount *v, const BlockCb *b, uint64_t lvl, uint64_t insns,
-                              uint64_t execs)
+                              uint64_t execs, uint64_t task)
 {
+    add_task(task, b, lvl, insns);
     if (b->block) {
         __atomic_fetch_add(&b->block->insns[lvl], insns, __ATOMIC_RELAXED);
         __atomic_fetch_add(&b->block->execs[lvl], execs, __ATOMIC_RELAXED);
@@ -405,7 +516,7 @@ typedef struct {
     uint64_t seq;     /* odd while the vCPU's callback changes the counts */
     uint64_t cut;     /* block executions cut short */
     uint64_t reruns;  /* instructions run without execution callbacks */
-    uint64_t pad;
+    uint64_t task;    /* the task word `cur` was charged to (task_word) */
 } Progress;
 _Static_assert(sizeof(Progress) == 64, "one cache line per vCPU");
 
@@ -420,11 +531,12 @@ typedef struct {
     uint64_t cut_lvl, undo, undo_execs;
     const BlockCb *rerun;
     uint64_t rerun_lvl;
+    uint64_t task; /* both ran as the task `cur` was charged to */
 } Pending;
 
 static inline Pending pending(const Progress *p)
 {
-    Pending d = {0};
+    Pending d = {.task = p->task};
     const BlockCb *cur = (const BlockCb *)(uintptr_t)p->cur;
     const BlockCb *rerun = (const BlockCb *)(uintptr_t)p->rerun;
     bool cut = cur && p->started < cur->n;
@@ -456,11 +568,11 @@ static inline void settle(VcpuCount *v, Progress *p)
 {
     Pending d = pending(p);
     if (d.cut) {
-        add_counts(v, d.cut, d.cut_lvl, -d.undo, -d.undo_execs);
+        add_counts(v, d.cut, d.cut_lvl, -d.undo, -d.undo_execs, d.task);
         p->cut++;
     }
     if (d.rerun) {
-        add_counts(v, d.rerun, d.rerun_lvl, d.rerun->n, 1);
+        add_counts(v, d.rerun, d.rerun_lvl, d.rerun->n, 1, d.task);
         p->reruns++;
     }
     p->rerun = 0;
@@ -481,6 +593,31 @@ static inline void seq_end(Progress *p)
 }
 #endif
 
+/* The task word a block at level index `lvl` is charged to on vCPU
+ * `vcpu_index`: its current task, marked halt while that task is in the
+ * halt function (until it runs the block at the return address); 0
+ * without task tracking. */
+static inline uint64_t task_word(unsigned int vcpu_index, const BlockCb *b, uint64_t lvl)
+{
+    if (!switch_addr) {
+        return 0;
+    }
+    Task *t = cur_task[vcpu_index];
+    if (!t) {
+        return (uintptr_t)&no_task;
+    }
+    uint64_t word = (uintptr_t)t;
+    uint64_t ret = __atomic_load_n(&t->halt_ret, __ATOMIC_RELAXED);
+    if (lvl == 0 && ret) {
+        if (b->vaddr == ret) {
+            __atomic_store_n(&t->halt_ret, 0, __ATOMIC_RELAXED);
+        } else {
+            word |= TASK_HALT;
+        }
+    }
+    return word;
+}
+
 static inline void count(unsigned int vcpu_index, VcpuCount *v, BlockCb *b)
 {
 #if RETIRED
@@ -500,19 +637,39 @@ static inline void count(unsigned int vcpu_index, VcpuCount *v, BlockCb *b)
         lvl = (uint64_t)b->fixed;
     }
     /* All of it, taken back at the next block if it stops partway. */
-    add_counts(v, b, lvl, b->n, 1);
+    uint64_t task = task_word(vcpu_index, b, lvl);
+    add_counts(v, b, lvl, b->n, 1, task);
 #if RETIRED
     if (p) {
         p->cur = (uintptr_t)b;
         p->lvl = lvl;
+        p->task = task;
         p->started = b->start;
         seq_end(p);
     }
 #endif
 }
 
+static qemu_plugin_id_t plugin_id;
+static void register_callbacks(qemu_plugin_id_t id);
+
+/* A reset the control thread asked for (set_tasks), made by the next vCPU
+ * to run a block: QEMU flushes the translated blocks only for a reset
+ * asked on a vCPU's thread (off one it just swaps the callbacks, and the
+ * blocks translated before keep theirs). */
+static int reset_pending;
+
+static inline void reset_if_asked(void)
+{
+    if (__atomic_load_n(&reset_pending, __ATOMIC_RELAXED) &&
+        __atomic_exchange_n(&reset_pending, 0, __ATOMIC_ACQ_REL)) {
+        qemu_plugin_reset(plugin_id, register_callbacks);
+    }
+}
+
 static void block_exec(unsigned int vcpu_index, void *udata)
 {
+    reset_if_asked();
     if (vcpu_index < MAX_VCPUS) {
         count(vcpu_index, &vcpus[vcpu_index], udata);
     }
@@ -632,8 +789,10 @@ static inline uint64_t exit_level(unsigned int vcpu_index, const BlockCb *b)
     return b->fixed >= 0 ? (uint64_t)b->fixed : vcpus[vcpu_index].level;
 }
 
-/* Per vCPU: the handles of RCX and RDX (qemu_plugin_get_registers). */
+/* Per vCPU: the handles of RCX and RDX (qemu_plugin_get_registers), and
+ * of RSP and RSI for the tasks. */
 static struct qemu_plugin_register *reg_rcx[MAX_VCPUS], *reg_rdx[MAX_VCPUS];
+static struct qemu_plugin_register *reg_rsp[MAX_VCPUS], *reg_rsi[MAX_VCPUS];
 static __thread GByteArray *reg_buf;
 
 static void find_registers(unsigned int vcpu_index)
@@ -645,6 +804,10 @@ static void find_registers(unsigned int vcpu_index)
             reg_rcx[vcpu_index] = r->handle;
         } else if (!strcmp(r->name, "rdx") || (!reg_rdx[vcpu_index] && !strcmp(r->name, "edx"))) {
             reg_rdx[vcpu_index] = r->handle;
+        } else if (!strcmp(r->name, "rsp")) {
+            reg_rsp[vcpu_index] = r->handle;
+        } else if (!strcmp(r->name, "rsi")) {
+            reg_rsi[vcpu_index] = r->handle;
         }
     }
     if (regs) {
@@ -672,6 +835,113 @@ static uint64_t read_low32(struct qemu_plugin_register *h)
     const uint8_t *d = reg_buf->data;
     return (uint64_t)d[0] | (uint64_t)d[1] << 8 | (uint64_t)d[2] << 16 | (uint64_t)d[3] << 24;
 }
+
+#if TASKS
+/* A 64-bit register (little-endian target); 0 when unreadable. */
+static uint64_t read_reg64(struct qemu_plugin_register *h)
+{
+    if (!h) {
+        return 0;
+    }
+    if (!reg_buf) {
+        reg_buf = g_byte_array_sized_new(16);
+    }
+    g_byte_array_set_size(reg_buf, 0);
+    if (qemu_plugin_read_register(h, reg_buf) < 8) {
+        return 0;
+    }
+    uint64_t v;
+    memcpy(&v, reg_buf->data, 8);
+    return v;
+}
+
+static __thread GByteArray *mem_buf;
+
+/* `len` bytes of guest memory at virtual address `addr` into `out`, as
+ * the vCPU sees it now. */
+static bool read_guest(uint64_t addr, void *out, size_t len)
+{
+    if (!mem_buf) {
+        mem_buf = g_byte_array_sized_new(32);
+    }
+    g_byte_array_set_size(mem_buf, 0);
+    if (!qemu_plugin_read_memory_vaddr(addr, mem_buf, len) || mem_buf->len < len) {
+        return false;
+    }
+    memcpy(out, mem_buf->data, len);
+    return true;
+}
+
+/* A 32-bit signed field of the task_struct at `ptr`; -1 unknown. */
+static int64_t task_field(uint64_t ptr, int64_t off)
+{
+    int32_t v;
+    if (off < 0 || !read_guest(ptr + (uint64_t)off, &v, sizeof(v))) {
+        return -1;
+    }
+    return v;
+}
+
+/* __switch_to(prev, next): the task_struct in RSI becomes the vCPU's
+ * current task (before the block's own count, which is next's). */
+static void switch_exec(unsigned int vcpu_index, void *udata)
+{
+    if (vcpu_index >= MAX_VCPUS) {
+        return;
+    }
+    uint64_t ptr = read_reg64(reg_rsi[vcpu_index]);
+    if (ptr < KERNEL_START) {
+        return;
+    }
+    int64_t o_pid = __atomic_load_n(&off_pid, __ATOMIC_ACQUIRE);
+    TaskKey k = {.ptr = ptr, .pid = task_field(ptr, o_pid)};
+    int64_t tgid = task_field(ptr, __atomic_load_n(&off_tgid, __ATOMIC_RELAXED));
+    char comm[17] = {0};
+    int64_t o_comm = __atomic_load_n(&off_comm, __ATOMIC_RELAXED);
+    bool named = o_comm >= 0 && read_guest(ptr + (uint64_t)o_comm, comm, 16);
+    g_mutex_lock(&lock);
+    Task *t = g_hash_table_lookup(tasks, &k);
+    if (!t) {
+        t = g_new0(Task, 1);
+        t->k = k;
+        g_hash_table_insert(tasks, &t->k, t);
+    }
+    t->tgid = tgid;
+    if (named) {
+        /* A thread renames itself (prctl): the name it runs under now. */
+        memcpy(t->comm, comm, 16);
+    }
+    t->switches++;
+    g_mutex_unlock(&lock);
+    __atomic_store_n(&cur_task[vcpu_index], t, __ATOMIC_RELEASE);
+}
+
+/* The halt function's entry: its return address, on the stack, ends the
+ * task's halt (task_word). */
+static void halt_exec(unsigned int vcpu_index, void *udata)
+{
+    if (vcpu_index >= MAX_VCPUS || !cur_task[vcpu_index]) {
+        return;
+    }
+    uint64_t ret;
+    if (read_guest(read_reg64(reg_rsp[vcpu_index]), &ret, sizeof(ret)) && ret >= KERNEL_START) {
+        __atomic_store_n(&cur_task[vcpu_index]->halt_ret, ret, __ATOMIC_RELAXED);
+    }
+}
+
+/* The switch and halt callbacks of a kernel block at `vaddr`, before its
+ * counting callback. */
+static void register_tasks(struct qemu_plugin_tb *tb, uint64_t vaddr)
+{
+    if (switch_addr && vaddr == switch_addr) {
+        qemu_plugin_register_vcpu_tb_exec_cb(tb, switch_exec, QEMU_PLUGIN_CB_R_REGS, NULL);
+    }
+    uint64_t halt = __atomic_load_n(&halt_addr, __ATOMIC_ACQUIRE);
+    if (halt && vaddr == halt) {
+        qemu_plugin_register_vcpu_tb_exec_cb(tb, halt_exec, QEMU_PLUGIN_CB_R_REGS, NULL);
+    }
+}
+#endif
 
 static void exit_exec(unsigned int vcpu_index, void *udata)
 {
@@ -932,6 +1202,7 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     size_t n = qemu_plugin_tb_n_insns(tb);
     /* Lives as long as QEMU: a TB may be retranslated, never freed here. */
     BlockCb *b = g_new0(BlockCb, 1);
+    b->vaddr = vaddr;
     b->n = n;
     b->fixed = fixed_level(tb, n);
     if (vaddr < KERNEL_START) {
@@ -963,6 +1234,9 @@ static void tb_trans(qemu_plugin_id_t id, struct qemu_plugin_tb *tb)
     bool ret = n && is_return(tb, vaddr);
     g_mutex_unlock(&lock);
     b->block = blk;
+#if TASKS
+    register_tasks(tb, vaddr);
+#endif
     qemu_plugin_register_vcpu_tb_exec_cb(tb, ret ? return_exec : block_exec,
                                          QEMU_PLUGIN_CB_NO_REGS, b);
 #if RETIRED
@@ -995,7 +1269,32 @@ typedef struct {
     uint64_t vmruns, returns, disagree, cut, reruns;
 } VcpuTotals;
 
+/* What a dump adds to a task's counters: the vCPUs' pending corrections. */
+typedef struct {
+    uint64_t kernel[LEVELS], user[LEVELS];
+    uint64_t halt;
+} TaskOwed;
+
 #if RETIRED
+/* Owe `insns` of block `b` to the task of `word` (task_word). */
+static void owe_task(GHashTable *owed, uint64_t word, const BlockCb *b, uint64_t lvl,
+                     uint64_t insns)
+{
+    Task *task = task_of(word);
+    if (!task) {
+        return;
+    }
+    TaskOwed *o = g_hash_table_lookup(owed, task);
+    if (!o) {
+        o = g_new0(TaskOwed, 1);
+        g_hash_table_insert(owed, task, o);
+    }
+    *(b->block ? &o->kernel[lvl] : &o->user[lvl]) += insns;
+    if (word & TASK_HALT) {
+        o->halt += insns;
+    }
+}
+
 static void owe(GHashTable *owed, VcpuTotals *t, const BlockCb *b, uint64_t lvl, uint64_t insns,
                 uint64_t execs)
 {
@@ -1015,8 +1314,9 @@ static void owe(GHashTable *owed, VcpuTotals *t, const BlockCb *b, uint64_t lvl,
 #endif
 
 /* vCPU i's counts, read consistently with its callback (RETIRED: under its
- * sequence lock, then settled as its next block would). */
-static VcpuTotals read_vcpu(int i, GHashTable *owed)
+ * sequence lock, then settled as its next block would: into `owed` for
+ * the blocks, `task_owed` for the tasks). */
+static VcpuTotals read_vcpu(int i, GHashTable *owed, GHashTable *task_owed)
 {
     VcpuCount *v = &vcpus[i];
     VcpuTotals t;
@@ -1042,6 +1342,7 @@ static VcpuTotals read_vcpu(int i, GHashTable *owed)
         q.rerun = __atomic_load_n(&p->rerun, __ATOMIC_RELAXED);
         q.cur = __atomic_load_n(&p->cur, __ATOMIC_RELAXED);
         q.lvl = __atomic_load_n(&p->lvl, __ATOMIC_RELAXED);
+        q.task = __atomic_load_n(&p->task, __ATOMIC_RELAXED);
         t.cut = __atomic_load_n(&p->cut, __ATOMIC_RELAXED);
         t.reruns = __atomic_load_n(&p->reruns, __ATOMIC_RELAXED);
         __atomic_thread_fence(__ATOMIC_ACQUIRE);
@@ -1049,9 +1350,11 @@ static VcpuTotals read_vcpu(int i, GHashTable *owed)
             Pending d = pending(&q);
             if (d.cut) {
                 owe(owed, &t, d.cut, d.cut_lvl, -d.undo, -d.undo_execs);
+                owe_task(task_owed, d.task, d.cut, d.cut_lvl, -d.undo);
             }
             if (d.rerun) {
                 owe(owed, &t, d.rerun, d.rerun_lvl, d.rerun->n, 1);
+                owe_task(task_owed, d.task, d.rerun, d.rerun_lvl, d.rerun->n);
             }
             break;
         }
@@ -1082,6 +1385,51 @@ static void write_blocks(FILE *f, const char *tag, int lvl, GHashTable *owed)
             fprintf(f, "%s %" PRIx64 " %" PRIu64 " %" PRIu64 "\n", tag,
                     b->vaddr, insns, execs);
         }
+    }
+}
+
+/* One `task` record, its pending corrections added. */
+static void write_task(FILE *f, const Task *t, GHashTable *owed)
+{
+    TaskOwed o = {0};
+    TaskOwed *po = g_hash_table_lookup(owed, t);
+    if (po) {
+        o = *po;
+    }
+    uint64_t k[LEVELS], u[LEVELS];
+    uint64_t any = 0;
+    for (int l = 0; l < LEVELS; l++) {
+        k[l] = __atomic_load_n(&t->kernel[l], __ATOMIC_RELAXED) + o.kernel[l];
+        u[l] = __atomic_load_n(&t->user[l], __ATOMIC_RELAXED) + o.user[l];
+        any |= k[l] | u[l];
+    }
+    if (!any) {
+        return;
+    }
+    uint64_t halt = __atomic_load_n(&t->halt, __ATOMIC_RELAXED) + o.halt;
+    fprintf(f,
+            "task %" PRIx64 " %" PRId64 " %" PRId64 " kernel %" PRIu64 " user %" PRIu64
+            " l2kernel %" PRIu64 " l2user %" PRIu64 " halt %" PRIu64 " switches %" PRIu64
+            " comm %s\n",
+            t->k.ptr, t->k.pid, t->tgid, k[0], u[0], k[1], u[1], halt, t->switches, t->comm);
+}
+
+/* The tasks record and a `task` record per task that ran; `lock` held. */
+static void write_tasks(FILE *f, GHashTable *owed)
+{
+    if (!switch_addr) {
+        fprintf(f, "tasks off\n");
+        return;
+    }
+    fprintf(f, "tasks switch %" PRIx64 " halt %" PRIx64 " names %s\n", switch_addr,
+            __atomic_load_n(&halt_addr, __ATOMIC_RELAXED),
+            __atomic_load_n(&off_comm, __ATOMIC_RELAXED) >= 0 ? "yes" : "no");
+    write_task(f, &no_task, owed);
+    GHashTableIter it;
+    gpointer key, value;
+    g_hash_table_iter_init(&it, tasks);
+    while (g_hash_table_iter_next(&it, &key, &value)) {
+        write_task(f, value, owed);
     }
 }
 
@@ -1125,12 +1473,13 @@ static int write_dump(const char *path, char *err, size_t errlen)
         return -1;
     }
     int n = __atomic_load_n(&max_vcpu_seen, __ATOMIC_RELAXED) + 1;
-    fprintf(f, "blklab-insns 5\nlevels %s\nvcpus %d\n",
+    fprintf(f, "blklab-insns 6\nlevels %s\nvcpus %d\n",
             l2ram_path ? "address" : "vmrun", n);
     GHashTable *owed = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
+    GHashTable *task_owed = g_hash_table_new_full(g_direct_hash, g_direct_equal, NULL, g_free);
     uint64_t disagree = 0, cut = 0, reruns = 0;
     for (int i = 0; i < n && i < MAX_VCPUS; i++) {
-        VcpuTotals t = read_vcpu(i, owed);
+        VcpuTotals t = read_vcpu(i, owed, task_owed);
         fprintf(f,
                 "vcpu %d kernel %" PRIu64 " user %" PRIu64 " l2kernel %" PRIu64
                 " l2user %" PRIu64 " vmruns %" PRIu64 " returns %" PRIu64 "\n",
@@ -1154,10 +1503,12 @@ static int write_dump(const char *path, char *err, size_t errlen)
 #endif
     write_exits(f);
     g_mutex_lock(&lock);
+    write_tasks(f, task_owed);
     write_blocks(f, "tb", 0, owed);
     write_blocks(f, "tb2", 1, owed);
     g_mutex_unlock(&lock);
     g_hash_table_destroy(owed);
+    g_hash_table_destroy(task_owed);
     fprintf(f, "end\n");
     if (fclose(f) != 0 || rename(tmp, path) != 0) {
         snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
@@ -1183,6 +1534,69 @@ static void reply(int fd, const char *text)
         text += w;
         len -= (size_t)w;
     }
+}
+
+/* "tasks switch=ADDR comm=OFF pid=OFF tgid=OFF halt=ADDR" (offsets
+ * decimal, addresses hex; each optional but switch, unless given at
+ * start): where tasks switch, how to name them, and where the halt
+ * function starts. A new switch or halt address takes effect through a
+ * reset of the plugin (qemu_plugin_reset: QEMU flushes every translated
+ * block, so the blocks there get their callbacks when translated again;
+ * the counts are the plugin's and stay). 0 on success, else -1 with `err`
+ * set. */
+static int set_tasks(char *args, char *err, size_t errlen)
+{
+#if TASKS
+    int64_t comm = -1, pid = -1, tgid = -1;
+    uint64_t halt = 0, sw = switch_addr;
+    char *save = NULL;
+    for (char *w = strtok_r(args, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+        char *eq = strchr(w, '=');
+        char *end = NULL;
+        if (!eq) {
+            snprintf(err, errlen, "bad word %s (want KEY=VALUE)", w);
+            return -1;
+        }
+        *eq = 0;
+        const char *v = eq + 1;
+        if (!strcmp(w, "halt")) {
+            halt = g_ascii_strtoull(v, &end, 16);
+        } else if (!strcmp(w, "switch")) {
+            sw = g_ascii_strtoull(v, &end, 16);
+        } else {
+            int64_t x = g_ascii_strtoll(v, &end, 10);
+            int64_t *dst = !strcmp(w, "comm") ? &comm : !strcmp(w, "pid") ? &pid
+                         : !strcmp(w, "tgid") ? &tgid : NULL;
+            if (!dst || x < 0 || x > 65536) {
+                snprintf(err, errlen, "bad %s=%s (want comm, pid, tgid offsets or halt)", w, v);
+                return -1;
+            }
+            *dst = x;
+        }
+        if (!end || *end || end == v) {
+            snprintf(err, errlen, "bad %s=%s", w, v);
+            return -1;
+        }
+    }
+    if (sw < KERNEL_START || (halt && halt < KERNEL_START)) {
+        snprintf(err, errlen, "want kernel addresses for switch and halt");
+        return -1;
+    }
+    __atomic_store_n(&off_comm, comm, __ATOMIC_RELEASE);
+    __atomic_store_n(&off_tgid, tgid, __ATOMIC_RELEASE);
+    __atomic_store_n(&off_pid, pid, __ATOMIC_RELEASE);
+    bool moved = sw != switch_addr || halt != halt_addr;
+    __atomic_store_n(&halt_addr, halt, __ATOMIC_RELEASE);
+    __atomic_store_n(&switch_addr, sw, __ATOMIC_RELEASE);
+    if (moved) {
+        __atomic_store_n(&reset_pending, 1, __ATOMIC_RELEASE);
+    }
+    return 0;
+#else
+    snprintf(err, errlen, "plugin API version %d (QEMU before 10.0) cannot read guest memory",
+             QEMU_PLUGIN_VERSION);
+    return -1;
+#endif
 }
 
 static void serve_client(int fd)
@@ -1216,10 +1630,18 @@ static void serve_client(int fd)
                     reply(fd, e);
                     g_free(e);
                 }
+            } else if (strncmp(buf, "tasks ", 6) == 0) {
+                if (set_tasks(buf + 6, err, sizeof(err)) == 0) {
+                    reply(fd, "ok tasks\n");
+                } else {
+                    char *e = g_strdup_printf("error %s\n", err);
+                    reply(fd, e);
+                    g_free(e);
+                }
             } else if (strcmp(buf, "ping") == 0) {
                 reply(fd, "pong\n");
             } else {
-                reply(fd, "error unknown command (want: dump FILE, ping)\n");
+                reply(fd, "error unknown command (want: dump FILE, tasks ..., ping)\n");
             }
             size_t used = (size_t)(nl - buf) + 1;
             memmove(buf, nl + 1, have - used);
@@ -1307,6 +1729,16 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
             l2ram_path = g_strdup(argv[i] + 6);
         } else if (strcmp(argv[i], "retired=off") == 0) {
             retired_off = true;
+#if TASKS
+        } else if (strncmp(argv[i], "switch=", 7) == 0) {
+            char *end;
+            switch_addr = g_ascii_strtoull(argv[i] + 7, &end, 16);
+            if (*end || switch_addr < KERNEL_START) {
+                fprintf(stderr, "blklab-insns: bad switch=%s (want the kernel's __switch_to, "
+                        "hex)\n", argv[i] + 7);
+                return -1;
+            }
+#endif
 #if EXITS
         } else if (strncmp(argv[i], "mark=", 5) == 0) {
             char *end;
@@ -1318,7 +1750,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
 #endif
         } else {
             fprintf(stderr, "blklab-insns: unknown argument %s (want ctl=PATH, out=FILE, "
-                    "l2ram=FILE, mark=ADDR, retired=off)\n", argv[i]);
+                    "l2ram=FILE, mark=ADDR, switch=ADDR, retired=off)\n", argv[i]);
             return -1;
         }
     }
@@ -1326,6 +1758,9 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
     progress = qemu_plugin_scoreboard_new(sizeof(Progress));
 #endif
     blocks = g_hash_table_new(g_int64_hash, g_int64_equal);
+    tasks = g_hash_table_new(task_hash, task_equal);
+    no_task.k.pid = -1;
+    no_task.tgid = -1;
     ret_haddr = g_hash_table_new(g_direct_hash, g_direct_equal);
     ret_vaddr = g_hash_table_new_full(g_int64_hash, g_int64_equal, g_free, NULL);
 #if EXITS
@@ -1337,8 +1772,16 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
     if (ctl_path && start_ctl(ctl_path) != 0) {
         return -1;
     }
+    plugin_id = id;
+    register_callbacks(id);
+    return 0;
+}
+
+/* The plugin's callbacks: at install, and again after a reset (set_tasks),
+ * which unregisters them all. */
+static void register_callbacks(qemu_plugin_id_t id)
+{
     qemu_plugin_register_vcpu_init_cb(id, vcpu_init);
     qemu_plugin_register_vcpu_tb_trans_cb(id, tb_trans);
     qemu_plugin_register_atexit_cb(id, plugin_exit, NULL);
-    return 0;
 }

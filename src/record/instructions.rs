@@ -371,6 +371,10 @@ pub(crate) struct HostInstructions {
     /// Function → kernel instructions (absent from trimmed recordings).
     #[serde(default)]
     pub(crate) function_insns: BTreeMap<String, u64>,
+    /// The instructions by what ran them (when the plugin followed the
+    /// host's tasks; absent from older records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) split: Option<crate::record::host_split::HostSplit>,
 }
 
 #[cfg(test)]

@@ -175,6 +175,25 @@ macro_rules! exits {
     };
 }
 
+/// A part of a nested run's host instructions per IO
+/// (`record::host_split`).
+macro_rules! host_part {
+    ($part:expr, $title:expr) => {
+        Metric {
+            key: concat!("host_", $part, "_instructions_per_io"),
+            title: concat!("host instructions per IO in ", $title, " (nested)"),
+            unit: "",
+            better: Better::Lower,
+            get: |r| host_split(r)?.part_per_io($part),
+        }
+    };
+}
+
+/// A nested run's host instructions by what ran them.
+fn host_split(r: &ResultRecord) -> Option<&crate::record::host_split::HostSplit> {
+    r.host_instructions.as_ref()?.split.as_ref()
+}
+
 /// A per-IO metric (lower is better).
 const fn mech(
     key: &'static str,
@@ -415,6 +434,23 @@ pub(crate) const METRICS: &[Metric] = &[
         better: Better::Lower,
         get: |r| host_insns(r, |h| h.world_switches_per_io),
     },
+    // --- the host's instructions by what ran them (`record::host_split`) ---
+    Metric {
+        key: "host_vm_instructions_per_io",
+        title: "host instructions per IO for the VM itself: KVM's exits, QEMU, the backend; halt polling apart (nested)",
+        unit: "",
+        better: Better::Lower,
+        get: |r| host_split(r)?.vm_per_io(),
+    },
+    host_part!("kvm_exits", "KVM's exit handling"),
+    host_part!("halt", "KVM's halt polling"),
+    host_part!("vmm_vcpu_user", "the VMM's vCPU threads' user space"),
+    host_part!("vmm_other", "the VMM's other threads"),
+    host_part!("backend", "blklab's serving threads"),
+    host_part!("lab", "the lab's own threads"),
+    host_part!("idle", "the host's idle tasks"),
+    host_part!("other", "everything else on the host"),
+    host_part!("unattributed", "no known thread"),
     // --- the block layer's mechanism (see `mech`) ---
     mech(
         "hctx_runs_per_io",
@@ -637,11 +673,27 @@ pub(crate) const HOST_INSTRUCTION_METRICS: &[&str] = &[
     "world_switches_per_io",
 ];
 
+/// The metrics added to the defaults when records split the host's
+/// instructions by what ran them: every part (`record::host_split::PARTS`).
+pub(crate) const HOST_SPLIT_METRICS: &[&str] = &[
+    "host_vm_instructions_per_io",
+    "host_kvm_exits_instructions_per_io",
+    "host_halt_instructions_per_io",
+    "host_vmm_vcpu_user_instructions_per_io",
+    "host_vmm_other_instructions_per_io",
+    "host_backend_instructions_per_io",
+    "host_lab_instructions_per_io",
+    "host_idle_instructions_per_io",
+    "host_other_instructions_per_io",
+    "host_unattributed_instructions_per_io",
+];
+
 /// The default metrics for `records`: [`DEFAULT_METRICS`], plus
 /// [`INSTRUCTION_METRICS`] when any record has instruction counts,
 /// [`EXIT_METRICS`] when any has would-be exits counted,
-/// [`KVM_METRICS`] when any has KVM's counters and
-/// [`HOST_INSTRUCTION_METRICS`] when any has the host's.
+/// [`KVM_METRICS`] when any has KVM's counters,
+/// [`HOST_INSTRUCTION_METRICS`] when any has the host's and
+/// [`HOST_SPLIT_METRICS`] when any splits them by what ran them.
 pub(crate) fn default_metrics<'a>(
     records: impl IntoIterator<Item = &'a ResultRecord>,
 ) -> Vec<String> {
@@ -661,6 +713,9 @@ pub(crate) fn default_metrics<'a>(
         .any(|r| host_insns(r, |h| h.per_io).is_some())
     {
         v.extend(HOST_INSTRUCTION_METRICS.iter().map(|s| s.to_string()));
+    }
+    if records.iter().any(|r| host_split(r).is_some()) {
+        v.extend(HOST_SPLIT_METRICS.iter().map(|s| s.to_string()));
     }
     v
 }

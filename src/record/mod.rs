@@ -18,6 +18,7 @@
 
 pub mod guest;
 pub mod host_cost;
+pub(crate) mod host_split;
 pub(crate) mod instructions;
 pub(crate) mod kvm;
 pub(crate) mod machine;

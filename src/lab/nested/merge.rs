@@ -11,6 +11,7 @@ use log::warn;
 use thiserror::Error;
 
 use crate::lab::guest::qemu::Accel;
+use crate::lab::measure::plugin::host_split::{self, HostProcesses};
 use crate::lab::measure::plugin::{self, Dump, InsnsWindow, SymbolMap};
 use crate::lab::nested::checkpoint;
 use crate::lab::nested::neighbour::NEIGHBOUR_FILE;
@@ -20,6 +21,7 @@ use crate::record::result::ResultRecord;
 use crate::record::run::RunStamp;
 use crate::record::summary::{RetriedBoot, RetriedHost, SummaryDocument};
 use crate::record::RecordError;
+use crate::util::hostcpu::ProcessCpu;
 
 #[derive(Debug, Error)]
 pub enum MergeError {
@@ -277,7 +279,16 @@ fn attach_counts(
     }
     if let Some(map) = host_map {
         let p = plugin::profile(&window.level1, map);
-        record.host_instructions = Some(plugin::host_record(&p, window, ios, &how));
+        let mut host = plugin::host_record(&p, window, ios, &how);
+        host.split = window.tasks.as_ref().map(|t| {
+            let pid = |c: Option<&ProcessCpu>| c.map(|c| i64::from(c.pid));
+            let procs = HostProcesses {
+                vmm: record.host.as_ref().and_then(|h| pid(h.qemu.as_ref())),
+                lab: record.host.as_ref().and_then(|h| pid(h.blklab.as_ref())),
+            };
+            host_split::split(t, procs, ios)
+        });
+        record.host_instructions = Some(host);
     }
 }
 

@@ -14,6 +14,8 @@
 //! depends on the other through it):
 //!
 //! - [`relay`]: the SYNC relay between the levels (the console protocol);
+//! - [`task_layout`]: where the host's kernel keeps what names a task, for
+//!   the outer plugin's split of the host's instructions by thread;
 //! - [`transfer`]: what goes in (a tar on a read-only disk) and what comes
 //!   out (a tar the host writes to a second disk), and the names on them;
 //! - [`checkpoint`]: what the host keeps of its finished boots on the
@@ -29,4 +31,5 @@ pub(crate) mod checkpoint;
 pub(crate) mod merge;
 pub(crate) mod neighbour;
 pub(crate) mod relay;
+pub(crate) mod task_layout;
 pub(crate) mod transfer;

@@ -11,6 +11,14 @@
 //! BLKLAB-NESTED ok SEQ                      (the outer lab's answer)
 //! ```
 //!
+//! Once, before its first boot, it says where the host's kernel keeps what
+//! names a task and where the functions the outer plugin hooks start
+//! ([`TaskLayout`]), and waits for the same answer:
+//!
+//! ```text
+//! BLKLAB-NESTED tasks SEQ switch=HEX halt=HEX comm=N pid=N tgid=N
+//! ```
+//!
 //! Kernel labels, scenario and variant names never hold blanks (labels are
 //! made unique and blank-free by the plan, scenario and variant names are
 //! single words in the scenario syntax).
@@ -21,6 +29,7 @@ use std::sync::Mutex;
 use thiserror::Error;
 
 use crate::lab::guest::console::Phase;
+use crate::lab::nested::task_layout::TaskLayout;
 use crate::record::summary::RetriedBoot;
 
 const TAG: &str = "BLKLAB-NESTED";
@@ -79,6 +88,32 @@ impl SyncLine {
     }
 }
 
+/// The `tasks` relay line: the host's [`TaskLayout`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TasksLine {
+    pub(crate) seq: u64,
+    pub(crate) layout: TaskLayout,
+}
+
+impl TasksLine {
+    pub(crate) fn render(&self) -> String {
+        format!("{TAG} tasks {} {}", self.seq, self.layout.render())
+    }
+
+    /// A console line as a `tasks` line; `None` for anything else.
+    pub(crate) fn parse(line: &str) -> Option<TasksLine> {
+        let mut w = line.split_whitespace();
+        if (w.next()?, w.next()?) != (TAG, "tasks") {
+            return None;
+        }
+        let seq = w.next()?.parse().ok()?;
+        Some(TasksLine {
+            seq,
+            layout: TaskLayout::parse(w)?,
+        })
+    }
+}
+
 /// The outer lab's answer to SYNC `seq`.
 pub(crate) fn answer(seq: u64) -> String {
     format!("{TAG} ok {seq}")
@@ -122,21 +157,30 @@ impl<R: BufRead, W: Write> Relay<R, W> {
     /// that are not it, such as the console's echo of earlier answers or
     /// stray output, are skipped).
     pub(crate) fn sync(&self, phase: Phase, key: WindowKey) -> Result<(), RelayError> {
+        self.ask(|seq| SyncLine { seq, phase, key }.render())
+    }
+
+    /// Say where the host's kernel keeps what names a task, and wait for
+    /// the outer lab to have told its plugin.
+    pub(crate) fn tasks(&self, layout: TaskLayout) -> Result<(), RelayError> {
+        self.ask(|seq| TasksLine { seq, layout }.render())
+    }
+
+    /// Print the line `line` renders for the next sequence number and wait
+    /// for its answer (lines that are not it, such as the console's echo
+    /// of earlier answers or stray output, are skipped).
+    fn ask(&self, line: impl FnOnce(u64) -> String) -> Result<(), RelayError> {
         let mut io = self.io.lock().unwrap_or_else(|p| p.into_inner());
         io.seq += 1;
-        let line = SyncLine {
-            seq: io.seq,
-            phase,
-            key,
-        };
-        writeln!(io.output, "{}", line.render()).map_err(RelayError::Write)?;
+        let seq = io.seq;
+        writeln!(io.output, "{}", line(seq)).map_err(RelayError::Write)?;
         io.output.flush().map_err(RelayError::Write)?;
-        let want = answer(line.seq);
+        let want = answer(seq);
         let mut buf = String::new();
         loop {
             buf.clear();
             if io.input.read_line(&mut buf).map_err(RelayError::Read)? == 0 {
-                return Err(RelayError::Closed { seq: line.seq });
+                return Err(RelayError::Closed { seq });
             }
             if buf.trim() == want {
                 return Ok(());

@@ -54,6 +54,11 @@ pub(crate) struct InnerRun {
     /// silent as a host that stopped taking interrupts does.
     #[serde(default)]
     pub(crate) silence_after_boot: Option<usize>,
+    /// The outer plugin splits the host's instructions by task: say where
+    /// the host's kernel keeps what names one (the relay's `tasks` line)
+    /// before the first boot.
+    #[serde(default)]
+    pub(crate) name_tasks: bool,
 }
 
 impl InnerRun {
@@ -131,6 +136,7 @@ impl InnerRun {
             neighbour: options.nested.neighbour,
             skip_boots: Vec::new(),
             silence_after_boot: None,
+            name_tasks: false,
         }
     }
 }

@@ -264,7 +264,9 @@ fn machine_state(q: &mut Qmp, symbols: Option<&SymbolMap>, text: &mut String) {
 }
 
 /// Each `CPU#N` of `info registers -a` with its RIP and whether it halted,
-/// the RIP by symbol when `symbols` are known.
+/// the RIP by symbol when `symbols` are known. A vCPU not yet in long mode
+/// (the firmware, a kernel's early boot) has an EIP, never in the kernel's
+/// symbols.
 fn rips(registers: &str, symbols: Option<&SymbolMap>) -> String {
     let mut out = Vec::new();
     let mut cpu = "";
@@ -272,16 +274,18 @@ fn rips(registers: &str, symbols: Option<&SymbolMap>) -> String {
         if line.starts_with("CPU#") {
             cpu = line.trim();
         }
-        let Some(rip) = line.strip_prefix("RIP=") else {
-            continue;
+        let (reg, ip, symbols) = match (line.strip_prefix("RIP="), line.strip_prefix("EIP=")) {
+            (Some(ip), _) => ("RIP", ip, symbols),
+            (None, Some(ip)) => ("EIP", ip, None),
+            (None, None) => continue,
         };
-        let hex = rip.split_whitespace().next().unwrap_or("");
+        let hex = ip.split_whitespace().next().unwrap_or("");
         let halted = line.contains("HLT=1");
         let name = u64::from_str_radix(hex, 16)
             .ok()
             .zip(symbols)
             .map_or("?", |(a, m)| m.lookup(a));
-        out.push(format!("{cpu} RIP {hex} {name} halted={halted}"));
+        out.push(format!("{cpu} {reg} {hex} {name} halted={halted}"));
     }
     out.join("\n")
 }
@@ -368,6 +372,9 @@ mod tests {
              CPU#1 RIP ffffffff81000100 vmrun_loop halted=false"
         );
         assert!(rips(regs, None).starts_with("CPU#0 RIP ffffffff81000010 ? halted=true"));
+        // Before long mode: the EIP, never looked up.
+        let early = "CPU#2\nEIP=0000fff0 EFL=00000002 [-------] CPL=0 II=0 A20=1 SMM=0 HLT=1\n";
+        assert_eq!(rips(early, Some(&map)), "CPU#2 EIP 0000fff0 ? halted=true");
     }
 
     #[test]

@@ -31,6 +31,7 @@ mod host_silence;
 pub(crate) mod nested_host;
 pub mod nested_inner;
 pub(crate) mod plan;
+mod planted;
 pub(crate) mod prepare;
 pub(crate) mod progress;
 pub(crate) mod request;

@@ -16,17 +16,19 @@ use thiserror::Error;
 
 use crate::lab::guest::console::{FaultScanner, Phase};
 use crate::lab::guest::qemu::{Guest, Next, QemuError, HEADLESS};
+use crate::lab::guest::qmp::QmpError;
 use crate::lab::images::nested_host::NestedHostImage;
 use crate::lab::images::PreparedGuest;
 use crate::lab::measure::plugin::{self, InsnsError, SymbolMap};
 use crate::lab::nested::checkpoint::{self, CheckpointError};
 use crate::lab::nested::merge::{self, MergeError, Merged, Window};
 use crate::lab::nested::neighbour::NEIGHBOUR_MIB;
-use crate::lab::nested::relay::{self, SyncLine, WindowKey};
+use crate::lab::nested::relay::{self, SyncLine, TasksLine, WindowKey};
 use crate::lab::nested::transfer::{self, InnerRun, RunDisk, TransferError, RESULTS_DISK_BYTES};
 use crate::lab::options::{NestedOptions, RunOptions, Timeouts};
 use crate::lab::run::boot::{BootFailure, SocketDir};
 use crate::lab::run::host_silence::{self, Silence, SilenceWatch};
+use crate::lab::run::planted::{self, Planted};
 use crate::lab::run::progress::Progress;
 use crate::lab::run::settings::Unit;
 use crate::record::run::{NestedHostInfo, RunStamp};
@@ -102,6 +104,8 @@ pub enum NestedError {
     Merge(#[from] MergeError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    #[error("pausing the nested host's boot on purpose: {0}")]
+    PlantedStall(#[source] QmpError),
     #[error("the nested host fell silent {attempts} times (the last one's state: {})", state.display())]
     SilentHosts { attempts: u32, state: PathBuf },
 }
@@ -265,6 +269,7 @@ pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
     let mut attempt = Attempt {
         number: 1,
         skip: Vec::new(),
+        planted: Planted::from_env(),
     };
     loop {
         match boot_retrying_known_bugs(r, &attempt)? {
@@ -289,6 +294,7 @@ pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
                     });
                 }
                 attempt.number += 1;
+                attempt.planted = attempt.planted.next();
                 r.pb.retry();
                 warn!(
                     "booting a fresh nested host ({} of at most {HOST_ATTEMPTS}) for the boots left; \
@@ -304,10 +310,12 @@ pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
 /// How many hosts a run may boot when they fall silent.
 const HOST_ATTEMPTS: u32 = 4;
 
-/// Which host of the run this is, and the boots earlier ones finished.
+/// Which host of the run this is, the boots earlier ones finished, and
+/// the faults planted in it.
 struct Attempt {
     number: u32,
     skip: Vec<usize>,
+    planted: Planted,
 }
 
 /// How a host ended.
@@ -353,7 +361,7 @@ const HOST_BOOT_ATTEMPTS: u32 = 4;
 /// hosts finished) inside it.
 fn boot_once(r: &HostRun, attempt: &Attempt) -> Result<HostEnd, NestedError> {
     let stage = SocketDir::new(0).map_err(|e| NestedError::Stage(Box::new(e)))?;
-    let run_disk = write_run_disk(r, &stage.0, attempt)?;
+    let run_disk = write_run_disk(r, &stage.0, attempt, r.plugin.is_some())?;
     let results_disk = stage.0.join("results.img");
     transfer::results_disk(&results_disk, RESULTS_DISK_BYTES)?;
     let plugin = r
@@ -367,6 +375,9 @@ fn boot_once(r: &HostRun, attempt: &Attempt) -> Result<HostEnd, NestedError> {
         r.machine.vcpus, r.machine.memory_mib
     );
     let guest = Guest::spawn_args(r.qemu, &args, Some(&console))?;
+    if attempt.planted.stall_boot {
+        planted::stall_boot(&stage.0.join(QMP_SOCKET)).map_err(NestedError::PlantedStall)?;
+    }
     let mut session = HostSession::new(r, guest, plugin, &stage.0, console);
     session.boots_seen = attempt.skip.len();
     let windows = match session.follow()? {
@@ -395,14 +406,15 @@ fn destination<'a>(r: &'a HostRun) -> merge::Destination<'a> {
     }
 }
 
-/// Fault injection for the lab's own tests: the first host silences
-/// itself after this boot of the plan (see [`InnerRun`]'s field).
-const SILENCE_AFTER_BOOT_ENV: &str = "BLKLAB_NESTED_SILENCE_AFTER_BOOT";
-
 /// The run disk: this blklab, `inner.json` (without the boots earlier
 /// hosts finished), the guests' files and the scenarios (with
 /// `images/prepare.sh`, which marks a lab directory).
-fn write_run_disk(r: &HostRun, stage: &Path, attempt: &Attempt) -> Result<PathBuf, NestedError> {
+fn write_run_disk(
+    r: &HostRun,
+    stage: &Path,
+    attempt: &Attempt,
+    name_tasks: bool,
+) -> Result<PathBuf, NestedError> {
     let mut disk = RunDisk::create(&stage.join("run.tar"))?;
     // This very binary, through /proc/self/exe: its path may name another
     // file by now (rebuilt while a run went on) or none at all.
@@ -410,10 +422,9 @@ fn write_run_disk(r: &HostRun, stage: &Path, attempt: &Attempt) -> Result<PathBu
     let dirs = add_guests(&mut disk, r.guests)?;
     let mut inner = InnerRun::new(r.options, r.guests, &dirs, r.plugin.is_some());
     inner.skip_boots = attempt.skip.clone();
-    if attempt.number == 1 {
-        inner.silence_after_boot = std::env::var(SILENCE_AFTER_BOOT_ENV)
-            .ok()
-            .and_then(|v| v.parse().ok());
+    inner.name_tasks = name_tasks;
+    if !attempt.planted.stall_boot {
+        inner.silence_after_boot = attempt.planted.silence_after_boot;
     }
     let json = serde_json::to_vec_pretty(&inner).expect("an inner run serialises");
     disk.add_bytes("inner.json", &json)?;
@@ -602,7 +613,7 @@ impl<'a> HostSession<'a> {
     /// left in `windows`), or until the host falls silent.
     fn follow(&mut self) -> Result<Followed, NestedError> {
         loop {
-            if self.booted && Instant::now() >= self.deadline {
+            if Instant::now() >= self.deadline {
                 self.show_inner_log();
                 return Ok(Followed::Silent(self.stuck()));
             }
@@ -622,6 +633,8 @@ impl<'a> HostSession<'a> {
             }
             if let Some(sync) = SyncLine::parse(&line) {
                 self.on_sync(sync)?;
+            } else if let Some(tasks) = TasksLine::parse(&line) {
+                self.on_tasks(tasks)?;
             } else if let Some(rest) = marker(&line, "BLKLAB-HOST-INIT") {
                 self.booted = true;
                 if rest.split_whitespace().any(|w| w.starts_with("heartbeat=")) {
@@ -661,8 +674,9 @@ impl<'a> HostSession<'a> {
     }
 
     /// Whether the host has fallen silent: its inner log stopped growing
-    /// too, and its vCPUs are idle (only once it has booted: the kernel's
-    /// own boot is quiet on the console).
+    /// too, and its vCPUs are idle unless it sends a heartbeat. Before its
+    /// /init speaks, the kernel's boot is quiet on the console (`quiet`),
+    /// so only idle vCPUs tell a stalled boot from a slow one.
     fn silence(&mut self) -> Option<Silence> {
         let now = Instant::now();
         let log = std::fs::metadata(merge::inner_log(self.r.out_dir)).map_or(0, |m| m.len());
@@ -671,8 +685,7 @@ impl<'a> HostSession<'a> {
             self.watch.output(now);
         }
         let ticks = host_silence::vcpu_ticks(self.guest.pid())?;
-        let silence = self.watch.sample(now, ticks)?;
-        self.booted.then_some(silence)
+        self.watch.sample(now, ticks)
     }
 
     /// Give the silent host up: keep its state and logs, stop it, and take
@@ -695,7 +708,9 @@ impl<'a> HostSession<'a> {
             silence.quiet.as_secs_f64(),
             silence.vcpu_seconds
         );
-        // The checkpoint first: its kallsyms name the vCPUs' RIPs.
+        // The checkpoint first: its kallsyms name the vCPUs' RIPs (none
+        // before the first: Debian ships the kernel's System.map only in
+        // its -dbg package).
         let kept = self.kept_boots(results_disk);
         let symbols = SymbolMap::read(&self.stage.join("checkpoint").join(transfer::KALLSYMS)).ok();
         let state = host_silence::attempt_file(out, attempt, "state.txt");
@@ -799,6 +814,25 @@ impl<'a> HostSession<'a> {
         }
         self.guest.answer(&relay::answer(sync.seq))?;
         self.expect(format!("the lab inside the nested host after {name}"));
+        Ok(())
+    }
+
+    /// The host's task layout: to the plugin, which follows the host's
+    /// task switches from then on; then the answer.
+    fn on_tasks(&mut self, tasks: TasksLine) -> Result<(), NestedError> {
+        if let Some(ctl) = &self.plugin {
+            ctl.command(&tasks.layout.plugin_command())
+                .map_err(|source| NestedError::Plugin {
+                    edge: "start",
+                    window: "the host's task layout".into(),
+                    source,
+                })?;
+            info!(
+                "the host's instructions are split by thread ({})",
+                tasks.layout.render()
+            );
+        }
+        self.guest.answer(&relay::answer(tasks.seq))?;
         Ok(())
     }
 

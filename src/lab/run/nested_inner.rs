@@ -17,6 +17,7 @@ use crate::lab::images::PreparedGuest;
 use crate::lab::nested::checkpoint::{self, Manifest};
 use crate::lab::nested::neighbour::{Neighbour, NeighbourError};
 use crate::lab::nested::relay::{self, RelayError, SyncRelay, WindowKey};
+use crate::lab::nested::task_layout::TaskLayout;
 use crate::lab::nested::transfer::{InnerRun, ERROR_FILE, KALLSYMS, RESULTS_ROOT, RESULTS_SERIAL};
 use crate::lab::options::RunOptions;
 use crate::lab::run::plan::Plan;
@@ -56,7 +57,11 @@ pub fn run(file: &Path) -> Result<(), InnerError> {
     })?;
     let results = Path::new(RESULTS_ROOT);
     save_kallsyms(results);
-    let relay = HostLink::new(relay::console(), &inner);
+    let console = relay::console();
+    if inner.name_tasks {
+        name_tasks(&console);
+    }
+    let relay = HostLink::new(console, &inner);
     let neighbour = match start_neighbour(&inner, results) {
         Ok(n) => n,
         Err(e) => {
@@ -109,6 +114,20 @@ pub(crate) fn run_inside(
     let stamp = run_document::write(&request, &plan, &lab)?;
     let boots = boots::boot_all(&request, &plan, &lab, &stamp, Some(relay))?;
     finish(lab, boots)
+}
+
+/// Tell the outer lab where this kernel keeps what names a task, so that
+/// its plugin splits the host's instructions by thread. Without it the
+/// split is left out, the run goes on.
+fn name_tasks<R: std::io::BufRead, W: std::io::Write>(console: &relay::Relay<R, W>) {
+    match TaskLayout::of_this_kernel() {
+        Ok(layout) => {
+            if let Err(e) = console.tasks(layout) {
+                warn!("the host's task layout not relayed: {e}");
+            }
+        }
+        Err(e) => warn!("the host's instructions are not split by thread: {e}"),
+    }
 }
 
 /// The host's `/proc/kallsyms` (its kernel and the modules loaded, KVM's

@@ -1,5 +1,5 @@
 //! The control socket of a running plugin: a dump of its counters asked
-//! for and waited on.
+//! for and waited on, or another command answered.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -25,6 +25,14 @@ impl Control {
 
     /// Ask the plugin to write its counters to `file` and wait for it.
     pub(crate) fn dump(&self, file: &Path) -> Result<Dump, InsnsError> {
+        self.command(&format!("dump {}", file.display()))?;
+        let d = Dump::read(file)?;
+        let _ = std::fs::remove_file(file);
+        Ok(d)
+    }
+
+    /// Send the plugin the command line `command` and wait for its `ok`.
+    pub(crate) fn command(&self, command: &str) -> Result<(), InsnsError> {
         let mut s = UnixStream::connect(&self.path).map_err(|source| InsnsError::Connect {
             path: self.path.clone(),
             source,
@@ -35,22 +43,20 @@ impl Control {
         };
         s.set_read_timeout(Some(Duration::from_secs(60)))
             .map_err(io)?;
-        writeln!(s, "dump {}", file.display()).map_err(io)?;
+        writeln!(s, "{command}").map_err(io)?;
         let mut line = String::new();
         BufReader::new(&s).read_line(&mut line).map_err(io)?;
         let line = line.trim();
-        if line.strip_prefix("ok ").is_none() {
+        if line != "ok" && line.strip_prefix("ok ").is_none() {
             return Err(InsnsError::Plugin {
                 path: self.path.clone(),
                 why: if line.is_empty() {
-                    "no answer to the dump request".into()
+                    format!("no answer to {command:?}")
                 } else {
                     line.to_string()
                 },
             });
         }
-        let d = Dump::read(file)?;
-        let _ = std::fs::remove_file(file);
-        Ok(d)
+        Ok(())
     }
 }

@@ -1,4 +1,4 @@
-//! The plugin's counter dump (format 5, 4 or 3; the plugin's header comment
+//! The plugin's counter dump (format 6, 5, 4 or 3; the plugin's header comment
 //! has the grammar): read strictly, split into the two levels, and the
 //! difference of two dumps, which is a window's counts.
 
@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::lab::measure::plugin::error::InsnsError;
+use crate::lab::measure::plugin::tasks::Tasks;
 use crate::lab::measure::plugin_exits::{exit_line, ExitCounts};
 
 /// One level's counters in a dump: per vCPU (kernel, user) instructions,
@@ -113,12 +114,16 @@ pub struct Dump {
     /// it marks (`mark=`; the `marks` record); the levels' `marked` are the
     /// exit counts at the last one.
     pub(crate) marks: Option<u64>,
+    /// The counts by the machine's task that ran them (format 6, when the
+    /// plugin tracked tasks: its `switch=`).
+    pub tasks: Option<Tasks>,
 }
 
-/// The header lines of the dumps [`Dump::parse`] reads: format 5, format 4
-/// (no `cut` record: blocks cut short counted in full) and format 3 (no
-/// would-be exits either).
-const DUMP_HEADER: &str = "blklab-insns 5";
+/// The header lines of the dumps [`Dump::parse`] reads: format 6, format 5
+/// (no `tasks` record), format 4 (no `cut` record either: blocks cut short
+/// counted in full) and format 3 (no would-be exits either).
+const DUMP_HEADER: &str = "blklab-insns 6";
+const DUMP_HEADER_5: &str = "blklab-insns 5";
 const DUMP_HEADER_4: &str = "blklab-insns 4";
 const DUMP_HEADER_3: &str = "blklab-insns 3";
 
@@ -159,13 +164,14 @@ impl Dump {
         };
         let mut lines = text.lines().enumerate();
         let format = match lines.next().map(|(_, l)| l) {
-            Some(DUMP_HEADER) => 5,
+            Some(DUMP_HEADER) => 6,
+            Some(DUMP_HEADER_5) => 5,
             Some(DUMP_HEADER_4) => 4,
             Some(DUMP_HEADER_3) => 3,
             _ => {
                 return Err(err(
                     1,
-                    "not a blklab-insns 5, 4 or 3 dump (an older plugin? rebuild it: images/build-qemu-plugin.sh)",
+                    "not a blklab-insns 6, 5, 4 or 3 dump (an older plugin? rebuild it: images/build-qemu-plugin.sh)",
                 ))
             }
         };
@@ -219,6 +225,11 @@ impl Dump {
                 .marks
                 .zip(earlier.marks)
                 .map(|(m, m0)| m.saturating_sub(m0)),
+            tasks: self
+                .tasks
+                .as_ref()
+                .zip(earlier.tasks.as_ref())
+                .map(|(t, t0)| t.since(t0)),
         }
     }
 
@@ -259,6 +270,8 @@ struct Parser {
     exits: bool,
     /// The `cut` record was read (or none is due: format 4 and older).
     cut: bool,
+    /// The `tasks` record was read (or none is due: format 5 and older).
+    tasks: bool,
     vcpus: Option<usize>,
     /// `vcpu` records read.
     seen: usize,
@@ -283,6 +296,7 @@ impl Parser {
             format,
             exits,
             cut,
+            tasks: format < 6,
             vcpus: None,
             seen: 0,
             ended: false,
@@ -339,6 +353,18 @@ impl Parser {
                 self.d.marks = Some(decimal(w.next())?);
             }
             Some("mark") if self.d.marks.is_some() => self.exit(w, true)?,
+            Some("tasks") if !self.tasks => {
+                self.d.tasks = Tasks::parse_header(&w.collect::<Vec<_>>())?;
+                self.tasks = true;
+            }
+            Some("task") => {
+                let tasks = self
+                    .d
+                    .tasks
+                    .as_mut()
+                    .ok_or("a 'task' record without tasks")?;
+                tasks.parse_task(line.strip_prefix("task ").unwrap_or_default())?;
+            }
             Some("end") => self.ended = true,
             _ => return Err("unknown record"),
         }
@@ -422,9 +448,9 @@ impl Parser {
         if !self.ended {
             return Err("truncated dump (no 'end')");
         }
-        let once = self.rule && self.mixed && self.disagree && self.exits && self.cut;
+        let once = self.rule && self.mixed && self.disagree && self.exits && self.cut && self.tasks;
         if self.vcpus != Some(self.seen) || !once {
-            return Err("incomplete dump (want 'levels', 'vcpus N', N 'vcpu' records, 'mixed', 'disagree', 'cut', 'exits')");
+            return Err("incomplete dump (want 'levels', 'vcpus N', N 'vcpu' records, 'mixed', 'disagree', 'cut', 'exits', 'tasks')");
         }
         Ok(self.d)
     }
@@ -574,7 +600,7 @@ pub(crate) mod tests {
             "blklab-insns 1\nvcpus 1\nvcpu 0 kernel 1 user 1\ntb ffffffff81000100 1 1\nend\n",
             1,
         );
-        bad(&ok.replace("blklab-insns 3", "blklab-insns 6"), 1);
+        bad(&ok.replace("blklab-insns 3", "blklab-insns 7"), 1);
         bad(&ok.replace("end\n", ""), 7);
         bad("junk\n", 1);
         // A vcpu line of format 1, with a field missing, extra or misnamed.
@@ -597,6 +623,42 @@ pub(crate) mod tests {
         bad(&ok.replace("1 1\n", "1\n"), 7);
         bad(&ok.replace("tb ffffffff81000100", "tb2 zz"), 7);
         bad(&format!("{ok}tb 1 1 1\n"), 9);
+    }
+
+    #[test]
+    fn format_6_dumps_carry_the_tasks_and_a_window_their_differences() {
+        let text = |k: u64| {
+            head(&[(k, 0, 0, 0, 0, 0)], 0).replace("blklab-insns 3", "blklab-insns 6")
+                + &format!(
+                    "cut 0 0\nexits available\ntasks switch ffffffff81002a30 halt 0 names yes\n\
+                     task ffff888003a0c000 312 300 kernel {k} user 0 l2kernel 0 l2user 0 halt 0 switches 2 comm CPU 0/KVM\n\
+                     tb ffffffff81000100 1 1\nend\n"
+                )
+        };
+        let a = Dump::parse(&text(10), Path::new("a")).unwrap();
+        let b = Dump::parse(&text(25), Path::new("b")).unwrap();
+        let t = b.since(&a).tasks.expect("tasks");
+        assert_eq!(t.switch, 0xffffffff81002a30);
+        assert_eq!(t.level1(), 15);
+        // Format 6 must say whether it followed tasks; `tasks off` is none.
+        let missing = text(1).replace("tasks switch ffffffff81002a30 halt 0 names yes\n", "");
+        let e = Dump::parse(&missing, Path::new("m"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a 'task' record without tasks"), "{e}");
+        let off = text(1)
+            .replace(
+                "tasks switch ffffffff81002a30 halt 0 names yes",
+                "tasks off",
+            )
+            .lines()
+            .filter(|l| !l.starts_with("task "))
+            .collect::<Vec<_>>()
+            .join("\n")
+            + "\n";
+        assert_eq!(Dump::parse(&off, Path::new("o")).unwrap().tasks, None);
+        let no_tasks_record = off.replace("tasks off\n", "");
+        assert!(Dump::parse(&no_tasks_record, Path::new("n")).is_err());
     }
 
     #[test]

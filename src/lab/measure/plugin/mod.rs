@@ -4,6 +4,8 @@
 //! - [`build`]: building the plugin;
 //! - [`control`]: asking it for counter dumps at a variant's SYNC markers;
 //! - [`dump`]: a dump, read, and the difference of two dumps;
+//! - [`tasks`]: its counts by the machine's task that ran them, and
+//!   [`host_split`] those of a nested host's threads by part;
 //! - [`symbol_map`]: symbolisation against the kernel's `System.map` (or a
 //!   host's `/proc/kallsyms`);
 //! - [`records`]: the record of a profile summed into the symbol groups of
@@ -27,8 +29,10 @@ pub(crate) mod build;
 pub(crate) mod control;
 pub(crate) mod dump;
 mod error;
+pub(crate) mod host_split;
 pub(crate) mod records;
 pub(crate) mod symbol_map;
+pub(crate) mod tasks;
 
 pub(crate) use build::build_plugin;
 pub(crate) use control::Control;

@@ -243,6 +243,7 @@ pub(crate) fn host_record(
             .map(|(f, n)| (f.clone(), per(*n)))
             .collect(),
         function_insns: p.functions.clone(),
+        split: None,
     }
 }
 

@@ -1,0 +1,224 @@
+//! Where a nested host's kernel keeps what names a task, and where the two
+//! functions the outer plugin hooks start: what the plugin needs to split
+//! the host's instructions by the thread that ran them (its header comment,
+//! "Tasks" and "Halt").
+//!
+//! The inner lab reads them inside the host, where they are exact: the
+//! offsets of `task_struct`'s `pid`, `tgid` and `comm` from the kernel's own
+//! BTF (`/sys/kernel/btf/vmlinux`), the addresses of `__switch_to` and KVM's
+//! `kvm_vcpu_halt` from `/proc/kallsyms` (the latter in `kvm.ko`, known only
+//! once it is loaded). It hands them to the outer lab over the relay, which
+//! passes them to its plugin (Debian ships the kernel's System.map only in
+//! its -dbg package: nothing outside the host knows these addresses).
+
+use std::path::{Path, PathBuf};
+
+use btf_rs::{Btf, Type};
+use thiserror::Error;
+
+/// The host kernel's BTF.
+const BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// The function whose entry switches tasks: `__switch_to(prev, next)`.
+const SWITCH_SYMBOL: &str = "__switch_to";
+
+/// KVM's halt function: polls for a wake-up, then sleeps, when a guest's
+/// vCPU halts.
+const HALT_SYMBOL: &str = "kvm_vcpu_halt";
+
+#[derive(Debug, Error)]
+pub(crate) enum LayoutError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} has no {symbol}", path.display())]
+    NoSymbol { path: PathBuf, symbol: &'static str },
+    #[error("the kernel's BTF ({BTF}): {0}")]
+    Btf(#[source] btf_rs::Error),
+    #[error("the kernel's BTF ({BTF}) has no task_struct member {0}")]
+    NoMember(&'static str),
+}
+
+/// What the plugin needs to name tasks and count halts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TaskLayout {
+    /// `__switch_to`'s address.
+    pub(crate) switch: u64,
+    /// `kvm_vcpu_halt`'s address, when KVM is loaded.
+    pub(crate) halt: Option<u64>,
+    /// Byte offsets in `task_struct`.
+    pub(crate) comm: u32,
+    pub(crate) pid: u32,
+    pub(crate) tgid: u32,
+}
+
+impl TaskLayout {
+    /// This kernel's, from `/proc/kallsyms` and its BTF.
+    pub(crate) fn of_this_kernel() -> Result<TaskLayout, LayoutError> {
+        let kallsyms = Path::new("/proc/kallsyms");
+        let text = std::fs::read_to_string(kallsyms).map_err(|source| LayoutError::Read {
+            path: kallsyms.to_path_buf(),
+            source,
+        })?;
+        let switch = symbol(&text, SWITCH_SYMBOL).ok_or(LayoutError::NoSymbol {
+            path: kallsyms.to_path_buf(),
+            symbol: SWITCH_SYMBOL,
+        })?;
+        let btf = Btf::from_file(BTF).map_err(LayoutError::Btf)?;
+        let offset = |m| member_offset(&btf, "task_struct", m);
+        Ok(TaskLayout {
+            switch,
+            halt: symbol(&text, HALT_SYMBOL),
+            comm: offset("comm")?,
+            pid: offset("pid")?,
+            tgid: offset("tgid")?,
+        })
+    }
+
+    /// The relay's words for it (after `tasks SEQ`).
+    pub(crate) fn render(&self) -> String {
+        format!(
+            "switch={:x} halt={:x} comm={} pid={} tgid={}",
+            self.switch,
+            self.halt.unwrap_or(0),
+            self.comm,
+            self.pid,
+            self.tgid
+        )
+    }
+
+    /// The relay's words back (`None` when any is missing or malformed).
+    pub(crate) fn parse<'a>(words: impl Iterator<Item = &'a str>) -> Option<TaskLayout> {
+        let (mut switch, mut halt, mut comm, mut pid, mut tgid) = (None, None, None, None, None);
+        for w in words {
+            let (k, v) = w.split_once('=')?;
+            match k {
+                "switch" => switch = Some(u64::from_str_radix(v, 16).ok()?),
+                "halt" => halt = Some(u64::from_str_radix(v, 16).ok()?),
+                "comm" => comm = Some(v.parse().ok()?),
+                "pid" => pid = Some(v.parse().ok()?),
+                "tgid" => tgid = Some(v.parse().ok()?),
+                _ => return None,
+            }
+        }
+        Some(TaskLayout {
+            switch: switch?,
+            halt: halt.filter(|h| *h != 0),
+            comm: comm?,
+            pid: pid?,
+            tgid: tgid?,
+        })
+    }
+
+    /// The plugin's `tasks` command for it.
+    pub(crate) fn plugin_command(&self) -> String {
+        format!(
+            "tasks switch={:x} comm={} pid={} tgid={} halt={:x}",
+            self.switch,
+            self.comm,
+            self.pid,
+            self.tgid,
+            self.halt.unwrap_or(0)
+        )
+    }
+}
+
+/// The address of the text symbol `name` in a kallsyms or System.map text
+/// (`ADDR TYPE NAME [MODULE]`).
+pub(crate) fn symbol(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let mut w = l.split_whitespace();
+        let (addr, kind, sym) = (w.next()?, w.next()?, w.next()?);
+        (sym == name && matches!(kind, "T" | "t"))
+            .then(|| u64::from_str_radix(addr, 16).ok())
+            .flatten()
+            .filter(|a| *a != 0)
+    })
+}
+
+/// The byte offset of member `member` of struct `name`, looking into
+/// anonymous structs and unions on the way.
+fn member_offset(btf: &Btf, name: &str, member: &'static str) -> Result<u32, LayoutError> {
+    let types = btf.resolve_types_by_name(name).map_err(LayoutError::Btf)?;
+    types
+        .iter()
+        .find_map(|t| match t {
+            Type::Struct(s) if !s.members.is_empty() => find_member(btf, s, member, 0),
+            _ => None,
+        })
+        .map(|bits| bits / 8)
+        .ok_or(LayoutError::NoMember(member))
+}
+
+/// The bit offset of `member` in `s` (or in an anonymous member of it).
+fn find_member(btf: &Btf, s: &btf_rs::Struct, member: &str, base: u32) -> Option<u32> {
+    for m in &s.members {
+        let at = base + m.bit_offset();
+        let name = btf.resolve_name(m).unwrap_or_default();
+        if name == member {
+            return Some(at);
+        }
+        if name.is_empty() {
+            if let Ok(Type::Struct(inner) | Type::Union(inner)) = btf.resolve_chained_type(m) {
+                if let Some(found) = find_member(btf, &inner, member, at) {
+                    return Some(found);
+                }
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_relay_words_round_trip_and_malformed_ones_are_refused() {
+        let l = TaskLayout {
+            switch: 0xffffffff81002a30,
+            halt: Some(0xffffffffc0a01230),
+            comm: 3000,
+            pid: 2504,
+            tgid: 2508,
+        };
+        let words = l.render();
+        assert_eq!(
+            words,
+            "switch=ffffffff81002a30 halt=ffffffffc0a01230 comm=3000 pid=2504 tgid=2508"
+        );
+        assert_eq!(TaskLayout::parse(words.split(' ')), Some(l));
+        assert_eq!(
+            l.plugin_command(),
+            "tasks switch=ffffffff81002a30 comm=3000 pid=2504 tgid=2508 halt=ffffffffc0a01230"
+        );
+        let no_halt = TaskLayout { halt: None, ..l };
+        assert_eq!(
+            TaskLayout::parse(no_halt.render().split(' ')),
+            Some(no_halt)
+        );
+        for bad in [
+            "switch=ffff halt=0 comm=1 pid=2",
+            "switch=zz halt=0 comm=1 pid=2 tgid=3",
+            "switch=ffff halt=0 comm=1 pid=2 tgid=3 extra=1",
+            "switch=ffff halt=0 comm=-1 pid=2 tgid=3",
+        ] {
+            assert_eq!(TaskLayout::parse(bad.split(' ')), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_text_symbol_is_found_by_name_and_others_are_not() {
+        let text = "ffffffff81002a30 T __switch_to\n\
+                    ffffffff81ff0000 D __switch_to_data\n\
+                    ffffffffc0a01230 t kvm_vcpu_halt\t[kvm]\n\
+                    0000000000000000 T hidden\n";
+        assert_eq!(symbol(text, "__switch_to"), Some(0xffffffff81002a30));
+        assert_eq!(symbol(text, "kvm_vcpu_halt"), Some(0xffffffffc0a01230));
+        assert_eq!(symbol(text, "__switch_to_data"), None);
+        assert_eq!(symbol(text, "hidden"), None, "kptr_restrict's zeros");
+    }
+}
