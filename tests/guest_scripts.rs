@@ -159,6 +159,7 @@ fn shipped_scenarios_parse_with_the_expected_variants() {
             vec!["mq-deadline", "none", "null-mq-deadline", "null-none"],
         ),
         ("plug-inverse-quick", vec!["mq-deadline"]),
+        ("plug-inverse-paced", vec!["mq-deadline"]),
         (
             "seed000-virtio-tags",
             vec!["host-tags", "per-queue", "host-tags-none", "per-queue-none"],
@@ -385,7 +386,7 @@ fn check_scenario_content(name: &str, doc: &Value) {
                 }
             }
         }
-        "plug-inverse" | "plug-inverse-quick" => {
+        "plug-inverse" | "plug-inverse-quick" | "plug-inverse-paced" => {
             assert_eq!(doc["queues"], 1);
             if name == "plug-inverse-quick" {
                 // The default run's contrasting case: one vCPU (no vCPU
@@ -393,6 +394,12 @@ fn check_scenario_content(name: &str, doc: &Value) {
                 // count (fio's start-up weighs the same in every run).
                 assert_eq!(doc["vcpus"], 1);
                 has_args(&vs[0], &["--number_ios=15000"]);
+            }
+            if name == "plug-inverse-paced" {
+                // The nested floor's case: the same at a fixed pace, below
+                // what the slowest nested run managed.
+                assert_eq!(doc["vcpus"], 1);
+                has_args(&vs[0], &["--number_ios=6000", "--rate_iops=500"]);
             }
             for v in vs {
                 let n = v["name"].as_str().unwrap();

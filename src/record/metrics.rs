@@ -443,6 +443,17 @@ pub(crate) const METRICS: &[Metric] = &[
         get: |r| host_split(r)?.vm_per_io(),
     },
     host_part!("kvm_exits", "KVM's exit handling"),
+    Metric {
+        key: "host_instructions_per_kvm_exit",
+        title: "host instructions per #VMEXIT in KVM's exit handling (nested: the plugin's exits of the same window)",
+        unit: "",
+        better: Better::Lower,
+        get: |r| {
+            let h = r.host_instructions.as_ref()?;
+            let n = *h.split.as_ref()?.insns.get("kvm_exits")?;
+            (h.exits > 0).then(|| n as f64 / h.exits as f64)
+        },
+    },
     host_part!("halt", "KVM's halt polling"),
     host_part!("vmm_vcpu_user", "the VMM's vCPU threads' user space"),
     host_part!("vmm_other", "the VMM's other threads"),
@@ -678,6 +689,7 @@ pub(crate) const HOST_INSTRUCTION_METRICS: &[&str] = &[
 pub(crate) const HOST_SPLIT_METRICS: &[&str] = &[
     "host_vm_instructions_per_io",
     "host_kvm_exits_instructions_per_io",
+    "host_instructions_per_kvm_exit",
     "host_halt_instructions_per_io",
     "host_vmm_vcpu_user_instructions_per_io",
     "host_vmm_other_instructions_per_io",
@@ -872,6 +884,36 @@ mod tests {
         assert_eq!(v("world_switches_per_io"), Some(1.5));
         let d = default_metrics([&r, &nested]);
         assert_eq!(&d[DEFAULT_METRICS.len()..], HOST_INSTRUCTION_METRICS);
+        // Split by thread: each part per IO, the VM's own work, KVM's
+        // exit handling per exit; in the defaults once a record has them.
+        for k in HOST_SPLIT_METRICS {
+            assert_eq!(v(k), None, "{k}");
+        }
+        let h = nested.host_instructions.as_mut().unwrap();
+        h.split = Some(crate::record::host_split::HostSplit {
+            insns: [
+                ("kvm_exits", 1_500_000),
+                ("halt", 100_000),
+                ("backend", 500_000),
+            ]
+            .into_iter()
+            .map(|(k, n)| (k.to_string(), n))
+            .collect(),
+            per_io: [("kvm_exits", 750.0), ("halt", 50.0), ("backend", 250.0)]
+                .into_iter()
+                .map(|(k, n)| (k.to_string(), Some(n)))
+                .collect(),
+            ..Default::default()
+        });
+        let v = |k: &str| (find(k).unwrap().get)(&nested);
+        assert_eq!(v("host_kvm_exits_instructions_per_io"), Some(750.0));
+        assert_eq!(v("host_halt_instructions_per_io"), Some(50.0));
+        assert_eq!(v("host_instructions_per_kvm_exit"), Some(500.0));
+        assert_eq!(v("host_lab_instructions_per_io"), None);
+        // The VM's own: every one of its parts is needed.
+        assert_eq!(v("host_vm_instructions_per_io"), None);
+        let d = default_metrics([&nested]);
+        assert_eq!(&d[d.len() - HOST_SPLIT_METRICS.len()..], HOST_SPLIT_METRICS);
     }
 
     #[test]
