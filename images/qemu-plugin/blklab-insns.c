@@ -818,41 +818,41 @@ static void find_registers(unsigned int vcpu_index)
     }
 }
 
-/* The low 32 bits of a register (little-endian target); ~0 when unreadable. */
-static uint64_t read_low32(struct qemu_plugin_register *h)
+/* The low `size` bytes of a register (little-endian target, at most 8) in
+ * *v; false when unreadable. */
+static bool read_reg(struct qemu_plugin_register *h, size_t size, uint64_t *v)
 {
     if (!h) {
-        return ~(uint64_t)0;
+        return false;
     }
     if (!reg_buf) {
         reg_buf = g_byte_array_sized_new(16);
     }
     g_byte_array_set_size(reg_buf, 0);
     int n = qemu_plugin_read_register(h, reg_buf);
-    if (n < 4) {
-        return ~(uint64_t)0;
+    if (n < (int)size) {
+        return false;
     }
-    const uint8_t *d = reg_buf->data;
-    return (uint64_t)d[0] | (uint64_t)d[1] << 8 | (uint64_t)d[2] << 16 | (uint64_t)d[3] << 24;
+    *v = 0;
+    for (size_t i = 0; i < size; i++) {
+        *v |= (uint64_t)reg_buf->data[i] << (8 * i);
+    }
+    return true;
+}
+
+/* The low 32 bits of a register; ~0 when unreadable. */
+static uint64_t read_low32(struct qemu_plugin_register *h)
+{
+    uint64_t v;
+    return read_reg(h, 4, &v) ? v : ~(uint64_t)0;
 }
 
 #if TASKS
-/* A 64-bit register (little-endian target); 0 when unreadable. */
+/* A 64-bit register; 0 when unreadable. */
 static uint64_t read_reg64(struct qemu_plugin_register *h)
 {
-    if (!h) {
-        return 0;
-    }
-    if (!reg_buf) {
-        reg_buf = g_byte_array_sized_new(16);
-    }
-    g_byte_array_set_size(reg_buf, 0);
-    if (qemu_plugin_read_register(h, reg_buf) < 8) {
-        return 0;
-    }
     uint64_t v;
-    memcpy(&v, reg_buf->data, 8);
-    return v;
+    return read_reg(h, 8, &v) ? v : 0;
 }
 
 static __thread GByteArray *mem_buf;

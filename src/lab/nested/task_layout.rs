@@ -11,10 +11,12 @@
 //! passes them to its plugin (Debian ships the kernel's System.map only in
 //! its -dbg package: nothing outside the host knows these addresses).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use btf_rs::{Btf, Type};
 use thiserror::Error;
+
+use crate::lab::measure::plugin::{InsnsError, SymbolMap};
 
 /// The host kernel's BTF.
 const BTF: &str = "/sys/kernel/btf/vmlinux";
@@ -23,19 +25,18 @@ const BTF: &str = "/sys/kernel/btf/vmlinux";
 const SWITCH_SYMBOL: &str = "__switch_to";
 
 /// KVM's halt function: polls for a wake-up, then sleeps, when a guest's
-/// vCPU halts.
-const HALT_SYMBOL: &str = "kvm_vcpu_halt";
+/// vCPU halts; in its module, as kallsyms names module symbols.
+const HALT_SYMBOL: &str = "kvm_vcpu_halt [kvm]";
+
+/// The running kernel's symbols.
+const KALLSYMS: &str = "/proc/kallsyms";
 
 #[derive(Debug, Error)]
 pub(crate) enum LayoutError {
-    #[error("cannot read {}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{} has no {symbol}", path.display())]
-    NoSymbol { path: PathBuf, symbol: &'static str },
+    #[error(transparent)]
+    Symbols(#[from] InsnsError),
+    #[error("{KALLSYMS} has no {0}")]
+    NoSymbol(&'static str),
     #[error("the kernel's BTF ({BTF}): {0}")]
     Btf(#[source] btf_rs::Error),
     #[error("the kernel's BTF ({BTF}) has no task_struct member {0}")]
@@ -58,20 +59,12 @@ pub(crate) struct TaskLayout {
 impl TaskLayout {
     /// This kernel's, from `/proc/kallsyms` and its BTF.
     pub(crate) fn of_this_kernel() -> Result<TaskLayout, LayoutError> {
-        let kallsyms = Path::new("/proc/kallsyms");
-        let text = std::fs::read_to_string(kallsyms).map_err(|source| LayoutError::Read {
-            path: kallsyms.to_path_buf(),
-            source,
-        })?;
-        let switch = symbol(&text, SWITCH_SYMBOL).ok_or(LayoutError::NoSymbol {
-            path: kallsyms.to_path_buf(),
-            symbol: SWITCH_SYMBOL,
-        })?;
+        let (switch, halt) = hooks(&SymbolMap::read(Path::new(KALLSYMS))?)?;
         let btf = Btf::from_file(BTF).map_err(LayoutError::Btf)?;
         let offset = |m| member_offset(&btf, "task_struct", m);
         Ok(TaskLayout {
             switch,
-            halt: symbol(&text, HALT_SYMBOL),
+            halt,
             comm: offset("comm")?,
             pid: offset("pid")?,
             tgid: offset("tgid")?,
@@ -126,17 +119,13 @@ impl TaskLayout {
     }
 }
 
-/// The address of the text symbol `name` in a kallsyms or System.map text
-/// (`ADDR TYPE NAME [MODULE]`).
-pub(crate) fn symbol(text: &str, name: &str) -> Option<u64> {
-    text.lines().find_map(|l| {
-        let mut w = l.split_whitespace();
-        let (addr, kind, sym) = (w.next()?, w.next()?, w.next()?);
-        (sym == name && matches!(kind, "T" | "t"))
-            .then(|| u64::from_str_radix(addr, 16).ok())
-            .flatten()
-            .filter(|a| *a != 0)
-    })
+/// Where the plugin hooks in: `__switch_to`, and KVM's halt function
+/// when KVM is loaded.
+fn hooks(map: &SymbolMap) -> Result<(u64, Option<u64>), LayoutError> {
+    let switch = map
+        .address(SWITCH_SYMBOL)
+        .ok_or(LayoutError::NoSymbol(SWITCH_SYMBOL))?;
+    Ok((switch, map.address(HALT_SYMBOL)))
 }
 
 /// The byte offset of member `member` of struct `name`, looking into
@@ -211,14 +200,21 @@ mod tests {
     }
 
     #[test]
-    fn a_text_symbol_is_found_by_name_and_others_are_not() {
-        let text = "ffffffff81002a30 T __switch_to\n\
-                    ffffffff81ff0000 D __switch_to_data\n\
-                    ffffffffc0a01230 t kvm_vcpu_halt\t[kvm]\n\
-                    0000000000000000 T hidden\n";
-        assert_eq!(symbol(text, "__switch_to"), Some(0xffffffff81002a30));
-        assert_eq!(symbol(text, "kvm_vcpu_halt"), Some(0xffffffffc0a01230));
-        assert_eq!(symbol(text, "__switch_to_data"), None);
-        assert_eq!(symbol(text, "hidden"), None, "kptr_restrict's zeros");
+    fn the_hooks_are_the_kernels_switch_and_kvms_halt() {
+        let map = |text: &str| SymbolMap::parse(text, Path::new("kallsyms")).unwrap();
+        let with_kvm = map("ffffffff81002a30 T __switch_to\n\
+             ffffffff81ff0000 D __switch_to_data\n\
+             ffffffffc0a01230 t kvm_vcpu_halt\t[kvm]\n");
+        assert_eq!(
+            hooks(&with_kvm).unwrap(),
+            (0xffffffff81002a30, Some(0xffffffffc0a01230))
+        );
+        let without_kvm = map("ffffffff81002a30 T __switch_to\n");
+        assert_eq!(hooks(&without_kvm).unwrap(), (0xffffffff81002a30, None));
+        let no_switch = map("ffffffff81002000 T schedule\n");
+        assert!(matches!(
+            hooks(&no_switch),
+            Err(LayoutError::NoSymbol("__switch_to"))
+        ));
     }
 }

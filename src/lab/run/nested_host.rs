@@ -361,7 +361,7 @@ const HOST_BOOT_ATTEMPTS: u32 = 4;
 /// hosts finished) inside it.
 fn boot_once(r: &HostRun, attempt: &Attempt) -> Result<HostEnd, NestedError> {
     let stage = SocketDir::new(0).map_err(|e| NestedError::Stage(Box::new(e)))?;
-    let run_disk = write_run_disk(r, &stage.0, attempt, r.plugin.is_some())?;
+    let run_disk = write_run_disk(r, &stage.0, attempt)?;
     let results_disk = stage.0.join("results.img");
     transfer::results_disk(&results_disk, RESULTS_DISK_BYTES)?;
     let plugin = r
@@ -409,12 +409,7 @@ fn destination<'a>(r: &'a HostRun) -> merge::Destination<'a> {
 /// The run disk: this blklab, `inner.json` (without the boots earlier
 /// hosts finished), the guests' files and the scenarios (with
 /// `images/prepare.sh`, which marks a lab directory).
-fn write_run_disk(
-    r: &HostRun,
-    stage: &Path,
-    attempt: &Attempt,
-    name_tasks: bool,
-) -> Result<PathBuf, NestedError> {
+fn write_run_disk(r: &HostRun, stage: &Path, attempt: &Attempt) -> Result<PathBuf, NestedError> {
     let mut disk = RunDisk::create(&stage.join("run.tar"))?;
     // This very binary, through /proc/self/exe: its path may name another
     // file by now (rebuilt while a run went on) or none at all.
@@ -422,7 +417,8 @@ fn write_run_disk(
     let dirs = add_guests(&mut disk, r.guests)?;
     let mut inner = InnerRun::new(r.options, r.guests, &dirs, r.plugin.is_some());
     inner.skip_boots = attempt.skip.clone();
-    inner.name_tasks = name_tasks;
+    // Counting, the plugin splits the host's instructions by thread.
+    inner.name_tasks = r.plugin.is_some();
     if !attempt.planted.stall_boot {
         inner.silence_after_boot = attempt.planted.silence_after_boot;
     }

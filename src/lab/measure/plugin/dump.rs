@@ -115,7 +115,8 @@ pub struct Dump {
     /// exit counts at the last one.
     pub(crate) marks: Option<u64>,
     /// The counts by the machine's task that ran them (format 6, when the
-    /// plugin tracked tasks: its `switch=`).
+    /// plugin follows task switches: `switch=` at start or its `tasks`
+    /// command).
     pub tasks: Option<Tasks>,
 }
 
