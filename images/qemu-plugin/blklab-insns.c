@@ -131,15 +131,15 @@
  * dump they are equal, or vmruns is one more while the vCPU is in the
  * guest. Without SVM everything is level 1.
  *
- * Arguments (-plugin libblklab-insns.so,ctl=PATH[,out=FILE][,l2ram=FILE][,mark=ADDR][,switch=ADDR]):
+ * Arguments (-plugin libblklab-insns.so,ctl=PATH[,out=FILE][,l2ram=FILE][,mark=ADDR]):
  *   ctl=PATH   listen on a Unix stream socket at PATH; each line received is a
  *              command, each gets one line back:
  *                "dump FILE"  write the counters to FILE, reply "ok FILE"
  *                             (or "error MESSAGE")
  *                "tasks switch=ADDR comm=OFF pid=OFF tgid=OFF halt=ADDR"
  *                             follow and name the tasks, set the halt
- *                             function (see "Tasks"; each optional but
- *                             switch without switch= at start), reply
+ *                             function (see "Tasks"; each optional,
+ *                             switch but the first time), reply
  *                             "ok tasks" (or "error MESSAGE")
  *                "ping"       reply "pong"
  *   out=FILE   write the counters to FILE at exit
@@ -148,7 +148,6 @@
  *              passes for single-threaded TCG with more than one vCPU)
  *   mark=ADDR  marks: the kernel block at ADDR (hex) marks the would-be
  *              exits (see "Marks")
- *   switch=ADDR tasks: the kernel's __switch_to (hex; see "Tasks")
  *
  * Would-be exits. Besides instructions the plugin counts, per vCPU and
  * level, the guest's events that leave the guest on KVM (a VM exit, or host
@@ -194,9 +193,10 @@
  * Tasks (plugin API version 4). Each count is also kept by the machine's
  * task that ran it, so that a nested lab can say which of its host's
  * threads cost what. The machine kernel's __switch_to(prev, next) is
- * given as switch=ADDR at start or in the "tasks" command (the lab's host
- * says where it is once it runs; a new address resets the plugin, so that
- * QEMU translates every block again with the callbacks it now needs); a
+ * given in the "tasks" command (the lab's host says where it is once it
+ * runs, when its blocks are translated already: a new address resets the
+ * plugin, so that QEMU translates every block again with the callbacks it
+ * now needs); a
  * callback on the block there, run before the block's count, makes the
  * task_struct in RSI the vCPU's current task, and every count after it, the block's
  * own included, is that task's, until the vCPU's next switch. A task is
@@ -1537,8 +1537,8 @@ static void reply(int fd, const char *text)
 }
 
 /* "tasks switch=ADDR comm=OFF pid=OFF tgid=OFF halt=ADDR" (offsets
- * decimal, addresses hex; each optional but switch, unless given at
- * start): where tasks switch, how to name them, and where the halt
+ * decimal, addresses hex; each optional, switch but the first time):
+ * where tasks switch, how to name them, and where the halt
  * function starts. A new switch or halt address takes effect through a
  * reset of the plugin (qemu_plugin_reset: QEMU flushes every translated
  * block, so the blocks there get their callbacks when translated again;
@@ -1729,16 +1729,6 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
             l2ram_path = g_strdup(argv[i] + 6);
         } else if (strcmp(argv[i], "retired=off") == 0) {
             retired_off = true;
-#if TASKS
-        } else if (strncmp(argv[i], "switch=", 7) == 0) {
-            char *end;
-            switch_addr = g_ascii_strtoull(argv[i] + 7, &end, 16);
-            if (*end || switch_addr < KERNEL_START) {
-                fprintf(stderr, "blklab-insns: bad switch=%s (want the kernel's __switch_to, "
-                        "hex)\n", argv[i] + 7);
-                return -1;
-            }
-#endif
 #if EXITS
         } else if (strncmp(argv[i], "mark=", 5) == 0) {
             char *end;
@@ -1750,7 +1740,7 @@ QEMU_PLUGIN_EXPORT int qemu_plugin_install(qemu_plugin_id_t id,
 #endif
         } else {
             fprintf(stderr, "blklab-insns: unknown argument %s (want ctl=PATH, out=FILE, "
-                    "l2ram=FILE, mark=ADDR, switch=ADDR, retired=off)\n", argv[i]);
+                    "l2ram=FILE, mark=ADDR, retired=off)\n", argv[i]);
             return -1;
         }
     }

@@ -115,8 +115,7 @@ pub struct Dump {
     /// exit counts at the last one.
     pub(crate) marks: Option<u64>,
     /// The counts by the machine's task that ran them (format 6, when the
-    /// plugin follows task switches: `switch=` at start or its `tasks`
-    /// command).
+    /// plugin follows task switches: its `tasks` command).
     pub tasks: Option<Tasks>,
 }
 
