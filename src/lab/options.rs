@@ -141,6 +141,15 @@ pub struct RunArgs {
     /// runs the boots it had not finished.
     #[arg(long, value_name = "DURATION", default_value = "90s", value_parser = parse_interval)]
     pub(crate) host_silence: std::time::Duration,
+    /// With --accel nested: the emulated host's vCPUs (default: one more
+    /// than the largest guest's, for the backend and QEMU's own threads).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) host_vcpus: Option<u32>,
+    /// With --accel nested: how QEMU runs the emulated host's vCPUs: multi,
+    /// a thread each (TCG's default); single, every vCPU on one thread in
+    /// turn (slower; no two vCPUs run at once).
+    #[arg(long, value_enum, value_name = "multi|single", default_value = "multi")]
+    pub(crate) host_tcg: HostTcg,
     /// QEMU binary: a name on PATH or a path. Left at its default on a
     /// host with no qemu-system-x86_64 on PATH, the image cache's QEMU
     /// bundle (`blklab images export --bundle`, imported), with its own
@@ -284,6 +293,27 @@ pub(crate) struct GuestOptions {
     pub(crate) ram: GuestRam,
 }
 
+/// `--host-tcg`: how QEMU runs a nested run's emulated host's vCPUs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum HostTcg {
+    /// A thread per vCPU (`-accel tcg,thread=multi`).
+    #[default]
+    Multi,
+    /// Every vCPU on one thread in turn (`-accel tcg,thread=single`).
+    Single,
+}
+
+impl HostTcg {
+    /// QEMU's word for it (`thread=…`).
+    pub(crate) fn qemu(self) -> &'static str {
+        match self {
+            HostTcg::Multi => "multi",
+            HostTcg::Single => "single",
+        }
+    }
+}
+
 /// `--inner-accel`: how the lab inside a nested host chooses its
 /// accelerator.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -315,6 +345,13 @@ pub(crate) struct NestedOptions {
     /// How long the host may say nothing before it is replaced.
     #[serde(default = "default_host_silence")]
     pub(crate) silence: Duration,
+    /// The host's vCPUs, when given (else one more than the largest
+    /// guest's).
+    #[serde(default)]
+    pub(crate) host_vcpus: Option<u32>,
+    /// How QEMU runs them.
+    #[serde(default)]
+    pub(crate) host_tcg: HostTcg,
 }
 
 /// `--host-silence`'s default.
@@ -330,6 +367,8 @@ impl Default for NestedOptions {
             inner_accel: InnerAccel::Auto,
             neighbour: false,
             silence: HOST_SILENCE,
+            host_vcpus: None,
+            host_tcg: HostTcg::Multi,
         }
     }
 }
@@ -343,6 +382,10 @@ impl NestedOptions {
             Some("--nested-neighbour")
         } else if self.silence != HOST_SILENCE {
             Some("--host-silence")
+        } else if self.host_vcpus.is_some() {
+            Some("--host-vcpus")
+        } else if self.host_tcg != HostTcg::Multi {
+            Some("--host-tcg")
         } else {
             None
         }
@@ -462,6 +505,8 @@ impl RunArgs {
                 inner_accel: self.inner_accel,
                 neighbour: self.nested_neighbour,
                 silence: self.host_silence,
+                host_vcpus: self.host_vcpus,
+                host_tcg: self.host_tcg,
             },
             timeouts: Timeouts {
                 boot: self.boot_timeout,

@@ -187,6 +187,11 @@ pub(crate) struct NestedHostInfo {
     /// QEMU's `-cpu` for the host.
     pub(crate) cpu: String,
     pub(crate) vcpus: u32,
+    /// How QEMU ran the host's vCPUs (`-accel tcg,thread=`): `multi`, a
+    /// thread each, or `single`, one thread for all (`--host-tcg`); null in
+    /// runs older than the option (multi).
+    #[serde(default)]
+    pub(crate) tcg_threads: Option<String>,
     /// Both NUMA nodes' memory.
     pub(crate) memory_mib: u64,
     /// Node 1's memory (no vCPUs): the host's huge pages, which its guests'

@@ -69,6 +69,11 @@ pub struct RetriedHost {
     /// than idle.
     #[serde(default)]
     pub(crate) busy: bool,
+    /// The host kernel's own stall report that gave it up (a soft lockup,
+    /// an RCU stall, a blocked task: its first line), when that came before
+    /// any silence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) watchdog: Option<String>,
     /// The plan's boots it finished, whose records were kept.
     pub(crate) boots_kept: Vec<usize>,
     /// Its state as kept (QMP's view, the console after an NMI).

@@ -98,6 +98,7 @@ const FAULT_STARTS: &[&str] = &[
     "general protection fault",
     "Call Trace:",
     "watchdog: BUG:",
+    "watchdog: Watchdog detected hard LOCKUP",
     "INFO: task ",
     "INFO: rcu_",
     "rcu: INFO: rcu_",
@@ -128,6 +129,26 @@ fn strip_timestamp(line: &str) -> &str {
         }
     }
     t
+}
+
+/// The lines with which a kernel's own watchdogs report a stall: a soft or
+/// hard lockup, an RCU stall, a task blocked for minutes. In the emulated
+/// host of `--accel nested` they mean the host stopped making progress
+/// (as when the emulator lost one of its vCPUs' interrupts), not a fault
+/// of the kernels measured.
+const STALL_STARTS: &[&str] = &[
+    "watchdog: BUG: soft lockup",
+    "watchdog: Watchdog detected hard LOCKUP",
+    "rcu: INFO: rcu_",
+    "INFO: rcu_",
+    "INFO: task ",
+];
+
+/// `line` without its timestamp when it starts a kernel's stall report
+/// ([`STALL_STARTS`]).
+pub(crate) fn stall_report(line: &str) -> Option<&str> {
+    let l = strip_timestamp(line).trim_end_matches(['\r', '\n']);
+    STALL_STARTS.iter().any(|p| l.starts_with(p)).then_some(l)
 }
 
 /// Whether `line` starts a guest kernel fault report.
@@ -251,6 +272,40 @@ mod tests {
         // Lines after the end belong to no report.
         assert!(f.feed("BLKLAB-SYNC 1 end a b"));
         assert_eq!(f.report(), SPLAT);
+    }
+
+    #[test]
+    fn a_kernel_watchdogs_stall_reports_are_told_from_other_faults() {
+        for (l, report) in [
+            (
+                "[   45.403762] watchdog: BUG: soft lockup - CPU#1 stuck for 26s! [qemu-system-x86:179]\r",
+                "watchdog: BUG: soft lockup - CPU#1 stuck for 26s! [qemu-system-x86:179]",
+            ),
+            (
+                "[   60.0] rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:",
+                "rcu: INFO: rcu_preempt detected stalls on CPUs/tasks:",
+            ),
+            (
+                "[  130.0] INFO: task kworker/0:1:80 blocked for more than 120 seconds.",
+                "INFO: task kworker/0:1:80 blocked for more than 120 seconds.",
+            ),
+            (
+                "watchdog: Watchdog detected hard LOCKUP on cpu 1",
+                "watchdog: Watchdog detected hard LOCKUP on cpu 1",
+            ),
+        ] {
+            assert_eq!(stall_report(l), Some(report), "{l}");
+            assert!(starts_fault(l), "a stall is a fault in a measured guest: {l}");
+        }
+        for l in [
+            "[   12.5] BUG: kernel NULL pointer dereference, address: 0000000000000008",
+            "[    0.9] Kernel panic - not syncing: NMI: Not continuing",
+            "[   12.5] Call Trace:",
+            "BLKLAB-HOST-ALIVE uptime=30.1",
+            "",
+        ] {
+            assert_eq!(stall_report(l), None, "{l}");
+        }
     }
 
     #[test]

@@ -117,7 +117,7 @@ pub(crate) fn boot_nested_host(
     let machine = HostMachine::new(
         &request.units,
         lab.plugin.is_some(),
-        request.options.nested.neighbour,
+        &request.options.nested,
     );
     let timeouts = request
         .options

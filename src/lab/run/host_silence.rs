@@ -27,6 +27,8 @@ use crate::lab::guest::qmp::Qmp;
 use crate::lab::measure::plugin::SymbolMap;
 use crate::util::procfs;
 
+use super::vcpu_flags;
+
 /// The share of one CPU the host's vCPUs together may use over the quiet
 /// stretch and still count as silent. An idle Linux host under TCG uses
 /// well under 1 %; a working one, a whole core or more.
@@ -58,7 +60,7 @@ fn is_vcpu_thread(comm: &str) -> bool {
 }
 
 /// A silence: how long nothing was said, and the vCPU time meanwhile.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Silence {
     pub(crate) quiet: Duration,
     /// Over the last stretch of the watch's limit (or less, when the
@@ -67,6 +69,11 @@ pub(crate) struct Silence {
     /// Its vCPUs were busy: the host was given up at the step's timeout,
     /// stuck rather than idle.
     pub(crate) busy: bool,
+    /// The host kernel's own stall report (a soft lockup, an RCU stall, a
+    /// blocked task: its first line) that gave the host up, before any
+    /// silence: such a report repeats on the console, so the host never
+    /// falls quiet.
+    pub(crate) watchdog: Option<String>,
 }
 
 /// Whether the host has been silent for `limit`: the last time it said
@@ -123,6 +130,7 @@ impl SilenceWatch {
             quiet,
             vcpu_seconds,
             busy,
+            watchdog: None,
         })
     }
 
@@ -145,6 +153,7 @@ impl SilenceWatch {
             quiet: now.saturating_duration_since(self.last_output),
             vcpu_seconds,
             busy,
+            watchdog: None,
         }
     }
 }
@@ -160,17 +169,24 @@ pub(crate) fn keep_state(
     symbols: Option<&SymbolMap>,
     file: &Path,
 ) -> std::io::Result<()> {
-    let mut text = format!(
-        "The nested host {}: nothing on its console or in the inner lab's log for \
-         {:.0} s, its vCPU threads used {:.2} s of CPU over the last stretch.\n",
-        if silence.busy {
-            "made no progress by the step's timeout, its vCPUs busy"
-        } else {
-            "fell silent"
-        },
-        silence.quiet.as_secs_f64(),
-        silence.vcpu_seconds
-    );
+    let mut text = match &silence.watchdog {
+        Some(report) => format!(
+            "The nested host's kernel reported a stall: {report}\n\
+             Its vCPU threads used {:.2} s of CPU over the last stretch.\n",
+            silence.vcpu_seconds
+        ),
+        None => format!(
+            "The nested host {}: nothing on its console or in the inner lab's log for \
+             {:.0} s, its vCPU threads used {:.2} s of CPU over the last stretch.\n",
+            if silence.busy {
+                "made no progress by the step's timeout, its vCPUs busy"
+            } else {
+                "fell silent"
+            },
+            silence.quiet.as_secs_f64(),
+            silence.vcpu_seconds
+        ),
+    };
     let pid = guest.pid();
     // Where QEMU's threads wait, before the NMI may end the host.
     let _ = writeln!(
@@ -178,7 +194,11 @@ pub(crate) fn keep_state(
         "\n== QEMU's threads (utime+stime ticks, kernel wait)\n{}",
         threads(pid)
     );
-    let _ = writeln!(text, "\n== QEMU's threads' stacks\n{}", stacks(pid));
+    let _ = writeln!(
+        text,
+        "\n== QEMU's threads' stacks, and its vCPUs' flags when it has debug information\n{}",
+        stacks(pid, &file.with_extension("gdb"))
+    );
     match Qmp::connect(qmp, QMP_CONNECT) {
         Ok(mut q) => {
             machine_state(&mut q, symbols, &mut text);
@@ -193,21 +213,29 @@ pub(crate) fn keep_state(
 
 /// Every thread's user-space stack, by gdb when it is on PATH (attached
 /// for a moment, at most [`GDB_LIMIT`]): which lock or condition each
-/// vCPU thread sleeps on.
-fn stacks(pid: i32) -> String {
+/// vCPU thread sleeps on; then, when QEMU has debug information, what it
+/// holds of each vCPU ([`vcpu_flags`]). `script` is where the gdb commands
+/// for the latter are written.
+fn stacks(pid: i32, script: &Path) -> String {
+    if let Err(e) = std::fs::write(script, vcpu_flags::GDB_SCRIPT) {
+        return format!("(cannot write {}: {e})", script.display());
+    }
     let out = std::process::Command::new("timeout")
         .arg(GDB_LIMIT.as_secs().to_string())
         .args(["gdb", "-batch", "-nx", "-p", &pid.to_string()])
-        .args(["-ex", "thread apply all bt 30"])
+        .args(["-ex", "thread apply all bt 30", "-x"])
+        .arg(script)
         .output();
     match out {
-        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
-        Ok(o) => format!(
-            "(gdb: {}; is it installed?) {}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr).trim()
-        ),
-        Err(e) => format!("(cannot run timeout/gdb: {e})"),
+        Ok(o) => {
+            let mut text = vcpu_flags::annotate(&String::from_utf8_lossy(&o.stdout));
+            let stderr = String::from_utf8_lossy(&o.stderr);
+            if !o.status.success() || stderr.contains("No symbol") {
+                let _ = write!(text, "(gdb: {}) {}", o.status, stderr.trim());
+            }
+            text
+        }
+        Err(e) => format!("(cannot run timeout/gdb: {e}; is it installed?)"),
     }
 }
 

@@ -39,6 +39,7 @@ pub(crate) mod run_document;
 pub(crate) mod session;
 pub(crate) mod settings;
 pub mod summary;
+mod vcpu_flags;
 
 use std::path::PathBuf;
 

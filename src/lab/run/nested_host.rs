@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use log::{info, warn};
 use thiserror::Error;
 
-use crate::lab::guest::console::{FaultScanner, Phase};
+use crate::lab::guest::console::{self, FaultScanner, Phase};
 use crate::lab::guest::qemu::{Guest, Next, QemuError, HEADLESS};
 use crate::lab::guest::qmp::QmpError;
 use crate::lab::images::nested_host::NestedHostImage;
@@ -111,8 +111,8 @@ pub enum NestedError {
 }
 
 /// The emulated host's machine: a vCPU more than its largest guest (for
-/// the backend and QEMU's own threads) and [`HOST_OVERHEAD_MIB`] besides
-/// the guests' memory.
+/// the backend and QEMU's own threads) unless `--host-vcpus` says, and
+/// [`HOST_OVERHEAD_MIB`] besides the guests' memory.
 ///
 /// Counting instructions, it has two NUMA nodes. Node 0 has every vCPU
 /// and the host's own memory. Node 1 has no vCPU and holds the host's
@@ -135,13 +135,20 @@ pub(crate) struct HostMachine {
 
 impl HostMachine {
     /// The host for `units`; `levels_by_address` when the plugin counts
-    /// (node 1 and its huge pages); `neighbour` with room for a second VM.
-    pub(crate) fn new(units: &[Unit], levels_by_address: bool, neighbour: bool) -> HostMachine {
-        let vcpus = units
+    /// (node 1 and its huge pages); with room for a second VM and the
+    /// vCPUs `nested` asks for.
+    pub(crate) fn new(
+        units: &[Unit],
+        levels_by_address: bool,
+        nested: &NestedOptions,
+    ) -> HostMachine {
+        let largest = units
             .iter()
             .map(|u| u.settings.machine.vcpus)
             .max()
             .unwrap_or(1);
+        let vcpus = nested.host_vcpus.unwrap_or(largest + 1);
+        let neighbour = nested.neighbour;
         let guest_mib = units
             .iter()
             .filter_map(|u| parse_size(&u.settings.machine.memory).ok())
@@ -151,7 +158,7 @@ impl HostMachine {
         let host_mib = HOST_OVERHEAD_MIB + if neighbour { NEIGHBOUR_MIB } else { 0 };
         if !levels_by_address {
             return HostMachine {
-                vcpus: vcpus + 1,
+                vcpus,
                 memory_mib: host_mib + guest_mib,
                 guest_node_mib: 0,
                 huge_pages: 0,
@@ -160,7 +167,7 @@ impl HostMachine {
         let huge_pages = guest_mib.div_ceil(HUGE_PAGE_MIB);
         let guest_node_mib = guest_node_mib(huge_pages);
         HostMachine {
-            vcpus: vcpus + 1,
+            vcpus,
             memory_mib: host_mib + guest_node_mib,
             guest_node_mib,
             huge_pages,
@@ -218,6 +225,7 @@ pub(crate) fn info(
         manifest: image.manifest.clone(),
         cpu: HOST_CPU.to_string(),
         vcpus: machine.vcpus,
+        tcg_threads: Some(nested.host_tcg.qemu().to_string()),
         memory_mib: machine.memory_mib,
         guest_node_mib: by_address.then_some(machine.guest_node_mib),
         huge_pages: by_address.then_some(machine.huge_pages),
@@ -488,7 +496,10 @@ fn qemu_args(
     let guest_node = stage.join(GUEST_NODE_FILE);
     let mut a: Vec<String> = Vec::new();
     let mut push = |s: &[&str]| a.extend(s.iter().map(|x| x.to_string()));
-    push(&["-accel", "tcg,thread=multi"]);
+    push(&[
+        "-accel",
+        &format!("tcg,thread={}", r.options.nested.host_tcg.qemu()),
+    ]);
     push(&["-M", "q35", "-cpu", HOST_CPU]);
     if let (Some(p), Some(ctl)) = (r.plugin, plugin) {
         push(&[
@@ -621,6 +632,9 @@ impl<'a> HostSession<'a> {
                     None => continue,
                 },
             };
+            if let Some(report) = console::stall_report(&line) {
+                return Ok(Followed::Silent(self.stalled(report)));
+            }
             if self.fault.feed(&line) {
                 if self.fault.complete() {
                     return Err(self.kernel_fault());
@@ -663,6 +677,14 @@ impl<'a> HostSession<'a> {
         Ok(next)
     }
 
+    /// The host whose kernel reported a stall (`report`, its first line).
+    fn stalled(&mut self, report: &str) -> Silence {
+        Silence {
+            watchdog: Some(report.to_string()),
+            ..self.stuck()
+        }
+    }
+
     /// The host at the step's timeout (its vCPUs busy or not).
     fn stuck(&mut self) -> Silence {
         let ticks = host_silence::vcpu_ticks(self.guest.pid()).unwrap_or(0);
@@ -693,17 +715,23 @@ impl<'a> HostSession<'a> {
         results_disk: &Path,
     ) -> Result<SilentHost, NestedError> {
         let out = self.r.out_dir;
-        warn!(
-            "the nested host {} while waiting for {} ({:.0} s without a line, {:.2} s of vCPU time); keeping its state",
-            if silence.busy {
-                "made no progress by the step's timeout"
-            } else {
-                "fell silent"
-            },
-            self.waiting_for,
-            silence.quiet.as_secs_f64(),
-            silence.vcpu_seconds
-        );
+        match &silence.watchdog {
+            Some(report) => warn!(
+                "the nested host's kernel reported a stall while waiting for {} ({report}); keeping its state",
+                self.waiting_for
+            ),
+            None => warn!(
+                "the nested host {} while waiting for {} ({:.0} s without a line, {:.2} s of vCPU time); keeping its state",
+                if silence.busy {
+                    "made no progress by the step's timeout"
+                } else {
+                    "fell silent"
+                },
+                self.waiting_for,
+                silence.quiet.as_secs_f64(),
+                silence.vcpu_seconds
+            ),
+        }
         // The checkpoint first: its kallsyms name the vCPUs' RIPs (none
         // before the first: Debian ships the kernel's System.map only in
         // its -dbg package).
@@ -713,7 +741,7 @@ impl<'a> HostSession<'a> {
         if let Err(e) = host_silence::keep_state(
             &self.stage.join(QMP_SOCKET),
             &mut self.guest,
-            silence,
+            silence.clone(),
             symbols.as_ref(),
             &state,
         ) {
@@ -737,6 +765,7 @@ impl<'a> HostSession<'a> {
                 quiet_seconds: silence.quiet.as_secs_f64(),
                 vcpu_seconds: silence.vcpu_seconds,
                 busy: silence.busy,
+                watchdog: silence.watchdog,
                 boots_kept: boots_done.clone(),
                 state,
                 console,
@@ -909,7 +938,7 @@ mod tests {
             2,
         )
         .unwrap();
-        let m = HostMachine::new(&units, true, false);
+        let m = HostMachine::new(&units, true, &NestedOptions::default());
         // Node 1: 1024 huge pages, their struct pages (64 MiB) and 160 MiB.
         assert_eq!(
             m,
@@ -938,11 +967,21 @@ mod tests {
             ]
         );
         // Not counting: one node, no huge pages, room for a neighbour.
-        let m = HostMachine::new(&units, false, true);
+        let neighbour = NestedOptions {
+            neighbour: true,
+            ..NestedOptions::default()
+        };
+        let m = HostMachine::new(&units, false, &neighbour);
         assert_eq!(
             (m.vcpus, m.memory_mib, m.huge_pages),
             (5, HOST_OVERHEAD_MIB + NEIGHBOUR_MIB + 2048, 0)
         );
+        // `--host-vcpus` decides the vCPUs, whatever the guests have.
+        let one = NestedOptions {
+            host_vcpus: Some(1),
+            ..NestedOptions::default()
+        };
+        assert_eq!(HostMachine::new(&units, true, &one).vcpus, 1);
         assert_eq!(m.append(), HOST_APPEND);
         let mib = HOST_OVERHEAD_MIB + NEIGHBOUR_MIB + 2048;
         assert_eq!(

@@ -66,7 +66,7 @@ pub(crate) fn write(request: &RunRequest, plan: &Plan, lab: &Lab) -> Result<RunS
             .map(|sh| run_plan::shard_info(sh, &order_of(&plan.all))),
         nested_host: lab.nested_host.as_ref().map(|h| {
             let nested = &request.options.nested;
-            let machine = HostMachine::new(&request.units, lab.plugin.is_some(), nested.neighbour);
+            let machine = HostMachine::new(&request.units, lab.plugin.is_some(), nested);
             nested_host::info(h, machine, nested)
         }),
     };
