@@ -102,6 +102,12 @@ pub enum RunError {
     Nested(#[from] NestedError),
     #[error("{flag} applies to --accel nested only")]
     NestedOnly { flag: &'static str },
+    #[error(
+        "--host-tcg single cannot count instructions (add --count-insns off): QEMU 10.0's \
+         single-threaded TCG runs blocks translated with the counting plugin's scoreboard after \
+         moving it, and dies of SIGSEGV before the host boots"
+    )]
+    SingleThreadedHostCounting,
     #[error("inside the nested host the guests would not run under KVM ({reason})")]
     NoKvmInside { reason: String },
     #[error(

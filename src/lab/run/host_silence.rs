@@ -66,9 +66,11 @@ pub(crate) struct Silence {
     /// Over the last stretch of the watch's limit (or less, when the
     /// watch has not sampled that long).
     pub(crate) vcpu_seconds: f64,
-    /// Its vCPUs were busy: the host was given up at the step's timeout,
-    /// stuck rather than idle.
+    /// Its vCPUs used more than [`MAX_BUSY`] of a core: stuck rather than
+    /// idle.
     pub(crate) busy: bool,
+    /// It was given up at the step's timeout, not for a silence.
+    pub(crate) timed_out: bool,
     /// The host kernel's own stall report (a soft lockup, an RCU stall, a
     /// blocked task: its first line) that gave the host up, before any
     /// silence: such a report repeats on the console, so the host never
@@ -130,6 +132,7 @@ impl SilenceWatch {
             quiet,
             vcpu_seconds,
             busy,
+            timed_out: false,
             watchdog: None,
         })
     }
@@ -153,6 +156,7 @@ impl SilenceWatch {
             quiet: now.saturating_duration_since(self.last_output),
             vcpu_seconds,
             busy,
+            timed_out: true,
             watchdog: None,
         }
     }
@@ -178,10 +182,10 @@ pub(crate) fn keep_state(
         None => format!(
             "The nested host {}: nothing on its console or in the inner lab's log for \
              {:.0} s, its vCPU threads used {:.2} s of CPU over the last stretch.\n",
-            if silence.busy {
-                "made no progress by the step's timeout, its vCPUs busy"
-            } else {
-                "fell silent"
+            match (silence.timed_out, silence.busy) {
+                (true, true) => "made no progress by the step's timeout, its vCPUs busy",
+                (true, false) => "made no progress by the step's timeout",
+                (false, _) => "fell silent",
             },
             silence.quiet.as_secs_f64(),
             silence.vcpu_seconds
@@ -441,6 +445,7 @@ mod tests {
         }
         let got = w.sample(s(100), 20 * per_s).expect("silent at 100 s");
         assert!(got.busy && got.quiet == Duration::from_secs(90), "{got:?}");
+        assert!(!got.timed_out && got.watchdog.is_none(), "{got:?}");
     }
 
     #[test]
@@ -453,7 +458,7 @@ mod tests {
             w.sample(s(n), n * per_s);
         }
         let stuck = w.at_timeout(s(100), 100 * per_s);
-        assert!(stuck.busy, "{stuck:?}");
+        assert!(stuck.busy && stuck.timed_out, "{stuck:?}");
         assert_eq!(stuck.quiet, Duration::from_secs(100));
         let mut w = SilenceWatch::new(Duration::from_secs(600), t0);
         w.sample(s(0), 0);

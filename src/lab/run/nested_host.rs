@@ -722,7 +722,7 @@ impl<'a> HostSession<'a> {
             ),
             None => warn!(
                 "the nested host {} while waiting for {} ({:.0} s without a line, {:.2} s of vCPU time); keeping its state",
-                if silence.busy {
+                if silence.timed_out {
                     "made no progress by the step's timeout"
                 } else {
                     "fell silent"

@@ -10,7 +10,7 @@ use crate::backend::qemu_args::GuestRam;
 use crate::lab::guest::accel::{self, AccelError};
 use crate::lab::guest::qemu::Accel;
 use crate::lab::images;
-use crate::lab::options::{RunArgs, RunOptions};
+use crate::lab::options::{CountInsns, HostTcg, RunArgs, RunOptions};
 use crate::lab::run::error::RunError;
 use crate::lab::run::settings::{self, Unit};
 use crate::lab::scenario::{self, Scenario};
@@ -53,6 +53,9 @@ impl RunRequest {
         }
         if let (false, Some(flag)) = (guest.accel == Accel::Nested, options.nested.given()) {
             return Err(RunError::NestedOnly { flag });
+        }
+        if options.nested.host_tcg == HostTcg::Single && guest.count_insns != CountInsns::Off {
+            return Err(RunError::SingleThreadedHostCounting);
         }
         // A forced KVM this host cannot give is refused before anything
         // is built.
@@ -286,9 +289,16 @@ mod tests {
             matches!(e, RunError::Accel(AccelError::NestedDeterministic)),
             "{e:?}"
         );
+        let e = check(&["--accel", "nested", "--host-tcg", "single"])
+            .err()
+            .unwrap();
+        assert!(matches!(e, RunError::SingleThreadedHostCounting), "{e:?}");
+        assert!(e.to_string().contains("add --count-insns off"), "{e}");
         for flags in [
             &["--inner-accel", "kvm"][..],
             &["--nested-neighbour", "--accel", "tcg"],
+            &["--host-vcpus", "1"],
+            &["--host-tcg", "single", "--count-insns", "off"],
         ] {
             let e = check(flags).err().unwrap();
             assert!(matches!(e, RunError::NestedOnly { .. }), "{e:?}");
