@@ -88,6 +88,12 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
     // The inner lab's own log: the real KVM probe chose KVM inside.
     let log = std::fs::read_to_string(dir.join("console/nested-host.blklab.log")).unwrap();
     assert!(log.contains("KVM probe booted the guest"), "{log}");
+    // The host's clock devices, for a silent host's diagnosis.
+    assert!(
+        log.starts_with("host clocks: clocksource=") && log.contains(" clockevent0="),
+        "{log}"
+    );
+    assert_eq!(run["nested_host"]["tcg_threads"], "multi", "{run:#}");
 
     let records = records_in(&dir);
     assert_eq!(records.len(), 4, "2 kernels x 2 variants");
@@ -302,6 +308,10 @@ fn the_silent_host_was_replaced(dir: &std::path::Path) {
     let h = &hosts[1];
     assert_eq!(h["attempt"], 2, "{h:#}");
     assert_eq!(h["busy"], false, "idle, not stuck: {h:#}");
+    assert!(
+        h.get("watchdog").is_none(),
+        "silent, no stall report: {h:#}"
+    );
     assert_eq!(h["boots_kept"], serde_json::json!([0]), "{h:#}");
     let quiet = num(h, &["quiet_seconds"]);
     assert!((40.0..55.0).contains(&quiet), "{h:#}");
@@ -319,6 +329,14 @@ fn the_silent_host_was_replaced(dir: &std::path::Path) {
             "no {want:?} in the kept state:\n{state}"
         );
     }
+    // gdb (installed by CI) walked QEMU's threads, and read each vCPU as
+    // QEMU holds it or said why not: Debian's QEMU has no debug
+    // information.
+    assert!(state.contains("CPU 0/TCG\"):"), "no stacks:\n{state}");
+    assert!(
+        state.contains("= vCPU 0: halted") || state.contains("its vCPUs' flags were not read"),
+        "{state}"
+    );
     // Every process stopped, the host's CPUs idle: each vCPU halted in the
     // kernel's idle loop, and the NMI answered with a panic from there.
     assert!(state.contains("default_idle"), "{state}");

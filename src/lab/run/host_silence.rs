@@ -231,17 +231,31 @@ fn stacks(pid: i32, script: &Path) -> String {
         .arg(script)
         .output();
     match out {
-        Ok(o) => {
-            let mut text = vcpu_flags::annotate(&String::from_utf8_lossy(&o.stdout));
-            let stderr = String::from_utf8_lossy(&o.stderr);
-            if !o.status.success() || stderr.contains("No symbol") {
-                let _ = write!(text, "(gdb: {}) {}", o.status, stderr.trim());
-            }
-            text
-        }
+        Ok(o) => gdb_report(
+            &String::from_utf8_lossy(&o.stdout),
+            &String::from_utf8_lossy(&o.stderr),
+            o.status,
+        ),
         Err(e) => format!("(cannot run timeout/gdb: {e}; is it installed?)"),
     }
 }
+
+/// gdb's stacks and vCPU lines read out, and why the vCPUs were not
+/// read when they were not.
+fn gdb_report(stdout: &str, stderr: &str, status: std::process::ExitStatus) -> String {
+    let mut text = vcpu_flags::annotate(stdout);
+    // Stripped, gdb knows `cpus_queue` by name but not its type.
+    if stderr.contains("No symbol") || stderr.contains("has unknown type") {
+        text.push_str(NO_DEBUG_INFO);
+    } else if !status.success() {
+        let _ = write!(text, "(gdb: {status}) {}", stderr.trim());
+    }
+    text
+}
+
+/// What the state says of a QEMU without debug information (Debian's is
+/// stripped), whose vCPUs gdb cannot read.
+const NO_DEBUG_INFO: &str = "(QEMU has no debug information: its vCPUs' flags were not read)\n";
 
 /// How long gdb may take to attach and walk every thread.
 const GDB_LIMIT: Duration = Duration::from_secs(60);
@@ -446,6 +460,37 @@ mod tests {
         let got = w.sample(s(100), 20 * per_s).expect("silent at 100 s");
         assert!(got.busy && got.quiet == Duration::from_secs(90), "{got:?}");
         assert!(!got.timed_out && got.watchdog.is_none(), "{got:?}");
+    }
+
+    #[test]
+    fn a_stripped_qemu_is_said_to_have_no_debug_information() {
+        use std::os::unix::process::ExitStatusExt;
+        let failed = std::process::ExitStatus::from_raw(1 << 8);
+        let stacks = "Thread 7 (Thread 0x7f (LWP 8347) \"CPU 2/TCG\"):\n#0  futex\n";
+        let stripped = "x.gdb:1: Error in sourced command file:\n\
+                        'cpus_queue' has unknown type; cast it to its declared type\n";
+        let r = gdb_report(stacks, stripped, failed);
+        assert!(r.starts_with(stacks) && r.ends_with(NO_DEBUG_INFO), "{r}");
+        let r = gdb_report(
+            stacks,
+            "No symbol \"cpus_queue\" in current context.",
+            failed,
+        );
+        assert!(r.ends_with(NO_DEBUG_INFO), "{r}");
+        // Any other failure is shown as gdb said it.
+        let r = gdb_report("", "ptrace: Operation not permitted.", failed);
+        assert_eq!(r, "(gdb: exit status: 1) ptrace: Operation not permitted.");
+        // With debug information, each vCPU read out.
+        let ok = std::process::ExitStatus::from_raw(0);
+        let r = gdb_report(
+            "vcpu 0 halted 1 interrupt_request 0x0 hflags 0x0 hflags2 0x1 eflags 0x202\n",
+            "",
+            ok,
+        );
+        assert!(
+            r.contains("= vCPU 0: halted;") && !r.contains("debug information"),
+            "{r}"
+        );
     }
 
     #[test]
