@@ -5,7 +5,8 @@
 //! named `CPU N/TCG` with `debug-threads=on`) also barely ran. The inner
 //! lab cannot see this (it is what stopped), so the outer lab watches for
 //! it, keeps what the host's state was, and boots a fresh host for what is
-//! left.
+//! left. A host whose kernel reports a stall on its console is given up
+//! the same way, at that line ([`Silence::watchdog`]).
 //!
 //! What is kept, in one text file: QMP's view of the machine (its run
 //! state, each vCPU's registers and local APIC, the interrupt
@@ -13,7 +14,9 @@
 //! after an NMI was injected into every vCPU (the host's kernel, booted
 //! with `unknown_nmi_panic`, answers an NMI it can take with a panic and a
 //! backtrace; one that cannot take it says nothing), and where QEMU's own
-//! threads wait: in the kernel, and their stacks when gdb is installed.
+//! threads wait: in the kernel, and their stacks when gdb is installed,
+//! with QEMU's view of each vCPU when it has debug information
+//! ([`vcpu_flags`]).
 
 use std::collections::VecDeque;
 use std::fmt::Write as _;
