@@ -84,9 +84,9 @@ pub(crate) fn parse_line(line: &str) -> Option<Event> {
 }
 
 /// The lines that start a guest kernel fault report (after the
-/// `[  12.345678]` timestamp): an oops, a BUG, a WARN splat, a panic, a
-/// lockup or stall, or a bare stack trace. Any of these fails a run: a
-/// crash must be visible, never retried away.
+/// `[  12.345678]` timestamp): an oops, a BUG, a WARN splat, a panic, or
+/// a bare stack trace; a lockup or stall ([`STALL_STARTS`]) too. Any of
+/// these fails a run: a crash must be visible, never retried away.
 const FAULT_STARTS: &[&str] = &[
     "------------[ cut here ]------------",
     "BUG:",
@@ -98,10 +98,6 @@ const FAULT_STARTS: &[&str] = &[
     "general protection fault",
     "Call Trace:",
     "watchdog: BUG:",
-    "watchdog: Watchdog detected hard LOCKUP",
-    "INFO: task ",
-    "INFO: rcu_",
-    "rcu: INFO: rcu_",
     "Unable to handle kernel",
     "kernel BUG at",
     "UBSAN:",
@@ -151,10 +147,11 @@ pub(crate) fn stall_report(line: &str) -> Option<&str> {
     STALL_STARTS.iter().any(|p| l.starts_with(p)).then_some(l)
 }
 
-/// Whether `line` starts a guest kernel fault report.
+/// Whether `line` starts a guest kernel fault report: a fault's or a
+/// stall's.
 pub fn starts_fault(line: &str) -> bool {
     let l = strip_timestamp(line);
-    FAULT_STARTS.iter().any(|p| l.starts_with(p))
+    FAULT_STARTS.iter().any(|p| l.starts_with(p)) || stall_report(line).is_some()
 }
 
 /// Collects a guest kernel fault report from the console, whole: from its
