@@ -6,7 +6,7 @@
 //! lab cannot see this (it is what stopped), so the outer lab watches for
 //! it, keeps what the host's state was, and boots a fresh host for what is
 //! left. A host whose kernel reports a stall on its console is given up
-//! the same way, at that line ([`Silence::watchdog`]).
+//! the same way, at that line ([`GaveUp::Stall`]).
 //!
 //! What is kept, in one text file: QMP's view of the machine (its run
 //! state, each vCPU's registers and local APIC, the interrupt
@@ -72,13 +72,39 @@ pub(crate) struct Silence {
     /// Its vCPUs used more than [`MAX_BUSY`] of a core: stuck rather than
     /// idle.
     pub(crate) busy: bool,
-    /// It was given up at the step's timeout, not for a silence.
-    pub(crate) timed_out: bool,
+    /// What gave the host up.
+    pub(crate) why: GaveUp,
+}
+
+/// Why a host was given up.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum GaveUp {
+    /// Nothing said for the watch's limit.
+    Silent,
+    /// The step's timeout.
+    TimedOut,
     /// The host kernel's own stall report (a soft lockup, an RCU stall, a
-    /// blocked task: its first line) that gave the host up, before any
-    /// silence: such a report repeats on the console, so the host never
-    /// falls quiet.
-    pub(crate) watchdog: Option<String>,
+    /// blocked task: its first line), before any silence: such a report
+    /// repeats on the console, so the host never falls quiet.
+    Stall(String),
+}
+
+impl Silence {
+    /// The kernel's stall report that gave the host up, if one did.
+    pub(crate) fn watchdog(&self) -> Option<&str> {
+        match &self.why {
+            GaveUp::Stall(report) => Some(report),
+            _ => None,
+        }
+    }
+
+    /// What the host did, for a host given up without a stall report.
+    pub(crate) fn what(&self) -> &'static str {
+        match self.why {
+            GaveUp::TimedOut => "made no progress by the step's timeout",
+            _ => "fell silent",
+        }
+    }
 }
 
 /// Whether the host has been silent for `limit`: the last time it said
@@ -135,8 +161,7 @@ impl SilenceWatch {
             quiet,
             vcpu_seconds,
             busy,
-            timed_out: false,
-            watchdog: None,
+            why: GaveUp::Silent,
         })
     }
 
@@ -159,8 +184,7 @@ impl SilenceWatch {
             quiet: now.saturating_duration_since(self.last_output),
             vcpu_seconds,
             busy,
-            timed_out: true,
-            watchdog: None,
+            why: GaveUp::TimedOut,
         }
     }
 }
@@ -176,19 +200,20 @@ pub(crate) fn keep_state(
     symbols: Option<&SymbolMap>,
     file: &Path,
 ) -> std::io::Result<()> {
-    let mut text = match &silence.watchdog {
+    let mut text = match silence.watchdog() {
         Some(report) => format!(
             "The nested host's kernel reported a stall: {report}\n\
              Its vCPU threads used {:.2} s of CPU over the last stretch.\n",
             silence.vcpu_seconds
         ),
         None => format!(
-            "The nested host {}: nothing on its console or in the inner lab's log for \
+            "The nested host {}{}: nothing on its console or in the inner lab's log for \
              {:.0} s, its vCPU threads used {:.2} s of CPU over the last stretch.\n",
-            match (silence.timed_out, silence.busy) {
-                (true, true) => "made no progress by the step's timeout, its vCPUs busy",
-                (true, false) => "made no progress by the step's timeout",
-                (false, _) => "fell silent",
+            silence.what(),
+            if silence.why == GaveUp::TimedOut && silence.busy {
+                ", its vCPUs busy"
+            } else {
+                ""
             },
             silence.quiet.as_secs_f64(),
             silence.vcpu_seconds
@@ -462,7 +487,7 @@ mod tests {
         }
         let got = w.sample(s(100), 20 * per_s).expect("silent at 100 s");
         assert!(got.busy && got.quiet == Duration::from_secs(90), "{got:?}");
-        assert!(!got.timed_out && got.watchdog.is_none(), "{got:?}");
+        assert_eq!(got.why, GaveUp::Silent, "{got:?}");
     }
 
     #[test]
@@ -506,7 +531,7 @@ mod tests {
             w.sample(s(n), n * per_s);
         }
         let stuck = w.at_timeout(s(100), 100 * per_s);
-        assert!(stuck.busy && stuck.timed_out, "{stuck:?}");
+        assert!(stuck.busy && stuck.why == GaveUp::TimedOut, "{stuck:?}");
         assert_eq!(stuck.quiet, Duration::from_secs(100));
         let mut w = SilenceWatch::new(Duration::from_secs(600), t0);
         w.sample(s(0), 0);

@@ -27,7 +27,7 @@ use crate::lab::nested::relay::{self, SyncLine, TasksLine, WindowKey};
 use crate::lab::nested::transfer::{self, InnerRun, RunDisk, TransferError, RESULTS_DISK_BYTES};
 use crate::lab::options::{NestedOptions, RunOptions, Timeouts};
 use crate::lab::run::boot::{BootFailure, SocketDir};
-use crate::lab::run::host_silence::{self, Silence, SilenceWatch};
+use crate::lab::run::host_silence::{self, GaveUp, Silence, SilenceWatch};
 use crate::lab::run::planted::{self, Planted};
 use crate::lab::run::progress::Progress;
 use crate::lab::run::settings::Unit;
@@ -680,7 +680,7 @@ impl<'a> HostSession<'a> {
     /// The host whose kernel reported a stall (`report`, its first line).
     fn stalled(&mut self, report: &str) -> Silence {
         Silence {
-            watchdog: Some(report.to_string()),
+            why: GaveUp::Stall(report.to_string()),
             ..self.stuck()
         }
     }
@@ -715,18 +715,14 @@ impl<'a> HostSession<'a> {
         results_disk: &Path,
     ) -> Result<SilentHost, NestedError> {
         let out = self.r.out_dir;
-        match &silence.watchdog {
+        match silence.watchdog() {
             Some(report) => warn!(
                 "the nested host's kernel reported a stall while waiting for {} ({report}); keeping its state",
                 self.waiting_for
             ),
             None => warn!(
                 "the nested host {} while waiting for {} ({:.0} s without a line, {:.2} s of vCPU time); keeping its state",
-                if silence.timed_out {
-                    "made no progress by the step's timeout"
-                } else {
-                    "fell silent"
-                },
+                silence.what(),
                 self.waiting_for,
                 silence.quiet.as_secs_f64(),
                 silence.vcpu_seconds
@@ -765,7 +761,7 @@ impl<'a> HostSession<'a> {
                 quiet_seconds: silence.quiet.as_secs_f64(),
                 vcpu_seconds: silence.vcpu_seconds,
                 busy: silence.busy,
-                watchdog: silence.watchdog,
+                watchdog: silence.watchdog().map(str::to_string),
                 boots_kept: boots_done.clone(),
                 state,
                 console,
