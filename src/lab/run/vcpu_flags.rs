@@ -24,35 +24,50 @@ $c->cpu_index, $c->halted, $c->interrupt_request, $x->env.hflags, $x->env.hflags
 end
 ";
 
+/// The `interrupt_request` bits [`VcpuFlags::can_take`] looks at.
+const HARD: u32 = 0x0002;
+const POLL: u32 = 0x0010;
+const NMI: u32 = 0x0200;
+const SIPI: u32 = 0x0800;
+
 /// `interrupt_request` bits of QEMU's x86 target.
 const INTERRUPTS: &[(u32, &str)] = &[
-    (0x0002, "HARD"),
+    (HARD, "HARD"),
     (0x0004, "EXITTB"),
-    (0x0010, "POLL"),
+    (POLL, "POLL"),
     (0x0020, "HALT"),
     (0x0040, "SMI"),
     (0x0080, "DEBUG"),
     (0x0100, "VIRQ"),
-    (0x0200, "NMI"),
+    (NMI, "NMI"),
     (0x0400, "INIT"),
-    (0x0800, "SIPI"),
+    (SIPI, "SIPI"),
     (0x1000, "MCE"),
     (0x2000, "TPR"),
 ];
 
+/// `hflags`' interrupt shadow (the instruction after STI or MOV SS).
+const INHIBIT_IRQ: u32 = 1 << 3;
+
 /// `hflags` bits that gate interrupts.
 const HFLAGS: &[(u32, &str)] = &[
-    (1 << 3, "INHIBIT_IRQ"),
+    (INHIBIT_IRQ, "INHIBIT_IRQ"),
     (1 << 19, "SMM"),
     (1 << 21, "GUEST"),
 ];
 
+/// The `hflags2` bits [`VcpuFlags::can_take`] looks at.
+const GIF: u32 = 1 << 0;
+const HIF: u32 = 1 << 1;
+const NMI_BLOCKED: u32 = 1 << 2;
+const VINTR: u32 = 1 << 3;
+
 /// `hflags2` bits: SVM's global interrupt flag and its company.
 const HFLAGS2: &[(u32, &str)] = &[
-    (1 << 0, "GIF"),
-    (1 << 1, "HIF"),
-    (1 << 2, "NMI_BLOCKED"),
-    (1 << 3, "VINTR"),
+    (GIF, "GIF"),
+    (HIF, "HIF"),
+    (NMI_BLOCKED, "NMI_BLOCKED"),
+    (VINTR, "VINTR"),
     (1 << 8, "VGIF"),
 ];
 
@@ -116,35 +131,27 @@ impl VcpuFlags {
     /// HARD when IF allows it (or, in a guest with virtual interrupt
     /// masking, the host's IF saved at VMRUN) and no shadow.
     fn can_take(&self) -> &'static str {
-        let ir = self.interrupt_request;
-        let has = |bit: &str| INTERRUPTS.iter().any(|(v, n)| *n == bit && ir & v != 0);
-        let h2 = |bit: &str| {
-            HFLAGS2
-                .iter()
-                .any(|(v, n)| *n == bit && self.hflags2 & v != 0)
-        };
-        let shadow = self.hflags & (1 << 3) != 0;
-        if has("POLL") || has("SIPI") {
+        let has = |bit: u32| self.interrupt_request & bit != 0;
+        let h2 = |bit: u32| self.hflags2 & bit != 0;
+        if has(POLL | SIPI) {
             return "POLL/SIPI";
         }
-        if !h2("GIF") {
+        if !h2(GIF) {
             return "nothing (GIF clear)";
         }
-        if has("NMI") && !h2("NMI_BLOCKED") {
+        if has(NMI) && !h2(NMI_BLOCKED) {
             return "NMI";
         }
-        let hard_open = if h2("VINTR") {
-            h2("HIF")
+        let hard_open = if h2(VINTR) {
+            h2(HIF)
         } else {
-            self.eflags & IF != 0 && !shadow
+            self.eflags & IF != 0 && self.hflags & INHIBIT_IRQ == 0
         };
-        if has("HARD") && hard_open {
-            return "HARD";
+        match (has(HARD), hard_open) {
+            (true, true) => "HARD",
+            (true, false) => "nothing (HARD masked)",
+            (false, _) => "nothing (no HARD request)",
         }
-        if has("HARD") {
-            return "nothing (HARD masked)";
-        }
-        "nothing (no HARD request)"
     }
 }
 
