@@ -88,8 +88,9 @@ const TOLERANCE: f64 = 0.35;
 const FLOOR: f64 = 300.0;
 
 /// The level-2 exits each kind's window must hold, besides the one `out`
-/// to [`DONE_PORT`].
-fn expected_exits(kind: &str) -> Vec<(ExitKind, u64)> {
+/// to [`DONE_PORT`], when the guest's timer handler ran `isr` times in it
+/// (one EOI each).
+fn expected_exits(kind: &str, isr: u64) -> Vec<(ExitKind, u64)> {
     let n = ITERATIONS;
     match kind {
         "cpuid" => vec![(ExitKind::Cpuid, n)],
@@ -100,7 +101,7 @@ fn expected_exits(kind: &str) -> Vec<(ExitKind, u64)> {
         "hlt" | "hlt_poll" => vec![
             (ExitKind::Hlt, n),
             (ExitKind::Wrmsr(0x6e0), n),
-            (ExitKind::Wrmsr(0x80b), n),
+            (ExitKind::Wrmsr(0x80b), isr),
         ],
         _ => vec![],
     }
@@ -167,7 +168,8 @@ fn level2_exits(d: &Dump) -> Vec<(ExitKind, u64)> {
 /// and KVM saw the ones the plugin cannot decode.
 fn check_exits(kind: &str, d: &Dump, s: &BTreeMap<String, i64>) {
     assert_eq!(d.exits_unavailable, None);
-    let mut want = expected_exits(kind);
+    let isr = timer_interrupts(kind, s);
+    let mut want = expected_exits(kind, isr);
     want.push((ExitKind::Out(DONE_PORT), 1));
     want.sort();
     assert_eq!(level2_exits(d), want, "{kind}: the level-2 exits");
@@ -191,6 +193,39 @@ fn check_exits(kind: &str, d: &Dump, s: &BTreeMap<String, i64>) {
             s["halt_wakeup"]
         );
     }
+}
+
+/// The timer interrupts the guest took in a kind's window, by its own
+/// count: at least one per halt in the `hlt` kinds, none elsewhere (the
+/// guest runs them with IF clear). The decoded EOIs must match this count,
+/// not [`ITERATIONS`]: QEMU 10.0's SVM emulation now and then delivers an
+/// interrupt KVM injected twice (`helper_vmrun` leaves the vector in
+/// `exception_index`; an exit to QEMU's outer loop before the next
+/// exception delivers it again), which is the emulation's business;
+/// whether the plugin decodes each EOI once is this test's, and the
+/// guest's count tells the two apart.
+fn timer_interrupts(kind: &str, s: &BTreeMap<String, i64>) -> u64 {
+    let isr = s["isr"];
+    let n = ITERATIONS as i64;
+    if kind.starts_with("hlt") {
+        assert!(
+            isr >= n,
+            "{kind}: the timer handler ran {isr} times for {n} halts: a halt woke \
+             without the timer's interrupt: {s:?}"
+        );
+        if isr > n {
+            eprintln!(
+                "{kind}: the guest took {} timer interrupts more than its halts (KVM \
+                 injected {}; QEMU 10.0's SVM emulation delivers an injected interrupt \
+                 twice now and then: docs/results/nested-mode.md)",
+                isr - n,
+                s["irq_injections"]
+            );
+        }
+    } else {
+        assert_eq!(isr, 0, "{kind}: a timer interrupt with IF clear: {s:?}");
+    }
+    isr as u64
 }
 
 /// The measured costs against [`EXIT_WEIGHTS`]: each within [`TOLERANCE`].
