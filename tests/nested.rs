@@ -62,12 +62,15 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
         .arg(&dir)
         // The first host's boot is paused from outside before its /init
         // speaks; the second stops every process in it after the first
-        // boot. The outer lab must see each fall silent, keep its state,
-        // and go on with a fresh host: the whole plan on the second, the
-        // second boot on the third.
+        // boot; the third puts a soft-lockup report on its console after
+        // the second boot. The outer lab must see each fall silent or
+        // stall, keep its state, and go on with a fresh host while boots
+        // are left: the whole plan on the second, the second boot on the
+        // third, none on a fourth.
         .args(["--host-silence", "40s"])
         .env("BLKLAB_NESTED_STALL_BOOT", "1")
         .env("BLKLAB_NESTED_SILENCE_AFTER_BOOT", "0")
+        .env("BLKLAB_NESTED_STALL_REPORT_AFTER_BOOT", "1")
         .env("RUST_LOG", "info")
         .output()
         .expect("run blklab");
@@ -77,6 +80,7 @@ fn a_nested_aa_run_counts_kvm_exits_and_the_hosts_instructions() {
         "blklab run --accel nested failed:\n{stderr}"
     );
     the_silent_host_was_replaced(&dir);
+    the_stall_report_gave_its_host_up(&dir, &stderr);
 
     let run = read_json(&dir.join("run.json"));
     assert_eq!(run["accel"], "nested", "{run:#}");
@@ -351,6 +355,39 @@ fn the_silent_host_was_replaced(dir: &std::path::Path) {
         .collect();
     boots.sort();
     assert_eq!(boots, [0, 0, 1, 1], "each boot's records once");
+}
+
+/// The host that put a (planted) soft-lockup report on its console after
+/// finishing the plan's last boot: given up at that line, the line kept,
+/// its boot kept from its checkpoint, and no fresh host booted for nothing.
+fn the_stall_report_gave_its_host_up(dir: &std::path::Path, stderr: &str) {
+    let summary = read_json(&dir.join("summary.json"));
+    let hosts = summary["retried_hosts"].as_array().expect("retried_hosts");
+    let h = hosts
+        .iter()
+        .find(|h| h.get("watchdog").is_some())
+        .unwrap_or_else(|| panic!("no host given up on a stall report: {summary:#}"));
+    let report = h["watchdog"].as_str().unwrap();
+    assert!(
+        report.starts_with("watchdog: BUG: soft lockup - CPU#0 stuck for 22s!")
+            && report.contains("(planted"),
+        "{h:#}"
+    );
+    assert_eq!(h["boots_kept"], serde_json::json!([1]), "{h:#}");
+    let quiet = num(h, &["quiet_seconds"]);
+    assert!(quiet < 40.0, "given up at the line, not on silence: {h:#}");
+    assert!(std::path::Path::new(h["state"].as_str().unwrap()).is_file());
+    assert!(
+        stderr.contains("had finished every boot of the plan"),
+        "{stderr}"
+    );
+    if hosts.len() == 3 {
+        // Only the planted faults: the third host was the last.
+        assert!(
+            !stderr.contains("booting a fresh nested host (4 of"),
+            "{stderr}"
+        );
+    }
 }
 
 /// The first host, paused before its /init spoke: given up on its idle

@@ -54,6 +54,12 @@ pub(crate) struct InnerRun {
     /// silent as a host that stopped taking interrupts does.
     #[serde(default)]
     pub(crate) silence_after_boot: Option<usize>,
+    /// Fault injection for the lab's own tests: after checkpointing this
+    /// boot, put a kernel soft-lockup report on the host's console, then
+    /// stop every process in the host as [`Self::silence_after_boot`]
+    /// does.
+    #[serde(default)]
+    pub(crate) stall_report_after_boot: Option<usize>,
     /// The outer plugin splits the host's instructions by task: say where
     /// the host's kernel keeps what names one (the relay's `tasks` line)
     /// before the first boot.
@@ -136,6 +142,7 @@ impl InnerRun {
             neighbour: options.nested.neighbour,
             skip_boots: Vec::new(),
             silence_after_boot: None,
+            stall_report_after_boot: None,
             name_tasks: false,
         }
     }

@@ -128,6 +128,7 @@ pub(crate) fn boot_nested_host(
         lab_dir: &request.lab_dir,
         guests: &lab.guests,
         labels: &plan.labels,
+        boots: plan.boots.len(),
         out_dir: &lab.out_dir,
         qemu: &lab.qemu,
         image: host,

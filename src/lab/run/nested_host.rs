@@ -28,7 +28,7 @@ use crate::lab::nested::transfer::{self, InnerRun, RunDisk, TransferError, RESUL
 use crate::lab::options::{NestedOptions, RunOptions, Timeouts};
 use crate::lab::run::boot::{BootFailure, SocketDir};
 use crate::lab::run::host_silence::{self, GaveUp, Silence, SilenceWatch};
-use crate::lab::run::planted::{self, Planted};
+use crate::lab::run::planted::{self, HostFault, Planted};
 use crate::lab::run::progress::Progress;
 use crate::lab::run::settings::Unit;
 use crate::record::run::{NestedHostInfo, RunStamp};
@@ -248,6 +248,8 @@ pub(crate) struct HostRun<'a> {
     pub(crate) lab_dir: &'a Path,
     pub(crate) guests: &'a [PreparedGuest],
     pub(crate) labels: &'a [String],
+    /// The plan's boots.
+    pub(crate) boots: usize,
     pub(crate) out_dir: &'a Path,
     pub(crate) qemu: &'a str,
     pub(crate) image: &'a NestedHostImage,
@@ -292,9 +294,14 @@ pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
                     retried,
                 } = *silent;
                 let state = retried.state.clone();
+                attempt.planted = attempt.planted.next(&boots_done);
                 attempt.skip.extend(boots_done);
                 kept.absorb(partial);
                 kept.retried_hosts.push(retried);
+                if (0..r.boots).all(|seq| attempt.skip.contains(&seq)) {
+                    info!("the nested host given up had finished every boot of the plan");
+                    return Ok(kept);
+                }
                 if attempt.number == HOST_ATTEMPTS {
                     return Err(NestedError::SilentHosts {
                         attempts: HOST_ATTEMPTS,
@@ -302,7 +309,6 @@ pub(crate) fn boot(r: &HostRun) -> Result<Merged, NestedError> {
                     });
                 }
                 attempt.number += 1;
-                attempt.planted = attempt.planted.next();
                 r.pb.retry();
                 warn!(
                     "booting a fresh nested host ({} of at most {HOST_ATTEMPTS}) for the boots left; \
@@ -383,7 +389,7 @@ fn boot_once(r: &HostRun, attempt: &Attempt) -> Result<HostEnd, NestedError> {
         r.machine.vcpus, r.machine.memory_mib
     );
     let guest = Guest::spawn_args(r.qemu, &args, Some(&console))?;
-    if attempt.planted.stall_boot {
+    if attempt.planted.this_host() == Some(HostFault::StallBoot) {
         planted::stall_boot(&stage.0.join(QMP_SOCKET)).map_err(NestedError::PlantedStall)?;
     }
     let mut session = HostSession::new(r, guest, plugin, &stage.0, console);
@@ -427,8 +433,10 @@ fn write_run_disk(r: &HostRun, stage: &Path, attempt: &Attempt) -> Result<PathBu
     inner.skip_boots = attempt.skip.clone();
     // Counting, the plugin splits the host's instructions by thread.
     inner.name_tasks = r.plugin.is_some();
-    if !attempt.planted.stall_boot {
-        inner.silence_after_boot = attempt.planted.silence_after_boot;
+    match attempt.planted.this_host() {
+        Some(HostFault::SilenceAfterBoot(seq)) => inner.silence_after_boot = Some(seq),
+        Some(HostFault::StallReportAfterBoot(seq)) => inner.stall_report_after_boot = Some(seq),
+        Some(HostFault::StallBoot) | None => {}
     }
     let json = serde_json::to_vec_pretty(&inner).expect("an inner run serialises");
     disk.add_bytes("inner.json", &json)?;

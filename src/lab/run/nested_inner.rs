@@ -157,6 +157,7 @@ struct HostLink<R> {
     relay: R,
     skip: Vec<usize>,
     silence_after: Option<usize>,
+    stall_report_after: Option<usize>,
     /// The results disk's device, when the host has one.
     disk: Option<PathBuf>,
     /// The plan's boots this host finished.
@@ -173,6 +174,7 @@ impl<R: SyncRelay> HostLink<R> {
             relay,
             skip: inner.skip_boots.clone(),
             silence_after: inner.silence_after_boot,
+            stall_report_after: inner.stall_report_after_boot,
             disk,
             done: Mutex::new(Vec::new()),
         }
@@ -212,6 +214,10 @@ impl<R: SyncRelay> SyncRelay for HostLink<R> {
             }
         };
         self.checkpoint(manifest.boots_done.len() as u64, &manifest);
+        if self.stall_report_after == Some(seq) {
+            report_a_stall();
+            silence_the_host();
+        }
         if self.silence_after == Some(seq) {
             silence_the_host();
         }
@@ -229,6 +235,28 @@ fn device_with_serial(serial: &str) -> Option<PathBuf> {
         let s = std::fs::read_to_string(e.path().join("serial")).ok()?;
         (name.starts_with("vd") && s.trim() == serial).then(|| PathBuf::from("/dev").join(name))
     })
+}
+
+/// Fault injection ([`InnerRun::stall_report_after_boot`]): the first line
+/// of a kernel soft-lockup report, as the host's kernel prints it, at
+/// `KERN_EMERG` through `/dev/kmsg` so that the console shows it at the
+/// host's `loglevel=3`.
+fn report_a_stall() {
+    let line = format!(
+        "<0>watchdog: BUG: soft lockup - CPU#0 stuck for 22s! [blklab:{}] \
+         (planted: a test's fault injection)\n",
+        std::process::id()
+    );
+    warn!(
+        "putting a soft-lockup report on the host's console on purpose (a test's fault injection)"
+    );
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/kmsg")
+        .and_then(|mut kmsg| std::io::Write::write_all(&mut kmsg, line.as_bytes()));
+    if let Err(e) = written {
+        warn!("could not write the planted report to /dev/kmsg: {e}");
+    }
 }
 
 /// Fault injection ([`InnerRun::silence_after_boot`]): stop every process

@@ -1,7 +1,8 @@
 //! Faults the lab's own tests plant in a nested run's hosts, so that the
-//! detection of a silent host and its replacement run on a real host:
-//! nothing sets them but the environment of a test.
+//! detection of a silent or stalled host and its replacement run on a real
+//! host: nothing sets them but the environment of a test.
 
+use std::collections::VecDeque;
 use std::path::Path;
 use std::time::Duration;
 
@@ -9,42 +10,73 @@ use log::warn;
 
 use crate::lab::guest::qmp::{Qmp, QmpError};
 
-/// Faults the lab's own tests plant in a run's hosts, from the
-/// environment: the first host's boot paused from outside before its
-/// /init speaks ([`STALL_BOOT_ENV`]), and the first host that boots
-/// silencing itself after a boot of the plan ([`SILENCE_AFTER_BOOT_ENV`]).
-#[derive(Debug, Clone, Copy, Default)]
+/// One host's planted fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HostFault {
+    /// The host's boot paused from outside before its /init speaks
+    /// ([`STALL_BOOT_ENV`]).
+    StallBoot,
+    /// The host silences itself after this boot of the plan
+    /// ([`SILENCE_AFTER_BOOT_ENV`]).
+    SilenceAfterBoot(usize),
+    /// The host's console shows a kernel stall report after this boot of
+    /// the plan, then the host falls silent
+    /// ([`STALL_REPORT_AFTER_BOOT_ENV`]).
+    StallReportAfterBoot(usize),
+}
+
+/// The faults planted in a run's hosts, one a host, in this order: a
+/// stalled boot, a silence, a stall report; each goes to the next host
+/// once the one before has been given up on it (a host that fell silent
+/// on its own before the boot its fault follows hands the fault on).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Planted {
-    pub(crate) stall_boot: bool,
-    pub(crate) silence_after_boot: Option<usize>,
+    faults: VecDeque<HostFault>,
 }
 
 impl Planted {
     pub(crate) fn from_env() -> Planted {
+        let after_boot = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
+        let stall = std::env::var(STALL_BOOT_ENV).is_ok_and(|v| v == "1");
+        let faults = [
+            stall.then_some(HostFault::StallBoot),
+            after_boot(SILENCE_AFTER_BOOT_ENV).map(HostFault::SilenceAfterBoot),
+            after_boot(STALL_REPORT_AFTER_BOOT_ENV).map(HostFault::StallReportAfterBoot),
+        ];
         Planted {
-            stall_boot: std::env::var(STALL_BOOT_ENV).is_ok_and(|v| v == "1"),
-            silence_after_boot: std::env::var(SILENCE_AFTER_BOOT_ENV)
-                .ok()
-                .and_then(|v| v.parse().ok()),
+            faults: faults.into_iter().flatten().collect(),
         }
     }
 
-    /// What is left for the next host once this one has fallen silent.
-    pub(crate) fn next(self) -> Planted {
-        if self.stall_boot {
-            Planted {
-                stall_boot: false,
-                ..self
+    /// The fault planted in this host.
+    pub(crate) fn this_host(&self) -> Option<HostFault> {
+        self.faults.front().copied()
+    }
+
+    /// What is left for the next host once this one has been given up,
+    /// having finished `boots_done`.
+    pub(crate) fn next(mut self, boots_done: &[usize]) -> Planted {
+        let reached = match self.this_host() {
+            Some(HostFault::SilenceAfterBoot(seq) | HostFault::StallReportAfterBoot(seq)) => {
+                boots_done.contains(&seq)
             }
-        } else {
-            Planted::default()
+            Some(HostFault::StallBoot) | None => true,
+        };
+        if reached {
+            self.faults.pop_front();
         }
+        self
     }
 }
 
 /// Fault injection for the lab's own tests: the first host that boots
 /// silences itself after this boot of the plan (`InnerRun::silence_after_boot`).
 const SILENCE_AFTER_BOOT_ENV: &str = "BLKLAB_NESTED_SILENCE_AFTER_BOOT";
+
+/// Fault injection for the lab's own tests: the host after the silenced
+/// one puts a soft-lockup report on its console after this boot of the
+/// plan, then falls silent (`InnerRun::stall_report_after_boot`).
+const STALL_REPORT_AFTER_BOOT_ENV: &str = "BLKLAB_NESTED_STALL_REPORT_AFTER_BOOT";
 
 /// Fault injection for the lab's own tests: `1` pauses the first host's
 /// vCPUs over QMP as soon as it starts, a boot that stalls before its
@@ -65,16 +97,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_planted_stall_is_the_first_hosts_and_the_silence_goes_to_the_next() {
+    fn each_host_gets_the_next_planted_fault_in_order() {
         let p = Planted {
-            stall_boot: true,
-            silence_after_boot: Some(0),
+            faults: [
+                HostFault::StallBoot,
+                HostFault::SilenceAfterBoot(0),
+                HostFault::StallReportAfterBoot(1),
+            ]
+            .into(),
         };
-        let second = p.next();
-        assert!(!second.stall_boot);
-        assert_eq!(second.silence_after_boot, Some(0));
-        let third = second.next();
-        assert!(!third.stall_boot);
-        assert_eq!(third.silence_after_boot, None);
+        assert_eq!(p.this_host(), Some(HostFault::StallBoot));
+        let second = p.next(&[]);
+        assert_eq!(second.this_host(), Some(HostFault::SilenceAfterBoot(0)));
+        let third = second.next(&[0]);
+        assert_eq!(third.this_host(), Some(HostFault::StallReportAfterBoot(1)));
+        let fourth = third.next(&[1]);
+        assert_eq!(fourth.this_host(), None);
+        assert_eq!(fourth.next(&[]), Planted::default());
+    }
+
+    #[test]
+    fn a_host_silent_before_its_planted_boot_hands_the_fault_on() {
+        let p = Planted {
+            faults: [HostFault::StallReportAfterBoot(1)].into(),
+        };
+        let next = p.clone().next(&[0]);
+        assert_eq!(next, p, "boot 1 never finished there");
+        assert_eq!(next.next(&[1]).this_host(), None);
     }
 }
