@@ -52,9 +52,10 @@ pub struct RetriedBoot {
     pub(crate) console: PathBuf,
 }
 
-/// A nested host that went silent (or made no progress by the step's
-/// timeout): the outer lab kept its state and booted a fresh host for the
-/// boots it had not finished.
+/// A nested host given up: silent, without progress by the step's
+/// timeout, or with its kernel's stall or fault report on its console.
+/// The outer lab kept its state and booted a fresh host for the boots it
+/// had not finished, if any were left.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RetriedHost {
     /// Which host of the run (1 the first).
@@ -74,6 +75,10 @@ pub struct RetriedHost {
     /// any silence.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) watchdog: Option<String>,
+    /// The host kernel's fault report that gave it up (an oops, a BUG: its
+    /// first line; the whole report is in its console log).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) fault: Option<String>,
     /// The plan's boots it finished, whose records were kept.
     pub(crate) boots_kept: Vec<usize>,
     /// Its state as kept (QMP's view, the console after an NMI).

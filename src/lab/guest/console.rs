@@ -194,6 +194,12 @@ impl FaultScanner {
         self.done
     }
 
+    /// The report's first line, without its timestamp.
+    pub(crate) fn first_line(&self) -> Option<String> {
+        let first = self.lines.first()?;
+        Some(strip_timestamp(first).trim_end().to_string())
+    }
+
     /// The report's lines so far, joined.
     pub(crate) fn report(&self) -> String {
         self.lines.join("\n")
@@ -266,6 +272,8 @@ mod tests {
         }
         assert!(f.complete());
         assert_eq!(f.report(), SPLAT);
+        let first = SPLAT.lines().next().unwrap();
+        assert_eq!(f.first_line().as_deref(), Some(strip_timestamp(first)));
         // Lines after the end belong to no report.
         assert!(f.feed("BLKLAB-SYNC 1 end a b"));
         assert_eq!(f.report(), SPLAT);

@@ -87,6 +87,9 @@ pub(crate) enum GaveUp {
     /// blocked task: its first line), before any silence: such a report
     /// repeats on the console, so the host never falls quiet.
     Stall(String),
+    /// A fault report of the host's kernel (an oops, a BUG: its first
+    /// line) after its /init spoke.
+    Fault(String),
 }
 
 impl Silence {
@@ -95,6 +98,24 @@ impl Silence {
         match &self.why {
             GaveUp::Stall(report) => Some(report),
             _ => None,
+        }
+    }
+
+    /// The kernel's fault report that gave the host up, if one did.
+    pub(crate) fn fault(&self) -> Option<&str> {
+        match &self.why {
+            GaveUp::Fault(report) => Some(report),
+            _ => None,
+        }
+    }
+
+    /// The host kernel's report that gave the host up, if one did: what
+    /// it reported (a stall, a fault) and the report's first line.
+    pub(crate) fn kernel_report(&self) -> Option<(&'static str, &str)> {
+        match &self.why {
+            GaveUp::Stall(report) => Some(("a stall", report)),
+            GaveUp::Fault(report) => Some(("a fault", report)),
+            GaveUp::Silent | GaveUp::TimedOut => None,
         }
     }
 
@@ -200,9 +221,9 @@ pub(crate) fn keep_state(
     symbols: Option<&SymbolMap>,
     file: &Path,
 ) -> std::io::Result<()> {
-    let mut text = match silence.watchdog() {
-        Some(report) => format!(
-            "The nested host's kernel reported a stall: {report}\n\
+    let mut text = match silence.kernel_report() {
+        Some((what, report)) => format!(
+            "The nested host's kernel reported {what}: {report}\n\
              Its vCPU threads used {:.2} s of CPU over the last stretch.\n",
             silence.vcpu_seconds
         ),
@@ -537,6 +558,30 @@ mod tests {
         w.sample(s(0), 0);
         let idle = w.at_timeout(s(50), 1);
         assert!(!idle.busy && idle.vcpu_seconds < 0.1, "{idle:?}");
+    }
+
+    #[test]
+    fn a_kernel_report_says_what_it_was_and_fills_its_own_field() {
+        let given_up = |why| Silence {
+            quiet: Duration::ZERO,
+            vcpu_seconds: 0.0,
+            busy: false,
+            why,
+        };
+        let stall = given_up(GaveUp::Stall("watchdog: BUG: soft lockup".into()));
+        assert_eq!(
+            stall.kernel_report(),
+            Some(("a stall", "watchdog: BUG: soft lockup"))
+        );
+        assert_eq!(stall.fault(), None);
+        let fault = given_up(GaveUp::Fault("BUG: TASK stack guard page was hit".into()));
+        assert_eq!(
+            fault.kernel_report(),
+            Some(("a fault", "BUG: TASK stack guard page was hit"))
+        );
+        assert_eq!(fault.watchdog(), None);
+        assert_eq!(fault.fault(), Some("BUG: TASK stack guard page was hit"));
+        assert_eq!(given_up(GaveUp::Silent).kernel_report(), None);
     }
 
     #[test]

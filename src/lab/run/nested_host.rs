@@ -389,7 +389,7 @@ fn boot_once(r: &HostRun, attempt: &Attempt) -> Result<HostEnd, NestedError> {
         r.machine.vcpus, r.machine.memory_mib
     );
     let guest = Guest::spawn_args(r.qemu, &args, Some(&console))?;
-    if attempt.planted.this_host() == Some(HostFault::StallBoot) {
+    if attempt.planted.this_host() == Some(HostFault::PausedBoot) {
         planted::stall_boot(&stage.0.join(QMP_SOCKET)).map_err(NestedError::PlantedStall)?;
     }
     let mut session = HostSession::new(r, guest, plugin, &stage.0, console);
@@ -434,9 +434,11 @@ fn write_run_disk(r: &HostRun, stage: &Path, attempt: &Attempt) -> Result<PathBu
     // Counting, the plugin splits the host's instructions by thread.
     inner.name_tasks = r.plugin.is_some();
     match attempt.planted.this_host() {
-        Some(HostFault::SilenceAfterBoot(seq)) => inner.silence_after_boot = Some(seq),
-        Some(HostFault::StallReportAfterBoot(seq)) => inner.stall_report_after_boot = Some(seq),
-        Some(HostFault::StallBoot) | None => {}
+        Some(HostFault::Silence { after_boot: seq }) => inner.silence_after_boot = Some(seq),
+        Some(HostFault::StallReport { after_boot: seq }) => {
+            inner.stall_report_after_boot = Some(seq)
+        }
+        Some(HostFault::PausedBoot) | None => {}
     }
     let json = serde_json::to_vec_pretty(&inner).expect("an inner run serialises");
     disk.add_bytes("inner.json", &json)?;
@@ -634,6 +636,7 @@ impl<'a> HostSession<'a> {
             }
             let line = match self.next_line()? {
                 Some(Next::Line(l)) => l,
+                Some(Next::Closed) if self.fault.started() => return self.faulted(),
                 Some(Next::Closed) => return Err(self.closed()),
                 None => match self.silence() {
                     Some(s) => return Ok(Followed::Silent(s)),
@@ -645,7 +648,7 @@ impl<'a> HostSession<'a> {
             }
             if self.fault.feed(&line) {
                 if self.fault.complete() {
-                    return Err(self.kernel_fault());
+                    return self.faulted();
                 }
                 continue;
             }
@@ -693,6 +696,23 @@ impl<'a> HostSession<'a> {
         }
     }
 
+    /// The host whose kernel reported a fault. Once its /init has spoken
+    /// the host is given up like a silent one and a fresh host runs the
+    /// boots left: the host's kernel is the lab's own, never the kernel
+    /// under test, so its faults are the emulation's (or the host KVM's)
+    /// and not the measurement's. Before that the run fails, since a
+    /// fresh host would fault in its boot the same way.
+    fn faulted(&mut self) -> Result<Followed, NestedError> {
+        if !self.booted {
+            return Err(self.kernel_fault());
+        }
+        let first = self.fault.first_line().unwrap_or_default();
+        Ok(Followed::Silent(Silence {
+            why: GaveUp::Fault(first),
+            ..self.stuck()
+        }))
+    }
+
     /// The host at the step's timeout (its vCPUs busy or not).
     fn stuck(&mut self) -> Silence {
         let ticks = host_silence::vcpu_ticks(self.guest.pid()).unwrap_or(0);
@@ -723,9 +743,9 @@ impl<'a> HostSession<'a> {
         results_disk: &Path,
     ) -> Result<SilentHost, NestedError> {
         let out = self.r.out_dir;
-        match silence.watchdog() {
-            Some(report) => warn!(
-                "the nested host's kernel reported a stall while waiting for {} ({report}); keeping its state",
+        match silence.kernel_report() {
+            Some((what, report)) => warn!(
+                "the nested host's kernel reported {what} while waiting for {} ({report}); keeping its state",
                 self.waiting_for
             ),
             None => warn!(
@@ -770,6 +790,7 @@ impl<'a> HostSession<'a> {
                 vcpu_seconds: silence.vcpu_seconds,
                 busy: silence.busy,
                 watchdog: silence.watchdog().map(str::to_string),
+                fault: silence.fault().map(str::to_string),
                 boots_kept: boots_done.clone(),
                 state,
                 console,

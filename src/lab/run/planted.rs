@@ -15,14 +15,14 @@ use crate::lab::guest::qmp::{Qmp, QmpError};
 pub(crate) enum HostFault {
     /// The host's boot paused from outside before its /init speaks
     /// ([`STALL_BOOT_ENV`]).
-    StallBoot,
+    PausedBoot,
     /// The host silences itself after this boot of the plan
     /// ([`SILENCE_AFTER_BOOT_ENV`]).
-    SilenceAfterBoot(usize),
+    Silence { after_boot: usize },
     /// The host's console shows a kernel stall report after this boot of
     /// the plan, then the host falls silent
     /// ([`STALL_REPORT_AFTER_BOOT_ENV`]).
-    StallReportAfterBoot(usize),
+    StallReport { after_boot: usize },
 }
 
 /// The faults planted in a run's hosts, one a host, in this order: a
@@ -39,9 +39,10 @@ impl Planted {
         let after_boot = |name: &str| std::env::var(name).ok().and_then(|v| v.parse().ok());
         let stall = std::env::var(STALL_BOOT_ENV).is_ok_and(|v| v == "1");
         let faults = [
-            stall.then_some(HostFault::StallBoot),
-            after_boot(SILENCE_AFTER_BOOT_ENV).map(HostFault::SilenceAfterBoot),
-            after_boot(STALL_REPORT_AFTER_BOOT_ENV).map(HostFault::StallReportAfterBoot),
+            stall.then_some(HostFault::PausedBoot),
+            after_boot(SILENCE_AFTER_BOOT_ENV).map(|after_boot| HostFault::Silence { after_boot }),
+            after_boot(STALL_REPORT_AFTER_BOOT_ENV)
+                .map(|after_boot| HostFault::StallReport { after_boot }),
         ];
         Planted {
             faults: faults.into_iter().flatten().collect(),
@@ -57,10 +58,10 @@ impl Planted {
     /// having finished `boots_done`.
     pub(crate) fn next(mut self, boots_done: &[usize]) -> Planted {
         let reached = match self.this_host() {
-            Some(HostFault::SilenceAfterBoot(seq) | HostFault::StallReportAfterBoot(seq)) => {
-                boots_done.contains(&seq)
-            }
-            Some(HostFault::StallBoot) | None => true,
+            Some(
+                HostFault::Silence { after_boot: seq } | HostFault::StallReport { after_boot: seq },
+            ) => boots_done.contains(&seq),
+            Some(HostFault::PausedBoot) | None => true,
         };
         if reached {
             self.faults.pop_front();
@@ -100,17 +101,23 @@ mod tests {
     fn each_host_gets_the_next_planted_fault_in_order() {
         let p = Planted {
             faults: [
-                HostFault::StallBoot,
-                HostFault::SilenceAfterBoot(0),
-                HostFault::StallReportAfterBoot(1),
+                HostFault::PausedBoot,
+                HostFault::Silence { after_boot: 0 },
+                HostFault::StallReport { after_boot: 1 },
             ]
             .into(),
         };
-        assert_eq!(p.this_host(), Some(HostFault::StallBoot));
+        assert_eq!(p.this_host(), Some(HostFault::PausedBoot));
         let second = p.next(&[]);
-        assert_eq!(second.this_host(), Some(HostFault::SilenceAfterBoot(0)));
+        assert_eq!(
+            second.this_host(),
+            Some(HostFault::Silence { after_boot: 0 })
+        );
         let third = second.next(&[0]);
-        assert_eq!(third.this_host(), Some(HostFault::StallReportAfterBoot(1)));
+        assert_eq!(
+            third.this_host(),
+            Some(HostFault::StallReport { after_boot: 1 })
+        );
         let fourth = third.next(&[1]);
         assert_eq!(fourth.this_host(), None);
         assert_eq!(fourth.next(&[]), Planted::default());
@@ -119,7 +126,7 @@ mod tests {
     #[test]
     fn a_host_silent_before_its_planted_boot_hands_the_fault_on() {
         let p = Planted {
-            faults: [HostFault::StallReportAfterBoot(1)].into(),
+            faults: [HostFault::StallReport { after_boot: 1 }].into(),
         };
         let next = p.clone().next(&[0]);
         assert_eq!(next, p, "boot 1 never finished there");
