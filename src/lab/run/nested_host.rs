@@ -106,7 +106,7 @@ pub enum NestedError {
     Checkpoint(#[from] CheckpointError),
     #[error("pausing the nested host's boot on purpose: {0}")]
     PlantedStall(#[source] QmpError),
-    #[error("the nested host fell silent {attempts} times (the last one's state: {})", state.display())]
+    #[error("the nested host was given up {attempts} times, silent, stalled or faulted (the last one's state: {})", state.display())]
     SilentHosts { attempts: u32, state: PathBuf },
 }
 
