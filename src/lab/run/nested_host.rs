@@ -898,11 +898,9 @@ impl<'a> HostSession<'a> {
         }
     }
 
-    /// The console closed before `BLKLAB-HOST-END`.
+    /// The console closed before `BLKLAB-HOST-END` with no kernel fault
+    /// report begun (one that was is [`Self::faulted`]'s).
     fn closed(&mut self) -> NestedError {
-        if self.fault.started() {
-            return self.kernel_fault();
-        }
         let e = self.guest.exited_error();
         if !self.booted {
             warn!("the nested host never said BLKLAB-HOST-INIT");

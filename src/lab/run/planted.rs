@@ -74,9 +74,10 @@ impl Planted {
 /// silences itself after this boot of the plan (`InnerRun::silence_after_boot`).
 const SILENCE_AFTER_BOOT_ENV: &str = "BLKLAB_NESTED_SILENCE_AFTER_BOOT";
 
-/// Fault injection for the lab's own tests: the host after the silenced
-/// one puts a soft-lockup report on its console after this boot of the
-/// plan, then falls silent (`InnerRun::stall_report_after_boot`).
+/// Fault injection for the lab's own tests: the first host after those
+/// given the faults before it in [`Planted`]'s order puts a soft-lockup
+/// report on its console after this boot of the plan, then falls silent
+/// (`InnerRun::stall_report_after_boot`).
 const STALL_REPORT_AFTER_BOOT_ENV: &str = "BLKLAB_NESTED_STALL_REPORT_AFTER_BOOT";
 
 /// Fault injection for the lab's own tests: `1` pauses the first host's
